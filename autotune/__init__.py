@@ -1,0 +1,1 @@
+from autotune.problem import Problem  # noqa: F401

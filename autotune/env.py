@@ -1,0 +1,96 @@
+"""Environment identity: which GPU (keys every trial and winner) and which library versions
+(key the trials and winners of the families that depend on them). Driver, CUDA runtime and
+our own version are recorded but not keyed, so a cache stays valid inside an image with the
+same libraries."""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import metadata
+
+from tactics.base import canonical_json
+
+#: distributions whose versions a family may depend on
+KNOWN_LIBS = ("torch", "triton", "flashinfer-python", "nvidia-cutlass", "nvmath-python", "cupy")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _h(obj) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Env:
+    gpu_name: str
+    cc: str                     # "9.0", or "cpu"
+    sm_count: int
+    device: str                 # "cuda" or "cpu"
+    driver: str | None = None
+    cuda_runtime: str | None = None
+    cublas: str | None = None
+    package: str | None = None
+    libs: tuple[tuple[str, str | None], ...] = field(default=())
+
+    @property
+    def device_key(self) -> str:
+        return _h({"gpu": self.gpu_name, "cc": self.cc, "sms": self.sm_count})
+
+    def lib_versions(self, depends_on: tuple[str, ...]) -> dict[str, str | None]:
+        libs = dict(self.libs)
+        libs["cublas"] = self.cublas
+        return {d: libs.get(d) for d in sorted(depends_on)}
+
+    def lib_key(self, depends_on: tuple[str, ...]) -> str:
+        return _h(self.lib_versions(depends_on))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["libs"] = dict(self.libs)
+        d["device_key"] = self.device_key
+        return d
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return "CPU " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU " + (platform.processor() or platform.machine())
+
+
+@lru_cache(maxsize=None)
+def current(device_index: int = 0) -> Env:
+    """The live environment (GPU 0 by default; the CPU when no GPU is visible)."""
+    libs = tuple((d, _version(d)) for d in KNOWN_LIBS)
+    pkg = _version("fp4-autotune")
+    try:
+        import torch
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(device_index)
+            cublas = None
+            try:
+                cublas = str(torch._C._cuda_getCompiledVersion())  # CUDA the build used
+            except Exception:
+                pass
+            drv = None
+            try:
+                drv = str(torch.cuda.driver_version()) if hasattr(torch.cuda, "driver_version") else None
+            except Exception:
+                pass
+            return Env(p.name, f"{p.major}.{p.minor}", p.multi_processor_count, "cuda", drv,
+                       torch.version.cuda, cublas, pkg, libs)
+    except ImportError:
+        pass
+    return Env(_cpu_name(), "cpu", os.cpu_count() or 1, "cpu", None, None, None, pkg, libs)

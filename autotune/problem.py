@@ -1,0 +1,98 @@
+"""Problem: one GEMM the search tunes, without M (M is dynamic and bucketed).
+
+y[M, N] = x[M, K] · W[N, K]ᵀ. N is the number of output features (weight rows), K the number
+of input features. A grouped-MoE problem also carries the expert count E and top_k.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+Kind = Literal["dense", "grouped_moe"]
+ACT_FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
+WEIGHT_FORMATS = ("nvfp4", "mxfp4", "bf16", "fp8")
+OUT_DTYPES = ("bf16", "fp16", "fp32")
+#: elements that share one scale, per quantized format
+BLOCK = {"nvfp4": 16, "mxfp4": 32}
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    kind: str = "dense"
+    a_fmt: str = "bf16"
+    w_fmt: str = "nvfp4"
+    out_dtype: str = "bf16"
+    n: int = 0
+    k: int = 0
+    experts: int = 1
+    top_k: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dense", "grouped_moe"):
+            raise ValueError(f"problem kind must be dense or grouped_moe, got {self.kind!r}")
+        if self.a_fmt not in ACT_FORMATS:
+            raise ValueError(f"activation format must be one of {ACT_FORMATS}, got {self.a_fmt!r}")
+        if self.w_fmt not in WEIGHT_FORMATS:
+            raise ValueError(f"weight format must be one of {WEIGHT_FORMATS}, got {self.w_fmt!r}")
+        if self.out_dtype not in OUT_DTYPES:
+            raise ValueError(f"output dtype must be one of {OUT_DTYPES}, got {self.out_dtype!r}")
+        for name in ("n", "k", "experts", "top_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name.upper() if len(name) == 1 else name} must be a positive integer, got {v!r}")
+        block = BLOCK.get(self.w_fmt, 1)
+        if self.k % block:
+            raise ValueError(f"K={self.k} is not a multiple of the {self.w_fmt} block ({block})")
+        ablock = BLOCK.get(self.a_fmt, 1)
+        if self.k % ablock:
+            raise ValueError(f"K={self.k} is not a multiple of the {self.a_fmt} activation block ({ablock})")
+        if self.kind == "dense" and (self.experts != 1 or self.top_k != 1):
+            raise ValueError("a dense problem has experts=1 and top_k=1")
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} exceeds the expert count {self.experts}")
+
+    @property
+    def key(self) -> str:
+        """Stable string key, e.g. 'dense:bf16*nvfp4->bf16:n3072:k6144'."""
+        s = f"{self.kind}:{self.a_fmt}*{self.w_fmt}->{self.out_dtype}:n{self.n}:k{self.k}"
+        if self.kind == "grouped_moe":
+            s += f":e{self.experts}:top{self.top_k}"
+        return s
+
+    @property
+    def block(self) -> int:
+        return BLOCK.get(self.w_fmt, 1)
+
+    @classmethod
+    def from_key(cls, key: str) -> "Problem":
+        m = re.fullmatch(r"(dense|grouped_moe):(\w+)\*(\w+)->(\w+):n(\d+):k(\d+)(?::e(\d+):top(\d+))?", key)
+        if not m:
+            raise ValueError(f"not a problem key: {key!r}")
+        kind, a, w, o, n, k, e, t = m.groups()
+        return cls(kind, a, w, o, int(n), int(k), int(e or 1), int(t or 1))
+
+    @classmethod
+    def dense(cls, n: int, k: int, w_fmt: str = "nvfp4", a_fmt: str = "bf16", out_dtype: str = "bf16") -> "Problem":
+        return cls("dense", a_fmt, w_fmt, out_dtype, n, k)
+
+    @classmethod
+    def moe(cls, n: int, k: int, experts: int, top_k: int, w_fmt: str = "nvfp4", a_fmt: str = "bf16",
+            out_dtype: str = "bf16") -> "Problem":
+        return cls("grouped_moe", a_fmt, w_fmt, out_dtype, n, k, experts, top_k)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def flops(self, m: int) -> int:
+        """Multiply-adds ×2 for M tokens (MoE: each token meets top_k experts)."""
+        return 2 * m * self.top_k * self.n * self.k
+
+    def __str__(self) -> str:
+        return self.key
+
+
+def check_m(m: int) -> int:
+    if not isinstance(m, int) or isinstance(m, bool) or m <= 0:
+        raise ValueError(f"M must be a positive integer, got {m!r}")
+    return m
