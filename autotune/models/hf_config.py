@@ -1,0 +1,229 @@
+"""Parse a Hugging Face config.json (file or checkpoint directory) into ArchConfig + QuantRule.
+
+Supported (model_type, else architectures[0]): deepseek_v3 / kimi_k2 / deepseek_v32
+(DeepseekV3ForCausalLM, DeepseekV32ForCausalLM), glm_moe_dsa (GlmMoeDsaForCausalLM), qwen3_moe
+(Qwen3MoeForCausalLM), llama (LlamaForCausalLM), gpt_oss (GptOssForCausalLM). A wrapper config
+whose model_type is unknown but whose `text_config` is supported (e.g. Kimi-K2.5) is unwrapped.
+
+Quantization: `quantization_config` in config.json, else (for a directory) `hf_quant_config.json`
+(ModelOpt; keys may sit under "quantization"). FP4 format from quant_algo / quant_method /
+compressed-tensors format (NVFP4 or MXFP4); excluded modules from `exclude_modules`, `ignore`
+and `modules_to_not_convert` (globs or `re:` regexes). With no quantization config, or one that
+is not FP4 (e.g. the FP8 of deepseek-ai/DeepSeek-V3), the checkpoint is treated as NVFP4 with the
+default rule of its model_type (presets.DEFAULT_RULES); a non-FP4 one also warns.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from .arch import ArchConfig, ModelError, QuantRule
+from .presets import DEFAULT_RULES, GPT_OSS_RULE
+
+ARCHITECTURES = {
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV32ForCausalLM": "deepseek_v32",
+    "GlmMoeDsaForCausalLM": "glm_moe_dsa",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "LlamaForCausalLM": "llama",
+    "GptOssForCausalLM": "gpt_oss",
+}
+MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa", "qwen3_moe", "llama", "gpt_oss")
+_MISSING = object()
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """config.json path for a file or checkpoint directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+        if not p.is_file():
+            raise ModelError(f"{path}: directory has no config.json")
+    return p
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"{p}: cannot read ({e.__class__.__name__}: {e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{p}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+
+
+class _Fields:
+    """Typed access to one config dict; errors name the file and the field."""
+
+    def __init__(self, d: dict, src: str, prefix: str = "") -> None:
+        self.d, self.src, self.prefix = d, src, prefix
+
+    def _err(self, field: str, msg: str) -> ModelError:
+        return ModelError(f"{self.src}: {msg.format(f=repr(self.prefix + field))}")
+
+    def int(self, field: str, default: Any = _MISSING, zero: bool = False, null: Any = _MISSING) -> Any:
+        v = self.d.get(field, _MISSING)
+        if v is _MISSING:
+            if default is _MISSING:
+                raise self._err(field, "missing field {f}")
+            return default
+        if v is None:
+            if null is _MISSING:
+                raise self._err(field, "field {f} must be " + ("a non-negative" if zero else "a positive")
+                                + " integer, got null")
+            return null
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (v == 0 and not zero):
+            raise self._err(field, "field {f} must be " + ("a non-negative" if zero else "a positive")
+                            + f" integer, got {v!r}")
+        return v
+
+    def int_list(self, field: str) -> tuple[int, ...]:
+        v = self.d.get(field) or []
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+            raise self._err(field, "field {f} must be a list of layer indices, got " + repr(v)[:60])
+        return tuple(v)
+
+
+def _model_type(d: dict, src: str) -> Optional[str]:
+    mt = d.get("model_type")
+    if mt is not None and not isinstance(mt, str):
+        raise ModelError(f"{src}: field 'model_type' must be a string, got {mt!r}")
+    if mt in MODEL_TYPES:
+        return mt
+    archs = d.get("architectures")
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        raise ModelError(f"{src}: field 'architectures' must be a list of strings, got {archs!r}"[:200])
+    for a in archs or []:
+        if a in ARCHITECTURES:
+            return ARCHITECTURES[a]
+    return None
+
+
+def parse_config(d: Any, src: str, name: str, extra_quant: Optional[dict] = None) -> tuple[ArchConfig, QuantRule]:
+    """ArchConfig + QuantRule from a parsed config.json dict."""
+    if not isinstance(d, dict):
+        raise ModelError(f"{src}: top level must be a JSON object, got {type(d).__name__}")
+    mt = _model_type(d, src)
+    qc = d.get("quantization_config", _MISSING)
+    if mt is None and isinstance(d.get("text_config"), dict) and _model_type(d["text_config"], src):
+        inner = d["text_config"]
+        if qc is _MISSING:
+            qc = inner.get("quantization_config", _MISSING)
+        d, mt = inner, _model_type(inner, src)
+    if mt is None:
+        if "model_type" not in d and "architectures" not in d:
+            raise ModelError(f"{src}: missing field 'model_type'")
+        raise ModelError(f"{src}: unsupported model_type {d.get('model_type')!r} / architectures "
+                         f"{d.get('architectures')!r} (supported: {', '.join(MODEL_TYPES)})")
+    arch = _arch(mt, _Fields(d, src), name)
+    if qc is _MISSING or qc is None:
+        qc = extra_quant
+    return arch, _rule(mt, qc, src)
+
+
+def _arch(mt: str, f: _Fields, name: str) -> ArchConfig:
+    hidden, layers, heads = f.int("hidden_size"), f.int("num_hidden_layers"), f.int("num_attention_heads")
+    if mt in ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa"):
+        experts = f.int("n_routed_experts", null=0, zero=True)
+        first = f.int("first_k_dense_replace", zero=True)
+        freq = f.int("moe_layer_freq", default=1)
+        moe = tuple(i for i in range(first, layers) if i % freq == 0) if experts else ()
+        dsa = mt in ("glm_moe_dsa", "deepseek_v32")
+        return ArchConfig(
+            name=name, family="mla", hidden=hidden, num_layers=layers, num_heads=heads,
+            intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
+            moe_layers=moe, experts=experts,
+            top_k=f.int("num_experts_per_tok") if moe else 0,
+            moe_intermediate=f.int("moe_intermediate_size") if moe else 0,
+            shared_experts=f.int("n_shared_experts", null=0, zero=True) if moe else 0,
+            q_lora_rank=f.int("q_lora_rank", null=None), kv_lora_rank=f.int("kv_lora_rank"),
+            qk_nope_head_dim=f.int("qk_nope_head_dim"), qk_rope_head_dim=f.int("qk_rope_head_dim"),
+            v_head_dim=f.int("v_head_dim"),
+            # DSA indexer: 32 heads × 128 when the config omits them (GLM-5 / V3.2 values)
+            index_heads=f.int("index_n_heads", default=32) if dsa else 0,
+            index_head_dim=f.int("index_head_dim", default=128) if dsa else 0,
+            mtp_layers=f.int("num_nextn_predict_layers", default=0, zero=True))
+    kv = f.int("num_key_value_heads", default=heads)
+    if mt == "llama":
+        return ArchConfig(name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads,
+                          num_kv_heads=kv, head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
+                          intermediate=f.int("intermediate_size"))
+    if mt == "qwen3_moe":
+        experts = f.int("num_experts", zero=True)
+        step = f.int("decoder_sparse_step", default=1)
+        only = set(f.int_list("mlp_only_layers"))
+        moe = tuple(i for i in range(layers) if experts and i not in only and (i + 1) % step == 0)
+        return ArchConfig(
+            name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+            head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
+            intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
+            moe_layers=moe, experts=experts, top_k=f.int("num_experts_per_tok") if moe else 0,
+            moe_intermediate=f.int("moe_intermediate_size") if moe else 0)
+    # gpt_oss: every layer MoE, expert intermediate = intermediate_size
+    experts = f.int("num_local_experts")
+    top_k = f.int("num_experts_per_tok") if "num_experts_per_tok" in f.d else f.int("experts_per_token")
+    return ArchConfig(
+        name=name, family="gpt_oss", hidden=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+        head_dim=f.int("head_dim", default=64), moe_layers=tuple(range(layers)), experts=experts,
+        top_k=top_k, moe_intermediate=f.int("intermediate_size"), mx_block_shard=True)
+
+
+def _strings(q: dict, key: str, src: str) -> tuple[str, ...]:
+    v = q.get(key)
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ModelError(f"{src}: field 'quantization_config.{key}' must be a list of strings")
+    return tuple(v)
+
+
+def _fp4_format(q: dict) -> Optional[str]:
+    algo = str(q.get("quant_algo") or "").upper()
+    method = str(q.get("quant_method") or "").lower()
+    fmts = [str(q.get("format") or "").lower()]
+    groups = q.get("config_groups")
+    if isinstance(groups, dict):
+        fmts += [str(g.get("format") or "").lower() for g in groups.values() if isinstance(g, dict)]
+    if "NVFP4" in algo or method == "nvfp4" or any("nvfp4" in x for x in fmts):
+        return "nvfp4"
+    if "MXFP4" in algo or method == "mxfp4" or any("mxfp4" in x for x in fmts):
+        return "mxfp4"
+    return None
+
+
+def _rule(mt: str, qc: Any, src: str) -> QuantRule:
+    default = DEFAULT_RULES[mt]
+    if qc is None:
+        return default
+    if not isinstance(qc, dict):
+        raise ModelError(f"{src}: field 'quantization_config' must be an object, got {type(qc).__name__}")
+    q = dict(qc)
+    if isinstance(qc.get("quantization"), dict):    # ModelOpt hf_quant_config.json layout
+        q.update(qc["quantization"])
+    fmt = _fp4_format(q)
+    if fmt is None:
+        warnings.warn(f"{src}: quantization_config ({q.get('quant_method') or q.get('quant_algo')!r}) is not "
+                      f"NVFP4/MXFP4; using the default {default.fmt} rule ({default.source})", stacklevel=4)
+        return default
+    exclude = _strings(q, "exclude_modules", src) + _strings(q, "ignore", src) \
+        + _strings(q, "modules_to_not_convert", src)
+    if mt == "gpt_oss" and fmt == "mxfp4" and not exclude:
+        return GPT_OSS_RULE
+    return QuantRule(fmt, None, exclude, source=src)
+
+
+def load(path: str | os.PathLike) -> tuple[ArchConfig, QuantRule]:
+    """ArchConfig + QuantRule of an HF config.json or a checkpoint directory holding one."""
+    p = resolve(path)
+    extra = None
+    side = p.parent / "hf_quant_config.json"
+    if side.is_file():
+        extra = _read_json(side)
+        if not isinstance(extra, dict):
+            raise ModelError(f"{side}: top level must be a JSON object")
+    name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+    return parse_config(_read_json(p), str(p), name or str(p), extra)

@@ -1,0 +1,193 @@
+"""Per-GPU GEMM problems of one model under TP / EP sharding (vLLM / SGLang rules, models.md §3).
+
+Sharding implemented (tp = tensor-parallel size, ep = expert-parallel size):
+  * column-parallel (q_b_proj, kv_b_proj, dense / shared gate_up): N / tp;
+    GQA qkv: q heads / tp, kv heads / tp, or one replicated kv head per rank when kv < tp.
+  * row-parallel (o_proj, dense / shared down): K / tp.
+  * replicated (fused_qkv_a_proj, indexer wq_b / wk+weights_proj): unchanged.
+  * routed experts (grouped MoE): E_local = E / ep whole experts, moe_tp = tp / ep;
+    w13 N = 2·I_e / moe_tp, w2 K = I_e / moe_tp. ep=1 → every expert, I_e sharded by tp;
+    ep=tp → E/tp whole experts at full I_e (vLLM --enable-expert-parallel, SGLang DeepEP).
+    Requires ep | E and ep | tp. gpt-oss (MXFP4) shards I_e in whole 32-element blocks.
+  * shared experts and dense MLPs stay tensor-parallel over tp even with EP (vLLM).
+Shared experts are separate dense problems (SGLang's shared-expert fusion is not modelled).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from autotune.problem import BLOCK, Problem
+
+from .arch import (ATTN_KV_A, ATTN_KV_B, ATTN_O, ATTN_Q, ATTN_Q_B, ATTN_QKV, ATTN_QKV_A, EXPERTS_W2,
+                   EXPERTS_W13, INDEXER_WK, INDEXER_WQ_B, MLP_DOWN, MLP_GATE_UP, SHARED_DOWN,
+                   SHARED_GATE_UP, ArchConfig, ModelError, QuantRule)
+
+
+@dataclass(frozen=True)
+class ProblemUse:
+    """One distinct per-GPU GEMM and the layers that run it."""
+    problem: Problem
+    layers: tuple[str, ...]   # e.g. ("mlp.gate_up_proj[0-2]",) or ("mlp.experts.w13[3-77]",)
+    per_forward: int          # runs per forward pass on one GPU (MoE: one grouped GEMM per layer)
+
+
+@dataclass(frozen=True)
+class _Linear:
+    role: str
+    name: str                 # display name relative to a decoder layer
+    parts: tuple[str, ...]    # HF module names relative to "model.layers.{i}."
+    layers: tuple[int, ...]
+
+
+def _check_par(tp: int, ep: int) -> None:
+    for name, v in (("tp", tp), ("ep", ep)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ModelError(f"{name} must be a positive integer, got {v!r}")
+
+
+def _linears(a: ArchConfig) -> Iterator[_Linear]:
+    every = tuple(range(a.num_layers))
+    if a.family == "mla":
+        if a.q_lora_rank:
+            yield _Linear(ATTN_QKV_A, "self_attn.fused_qkv_a_proj",
+                          ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"), every)
+            yield _Linear(ATTN_Q_B, "self_attn.q_b_proj", ("self_attn.q_b_proj",), every)
+        else:
+            yield _Linear(ATTN_Q, "self_attn.q_proj", ("self_attn.q_proj",), every)
+            yield _Linear(ATTN_KV_A, "self_attn.kv_a_proj_with_mqa", ("self_attn.kv_a_proj_with_mqa",), every)
+        yield _Linear(ATTN_KV_B, "self_attn.kv_b_proj", ("self_attn.kv_b_proj",), every)
+        yield _Linear(ATTN_O, "self_attn.o_proj", ("self_attn.o_proj",), every)
+        if a.index_heads:
+            yield _Linear(INDEXER_WQ_B, "self_attn.indexer.wq_b", ("self_attn.indexer.wq_b",), every)
+            yield _Linear(INDEXER_WK, "self_attn.indexer.wk+weights_proj",
+                          ("self_attn.indexer.wk", "self_attn.indexer.weights_proj"), every)
+    else:
+        yield _Linear(ATTN_QKV, "self_attn.qkv_proj",
+                      ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), every)
+        yield _Linear(ATTN_O, "self_attn.o_proj", ("self_attn.o_proj",), every)
+    dense = a.dense_layers
+    if dense:
+        yield _Linear(MLP_GATE_UP, "mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj"), dense)
+        yield _Linear(MLP_DOWN, "mlp.down_proj", ("mlp.down_proj",), dense)
+    if a.moe_layers and a.shared_experts:
+        yield _Linear(SHARED_GATE_UP, "mlp.shared_experts.gate_up_proj",
+                      ("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"), a.moe_layers)
+        yield _Linear(SHARED_DOWN, "mlp.shared_experts.down_proj", ("mlp.shared_experts.down_proj",), a.moe_layers)
+    if a.moe_layers:
+        if a.family == "gpt_oss":   # fused expert tensors; the rule is checked on them
+            w13, w2 = ("mlp.experts.gate_up_proj",), ("mlp.experts.down_proj",)
+        else:                       # per-expert modules; the rule is checked on expert 0
+            w13, w2 = ("mlp.experts.0.gate_proj", "mlp.experts.0.up_proj"), ("mlp.experts.0.down_proj",)
+        yield _Linear(EXPERTS_W13, "mlp.experts.w13", w13, a.moe_layers)
+        yield _Linear(EXPERTS_W2, "mlp.experts.w2", w2, a.moe_layers)
+
+
+def _div(a: ArchConfig, layer: str, what: str, value: int, by: str, d: int) -> int:
+    if value % d:
+        raise ModelError(f"{a.name} {layer}: {what}={value} is not divisible by {by}={d}")
+    return value // d
+
+
+def _shape(a: ArchConfig, lin: _Linear, tp: int, ep: int, fmt: str) -> Problem:
+    """The per-GPU Problem of one linear layer (raises ModelError naming the layer)."""
+    h, nm = a.hidden, lin.name
+    heads = lambda: _div(a, nm, "num_attention_heads", a.num_heads, "tp", tp)  # noqa: E731
+    r = lin.role
+    moe = None
+    if r == ATTN_QKV_A:
+        k, n = h, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim
+    elif r == ATTN_Q:
+        k, n = h, heads() * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+    elif r == ATTN_KV_A:
+        k, n = h, a.kv_lora_rank + a.qk_rope_head_dim
+    elif r == ATTN_Q_B:
+        k, n = a.q_lora_rank, heads() * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+    elif r == ATTN_KV_B:
+        k, n = a.kv_lora_rank, heads() * (a.qk_nope_head_dim + a.v_head_dim)
+    elif r == INDEXER_WQ_B:
+        k, n = a.q_lora_rank, a.index_heads * a.index_head_dim
+    elif r == INDEXER_WK:
+        k, n = h, a.index_head_dim + a.index_heads
+    elif r == ATTN_QKV:
+        if a.num_kv_heads >= tp:
+            kv = _div(a, nm, "num_key_value_heads", a.num_kv_heads, "tp", tp)
+        else:   # each rank keeps one replicated kv head; vLLM needs tp % kv == 0
+            _div(a, nm, "tp", tp, "num_key_value_heads", a.num_kv_heads)
+            kv = 1
+        k, n = h, (heads() + 2 * kv) * a.head_dim
+    elif r == ATTN_O:
+        v = a.v_head_dim if a.family == "mla" else a.head_dim
+        k, n = heads() * v, h
+    elif r == MLP_GATE_UP:
+        k, n = h, 2 * _div(a, nm, "intermediate_size", a.intermediate, "tp", tp)
+    elif r == MLP_DOWN:
+        k, n = _div(a, nm, "intermediate_size", a.intermediate, "tp", tp), h
+    elif r == SHARED_GATE_UP:
+        k, n = h, 2 * _div(a, nm, "shared intermediate", a.shared_experts * a.moe_intermediate, "tp", tp)
+    elif r == SHARED_DOWN:
+        k, n = _div(a, nm, "shared intermediate", a.shared_experts * a.moe_intermediate, "tp", tp), h
+    elif r in (EXPERTS_W13, EXPERTS_W2):
+        e_local = _div(a, nm, "routed experts", a.experts, "ep", ep)
+        moe_tp = tp // ep
+        if a.mx_block_shard:
+            blk = BLOCK["mxfp4"]
+            blocks = _div(a, nm, "moe_intermediate_size", a.moe_intermediate, "MX block", blk)
+            inter = -(-blocks // moe_tp) * blk
+        else:
+            inter = _div(a, nm, "moe_intermediate_size", a.moe_intermediate, "tp/ep", moe_tp)
+        k, n = (h, 2 * inter) if r == EXPERTS_W13 else (inter, h)
+        moe = (e_local, a.top_k)
+    else:  # pragma: no cover
+        raise AssertionError(r)
+    try:
+        if moe:
+            return Problem.moe(n, k, experts=moe[0], top_k=moe[1], w_fmt=fmt)
+        return Problem.dense(n, k, w_fmt=fmt)
+    except ValueError as e:
+        raise ModelError(f"{a.name} {nm}: {e}") from None
+
+
+def _ranges(idx: list[int]) -> str:
+    out, start, prev = [], None, None
+    for i in sorted(set(idx)):
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return "[" + ",".join(out) + "]"
+
+
+def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
+                   include_attention: bool = False) -> list[ProblemUse]:
+    """Deduplicated per-GPU problems, sorted by Problem (kind, formats, n, k, experts, top_k)."""
+    _check_par(tp, ep)
+    if ep > 1:
+        if not a.moe_layers or not a.experts:
+            raise ModelError(f"ep={ep} given but {a.name} has no routed experts")
+        if tp % ep:
+            raise ModelError(f"tp={tp} is not a multiple of ep={ep} (MoE TP size = tp / ep)")
+    groups: dict[Problem, dict[str, list[int]]] = {}
+    for lin in _linears(a):
+        use = [i for i in lin.layers
+               if rule.quantized(lin.role, tuple(f"model.layers.{i}.{p}" for p in lin.parts),
+                                 f"model.layers.{i}.{lin.name}")]
+        if include_attention:
+            # every linear layer (attention, indexer, and any MLP the checkpoint left BF16), in the
+            # checkpoint's FP4 format: tuned as if quantized. lm_head / router never appear here.
+            use = list(lin.layers)
+        if not use:
+            continue
+        p = _shape(a, lin, tp, ep, rule.fmt)
+        groups.setdefault(p, {}).setdefault(lin.name, []).extend(use)
+    out = []
+    for p in sorted(groups):
+        names = groups[p]
+        out.append(ProblemUse(p, tuple(f"{n}{_ranges(ix)}" for n, ix in names.items()),
+                              sum(len(set(ix)) for ix in names.values())))
+    return out

@@ -1,0 +1,30 @@
+"""The winner rule: a pure, deterministic function of the stored trials.
+
+Every process that merges the same trials picks the same tactic, so ranks agree (FlashInfer
+#3186, Megatron-LM #6966) and a cache merged from several runs has one winner per
+(problem, bucket, GPU). Ties within noise go to the smaller shared-memory footprint, then the
+smaller tactic id; a challenger must beat the designated default by `margin` (FlashInfer draft
+PR #3555's never-slower-than-default rule) or the default stays.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from autotune.records import Trial
+
+DEFAULT_MARGIN = 0.03
+TIE_TOLERANCE = 0.01
+
+
+def choose(trials: Iterable[Trial], default_id: str, margin: float = DEFAULT_MARGIN,
+           tie_tol: float = TIE_TOLERANCE) -> Trial | None:
+    ok = [t for t in trials if t.status == "ok" and t.median_us is not None]
+    if not ok:
+        return None
+    best = min(t.median_us for t in ok)
+    tied = [t for t in ok if t.median_us <= best * (1 + tie_tol)]
+    pick = min(tied, key=lambda t: (t.smem_model or 0, t.tactic_id))
+    default = next((t for t in ok if t.tactic_id == default_id), None)
+    if default is not None and pick.tactic_id != default_id and pick.median_us > default.median_us * (1 - margin):
+        return default
+    return pick

@@ -1,0 +1,120 @@
+"""ORM tables of the tactic cache (SQLAlchemy 2.x declarative style).
+
+Only plain records (autotune.records) leave the cache package; these row classes stay inside.
+Keys follow anchors.md §2: a trial is keyed by (problem, bucket, tactic, device, libs), a winner
+by (problem, bucket, device) and carries the lib_key it was measured under, so each entry can be
+validated on its own.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: bump when a change is not readable by older code; older caches are upgraded by create_all
+SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaVersion(Base):
+    __tablename__ = "schema_version"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class Meta(Base):
+    """Free-form key/value rows; exports record their format and payload checksum here."""
+
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class DeviceRow(Base):
+    __tablename__ = "devices"
+    device_key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    gpu_name: Mapped[str] = mapped_column(String(200))
+    cc: Mapped[str] = mapped_column(String(16))
+    sm_count: Mapped[int] = mapped_column(Integer)
+    #: full Env.to_dict() (driver, CUDA runtime, package ...): recorded, not keyed
+    record_json: Mapped[str] = mapped_column(Text)
+
+
+class LibsetRow(Base):
+    __tablename__ = "libsets"
+    lib_key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    versions_json: Mapped[str] = mapped_column(Text)
+
+
+class ProblemRow(Base):
+    __tablename__ = "problems"
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    a_fmt: Mapped[str] = mapped_column(String(8))
+    w_fmt: Mapped[str] = mapped_column(String(8))
+    out_dtype: Mapped[str] = mapped_column(String(8))
+    n: Mapped[int] = mapped_column(Integer)
+    k: Mapped[int] = mapped_column(Integer)
+    experts: Mapped[int] = mapped_column(Integer, default=1)
+    top_k: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class TacticRow(Base):
+    __tablename__ = "tactics"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    family: Mapped[str] = mapped_column(String(64), index=True)
+    params_json: Mapped[str] = mapped_column(Text)
+
+
+class TrialRow(Base):
+    __tablename__ = "trials"
+    __table_args__ = (
+        UniqueConstraint("problem_key", "bucket", "tactic_id", "device_key", "lib_key", name="uq_trial"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    problem_key: Mapped[str] = mapped_column(String(200))
+    bucket: Mapped[int] = mapped_column(Integer)
+    tactic_id: Mapped[str] = mapped_column(ForeignKey("tactics.id"))
+    family: Mapped[str] = mapped_column(String(64))
+    device_key: Mapped[str] = mapped_column(String(32), index=True)
+    lib_key: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))          # 'ok' | 'rejected' | 'failed'
+    reason: Mapped[str] = mapped_column(Text, default="")
+    median_us: Mapped[float | None] = mapped_column(Float)
+    iqr_us: Mapped[float | None] = mapped_column(Float)
+    reps: Mapped[int] = mapped_column(Integer, default=0)
+    rel_err: Mapped[float | None] = mapped_column(Float)
+    smem_model: Mapped[int | None] = mapped_column(Integer)
+    smem_compiled: Mapped[int | None] = mapped_column(Integer)
+    exit_signal: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WinnerRow(Base):
+    __tablename__ = "winners"
+    problem_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tactic_id: Mapped[str] = mapped_column(ForeignKey("tactics.id"))
+    family: Mapped[str] = mapped_column(String(64))
+    lib_key: Mapped[str] = mapped_column(String(32))
+    median_us: Mapped[float] = mapped_column(Float)
+    default_tactic_id: Mapped[str] = mapped_column(String(32))
+    default_median_us: Mapped[float | None] = mapped_column(Float)
+    speedup: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class MissRow(Base):
+    __tablename__ = "misses"
+    problem_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    m: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, default=0)

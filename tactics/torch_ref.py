@@ -1,0 +1,107 @@
+"""The `torch` family: dequantize the FP4 weight, then torch.matmul.
+
+It runs everywhere (the CPU too) and is the designated default wherever Triton cannot run. Its
+variants are real trade-offs: the dtype the weight is dequantized to (bf16 halves the bytes,
+fp32 is faster on CPUs without bf16 units) and chunking over N (dequantize and multiply one
+slab of rows at a time, so the dequantized copy stays small and cache-resident).
+Grouped MoE dequantizes only the experts that receive tokens.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from tactics.arch import Arch
+from tactics.base import Tactic, Verdict
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+CHUNKS = (0, 512, 2048)
+_SCHEMA = {"dequant_dtype": tuple(DTYPES), "chunk_n": CHUNKS}
+OUT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _rows(w, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
+    """Dequantize weight rows [n0, n1) of a 2-D FP4Weight."""
+    from autotune.formats import FP4Weight
+    part = FP4Weight(w.packed[n0:n1], w.scales[n0:n1], w.global_scale, w.fmt)
+    return part.dequantize(dtype)
+
+
+def _dense(x: torch.Tensor, w, dtype: torch.dtype, chunk: int, out: torch.Tensor) -> torch.Tensor:
+    xd = x.to(dtype)
+    n = w.packed.shape[-2]
+    step = chunk or n
+    for n0 in range(0, n, step):
+        n1 = min(n, n0 + step)
+        out[:, n0:n1] = (xd @ _rows(w, n0, n1, dtype).T).to(out.dtype)
+    return out
+
+
+class TorchFamily:
+    name = "torch"
+    depends_on = ("torch",)
+
+    def available(self, device: str) -> tuple[bool, str]:
+        return True, ""
+
+    def _supports(self, problem) -> str | None:
+        if problem.w_fmt not in ("nvfp4", "mxfp4"):
+            return f"torch family covers FP4 weights, not {problem.w_fmt}"
+        if problem.a_fmt != "bf16":
+            return f"torch family takes bf16 activations, not {problem.a_fmt}"
+        return None
+
+    def enumerate(self, problem, arch: Arch) -> Iterable[Tactic]:
+        if self._supports(problem):
+            return []
+        return [Tactic(self.name, dequant_dtype=d, chunk_n=c) for d in DTYPES for c in CHUNKS]
+
+    def validate(self, tactic: Tactic) -> str | None:
+        if set(tactic.params) != set(_SCHEMA):
+            return f"torch tactic needs parameters {sorted(_SCHEMA)}, got {sorted(tactic.params)}"
+        for k, allowed in _SCHEMA.items():
+            if tactic[k] not in allowed:
+                return f"torch tactic {k}={tactic[k]!r} not in {allowed}"
+        return None
+
+    def verdict(self, problem, tactic: Tactic, arch: Arch) -> Verdict:
+        why = self._supports(problem) or self.validate(tactic)
+        if why:
+            return Verdict.reject(why)
+        if tactic["chunk_n"] and tactic["chunk_n"] >= problem.n:
+            return Verdict.reject(f"chunk_n {tactic['chunk_n']} >= N {problem.n}: same as no chunking")
+        return Verdict.keep()
+
+    def default(self, problem, arch: Arch) -> Tactic:
+        return Tactic(self.name, dequant_dtype="bf16" if arch.is_gpu else "fp32", chunk_n=0)
+
+    def build(self, problem, tactic: Tactic, device: str):
+        dtype, chunk, odt = DTYPES[tactic["dequant_dtype"]], int(tactic["chunk_n"]), OUT[problem.out_dtype]
+
+        if problem.kind == "dense":
+            def kernel(x, w, out=None):
+                if out is None:
+                    out = torch.empty(x.shape[0], problem.n, dtype=odt, device=x.device)
+                return _dense(x, w, dtype, chunk, out)
+            return kernel
+
+        def moe_kernel(x, w, topk_ids, topk_weights=None, out=None):
+            m, top_k = topk_ids.shape
+            if out is None:
+                out = torch.empty(m, top_k, problem.n, dtype=odt, device=x.device)
+            flat = topk_ids.reshape(-1)
+            order = torch.argsort(flat, stable=True)
+            experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+            start = 0
+            for e, c in zip(experts.tolist(), counts.tolist()):
+                pairs = order[start:start + c]
+                start += c
+                rows, slots = pairs // top_k, pairs % top_k
+                y = torch.empty(c, problem.n, dtype=odt, device=x.device)
+                _dense(x[rows], w.expert(e), dtype, chunk, y)
+                if topk_weights is not None:
+                    y = (y.float() * topk_weights[rows, slots, None].float()).to(odt)
+                out[rows, slots] = y
+            return out
+        return moe_kernel

@@ -1,0 +1,137 @@
+"""Cross-compile the W4A16 kernel for any CUDA target without a GPU, and read `metadata.shared`.
+
+`cross_compile(fmt, params, arch)` runs `triton.compile(ASTSource(...), target=GPUTarget(...))`
+with `tt.divisibility` 16 on every pointer and on N and K — the specialization the JIT launch path
+sees for a deployed problem (torch allocations are 256-byte aligned, N and K multiples of 16, M is
+`do_not_specialize`).
+
+`stop_at="llir"` (default) removes the ptx and cubin stages through Triton's
+`knobs.runtime.add_stages_inspection_hook` (Triton ≥ 3.5): `metadata.shared` is set by `make_llir`
+from the `ttg.shared` module attribute, so nothing after it is needed. The cubin stage is replaced by
+a stub that records the kernel name and returns empty bytes (CompiledKernel needs a binary entry);
+the hook's key keeps such partial results apart from full compiles in Triton's cache.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Any, Mapping
+
+from tactics.arch import Arch, get_arch
+
+_LOCK = threading.Lock()
+_STOP_KEY = "fp4-autotune-stop-after-llir"
+
+
+def _cc_of(arch_or_cc: Arch | str | int) -> int:
+    if isinstance(arch_or_cc, Arch):
+        return arch_or_cc.cc_int
+    if isinstance(arch_or_cc, int):
+        return arch_or_cc
+    return get_arch(str(arch_or_cc)).cc_int
+
+
+class _StopAfterLLIR:
+    """Hook for knobs.runtime.add_stages_inspection_hook: called with no argument for the cache key,
+    and with (backend, stages, options, language, capability) to edit the stage dict."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args):
+        if not args:
+            return _STOP_KEY, _STOP_KEY
+        stages = args[1]
+        stages.pop("ptx", None)
+        stages.pop("cubin", None)
+        name = self.name
+
+        def _stub(src, metadata):
+            metadata.setdefault("name", name)
+            return b""
+
+        stages["cubin"] = _stub
+
+
+@contextlib.contextmanager
+def _stop_after_llir(name: str):
+    from triton import knobs
+    old = knobs.runtime.add_stages_inspection_hook
+    knobs.runtime.add_stages_inspection_hook = _StopAfterLLIR(name)
+    try:
+        yield
+    finally:
+        knobs.runtime.add_stages_inspection_hook = old
+
+
+@contextlib.contextmanager
+def _cache_dir(path: str | None):
+    if path is None:
+        yield
+        return
+    from triton import knobs
+    old = knobs.cache.dir
+    knobs.cache.dir = path
+    try:
+        yield
+    finally:
+        knobs.cache.dir = old
+
+
+def constexprs_for(fmt: str, params: Mapping[str, Any]) -> dict[str, int]:
+    if fmt not in ("nvfp4", "mxfp4"):
+        raise ValueError(f"weight format must be nvfp4 or mxfp4, got {fmt!r}")
+    return {"BLOCK_M": int(params["block_m"]), "BLOCK_N": int(params["block_n"]),
+            "BLOCK_K": int(params["block_k"]), "GROUP_M": int(params.get("group_m", 1)),
+            "SCALE_GROUP": 16 if fmt == "nvfp4" else 32, "SCALE_E4M3": 1 if fmt == "nvfp4" else 0}
+
+
+def cross_compile(problem_fmt: str, params: Mapping[str, Any], arch_or_cc: Arch | str | int,
+                  stop_at: str = "llir", cache_dir: str | None = None) -> tuple[int, str | None]:
+    """Compile the kernel for `arch_or_cc` (an Arch, "sm90", or 90) and return
+    (metadata.shared, ptx or None). `stop_at` is "llir" (fast, no PTX) or "cubin" (full)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .kernel import ARG_NAMES, ARG_TYPES, CONSTEXPRS, w4a16_dequant_kernel
+
+    cc = _cc_of(arch_or_cc)
+    consts = constexprs_for(problem_fmt, params)
+    sig = {n: ARG_TYPES[n] for n in ARG_NAMES}
+    sig.update({c: "constexpr" for c in CONSTEXPRS})
+    # pointers (0-4) and N, K (6, 7) are 16-divisible; M (5) is not specialized
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7)}
+    src = ASTSource(w4a16_dequant_kernel, sig, constexprs=consts, attrs=attrs)
+    options = {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
+    target = GPUTarget("cuda", cc, 32)
+    if stop_at not in ("llir", "cubin"):
+        raise ValueError(f"stop_at must be 'llir' or 'cubin', got {stop_at!r}")
+    with _LOCK, _cache_dir(cache_dir):
+        if stop_at == "llir":
+            with _stop_after_llir(w4a16_dequant_kernel.__name__):
+                ck = triton.compile(src, target=target, options=options)
+            return int(ck.metadata.shared), None
+        ck = triton.compile(src, target=target, options=options)
+        return int(ck.metadata.shared), ck.asm.get("ptx")
+
+
+def tmem_columns(problem_fmt: str, params: Mapping[str, Any], arch_or_cc: Arch | str | int,
+                 cache_dir: str | None = None) -> int:
+    """Tensor-memory size (columns) the compiler allocated (sm100 only; 0 elsewhere)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .kernel import ARG_NAMES, ARG_TYPES, CONSTEXPRS, w4a16_dequant_kernel
+
+    consts = constexprs_for(problem_fmt, params)
+    sig = {n: ARG_TYPES[n] for n in ARG_NAMES}
+    sig.update({c: "constexpr" for c in CONSTEXPRS})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7)}
+    src = ASTSource(w4a16_dequant_kernel, sig, constexprs=consts, attrs=attrs)
+    options = {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
+    with _LOCK, _cache_dir(cache_dir), _stop_after_llir(w4a16_dequant_kernel.__name__):
+        ck = triton.compile(src, target=GPUTarget("cuda", _cc_of(arch_or_cc), 32), options=options)
+    return int(getattr(ck.metadata, "tmem_size", 0) or 0)
