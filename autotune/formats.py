@@ -281,6 +281,21 @@ def _nvfp4_block_scales(xb: Tensor, gs: Tensor) -> Tensor:
     return s.clamp(min=_E4M3_MIN, max=E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+def _e8m0_block_scales(amax: Tensor) -> Tensor:
+    """MXFP4 exponent ``e = ceil(max(log2(amax/6), -127))`` stored as ``e + 127`` (uint8).
+
+    Computed exactly from frexp instead of fp32 log2 (which is what ModelOpt runs): with
+    ``amax = m * 2**p``, ``m in [0.5, 1)``, the smallest e with ``6 * 2**e >= amax`` is ``p - 3`` if
+    ``m <= 0.75`` else ``p - 2``. Same answer as ModelOpt except when amax is within an ulp or so
+    above ``6 * 2**k`` (fp32 log2 rounds down to k there; the element then saturates at 6), and
+    identical on CPU and CUDA, whose log2 and scalar division differ by an ulp.
+    """
+    m, p = torch.frexp(amax)
+    e = p.to(torch.int32) - 2 - (m <= 0.75).to(torch.int32)
+    e = torch.where(amax > 0, e, torch.full_like(e, -E8M0_BIAS)).clamp(min=-E8M0_BIAS)
+    return (e + E8M0_BIAS).to(torch.uint8)
+
+
 def quantize(weight: Tensor, fmt: FmtName = "nvfp4",
              global_scale: Union[None, float, Tensor] = None) -> FP4Weight:
     """Quantize a dense ``[N, K]`` or ``[..., N, K]`` weight (any float dtype, CPU/CUDA) like ModelOpt.
@@ -289,7 +304,8 @@ def quantize(weight: Tensor, fmt: FmtName = "nvfp4",
     experts); pass one (scalar or leading-dims shaped) to share it across fused shards. Block
     scale = ``amax(block)/(6*global)``, zero → 1.0, clamped to ``[2**-9, 448]``, cast to e4m3;
     elements = ``W/(scale*global)``. MXFP4: ``e = ceil(max(log2(amax(block)/6), -127))`` stored
-    as ``e+127``, elements ``W/2**e``; ``global_scale`` must be None or 1.0.
+    as ``e+127`` (computed exactly, see :func:`_e8m0_block_scales`), elements ``W/2**e``;
+    ``global_scale`` must be None or 1.0. CPU and CUDA give bit-identical results.
     An all-zero tensor quantizes to zeros with global scale 1.0. Non-finite input raises ValueError.
     """
     spec = _check_dense(weight, fmt)
@@ -303,9 +319,7 @@ def quantize(weight: Tensor, fmt: FmtName = "nvfp4",
             raise ValueError(f"mxfp4 has no global scale; got global_scale={global_scale!r}")
         if x.numel() and not bool(torch.isfinite(x).all()):
             raise ValueError("quantize: weight contains inf/NaN")
-        amax = xb.abs().amax(dim=-1)
-        e = torch.ceil(torch.log2(amax / E2M1_MAX))
-        scales = (e + E8M0_BIAS).to(torch.uint8)
+        scales = _e8m0_block_scales(xb.abs().amax(dim=-1))
         codes = encode_e2m1(xb / decode_e8m0(scales)[..., None])
         gs = torch.ones((), dtype=torch.float32, device=dev)
     else:
@@ -313,7 +327,9 @@ def quantize(weight: Tensor, fmt: FmtName = "nvfp4",
             amax_t = x.abs().amax(dim=(-2, -1)) if x.numel() else torch.zeros(lead, device=dev)
             if not bool(torch.isfinite(amax_t).all()):
                 raise ValueError("quantize: weight contains inf/NaN")
-            gs = amax_t / (E2M1_MAX * E4M3_MAX)
+            # tensor divisor: CUDA turns division by a Python scalar into a reciprocal multiply,
+            # which is 1 ulp off CPU and changes codes; true division keeps CPU == CUDA bit-exact
+            gs = amax_t / torch.full_like(amax_t, E2M1_MAX * E4M3_MAX)
             # all-zero (or underflowing) tensor: any positive scale works, 1.0 keeps it NaN-free
             gs = torch.where(gs > 0, gs, torch.ones_like(gs))
         else:

@@ -157,14 +157,16 @@ def test_exact_on_representable_mxfp4():
 def test_mxfp4_scale_rule():
     # one block per row, amax a, e = ceil(log2(a / 6))
     amaxes = [6.0, 7.0, 3.0, 0.75, 12.0, 1e-3]
-    w = torch.zeros(len(amaxes), 32)
-    w[:, 5] = torch.tensor(amaxes)
+    w = torch.zeros(len(amaxes) + 1, 64)
+    w[:-1, 5] = torch.tensor(amaxes)
+    w[-1, 0] = 1e-39  # fp32 subnormal: log2(amax/6) < -127, so the exponent clamps to -127
     q = quantize(w, "mxfp4")
     want = [127 + math.ceil(math.log2(a / 6)) for a in amaxes]
-    assert q.scales[:, 0].tolist() == want
+    assert q.scales[:, 0].tolist() == want + [0]
+    assert torch.all(q.scales[:, 1] == 0)  # zero blocks: exponent -127, stored 0
     # the ceil keeps the scaled block amax within ±6, so nothing is clipped by saturation
-    assert torch.all(torch.tensor(amaxes) / decode_e8m0(q.scales[:, 0]) <= 6.0)
-    assert q.dequantize()[:, 5].tolist() == [6.0, 8.0, 3.0, 0.75, 12.0, 2.0 ** -10]
+    assert torch.all(torch.tensor(amaxes) / decode_e8m0(q.scales[:-1, 0]) <= 6.0)
+    assert q.dequantize()[:-1, 5].tolist() == [6.0, 8.0, 3.0, 0.75, 12.0, 2.0 ** -10]
 
 
 def test_nvfp4_block_scale_rule():
@@ -190,6 +192,8 @@ def test_zero_tensor(fmt):
     assert torch.isfinite(q.scales.float() if fmt == "nvfp4" else decode_e8m0(q.scales)).all()
     assert torch.equal(d, torch.zeros(4, 64))
     assert torch.all(q.packed == 0)
+    if fmt == "mxfp4":
+        assert torch.all(q.scales == 0)  # log2(0) = -inf clamps to -127, stored as 0
 
 
 def test_stacked_experts_per_expert_global_scale():

@@ -211,8 +211,8 @@ def _rule(mt: str, qc: Any, src: str) -> QuantRule:
         return default
     exclude = _strings(q, "exclude_modules", src) + _strings(q, "ignore", src) \
         + _strings(q, "modules_to_not_convert", src)
-    if mt == "gpt_oss" and fmt == "mxfp4" and not exclude:
-        return GPT_OSS_RULE
+    if mt == "gpt_oss" and fmt == "mxfp4":
+        return GPT_OSS_RULE   # the HF/vLLM MXFP4 path converts only the expert tensors
     return QuantRule(fmt, None, exclude, source=src)
 
 

@@ -172,6 +172,7 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
             raise ModelError(f"ep={ep} given but {a.name} has no routed experts")
         if tp % ep:
             raise ModelError(f"tp={tp} is not a multiple of ep={ep} (MoE TP size = tp / ep)")
+        _div(a, "mlp.experts", "routed experts", a.experts, "ep", ep)
     groups: dict[Problem, dict[str, list[int]]] = {}
     for lin in _linears(a):
         use = [i for i in lin.layers

@@ -49,8 +49,10 @@ def w4a16_dequant_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, M, N, K,
     offs_kp = tl.arange(0, BLOCK_K // 2)
     offs_ks = tl.arange(0, BLOCK_K // SCALE_GROUP)
 
-    KP = K // 2
-    KS = K // SCALE_GROUP
+    # BLOCK_K divides K, so the row strides of the packed weight and of the scales are multiples
+    # of their per-tile widths: telling the compiler lets it vectorize (and cp.async-pipeline) them
+    KP = tl.multiple_of(K // 2, BLOCK_K // 2)
+    KS = tl.multiple_of(K // SCALE_GROUP, BLOCK_K // SCALE_GROUP)
     x_ptrs = x_ptr + offs_am[:, None] * K + offs_k[None, :]
     w_ptrs = w_ptr + offs_bn[:, None] * KP + offs_kp[None, :]
     s_ptrs = s_ptr + offs_bn[:, None] * KS + offs_ks[None, :]

@@ -1,0 +1,91 @@
+"""Static model of `metadata.shared` (and tensor memory) for the W4A16 kernel in kernel.py.
+
+Checked against Triton 3.9.0 by cross-compiling (compile.py, `tt.divisibility` 16 on pointers, N,
+K). The model is versioned: `smem_bytes(..., triton_version="3.6")` on a version other than 3.9
+falls back to the 3.9 rule (see `MODEL_NOTE`); the H200 machine runs 3.6.0, where it is unchecked.
+
+Tiles (bytes), with G = 16 (NVFP4) or 32 (MXFP4) and T = 32·num_warps threads:
+    X = BM·BK·2 (bf16 activations)   W = BN·BK/2 (packed e2m1)   S = BN·BK/G (scales)
+
+* mma.sync path — sm80/86/89, sm120/121, and sm90/sm100 when BM < 64 (wgmma / tcgen05 need a
+  64-row tile): the cp.async pipeliner keeps (num_stages − 1) buffers of every pipelined load.
+  The packed weight is local_loaded straight into the dot-operand layout (no dequant buffer).
+  The scale load is pipelined only when each thread copies ≥ 4 bytes (S ≥ 4·T); otherwise it is
+  a plain load whose layout conversion needs S bytes of scratch (none when S ≤ T/2):
+      shared = (ns − 1)·(X + W + [S if S ≥ 4T]) + [S if T/2 < S < 4T]
+* wgmma path — sm90, BM ≥ 64: x has num_stages buffers (operand A straight from smem), the packed
+  weight (ns − 1), the scales (ns − 1) when pipelined (S ≥ 4T; otherwise their conversion scratch
+  fits in the slot of the next buffer), and the dequantized bf16 tile (4·W) is one smem buffer for
+  operand B:
+      shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W
+* tcgen05 path — sm100/103, BM ≥ 64: as wgmma plus 16 bytes of mbarriers:
+      shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W + 16;   tensor memory = BN columns
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+CHECKED_VERSION = "3.9"
+MODEL_NOTE = ("smem model checked against Triton 3.9.0 only; on other versions the 3.9 rule is "
+              "applied unchanged")
+GROUP = {"nvfp4": 16, "mxfp4": 32}
+
+
+def _installed_triton() -> str | None:
+    try:
+        from importlib.metadata import version
+        v = version("triton")
+    except Exception:
+        return None
+    return ".".join(v.split(".")[:2])
+
+
+def _cc(arch: Any) -> tuple[int, int]:
+    if hasattr(arch, "cc"):
+        return tuple(arch.cc)
+    if isinstance(arch, int):
+        return divmod(arch, 10)
+    from tactics.arch import get_arch
+    return get_arch(str(arch)).cc
+
+
+def path(params: Mapping[str, Any], arch: Any) -> str:
+    """Which MMA lowering Triton 3.9 picks: "mma_v2", "wgmma" or "tcgen05"."""
+    major, _ = _cc(arch)
+    if major == 9 and int(params["block_m"]) >= 64:
+        return "wgmma"
+    if major == 10 and int(params["block_m"]) >= 64:
+        return "tcgen05"
+    return "mma_v2"
+
+
+def tiles(params: Mapping[str, Any], w_fmt: str) -> tuple[int, int, int]:
+    bm, bn, bk = int(params["block_m"]), int(params["block_n"]), int(params["block_k"])
+    return bm * bk * 2, bn * bk // 2, bn * bk // GROUP[w_fmt]
+
+
+def smem_bytes(params: Mapping[str, Any], w_fmt: str, arch: Any, triton_version: str | None = None) -> int:
+    """Bytes of dynamic shared memory Triton allocates for this config on `arch` (an Arch, a name
+    like "sm90" or a cc int like 90). `triton_version` "major.minor" (default: the installed one,
+    read from package metadata without importing Triton)."""
+    if w_fmt not in GROUP:
+        raise ValueError(f"weight format must be nvfp4 or mxfp4, got {w_fmt!r}")
+    _ = triton_version or _installed_triton()   # every version uses the 3.9 rule (MODEL_NOTE)
+    x, w, s = tiles(params, w_fmt)
+    ns = int(params["num_stages"])
+    threads = 32 * int(params["num_warps"])
+    p = path(params, arch)
+    s_pipe = s if s >= 4 * threads else 0
+    if p == "wgmma":
+        return ns * x + (ns - 1) * (w + s_pipe) + 4 * w
+    if p == "tcgen05":
+        return ns * x + (ns - 1) * (w + s_pipe) + 4 * w + 16
+    if s_pipe:
+        return (ns - 1) * (x + w + s)
+    scratch = s if s > threads // 2 else 0
+    return (ns - 1) * (x + w) + scratch
+
+
+def tmem_columns(params: Mapping[str, Any], w_fmt: str, arch: Any) -> int:
+    """Tensor-memory columns (sm100 tcgen05 accumulator: BN fp32 columns; 0 elsewhere)."""
+    return int(params["block_n"]) if path(params, arch) == "tcgen05" else 0

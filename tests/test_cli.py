@@ -1,0 +1,88 @@
+"""The `autotune` command, run as a real subprocess."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def autotune(*args, cache=None, timeout=900):
+    env = dict(os.environ)
+    if cache is not None:
+        env["AUTOTUNE_CACHE"] = str(cache)
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_models_and_archs():
+    r = autotune("models")
+    assert r.returncode == 0 and "glm5" in r.stdout.split() and "gpt-oss-120b" in r.stdout.split()
+    r = autotune("archs")
+    assert r.returncode == 0
+    sm120 = next(l for l in r.stdout.splitlines() if l.startswith("sm120"))
+    assert "101376" in sm120 and "native" in sm120
+
+
+def test_unknown_model_exits_2_and_lists_known(tmp_path):
+    r = autotune("search", "--model", "glm9", "--dry-run", cache=tmp_path / "c.db")
+    assert r.returncode == 2
+    assert "glm9" in r.stderr and "glm5" in r.stderr and "deepseek-v3" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_malformed_config_exits_2_naming_the_field(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                               "num_hidden_layers": 2, "intermediate_size": 1024,
+                               "num_attention_heads": 8, "num_key_value_heads": 8}))
+    r = autotune("search", "--model", bad, "--max-tokens", "2", cache=tmp_path / "c.db")
+    assert r.returncode == 2 and "hidden_size" in r.stderr
+    assert not (tmp_path / "c.db").exists()
+    bad.write_text("{not json")
+    r = autotune("search", "--model", bad, "--max-tokens", "2", cache=tmp_path / "c.db")
+    assert r.returncode == 2 and "config.json" in r.stderr
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_unwritable_cache_fails_before_measuring(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    target = blocker / "sub" / "cache.db"       # a path under a regular file can never be created
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--max-tokens", "1", "--cache", target)
+    assert r.returncode == 2 and "cache" in r.stderr.lower()
+    assert "measured" not in r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--tp", "0"], "tp"),
+    (["--tp", "7"], "7"),
+    (["--buckets", "1,x"], "'x'"),
+    (["--buckets", "0,2"], "0"),
+    (["--arch", "sm70"], "sm70"),
+    (["--families", "nope"], "nope"),
+    (["--margin", "1.5"], "margin"),
+])
+def test_bad_search_input_exits_2_and_writes_nothing(tmp_path, args, needle):
+    r = autotune("search", "--model", "glm5", *args, cache=tmp_path / "c.db")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert needle in r.stderr
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_dry_run_for_sm120_prints_verdicts_with_reasons(tmp_path):
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", cache=tmp_path / "c.db")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert sum(l.startswith("dense:") or l.startswith("grouped_moe:") for l in lines) == 6
+    tri = [l for l in lines if "sm120: triton:" in l]
+    assert tri and all("kept" in l for l in tri)
+    assert any("rejected" in l and "> 101376" in l for l in tri)
+    assert not (tmp_path / "c.db").exists()
+    j = json.loads(autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", "--json").stdout)
+    assert j["arch"] == "sm120" and len(j["problems"]) == 6

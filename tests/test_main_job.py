@@ -1,0 +1,56 @@
+"""The README's main job on this machine, then dispatch over its cache (the issue's "done" test)."""
+import sqlite3
+
+import pytest
+import torch
+
+from autotune import bench
+from autotune.buckets import hybrid
+from autotune.dispatch import Dispatcher
+from autotune.models import problems_for
+from cache import Store
+from tests.test_cli import autotune
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def glm5_cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("main") / "cache.db"
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--max-tokens", "16", cache=path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return path, r.stdout
+
+
+def test_main_job_fills_a_winner_for_every_problem_and_bucket(glm5_cache):
+    path, out = glm5_cache
+    uses = problems_for("glm5", tp=8)
+    assert len(uses) == 6
+    winners = {(w.problem_key, w.bucket) for w in Store(path, readonly=True).winners()}
+    assert winners == {(u.problem.key, b) for u in uses for b in hybrid(16)}
+    assert "no GPU" in out and "winners in" in out
+    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_dispatch_matches_float64_for_every_glm5_tp8_dense_shape(glm5_cache):
+    path, _ = glm5_cache
+    d = Dispatcher(Store(path, readonly=True), record_misses=False)
+    dense = [u.problem for u in problems_for("glm5", tp=8) if u.problem.kind == "dense"]
+    assert len(dense) == 4
+    for p in dense:
+        for m in (1, 5, 16):
+            s = bench.make_inputs(p, m, "cpu", seed=m)[0]
+            y = d((m, p.n, p.k))(s.x, s.w)
+            ref = bench.reference(p, s)
+            assert y.dtype == torch.bfloat16 and y.shape == (m, p.n)
+            assert float((y.double() - ref).norm() / ref.norm()) < 1e-2, p.key
+    assert d.stats["miss"] == 0
+
+
+def test_show_lists_the_winners(glm5_cache):
+    path, _ = glm5_cache
+    r = autotune("show", "--model", "glm5", "--tp", "8", "--json", cache=path)
+    assert r.returncode == 0
+    import json
+    rows = json.loads(r.stdout)
+    assert len(rows) == 6 * 5 and all(row["gpu"] for row in rows)

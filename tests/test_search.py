@@ -1,0 +1,124 @@
+"""The search loop end to end on the CPU: real SQLite, real torch kernels, real checks."""
+import sqlite3
+import warnings
+
+import pytest
+import torch
+
+from autotune import bench
+from autotune.buckets import Buckets
+from autotune.dispatch import Dispatcher
+from autotune.problem import Problem
+from autotune.search import search
+from cache import Store
+from tactics import registry
+
+FAST = bench.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+DENSE = Problem.dense(256, 512)
+MOE = Problem.moe(128, 256, experts=8, top_k=2)
+
+
+@pytest.fixture
+def faulty(monkeypatch):
+    monkeypatch.setitem(registry.FAMILIES, "faulty", "tests.families.faulty:FaultyFamily")
+    registry.get.cache_clear()
+    yield registry.get("faulty")
+    registry.get.cache_clear()
+
+
+def _run(store, problems=(DENSE, MOE), families=("torch",), buckets=(1, 4), **kw):
+    return search(list(problems), families=[registry.get(f) for f in families], store=store,
+                  buckets=Buckets.of(buckets), timer=FAST, **kw)
+
+
+def test_search_stores_every_trial_and_a_winner_per_bucket(tmp_path):
+    store = Store(tmp_path / "c.db")
+    rep = _run(store)
+    assert rep.failed == 0 and rep.measured > 0
+    assert {(w.problem_key, w.bucket) for w in store.winners()} == {(p.key, b) for p in (DENSE, MOE) for b in (1, 4)}
+    # chunk_n 512 and 2048 are >= N=256: rejected statically, stored once for all buckets (bucket 0)
+    rejected = [t for t in store.get_trials(DENSE.key, 0, rep.winners[0].device_key) if t.status == "rejected"]
+    assert len(rejected) == 4 and all("same as no chunking" in t.reason for t in rejected)
+    ok = store.get_trials(DENSE.key, 4, rep.winners[0].device_key)
+    assert ok and all(t.status == "ok" and t.rel_err < 1e-2 and t.median_us > 0 and t.reps >= 2 for t in ok)
+    assert "no GPU" in " ".join(rep.notes)
+
+
+def test_rerun_resumes_without_measuring(tmp_path):
+    store = Store(tmp_path / "c.db")
+    first = _run(store)
+    again = _run(store)
+    assert again.measured == 0 and again.resumed == first.measured
+    assert [(w.problem_key, w.bucket, w.tactic_id) for w in again.winners] == \
+        [(w.problem_key, w.bucket, w.tactic_id) for w in first.winners]
+    more = _run(store, buckets=(1, 4, 16))            # only the new bucket is measured
+    assert more.measured == first.measured // 2
+    con = sqlite3.connect(tmp_path / "c.db")
+    assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_wrong_or_crashing_tactics_never_win(tmp_path, faulty):
+    store = Store(tmp_path / "c.db")
+    rep = _run(store, problems=(DENSE,), families=("faulty", "torch"), buckets=(4,))
+    trials = {t.params_json: t for t in store.get_trials(DENSE.key, 4, rep.winners[0].device_key)}
+    by_mode = {eval_mode(k): t for k, t in trials.items() if '"faulty"' in k}
+    assert by_mode["zeros"].status == "failed" and "relative error" in by_mode["zeros"].reason
+    assert by_mode["scaled"].status == "failed" and "relative error" in by_mode["scaled"].reason
+    assert by_mode["skip_half"].status == "failed" and "not written" in by_mode["skip_half"].reason
+    assert by_mode["raise"].status == "failed" and "deliberate failure" in by_mode["raise"].reason
+    assert by_mode["good"].status == "ok"
+    (w,) = rep.winners
+    assert '"good"' in w.params_json or w.family == "torch"
+    # failures are not retried unless asked
+    assert _run(store, problems=(DENSE,), families=("faulty", "torch"), buckets=(4,)).measured == 0
+    assert _run(store, problems=(DENSE,), families=("faulty", "torch"), buckets=(4,), retry_failed=True).failed == 4
+
+
+def eval_mode(params_json):
+    import json
+    return json.loads(params_json)["params"]["mode"]
+
+
+def test_dispatch_serves_the_winners(tmp_path):
+    store = Store(tmp_path / "c.db")
+    _run(store, problems=(DENSE,), buckets=(1, 4))
+    d = Dispatcher(store, record_misses=False)
+    w = bench.make_inputs(DENSE, 3, "cpu", seed=7)[0]
+    kernel = d((3, DENSE.n, DENSE.k))
+    ref = bench.reference(DENSE, w)
+    y = kernel(w.x, w.w)
+    assert y.shape == (3, 256) and y.dtype == torch.bfloat16
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+    assert d.stats["hit"] == 1 and d.tactic_for(DENSE, 3)[0] == "winner"
+    assert d((1000, DENSE.n, DENSE.k)) is d((4, DENSE.n, DENSE.k))     # clamped to the largest bucket
+
+
+def test_dispatch_miss_returns_default_warns_once_and_records(tmp_path):
+    path = tmp_path / "c.db"
+    Store(path).close()
+    d = Dispatcher(path)
+    p = Problem.dense(64, 128)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        k1 = d((5, 64, 128))
+        k2 = d((5, 64, 128))
+        d((9, 64, 128))
+    assert k1 is k2 and sum("no tuned tactic" in str(c.message) for c in caught) == 1
+    s = bench.make_inputs(p, 5, "cpu", seed=1)[0]
+    assert float((k1(s.x, s.w).double() - bench.reference(p, s)).norm() / bench.reference(p, s).norm()) < 1e-2
+    d.flush_misses()
+    misses = {(m.problem_key, m.m): m.count for m in Store(path).misses()}
+    assert misses == {(p.key, 5): 2, (p.key, 9): 1}
+
+
+def test_winner_from_other_library_version_is_a_miss(tmp_path):
+    import dataclasses
+    from autotune.env import current
+    store = Store(tmp_path / "c.db")
+    _run(store, problems=(DENSE,), buckets=(4,))
+    env = current()
+    other = dataclasses.replace(env, libs=tuple((k, "0.0-other" if k == "torch" else v) for k, v in env.libs))
+    d = Dispatcher(store, env=other, record_misses=False)
+    with pytest.warns(UserWarning, match="no tuned tactic"):
+        d((4, DENSE.n, DENSE.k))
+    assert d.stats["miss"] == 1 and d.skipped

@@ -1,0 +1,68 @@
+"""The static smem model equals Triton's `metadata.shared` for a seeded sample, per target.
+
+Cross-compiles (no GPU) with the LLVM-IR stop of compile.py into a fresh cache directory, so every
+compile is real. Requires the Triton version the model was checked against (3.9).
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+triton = pytest.importorskip("triton")
+if not triton.__version__.startswith("3.9"):
+    pytest.skip(f"smem model is checked against Triton 3.9, found {triton.__version__}", allow_module_level=True)
+
+from autotune.problem import Problem  # noqa: E402
+from tactics.arch import get_arch  # noqa: E402
+from tactics.base import Tactic  # noqa: E402
+from tactics.triton_fp4 import TritonFamily, smem_bytes  # noqa: E402
+from tactics.triton_fp4.compile import cross_compile  # noqa: E402
+
+FAM = TritonFamily()
+TARGETS = ("sm80", "sm89", "sm90", "sm100", "sm120")
+PER_TARGET = 4            # per format → 8 configs per target
+
+
+def _sample(fmt: str, arch: str) -> list[Tactic]:
+    space = list(FAM.enumerate(Problem.dense(4096, 4096, fmt), get_arch(arch)))
+    return random.Random(f"{fmt}-{arch}-7").sample(space, PER_TARGET)
+
+
+CASES = [(fmt, arch, t) for arch in TARGETS for fmt in ("nvfp4", "mxfp4") for t in _sample(fmt, arch)]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("triton-cache"))
+
+
+@pytest.mark.parametrize("fmt,arch,tactic", CASES, ids=[f"{a}-{f}-{t.id}" for f, a, t in CASES])
+def test_model_equals_compiler(fmt, arch, tactic, cache):
+    shared, _ = cross_compile(fmt, tactic.params, arch, cache_dir=cache)
+    assert smem_bytes(tactic.params, fmt, get_arch(arch)) == shared, (arch, fmt, tactic.params)
+
+
+def test_nvfp4_compiles_for_sm80_and_verdict_agrees(cache):
+    """Scales are decoded from uint8 bits, so NVFP4 compiles on sm80/86 and the verdict keeps it."""
+    t = FAM.default(Problem.dense(4096, 4096, "nvfp4"), get_arch("sm80"))
+    for arch in ("sm80", "sm86"):
+        shared, ptx = cross_compile("nvfp4", t.params, arch, stop_at="cubin", cache_dir=cache)
+        assert ptx and "mma.sync" in ptx
+        v = FAM.verdict(Problem.dense(4096, 4096, "nvfp4"), t, get_arch(arch))
+        assert v.ok and v.smem_bytes == shared
+
+
+def test_sm120_over_limit_rejected_with_numbers_fine_on_sm90(cache):
+    p = Problem.dense(4096, 4096, "nvfp4")
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=128, block_k=128, group_m=8,
+               num_warps=4, num_stages=5)
+    need = smem_bytes(t.params, "nvfp4", get_arch("sm120"))
+    shared, _ = cross_compile("nvfp4", t.params, "sm120", cache_dir=cache)
+    assert shared == need > 101376
+    v = FAM.verdict(p, t, get_arch("sm120"))
+    assert v.rejected and v.reason == f"smem {need} > 101376"
+    assert (v.smem_bytes, v.smem_limit) == (need, 101376)
+    v90 = FAM.verdict(p, t, get_arch("sm90"))
+    shared90, _ = cross_compile("nvfp4", t.params, "sm90", cache_dir=cache)
+    assert v90.ok and v90.smem_bytes == shared90 <= 232448
