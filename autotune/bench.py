@@ -37,7 +37,7 @@ class Timing:
 
 @dataclass(frozen=True)
 class TimerConfig:
-    warmup: int = 1             # calls before timing (the check call already warmed up)
+    warmup: int = 0             # extra calls before timing (the check call already warmed up)
     min_reps: int = 3
     max_reps: int = 100
     budget_s: float = 0.25      # per tactic, after the first timed repetition

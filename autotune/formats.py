@@ -137,6 +137,26 @@ def decode_e8m0(s: Tensor) -> Tensor:
     return table[s.long()]
 
 
+_LUTS: dict = {}
+
+
+def _lut(kind: str, device: torch.device) -> Tensor:
+    """256-entry float32 tables: 'pair' (packed byte → [low, high] values), 'nvfp4' (e4m3
+    byte → value), 'mxfp4' (e8m0 byte → 2^(e-127))."""
+    key = (kind, str(device))
+    t = _LUTS.get(key)
+    if t is None:
+        b = torch.arange(256, dtype=torch.uint8)
+        if kind == "pair":
+            t = torch.stack((decode_e2m1(b & 0x0F), decode_e2m1(b >> 4)), dim=-1)
+        elif kind == "nvfp4":
+            t = b.view(torch.float8_e4m3fn).float()
+        else:
+            t = decode_e8m0(b)
+        t = _LUTS[key] = t.to(device)
+    return t
+
+
 def _scales_to_float(scales: Tensor, fmt: str) -> Tensor:
     return decode_e8m0(scales) if fmt == "mxfp4" else scales.float()
 
@@ -230,9 +250,16 @@ class FP4Weight:
         return self.packed.nbytes + self.scales.nbytes + self.global_scale.nbytes
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """Dense ``[..., N, K]``: e2m1 × block scale × global scale, in float32, then cast."""
-        vals = decode_e2m1(unpack_fp4(self.packed))
-        vals = vals.view(*self.scales.shape, self.block) * _scales_to_float(self.scales, self.fmt)[..., None]
+        """Dense ``[..., N, K]``: e2m1 × block scale × global scale, in float32, then cast.
+
+        Both lookups go through 256-entry tables (byte → two values, scale byte → float): on
+        the CPU that is several times faster than unpacking nibbles and converting fp8.
+        """
+        pair = _lut("pair", self.packed.device)
+        vals = pair.index_select(0, self.packed.reshape(-1).int()).view(*self.scales.shape, self.block)
+        sbytes = self.scales.reshape(-1).view(torch.uint8).int()
+        sc = _lut(self.fmt, self.packed.device).index_select(0, sbytes).view(self.scales.shape)
+        vals = vals * sc[..., None]
         g = self.global_scale
         g = g.reshape(*g.shape, 1, 1, 1) if g.ndim else g
         return (vals * g).reshape(self.shape).to(dtype)

@@ -169,6 +169,16 @@ def test_mxfp4_scale_rule():
     assert q.dequantize()[:-1, 5].tolist() == [6.0, 8.0, 3.0, 0.75, 12.0, 2.0 ** -10]
 
 
+def test_mxfp4_exponent_matches_float64_log2():
+    g = torch.Generator().manual_seed(12)
+    amax = torch.exp2(torch.rand(2000, generator=g, dtype=torch.float64) * 240 - 120).float()
+    amax = torch.cat([amax, 6 * torch.exp2(torch.arange(-120.0, 120.0))])  # exact powers: no rounding up
+    w = torch.zeros(len(amax), 32)
+    w[:, 7] = amax
+    want = torch.ceil(torch.log2(amax.double() / 6)).clamp(min=-127) + 127
+    assert torch.equal(quantize(w, "mxfp4").scales[:, 0].long(), want.long())
+
+
 def test_nvfp4_block_scale_rule():
     w = torch.zeros(3, 32)
     w[0, 0] = 2688.0  # tensor amax -> weight_scale_2 = 1

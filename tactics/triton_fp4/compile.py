@@ -84,7 +84,8 @@ def constexprs_for(fmt: str, params: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"weight format must be nvfp4 or mxfp4, got {fmt!r}")
     return {"BLOCK_M": int(params["block_m"]), "BLOCK_N": int(params["block_n"]),
             "BLOCK_K": int(params["block_k"]), "GROUP_M": int(params.get("group_m", 1)),
-            "SCALE_GROUP": 16 if fmt == "nvfp4" else 32, "SCALE_E4M3": 1 if fmt == "nvfp4" else 0}
+            "SCALE_GROUP": 16 if fmt == "nvfp4" else 32, "SCALE_E4M3": 1 if fmt == "nvfp4" else 0,
+            "DOT_F32": 0}
 
 
 def cross_compile(problem_fmt: str, params: Mapping[str, Any], arch_or_cc: Arch | str | int,

@@ -212,7 +212,8 @@ class W4A16Launcher:
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
         ck = w4a16_dequant_kernel[grid](x, packed, scales, gs, out, m, n, k,
                                         num_warps=p["num_warps"], num_stages=p["num_stages"],
-                                        **constexprs_for(prob.w_fmt, p))
+                                        **{**constexprs_for(prob.w_fmt, p),
+                                           "DOT_F32": 1 if is_interpreting() else 0})
         if self.compiled is None and ck is not None and hasattr(ck, "metadata"):
             self.compiled = ck
             self.smem_compiled = int(ck.metadata.shared)

@@ -4,7 +4,7 @@ The weight arrives packed (uint8 [N, K/2], element 2i in the low nibble) with li
 (uint8 [N, K/G]: e4m3 bits for NVFP4, G = 16; e8m0 for MXFP4, G = 32) and an fp32 global scale
 read through a pointer (no host sync). Each K step loads the packed tile with 16-byte vector loads,
 splits the two nibbles and interleaves them (tl.join + reshape), decodes e2m1 → bf16 with integer
-bit operations (exact), multiplies by the block scale in bf16 (exact: ≤ 6 significant bits) and
+bit operations (exact), multiplies by the block scale in fp32 and rounds to bf16 once (exact: ≤ 6 significant bits) and
 feeds `tl.dot` with an fp32 accumulator. The global scale multiplies the accumulator once.
 
 Both scale formats are read as uint8 and decoded with bit operations, so the kernel compiles on
@@ -22,13 +22,14 @@ import triton.language as tl
 ARG_NAMES = ("x_ptr", "w_ptr", "s_ptr", "gs_ptr", "y_ptr", "M", "N", "K")
 ARG_TYPES = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16",
              "M": "i32", "N": "i32", "K": "i32"}
-CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SCALE_GROUP", "SCALE_E4M3")
+CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SCALE_GROUP", "SCALE_E4M3", "DOT_F32")
 
 
 @triton.jit(do_not_specialize=["M"])
 def w4a16_dequant_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, M, N, K,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr, SCALE_GROUP: tl.constexpr, SCALE_E4M3: tl.constexpr):
+                         GROUP_M: tl.constexpr, SCALE_GROUP: tl.constexpr, SCALE_E4M3: tl.constexpr,
+                         DOT_F32: tl.constexpr = 0):
     # grouped ordering: GROUP_M row-blocks share each column block while it is hot in L2
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -74,9 +75,15 @@ def w4a16_dequant_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, M, N, K,
         else:
             # e8m0 → fp32 2^(e-127)
             sc = (s.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-        sc = sc.to(tl.bfloat16)
-        w = (wb.reshape(BLOCK_N, BLOCK_K // SCALE_GROUP, SCALE_GROUP) * sc[:, :, None]).reshape(BLOCK_N, BLOCK_K)
-        acc = tl.dot(a, tl.trans(w), acc)
+        # scale in fp32, round to bf16 once (exact: ≤ 6 significant bits)
+        w = (wb.to(tl.float32).reshape(BLOCK_N, BLOCK_K // SCALE_GROUP, SCALE_GROUP) * sc[:, :, None])
+        w = w.reshape(BLOCK_N, BLOCK_K).to(tl.bfloat16)
+        if DOT_F32:
+            # TRITON_INTERPRET=1 only: Triton 3.9's interpreter computes bf16 tl.dot (and bf16
+            # arithmetic) on the raw uint16 bits; the bf16 operands are widened exactly to fp32
+            acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 2
         s_ptrs += BLOCK_K // SCALE_GROUP

@@ -18,8 +18,10 @@ Tiles (bytes), with G = 16 (NVFP4) or 32 (MXFP4) and T = 32·num_warps threads:
   fits in the slot of the next buffer), and the dequantized bf16 tile (4·W) is one smem buffer for
   operand B:
       shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W
-* tcgen05 path — sm100/103, BM ≥ 64: as wgmma plus 16 bytes of mbarriers:
-      shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W + 16;   tensor memory = BN columns
+* tcgen05 path — sm100/103, BM ≥ 64: as wgmma plus 16 bytes of mbarriers, and here an unpipelined
+  scale tile with T < S < 4T keeps its S bytes of conversion scratch (fitted on few points):
+      shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W + 16 + [S if T < S < 4T]
+      tensor memory = BN columns (fp32 accumulator; ≤ 256 here, so never over 512)
 """
 from __future__ import annotations
 
@@ -79,7 +81,8 @@ def smem_bytes(params: Mapping[str, Any], w_fmt: str, arch: Any, triton_version:
     if p == "wgmma":
         return ns * x + (ns - 1) * (w + s_pipe) + 4 * w
     if p == "tcgen05":
-        return ns * x + (ns - 1) * (w + s_pipe) + 4 * w + 16
+        scratch = s if (not s_pipe and s > threads) else 0
+        return ns * x + (ns - 1) * (w + s_pipe) + 4 * w + 16 + scratch
     if s_pipe:
         return (ns - 1) * (x + w + s)
     scratch = s if s > threads // 2 else 0
