@@ -76,11 +76,12 @@ def main():
 @click.option("--include-attention", is_flag=True, help="also tune the layers the checkpoint keeps in BF16")
 @click.option("--margin", default=0.03, show_default=True, help="a winner must beat the default by this fraction")
 @click.option("--budget-ms", default=250, show_default=True, help="timing budget per tactic and bucket (ms)")
+@click.option("--max-tactics", default=None, type=int, help="time at most this many kept tactics per family and problem (evenly spaced; the default is always timed)")
 @click.option("--retry-failed", is_flag=True, help="measure again tactics whose trials failed")
 @click.option("--dry-run", is_flag=True, help="print the tactic space and verdicts; measure nothing")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def search(model, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, margin, budget_ms,
-           retry_failed, dry_run, as_json):
+           max_tactics, retry_failed, dry_run, as_json):
     """Tune every FP4 GEMM of a model and store the winners."""
     from autotune import bench
     from autotune.search import search as run_search
@@ -92,11 +93,13 @@ def search(model, tp, ep, arch, buckets, max_tokens, families, cache, include_at
     fams = _families(families)
     if not 0 <= margin < 1:
         raise BadInput(f"--margin must be in [0, 1), got {margin}")
+    if max_tactics is not None and max_tactics < 1:
+        raise BadInput(f"--max-tactics must be >= 1, got {max_tactics}")
     measuring = not dry_run and target == detect()
     store = _open_store(cache) if measuring else None
     report = run_search([u.problem for u in uses], families=fams, store=store, buckets=b, arch=target,
                         margin=margin, timer=bench.TimerConfig(budget_s=budget_ms / 1000),
-                        retry_failed=retry_failed, dry_run=not measuring,
+                        retry_failed=retry_failed, dry_run=not measuring, max_tactics=max_tactics,
                         progress=not as_json and sys.stderr.isatty())
     if as_json:
         click.echo(json.dumps(_report_json(report, uses), indent=2))

@@ -121,7 +121,7 @@ def designated_default(problem: Problem, arch: Arch, device: str, registry_get: 
 def search(problems: Sequence[Problem], *, families: Sequence[Family], store, buckets: Buckets,
            arch: Arch | None = None, env: Env | None = None, margin: float = winner_rule.DEFAULT_MARGIN,
            timer: bench.TimerConfig = bench.TimerConfig(), retry_failed: bool = False, dry_run: bool = False,
-           seed: int = 0, progress: bool = False, log: Callable[[str], None] = lambda s: None) -> SearchReport:
+           seed: int = 0, max_tactics: int | None = None, progress: bool = False, log: Callable[[str], None] = lambda s: None) -> SearchReport:
     from tactics import registry
 
     live = detect()
@@ -160,6 +160,8 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
                 store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, lib_keys, "rejected", r.verdict.reason,
                                        smem_model=r.verdict.smem_bytes))
         kept = [r for r in rows if not r.verdict.rejected and r.tactic.family in names]
+        if max_tactics:
+            kept = _sample(kept, max_tactics)
         if not any(r.tactic == default for r in kept):
             kept.insert(0, Planned(p, default, dfam.verdict(p, default, target)))
         work.append((p, kept, default))
@@ -184,6 +186,19 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     finally:
         bar.close()
     return report
+
+
+def _sample(kept: list[Planned], n: int) -> list[Planned]:
+    """At most n kept tactics per family, evenly spaced over its enumeration order (a budget
+    knob for quick runs; the designated default is added back by the caller)."""
+    by_fam: dict[str, list[Planned]] = defaultdict(list)
+    for r in kept:
+        by_fam[r.tactic.family].append(r)
+    out = []
+    for rows in by_fam.values():
+        step = max(1, len(rows) / n)
+        out += [rows[int(i * step)] for i in range(min(n, len(rows)))]
+    return out
 
 
 def _trial(p: Problem, bucket: int, t: Tactic, env: Env, lib_keys, status, reason="", **kw) -> Trial:

@@ -1,0 +1,46 @@
+"""Runs only on a CUDA GPU (skipped elsewhere): kernels at real shapes, the CUDA timer."""
+import pytest
+import torch
+
+from autotune import bench
+from autotune.problem import Problem
+from tactics import registry
+from tactics.arch import detect
+
+pytestmark = pytest.mark.gpu
+
+GLM5_TP8_DENSE = [Problem.dense(3072, 6144), Problem.dense(6144, 1536), Problem.dense(512, 6144), Problem.dense(6144, 256)]
+
+
+@pytest.mark.parametrize("p", GLM5_TP8_DENSE + [Problem.dense(768, 2880, w_fmt="mxfp4")], ids=lambda p: p.key)
+def test_triton_kept_configs_match_float64_at_real_shapes(p):
+    fam, arch = registry.get("triton"), detect()
+    kept = [t for t in fam.enumerate(p, arch) if fam.verdict(p, t, arch).ok]
+    sample = [fam.default(p, arch)] + kept[:: max(1, len(kept) // 6)]
+    for m in (1, 16, 300):
+        s = bench.make_inputs(p, m, "cuda", seed=m)[0]
+        ref = bench.reference(p, s)
+        for t in sample:
+            k = fam.build(p, t, "cuda")
+            err = bench.check(p, k, s, ref)            # NaN-poisoned output, float64 reference
+            assert err < 1e-2
+            assert k.smem_compiled is not None and k.smem_compiled <= arch.smem_per_block_optin
+
+
+def test_torch_family_moe_on_cuda():
+    p = Problem.moe(512, 1024, experts=32, top_k=4)
+    fam, arch = registry.get("torch"), detect()
+    s = bench.make_inputs(p, 37, "cuda", seed=3)[0]
+    bench.check(p, fam.build(p, fam.default(p, arch), "cuda"), s, bench.reference(p, s))
+
+
+def test_cuda_timer_graph_and_eager():
+    p = Problem.dense(512, 1024)
+    fam, arch = registry.get("torch"), detect()
+    k = fam.build(p, fam.default(p, arch), "cuda")
+    sets = bench.make_inputs(p, 4, "cuda", seed=1, n_sets=3)
+    outs = [bench.torch_empty_out(p, 4, s) for s in sets]
+    t = bench.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), 3, "cuda")
+    assert 0 < t.median_us < 10_000 and t.reps >= 3
+    big = bench.time_calls(lambda i: torch.cuda._sleep(1_000_000), 1, "cuda")   # ~0.5 ms spin: eager path
+    assert big.median_us > 100
