@@ -12,11 +12,13 @@ pytestmark = pytest.mark.gpu
 GLM5_TP8_DENSE = [Problem.dense(3072, 6144), Problem.dense(6144, 1536), Problem.dense(512, 6144), Problem.dense(6144, 256)]
 
 
-@pytest.mark.parametrize("p", GLM5_TP8_DENSE + [Problem.dense(768, 2880, w_fmt="mxfp4")], ids=lambda p: p.key)
+@pytest.mark.parametrize("p", GLM5_TP8_DENSE + [Problem.dense(768, 2048, w_fmt="mxfp4")], ids=lambda p: p.key)
 def test_triton_kept_configs_match_float64_at_real_shapes(p):
     fam, arch = registry.get("triton"), detect()
     kept = [t for t in fam.enumerate(p, arch) if fam.verdict(p, t, arch).ok]
-    sample = [fam.default(p, arch)] + kept[:: max(1, len(kept) // 6)]
+    d = fam.default(p, arch)
+    sample = ([d] if fam.verdict(p, d, arch).ok else []) + kept[:: max(1, len(kept) // 6)]
+    assert sample, "no kept config"
     for m in (1, 16, 300):
         s = bench.make_inputs(p, m, "cuda", seed=m)[0]
         ref = bench.reference(p, s)

@@ -54,3 +54,22 @@ def test_show_lists_the_winners(glm5_cache):
     import json
     rows = json.loads(r.stdout)
     assert len(rows) == 6 * 5 and all(row["gpu"] for row in rows)
+
+
+@pytest.mark.parametrize("fmt", ["sqlite", "json"])
+def test_export_then_import_into_a_fresh_cache(glm5_cache, tmp_path, fmt):
+    path, _ = glm5_cache
+    gpu = Store(path, readonly=True).devices()[0]["gpu_name"]
+    out = tmp_path / f"glm5.{fmt}"
+    r = autotune("cache", "export", "-o", out, "--gpu", gpu, "--model", "glm5", "--tp", "8", "--format", fmt, cache=path)
+    assert r.returncode == 0 and "exported 30 winners" in r.stdout, r.stderr
+    r = autotune("cache", "export", "-o", out, "--format", fmt, cache=path)          # never overwrites
+    assert r.returncode == 2
+    fresh = tmp_path / "fresh.db"
+    r = autotune("cache", "import", out, cache=fresh)
+    assert r.returncode == 0 and "imported 30 winners" in r.stdout, r.stderr
+    a = {(w.problem_key, w.bucket, w.tactic_id) for w in Store(path, readonly=True).winners()}
+    b = {(w.problem_key, w.bucket, w.tactic_id) for w in Store(fresh, readonly=True).winners()}
+    assert a == b
+    r = autotune("cache", "import", tmp_path / "missing.db", cache=fresh)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -155,6 +155,9 @@ class TritonFamily:
     # ---- build --------------------------------------------------------------------------------
     def build(self, problem: Any, tactic: Tactic, device: str) -> Callable[..., Any]:
         why = self.validate(tactic) or _supported(problem)
+        if not why and problem.k % tactic["block_k"]:
+            # the kernel does not mask K: such a config would read past each weight row
+            why = f"block_k {tactic['block_k']} does not divide K={problem.k}"
         if why:
             raise ValueError(why)
         return W4A16Launcher(problem, tactic.params)
