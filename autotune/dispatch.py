@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from autotune.env import Env, current
 from autotune.problem import Problem, check_m
 from autotune.records import Miss
-from tactics.arch import Arch, detect
+from tactics.arch import ARCHS, Arch, detect
 from tactics.base import Tactic
 
 log = logging.getLogger("autotune.dispatch")
@@ -36,7 +36,7 @@ class Dispatcher:
 
     def __init__(self, cache=None, *, env: Env | None = None, arch: Arch | None = None, record_misses: bool = True):
         self.env = env or current()
-        self.arch = arch or detect()
+        self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
         self._cache = cache
         self._entries: dict[Problem, _Entry] = {}
         self._dense: dict[tuple[int, int], _Entry] = {}   # (N, K) of the default dense problem

@@ -70,6 +70,12 @@ def _cpu_name() -> str:
     return "CPU " + (platform.processor() or platform.machine())
 
 
+def cpu() -> Env:
+    """The CPU as an environment, also on a machine with a GPU (tests, CPU-only tuning)."""
+    return Env(_cpu_name(), "cpu", os.cpu_count() or 1, "cpu", None, None, None, _version("fp4-autotune"),
+               tuple((d, _version(d)) for d in KNOWN_LIBS))
+
+
 @lru_cache(maxsize=None)
 def current(device_index: int = 0) -> Env:
     """The live environment (GPU 0 by default; the CPU when no GPU is visible)."""
@@ -93,4 +99,4 @@ def current(device_index: int = 0) -> Env:
                        torch.version.cuda, cublas, pkg, libs)
     except ImportError:
         pass
-    return Env(_cpu_name(), "cpu", os.cpu_count() or 1, "cpu", None, None, None, pkg, libs)
+    return cpu()

@@ -20,7 +20,7 @@ from autotune.buckets import Buckets
 from autotune.env import Env, current
 from autotune.problem import Problem
 from autotune.records import Trial, Winner
-from tactics.arch import Arch, detect
+from tactics.arch import ARCHS, Arch, detect
 from tactics.base import Family, Tactic, Verdict
 
 #: which family's default is the designated baseline, in order of preference: the first one
@@ -124,9 +124,9 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
            seed: int = 0, max_tactics: int | None = None, progress: bool = False, log: Callable[[str], None] = lambda s: None) -> SearchReport:
     from tactics import registry
 
-    live = detect()
-    target = arch or live
     env = env or current()
+    live = detect() if env.device == "cuda" else ARCHS["cpu"]
+    target = arch or live
     report = SearchReport(target.name, env.device)
     planned = plan(problems, families, target)
     report.plans = summarize(planned)

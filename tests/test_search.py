@@ -8,11 +8,13 @@ import torch
 from autotune import bench
 from autotune.buckets import Buckets
 from autotune.dispatch import Dispatcher
+from autotune.env import cpu
 from autotune.problem import Problem
 from autotune.search import search
 from cache import Store
 from tactics import registry
 
+CPU = cpu()   # these tests tune on the CPU even where a GPU is present
 FAST = bench.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
 DENSE = Problem.dense(256, 512)
 MOE = Problem.moe(128, 256, experts=8, top_k=2)
@@ -28,7 +30,7 @@ def faulty(monkeypatch):
 
 def _run(store, problems=(DENSE, MOE), families=("torch",), buckets=(1, 4), **kw):
     return search(list(problems), families=[registry.get(f) for f in families], store=store,
-                  buckets=Buckets.of(buckets), timer=FAST, **kw)
+                  buckets=Buckets.of(buckets), timer=FAST, env=CPU, **kw)
 
 
 def test_search_stores_every_trial_and_a_winner_per_bucket(tmp_path):
@@ -82,7 +84,7 @@ def eval_mode(params_json):
 def test_dispatch_serves_the_winners(tmp_path):
     store = Store(tmp_path / "c.db")
     _run(store, problems=(DENSE,), buckets=(1, 4))
-    d = Dispatcher(store, record_misses=False)
+    d = Dispatcher(store, env=CPU, record_misses=False)
     w = bench.make_inputs(DENSE, 3, "cpu", seed=7)[0]
     kernel = d((3, DENSE.n, DENSE.k))
     ref = bench.reference(DENSE, w)
@@ -96,7 +98,7 @@ def test_dispatch_serves_the_winners(tmp_path):
 def test_dispatch_miss_returns_default_warns_once_and_records(tmp_path):
     path = tmp_path / "c.db"
     Store(path).close()
-    d = Dispatcher(path)
+    d = Dispatcher(path, env=CPU)
     p = Problem.dense(64, 128)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -113,10 +115,9 @@ def test_dispatch_miss_returns_default_warns_once_and_records(tmp_path):
 
 def test_winner_from_other_library_version_is_a_miss(tmp_path):
     import dataclasses
-    from autotune.env import current
     store = Store(tmp_path / "c.db")
     _run(store, problems=(DENSE,), buckets=(4,))
-    env = current()
+    env = CPU
     other = dataclasses.replace(env, libs=tuple((k, "0.0-other" if k == "torch" else v) for k, v in env.libs))
     d = Dispatcher(store, env=other, record_misses=False)
     with pytest.warns(UserWarning, match="no tuned tactic"):
