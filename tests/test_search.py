@@ -123,3 +123,14 @@ def test_winner_from_other_library_version_is_a_miss(tmp_path):
     with pytest.warns(UserWarning, match="no tuned tactic"):
         d((4, DENSE.n, DENSE.k))
     assert d.stats["miss"] == 1 and d.skipped
+
+
+def test_dispatch_rejects_bad_m_naming_the_value(tmp_path):
+    d = Dispatcher(tmp_path / "c.db", env=CPU, record_misses=False)
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match=f"M must be a positive integer, got {bad}"):
+            d((bad, 256, 512))
+        with pytest.raises(ValueError, match=f"M must be a positive integer, got {bad}"):
+            d(DENSE, bad)
+    with pytest.raises(ValueError, match="K=100 is not a multiple"):
+        d((4, 256, 100))
