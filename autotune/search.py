@@ -50,7 +50,7 @@ class FamilyPlan:
         if self.unknown:
             s += f", {self.unknown} unknown until checked on the device"
         if self.reasons:
-            s += ": " + "; ".join(f"{n}× {self.examples[r]}" + (" …" if n > 1 and r != self.examples[r] else "")
+            s += ": " + "; ".join(f"{n}× " + ("e.g. " if n > 1 and r != self.examples[r] else "") + self.examples[r]
                                   for r, n in self.reasons.most_common())
         return s
 
