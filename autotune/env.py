@@ -85,11 +85,7 @@ def current(device_index: int = 0) -> Env:
         import torch
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(device_index)
-            cublas = None
-            try:
-                cublas = str(torch._C._cuda_getCompiledVersion())  # CUDA the build used
-            except Exception:
-                pass
+            cublas = None  # filled in by the cuBLASLt family (issue #5), which can ask the library
             drv = None
             try:
                 drv = str(torch.cuda.driver_version()) if hasattr(torch.cuda, "driver_version") else None
