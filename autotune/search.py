@@ -173,7 +173,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
             kernels: dict[str, object] = {}
             for b in buckets:
                 done = {t.tactic_id: t for t in store.get_trials(p.key, b, env.device_key)
-                        if t.lib_key == lib_keys[t.family]}
+                        if t.lib_key == lib_keys.get(t.family)}
                 todo = [r for r in kept if r.tactic.id not in done
                         or (retry_failed and done[r.tactic.id].status == "failed")]
                 report.resumed += len(kept) - len(todo)

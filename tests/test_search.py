@@ -74,6 +74,8 @@ def test_wrong_or_crashing_tactics_never_win(tmp_path, faulty):
     # failures are not retried unless asked
     assert _run(store, problems=(DENSE,), families=("faulty", "torch"), buckets=(4,)).measured == 0
     assert _run(store, problems=(DENSE,), families=("faulty", "torch"), buckets=(4,), retry_failed=True).failed == 4
+    # a later run with fewer families reads the others' stored trials without tripping over them
+    assert _run(store, problems=(DENSE,), families=("torch",), buckets=(4,)).measured == 0
 
 
 def eval_mode(params_json):
