@@ -88,30 +88,35 @@ def constexprs_for(fmt: str, params: Mapping[str, Any]) -> dict[str, int]:
             "DOT_F32": 0}
 
 
+def _source(problem_fmt: str, params: Mapping[str, Any]):
+    """The ASTSource and options the deployed kernel is compiled from: pointers (args 0-4) and
+    N, K (6, 7) are 16-divisible, as the launcher sees them; M (5) is not specialized."""
+    from triton.compiler import ASTSource
+
+    from .kernel import ARG_NAMES, ARG_TYPES, CONSTEXPRS, w4a16_dequant_kernel
+
+    sig = {n: ARG_TYPES[n] for n in ARG_NAMES}
+    sig.update({c: "constexpr" for c in CONSTEXPRS})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7)}
+    src = ASTSource(w4a16_dequant_kernel, sig, constexprs=constexprs_for(problem_fmt, params), attrs=attrs)
+    options = {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
+    return src, options, w4a16_dequant_kernel.__name__
+
+
 def cross_compile(problem_fmt: str, params: Mapping[str, Any], arch_or_cc: Arch | str | int,
                   stop_at: str = "llir", cache_dir: str | None = None) -> tuple[int, str | None]:
     """Compile the kernel for `arch_or_cc` (an Arch, "sm90", or 90) and return
     (metadata.shared, ptx or None). `stop_at` is "llir" (fast, no PTX) or "cubin" (full)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from .kernel import ARG_NAMES, ARG_TYPES, CONSTEXPRS, w4a16_dequant_kernel
-
-    cc = _cc_of(arch_or_cc)
-    consts = constexprs_for(problem_fmt, params)
-    sig = {n: ARG_TYPES[n] for n in ARG_NAMES}
-    sig.update({c: "constexpr" for c in CONSTEXPRS})
-    # pointers (0-4) and N, K (6, 7) are 16-divisible; M (5) is not specialized
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7)}
-    src = ASTSource(w4a16_dequant_kernel, sig, constexprs=consts, attrs=attrs)
-    options = {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
-    target = GPUTarget("cuda", cc, 32)
     if stop_at not in ("llir", "cubin"):
         raise ValueError(f"stop_at must be 'llir' or 'cubin', got {stop_at!r}")
+    src, options, name = _source(problem_fmt, params)
+    target = GPUTarget("cuda", _cc_of(arch_or_cc), 32)
     with _LOCK, _cache_dir(cache_dir):
         if stop_at == "llir":
-            with _stop_after_llir(w4a16_dequant_kernel.__name__):
+            with _stop_after_llir(name):
                 ck = triton.compile(src, target=target, options=options)
             return int(ck.metadata.shared), None
         ck = triton.compile(src, target=target, options=options)
@@ -123,16 +128,8 @@ def tmem_columns(problem_fmt: str, params: Mapping[str, Any], arch_or_cc: Arch |
     """Tensor-memory size (columns) the compiler allocated (sm100 only; 0 elsewhere)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from .kernel import ARG_NAMES, ARG_TYPES, CONSTEXPRS, w4a16_dequant_kernel
-
-    consts = constexprs_for(problem_fmt, params)
-    sig = {n: ARG_TYPES[n] for n in ARG_NAMES}
-    sig.update({c: "constexpr" for c in CONSTEXPRS})
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7)}
-    src = ASTSource(w4a16_dequant_kernel, sig, constexprs=consts, attrs=attrs)
-    options = {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
-    with _LOCK, _cache_dir(cache_dir), _stop_after_llir(w4a16_dequant_kernel.__name__):
+    src, options, name = _source(problem_fmt, params)
+    with _LOCK, _cache_dir(cache_dir), _stop_after_llir(name):
         ck = triton.compile(src, target=GPUTarget("cuda", _cc_of(arch_or_cc), 32), options=options)
     return int(getattr(ck.metadata, "tmem_size", 0) or 0)

@@ -177,12 +177,14 @@ class W4A16Launcher:
         self.smem_compiled: int | None = None
         self.smem_model: int | None = None
         self.compiled = None
+        from .compile import constexprs_for
+        # resolved once per launcher, not per call: dispatch calls this on every GEMM
+        self._consts = {**constexprs_for(problem.w_fmt, self.params), "DOT_F32": 1 if is_interpreting() else 0}
 
     def __call__(self, x, w, out=None):
         import torch
         import triton
 
-        from .compile import constexprs_for
         from .kernel import w4a16_dequant_kernel
 
         prob, p = self.problem, self.params
@@ -215,8 +217,7 @@ class W4A16Launcher:
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
         ck = w4a16_dequant_kernel[grid](x, packed, scales, gs, out, m, n, k,
                                         num_warps=p["num_warps"], num_stages=p["num_stages"],
-                                        **{**constexprs_for(prob.w_fmt, p),
-                                           "DOT_F32": 1 if is_interpreting() else 0})
+                                        **self._consts)
         if self.compiled is None and ck is not None and hasattr(ck, "metadata"):
             self.compiled = ck
             self.smem_compiled = int(ck.metadata.shared)
