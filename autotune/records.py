@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Status = Literal["ok", "rejected", "failed"]
+Status = Literal["ok", "rejected", "failed", "dropped"]   # dropped: cut by successive halving
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,25 @@
 """The search loop: enumerate → verdict → build → check → time → winner, per (problem, bucket).
 
 A rejected tactic is never built, compiled or launched; its verdict is stored once (bucket 0
-stands for every bucket). Kept tactics are checked against a float64 reference before they are
-timed; a failure is stored with its reason. Every trial commits on its own, so an interrupted
-search resumes by measuring only what is missing. Winners are recomputed from the stored trials
-(autotune.winner), never from in-memory state.
+stands for every bucket). Kept tactics are compiled ahead of time in parallel (families that
+compile), then each (problem, bucket) is a job for a worker process (autotune.workers): checked
+against a float64 reference, then timed by successive halving (autotune.halving). A failure —
+raised, wrong, crashed, hung — is stored with its reason. Every trial commits on its own, so an
+interrupted search resumes by measuring only what is missing. Winners are recomputed from the
+stored trials (autotune.winner), never from in-memory state.
 """
 from __future__ import annotations
 
 import re
-import traceback
-import zlib
+import threading
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from autotune import bench, winner as winner_rule
+from autotune import bench, winner as winner_rule, workers as workers_mod
 from autotune.buckets import Buckets
 from autotune.env import Env, current
+from autotune.halving import Halving, Outcome
 from autotune.problem import Problem
 from autotune.records import Trial, Winner
 from tactics.arch import ARCHS, Arch, detect
@@ -60,9 +62,13 @@ class SearchReport:
     arch: str
     device: str
     plans: dict[str, list[FamilyPlan]] = field(default_factory=dict)   # problem key -> per family
-    measured: int = 0
+    measured: int = 0          # trials timed (ok or dropped by successive halving)
+    dropped: int = 0
     resumed: int = 0
     failed: int = 0
+    compiled: int = 0          # tactics compiled ahead of timing (or by --compile-check)
+    compile_failures: list[str] = field(default_factory=list)
+    shards: dict = field(default_factory=dict)   # worker label -> (problem, bucket) jobs it ran
     model_errors: list[str] = field(default_factory=list)
     winners: list[Winner] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -118,19 +124,54 @@ def designated_default(problem: Problem, arch: Arch, device: str, registry_get: 
     raise ValueError(f"no family can run {problem.key} on {device}")
 
 
+@dataclass(frozen=True)
+class Job:
+    """One (problem, bucket) and the tactics still to measure there."""
+
+    problem: Problem
+    bucket: int
+    tactics: tuple[Tactic, ...]
+    default_id: str
+    smem_model: dict = field(default_factory=dict, compare=False, hash=False)   # tactic id -> verdict's figure
+
+
+@dataclass(frozen=True)
+class Runner:
+    """How and where measurements run (see autotune.workers and docs/search.md)."""
+
+    isolate: bool = True                  # one spawned worker process per device; False: in-process
+    gpus: tuple[int, ...] = ()            # one worker per listed device; () = one worker
+    workers: int = 1                      # worker processes when no GPUs are listed (CPU sharding)
+    ray: str | None = None                # Ray address ("local" starts a local cluster)
+    compile_workers: int = 1              # joblib processes for ahead-of-time compilation
+    timeout_s: float = workers_mod.DEFAULT_TIMEOUT_S
+    families: dict = field(default_factory=dict)   # extra "name": "module:Class" for workers (tests)
+
+    def __post_init__(self):
+        if self.workers < 1 or self.compile_workers < 1 or self.timeout_s <= 0:
+            raise ValueError(f"bad runner settings: {self}")
+        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
+            raise ValueError(f"--gpus must list distinct device indices, got {list(self.gpus)}")
+
+
 def search(problems: Sequence[Problem], *, families: Sequence[Family], store, buckets: Buckets,
            arch: Arch | None = None, env: Env | None = None, margin: float = winner_rule.DEFAULT_MARGIN,
-           timer: bench.TimerConfig = bench.TimerConfig(), retry_failed: bool = False, dry_run: bool = False,
-           seed: int = 0, max_tactics: int | None = None, progress: bool = False, log: Callable[[str], None] = lambda s: None) -> SearchReport:
+           timer: bench.TimerConfig = bench.TimerConfig(), halving: Halving = Halving(), runner: Runner = Runner(),
+           retry_failed: bool = False, dry_run: bool = False, compile_check: bool = False, seed: int = 0, max_tactics: int | None = None,
+           progress: bool = False, log: Callable[[str], None] = lambda s: None) -> SearchReport:
     from tactics import registry
 
     env = env or current()
+    runner = replace(runner, families={**registry.extra(), **runner.families})
     live = detect() if env.device == "cuda" else ARCHS["cpu"]
     target = arch or live
     report = SearchReport(target.name, env.device)
     planned = plan(problems, families, target)
     report.plans = summarize(planned)
     if dry_run or target != live:
+        if compile_check:   # cross-compiling needs no GPU: check the verdicts against the compiler
+            _compile(_compilable([r for rows in planned.values() for r in rows if not r.verdict.rejected]),
+                     target, runner, report)
         if target != live:
             report.notes.append(f"planning for {target.name} on a {live.name} machine: verdicts only, nothing measured")
         return report
@@ -154,7 +195,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         store.put_environment(env, dfam.depends_on)
         for fam in families:
             store.put_environment(env, fam.depends_on)
-        known = {(t.tactic_id, t.lib_key) for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)}
+        known = {(t.tactic_id, t.lib_key): t for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)}
         for r in rows:
             if r.verdict.rejected and (r.tactic.id, lib_keys[r.tactic.family]) not in known:
                 store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, lib_keys, "rejected", r.verdict.reason,
@@ -164,28 +205,108 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
             kept = _sample(kept, max_tactics)
         if not any(r.tactic == default for r in kept):
             kept.insert(0, Planned(p, default, dfam.verdict(p, default, target)))
+        # a compile failure (bucket 0) is final for every bucket unless --retry-failed
+        kept = [r for r in kept if retry_failed or getattr(known.get((r.tactic.id, lib_keys[r.tactic.family])),
+                                                           "status", None) != "failed"]
         work.append((p, kept, default))
 
-    total = sum(len(k) for _, k, _ in work) * len(buckets)
-    bar = _Progress(total, progress)
+    _precompile(work, target, env, lib_keys, store, runner, report, log)
+
+    jobs = []
+    for p, kept, default in work:
+        for b in buckets:
+            done = {t.tactic_id: t for t in store.get_trials(p.key, b, env.device_key)
+                    if t.lib_key == lib_keys.get(t.family)}
+            redo = {"failed"} if retry_failed else set()
+            if halving.exhaustive:
+                redo.add("dropped")    # an exhaustive run times what halving dropped
+            todo = tuple(r.tactic for r in kept if r.tactic.id not in done or done[r.tactic.id].status in redo)
+            report.resumed += len(kept) - len(todo)
+            jobs.append(Job(p, b, todo, default.id, {r.tactic.id: r.verdict.smem_bytes for r in kept}))
+
+    bar = _Progress(sum(len(j.tactics) for j in jobs), progress)
+    bar.advance(report.resumed)
+    lock = threading.Lock()
+
+    def record(job: Job, o: Outcome) -> None:
+        t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
+        note = o.reason
+        if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
+            note = f"model error: compiler says smem {o.smem_compiled}, model {smem_model}"
+            with lock:
+                report.model_errors.append(f"{job.problem.key} {t}: {note}")
+        store.put_trial(_trial(job.problem, job.bucket, t, env, lib_keys, o.status, note, median_us=o.median_us,
+                               iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err, smem_model=smem_model,
+                               smem_compiled=o.smem_compiled, exit_signal=o.exit_signal))
+        with lock:
+            report.measured += o.status != "failed"
+            report.dropped += o.status == "dropped"
+            report.failed += o.status == "failed"
+            if o.status == "failed":
+                log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
+        bar.advance(1)
+
+    def finish(job: Job) -> None:
+        w = _update_winner(store, job.problem, job.bucket, env, job.default_id, lib_keys, margin)
+        if w:
+            with lock:
+                report.winners.append(w)
+
     try:
-        for p, kept, default in work:
-            kernels: dict[str, object] = {}
-            for b in buckets:
-                done = {t.tactic_id: t for t in store.get_trials(p.key, b, env.device_key)
-                        if t.lib_key == lib_keys.get(t.family)}
-                todo = [r for r in kept if r.tactic.id not in done
-                        or (retry_failed and done[r.tactic.id].status == "failed")]
-                report.resumed += len(kept) - len(todo)
-                bar.advance(len(kept) - len(todo))
-                if todo:
-                    _measure_bucket(p, b, todo, kernels, store, env, lib_keys, timer, seed, report, bar, log)
-                w = _update_winner(store, p, b, env, default, lib_keys, margin)
-                if w:
-                    report.winners.append(w)
+        todo_jobs = [j for j in jobs if j.tactics]
+        for j in jobs:
+            if not j.tactics:
+                finish(j)
+        if runner.ray:
+            workers_mod.run_ray(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards)
+        else:
+            workers_mod.run_local(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards)
     finally:
         bar.close()
+    report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
     return report
+
+
+def _compilable(rows) -> list:
+    from tactics import registry
+    return [r for r in rows if hasattr(registry.get(r.tactic.family), "precompile")]
+
+
+def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchReport) -> list[str | None]:
+    """Compile kept tactics for `target` in `runner.compile_workers` processes; note every
+    disagreement between the compiler's shared memory and the verdict's. Returns errors."""
+    results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in items], target.name,
+                                      runner.compile_workers, runner.families)
+    report.compiled += len(items)
+    errors = []
+    for r, (err, smem) in zip(items, results):
+        errors.append(err)
+        if err is not None:
+            report.compile_failures.append(f"{r.problem.key} {r.tactic}: {err}")
+        elif smem is not None and r.verdict.smem_bytes is not None and smem != r.verdict.smem_bytes:
+            report.model_errors.append(f"{r.problem.key} {r.tactic}: compiler says smem {smem} on "
+                                       f"{target.name}, model {r.verdict.smem_bytes}")
+    return errors
+
+
+def _precompile(work, target: Arch, env: Env, lib_keys, store, runner: Runner, report: SearchReport, log) -> None:
+    """Compile every kept tactic of families that can (Triton) ahead of the timing loop, in
+    `runner.compile_workers` processes; the compiler's on-disk cache then serves the workers.
+    A compile failure is a failed trial for every bucket (stored at bucket 0)."""
+    items = _compilable([r for _, kept, _ in work for r in kept])
+    if not items:
+        return
+    bad = set()
+    for r, err in zip(items, _compile(items, target, runner, report)):
+        if err is None:
+            continue
+        bad.add((r.problem.key, r.tactic.id))
+        report.failed += 1
+        log(f"{r.problem.key} {r.tactic}: compile failed: {err}")
+        store.put_trial(_trial(r.problem, ALL_BUCKETS, r.tactic, env, lib_keys, "failed", "compile failed: " + err,
+                               smem_model=r.verdict.smem_bytes))
+    for i, (p, kept, default) in enumerate(work):
+        work[i] = (p, [r for r in kept if (p.key, r.tactic.id) not in bad], default)
 
 
 def _sample(kept: list[Planned], n: int) -> list[Planned]:
@@ -205,49 +326,14 @@ def _trial(p: Problem, bucket: int, t: Tactic, env: Env, lib_keys, status, reaso
     return Trial(p.key, bucket, t.id, t.family, t.to_json(), env.device_key, lib_keys[t.family], status, reason, **kw)
 
 
-def _measure_bucket(p, b, todo, kernels, store, env, lib_keys, timer, seed, report, bar, log):
-    from tactics import registry
-
-    s0 = zlib.crc32(f"{seed}:{p.key}:{b}".encode())  # stable across processes, unlike hash()
-    base = bench.make_inputs(p, b, env.device, seed=s0, n_sets=1)
-    n_sets = bench.sets_for_cold_l2(base[0].nbytes(), env.device)
-    sets = base + (bench.make_inputs(p, b, env.device, s0 + 1, n_sets - 1) if n_sets > 1 else [])
-    ref = bench.reference(p, sets[0])
-    outs = [bench.torch_empty_out(p, b, s) for s in sets]
-    for r in todo:
-        t = r.tactic
-        smem_model = r.verdict.smem_bytes
-        try:
-            kernel = kernels.get(t.id)
-            if kernel is None:
-                kernel = kernels[t.id] = registry.get(t.family).build(p, t, env.device)
-            err = bench.check(p, kernel, sets[0], ref)
-            compiled = getattr(kernel, "smem_compiled", None)
-            note = ""
-            if compiled is not None and smem_model is not None and compiled != smem_model:
-                note = f"model error: compiler says smem {compiled}, model {smem_model}"
-                report.model_errors.append(f"{p.key} {t}: {note}")
-            timing = bench.time_calls(lambda i: kernel(*sets[i].args(), out=outs[i]), len(sets), env.device, timer)
-            store.put_trial(_trial(p, b, t, env, lib_keys, "ok", note, median_us=timing.median_us,
-                                   iqr_us=timing.iqr_us, reps=timing.reps, rel_err=err,
-                                   smem_model=smem_model, smem_compiled=compiled))
-            report.measured += 1
-        except Exception as e:  # a failing tactic is a result, not a crash of the search
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
-            log(f"{p.key} m={b} {t}: failed: {reason}\n{traceback.format_exc(limit=3)}")
-            store.put_trial(_trial(p, b, t, env, lib_keys, "failed", reason, smem_model=smem_model))
-            report.failed += 1
-        bar.advance(1)
-
-
-def _update_winner(store, p: Problem, b: int, env: Env, default: Tactic, lib_keys, margin) -> Winner | None:
+def _update_winner(store, p: Problem, b: int, env: Env, default_id: str, lib_keys, margin) -> Winner | None:
     trials = [t for t in store.get_trials(p.key, b, env.device_key) if lib_keys.get(t.family) == t.lib_key]
-    pick = winner_rule.choose(trials, default.id, margin)
+    pick = winner_rule.choose(trials, default_id, margin)
     if pick is None:
         return None
-    d = next((t for t in trials if t.tactic_id == default.id and t.status == "ok"), None)
+    d = next((t for t in trials if t.tactic_id == default_id and t.status == "ok"), None)
     w = Winner(p.key, b, env.device_key, pick.tactic_id, pick.family, pick.params_json, pick.lib_key,
-               pick.median_us, default.id, d.median_us if d else None,
+               pick.median_us, default_id, d.median_us if d else None,
                (d.median_us / pick.median_us) if d else None)
     store.put_winner(w)
     return w

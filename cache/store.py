@@ -118,6 +118,23 @@ def _check_header(path: Path) -> None:
         raise CacheError(f"{path} is not an fp4-autotune cache: truncated ({size} of {pages * page} bytes)")
 
 
+def _immutable_ok(p: Path) -> bool:
+    """Can a read-only open skip SQLite's locking? Yes when nothing can be writing the file: no
+    -wal beside it and either its directory is not writable (a WAL reader could not create -shm)
+    or it is in rollback-journal mode (every Store writer switches a file to WAL first, and
+    exports are written in rollback mode)."""
+    if Path(str(p) + "-wal").exists():
+        return False
+    if not os.access(p.parent, os.W_OK):
+        return True
+    try:
+        with open(p, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return len(head) == 20 and head[18] == 1 and head[19] == 1
+
+
 def _probe_dir(d: Path, target: Path) -> None:
     """Can files be created in d? Creates and removes one temp file (nothing is left behind)."""
     if not os.access(d, os.W_OK | os.X_OK):
@@ -190,7 +207,10 @@ def _tactic_row(params_json: str, expect_id: str | None = None) -> dict:
 class Store:
     """The tactic cache. `url` is a path or SQLAlchemy URL (default: default_url())."""
 
-    def __init__(self, url: str | os.PathLike | None = None, *, readonly: bool = False):
+    def __init__(self, url: str | os.PathLike | None = None, *, readonly: bool = False,
+                 immutable: bool | None = None):
+        """immutable (read-only only): True opens with SQLite's immutable=1 (no locks, no -wal/-shm
+        files: for caches baked into images); None decides (see _immutable_ok)."""
         self.url = _to_url(url)
         self.readonly = readonly
         u = _parse(self.url)
@@ -207,8 +227,7 @@ class Store:
                 if not p.is_file():
                     raise CacheError(f"no cache at {p}" + (" (it is a directory)" if p.is_dir() else ""))
                 query = {"mode": "ro", "uri": "true"}
-                # a WAL database in a directory we cannot write (no -shm creatable): read it as immutable
-                if not os.access(p.parent, os.W_OK) and not Path(str(p) + "-wal").exists():
+                if immutable or (immutable is None and _immutable_ok(p)):
                     query["immutable"] = "1"
                 engine_url = URL.create("sqlite", database="file:" + quote(str(p)), query=query)
             else:
@@ -267,6 +286,11 @@ class Store:
             return
         for attempt in range(_RETRIES):  # several processes may create the same new file at once
             try:
+                from cache.migrations import MigrationError, upgrade
+                try:
+                    upgrade(self.engine)     # an older cache: its versioned steps (cache/migrations.py)
+                except MigrationError as e:
+                    raise CacheError(f"cannot upgrade {self._where}: {e}") from None
                 Base.metadata.create_all(self.engine)
                 with Session(self.engine) as s, s.begin():
                     if s.execute(select(func.count()).select_from(SchemaVersion)).scalar() == 0:
@@ -400,6 +424,14 @@ class Store:
         rows = self._read(lambda s: s.execute(q).all())
         return [Trial(params_json=pj, **{c: getattr(r, c) for c in _TRIAL_COLS}) for r, pj in rows]
 
+    def trials(self, device_key: str | None = None) -> list[Trial]:
+        """Every stored trial (of one device, or all), oldest first: for reports."""
+        q = select(TrialRow, TacticRow.params_json).join(TacticRow, TacticRow.id == TrialRow.tactic_id)
+        if device_key is not None:
+            q = q.where(TrialRow.device_key == device_key)
+        rows = self._read(lambda s: s.execute(q.order_by(TrialRow.id)).all())
+        return [Trial(params_json=pj, **{c: getattr(r, c) for c in _TRIAL_COLS}) for r, pj in rows]
+
     def trial_keys(self, device_key: str) -> set[tuple[str, int, str, str]]:
         q = (select(TrialRow.problem_key, TrialRow.bucket, TrialRow.tactic_id, TrialRow.lib_key)
              .where(TrialRow.device_key == device_key))
@@ -450,6 +482,13 @@ class Store:
     # -- meta (exports)
     def _meta(self) -> dict[str, str]:
         return {r.key: r.value for r in self._read(lambda s: s.scalars(select(Meta)).all())}
+
+    def meta(self) -> dict[str, str]:
+        return self._meta()
+
+    def put_meta(self, key: str, value: str) -> None:
+        """One free-form key/value row (e.g. measured roofline ceilings, see autotune.report)."""
+        self._write(lambda s: _upsert(s, Meta, {"key": key, "value": value}, ["key"]))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -10,7 +10,17 @@ from tactics.base import Family, Tactic
 FAMILIES: dict[str, str] = {
     "torch": "tactics.torch_ref:TorchFamily",
     "triton": "tactics.triton_fp4.family:TritonFamily",
+    "cutlass": "tactics.cutlass.family:CutlassFamily",
+    "cublaslt": "tactics.cublaslt:CublasLtFamily",
 }
+
+
+_BUILTIN = dict(FAMILIES)
+
+
+def extra() -> dict[str, str]:
+    """Families registered at run time (tests, plugins): worker processes register them too."""
+    return {k: v for k, v in FAMILIES.items() if _BUILTIN.get(k) != v}
 
 
 def names() -> list[str]:

@@ -1,0 +1,147 @@
+"""Measuring one (problem, bucket): check every tactic, then successive halving, then an
+interleaved final round.
+
+1. check: build and run once against the float64 reference; a failure is final for the tactic.
+2. halving rounds: every survivor gets a short timing, the best 1/eta (never fewer than
+   `finalists`, always the designated default) go on with a longer one; the rest are stored as
+   `dropped` with the time that dropped them.
+3. final: the last few are re-timed interleaved (A B C A B C …) so drift (clocks, heat, other
+   load) hits all of them alike; each one's median over the cycles is its stored time.
+
+`exhaustive` skips 2 and 3 and times every survivor with the full timer, as #2's loop did.
+Trials are handed to `emit` as soon as they are decided, so each commits on its own.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from autotune import bench
+from autotune.workers import Executor, TacticError, WorkerLost
+from tactics.base import Tactic
+
+
+@dataclass(frozen=True)
+class Halving:
+    """Timing budget of one (problem, bucket), split over the rounds."""
+
+    budget_s: float = 2.0       # seconds of timing per (problem, bucket) after the checks
+    eta: int = 3                # keep 1/eta per round
+    finalists: int = 3          # how many reach the interleaved round
+    cycles: int = 5             # interleaved cycles in the final round
+    final_share: float = 0.4    # fraction of the budget spent on the final round
+    exhaustive: bool = False
+
+    def __post_init__(self):
+        if self.budget_s <= 0 or self.eta < 2 or self.finalists < 1 or self.cycles < 1:
+            raise ValueError(f"bad successive-halving settings: {self}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one tactic came to in one (problem, bucket)."""
+
+    tactic: Tactic
+    status: str                  # ok | dropped | failed
+    reason: str = ""
+    median_us: float | None = None
+    iqr_us: float | None = None
+    reps: int = 0
+    rel_err: float | None = None
+    smem_compiled: int | None = None
+    exit_signal: int | None = None
+
+
+def _round_timer(base: bench.TimerConfig, budget_s: float, min_reps: int) -> bench.TimerConfig:
+    return replace(base, budget_s=max(budget_s, 1e-4), min_reps=min_reps, max_reps=max(min_reps, base.max_reps))
+
+
+def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: bench.TimerConfig,
+            halving: Halving, emit: Callable[[Outcome], None]) -> None:
+    """Run one (problem, bucket) whose setup the executor already has."""
+    checked: dict[str, dict] = {}
+    for t in tactics:
+        try:
+            checked[t.id] = ex.check(t)
+        except TacticError as e:
+            emit(Outcome(t, "failed", str(e)))
+        except WorkerLost as e:
+            emit(Outcome(t, "failed", e.reason, exit_signal=e.exit_signal))
+    alive = [t for t in tactics if t.id in checked]
+    timings: dict[str, dict] = {}
+
+    def timed(t: Tactic, cfg: bench.TimerConfig) -> dict | None:
+        try:
+            return ex.time(t, cfg)
+        except (TacticError, WorkerLost) as e:
+            alive.remove(t)
+            emit(Outcome(t, "failed", "while timing: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
+                         rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
+            return None
+
+    def done(t: Tactic, status: str, reason: str = "") -> Outcome:
+        tm, c = timings[t.id], checked[t.id]
+        return Outcome(t, status, reason, tm["median_us"], tm["iqr_us"], tm["reps"], c["rel_err"], c["smem_compiled"])
+
+    if halving.exhaustive or len(alive) <= 1:
+        for t in list(alive):
+            if (tm := timed(t, timer)) is not None:
+                timings[t.id] = tm
+                emit(done(t, "ok"))
+        return
+
+    rounds = _rounds(len(alive), halving)
+    early = (1 - halving.final_share) * halving.budget_s / max(1, len(rounds))
+    for r, keep in enumerate(rounds, 1):
+        cfg = _round_timer(timer, early / len(alive), min_reps=2)
+        for t in list(alive):
+            if (tm := timed(t, cfg)) is not None:
+                timings[t.id] = tm
+        ranked = sorted(alive, key=lambda t: (timings[t.id]["median_us"], t.id))
+        kept = ranked[:keep] + [t for t in ranked[keep:] if t.id == default_id]
+        best = timings[ranked[0].id]["median_us"] if ranked else 0.0
+        for t in ranked:
+            if t not in kept:
+                alive.remove(t)
+                emit(done(t, "dropped", f"successive halving: dropped after round {r} "
+                                        f"({timings[t.id]['median_us']:.3g} us, best {best:.3g} us)"))
+    _final(alive, timed, timings, timer, halving)
+    for t in alive:
+        emit(done(t, "ok"))
+
+
+def _final(alive: list[Tactic], timed, timings: dict, timer: bench.TimerConfig, h: Halving) -> None:
+    """A B C A B C …: one short timing of each finalist per cycle. The number of cycles fits the
+    final share of the budget (measured on the first cycle), between 3 and `h.cycles`."""
+    share = h.final_share * h.budget_s
+    cfg = _round_timer(timer, share / (h.cycles * max(1, len(alive))), min_reps=1)
+    samples: dict[str, list[float]] = {t.id: [] for t in alive}
+    reps = dict.fromkeys(samples, 0)
+    cycles, c = h.cycles, 0
+    while c < cycles and alive:
+        for t in list(alive):
+            if (tm := timed(t, cfg)) is not None:
+                samples[t.id].append(tm["median_us"])
+                reps[t.id] += tm["reps"]
+        if c == 0:
+            cost_s = sum(samples[t.id][0] * reps[t.id] for t in alive) * 1e-6
+            cycles = max(3, min(h.cycles, int(share / cost_s) if cost_s > 0 else h.cycles))
+        c += 1
+    for t in alive:
+        s = sorted(samples[t.id])
+        q = statistics.quantiles(s, n=4) if len(s) >= 4 else (s[0], None, s[-1])
+        timings[t.id] = {"median_us": statistics.median(s), "iqr_us": q[2] - q[0], "reps": reps[t.id]}
+
+
+def _rounds(n: int, h: Halving) -> list[int]:
+    """How many survive each halving round, e.g. n=100, eta=3, finalists=3 -> [34, 12, 4, 3].
+    Up to 2x finalists go straight to the interleaved final: a round would cost more than it saves."""
+    out = []
+    if n <= 2 * h.finalists:
+        return out
+    while n > h.finalists:
+        n = max(h.finalists, math.ceil(n / h.eta))
+        out.append(n)
+    return out

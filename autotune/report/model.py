@@ -1,0 +1,316 @@
+"""What a report shows, computed from the cache alone (no plotting, no HTML here).
+
+Per device: the winner, the family default, the best of each family and any baseline per
+(problem, bucket); where each winner sits against the roofline ceilings; the verdicts grouped
+by reason; the environment fingerprint. A *baseline* of an FP4 problem is a problem of the same
+shape whose weights are not FP4 (e.g. a bf16×bf16 GEMM timed by a cuBLAS family); it is folded
+into the FP4 problem's view rather than shown on its own.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+from autotune.problem import BLOCK, Problem
+from autotune.records import Trial, Winner
+from autotune.report import ceilings as ceil_mod
+from autotune.report.traffic import call_bytes, intensity
+from tactics.arch import ARCHS, arch_for_cc
+
+
+def tactic_label(params_json: str) -> str:
+    d = json.loads(params_json)
+    prm = ",".join(f"{k}={v}" for k, v in d["params"].items())
+    return f"{d['family']}[{prm}]"
+
+
+def reason_class(reason: str) -> str:
+    """Reasons that differ only in numbers are one group (as the search's summary does)."""
+    return re.sub(r"\d+", "#", reason)
+
+
+@dataclass
+class Point:
+    """One (problem, bucket) on one device."""
+
+    bucket: int
+    winner: str
+    winner_family: str
+    winner_us: float
+    default: str
+    default_us: float | None
+    speedup: float | None
+    best_by_family: dict[str, float]
+    baselines: dict[str, float]          # label -> µs
+    flops: float
+    bytes: float
+    intensity: float
+    tflops: float
+    gbps: float
+    compute_kind: str                    # which MMA rate bounds it ("bf16" / "fp4")
+    roof_tflops: float | None            # min(bandwidth × intensity, compute peak)
+    roof_fraction: float | None          # achieved / roof
+
+
+@dataclass
+class ProblemView:
+    key: str
+    points: list[Point]
+    baseline_keys: list[str]
+
+    @property
+    def buckets(self) -> list[int]:
+        return [p.bucket for p in self.points]
+
+
+@dataclass
+class ReasonGroup:
+    status: str            # "rejected" | "failed" | "note"
+    reason: str            # one full example
+    count: int
+
+
+@dataclass
+class FamilyVerdicts:
+    family: str
+    kept: int              # (problem, tactic) pairs that passed the static verdict
+    rejected: int
+    failed: int            # kept but failed the build / check on at least one bucket
+    ok: int                # timed to the end on at least one bucket
+    dropped: int           # cut early by successive halving on at least one bucket
+    reasons: list[ReasonGroup]
+    unknown: int = 0       # static plans only: verdict "unknown until checked on the device"
+
+
+@dataclass
+class DeviceView:
+    device_key: str
+    record: dict
+    arch: str
+    is_cpu: bool
+    ceilings: dict | None
+    problems: list[ProblemView]
+    verdicts: list[FamilyVerdicts]
+    misses: list[dict]
+    libsets: dict[str, dict]
+
+    @property
+    def gpu_name(self) -> str:
+        return self.record.get("gpu_name", self.device_key)
+
+
+@dataclass
+class ArchPlan:
+    """The static verdicts of an arch that was not measured (families' verdicts, nothing compiled)."""
+
+    arch: str
+    problems: int
+    verdicts: list[FamilyVerdicts]
+
+
+@dataclass
+class Summary:
+    cache: str
+    generated_at: str
+    schema_version: int | None
+    meta: dict[str, str]
+    devices: list[DeviceView]
+    notes: list[str] = field(default_factory=list)
+    plans: list[ArchPlan] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _arch_name(rec: dict) -> str:
+    cc = str(rec.get("cc", ""))
+    if cc == "cpu":
+        return "cpu"
+    try:
+        major, minor = (int(x) for x in cc.split("."))
+        return arch_for_cc(major, minor).name
+    except ValueError:
+        return f"cc {cc}"
+
+
+def _problem(key: str) -> Problem | None:
+    try:
+        return Problem.from_key(key)
+    except ValueError:
+        return None
+
+
+def _shape(p: Problem) -> tuple:
+    return (p.kind, p.n, p.k, p.experts, p.top_k)
+
+
+def _best(trials: list[Trial]) -> dict[tuple[str, int], dict[str, tuple[float, str]]]:
+    """(problem, bucket) -> family -> (best median µs, tactic label) among ok trials."""
+    out: dict[tuple[str, int], dict[str, tuple[float, str]]] = defaultdict(dict)
+    for t in trials:
+        if t.status == "ok" and t.median_us is not None and t.bucket > 0:
+            cur = out[(t.problem_key, t.bucket)].get(t.family)
+            if cur is None or t.median_us < cur[0]:
+                out[(t.problem_key, t.bucket)][t.family] = (t.median_us, tactic_label(t.params_json))
+    return out
+
+
+_ORDER = {"rejected": 0, "failed": 1, "dropped": 2, "note": 3}
+
+
+def _verdicts(trials: list[Trial]) -> list[FamilyVerdicts]:
+    by_fam: dict[str, dict[tuple[str, str], set[str]]] = defaultdict(lambda: defaultdict(set))
+    reasons: dict[str, Counter] = defaultdict(Counter)
+    example: dict[tuple[str, str, str], str] = {}
+    seen: set[tuple] = set()
+    for t in trials:
+        pair = (t.problem_key, t.tactic_id)
+        by_fam[t.family][pair].add(t.status)
+        if not t.reason:
+            continue
+        st = "note" if t.status == "ok" else t.status   # an ok trial's reason is a note (model error)
+        key = (t.family, st, reason_class(t.reason))
+        if (key, pair) in seen:  # counted once per (problem, tactic), not once per bucket
+            continue
+        seen.add((key, pair))
+        reasons[t.family][key[1:]] += 1
+        example.setdefault(key, t.reason)
+    out = []
+    for fam in sorted(by_fam):
+        pairs = by_fam[fam]
+        rejected = sum(1 for s in pairs.values() if s == {"rejected"})
+        kept = len(pairs) - rejected
+        failed = sum(1 for s in pairs.values() if "failed" in s)
+        ok = sum(1 for s in pairs.values() if "ok" in s)
+        dropped = sum(1 for s in pairs.values() if "dropped" in s)
+        groups = [ReasonGroup(st, example[(fam, st, c)], n)
+                  for (st, c), n in sorted(reasons[fam].items(), key=lambda kv: (_ORDER.get(kv[0][0], 9), -kv[1], kv[0][1]))]
+        out.append(FamilyVerdicts(fam, kept, rejected, failed, ok, dropped, groups))
+    return out
+
+
+def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines: dict[str, float],
+           ceil: ceil_mod.Ceilings | None, fp4_native: bool) -> Point:
+    m = w.bucket
+    flops = float(p.flops(m))
+    nbytes = call_bytes(p, m)
+    ai = intensity(p, m)
+    secs = max(w.median_us, 1e-6) * 1e-6   # a 0 µs median (clock resolution) must not divide by zero
+    tfl = flops / secs / 1e12
+    gbs = nbytes / secs / 1e9
+    kind, peak = ceil.compute_for(p.a_fmt, p.w_fmt, fp4_native) if ceil else ("bf16", None)
+    roof = None
+    if ceil and ceil.bandwidth_gbs:
+        roof = ceil.bandwidth_gbs * ai / 1e3
+        if peak:
+            roof = min(roof, peak)
+    return Point(m, tactic_label(w.params_json), w.family, w.median_us, default_label, w.default_median_us, w.speedup,
+                 {f: us for f, (us, _) in sorted(fam_best.items())}, baselines, flops, nbytes, ai, tfl, gbs, kind,
+                 roof, (tfl / roof) if roof else None)
+
+
+def collect(store, problem_keys: set[str] | None = None) -> Summary:
+    """Everything the report and `autotune show` print, read from `store` (read-only use)."""
+    meta = store.meta()
+    devices = {d["device_key"]: d for d in store.devices()}
+    winners = store.winners()
+    trials = store.trials()
+    misses = store.misses()
+    notes: list[str] = []
+    by_dev_w: dict[str, list[Winner]] = defaultdict(list)
+    for w in winners:
+        by_dev_w[w.device_key].append(w)
+    by_dev_t: dict[str, list[Trial]] = defaultdict(list)
+    for t in trials:
+        by_dev_t[t.device_key].append(t)
+    dev_keys = sorted(set(by_dev_w) | set(by_dev_t), key=lambda k: (devices.get(k, {}).get("gpu_name", ""), k))
+
+    views = []
+    for dk in dev_keys:
+        rec = devices.get(dk) or {"device_key": dk, "gpu_name": f"unknown device {dk}", "cc": "?"}
+        arch = _arch_name(rec)
+        fp4_native = ARCHS.get(arch) is not None and ARCHS[arch].fp4 == "native"
+        ceil = ceil_mod.for_device(meta, dk, rec.get("gpu_name", ""))
+        dtrials = [t for t in by_dev_t.get(dk, []) if problem_keys is None or t.problem_key in problem_keys
+                   or _is_baseline_of(t.problem_key, problem_keys)]
+        best = _best(dtrials)
+        wins = [w for w in by_dev_w.get(dk, []) if problem_keys is None or w.problem_key in problem_keys]
+        win_keys = {w.problem_key for w in wins}
+        # baselines: same shape, non-FP4 weights, measured on this device
+        shapes: dict[tuple, list[str]] = defaultdict(list)
+        for key in {k for k, _ in best} | {w.problem_key for w in by_dev_w.get(dk, [])}:
+            q = _problem(key)
+            if q is not None and q.w_fmt not in BLOCK:
+                shapes[_shape(q)].append(key)
+        folded: set[str] = set()
+        pviews = []
+        for key in sorted(win_keys):
+            p = _problem(key)
+            if p is None:
+                notes.append(f"winner for {key!r} skipped: not a problem key")
+                continue
+            bkeys = sorted(shapes.get(_shape(p), [])) if p.w_fmt in BLOCK else []
+            folded.update(bkeys)
+            pts = []
+            for w in sorted((w for w in wins if w.problem_key == key), key=lambda w: w.bucket):
+                dflt = store.tactic(w.default_tactic_id)
+                base = {}
+                for bk in bkeys:
+                    q = _problem(bk)
+                    for fam, (us, _) in best.get((bk, w.bucket), {}).items():
+                        base[f"{q.a_fmt}×{q.w_fmt} {fam}"] = us
+                pts.append(_point(p, w, tactic_label(dflt.to_json()) if dflt else w.default_tactic_id,
+                                  best.get((key, w.bucket), {}), base, ceil, fp4_native))
+            pviews.append(ProblemView(key, pts, bkeys))
+        # baseline problems with no FP4 counterpart here are problems of their own
+        pviews = [v for v in pviews if v.key not in folded]
+        libs = {}
+        for t in dtrials:
+            if t.lib_key not in libs:
+                libs[t.lib_key] = store.libset(t.lib_key) or {}
+        dmiss = [{"problem": m.problem_key, "m": m.m, "count": m.count} for m in misses
+                 if m.device_key == dk and (problem_keys is None or m.problem_key in problem_keys)]
+        views.append(DeviceView(dk, rec, arch, rec.get("cc") == "cpu", ceil.to_dict() if ceil else None,
+                                pviews, _verdicts(dtrials), dmiss, libs))
+    if not views:
+        notes.append("the cache holds no trials or winners" + (" for the selected problems" if problem_keys else ""))
+    schema = meta.get("schema")
+    return Summary(store.url, datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+                   int(schema) if schema and schema.isdigit() else None, meta, views, notes)
+
+
+def _is_baseline_of(key: str, problem_keys: set[str] | None) -> bool:
+    """A non-FP4 problem with the shape of a selected FP4 problem (kept when filtering by model)."""
+    q = _problem(key)
+    if q is None or q.w_fmt in BLOCK or not problem_keys:
+        return False
+    return any(_shape(q) == _shape(p) for p in filter(None, map(_problem, problem_keys)))
+
+
+def static_plans(problems: list[Problem], families: list, archs: list) -> list[ArchPlan]:
+    """Verdicts of every tactic of `families` for `problems` on each arch, grouped by reason.
+    Pure: the same pass as `autotune search --dry-run` (autotune.search.plan)."""
+    from autotune.search import plan
+    out = []
+    for arch in archs:
+        pairs: dict[str, list] = defaultdict(list)
+        for p, rows in plan(problems, families, arch).items():
+            for r in rows:
+                pairs[r.tactic.family].append(r.verdict)
+        fams = []
+        for fam in sorted(pairs):
+            vs = pairs[fam]
+            rejected = [v for v in vs if v.ok is False]
+            unknown = sum(1 for v in vs if v.ok is None)
+            groups: Counter = Counter(reason_class(v.reason) for v in rejected)
+            example = {}
+            for v in rejected:
+                example.setdefault(reason_class(v.reason), v.reason)
+            fams.append(FamilyVerdicts(fam, sum(1 for v in vs if v.ok is True), len(rejected), 0, 0, 0,
+                                       [ReasonGroup("rejected", example[c], n) for c, n in groups.most_common()],
+                                       unknown))
+        out.append(ArchPlan(arch.name, len(problems), fams))
+    return out

@@ -1,0 +1,66 @@
+"""`autotune show`: the report's summary as rich terminal tables."""
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from autotune.report.model import Summary
+
+
+def _f(v, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def print_summary(summary: Summary, console: Console | None = None) -> None:
+    con = console or Console()
+    for n in summary.notes:
+        con.print(n, markup=False)
+    for dev in summary.devices:
+        r = dev.record
+        title = f"{dev.gpu_name} ({dev.arch}, device {dev.device_key})"
+        if dev.is_cpu:
+            title += " — CPU run"
+        con.print(Text(title, style="bold"))
+        if not dev.problems:
+            con.print("no winners")
+        for v in dev.problems:
+            t = Table(title=Text(v.key), title_justify="left", box=box.SIMPLE_HEAD,
+                      pad_edge=False, collapse_padding=True)
+            t.add_column("M", justify="right", no_wrap=True)
+            t.add_column("winner", overflow="fold", min_width=20)
+            for col in ("µs", "dflt µs", "×dflt", "base µs", "TFLOP/s", "roof%"):
+                t.add_column(col, justify="right", no_wrap=True)
+            for p in v.points:
+                base = min(p.baselines.values()) if p.baselines else None
+                t.add_row(str(p.bucket), Text(p.winner), _f(p.winner_us), _f(p.default_us), _f(p.speedup, "{:.2f}"),
+                          _f(base), _f(p.tflops, "{:.3g}"),
+                          _f(p.roof_fraction and 100 * p.roof_fraction, "{:.1f}"))
+            con.print(t)
+        c = dev.ceilings
+        if c:
+            where = "stored in the cache" if c.get("stored") else "from hardware.md, not stored in the cache"
+            peaks = ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in sorted((c.get("tflops") or {}).items()))
+            con.print(f"roofline ceilings ({where}): {c['bandwidth_gbs']:,.0f} GB/s; {peaks}", markup=False)
+        else:
+            con.print("roofline ceilings: none known for this device")
+        vt = Table("family", "kept", "rejected", "ok", "dropped", "failed", "reasons (count × example)",
+                   title=f"verdicts on {dev.arch}", title_justify="left")
+        for fv in dev.verdicts:
+            reasons = "\n".join(f"{g.status}: {g.count}× {g.reason}" for g in fv.reasons) or "-"
+            vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.ok), str(fv.dropped), str(fv.failed), Text(reasons))
+        con.print(vt)
+        env = ", ".join(f"{k}={r.get(k)}" for k in ("cc", "sm_count", "driver", "cuda_runtime", "cublas", "package")
+                        if r.get(k) is not None)
+        libs = ", ".join(f"{k} {v}" for k, v in (r.get("libs") or {}).items() if v)
+        con.print(f"environment: {env}; {libs}", markup=False)
+        if dev.misses:
+            con.print(f"dispatch misses: {sum(m['count'] for m in dev.misses)} over {len(dev.misses)} (problem, M) pairs", markup=False)
+    for ap in summary.plans:
+        vt = Table("family", "kept", "rejected", "unknown", "reasons (count × example)",
+                   title=f"static verdicts on {ap.arch} ({ap.problems} problems, not measured)", title_justify="left")
+        for fv in ap.verdicts:
+            reasons = "\n".join(f"{g.count}× {g.reason}" for g in fv.reasons) or "-"
+            vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.unknown), Text(reasons))
+        con.print(vt)

@@ -1,0 +1,138 @@
+"""The measuring side of a search: one `Bench` holds one (problem, bucket)'s inputs, reference and
+built kernels, and answers three requests — setup, check, time.
+
+It runs in-process (`InlineExecutor`) or, by default, in a worker process started with
+`python -m autotune.worker` (spawned, never forked, so a parent that initialised CUDA is never
+copied). The worker speaks one JSON object per line on its stdin/stdout; anything a kernel or
+library prints goes to stderr. After a CUDA error the worker checks whether the context is still
+usable and exits when it is not, so one bad tactic costs one worker, not the search.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zlib
+
+from autotune import bench
+from autotune.problem import Problem
+from tactics.base import Tactic
+
+EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
+
+
+class Bench:
+    """Inputs, reference and kernels of the current (problem, bucket)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.problem: Problem | None = None
+        self.bucket = 0
+        self._kernels: dict[str, object] = {}   # tactic id -> kernel, kept across buckets of a problem
+        self._sets: list = []
+        self._outs: list = []
+        self._ref = None
+        self.builds = 0
+        self.launches = 0
+
+    def setup(self, problem_key: str, bucket: int, seed: int) -> dict:
+        p = Problem.from_key(problem_key)
+        if p != self.problem:
+            self._kernels.clear()
+        self.problem, self.bucket = p, bucket
+        s0 = zlib.crc32(f"{seed}:{p.key}:{bucket}".encode())  # stable across processes, unlike hash()
+        base = bench.make_inputs(p, bucket, self.device, seed=s0, n_sets=1)
+        n_sets = bench.sets_for_cold_l2(base[0].nbytes(), self.device)
+        self._sets = base + (bench.make_inputs(p, bucket, self.device, s0 + 1, n_sets - 1) if n_sets > 1 else [])
+        self._ref = bench.reference(p, self._sets[0])
+        self._outs = [bench.torch_empty_out(p, bucket, s) for s in self._sets]
+        return {"sets": len(self._sets)}
+
+    def _kernel(self, tactic: Tactic):
+        from tactics import registry
+        k = self._kernels.get(tactic.id)
+        if k is None:
+            self.builds += 1
+            k = self._kernels[tactic.id] = registry.get(tactic.family).build(self.problem, tactic, self.device)
+        return k
+
+    def check(self, tactic: Tactic) -> dict:
+        """Build (compiling if needed) and compare one call against the float64 reference."""
+        kernel = self._kernel(tactic)
+        self.launches += 1
+        err = bench.check(self.problem, kernel, self._sets[0], self._ref)
+        return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None)}
+
+    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
+        kernel = self._kernel(tactic)
+        sets, outs = self._sets, self._outs
+
+        def call(i):
+            self.launches += 1
+            return kernel(*sets[i].args(), out=outs[i])
+        t = bench.time_calls(call, len(sets), self.device, timer)
+        return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
+
+    def counts(self) -> dict:
+        return {"builds": self.builds, "launches": self.launches}
+
+
+def context_usable(device: str) -> bool:
+    """False when the CUDA context is poisoned (illegal address / instruction are sticky)."""
+    if device != "cuda":
+        return True
+    import torch
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+        return True
+    except Exception:
+        return False
+
+
+def handle(b: Bench, msg: dict) -> dict:
+    op = msg["op"]
+    if op == "setup":
+        return b.setup(msg["problem"], msg["bucket"], msg["seed"])
+    if op == "check":
+        return b.check(Tactic.from_json(msg["tactic"]))
+    if op == "time":
+        return b.time(Tactic.from_json(msg["tactic"]), bench.TimerConfig(**msg["timer"]))
+    if op == "counts":
+        return b.counts()
+    if op == "ping":
+        return {"pid": os.getpid()}
+    raise ValueError(f"unknown request {op!r}")
+
+
+def error_text(e: BaseException) -> str:
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {first}"[:500]
+
+
+def main() -> int:
+    # The protocol owns the real stdout; everything else printed goes to stderr.
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    hello = json.loads(sys.stdin.readline() or "{}")
+    from tactics import registry
+    for name, path in hello.get("families", {}).items():   # test-only families, registered by path
+        registry.FAMILIES.setdefault(name, path)
+    b = Bench(hello.get("device", "cpu"))
+    proto.write(json.dumps({"ok": True, "ready": os.getpid()}) + "\n")
+    for line in sys.stdin:
+        msg = json.loads(line)
+        try:
+            reply = {"ok": True, **handle(b, msg)}
+        except Exception as e:   # a failing tactic is an answer, not a crash of the worker
+            reply = {"ok": False, "error": error_text(e)}
+            if not context_usable(b.device):
+                reply["poisoned"] = True
+                proto.write(json.dumps(reply) + "\n")
+                return EXIT_POISONED
+        proto.write(json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""Where measurements run: in-process, in one spawned worker process per device, or on a Ray cluster.
+
+An executor answers `setup / check / time` (autotune.worker.Bench). `ProcessExecutor` keeps one
+worker process alive across jobs and restarts it when a request times out, the process dies
+(segfault, abort, os._exit) or a CUDA error leaves its context unusable; the request that
+caused it fails with `WorkerLost`, carrying the reason and the exit signal, and the next request
+starts a fresh worker that replays the current setup.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Protocol
+
+from autotune import bench
+from autotune.worker import Bench, EXIT_POISONED, error_text
+from tactics.base import Tactic
+
+#: first reply of a new worker (imports torch, Triton, CUDA init) may take this long
+START_TIMEOUT_S = 180.0
+#: default limit for one check (build + compile + one call) or one timing request
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class TacticError(Exception):
+    """The tactic failed (raised, wrong result); the worker is fine."""
+
+
+class WorkerLost(Exception):
+    """The worker died or was killed while serving a request."""
+
+    def __init__(self, reason: str, exit_signal: int | None):
+        super().__init__(reason)
+        self.reason, self.exit_signal = reason, exit_signal
+
+
+class Executor(Protocol):
+    device: str
+
+    def setup(self, problem_key: str, bucket: int, seed: int) -> None: ...
+    def check(self, tactic: Tactic) -> dict: ...
+    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict: ...
+    def close(self) -> None: ...
+
+
+class InlineExecutor:
+    """No isolation: for tests and for debugging a tactic under a debugger."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._b = Bench(device)
+
+    def setup(self, problem_key: str, bucket: int, seed: int) -> None:
+        self._b.setup(problem_key, bucket, seed)
+
+    def _call(self, fn, *a):
+        try:
+            return fn(*a)
+        except Exception as e:
+            raise TacticError(error_text(e)) from e
+
+    def check(self, tactic: Tactic) -> dict:
+        return self._call(self._b.check, tactic)
+
+    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
+        return self._call(self._b.time, tactic, timer)
+
+    def counts(self) -> dict:
+        return self._b.counts()
+
+    def close(self) -> None:
+        pass
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class ProcessExecutor:
+    """One spawned worker process, pinned to one GPU (CUDA_VISIBLE_DEVICES) when `gpu` is set."""
+
+    def __init__(self, device: str, gpu: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 families: dict[str, str] | None = None):
+        self.device, self.gpu, self.timeout_s = device, gpu, timeout_s
+        self._families = dict(families or {})
+        self._p: subprocess.Popen | None = None
+        self._setup: dict | None = None
+        self._log = tempfile.NamedTemporaryFile(prefix="autotune-worker-", suffix=".log", delete=False)
+        self.restarts = 0
+        self.pids: list[int] = []
+
+    # -- process management
+    def _start(self) -> None:
+        env = dict(os.environ)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._p = subprocess.Popen([sys.executable, "-m", "autotune.worker"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=self._log, env=env, text=True, bufsize=1)
+        self.pids.append(self._p.pid)
+        self._send({"device": self.device, "families": self._families})
+        self._recv(START_TIMEOUT_S, "starting")
+        if self._setup is not None:
+            self._request(self._setup, START_TIMEOUT_S)
+
+    def _send(self, msg: dict) -> None:
+        try:
+            self._p.stdin.write(json.dumps(msg) + "\n")
+            self._p.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass   # the death shows up in _recv with its exit status
+
+    def _recv(self, timeout: float, what: str) -> dict:
+        sel = selectors.DefaultSelector()
+        sel.register(self._p.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout)
+        sel.close()
+        if not ready:
+            self._kill()
+            raise WorkerLost(f"timed out after {timeout:g} s while {what}; worker killed", signal.SIGKILL)
+        line = self._p.stdout.readline()
+        if not line:
+            rc = self._p.wait()
+            self._p = None
+            tail = self._log_tail()
+            if rc < 0:
+                why = f"worker died with {_signal_name(-rc)} while {what}"
+                raise WorkerLost(why + (f" ({tail})" if tail else ""), -rc)
+            raise WorkerLost(f"worker exited with status {rc} while {what}" + (f" ({tail})" if tail else ""), None)
+        return json.loads(line)
+
+    def _kill(self) -> None:
+        if self._p is not None:
+            self._p.kill()
+            self._p.wait()
+            self._p = None
+
+    def _log_tail(self) -> str:
+        try:
+            lines = Path(self._log.name).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][:200] if lines else ""
+
+    def _request(self, msg: dict, timeout: float) -> dict:
+        if self._p is None:
+            self.restarts += bool(self.pids)
+            self._start()
+        what = msg["op"] + (f" {Tactic.from_json(msg['tactic'])}" if "tactic" in msg else "")
+        self._send(msg)
+        reply = self._recv(timeout, what)
+        if reply.get("poisoned"):
+            self._p.wait(timeout=30)
+            self._p = None
+            raise TacticError(reply["error"] + f" (CUDA context unusable; worker exited {EXIT_POISONED} and is restarted)")
+        if not reply.get("ok"):
+            raise TacticError(reply["error"])
+        return reply
+
+    # -- Executor
+    def setup(self, problem_key: str, bucket: int, seed: int) -> None:
+        self._setup = {"op": "setup", "problem": problem_key, "bucket": bucket, "seed": seed}
+        if self._p is None:
+            self._request({"op": "ping"}, START_TIMEOUT_S)   # starting replays the setup
+        else:
+            self._request(self._setup, self.timeout_s)
+
+    def check(self, tactic: Tactic) -> dict:
+        return self._request({"op": "check", "tactic": tactic.to_json()}, self.timeout_s)
+
+    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
+        return self._request({"op": "time", "tactic": tactic.to_json(), "timer": asdict(timer)}, self.timeout_s)
+
+    def counts(self) -> dict:
+        return self._request({"op": "counts"}, self.timeout_s)
+
+    def close(self) -> None:
+        if self._p is not None:
+            try:
+                self._p.stdin.close()
+                self._p.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._kill()
+            self._p = None
+        try:
+            os.unlink(self._log.name)
+        except OSError:
+            pass
+
+
+# -- running jobs ---------------------------------------------------------------------------
+
+def run_job(ex: Executor, job, timer: bench.TimerConfig, halving, seed: int, record, finish) -> None:
+    """One (problem, bucket) on one executor; `record(job, outcome)` stores each trial as it is decided."""
+    from autotune.halving import Outcome, measure
+    try:
+        ex.setup(job.problem.key, job.bucket, seed)
+    except (TacticError, WorkerLost) as e:
+        why = e.reason if isinstance(e, WorkerLost) else str(e)
+        for t in job.tactics:
+            record(job, Outcome(t, "failed", f"input setup failed: {why}", exit_signal=getattr(e, "exit_signal", None)))
+    else:
+        measure(ex, job.tactics, job.default_id, timer, halving, lambda o: record(job, o))
+    finish(job)
+
+
+def _executors(runner, device: str) -> list[tuple[str, Executor]]:
+    if not runner.isolate:
+        return [("inline", InlineExecutor(device))]
+    if runner.gpus:
+        return [(f"gpu{g}", ProcessExecutor(device, g, runner.timeout_s, runner.families)) for g in runner.gpus]
+    return [(f"worker{i}", ProcessExecutor(device, None, runner.timeout_s, runner.families))
+            for i in range(runner.workers)]
+
+
+def run_local(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict) -> None:
+    """Shard jobs over one worker per device (or per `runner.workers` on the CPU): each worker
+    takes the next job as it frees up, so a slow bucket does not hold the others back."""
+    if not jobs:
+        return
+    queue = list(reversed(jobs))   # pop() from the end keeps the planned order
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    executors = _executors(runner, device)
+
+    def serve(label: str, ex: Executor) -> None:
+        try:
+            while True:
+                with lock:
+                    if not queue or errors:
+                        return
+                    job = queue.pop()
+                run_job(ex, job, timer, halving, seed, record, finish)
+                with lock:
+                    shards[label] = shards.get(label, 0) + 1
+        except BaseException as e:   # a store error etc.: stop every worker, re-raise in the caller
+            with lock:
+                errors.append(e)
+
+    threads = [threading.Thread(target=serve, args=(label, ex), daemon=True) for label, ex in executors]
+    try:
+        if len(threads) == 1:
+            serve(*executors[0])
+        else:
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+    finally:
+        with lock:
+            queue.clear()
+        for _, ex in executors:
+            ex.close()
+    if errors:
+        raise errors[0]
+
+
+# -- Ray: the same jobs over a cluster, one task per job, each on one GPU ----------------------
+
+_RAY_EXECUTORS: dict[tuple, ProcessExecutor] = {}   # per Ray worker process, reused across its tasks
+
+
+def _ray_job(job_json: dict, device: str, timer: dict, halving: dict, seed: int, families: dict,
+             timeout_s: float) -> tuple[str, list[dict]]:
+    import socket
+    from autotune.halving import Halving, measure
+
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    key = (device, vis, tuple(sorted(families.items())))
+    ex = _RAY_EXECUTORS.get(key)
+    if ex is None:
+        ex = _RAY_EXECUTORS[key] = ProcessExecutor(device, None, timeout_s, families)  # inherits Ray's GPU
+    tactics = [Tactic.from_json(t) for t in job_json["tactics"]]
+    out: list[dict] = []
+
+    def keep(o) -> None:
+        out.append({**{k: getattr(o, k) for k in o.__dataclass_fields__ if k != "tactic"}, "tactic": o.tactic.to_json()})
+    try:
+        ex.setup(job_json["problem"], job_json["bucket"], seed)
+    except (TacticError, WorkerLost) as e:
+        why = e.reason if isinstance(e, WorkerLost) else str(e)
+        for t in tactics:
+            out.append({"tactic": t.to_json(), "status": "failed", "reason": f"input setup failed: {why}",
+                        "exit_signal": getattr(e, "exit_signal", None)})
+    else:
+        measure(ex, tactics, job_json["default_id"], bench.TimerConfig(**timer), Halving(**halving), keep)
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{vis}" if vis else ""), out
+
+
+def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict) -> None:
+    """Fan jobs out over a Ray cluster (`runner.ray` = address, or "local" for a local cluster).
+    Results come back to this process, which writes them to its cache URL; for several hosts
+    point --cache at a shared database or merge per-host files with `autotune cache import`."""
+    from dataclasses import fields
+    from autotune.halving import Outcome
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--ray needs Ray: pip install 'fp4-autotune[ray]'") from None
+    if not jobs:
+        return
+    started = False
+    if not ray.is_initialized():
+        kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        if runner.ray == "local":
+            ray.init(num_cpus=max(runner.workers, 1), **kw)
+        else:
+            ray.init(address=runner.ray, **kw)
+        started = True
+    try:
+        task = ray.remote(num_gpus=1 if device == "cuda" else 0, num_cpus=1, max_retries=0)(_ray_job)
+        pending = {task.remote({"problem": j.problem.key, "bucket": j.bucket, "default_id": j.default_id,
+                                "tactics": [t.to_json() for t in j.tactics]}, device, asdict(timer),
+                               asdict(halving), seed, runner.families, runner.timeout_s): j for j in jobs}
+        names = {f.name for f in fields(Outcome)}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                job = pending.pop(ref)
+                try:
+                    label, outs = ray.get(ref)
+                except Exception as e:   # the Ray worker itself died: the whole job failed
+                    label, outs = "ray", [{"tactic": t.to_json(), "status": "failed",
+                                           "reason": f"Ray task failed: {error_text(e)}"} for t in job.tactics]
+                for d in outs:
+                    d = {k: v for k, v in d.items() if k in names}
+                    d["tactic"] = Tactic.from_json(d["tactic"])
+                    record(job, Outcome(**d))
+                finish(job)
+                shards[label] = shards.get(label, 0) + 1
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# -- ahead-of-time compilation ------------------------------------------------------------------
+
+def _compile_one(problem_key: str, tactic_json: str, arch_name: str, families: dict) -> tuple[str | None, int | None]:
+    from autotune.problem import Problem
+    from tactics import registry
+    from tactics.arch import get_arch
+    for name, path in families.items():
+        registry.FAMILIES.setdefault(name, path)
+    t = Tactic.from_json(tactic_json)
+    try:
+        smem = registry.get(t.family).precompile(Problem.from_key(problem_key), t, get_arch(arch_name))
+        return None, smem
+    except Exception as e:
+        return error_text(e), None
+
+
+def compile_all(items: list[tuple[str, str]], arch_name: str, n_jobs: int, families: dict) -> list[tuple[str | None, int | None]]:
+    """Compile (problem key, tactic json) pairs for an arch in n_jobs processes (joblib/loky).
+    Returns (error or None, compiled smem bytes or None) per item, in order."""
+    if not items:
+        return []
+    from joblib import Parallel, delayed
+    return Parallel(n_jobs=n_jobs, backend="loky" if n_jobs > 1 else "sequential")(
+        delayed(_compile_one)(pk, tj, arch_name, families) for pk, tj in items)

@@ -1,0 +1,68 @@
+"""A test-only family whose members fail the hard ways: segfault, hang, exit, raise, all-zero
+output, plus good members that sleep for different times (so their ranking is known). Only
+process isolation survives the first three; the search must store each as failed and go on."""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from tactics.base import Tactic, Verdict
+from tactics.torch_ref import TorchFamily
+
+BAD = ("segfault", "hang", "exit", "raise", "zeros")
+SLEEP_MS = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)   # good members, fastest first
+BUILD_LOG = "AUTOTUNE_TEST_BUILD_LOG"                    # file that build() appends tactic ids to
+
+
+class CrashingFamily:
+    name = "crashing"
+    depends_on = ("torch",)
+
+    def available(self, device):
+        return True, ""
+
+    def enumerate(self, problem, arch):
+        if problem.kind != "dense":
+            return []
+        return ([Tactic(self.name, mode=m, sleep_ms=0.0) for m in BAD]
+                + [Tactic(self.name, mode="good", sleep_ms=s) for s in SLEEP_MS]
+                + [Tactic(self.name, mode="oversized", sleep_ms=0.0)])
+
+    def validate(self, tactic):
+        return None if tactic.params.get("mode") in BAD + ("good", "oversized") else "bad mode"
+
+    def verdict(self, problem, tactic, arch):
+        if tactic["mode"] == "oversized":   # stands for a config over the smem limit
+            return Verdict.reject("smem 300000 > limit 101376", 300000, 101376)
+        return Verdict.keep()
+
+    def default(self, problem, arch):
+        return Tactic(self.name, mode="good", sleep_ms=SLEEP_MS[-1])
+
+    def build(self, problem, tactic, device):
+        if os.environ.get(BUILD_LOG):
+            with open(os.environ[BUILD_LOG], "a") as f:
+                f.write(tactic.id + "\n")
+        good = TorchFamily().build(problem, Tactic("torch", dequant_dtype="fp32", chunk_n=0), device)
+        mode, pause = tactic["mode"], tactic["sleep_ms"] / 1e3
+
+        def kernel(x, w, out=None):
+            if mode == "segfault":
+                ctypes.string_at(0)              # a real SIGSEGV, like an illegal address in a kernel
+            elif mode == "hang":
+                time.sleep(3600)
+            elif mode == "exit":
+                os._exit(7)
+            elif mode == "raise":
+                raise RuntimeError("deliberate failure")
+            y = good(x, w)
+            if mode == "zeros":
+                y.zero_()
+            if pause:
+                time.sleep(pause)
+            if out is None:
+                return y
+            out.copy_(y)
+            return out
+        return kernel

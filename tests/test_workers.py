@@ -1,0 +1,213 @@
+"""Issue #3: isolated workers, successive halving, sharding over workers, Ray, concurrent writers,
+and resume after kill -9. Real worker processes, real SQLite, real torch kernels on the CPU."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import bench
+from autotune.buckets import Buckets
+from autotune.env import cpu
+from autotune.halving import Halving, _rounds
+from autotune.problem import Problem
+from autotune.records import Trial, Winner
+from autotune.search import Runner, search
+from cache import Store
+from tactics import registry
+from tactics.arch import ARCHS
+from tactics.base import Tactic
+from tests.families.crashing import BUILD_LOG, SLEEP_MS
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = cpu()
+FAST = bench.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+DENSE = Problem.dense(256, 512)
+MOE = Problem.moe(128, 256, experts=8, top_k=2)
+
+
+@pytest.fixture
+def crashing(monkeypatch, tmp_path):
+    monkeypatch.setitem(registry.FAMILIES, "crashing", "tests.families.crashing:CrashingFamily")
+    registry.get.cache_clear()
+    log = tmp_path / "builds.log"
+    monkeypatch.setenv(BUILD_LOG, str(log))
+    yield log
+    registry.get.cache_clear()
+
+
+def _by_tactic(store, problem, bucket):
+    return {Tactic.from_json(t.params_json): t for t in store.get_trials(problem.key, bucket, CPU.device_key)}
+
+
+def test_rounds_schedule():
+    h = Halving(eta=3, finalists=3)
+    assert _rounds(100, h) == [34, 12, 4, 3]
+    assert _rounds(6, h) == [] and _rounds(7, h) == [3]
+    with pytest.raises(ValueError):
+        Halving(budget_s=0)
+
+
+def test_faults_cost_only_their_worker(tmp_path, crashing):
+    store = Store(tmp_path / "c.db")
+    fams = [registry.get("crashing"), registry.get("torch")]
+    rep = search([DENSE], families=fams, store=store, buckets=Buckets.of((4,)), timer=FAST, env=CPU,
+                 halving=Halving(budget_s=0.5), runner=Runner(timeout_s=4))
+    got = _by_tactic(store, DENSE, 4)
+    mode = {t["mode"]: tr for t, tr in got.items() if t.family == "crashing" and t["mode"] != "good"}
+    assert mode["segfault"].status == "failed" and "SIGSEGV" in mode["segfault"].reason
+    assert mode["segfault"].exit_signal == signal.SIGSEGV
+    assert mode["hang"].status == "failed" and "timed out after 4 s" in mode["hang"].reason
+    assert mode["hang"].exit_signal == signal.SIGKILL
+    assert mode["exit"].status == "failed" and "exited with status 7" in mode["exit"].reason
+    assert mode["raise"].status == "failed" and "deliberate failure" in mode["raise"].reason
+    assert mode["zeros"].status == "failed" and "relative error" in mode["zeros"].reason
+    assert rep.failed == 5
+    # every good tactic measured despite the crashes before it, and checked against the reference
+    good = [tr for t, tr in got.items() if t.family == "torch" or t["mode"] == "good"]
+    assert len(good) == len(SLEEP_MS) + 2 and all(tr.status in ("ok", "dropped") and tr.rel_err < 1e-2 for tr in good)
+    # the over-limit tactic is stored once as rejected and was never built
+    rejected = [tr for tr in store.get_trials(DENSE.key, 0, CPU.device_key) if tr.status == "rejected"]
+    assert any("smem 300000" in tr.reason for tr in rejected)
+    built = set(crashing.read_text().split())
+    assert not built & {tr.tactic_id for tr in rejected}
+    (w,) = rep.winners
+    wt = Tactic.from_json(w.params_json)
+    assert w.tactic_id not in {tr.tactic_id for tr in mode.values()}
+    assert wt.family == "torch" or wt["sleep_ms"] <= SLEEP_MS[1]     # a fast good one, never a faulty one
+    # failures are final unless --retry-failed
+    again = search([DENSE], families=fams, store=store, buckets=Buckets.of((4,)), timer=FAST, env=CPU,
+                   halving=Halving(budget_s=0.5), runner=Runner(timeout_s=4))
+    assert again.measured == 0 and again.failed == 0
+
+
+def test_successive_halving_drops_slow_tactics_and_keeps_the_default(tmp_path, crashing):
+    store = Store(tmp_path / "c.db")
+    fams = [registry.get("crashing")]
+    rep = search([DENSE], families=fams, store=store, buckets=Buckets.of((1,)), timer=FAST, env=CPU,
+                 halving=Halving(budget_s=0.5), runner=Runner(timeout_s=4))
+    got = {t: tr for t, tr in _by_tactic(store, DENSE, 1).items() if t.family == "torch" or t["mode"] == "good"}
+    dropped = [t for t, tr in got.items() if tr.status == "dropped"]
+    assert dropped and all("successive halving" in got[t].reason for t in dropped)
+    assert max(t["sleep_ms"] for t in dropped if t.family == "crashing") == SLEEP_MS[-1]   # the slowest went
+    default = registry.get("torch").default(DENSE, ARCHS["cpu"])   # the designated baseline (torch)
+    assert got[default].status == "ok"                       # the baseline always reaches the final
+    # --exhaustive re-times what halving dropped; afterwards every good tactic has a full timing
+    rep2 = search([DENSE], families=fams, store=store, buckets=Buckets.of((1,)), timer=FAST, env=CPU,
+                  halving=Halving(exhaustive=True), runner=Runner(timeout_s=4))
+    assert rep2.measured == len(dropped)
+    after = _by_tactic(store, DENSE, 1)
+    assert all(after[t].status == "ok" for t in got)
+
+
+def _keys(store):
+    out = set()
+    for p in (DENSE, MOE):
+        for b in (1, 2, 4, 8):
+            out |= {(p.key, b, t.tactic_id, t.status) for t in store.get_trials(p.key, b, CPU.device_key)
+                    if t.status != "dropped"}
+    return out
+
+
+@pytest.mark.parametrize("runner", [Runner(workers=2), Runner(gpus=(0, 1))], ids=["workers2", "gpus0,1"])
+def test_sharding_over_workers_measures_each_job_once(tmp_path, runner):
+    one, two = Store(tmp_path / "one.db"), Store(tmp_path / "two.db")
+    kw = dict(families=[registry.get("torch")], buckets=Buckets.of((1, 2, 4, 8)), timer=FAST, env=CPU,
+              halving=Halving(budget_s=0.1, exhaustive=True))
+    r1 = search([DENSE, MOE], store=one, **kw)
+    r2 = search([DENSE, MOE], store=two, runner=runner, **kw)
+    assert len(r2.shards) == 2 and sum(r2.shards.values()) == 8 and min(r2.shards.values()) >= 1
+    assert r2.measured == r1.measured and r2.failed == 0
+    assert _keys(one) == _keys(two)                     # the same trials, each stored once
+    assert {(w.problem_key, w.bucket) for w in r2.winners} == {(p.key, b) for p in (DENSE, MOE) for b in (1, 2, 4, 8)}
+
+
+def test_ray_local_cluster(tmp_path):
+    pytest.importorskip("ray")
+    store = Store(tmp_path / "ray.db")
+    rep = search([DENSE, MOE], families=[registry.get("torch")], store=store, buckets=Buckets.of((1, 4)),
+                 timer=FAST, env=CPU, halving=Halving(budget_s=0.1), runner=Runner(ray="local", workers=2))
+    assert sum(rep.shards.values()) == 4 and rep.failed == 0
+    assert {(w.problem_key, w.bucket) for w in store.winners()} == {(p.key, b) for p in (DENSE, MOE) for b in (1, 4)}
+    ok = [t for p in (DENSE, MOE) for b in (1, 4) for t in store.get_trials(p.key, b, CPU.device_key)]
+    assert ok and all(t.status in ("ok", "dropped") and t.rel_err < 1e-2 for t in ok)
+
+
+# -- eight concurrent writers ------------------------------------------------------------------
+
+def _writer(url: str, w: int, n: int) -> None:
+    store = Store(url)
+    for i in range(n):
+        t = Tactic("torch", dequant_dtype="fp32", chunk_n=w * 1000 + i)
+        store.put_trial(Trial(DENSE.key, 1 + i % 4, t.id, t.family, t.to_json(), "dev", "lib", "ok", "",
+                              median_us=1.0 + i, reps=3, rel_err=0.0))
+        store.put_winner(Winner(DENSE.key, 1000 + w * n + i, "dev", t.id, t.family, t.to_json(), "lib",
+                                1.0, t.id, 1.0, 1.0))
+
+
+def test_eight_concurrent_writers_lose_nothing(tmp_path):
+    url = str(tmp_path / "shared.db")
+    Store(url).close()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(url, w, 40)) for w in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 8          # no lock error escaped any writer
+    con = sqlite3.connect(url)
+    assert con.execute("select count(*) from trials").fetchone() == (320,)
+    assert con.execute("select count(*) from winners").fetchone() == (320,)
+    assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+# -- kill -9 at any moment, then resume -------------------------------------------------------
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+        "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 1000}
+
+
+def _cli(cfg: Path, db: Path) -> list[str]:
+    return [sys.executable, "-m", "cli", "search", "--model", str(cfg), "--families", "torch",
+            "--buckets", "1,2,4,8", "--cache", str(db), "--budget-s", "0.3", "--json"]
+
+
+def _rows(db: Path) -> int:
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        return con.execute("select count(*) from trials where bucket > 0").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def test_kill_9_leaves_a_sound_cache_and_rerun_measures_only_the_rest(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY))
+    db = tmp_path / "c.db"
+    proc = subprocess.Popen(_cli(cfg, db), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while _rows(db) < 5 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)                 # the search and its worker, mid-write
+    proc.wait()
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    before = con.execute("select count(*) from trials where bucket > 0").fetchone()[0]
+    con.close()
+    out = subprocess.run(_cli(cfg, db), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = json.loads(out.stdout)
+    total = sqlite3.connect(db).execute("select count(*) from trials where bucket > 0").fetchone()[0]
+    assert rep["resumed"] == before and rep["measured"] + rep["failed"] == total - before
+    assert len(rep["winners"]) == len(rep["problems"]) * 4
