@@ -170,8 +170,10 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     report.plans = summarize(planned)
     if dry_run or target != live:
         if compile_check:   # cross-compiling needs no GPU: check the verdicts against the compiler
-            _compile(_compilable([r for rows in planned.values() for r in rows if not r.verdict.rejected]),
-                     target, runner, report)
+            kept = [r for rows in planned.values()
+                    for r in (_sample([r for r in rows if not r.verdict.rejected], max_tactics)
+                              if max_tactics else [r for r in rows if not r.verdict.rejected])]
+            _compile(_compilable(kept), target, runner, report)
         if target != live:
             report.notes.append(f"planning for {target.name} on a {live.name} machine: verdicts only, nothing measured")
         return report

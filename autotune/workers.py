@@ -34,6 +34,10 @@ class TacticError(Exception):
     """The tactic failed (raised, wrong result); the worker is fine."""
 
 
+class WorkerStartError(RuntimeError):
+    """A fresh worker could not start (broken environment): abort the search, fail no tactic."""
+
+
 class WorkerLost(Exception):
     """The worker died or was killed while serving a request."""
 
@@ -111,7 +115,10 @@ class ProcessExecutor:
                                    stdout=subprocess.PIPE, stderr=self._log, env=env, text=True, bufsize=1)
         self.pids.append(self._p.pid)
         self._send({"device": self.device, "families": self._families})
-        self._recv(START_TIMEOUT_S, "starting")
+        try:
+            self._recv(START_TIMEOUT_S, "starting")
+        except WorkerLost as e:
+            raise WorkerStartError(f"a measuring worker could not start: {e.reason}") from None
         if self._setup is not None:
             self._request(self._setup, START_TIMEOUT_S)
 
@@ -309,16 +316,19 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
     try:
         import ray
     except ImportError:
-        raise RuntimeError("--ray needs Ray: pip install 'fp4-autotune[ray]'") from None
+        raise WorkerStartError("--ray needs Ray: pip install 'fp4-autotune[ray]'") from None
     if not jobs:
         return
     started = False
     if not ray.is_initialized():
         kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        if runner.ray == "local":
-            ray.init(num_cpus=max(runner.workers, 1), **kw)
-        else:
-            ray.init(address=runner.ray, **kw)
+        try:
+            if runner.ray == "local":   # a one-machine cluster on the loopback address only
+                ray.init(num_cpus=max(runner.workers, 1), _node_ip_address="127.0.0.1", **kw)
+            else:
+                ray.init(address=runner.ray, **kw)
+        except Exception as e:
+            raise WorkerStartError(f"cannot start or reach Ray at {runner.ray!r}: {error_text(e)}") from None
         started = True
     try:
         task = ray.remote(num_gpus=1 if device == "cuda" else 0, num_cpus=1, max_retries=0)(_ray_job)

@@ -57,8 +57,24 @@ def _select_devices(devices: list[dict], gpu: str) -> set[str]:
     return sub
 
 
+def _devices(store: Store) -> dict[str, dict]:
+    """Device records by key; a damaged record is left out (its winners skip as 'unknown device')."""
+    from sqlalchemy import select
+
+    from cache.schema import DeviceRow
+    out = {}
+    for key, rec in store._read(lambda s: s.execute(select(DeviceRow.device_key, DeviceRow.record_json)).all()):
+        try:
+            d = json.loads(rec)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(d, dict) and d.get("device_key") == key:
+            out[key] = d
+    return out
+
+
 def _payload(store: Store, gpu: str | None = None, problem_keys: Iterable[str] | None = None) -> dict:
-    devices = {d["device_key"]: d for d in store.devices()}
+    devices = _devices(store)
     winners = store.winners()
     if gpu:
         keys = _select_devices(list(devices.values()), gpu)
@@ -68,14 +84,23 @@ def _payload(store: Store, gpu: str | None = None, problem_keys: Iterable[str] |
         winners = [w for w in winners if w.problem_key in pk]
     tactics, problems, libsets = {}, {}, {}
     for w in winners:
-        t = Tactic.from_json(w.params_json)
-        tactics[w.tactic_id] = {"id": w.tactic_id, "family": t.family, "params": t.params}
+        try:
+            t = Tactic.from_json(w.params_json)
+            tactics[w.tactic_id] = {"id": w.tactic_id, "family": t.family, "params": t.params}
+        except (ValueError, TypeError):
+            # a damaged row travels as it is; the import skips it ("malformed tactic")
+            tactics[w.tactic_id] = {"id": w.tactic_id, "family": w.family, "params": str(w.params_json)}
         try:
             problems[w.problem_key] = {"key": w.problem_key, **Problem.from_key(w.problem_key).to_dict()}
-        except ValueError:
+        except (ValueError, TypeError):
             pass
-        if w.lib_key not in libsets and (v := store.libset(w.lib_key)) is not None:
-            libsets[w.lib_key] = {"lib_key": w.lib_key, "versions": v}
+        if w.lib_key not in libsets:
+            try:
+                v = store.libset(w.lib_key)
+            except ValueError:          # damaged versions_json: the entry is skipped on import
+                v = None
+            if v is not None:
+                libsets[w.lib_key] = {"lib_key": w.lib_key, "versions": v}
     wl = []
     for w in winners:
         d = asdict(w)
@@ -193,7 +218,10 @@ def _winner(e: Any, params_json: str) -> Winner:
     if not isinstance(e, dict):
         raise ValueError
     strs = ("problem_key", "device_key", "tactic_id", "family", "lib_key", "default_tactic_id")
-    if not all(isinstance(e.get(k), str) for k in strs) or not isinstance(e.get("bucket"), int) \
+    b = e.get("bucket")
+    if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
+        raise ValueError
+    if not all(isinstance(e.get(k), str) for k in strs) \
             or not _num(e.get("median_us")) or not _num(e.get("default_median_us"), True) \
             or not _num(e.get("speedup"), True):
         raise ValueError
@@ -212,7 +240,10 @@ def _apply(store: Store, payload: dict, validate: Callable[[str, dict], str | No
     libsets = _index(payload.get("libsets"), "lib_key")
     accepted: list[tuple[Winner, dict, dict]] = []
     for e in payload.get("winners") or []:
-        tid = e.get("tactic_id") if isinstance(e, dict) else None
+        if not isinstance(e, dict):
+            rep.skip("malformed winner")
+            continue
+        tid = e.get("tactic_id")
         t = tactics.get(tid) if isinstance(tid, str) else None
         if t is None:
             rep.skip("unknown tactic")
@@ -243,8 +274,10 @@ def _apply(store: Store, payload: dict, validate: Callable[[str, dict], str | No
             rep.skip("unknown device")
             continue
         try:
-            same = Env(dev["gpu_name"], dev["cc"], dev["sm_count"], "cuda").device_key == w.device_key
-        except (KeyError, TypeError):
+            same = isinstance(dev["gpu_name"], str) and isinstance(dev["cc"], str) \
+                and isinstance(dev["sm_count"], int) and not isinstance(dev["sm_count"], bool) \
+                and Env(dev["gpu_name"], dev["cc"], dev["sm_count"], "cuda").device_key == w.device_key
+        except (KeyError, TypeError, ValueError):
             same = False
         if not same:
             rep.skip("device record does not match its key")
@@ -253,6 +286,9 @@ def _apply(store: Store, payload: dict, validate: Callable[[str, dict], str | No
         versions = lib.get("versions") if lib else None
         if not isinstance(versions, dict):
             rep.skip("unknown libset")
+            continue
+        if not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in versions.items()):
+            rep.skip("malformed libset")
             continue
         try:
             env = Env("", "", 0, "", cublas=versions.get("cublas"),
@@ -293,3 +329,98 @@ def import_cache(store: Store, path: str | os.PathLike, *,
     if not p.is_file():
         raise CacheError(f"no export at {p}")
     return _apply(store, _read_export(p), validate)
+
+
+# ------------------------------------------------------------------------------------ merge
+
+@dataclass
+class MergeReport:
+    written: int = 0
+    replaced: int = 0                                        # same (problem, bucket, device) in a later file
+    per_file: dict[str, ImportReport] = field(default_factory=dict)
+
+
+def merge_exports(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *, fmt: str = "sqlite",
+                  validate: Callable[[str, dict], str | None] | None = None) -> MergeReport:
+    """Combine exports (or whole caches) into one new export. Every file goes through the same
+    checks as an import (checksum, schema, each entry); for the same (problem, bucket, device)
+    the later file wins and is counted in `replaced`."""
+    rep = MergeReport()
+    mem = Store("sqlite://")
+    try:
+        for p in paths:
+            before = {(w.problem_key, w.bucket, w.device_key) for w in mem.winners()}
+            r = import_cache(mem, p, validate=validate)
+            rep.per_file[os.fspath(p)] = r
+            after = {(w.problem_key, w.bucket, w.device_key) for w in mem.winners()}
+            rep.replaced += r.imported - len(after - before)
+        rep.written = export_cache(mem, out, fmt=fmt)
+    finally:
+        mem.close()
+    return rep
+
+
+# ------------------------------------------------------------------------------------ prune
+
+@dataclass
+class PruneReport:
+    trials: int = 0
+    winners: int = 0
+    misses: int = 0
+    devices: int = 0
+
+
+def prune(store: Store, *, keep_devices: set[str] | None = None, drop_devices: set[str] = frozenset(),
+          stale_libs: Env | None = None, drop_misses: bool = False, dry_run: bool = False) -> PruneReport:
+    """Drop trials, winners and misses of environments no longer wanted.
+
+    keep_devices: device keys to keep (everything else goes); drop_devices: device keys to drop;
+    stale_libs: an Env whose device keeps only rows measured under its current library versions
+    (per family); drop_misses: also clear recorded misses of the kept devices.
+    """
+    from sqlalchemy import and_, delete, func, not_, or_, select, true
+
+    from cache.schema import DeviceRow, MissRow, TrialRow, WinnerRow
+    from tactics import registry
+
+    def cond(table):
+        parts = []
+        if keep_devices is not None:
+            parts.append(not_(table.device_key.in_(sorted(keep_devices))))
+        if drop_devices:
+            parts.append(table.device_key.in_(sorted(drop_devices)))
+        if stale_libs is not None and hasattr(table, "lib_key"):
+            fams = {f for (f,) in store._read(lambda s: s.execute(select(table.family).distinct()).all())}
+            for f in fams:
+                try:
+                    want = stale_libs.lib_key(registry.get(f).depends_on)
+                except (ValueError, ImportError):
+                    want = None                       # a family this install does not know: stale
+                parts.append(and_(table.device_key == stale_libs.device_key, table.family == f,
+                                  table.lib_key != want) if want else
+                             and_(table.device_key == stale_libs.device_key, table.family == f))
+        if drop_misses and table is MissRow:
+            parts.append(true())
+        return or_(*parts) if parts else None
+
+    rep = PruneReport()
+    plan = [(t, cond(t)) for t in (TrialRow, WinnerRow, MissRow)]
+    dev_cond = None
+    if keep_devices is not None or drop_devices:
+        dev_cond = or_(*([not_(DeviceRow.device_key.in_(sorted(keep_devices)))] if keep_devices is not None else [])
+                       + ([DeviceRow.device_key.in_(sorted(drop_devices))] if drop_devices else []))
+    counts = {}
+    for t, c in plan + [(DeviceRow, dev_cond)]:
+        counts[t] = 0 if c is None else store._read(lambda s, t=t, c=c: s.execute(
+            select(func.count()).select_from(t).where(c)).scalar())
+    rep.trials, rep.winners, rep.misses, rep.devices = (counts[TrialRow], counts[WinnerRow], counts[MissRow],
+                                                        counts[DeviceRow])
+    if dry_run or not any(counts.values()):
+        return rep
+
+    def go(s) -> None:
+        for t, c in plan + [(DeviceRow, dev_cond)]:
+            if c is not None:
+                s.execute(delete(t).where(c))
+    store._write(go)
+    return rep

@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 from sqlalchemy import DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-#: bump when a change is not readable by older code; older caches are upgraded by create_all
+#: bump with every change to the tables below, and add the step to cache/migrations.py (STEPS);
+#: tests/test_migrations.py upgrades a cache built with the first released schema and compares
 SCHEMA_VERSION = 1
 
 

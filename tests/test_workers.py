@@ -211,3 +211,16 @@ def test_kill_9_leaves_a_sound_cache_and_rerun_measures_only_the_rest(tmp_path):
     total = sqlite3.connect(db).execute("select count(*) from trials where bucket > 0").fetchone()[0]
     assert rep["resumed"] == before and rep["measured"] + rep["failed"] == total - before
     assert len(rep["winners"]) == len(rep["problems"]) * 4
+
+
+def test_a_worker_that_cannot_start_aborts_without_failing_tactics(tmp_path, monkeypatch):
+    # a broken environment (here: an interpreter without torch) must not mark every tactic failed
+    py = tmp_path / "python"
+    py.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
+    py.chmod(0o755)
+    monkeypatch.setattr("autotune.workers.sys.executable", str(py))
+    store = Store(tmp_path / "c.db")
+    with pytest.raises(RuntimeError, match="could not start: worker exited with status 1.*No module named 'torch'"):
+        search([DENSE], families=[registry.get("torch")], store=store, buckets=Buckets.of((1,)), timer=FAST,
+               env=CPU, runner=Runner(timeout_s=30))
+    assert not [t for t in store.get_trials(DENSE.key, 1, CPU.device_key)]

@@ -1,0 +1,208 @@
+"""FP4 layers that dispatch on every forward: FP4Linear and FP4MoE.
+
+Each layer holds its FP4 weight as buffers, asks the dispatcher once for its problem's `Table`,
+and keeps one prepacked weight per layout its kernels read (autotune.prepack). A forward is one
+call of a `torch.library` custom op (`fp4_autotune::linear` / `fp4_autotune::moe`): torch.compile
+sees an opaque op with a fake (shape-only) implementation, so there is no graph break, and inside
+the op the table picks the kernel for the live M on the host.
+
+CUDA graphs: the kernel is chosen on the host when the op runs, i.e. when a graph is captured; the
+captured graph replays that kernel for that batch size and never calls back into Python (so the
+rung counters count captures, not replays). Call `warmup(ms)` before capturing so every kernel the
+captured sizes need is built and compiled outside the captured region.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from autotune import prepack
+from autotune.dispatch import Dispatcher, Table, default_dispatcher
+from autotune.formats import FP4Weight, from_modelopt, load_modelopt_safetensors, quantize
+from autotune.problem import Problem
+
+_LAYERS: "weakref.WeakValueDictionary[int, _FP4Base]" = weakref.WeakValueDictionary()
+_IDS = itertools.count(1)
+
+
+class _FP4Base(nn.Module):
+    problem: Problem
+
+    def __init__(self, weight: FP4Weight, problem: Problem, dispatcher: Dispatcher | None):
+        super().__init__()
+        self.problem = problem
+        self.fmt = weight.fmt
+        # all three as uint8 bytes: `model.to(torch.bfloat16)` would otherwise cast the fp8 block
+        # scales and the fp32 global scale (both "floating"), silently changing the weight
+        self._scale_dtype = weight.scales.dtype
+        self._gs_shape = tuple(weight.global_scale.shape)
+        self.register_buffer("packed", weight.packed)
+        self.register_buffer("scales_u8", weight.scales.contiguous().view(torch.uint8))
+        self.register_buffer("global_scale_u8", weight.global_scale.float().reshape(-1).contiguous().view(torch.uint8))
+        self._dispatcher = dispatcher or default_dispatcher()
+        self.table: Table = self._dispatcher.table(problem)
+        self.layer_id = next(_IDS)
+        _LAYERS[self.layer_id] = self
+        self.packs: list[object] = []
+        self._prepack()
+
+    @property
+    def scales(self) -> Tensor:
+        return self.scales_u8.view(self._scale_dtype)
+
+    @property
+    def global_scale(self) -> Tensor:
+        return self.global_scale_u8.view(torch.float32).reshape(self._gs_shape)
+
+    @property
+    def weight(self) -> FP4Weight:
+        return FP4Weight(self.packed, self.scales, self.global_scale, self.fmt)
+
+    def _prepack(self) -> None:
+        """One packed weight per layout slot of the table; runs at load and after .to()/.cuda()."""
+        self.packs = prepack.pack_all(self.table.layouts, self.weight)
+        self._packed_layouts = self.table.layouts
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._prepack()
+        return out
+
+    def _packs_for(self, slot: int):
+        if self._packed_layouts is not self.table.layouts:   # a pin added a layout after load
+            self._prepack()
+        return self.packs[slot]
+
+    @property
+    def prepacked_extra_bytes(self) -> int:
+        """Memory the prepacked copies cost beyond the FP4 weight itself."""
+        return prepack.extra_bytes(self.weight, self.packs)
+
+    def extra_repr(self) -> str:
+        return f"{self.problem.key}, layouts={list(self.table.layouts)}"
+
+
+class FP4Linear(_FP4Base):
+    """y = x · Wᵀ (+ bias) with W an FP4 weight [N, K]; x [..., K] in any float dtype (computed in
+    bf16, returned in x's dtype)."""
+
+    def __init__(self, weight: FP4Weight, bias: Tensor | None = None, *, dispatcher: Dispatcher | None = None):
+        if weight.num_experts is not None:
+            raise ValueError(f"FP4Linear takes a 2-D weight [N, K]; got {weight.shape} (use FP4MoE)")
+        super().__init__(weight, Problem.dense(weight.n, weight.k, w_fmt=weight.fmt), dispatcher)
+        self.in_features, self.out_features = weight.k, weight.n
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: str = "nvfp4", *, dispatcher: Dispatcher | None = None) -> "FP4Linear":
+        return cls(quantize(linear.weight.detach(), fmt), linear.bias, dispatcher=dispatcher)
+
+    @classmethod
+    def from_modelopt(cls, source: str | Mapping[str, Tensor], prefix: str = "", *, device: str = "cpu",
+                      bias: Tensor | None = None, dispatcher: Dispatcher | None = None) -> "FP4Linear":
+        """From a ModelOpt NVFP4 `.safetensors` path (only this layer's tensors are read) or a dict."""
+        w = load_modelopt_safetensors(source, prefix, device) if isinstance(source, str) \
+            else from_modelopt(source, prefix).to(device)
+        return cls(w, bias, dispatcher=dispatcher)
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        xb = x.reshape(-1, self.in_features)
+        if xb.dtype != torch.bfloat16:
+            xb = xb.to(torch.bfloat16)
+        y = torch.ops.fp4_autotune.linear(xb, self.layer_id)
+        if self.bias is not None:
+            y = y + self.bias
+        y = y.reshape(*lead, self.out_features)
+        return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+
+    def warmup(self, ms: Iterable[int]) -> None:
+        """Build and run every kernel these batch sizes reach (do this before CUDA-graph capture).
+        Largest first: kernels that own a workspace (split-K) size it once, so a graph captured for
+        one size never refers to a buffer a later, larger call reallocated."""
+        for m in sorted(set(ms), reverse=True):
+            x = torch.zeros(m, self.in_features, dtype=torch.bfloat16, device=self.packed.device)
+            _linear_impl(x, self.layer_id)
+
+
+class FP4MoE(_FP4Base):
+    """The grouped expert GEMM of an MoE block: for token i and slot j,
+    y[i, j] = x[i] · W[topk_ids[i, j]]ᵀ (× topk_weights[i, j]). Weight [E, N, K]."""
+
+    def __init__(self, weight: FP4Weight, top_k: int, *, dispatcher: Dispatcher | None = None):
+        if weight.num_experts is None or weight.packed.ndim != 3:
+            raise ValueError(f"FP4MoE takes stacked experts [E, N, K]; got {weight.shape}")
+        e = weight.num_experts
+        super().__init__(weight, Problem.moe(weight.n, weight.k, e, top_k, w_fmt=weight.fmt), dispatcher)
+        self.num_experts, self.top_k = e, top_k
+        self.in_features, self.out_features = weight.k, weight.n
+
+    @classmethod
+    def from_linears(cls, experts: Sequence[nn.Linear] | Tensor, top_k: int, fmt: str = "nvfp4", *,
+                     dispatcher: Dispatcher | None = None) -> "FP4MoE":
+        """From dense experts: a list of nn.Linear (bias-free) or one tensor [E, N, K]."""
+        w = experts if isinstance(experts, Tensor) else torch.stack([lin.weight.detach() for lin in experts])
+        return cls(quantize(w, fmt), top_k, dispatcher=dispatcher)
+
+    @classmethod
+    def from_modelopt(cls, source: str | Mapping[str, Tensor], prefixes: Sequence[str], top_k: int, *,
+                      device: str = "cpu", dispatcher: Dispatcher | None = None) -> "FP4MoE":
+        """From one ModelOpt NVFP4 linear per expert (`prefixes[e]`, e.g.
+        'model.layers.3.mlp.experts.{e}.down_proj'), stacked in that order."""
+        ws = [load_modelopt_safetensors(source, p, device) if isinstance(source, str)
+              else from_modelopt(source, p).to(device) for p in prefixes]
+        if not ws:
+            raise ValueError("FP4MoE.from_modelopt needs at least one expert prefix")
+        shapes = {w.shape for w in ws}
+        if len(shapes) != 1:
+            raise ValueError(f"experts differ in shape: {sorted(shapes)}")
+        w = FP4Weight(torch.stack([x.packed for x in ws]), torch.stack([x.scales for x in ws]),
+                      torch.stack([x.global_scale for x in ws]), "nvfp4")
+        return cls(w, top_k, dispatcher=dispatcher)
+
+    def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None = None) -> Tensor:
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        y = torch.ops.fp4_autotune.moe(xb, topk_ids, topk_weights, self.layer_id)
+        return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------- custom ops
+
+def _layer(layer_id: int) -> _FP4Base:
+    try:
+        return _LAYERS[layer_id]
+    except KeyError:
+        raise RuntimeError(f"fp4_autotune: layer {layer_id} no longer exists") from None
+
+
+@torch.library.custom_op("fp4_autotune::linear", mutates_args=())
+def _linear_impl(x: Tensor, layer_id: int) -> Tensor:
+    layer = _layer(layer_id)
+    kernel, slot = layer.table.pick(x.shape[0])
+    return kernel(x, layer._packs_for(slot))
+
+
+@_linear_impl.register_fake
+def _linear_fake(x: Tensor, layer_id: int) -> Tensor:
+    return x.new_empty((x.shape[0], _layer(layer_id).problem.n), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("fp4_autotune::moe", mutates_args=())
+def _moe_impl(x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None, layer_id: int) -> Tensor:
+    layer = _layer(layer_id)
+    kernel, slot = layer.table.pick(x.shape[0])
+    if x.is_cuda and torch.cuda.is_current_stream_capturing() and not getattr(kernel, "capture_safe", False):
+        # the torch family's grouped kernel reads the routing on the host (unique/tolist): that
+        # would abort the capture with an opaque CUDA error
+        raise RuntimeError(f"fp4_autotune: the {layer.table.rung_for(x.shape[0])[1].family} MoE kernel reads "
+                           "routing on the host and cannot run under CUDA-graph capture")
+    return kernel(x, layer._packs_for(slot), topk_ids, topk_weights)
+
+
+@_moe_impl.register_fake
+def _moe_fake(x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None, layer_id: int) -> Tensor:
+    return x.new_empty((x.shape[0], topk_ids.shape[1], _layer(layer_id).problem.n), dtype=torch.bfloat16)

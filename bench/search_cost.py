@@ -1,0 +1,80 @@
+"""Wall time of one search with and without successive halving, of the compile stage with 1 and
+2 compile workers, and the count of trials (builds, launches) spent on statically rejected tactics.
+
+    python3 bench/search_cost.py                      # CPU defaults (torch family; Triton cross-compiles for sm90)
+    python3 bench/search_cost.py --families triton,torch --buckets 1,16,256,4096 --max-tactics 0   # on a GPU
+
+Each search runs as the real CLI in a fresh process with a fresh cache; prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args: list[str]) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "cli", "search", *args, "--json"], cwd=ROOT,
+                         capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if out.returncode:
+        sys.exit(f"search failed ({' '.join(args)}):\n{out.stderr[-3000:]}")
+    return wall, json.loads(out.stdout)
+
+
+def spent_on_rejected(db: Path) -> int:
+    """Trials other than the rejection itself for tactics whose verdict rejected them."""
+    con = sqlite3.connect(db)
+    return con.execute("""select count(*) from trials t where t.status != 'rejected' and exists
+                          (select 1 from trials r where r.tactic_id = t.tactic_id and r.problem_key = t.problem_key
+                           and r.status = 'rejected')""").fetchone()[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="glm5")
+    ap.add_argument("--tp", default="8")
+    ap.add_argument("--buckets", default="1,2,4")
+    ap.add_argument("--families", default="torch")
+    ap.add_argument("--compile-arch", default="sm90", help="arch for the compile-stage rows (Triton cross-compiles)")
+    ap.add_argument("--compile-tactics", type=int, default=24, help="Triton configs per problem in the compile rows")
+    ap.add_argument("--max-tactics", type=int, default=0, help="0: every kept tactic")
+    a = ap.parse_args()
+    base = ["--model", a.model, "--tp", a.tp, "--buckets", a.buckets, "--families", a.families]
+    if a.max_tactics:
+        base += ["--max-tactics", str(a.max_tactics)]
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for label, extra in (("exhaustive (--exhaustive)", ["--exhaustive"]), ("successive halving (default)", [])):
+            db = Path(d) / f"{len(rows)}.db"
+            wall, rep = run(base + ["--cache", str(db)] + extra)
+            rejected = sum(f["rejected"] for p in rep["problems"] for f in p["families"])
+            rows.append((label, wall, f"{rep['measured']} timed ({rep['dropped']} dropped), {rep['failed']} failed, "
+                         f"{len(rep['winners'])} winners", rejected, spent_on_rejected(db)))
+        cbase = ["--model", a.model, "--tp", a.tp, "--families", "triton", "--arch", a.compile_arch,
+                 "--compile-check", "--max-tactics", str(a.compile_tactics)]
+        for n in (1, 2):
+            wall, rep = run(cbase + ["--compile-workers", str(n)])
+            rejected = sum(f["rejected"] for p in rep["problems"] for f in p["families"])
+            rows.append((f"compile stage, {n} compile worker{'s' * (n > 1)} ({a.compile_arch})", wall,
+                         f"{rep['compiled']} compiled, {len(rep['compile_failures'])} failed, "
+                         f"{len(rep['model_errors'])} smem disagreements", rejected, 0 if rep["compiled"] else "-"))
+    print(f"{platform.node()}, {platform.processor() or platform.machine()}, "
+          f"{time.strftime('%Y-%m-%d')}; `python3 bench/search_cost.py {' '.join(sys.argv[1:])}`\n")
+    print("| run | wall s | result | rejected statically | trials/compiles on rejected |")
+    print("|---|---:|---|---:|---:|")
+    for label, wall, res, rej, spent in rows:
+        print(f"| {label} | {wall:.1f} | {res} | {rej} | {spent} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The cache on PostgreSQL (the shared cache for several hosts): a throwaway server started by the
+test (Debian's postgresql, unix socket only, no network), eight concurrent writers, and a real
+search writing to it. Skips only where no PostgreSQL server binaries are installed."""
+from __future__ import annotations
+
+import glob
+import multiprocessing as mp
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from autotune import bench
+from autotune.buckets import Buckets
+from autotune.env import cpu
+from autotune.halving import Halving
+from autotune.problem import Problem
+from autotune.search import Runner, search
+from cache import Store
+from tactics import registry
+from tests.test_workers import _writer
+
+BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+
+
+def _as_postgres(*cmd: str) -> None:
+    pre = [] if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--"]
+    subprocess.run(pre + list(cmd), check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def pg_url():
+    if not BIN:
+        pytest.skip("no PostgreSQL server binaries (Debian package postgresql)")
+    pytest.importorskip("psycopg")
+    bindir = os.path.dirname(BIN[-1])
+    d = tempfile.mkdtemp(prefix="autotune-pg-")
+    os.chmod(d, 0o755)
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam("postgres")
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+    port = str(20000 + os.getpid() % 20000)
+    _as_postgres(f"{bindir}/initdb", "-D", f"{d}/data", "-A", "trust", "-U", "postgres")
+    _as_postgres(f"{bindir}/pg_ctl", "-D", f"{d}/data", "-w", "-l", f"{d}/log",
+                 "-o", f"-k {d} -p {port} -c listen_addresses=''", "start")
+    try:
+        yield f"postgresql+psycopg://postgres@/postgres?host={d}&port={port}"
+    finally:
+        _as_postgres(f"{bindir}/pg_ctl", "-D", f"{d}/data", "-m", "immediate", "stop")
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_eight_concurrent_writers_on_postgres(pg_url):
+    Store(pg_url).close()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(pg_url, w, 25)) for w in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 8
+    s = Store(pg_url)
+    assert len(s.winners("dev")) == 200
+    assert sum(len(s.get_trials(Problem.dense(256, 512).key, b, "dev")) for b in (1, 2, 3, 4)) == 200
+
+
+def test_search_into_postgres_and_resume(pg_url):
+    store = Store(pg_url)
+    p = Problem.dense(128, 256)
+    kw = dict(families=[registry.get("torch")], store=store, buckets=Buckets.of((1, 4)), env=cpu(),
+              timer=bench.TimerConfig(min_reps=2, max_reps=3, budget_s=0.01), halving=Halving(budget_s=0.1),
+              runner=Runner(workers=2))
+    first = search([p], **kw)
+    assert first.measured > 0 and first.failed == 0 and len(first.winners) == 2
+    again = search([p], **kw)
+    assert again.measured == 0 and again.resumed == first.measured
