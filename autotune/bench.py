@@ -41,7 +41,7 @@ class TimerConfig:
     min_reps: int = 3
     max_reps: int = 100
     budget_s: float = 0.25      # per tactic, after the first timed repetition
-    graph_below_us: float = 200.0   # CUDA: calls faster than this are timed as graph replays
+    graph_below_us: float = 1000.0  # CUDA: calls faster than this are timed as graph replays (host launch cost excluded)
     graph_calls: int = 32
 
 

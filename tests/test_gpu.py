@@ -26,7 +26,32 @@ def test_triton_kept_configs_match_float64_at_real_shapes(p):
             k = fam.build(p, t, "cuda")
             err = bench.check(p, k, s, ref)            # NaN-poisoned output, float64 reference
             assert err < 1e-2
-            assert k.smem_compiled is not None and k.smem_compiled <= arch.smem_per_block_optin
+            if t["kernel"] == "w4a16_dequant":
+                assert k.smem_compiled is not None and k.smem_compiled <= arch.smem_per_block_optin
+                assert k.smem_compiled == fam.verdict(p, t, arch).smem_bytes, (t, k.smem_compiled)
+
+
+@pytest.mark.parametrize("p", [Problem.dense(3072, 6144), Problem.dense(512, 6144, w_fmt="mxfp4")], ids=lambda p: p.key)
+def test_triton_split_k_is_graph_safe_and_leaves_counters_zero(p):
+    """Split-K's per-tile counters reset themselves: many launches (eager and in a CUDA graph)
+    keep giving the float64 answer and leave every counter at 0."""
+    fam, arch = registry.get("triton"), detect()
+    t = next(t for t in fam.enumerate(p, arch) if t.get("split_k") == 8 and fam.verdict(p, t, arch).ok)
+    k = fam.build(p, t, "cuda")
+    s = bench.make_inputs(p, 5, "cuda", seed=11)[0]
+    ref = bench.reference(p, s)
+    bench.check(p, k, s, ref)
+    out = torch.empty(5, p.n, dtype=torch.bfloat16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(4):
+            k(s.x, s.w, out=out)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+    torch.cuda.synchronize()
+    err = float((out.double() - ref).norm() / ref.norm())
+    assert err < 1e-2 and int(k._locks.abs().sum()) == 0
 
 
 def test_torch_family_moe_on_cuda():
@@ -46,3 +71,18 @@ def test_cuda_timer_graph_and_eager():
     assert 0 < t.median_us < 10_000 and t.reps >= 3
     big = bench.time_calls(lambda i: torch.cuda._sleep(1_000_000), 1, "cuda")   # ~0.5 ms spin: eager path
     assert big.median_us > 100
+
+
+@pytest.mark.parametrize("p", [Problem.moe(512, 6144, 256, 8), Problem.moe(6144, 256, 256, 8)], ids=lambda p: p.key)
+def test_triton_moe_matches_float64_at_glm5_tp8_shapes(p):
+    """The grouped-MoE member at GLM-5 TP8's w13/w2 shapes, skewed routing, NaN-poisoned output."""
+    fam, arch = registry.get("triton"), detect()
+    kept = [t for t in fam.enumerate(p, arch) if fam.verdict(p, t, arch).ok]
+    sample = [fam.default(p, arch)] + kept[::5]
+    for m in (1, 37):
+        s = bench.make_inputs(p, m, "cuda", seed=m)[0]
+        ref = bench.reference(p, s)
+        for t in sample:
+            k = fam.build(p, t, "cuda")
+            assert bench.check(p, k, s, ref) < 1e-2
+            assert k.smem_compiled == fam.verdict(p, t, arch).smem_bytes, (t, k.smem_compiled)

@@ -40,25 +40,47 @@ def test_enumeration_deterministic_ids_stable_json_roundtrip():
     assert a == b and [t.id for t in a] == [t.id for t in b]
     assert 100 <= len(a) <= 1000
     assert len({t.id for t in a}) == len(a)
+    kinds = {t["kernel"] for t in a}
+    assert kinds == {"w4a16_dequant", "dequant_cublas"}
+    assert {t["split_k"] for t in a if t["kernel"] == "w4a16_dequant"} == {1, 2, 4, 8, 16}
+    # split-K only on small row tiles, which is where it pays (decode)
+    assert all(t["block_m"] <= 32 for t in a if t.get("split_k", 1) > 1)
     for t in a:
-        assert t.family == "triton" and t["kernel"] == "w4a16_dequant"
+        assert t.family == "triton"
         assert FAM.validate(t) is None
         r = Tactic.from_json(t.to_json())
         assert r == t and r.id == t.id
         assert Tactic.from_json(json.loads(t.to_json())) == t
     # ids are hashes of the parameters, not positions
     t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=64, block_k=128, group_m=8,
-               num_warps=4, num_stages=3)
-    assert t.id == Tactic.from_json(t.to_json()).id and t in a
+               num_warps=4, num_stages=3, split_k=1)
+    assert t.id == Tactic.from_json(t.to_json()).id and t in a and t == FAM.default(P_NV, get_arch("sm90"))
+    assert t.id == "d088b4213cc71802", t.id           # ids are a pure function of the parameters
     mx = list(FAM.enumerate(P_MX, get_arch("sm90")))
     assert mx and all(t["block_k"] >= 128 for t in mx)
 
 
 def test_other_problems_enumerate_nothing():
     for p in (Problem.dense(4096, 4096, "fp8"), Problem.dense(4096, 4096, "nvfp4", a_fmt="nvfp4"),
-              Problem.moe(1024, 1024, 8, 2, "nvfp4"), Problem.dense(4096, 4096, "bf16")):
+              Problem.dense(4096, 4096, "bf16")):
         assert list(FAM.enumerate(p, get_arch("sm90"))) == []
         assert FAM.verdict(p, FAM.default(P_NV, get_arch("sm90")), get_arch("sm90")).rejected
+
+
+def test_moe_member_space_and_kind_checks():
+    moe = Problem.moe(1024, 1024, 8, 2, "nvfp4")
+    ts = list(FAM.enumerate(moe, get_arch("sm90")))
+    assert len(ts) == 36 and {t["kernel"] for t in ts} == {"moe_w4a16"}
+    bad = [FAM.verdict(moe, t, get_arch("sm90")) for t in ts if not FAM.verdict(moe, t, get_arch("sm90")).ok]
+    assert [v.reason for v in bad] == ["smem 251904 > 232448"]      # 64×128×256, 4 stages
+    d = FAM.default(moe, get_arch("sm90"))
+    assert d in ts and FAM.validate(d) is None
+    # a dense kernel never runs a MoE problem and the MoE kernel never a dense one
+    v = FAM.verdict(moe, FAM.default(P_NV, get_arch("sm90")), get_arch("sm90"))
+    assert v.rejected and v.reason == "triton kernel w4a16_dequant does not run grouped_moe problems"
+    assert FAM.verdict(P_NV, d, get_arch("sm90")).reason == "triton kernel moe_w4a16 does not run dense problems"
+    with pytest.raises(ValueError, match="does not run dense"):
+        FAM.build(P_NV, d, "cpu")
 
 
 def test_validate():
@@ -70,7 +92,11 @@ def test_validate():
     assert FAM.validate(Tactic("triton", {**p, "extra": 1})) is not None
     assert FAM.validate(Tactic("triton", {k: v for k, v in p.items() if k != "group_m"})) is not None
     assert FAM.validate(Tactic("triton", {**p, "num_warps": 3})) is not None
+    assert FAM.validate(Tactic("triton", {**p, "split_k": 3})) is not None
     assert FAM.validate(Tactic("cutlass", p)) is not None
+    dq = Tactic("triton", kernel="dequant_cublas", block_n=32, block_k=256, num_warps=4)
+    assert FAM.validate(dq) is None
+    assert "exactly the parameters" in FAM.validate(Tactic("triton", {**dq.params, "split_k": 1}))
 
 
 def test_verdict_rejects_with_reasons():
@@ -82,11 +108,34 @@ def test_verdict_rejects_with_reasons():
     assert v.rejected and "BLOCK_K=64" in v.reason
     v = FAM.verdict(P_NV, Tactic("triton", {**t.params, "num_stages": 1}), sm90)
     assert v.rejected and v.reason
+    v = FAM.verdict(Problem.dense(4096, 512, "nvfp4"), Tactic("triton", {**t.params, "block_m": 16, "split_k": 4}), sm90)
+    assert v.rejected and v.reason == "split_k=4 leaves < 2 of the K/BLOCK_K=4 steps per split"
     big = Tactic("triton", kernel="w4a16_dequant", block_m=128, block_n=256, block_k=128, group_m=8,
-                 num_warps=8, num_stages=5)
+                 num_warps=8, num_stages=5, split_k=1)
     v = FAM.verdict(P_NV, big, sm90)
     need = smem_bytes(big.params, "nvfp4", sm90)
     assert v.rejected and v.reason == f"smem {need} > 232448" and (v.smem_bytes, v.smem_limit) == (need, 232448)
+
+
+def test_compat_table_rejects_known_failures_by_version():
+    """A (kernel, Triton version, arch, format) that is known not to compile is rejected with a
+    reason; other versions, archs and formats are not."""
+    from tactics.triton_fp4 import compat
+    sm90, sm120 = get_arch("sm90"), get_arch("sm120")
+    why = compat.rejection("dot_scaled", "nvfp4", sm90, (3, 6))
+    assert why and "does not compile on sm90 with Triton < 3.7" in why and "(installed 3.6)" in why
+    assert compat.rejection("dot_scaled", "nvfp4", sm90, (3, 9)) is None
+    assert compat.rejection("dot_scaled", "mxfp4", sm90, (3, 6)) is None
+    assert compat.rejection("dot_scaled", "nvfp4", sm120, (3, 6)) is None
+    assert compat.rejection("w4a16_dequant", "nvfp4", sm90, (3, 6)) is None
+
+
+def test_dequant_cublas_member_verdict():
+    dq = Tactic("triton", kernel="dequant_cublas", block_n=32, block_k=256, num_warps=4)
+    assert FAM.verdict(P_NV, dq, get_arch("sm90")).ok
+    v = FAM.verdict(Problem.dense(4096, 4096 + 128, "nvfp4"), dq, get_arch("sm90"))
+    assert v.rejected and "BLOCK_K=256 does not divide K=4224" in v.reason
+    assert FAM.verdict(P_NV, dq, ARCHS["cpu"]).ok          # interpreter pseudo-arch
 
 
 def test_default_fits_every_arch():
@@ -159,9 +208,12 @@ _INTERP = textwrap.dedent("""
         ref = x.to(torch.float64) @ ref_dequant(q, fmt).T
         prob = Problem.dense(n, k, fmt)
         fam = TritonFamily()
-        for bm, bn, bk, gm in cfgs:
-            t = Tactic("triton", kernel="w4a16_dequant", block_m=bm, block_n=bn, block_k=bk, group_m=gm,
-                       num_warps=4, num_stages=2)
+        for bm, bn, bk, gm, sk in cfgs:
+            if bm == 0:       # the dequant-then-matmul member
+                t = Tactic("triton", kernel="dequant_cublas", block_n=bn, block_k=bk, num_warps=4)
+            else:
+                t = Tactic("triton", kernel="w4a16_dequant", block_m=bm, block_n=bn, block_k=bk, group_m=gm,
+                           num_warps=4, num_stages=2, split_k=sk)
             assert fam.verdict(prob, t, __import__("tactics.arch", fromlist=["x"]).ARCHS["cpu"]).ok
             kern = fam.build(prob, t, "cpu")
             y = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
@@ -171,7 +223,9 @@ _INTERP = textwrap.dedent("""
             err = float(torch.linalg.norm(y.to(torch.float64) - ref) / torch.linalg.norm(ref))
             y2 = kern(x, q)
             same = bool(torch.equal(y, y2))
-            out.append([fmt, m, n, k, bm, bn, bk, gm, nan, err, same])
+            # split-K counters must be back to zero after every launch
+            locks = int(kern._locks.abs().sum()) if getattr(kern, "_locks", None) is not None else 0
+            out.append([fmt, m, n, k, bm, bn, bk, gm, sk, nan, err, same, locks])
     print(json.dumps(out))
 """)
 
@@ -185,8 +239,8 @@ def _triton_minor() -> tuple[int, int]:
 # yet investigated); the compiled kernel is checked there by tests/test_gpu.py instead.
 @pytest.mark.skipif(_triton_minor() < (3, 9), reason="interpreter checks are validated on Triton >= 3.9")
 @pytest.mark.parametrize("fmt,m,n,k,cfgs", [
-    ("nvfp4", 37, 96, 128, [[16, 32, 64, 1], [32, 64, 128, 8]]),
-    ("mxfp4", 21, 64, 256, [[16, 32, 128, 8], [32, 64, 256, 1]]),
+    ("nvfp4", 37, 96, 512, [[16, 32, 64, 1, 1], [32, 64, 128, 8, 1], [16, 32, 128, 1, 2], [0, 32, 128, 0, 0]]),
+    ("mxfp4", 21, 64, 512, [[16, 32, 128, 8, 1], [32, 64, 256, 1, 1], [16, 64, 128, 1, 2]]),
 ])
 def test_interpreter_matches_float64_reference(fmt, m, n, k, cfgs):
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
@@ -196,8 +250,48 @@ def test_interpreter_matches_float64_reference(fmt, m, n, k, cfgs):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(rows) == len(cfgs)
-    for fmt_, m_, n_, k_, bm, bn, bk, gm, nan, err, same in rows:
-        assert m_ % bm != 0 or n_ % bn != 0, "the sample must exercise masking"
+    for fmt_, m_, n_, k_, bm, bn, bk, gm, sk, nan, err, same, locks in rows:
+        assert bm == 0 or m_ % bm != 0 or n_ % bn != 0, "the sample must exercise masking"
+        assert locks == 0, f"{bm}x{bn}x{bk} split {sk}: split-K counters left non-zero"
         assert nan == 0, f"{fmt_} {bm}x{bn}x{bk}: {nan} outputs not written"
         assert err < 1e-2, f"{fmt_} {bm}x{bn}x{bk}: rel. Frobenius error {err}"
         assert same
+
+
+_MOE_INTERP = textwrap.dedent("""
+    import json, sys, torch
+    from autotune import bench
+    from autotune.problem import Problem
+    from tactics.arch import ARCHS
+    from tactics.base import Tactic
+    from tactics.triton_fp4.family import TritonFamily
+    fam, out = TritonFamily(), []
+    for fmt, m, n, k, e, top_k, cfgs in json.loads(sys.argv[1]):
+        p = Problem.moe(n, k, e, top_k, fmt)
+        s = bench.make_inputs(p, m, "cpu", seed=5)[0]       # skewed top-k routing
+        ref = bench.reference(p, s)
+        for bm, bn, bk in cfgs:
+            t = Tactic("triton", kernel="moe_w4a16", block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=2)
+            assert fam.verdict(p, t, ARCHS["cpu"]).ok
+            kern = fam.build(p, t, "cpu")
+            err = bench.check(p, kern, s, ref)                 # NaN-poisoned output, float64 reference
+            ids, _, npad, blocks = kern.align(s.topk_ids)
+            out.append([fmt, bm, err, int(npad), blocks, int((ids < m * top_k).sum())])
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.skipif(_triton_minor() < (3, 9), reason="interpreter checks are validated on Triton >= 3.9")
+def test_moe_interpreter_matches_float64_reference():
+    cases = [["nvfp4", 7, 48, 256, 6, 2, [[16, 32, 128], [32, 16, 256]]], ["mxfp4", 5, 32, 256, 4, 3, [[16, 32, 128]]]]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", _MOE_INTERP, json.dumps(cases)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(rows) == 3
+    for fmt, bm, err, npad, blocks, live in rows:
+        assert err < 1e-2, (fmt, bm, err)
+        assert npad % bm == 0 and npad <= blocks * bm     # every expert's run padded to BLOCK_M
+    assert rows[0][5] == 7 * 2 and rows[2][5] == 5 * 3    # every (token, slot) pair placed once

@@ -84,23 +84,35 @@ def constexprs_for(fmt: str, params: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"weight format must be nvfp4 or mxfp4, got {fmt!r}")
     return {"BLOCK_M": int(params["block_m"]), "BLOCK_N": int(params["block_n"]),
             "BLOCK_K": int(params["block_k"]), "GROUP_M": int(params.get("group_m", 1)),
+            "SPLIT_K": int(params.get("split_k", 1)),
             "SCALE_GROUP": 16 if fmt == "nvfp4" else 32, "SCALE_E4M3": 1 if fmt == "nvfp4" else 0,
-            "DOT_F32": 0}
+            "DEQ_ASM": 1, "DOT_F32": 0}
 
 
 def _source(problem_fmt: str, params: Mapping[str, Any]):
-    """The ASTSource and options the deployed kernel is compiled from: pointers (args 0-4) and
-    N, K (6, 7) are 16-divisible, as the launcher sees them; M (5) is not specialized."""
+    """The ASTSource and options the deployed kernel is compiled from: pointers and N, K are
+    16-divisible (kernel.DIVISIBLE / MOE_DIVISIBLE), as the launchers see them; M (dense) and P
+    (MoE pairs) are not specialized. The MoE kernel is compiled for top_k 8 with routed weights
+    (GLM-5's routing); other top_k values compile the same loop and shared memory."""
     from triton.compiler import ASTSource
 
-    from .kernel import ARG_NAMES, ARG_TYPES, CONSTEXPRS, w4a16_dequant_kernel
+    from . import kernel as K
 
-    sig = {n: ARG_TYPES[n] for n in ARG_NAMES}
-    sig.update({c: "constexpr" for c in CONSTEXPRS})
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7)}
-    src = ASTSource(w4a16_dequant_kernel, sig, constexprs=constexprs_for(problem_fmt, params), attrs=attrs)
+    if params.get("kernel") == "moe_w4a16":
+        fn, names, types, divisible = K.moe_w4a16_kernel, K.MOE_ARG_NAMES, K.MOE_ARG_TYPES, K.MOE_DIVISIBLE
+        consts = {"BLOCK_M": int(params["block_m"]), "BLOCK_N": int(params["block_n"]),
+                  "BLOCK_K": int(params["block_k"]), "TOP_K": 8, "SCALE_GROUP": 16 if problem_fmt == "nvfp4" else 32,
+                  "SCALE_E4M3": 1 if problem_fmt == "nvfp4" else 0, "ROUTED_WEIGHT": 1,
+                  "DEQ_ASM": 1, "DOT_F32": 0}
+    else:
+        fn, names, types, divisible = K.w4a16_dequant_kernel, K.ARG_NAMES, K.ARG_TYPES, K.DIVISIBLE
+        consts = constexprs_for(problem_fmt, params)
+    sig = {n: types[n] for n in names}
+    sig.update({c: "constexpr" for c in consts})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     options = {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
-    return src, options, w4a16_dequant_kernel.__name__
+    return src, options, fn.__name__
 
 
 def cross_compile(problem_fmt: str, params: Mapping[str, Any], arch_or_cc: Arch | str | int,

@@ -1,8 +1,8 @@
 """Static model of `metadata.shared` (and tensor memory) for the W4A16 kernel in kernel.py.
 
 Checked against Triton 3.9.0 by cross-compiling (compile.py, `tt.divisibility` 16 on pointers, N,
-K). The model is versioned: `smem_bytes(..., triton_version="3.6")` on a version other than 3.9
-falls back to the 3.9 rule (see `MODEL_NOTE`); the H200 machine runs 3.6.0, where it is unchecked.
+K), and against Triton 3.6.0's compiled `metadata.shared` on the H200 (sm90; 0 differences over the
+configs bench/triton_h200.py compiled there, 2026-11-29). One rule serves both versions.
 
 Tiles (bytes), with G = 16 (NVFP4) or 32 (MXFP4) and T = 32·num_warps threads:
     X = BM·BK·2 (bf16 activations)   W = BN·BK/2 (packed e2m1)   S = BN·BK/G (scales)
@@ -12,24 +12,28 @@ Tiles (bytes), with G = 16 (NVFP4) or 32 (MXFP4) and T = 32·num_warps threads:
   The packed weight is local_loaded straight into the dot-operand layout (no dequant buffer).
   The scale load is pipelined only when each thread copies ≥ 4 bytes (S ≥ 4·T); otherwise it is
   a plain load whose layout conversion needs S bytes of scratch (none when S ≤ T/2):
-      shared = (ns − 1)·(X + W + [S if S ≥ 4T]) + [S if T/2 < S < 4T]
+      shared = max((ns − 1)·(X + W + [S if S ≥ 4T]) + [S if T/2 < S < 4T], [BM·BN·2 on sm8x])
+  The second term is the epilogue's conversion of the bf16 output tile on sm80/86/89, which
+  reuses the dead pipeline buffers (sm90 and sm120 convert without shared memory). For NVFP4 with BM = 16 an
+  unpipelined scale tile of S ≤ T bytes needs no scratch (seen on Triton 3.6.0 and 3.9.0).
 * wgmma path — sm90, BM ≥ 64: x has num_stages buffers (operand A straight from smem), the packed
   weight (ns − 1), the scales (ns − 1) when pipelined (S ≥ 4T; otherwise their conversion scratch
   fits in the slot of the next buffer), and the dequantized bf16 tile (4·W) is one smem buffer for
   operand B:
       shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W
 * tcgen05 path — sm100/103, BM ≥ 64: as wgmma plus 16 bytes of mbarriers, and here an unpipelined
-  scale tile with T < S < 4T keeps its S bytes of conversion scratch (fitted on few points):
-      shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W + 16 + [S if T < S < 4T]
+  MXFP4 scale tile with T < S < 4T keeps its S bytes of conversion scratch (NVFP4's does not;
+  fitted on a 20-point sweep of that case):
+      shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W + 16 + [S if MXFP4 and T < S < 4T]
       tensor memory = BN columns (fp32 accumulator; ≤ 256 here, so never over 512)
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-CHECKED_VERSION = "3.9"
-MODEL_NOTE = ("smem model checked against Triton 3.9.0 only; on other versions the 3.9 rule is "
-              "applied unchanged")
+CHECKED_VERSIONS = ("3.6", "3.9")
+MODEL_NOTE = ("smem model checked against Triton 3.9.0 (cross-compiled, every target) and 3.6.0 (sm90, "
+              "compiled on the H200); other versions get the same rule")
 GROUP = {"nvfp4": 16, "mxfp4": 32}
 
 
@@ -72,7 +76,7 @@ def smem_bytes(params: Mapping[str, Any], w_fmt: str, arch: Any, triton_version:
     read from package metadata without importing Triton)."""
     if w_fmt not in GROUP:
         raise ValueError(f"weight format must be nvfp4 or mxfp4, got {w_fmt!r}")
-    _ = triton_version or _installed_triton()   # every version uses the 3.9 rule (MODEL_NOTE)
+    _ = triton_version or _installed_triton()   # one rule for every version (MODEL_NOTE)
     x, w, s = tiles(params, w_fmt)
     ns = int(params["num_stages"])
     threads = 32 * int(params["num_warps"])
@@ -81,12 +85,21 @@ def smem_bytes(params: Mapping[str, Any], w_fmt: str, arch: Any, triton_version:
     if p == "wgmma":
         return ns * x + (ns - 1) * (w + s_pipe) + 4 * w
     if p == "tcgen05":
-        scratch = s if (not s_pipe and s > threads) else 0
+        # MXFP4 only: NVFP4's unpipelined scales convert without scratch here (sm100 sweep, 3.9.0)
+        scratch = s if (w_fmt == "mxfp4" and not s_pipe and s > threads) else 0
         return ns * x + (ns - 1) * (w + s_pipe) + 4 * w + 16 + scratch
+    # mma.sync: pipeline buffers, or on sm8x the epilogue's bf16 output tile (its layout conversion
+    # goes through shared memory after the loop, in the space the dead buffers leave; sm90+ convert
+    # without it), whichever is larger
+    epilogue = int(params["block_m"]) * int(params["block_n"]) * 2 if _cc(arch)[0] == 8 else 0
     if s_pipe:
-        return (ns - 1) * (x + w + s)
-    scratch = s if s > threads // 2 else 0
-    return (ns - 1) * (x + w) + scratch
+        return max((ns - 1) * (x + w + s), epilogue)
+    # the scale tile's conversion scratch; none for NVFP4 when 16 rows meet ≤ 1 scale byte per thread
+    if s <= threads // 2 or (w_fmt == "nvfp4" and int(params["block_m"]) == 16 and s <= threads):
+        scratch = 0
+    else:
+        scratch = s
+    return max((ns - 1) * (x + w) + scratch, epilogue)
 
 
 def tmem_columns(params: Mapping[str, Any], w_fmt: str, arch: Any) -> int:
