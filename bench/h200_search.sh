@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The full search path on a real GPU in one device call (results: docs/search.md, docs/triton-h200.md,
+# docs/report-example/):
+#   1. tests/test_workers_gpu.py: a sticky CUDA error (illegal address) costs one worker only;
+#   2. `autotune search --model glm5 --tp 8 --families triton,torch` over every hybrid bucket to
+#      8192, through the compile pool, isolated workers and successive halving;
+#   3. dispatch of every dense winner checked against float64, and which rung answered;
+#   4. `autotune report --measure-ceilings`, packed with the cache into $OUT/h200.tgz.
+# Run from the repo root with the wheels from ../shared/tools/device-wheels.sh in .whl/.
+set -uo pipefail
+S=$(mktemp -d) && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$S" .whl/*.whl && export PYTHONPATH=$S:$PWD || exit 1
+export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=$(mktemp -d); DB=$W/h200.db
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton, sqlalchemy; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$OUT/env.txt"
+
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_workers_gpu.py 2>&1 | tail -4 | tee "$OUT/pytest.txt"
+
+t0=$(date +%s.%N)
+timeout "${SEARCH_TIMEOUT:-330}" python3 -m cli search --model glm5 --tp 8 --families triton,torch --cache "$DB" \
+    --budget-s "${BUDGET_S:-0.5}" ${MAXT:+--max-tactics $MAXT} --compile-workers 16 --json > "$OUT/search.json" 2> "$W/search.err"
+rc=$?; t1=$(date +%s.%N)
+echo "search exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s" | tee "$OUT/search.txt"
+tail -3 "$W/search.err"
+python3 - "$DB" <<'PY' | tee -a "$OUT/search.txt"
+import collections, json, sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+print("trials by family/status:", con.execute("select family, status, count(*) from trials group by 1, 2").fetchall())
+print("winners by family:", con.execute("select family, count(*) from winners group by 1").fetchall())
+print("spent on rejected:", con.execute("select count(*) from trials t where status != 'rejected' and exists (select 1 from trials r where r.tactic_id = t.tactic_id and r.problem_key = t.problem_key and r.status = 'rejected')").fetchone()[0])
+print("failed reasons:", collections.Counter(r[:60] for (r,) in con.execute("select reason from trials where status = 'failed'")).most_common(5))
+PY
+python3 - "$DB" <<'PY' | tee "$OUT/dispatch.txt"
+import sys
+from autotune import bench
+from autotune.dispatch import Dispatcher
+from autotune.models import problems_for
+d = Dispatcher(sys.argv[1], record_misses=False)
+worst = 0.0
+for u in problems_for("glm5", tp=8):
+    p = u.problem
+    if p.kind != "dense":
+        continue
+    for m in (1, 7, 16, 100, 1000, 8192):
+        s = bench.make_inputs(p, m, "cuda", seed=100 + m)[0]
+        rung, t = d.tactic_for(p, m)
+        y = d((m, p.n, p.k))(s.x, s.w)
+        ref = bench.reference(p, s)
+        err = float((y.double() - ref).norm() / ref.norm()); worst = max(worst, err)
+        print(f"{p.key} m={m} {rung} {t.family} rel_err={err:.2e}")
+print("stats", dict(d.stats), "worst rel_err", f"{worst:.2e}")
+PY
+timeout 120 python3 -m cli report --cache "$DB" --model glm5 --tp 8 --measure-ceilings -o "$W/report" 2>&1 | tail -3
+tar czf "$OUT/h200.tgz" -C "$W" h200.db report
+ls -la "$OUT"
