@@ -295,3 +295,14 @@ def test_moe_interpreter_matches_float64_reference():
         assert err < 1e-2, (fmt, bm, err)
         assert npad % bm == 0 and npad <= blocks * bm     # every expert's run padded to BLOCK_M
     assert rows[0][5] == 7 * 2 and rows[2][5] == 5 * 3    # every (token, slot) pair placed once
+
+
+def test_outgrown_split_k_workspace_stays_alive_for_captured_graphs():
+    # a CUDA graph captured at a small M keeps pointing at the first workspace after a larger M grows it
+    import torch
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=16, block_n=32, block_k=128, group_m=1,
+               num_warps=4, num_stages=2, split_k=4)
+    launcher = FAM.build(Problem.dense(256, 1024), t, "cpu")
+    small, _ = launcher._scratch(4, 2, torch.device("cpu"))
+    big, _ = launcher._scratch(4, 64, torch.device("cpu"))
+    assert big.numel() > small.numel() and any(ws is small for ws, _ in launcher._retired)

@@ -60,8 +60,13 @@ def test_faults_cost_only_their_worker(tmp_path, crashing):
     store = Store(tmp_path / "c.db")
     fams = [registry.get("crashing"), registry.get("torch")]
     rep = search([DENSE], families=fams, store=store, buckets=Buckets.of((4,)), timer=FAST, env=CPU,
-                 halving=Halving(budget_s=0.5), runner=Runner(timeout_s=4))
+                 halving=Halving(budget_s=0.5), runner=Runner(timeout_s=4, compile_workers=2))
     got = _by_tactic(store, DENSE, 4)
+    # a compile failure (joblib pool, before any timing) is a failed trial for every bucket (0), never built
+    at0 = {t["mode"]: tr for t, tr in _by_tactic(store, DENSE, 0).items() if t.family == "crashing"}
+    assert at0["nocompile"].status == "failed" and "compile failed: RuntimeError: ptxas" in at0["nocompile"].reason
+    assert Tactic("crashing", mode="nocompile", sleep_ms=0.0) not in got
+    assert rep.compiled == len(SLEEP_MS) + 6      # every kept crashing tactic, none of the rejected
     mode = {t["mode"]: tr for t, tr in got.items() if t.family == "crashing" and t["mode"] != "good"}
     assert mode["segfault"].status == "failed" and "SIGSEGV" in mode["segfault"].reason
     assert mode["segfault"].exit_signal == signal.SIGSEGV
@@ -70,7 +75,7 @@ def test_faults_cost_only_their_worker(tmp_path, crashing):
     assert mode["exit"].status == "failed" and "exited with status 7" in mode["exit"].reason
     assert mode["raise"].status == "failed" and "deliberate failure" in mode["raise"].reason
     assert mode["zeros"].status == "failed" and "relative error" in mode["zeros"].reason
-    assert rep.failed == 5
+    assert rep.failed == 6
     # every good tactic measured despite the crashes before it, and checked against the reference
     good = [tr for t, tr in got.items() if t.family == "torch" or t["mode"] == "good"]
     assert len(good) == len(SLEEP_MS) + 2 and all(tr.status in ("ok", "dropped") and tr.rel_err < 1e-2 for tr in good)
@@ -78,7 +83,7 @@ def test_faults_cost_only_their_worker(tmp_path, crashing):
     rejected = [tr for tr in store.get_trials(DENSE.key, 0, CPU.device_key) if tr.status == "rejected"]
     assert any("smem 300000" in tr.reason for tr in rejected)
     built = set(crashing.read_text().split())
-    assert not built & {tr.tactic_id for tr in rejected}
+    assert not built & ({tr.tactic_id for tr in rejected} | {at0["nocompile"].tactic_id})
     (w,) = rep.winners
     wt = Tactic.from_json(w.params_json)
     assert w.tactic_id not in {tr.tactic_id for tr in mode.values()}

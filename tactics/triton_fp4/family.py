@@ -299,6 +299,7 @@ class W4A16Launcher:
         self.compiled = None
         self._ws = None
         self._locks = None
+        self._retired: list = []   # outgrown workspaces: a CUDA graph captured earlier still points at them
         from .compile import constexprs_for
         interp = is_interpreting()
         # resolved once per launcher, not per call: dispatch calls this on every GEMM
@@ -318,6 +319,8 @@ class W4A16Launcher:
         import torch
         need = sk * tiles * self.params["block_m"] * self.params["block_n"] if sk > 1 else 4
         if self._ws is None or self._ws.numel() < need or self._locks.numel() < tiles or self._ws.device != device:
+            if self._ws is not None:
+                self._retired.append((self._ws, self._locks))
             self._locks = torch.zeros(max(4, tiles), dtype=torch.int32, device=device)
             self._ws = torch.empty(need, dtype=torch.float32, device=device)
         return self._ws, self._locks

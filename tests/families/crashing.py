@@ -10,7 +10,7 @@ import time
 from tactics.base import Tactic, Verdict
 from tactics.torch_ref import TorchFamily
 
-BAD = ("segfault", "hang", "exit", "raise", "zeros")
+BAD = ("segfault", "hang", "exit", "raise", "zeros", "nocompile")
 SLEEP_MS = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)   # good members, fastest first
 BUILD_LOG = "AUTOTUNE_TEST_BUILD_LOG"                    # file that build() appends tactic ids to
 
@@ -39,6 +39,12 @@ class CrashingFamily:
 
     def default(self, problem, arch):
         return Tactic(self.name, mode="good", sleep_ms=SLEEP_MS[-1])
+
+    def precompile(self, problem, tactic, arch):
+        """Stands for a compiler that rejects one member (a compile failure is a trial too)."""
+        if tactic["mode"] == "nocompile":
+            raise RuntimeError("ptxas error: entry function uses too much shared data")
+        return None
 
     def build(self, problem, tactic, device):
         if os.environ.get(BUILD_LOG):
