@@ -99,7 +99,27 @@ def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 
             sets.append(InputSet(x, w, ids.to(device), tw.to(device)))
         else:
             sets.append(InputSet(x, w))
+    if problem.a_fmt == "nvfp4":
+        # W4A4: the static activation scale a ModelOpt checkpoint carries, amax / (6 · 448)
+        from autotune.formats import FP4Weight
+        for st in sets:
+            amax = st.x.float().abs().amax() if st.x.numel() else torch.zeros((), device=st.x.device)
+            isc = torch.where(amax > 0, amax / (6.0 * 448.0), torch.ones_like(amax)).float().reshape(())
+            st.w = FP4Weight(st.w.packed, st.w.scales, st.w.global_scale, st.w.fmt, isc)
     return sets
+
+
+def activations(problem: Problem, s: InputSet) -> torch.Tensor:
+    """x as the kernel multiplies it: as is for bf16 activations, quantized (and dequantized, in
+    float64) by autotune.formats for a W4A4 problem — the quantization error is the problem's."""
+    if problem.a_fmt == "bf16":
+        return s.x.double()
+    from autotune.formats import FP4Weight, quantize, quantize_activation_nvfp4
+    if problem.a_fmt == "nvfp4":
+        isc = s.w.input_scale if s.w.input_scale is not None else torch.ones((), device=s.x.device)
+        q, sc = quantize_activation_nvfp4(s.x, isc.float().reshape(()))
+        return FP4Weight(q, sc, isc.float().reshape(()), "nvfp4").dequantize(torch.float64)
+    return quantize(s.x, problem.a_fmt).dequantize(torch.float64)
 
 
 def sets_for_cold_l2(bytes_per_set: int, device: str, cap: int = 64) -> int:
@@ -115,8 +135,8 @@ def out_shape(problem: Problem, m: int) -> tuple[int, ...]:
 
 
 def reference(problem: Problem, s: InputSet) -> torch.Tensor:
-    """float64 dequantize-then-matmul, on the inputs' device."""
-    x = s.x.double()
+    """float64 dequantize-then-matmul, on the inputs' device (activations quantized first for W4A4)."""
+    x = activations(problem, s)
     if problem.kind == "dense":
         return x @ s.w.dequantize(torch.float64).T
     m, top_k = s.topk_ids.shape

@@ -86,7 +86,7 @@ class TrialRow(Base):
     family: Mapped[str] = mapped_column(String(64))
     device_key: Mapped[str] = mapped_column(String(32), index=True)
     lib_key: Mapped[str] = mapped_column(String(32))
-    status: Mapped[str] = mapped_column(String(16))          # 'ok' | 'rejected' | 'failed'
+    status: Mapped[str] = mapped_column(String(16))          # 'ok' | 'dropped' | 'rejected' | 'failed'
     reason: Mapped[str] = mapped_column(Text, default="")
     median_us: Mapped[float | None] = mapped_column(Float)
     iqr_us: Mapped[float | None] = mapped_column(Float)

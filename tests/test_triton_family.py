@@ -61,10 +61,14 @@ def test_enumeration_deterministic_ids_stable_json_roundtrip():
 
 
 def test_other_problems_enumerate_nothing():
-    for p in (Problem.dense(4096, 4096, "fp8"), Problem.dense(4096, 4096, "nvfp4", a_fmt="nvfp4"),
+    for p in (Problem.dense(4096, 4096, "fp8"), Problem.dense(4096, 4096, "nvfp4", a_fmt="mxfp4"),
               Problem.dense(4096, 4096, "bf16")):
         assert list(FAM.enumerate(p, get_arch("sm90"))) == []
         assert FAM.verdict(p, FAM.default(P_NV, get_arch("sm90")), get_arch("sm90")).rejected
+    # a W4A4 problem gets only the W4A4 member (test_triton_w4a4.py), never a W4A16 kernel
+    w4a4 = Problem.dense(4096, 4096, "nvfp4", a_fmt="nvfp4")
+    assert {t["kernel"] for t in FAM.enumerate(w4a4, get_arch("sm90"))} == {"w4a4_dot_scaled"}
+    assert FAM.verdict(w4a4, FAM.default(P_NV, get_arch("sm90")), get_arch("sm90")).rejected
 
 
 def test_moe_member_space_and_kind_checks():

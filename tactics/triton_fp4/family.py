@@ -5,7 +5,9 @@
 * `dequant_cublas` — a Triton kernel dequantizes the weight to bf16, then cuBLAS multiplies (wins
   at large M, where the fused kernel's per-tile dequantization costs more than a bf16 copy);
 * `moe_w4a16` — grouped MoE (grouped_moe problems): the fused main loop over stacked experts, rows
-  sorted by expert and padded to BLOCK_M per expert (MoELauncher aligns the routing on the device).
+  sorted by expert and padded to BLOCK_M per expert (MoELauncher aligns the routing on the device);
+* `w4a4_dot_scaled` — W4A4 problems only (a_fmt == w_fmt, FP4): our activation quantizer, then
+  tl.dot_scaled with two FP4 operands (w4a4.py; its space, verdicts and launcher live there).
 
 verdict() is pure: it imports nothing from Triton and never compiles. It rejects by rule (K tiling,
 split-K steps), by the compile-compatibility table in compat.py (Triton version × arch × format),
@@ -24,6 +26,7 @@ from tactics.base import Tactic, Verdict
 
 from . import compat as _compat
 from . import smem as _smem
+from . import w4a4 as _w4a4
 
 NAME = "triton"
 KERNEL = "w4a16_dequant"
@@ -106,6 +109,8 @@ class TritonFamily:
 
     # ---- space --------------------------------------------------------------------------------
     def enumerate(self, problem: Any, arch: Any) -> list[Tactic]:
+        if _w4a4.is_w4a4(problem):
+            return _w4a4.enumerate_space(problem, arch)     # W4A4 problems: only the dot_scaled member
         if _supported(problem) is not None:
             return []
         out = []
@@ -136,6 +141,8 @@ class TritonFamily:
             return f"family is {tactic.family!r}, not {NAME!r}"
         p = tactic.params
         kernel = p.get("kernel")
+        if kernel == _w4a4.KERNEL:
+            return _w4a4.validate(p)
         if kernel not in KERNELS:
             return f"unknown triton kernel {kernel!r} (known: {', '.join(KERNELS)})"
         want = {KERNEL: PARAMS, DQ_KERNEL: DQ_PARAMS, MOE_KERNEL: MOE_PARAMS}[kernel]
@@ -165,6 +172,8 @@ class TritonFamily:
 
     # ---- static judgement ---------------------------------------------------------------------
     def verdict(self, problem: Any, tactic: Tactic, arch: Any) -> Verdict:
+        if tactic.family == NAME and tactic.get("kernel") == _w4a4.KERNEL:
+            return _w4a4.verdict(problem, tactic, arch)
         why = self.validate(tactic) or _supported(problem)
         if why:
             return Verdict.reject(why)
@@ -213,6 +222,8 @@ class TritonFamily:
         return Verdict.keep(need, limit, stages)
 
     def default(self, problem: Any, arch: Any) -> Tactic:
+        if _w4a4.is_w4a4(problem):
+            return _w4a4.default(problem, arch)
         k = getattr(problem, "k", 128)
         bk = next((b for b in (128, 64, 256) if k % b == 0 and b >= MIN_BLOCK_K.get(problem.w_fmt, 64)), 128)
         if getattr(problem, "kind", "dense") == "grouped_moe":
@@ -222,6 +233,13 @@ class TritonFamily:
 
     # ---- build --------------------------------------------------------------------------------
     def build(self, problem: Any, tactic: Tactic, device: str) -> Callable[..., Any]:
+        if tactic.get("kernel") == _w4a4.KERNEL:
+            why = self.validate(tactic) or _w4a4.supported(problem)
+            if not why and problem.k % tactic["block_k"]:
+                why = f"block_k {tactic['block_k']} does not divide K={problem.k}"
+            if why:
+                raise ValueError(why)
+            return _w4a4.W4A4Launcher(problem, tactic.params)
         why = self.validate(tactic) or _supported(problem)
         if not why and problem.k % tactic["block_k"]:
             # the kernel does not mask K: such a config would read past each weight row
@@ -239,6 +257,12 @@ class TritonFamily:
     def precompile(self, problem: Any, tactic: Tactic, arch: Any) -> int | None:
         """Compile the kernel for `arch` into Triton's on-disk cache (the launch's JIT then finds
         it) and return the compiled `metadata.shared` (None for the dequant-then-cuBLAS kernel)."""
+        if tactic.get("kernel") == _w4a4.KERNEL:
+            why = self.validate(tactic) or _w4a4.supported(problem)
+            if why:
+                raise ValueError(why)
+            _w4a4.cross_compile(problem.w_fmt, None, arch, stop_at="cubin")     # the activation quantizer
+            return int(_w4a4.cross_compile(problem.w_fmt, tactic.params, arch, stop_at="cubin").metadata.shared)
         why = self.validate(tactic) or _supported(problem)
         if why:
             raise ValueError(why)
