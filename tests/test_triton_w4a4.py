@@ -344,3 +344,18 @@ def test_sm100_native_nvfp4_w4a4():
 @pytest.mark.requires_sm120
 def test_sm120_native_nvfp4_w4a4():
     _gpu_check("nvfp4")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_search_inputs_and_reference_quantize_the_activations(fmt):
+    # the search's check (autotune.bench) must judge a W4A4 kernel against quantized activations
+    import torch
+
+    from autotune import bench
+    p = Problem.dense(256, 512, fmt, a_fmt=fmt)
+    s = bench.make_inputs(p, 8, "cpu", seed=3)[0]
+    assert (s.w.input_scale is not None) == (fmt == "nvfp4")
+    ref = bench.reference(p, s)
+    assert torch.equal(ref, w4a4.reference(p, s))
+    plain = s.x.double() @ s.w.dequantize(torch.float64).T
+    assert 0.03 < float((ref - plain).norm() / plain.norm()) < 0.3     # the activation rounding is the problem's
