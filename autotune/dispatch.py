@@ -79,6 +79,8 @@ class Table:
         self._last = self._n - 1
 
     # --- the hot path --------------------------------------------------------------------------
+    # __call__ and pick() spell out the same ladder on purpose: sharing it would cost a call and
+    # a tuple per GEMM (bench/dispatch_latency.py); change both together.
     def __call__(self, m: int):
         if self.pinned is not None:
             self.counts[PINNED] += 1

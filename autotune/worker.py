@@ -32,8 +32,6 @@ class Bench:
         self._sets: list = []
         self._outs: list = []
         self._ref = None
-        self.builds = 0
-        self.launches = 0
 
     def setup(self, problem_key: str, bucket: int, seed: int) -> dict:
         p = Problem.from_key(problem_key)
@@ -52,14 +50,12 @@ class Bench:
         from tactics import registry
         k = self._kernels.get(tactic.id)
         if k is None:
-            self.builds += 1
             k = self._kernels[tactic.id] = registry.get(tactic.family).build(self.problem, tactic, self.device)
         return k
 
     def check(self, tactic: Tactic) -> dict:
         """Build (compiling if needed) and compare one call against the float64 reference."""
         kernel = self._kernel(tactic)
-        self.launches += 1
         err = bench.check(self.problem, kernel, self._sets[0], self._ref)
         return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None)}
 
@@ -67,14 +63,8 @@ class Bench:
         kernel = self._kernel(tactic)
         sets, outs = self._sets, self._outs
 
-        def call(i):
-            self.launches += 1
-            return kernel(*sets[i].args(), out=outs[i])
-        t = bench.time_calls(call, len(sets), self.device, timer)
+        t = bench.time_calls(lambda i: kernel(*sets[i].args(), out=outs[i]), len(sets), self.device, timer)
         return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
-
-    def counts(self) -> dict:
-        return {"builds": self.builds, "launches": self.launches}
 
 
 def context_usable(device: str) -> bool:
@@ -98,8 +88,6 @@ def handle(b: Bench, msg: dict) -> dict:
         return b.check(Tactic.from_json(msg["tactic"]))
     if op == "time":
         return b.time(Tactic.from_json(msg["tactic"]), bench.TimerConfig(**msg["timer"]))
-    if op == "counts":
-        return b.counts()
     if op == "ping":
         return {"pid": os.getpid()}
     raise ValueError(f"unknown request {op!r}")

@@ -77,9 +77,6 @@ class InlineExecutor:
     def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
         return self._call(self._b.time, tactic, timer)
 
-    def counts(self) -> dict:
-        return self._b.counts()
-
     def close(self) -> None:
         pass
 
@@ -190,9 +187,6 @@ class ProcessExecutor:
     def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
         return self._request({"op": "time", "tactic": tactic.to_json(), "timer": asdict(timer)}, self.timeout_s)
 
-    def counts(self) -> dict:
-        return self._request({"op": "counts"}, self.timeout_s)
-
     def close(self) -> None:
         if self._p is not None:
             try:
@@ -209,18 +203,17 @@ class ProcessExecutor:
 
 # -- running jobs ---------------------------------------------------------------------------
 
-def run_job(ex: Executor, job, timer: bench.TimerConfig, halving, seed: int, record, finish) -> None:
-    """One (problem, bucket) on one executor; `record(job, outcome)` stores each trial as it is decided."""
+def run_job(ex: Executor, job, timer: bench.TimerConfig, halving, seed: int, emit) -> None:
+    """One (problem, bucket) on one executor; `emit(outcome)` gets each trial as it is decided."""
     from autotune.halving import Outcome, measure
     try:
         ex.setup(job.problem.key, job.bucket, seed)
     except (TacticError, WorkerLost) as e:
         why = e.reason if isinstance(e, WorkerLost) else str(e)
         for t in job.tactics:
-            record(job, Outcome(t, "failed", f"input setup failed: {why}", exit_signal=getattr(e, "exit_signal", None)))
+            emit(Outcome(t, "failed", f"input setup failed: {why}", exit_signal=getattr(e, "exit_signal", None)))
     else:
-        measure(ex, job.tactics, job.default_id, timer, halving, lambda o: record(job, o))
-    finish(job)
+        measure(ex, job.tactics, job.default_id, timer, halving, emit)
 
 
 def _executors(runner, device: str) -> list[tuple[str, Executor]]:
@@ -249,7 +242,8 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, record, fini
                     if not queue or errors:
                         return
                     job = queue.pop()
-                run_job(ex, job, timer, halving, seed, record, finish)
+                run_job(ex, job, timer, halving, seed, lambda o, job=job: record(job, o))
+                finish(job)
                 with lock:
                     shards[label] = shards.get(label, 0) + 1
         except BaseException as e:   # a store error etc.: stop every worker, re-raise in the caller
@@ -280,30 +274,17 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, record, fini
 _RAY_EXECUTORS: dict[tuple, ProcessExecutor] = {}   # per Ray worker process, reused across its tasks
 
 
-def _ray_job(job_json: dict, device: str, timer: dict, halving: dict, seed: int, families: dict,
-             timeout_s: float) -> tuple[str, list[dict]]:
+def _ray_job(job, device: str, timer: bench.TimerConfig, halving, seed: int, families: dict,
+             timeout_s: float) -> tuple[str, list]:
+    """One job inside a Ray task: the same isolated worker and `run_job` as on one host."""
     import socket
-    from autotune.halving import Halving, measure
-
     vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     key = (device, vis, tuple(sorted(families.items())))
     ex = _RAY_EXECUTORS.get(key)
     if ex is None:
         ex = _RAY_EXECUTORS[key] = ProcessExecutor(device, None, timeout_s, families)  # inherits Ray's GPU
-    tactics = [Tactic.from_json(t) for t in job_json["tactics"]]
-    out: list[dict] = []
-
-    def keep(o) -> None:
-        out.append({**{k: getattr(o, k) for k in o.__dataclass_fields__ if k != "tactic"}, "tactic": o.tactic.to_json()})
-    try:
-        ex.setup(job_json["problem"], job_json["bucket"], seed)
-    except (TacticError, WorkerLost) as e:
-        why = e.reason if isinstance(e, WorkerLost) else str(e)
-        for t in tactics:
-            out.append({"tactic": t.to_json(), "status": "failed", "reason": f"input setup failed: {why}",
-                        "exit_signal": getattr(e, "exit_signal", None)})
-    else:
-        measure(ex, tactics, job_json["default_id"], bench.TimerConfig(**timer), Halving(**halving), keep)
+    out: list = []
+    run_job(ex, job, timer, halving, seed, out.append)
     return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{vis}" if vis else ""), out
 
 
@@ -311,7 +292,6 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
     """Fan jobs out over a Ray cluster (`runner.ray` = address, or "local" for a local cluster).
     Results come back to this process, which writes them to its cache URL; for several hosts
     point --cache at a shared database or merge per-host files with `autotune cache import`."""
-    from dataclasses import fields
     from autotune.halving import Outcome
     try:
         import ray
@@ -332,10 +312,7 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
         started = True
     try:
         task = ray.remote(num_gpus=1 if device == "cuda" else 0, num_cpus=1, max_retries=0)(_ray_job)
-        pending = {task.remote({"problem": j.problem.key, "bucket": j.bucket, "default_id": j.default_id,
-                                "tactics": [t.to_json() for t in j.tactics]}, device, asdict(timer),
-                               asdict(halving), seed, runner.families, runner.timeout_s): j for j in jobs}
-        names = {f.name for f in fields(Outcome)}
+        pending = {task.remote(j, device, timer, halving, seed, runner.families, runner.timeout_s): j for j in jobs}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
@@ -343,12 +320,9 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
                 try:
                     label, outs = ray.get(ref)
                 except Exception as e:   # the Ray worker itself died: the whole job failed
-                    label, outs = "ray", [{"tactic": t.to_json(), "status": "failed",
-                                           "reason": f"Ray task failed: {error_text(e)}"} for t in job.tactics]
-                for d in outs:
-                    d = {k: v for k, v in d.items() if k in names}
-                    d["tactic"] = Tactic.from_json(d["tactic"])
-                    record(job, Outcome(**d))
+                    label, outs = "ray", [Outcome(t, "failed", f"Ray task failed: {error_text(e)}") for t in job.tactics]
+                for o in outs:
+                    record(job, o)
                 finish(job)
                 shards[label] = shards.get(label, 0) + 1
     finally:

@@ -63,7 +63,7 @@ def main() -> None:
     got = Parallel(n_jobs=a.jobs)(delayed(_one)(p.w_fmt, t.to_json(), arch) for arch, p, t, *_ in rows)
     wall = time.perf_counter() - t0
     import triton
-    print(f"# Triton shared-memory model vs the compiler, whole default space\n")
+    print("# Triton shared-memory model vs the compiler, whole default space\n")
     print(f"`python3 bench/triton_smem_table.py {' '.join(sys.argv[1:])}` on {platform.machine()} "
           f"({a.jobs} compile processes, {wall:.0f} s), Triton {triton.__version__}, {time.strftime('%Y-%m-%d')}. "
           "Cross-compiled to LLVM IR for each target, no GPU. Every config the family enumerates for "

@@ -7,7 +7,6 @@ import shutil
 import sqlite3
 import tempfile
 import threading
-import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from autotune.records import Miss, Trial, Winner
 from cache import CacheError, Store, default_url, export_cache, import_cache
 from cache.schema import SCHEMA_VERSION
 from tactics.base import Tactic
+from tests.helpers import as_nobody
 
 DEPS = ("triton",)
 ENV_A = Env("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "12.0", 188, "cuda", "575.51", "12.9", "12090",
@@ -180,22 +180,6 @@ def test_readonly_reads_and_refuses_writes(store):
         assert s.winners() == [winner()]
 
 
-def _as_nobody(fn) -> None:
-    """Run fn in a forked child that dropped root (root ignores file permissions)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            fn()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "read-only checks failed in the unprivileged child"
 
 
 def test_readonly_on_readonly_file_and_dir(tmp_path):
@@ -221,7 +205,7 @@ def test_readonly_on_readonly_file_and_dir(tmp_path):
             Store(d / "c.db")
         assert listing(d) == before
     try:
-        _as_nobody(body) if root else body()
+        as_nobody(body) if root else body()
     finally:
         os.chmod(d, 0o755)
         if root:

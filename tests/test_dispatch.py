@@ -4,7 +4,6 @@ Real SQLite files, real torch-family kernels; winners are written through the St
 search itself is tested in test_search.py)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -12,12 +11,10 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import traceback
 import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 from autotune import bench
 from autotune.dispatch import Dispatcher, _as_tactic, _parse_pins, search_input_from_misses
@@ -26,6 +23,7 @@ from autotune.problem import Problem
 from autotune.records import Miss, Winner
 from cache import Store, export_cache
 from tactics.base import Tactic
+from tests.helpers import as_nobody
 
 CPU = cpu()
 P = Problem.dense(256, 512)
@@ -331,29 +329,13 @@ def test_readonly_filesystem_image(tmp_path):
         assert {(m.problem_key, m.m, m.count) for m in Store(var / "misses.db", readonly=True).misses()} == \
             {(Q.key, 5, 2)}
     try:
-        _as_nobody(body) if root else body()
+        as_nobody(body) if root else body()
     finally:
         os.chmod(img, 0o755)
         if root:
             shutil.rmtree(base)
 
 
-def _as_nobody(fn) -> None:
-    """Run fn in a forked child that dropped root (root ignores file permissions)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            fn()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "checks failed in the unprivileged child"
 
 
 # -------------------------------------------------------------------------------------- CLI

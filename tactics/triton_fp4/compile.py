@@ -14,7 +14,6 @@ the hook's key keeps such partial results apart from full compiles in Triton's c
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from typing import Any, Mapping
 

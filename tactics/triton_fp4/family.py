@@ -26,6 +26,7 @@ from tactics.base import Tactic, Verdict
 
 from . import compat as _compat
 from . import smem as _smem
+from .args import fp32_scale, note_compiled, scales_u8
 from . import w4a4 as _w4a4
 
 NAME = "triton"
@@ -285,15 +286,7 @@ def _weight_args(prob: Any, x, w):
     if k != prob.k or n != prob.n or tuple(w.packed.shape) != (n, k // 2):
         raise ValueError(f"shapes x{tuple(x.shape)} packed{tuple(w.packed.shape)} do not fit "
                          f"N={prob.n} K={prob.k}")
-    packed = w.packed.contiguous()
-    scales = w.scales.contiguous()
-    if scales.dtype != torch.uint8:
-        scales = scales.view(torch.uint8)
-    gs = w.global_scale
-    if not torch.is_tensor(gs):
-        gs = torch.tensor(float(gs), dtype=torch.float32, device=x.device)
-    gs = gs.to(device=x.device, dtype=torch.float32).reshape(1).contiguous()
-    return m, n, k, packed, scales, gs
+    return m, n, k, w.packed.contiguous(), scales_u8(w), fp32_scale(w.global_scale, x.device)
 
 
 def _out(out, m: int, n: int, x):
@@ -367,17 +360,7 @@ class W4A16Launcher:
         ck = w4a16_dequant_kernel[(tiles, sk)](x, packed, scales, gs, out, ws, locks, m, n, k,
                                                num_warps=p["num_warps"], num_stages=p["num_stages"],
                                                **{**self._consts, "SPLIT_K": sk})
-        if self.compiled is None and ck is not None and hasattr(ck, "metadata"):
-            self.compiled = ck
-            self.smem_compiled = int(ck.metadata.shared)
-            if x.is_cuda:
-                import torch
-
-                from tactics.arch import arch_for_cc
-                try:
-                    self.smem_model = _smem.smem_bytes(p, prob.w_fmt, arch_for_cc(*torch.cuda.get_device_capability(x.device)))
-                except ValueError:
-                    self.smem_model = None
+        note_compiled(self, ck, x.device, lambda arch: _smem.smem_bytes(p, prob.w_fmt, arch))
         return out
 
 
@@ -485,14 +468,8 @@ class MoELauncher:
             raise ValueError(f"out must be a contiguous bf16 tensor of shape {(m, top_k, n)}")
         if m == 0:
             return out
-        scales = w.scales.contiguous()
-        if scales.dtype != torch.uint8:
-            scales = scales.view(torch.uint8)
-        gs = w.global_scale
-        if not torch.is_tensor(gs):
-            gs = torch.tensor(float(gs), dtype=torch.float32, device=x.device)
-        # one global scale per expert for the kernel (a scalar one is broadcast)
-        gs = gs.to(device=x.device, dtype=torch.float32).reshape(-1).expand(e_count).contiguous()
+        scales = scales_u8(w)
+        gs = fp32_scale(w.global_scale, x.device, e_count)   # one per expert (a scalar is broadcast)
         sorted_ids, expert_ids, npad, blocks = self.align(topk_ids)
         routed = topk_weights is not None
         tw = (topk_weights.to(torch.float32).reshape(-1).contiguous() if routed
@@ -501,9 +478,7 @@ class MoELauncher:
         ck = moe_w4a16_kernel[grid](x.contiguous(), w.packed.contiguous(), scales, gs, out, sorted_ids, expert_ids,
                                     npad, tw, m * top_k, n, k, TOP_K=top_k, ROUTED_WEIGHT=int(routed), num_warps=p["num_warps"], num_stages=p["num_stages"],
                                     **self._consts)
-        if self.compiled is None and ck is not None and hasattr(ck, "metadata"):
-            self.compiled = ck
-            self.smem_compiled = int(ck.metadata.shared)
+        note_compiled(self, ck, x.device)
         return out
 
 

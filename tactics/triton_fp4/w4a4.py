@@ -26,6 +26,7 @@ from tactics.base import Tactic, Verdict
 
 from . import compat as _compat
 from . import smem as _smem
+from .args import fp32_scale, note_compiled
 
 FAMILY = "triton"
 KERNEL = "w4a4_dot_scaled"
@@ -186,13 +187,6 @@ def cross_compile(fmt: str, params: Mapping[str, Any] | None, arch_or_cc: Any, s
 
 # ---- launcher ---------------------------------------------------------------------------------------
 
-def _fp32_scalar(v, device):
-    import torch
-    if not torch.is_tensor(v):
-        v = torch.tensor(float(v), dtype=torch.float32)
-    return v.to(device=device, dtype=torch.float32).reshape(1).contiguous()
-
-
 class W4A4Launcher:
     """kernel(x, w, out=None) -> y: quantize x (bf16 [M, K]) with our Triton kernel, then the
     dot_scaled GEMM. `w` is an FP4Weight in the problem's format; NVFP4 quantizes under
@@ -233,7 +227,7 @@ class W4A4Launcher:
 
     def _input_scale(self, w, device):
         if self.fmt == "nvfp4":
-            return _fp32_scalar(input_scale_of(w), device)
+            return fp32_scale(input_scale_of(w), device)
         if self._one is None or self._one.device != device:
             import torch
             self._one = torch.ones(1, dtype=torch.float32, device=device)
@@ -279,19 +273,11 @@ class W4A4Launcher:
             ws = ws.view(torch.uint8)
         grid = (triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"]),)
         ck = w4a4_gemm_kernel[grid](xq, xs, w.packed.contiguous(), ws, self._input_scale(w, xq.device),
-                                    _fp32_scalar(w.global_scale, xq.device), out, m, n, prob.k,
+                                    fp32_scale(w.global_scale, xq.device), out, m, n, prob.k,
                                     BLOCK_M=p["block_m"], BLOCK_N=p["block_n"], BLOCK_K=p["block_k"],
                                     GROUP_M=GROUP_M, SCALE_GROUP=self.group,
                                     num_warps=p["num_warps"], num_stages=p["num_stages"])
-        if self.compiled is None and ck is not None and hasattr(ck, "metadata"):
-            self.compiled = ck
-            self.smem_compiled = int(ck.metadata.shared)
-            if xq.is_cuda:
-                from tactics.arch import arch_for_cc
-                try:
-                    self.smem_model = _smem.w4a4_smem_bytes(p, self.fmt, arch_for_cc(*torch.cuda.get_device_capability(xq.device)))
-                except ValueError:
-                    self.smem_model = None
+        note_compiled(self, ck, xq.device, lambda arch: _smem.w4a4_smem_bytes(p, self.fmt, arch))
         return out
 
     def __call__(self, x, w, out=None):
