@@ -109,17 +109,24 @@ def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 
     return sets
 
 
-def activations(problem: Problem, s: InputSet) -> torch.Tensor:
-    """x as the kernel multiplies it: as is for bf16 activations, quantized (and dequantized, in
-    float64) by autotune.formats for a W4A4 problem — the quantization error is the problem's."""
-    if problem.a_fmt == "bf16":
-        return s.x.double()
+def quantize_activations(problem: Problem, x: torch.Tensor, w):
+    """x quantized to the problem's FP4 activation format by the torch reference (autotune.formats),
+    as an FP4Weight: NVFP4 under the weight's input_scale (1.0 when it has none), MXFP4 as is."""
     from autotune.formats import FP4Weight, quantize, quantize_activation_nvfp4
     if problem.a_fmt == "nvfp4":
-        isc = s.w.input_scale if s.w.input_scale is not None else torch.ones((), device=s.x.device)
-        q, sc = quantize_activation_nvfp4(s.x, isc.float().reshape(()))
-        return FP4Weight(q, sc, isc.float().reshape(()), "nvfp4").dequantize(torch.float64)
-    return quantize(s.x, problem.a_fmt).dequantize(torch.float64)
+        isc = w.input_scale if w.input_scale is not None else torch.ones((), device=x.device)
+        isc = isc.float().reshape(()).to(x.device)
+        q, sc = quantize_activation_nvfp4(x, isc)
+        return FP4Weight(q, sc, isc, "nvfp4")
+    return quantize(x, problem.a_fmt)
+
+
+def activations(problem: Problem, s: InputSet) -> torch.Tensor:
+    """x as the kernel multiplies it, in float64: as is for bf16 activations, quantized then
+    dequantized for a W4A4 problem — the quantization error is the problem's, not the kernel's."""
+    if problem.a_fmt == "bf16":
+        return s.x.double()
+    return quantize_activations(problem, s.x, s.w).dequantize(torch.float64)
 
 
 def sets_for_cold_l2(bytes_per_set: int, device: str, cap: int = 64) -> int:

@@ -23,14 +23,7 @@ timeout "${SEARCH_TIMEOUT:-330}" python3 -m cli search --model glm5 --tp 8 --fam
 rc=$?; t1=$(date +%s.%N)
 echo "search exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s" | tee "$OUT/search.txt"
 tail -3 "$W/search.err"
-python3 - "$DB" <<'PY' | tee -a "$OUT/search.txt"
-import collections, json, sqlite3, sys
-con = sqlite3.connect(sys.argv[1])
-print("trials by family/status:", con.execute("select family, status, count(*) from trials group by 1, 2").fetchall())
-print("winners by family:", con.execute("select family, count(*) from winners group by 1").fetchall())
-print("spent on rejected:", con.execute("select count(*) from trials t where status != 'rejected' and exists (select 1 from trials r where r.tactic_id = t.tactic_id and r.problem_key = t.problem_key and r.status = 'rejected')").fetchone()[0])
-print("failed reasons:", collections.Counter(r[:60] for (r,) in con.execute("select reason from trials where status = 'failed'")).most_common(5))
-PY
+python3 bench/trial_timeline.py "$DB" | tee -a "$OUT/search.txt"
 python3 - "$DB" <<'PY' | tee "$OUT/dispatch.txt"
 import sys
 from autotune import bench

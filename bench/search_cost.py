@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trial_timeline import spent_on_rejected   # bench/ is on sys.path when run as a script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -32,14 +34,6 @@ def run(args: list[str]) -> tuple[float, dict]:
     if out.returncode:
         sys.exit(f"search failed ({' '.join(args)}):\n{out.stderr[-3000:]}")
     return wall, json.loads(out.stdout)
-
-
-def spent_on_rejected(db: Path) -> int:
-    """Trials other than the rejection itself for tactics whose verdict rejected them."""
-    con = sqlite3.connect(db)
-    return con.execute("""select count(*) from trials t where t.status != 'rejected' and exists
-                          (select 1 from trials r where r.tactic_id = t.tactic_id and r.problem_key = t.problem_key
-                           and r.status = 'rejected')""").fetchone()[0]
 
 
 def main() -> None:
@@ -62,7 +56,7 @@ def main() -> None:
             wall, rep = run(base + ["--cache", str(db)] + extra)
             rejected = sum(f["rejected"] for p in rep["problems"] for f in p["families"])
             rows.append((label, wall, f"{rep['measured']} timed ({rep['dropped']} dropped), {rep['failed']} failed, "
-                         f"{len(rep['winners'])} winners", rejected, spent_on_rejected(db)))
+                         f"{len(rep['winners'])} winners", rejected, spent_on_rejected(sqlite3.connect(db))))
         cbase = ["--model", a.model, "--tp", a.tp, "--families", "triton", "--arch", a.compile_arch,
                  "--compile-check", "--max-tactics", str(a.compile_tactics)]
         for n in (1, 2):

@@ -1,6 +1,6 @@
 """Where a search's wall time went, from the commit stamps of its trials (every trial commits on
 its own): per problem, first and last stamp and count of measured trials, plus the stamp of the
-static rejections. Used for the H200 stage table in docs/search.md.
+static rejections, trial and winner counts, and the trials spent on rejected tactics. Used for the H200 stage table in docs/search.md.
 
     python3 bench/trial_timeline.py docs/data/h200-glm5-tp8.db
 """
@@ -9,6 +9,13 @@ from __future__ import annotations
 import sqlite3
 import sys
 from datetime import datetime
+
+
+def spent_on_rejected(con: sqlite3.Connection) -> int:
+    """Trials other than the rejection itself for tactics whose verdict rejected them (must be 0)."""
+    return con.execute("""select count(*) from trials t where t.status != 'rejected' and exists
+                          (select 1 from trials r where r.tactic_id = t.tactic_id and r.problem_key = t.problem_key
+                           and r.status = 'rejected')""").fetchone()[0]
 
 
 def main(path: str) -> None:
@@ -23,8 +30,13 @@ def main(path: str) -> None:
     for key, a, b, n, nb in rows:
         print(f"| {key} | {(ts(a) - prev).total_seconds():.0f} s | {(ts(b) - ts(a)).total_seconds():.0f} s | {n} | {nb} |")
         prev = ts(b)
-    for status, n in con.execute("select status, count(*) from trials group by 1 order by 1"):
-        print(f"{status}: {n}")
+    for fam, status, n in con.execute("select family, status, count(*) from trials group by 1, 2 order by 1, 2"):
+        print(f"{fam} {status}: {n}")
+    print("winners by family:", con.execute("select family, count(*) from winners group by 1").fetchall())
+    print("trials spent on rejected tactics:", spent_on_rejected(con))
+    fails = con.execute("select substr(reason, 1, 60), count(*) from trials where status = 'failed' "
+                        "group by 1 order by 2 desc limit 5").fetchall()
+    print("most common failure reasons:", fails)
 
 
 if __name__ == "__main__":

@@ -356,6 +356,13 @@ def test_search_inputs_and_reference_quantize_the_activations(fmt):
     s = bench.make_inputs(p, 8, "cpu", seed=3)[0]
     assert (s.w.input_scale is not None) == (fmt == "nvfp4")
     ref = bench.reference(p, s)
-    assert torch.equal(ref, w4a4.reference(p, s))
+    # spelled out with autotune.formats: dequant(quant(x)) · dequant(W)ᵀ in float64
+    from autotune.formats import FP4Weight, quantize, quantize_activation_nvfp4
+    if fmt == "nvfp4":
+        q, sc = quantize_activation_nvfp4(s.x, s.w.input_scale)
+        xa = FP4Weight(q, sc, s.w.input_scale, "nvfp4").dequantize(torch.float64)
+    else:
+        xa = quantize(s.x, "mxfp4").dequantize(torch.float64)
+    assert torch.equal(ref, xa @ s.w.dequantize(torch.float64).T)
     plain = s.x.double() @ s.w.dequantize(torch.float64).T
     assert 0.03 < float((ref - plain).norm() / plain.norm()) < 0.3     # the activation rounding is the problem's

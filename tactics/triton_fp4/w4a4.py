@@ -288,23 +288,13 @@ class W4A4Launcher:
 # ---- inputs and reference for W4A4 problems (autotune/bench.py serves W4A16 only) ----------------
 
 def make_inputs(problem: Any, m: int, device: str, seed: int, n_sets: int = 1):
-    """bench.make_inputs for a W4A4 problem: the same random x and weight, plus the activation
-    global scale a checkpoint would carry (NVFP4: amax(x) / (6 · 448), ModelOpt's calibration;
-    MXFP4: none)."""
-    import torch
-
+    """bench.make_inputs for a W4A4 problem (it adds the activation global scale a checkpoint
+    would carry: NVFP4 amax(x) / (6 · 448), ModelOpt's calibration; MXFP4 none)."""
     from autotune import bench
-    from autotune.formats import FP4Weight
     why = supported(problem)
     if why:
         raise ValueError(why)
-    sets = bench.make_inputs(problem, m, device, seed, n_sets)
-    for s in sets:
-        if problem.w_fmt == "nvfp4":
-            amax = s.x.float().abs().amax() if s.x.numel() else torch.zeros((), device=s.x.device)
-            isc = torch.where(amax > 0, amax / (6.0 * 448.0), torch.ones_like(amax)).float().reshape(())
-            s.w = FP4Weight(s.w.packed, s.w.scales, s.w.global_scale, s.w.fmt, isc)
-    return sets
+    return bench.make_inputs(problem, m, device, seed, n_sets)
 
 
 def input_scale_of(w):
@@ -316,22 +306,15 @@ def input_scale_of(w):
 
 
 def quantized_activations(problem: Any, x, w):
-    """The torch reference quantization of x (autotune/formats.py) as an FP4Weight-shaped
-    (packed, scales, global scale) triple: what the W4A4 kernel multiplies."""
-    from autotune.formats import FP4Weight, quantize, quantize_activation_nvfp4
-    if problem.w_fmt == "nvfp4":
-        isc = input_scale_of(w).float().reshape(()).to(x.device)
-        q, s = quantize_activation_nvfp4(x, isc)
-        return FP4Weight(q, s, isc, "nvfp4")
-    return quantize(x, "mxfp4")
+    """What the W4A4 kernel multiplies: x quantized by the torch reference (bench.quantize_activations)."""
+    from autotune import bench
+    return bench.quantize_activations(problem, x, w)
 
 
 def reference(problem: Any, s) -> Any:
-    """float64 reference of a W4A4 problem: dequant(quant(x)) · dequant(W)ᵀ, quantization by the
-    torch reference in autotune/formats.py."""
-    import torch
-    xa = quantized_activations(problem, s.x, s.w).dequantize(torch.float64)
-    return xa @ s.w.dequantize(torch.float64).T
+    """float64 reference of a W4A4 problem: dequant(quant(x)) · dequant(W)ᵀ (bench.reference)."""
+    from autotune import bench
+    return bench.reference(problem, s)
 
 
 # ---- full-space check of the smem/tmem model against the compiler -------------------------------
