@@ -76,6 +76,7 @@ def main():
 @click.option("--families", default="triton,torch", show_default=True, help="tactic families, comma-separated")
 @click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
 @click.option("--include-attention", is_flag=True, help="also tune the layers the checkpoint keeps in BF16")
+@click.option("--only", default=None, help="only problems whose key or layer names contain one of these comma-separated strings, e.g. grouped_moe or down_proj")
 @click.option("--margin", default=0.03, show_default=True, help="a winner must beat the default by this fraction")
 @click.option("--budget-ms", default=250, show_default=True, help="with --exhaustive: timing budget per tactic and bucket (ms)")
 @click.option("--budget-s", default=2.0, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds")
@@ -92,7 +93,7 @@ def main():
 @click.option("--dry-run", is_flag=True, help="print the tactic space and verdicts; measure nothing")
 @click.option("--list-tactics", default=None, help="also print every tactic of these families (comma-separated) with its verdict and reason")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, margin, budget_ms,
+def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
            max_tactics, retry_failed, dry_run, as_json, list_tactics=None):
     """Tune every FP4 GEMM of a model and store the winners."""
@@ -107,6 +108,8 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
     else:
         uses = _problems(model, tp, ep, include_attention)
         b = _buckets(buckets, max_tokens)
+    if only:
+        uses = _only(uses, only)
     target = _arch(arch)
     fams = _families(families)
     if not 0 <= margin < 1:
@@ -153,8 +156,19 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                    f"{len(report.winners)} winners in {store.url}")
         if len(report.shards) > 1:
             click.echo("jobs per worker: " + ", ".join(f"{k} {v}" for k, v in sorted(report.shards.items())))
+        if report.stages.data:
+            click.echo("time per stage (summed over workers): " + report.stages.line())
     for e in report.model_errors:
         click.echo(f"MODEL ERROR {e}")
+
+
+def _only(uses, only: str):
+    """The problems whose key or one of whose layer names contains one of the comma-separated strings."""
+    pats = [p.strip() for p in only.split(",") if p.strip()]
+    kept = [u for u in uses if any(p in u.problem.key or any(p in layer for layer in u.layers) for p in pats)]
+    if not kept:
+        raise BadInput(f"--only {only!r} matches none of: " + ", ".join(u.problem.key for u in uses))
+    return kept
 
 
 def _from_misses(cache, model, tp, ep, include_attention):
@@ -203,6 +217,7 @@ def _report_json(report, uses):
                                    for fp in report.plans.get(u.problem.key, [])]} for u in uses],
         "measured": report.measured, "dropped": report.dropped, "failed": report.failed, "resumed": report.resumed,
         "compiled": report.compiled, "compile_failures": report.compile_failures, "shards": report.shards,
+        "stages": {k: {"count": n, "seconds": sec} for k, (n, sec) in report.stages.data.items()},
         "model_errors": report.model_errors,
         "winners": [{"problem": w.problem_key, "bucket": w.bucket, "tactic": json.loads(w.params_json),
                      "tactic_id": w.tactic_id, "median_us": w.median_us, "speedup_over_default": w.speedup}

@@ -1,11 +1,13 @@
 """Inputs, the output check and the timers.
 
-Two timers share one interface (`time_calls`): CUDA events around each call, or around the
-replay of a CUDA graph of many calls when a call is short (on an H200 one launch timed alone
-carries 15–20 µs of host latency, which would hide every kernel difference at decode sizes);
-and perf_counter on the CPU. Both rotate through input sets that together exceed twice the L2,
-so weights are read from DRAM as they are in serving, warm up first and keep the median and
-IQR. Inputs are random (never zeros), drawn fresh per (problem, bucket).
+Two timers share one interface (`time_calls`): on CUDA, events around each call, or around the
+replay of a CUDA graph when a call is short (on an H200 one launch timed alone carries 15–20 µs
+of host latency, which would hide every kernel difference at decode sizes), with a spin kernel
+queued ahead of each sample so the host's launch latency stays outside it; on the CPU,
+perf_counter. Both rotate through input sets that together exceed twice the L2 — a graph holds
+one call per set, so every replay reads the whole rotation — so weights come from DRAM as they do
+in serving; both warm up first and keep the median and IQR. Inputs are random, never zeros;
+a search draws the weights once per problem and the activations per (problem, bucket).
 """
 from __future__ import annotations
 
@@ -41,8 +43,12 @@ class TimerConfig:
     min_reps: int = 3
     max_reps: int = 100
     budget_s: float = 0.25      # per tactic, after the first timed repetition
-    graph_below_us: float = 1000.0  # CUDA: calls faster than this are timed as graph replays (host launch cost excluded)
-    graph_calls: int = 32
+    # CUDA: calls estimated faster than this are timed as graph replays (host launch cost excluded).
+    # Default: every call that can be captured — an eager event timing of a call whose host work
+    # outlasts its GPU work (a MoE launcher's routing ops) measures the host, not the kernels.
+    graph_below_us: float = math.inf
+    max_graph_calls: int = 256  # a graph holds one call per input set (the whole cold-L2 rotation), at most this many
+    lead_us: float = 20.0       # CUDA: a spin kernel queued before each timed sample hides the host's launch latency
 
 
 @dataclass
@@ -64,23 +70,36 @@ class InputSet:
         return sum(a.numel() * a.element_size() for a in t)
 
 
+def _generator(device: str, seed: int) -> torch.Generator:
+    # drawn where the data lives: generating a 400 MB MoE weight on the CPU and copying it costs seconds
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def random_weight(problem: Problem, device: str, gen: torch.Generator):
     """A random FP4 weight: uniform codes, scales spread over a few octaves, never zeros."""
     from autotune.formats import FP4Weight
     lead = (problem.experts,) if problem.kind == "grouped_moe" else ()
-    packed = torch.randint(0, 256, lead + (problem.n, problem.k // 2), dtype=torch.uint8, generator=gen)
+    packed = torch.randint(0, 256, lead + (problem.n, problem.k // 2), dtype=torch.uint8, generator=gen,
+                           device=gen.device)
     sshape = lead + (problem.n, problem.k // problem.block)
     if problem.w_fmt == "nvfp4":
-        scales = (2.0 ** (torch.rand(sshape, generator=gen) * 4 - 2)).to(torch.float8_e4m3fn)
+        scales = (2.0 ** (torch.rand(sshape, generator=gen, device=gen.device) * 4 - 2)).to(torch.float8_e4m3fn)
         gscale = torch.tensor(1.0 / 64, dtype=torch.float32)
     else:
-        scales = torch.randint(122, 127, sshape, dtype=torch.uint8, generator=gen)
+        scales = torch.randint(122, 127, sshape, dtype=torch.uint8, generator=gen, device=gen.device)
         gscale = torch.tensor(1.0, dtype=torch.float32)
     return FP4Weight(packed.to(device), scales.to(device), gscale.to(device), problem.w_fmt)
 
 
+def random_weights(problem: Problem, device: str, seed: int, n: int) -> list:
+    """n random weights of a problem; a search draws them once per problem and reuses them for
+    every bucket (the weights of a layer do not depend on the batch size)."""
+    gen = _generator(device, seed)
+    return [random_weight(problem, device, gen) for _ in range(n)]
+
+
 def routing(m: int, experts: int, top_k: int, gen: torch.Generator, skew: float = 1.2):
-    """Top-k expert ids per token from a Zipf-like popularity (realistic, not uniform)."""
+    """Top-k expert ids per token from a Zipf-like popularity (realistic, not uniform). CPU generator."""
     pop = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64) ** skew
     pop = pop[torch.randperm(experts, generator=gen)]
     ids = torch.multinomial(pop.expand(m, experts), top_k, replacement=False, generator=gen)
@@ -88,14 +107,24 @@ def routing(m: int, experts: int, top_k: int, gen: torch.Generator, skew: float 
     return ids.to(torch.int32), (w / w.sum(1, keepdim=True))
 
 
-def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 1) -> list[InputSet]:
-    gen = torch.Generator().manual_seed(seed)
+def set_bytes(problem: Problem, m: int) -> int:
+    """Bytes of one input set (activation, FP4 weight, scales, routing): InputSet.nbytes() without
+    making one, to size the cold-L2 rotation first."""
+    e = problem.experts if problem.kind == "grouped_moe" else 1
+    route = m * problem.top_k * 8 if problem.kind == "grouped_moe" else 0
+    return m * problem.k * 2 + e * problem.n * (problem.k // 2 + problem.k // problem.block) + route
+
+
+def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 1,
+                weights: Sequence | None = None) -> list[InputSet]:
+    """n_sets input sets; `weights` (at least n_sets of them) are reused instead of drawn."""
+    gen, cpu_gen = _generator(device, seed), torch.Generator().manual_seed(seed)
     sets = []
-    for _ in range(n_sets):
-        x = torch.randn(m, problem.k, generator=gen).to(torch.bfloat16).to(device)
-        w = random_weight(problem, device, gen)
+    for i in range(n_sets):
+        x = torch.randn(m, problem.k, generator=gen, device=gen.device).to(torch.bfloat16)
+        w = weights[i] if weights is not None else random_weight(problem, device, gen)
         if problem.kind == "grouped_moe":
-            ids, tw = routing(m, problem.experts, problem.top_k, gen)
+            ids, tw = routing(m, problem.experts, problem.top_k, cpu_gen)
             sets.append(InputSet(x, w, ids.to(device), tw.to(device)))
         else:
             sets.append(InputSet(x, w))
@@ -129,7 +158,7 @@ def activations(problem: Problem, s: InputSet) -> torch.Tensor:
     return quantize_activations(problem, s.x, s.w).dequantize(torch.float64)
 
 
-def sets_for_cold_l2(bytes_per_set: int, device: str, cap: int = 64) -> int:
+def sets_for_cold_l2(bytes_per_set: int, device: str, cap: int = 256) -> int:
     """How many input sets make the rotation at least twice the L2 (1 on the CPU)."""
     if device != "cuda":
         return 1
@@ -185,10 +214,15 @@ def _summary(samples_us: Sequence[float]) -> Timing:
     return Timing(statistics.median(s), iqr, len(s))
 
 
-def time_calls(call: Callable[[int], object], n_sets: int, device: str, cfg: TimerConfig = TimerConfig()) -> Timing:
-    """Time call(i) (i = input set to use) and return median/IQR in microseconds."""
+def time_calls(call: Callable[[int], object], n_sets: int, device: str, cfg: TimerConfig = TimerConfig(),
+               memo: dict | None = None) -> Timing:
+    """Time call(i) (i = input set to use) and return median/IQR in microseconds.
+
+    `memo`, a dict the caller keeps per call (same kernel, same inputs), remembers how the call
+    was timed — the captured CUDA graph, or that it runs eagerly — so later timings of it (the
+    rounds of successive halving) replay that graph instead of capturing a new one."""
     if device == "cuda":
-        return _time_cuda(call, n_sets, cfg)
+        return _time_cuda(call, n_sets, cfg, {} if memo is None else memo)
     for i in range(cfg.warmup):
         call(i % n_sets)
     samples: list[float] = []
@@ -204,27 +238,41 @@ def time_calls(call: Callable[[int], object], n_sets: int, device: str, cfg: Tim
     return _summary(samples)
 
 
-def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> Timing:
-    for i in range(max(1, cfg.warmup)):
-        call(i % n_sets)
-    torch.cuda.synchronize()
-    # Estimate one call with events to choose between eager and graph timing.
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    call(0)
-    b.record()
-    b.synchronize()
-    est_us = a.elapsed_time(b) * 1e3
-    if est_us < cfg.graph_below_us:
-        try:
-            return _time_graph(call, n_sets, cfg)
-        except RuntimeError:  # not capturable (host syncs inside): time it eagerly
-            torch.cuda.synchronize()
+def _lead(cfg: TimerConfig) -> None:
+    """Keep the GPU busy for about cfg.lead_us (at ~2 GHz) so the sample's start event and its
+    work are queued before the GPU reaches them: the host's launch latency stays outside."""
+    if cfg.lead_us > 0:
+        torch.cuda._sleep(int(cfg.lead_us * 2000))
+
+
+def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimerConfig, memo: dict) -> Timing:
+    if "graph" in memo:
+        return _replay(memo["graph"], cfg)
+    if not memo.get("eager"):
+        for i in range(max(1, cfg.warmup)):
+            call(i % n_sets)
+        torch.cuda.synchronize()
+        est_us = 0.0
+        if math.isfinite(cfg.graph_below_us):   # estimate one call with events to choose
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            call(0)
+            b.record()
+            b.synchronize()
+            est_us = a.elapsed_time(b) * 1e3
+        if est_us < cfg.graph_below_us:
+            try:
+                memo["graph"] = _capture(call, n_sets, cfg)
+                return _replay(memo["graph"], cfg)
+            except RuntimeError:  # not capturable (host syncs inside): time it eagerly
+                torch.cuda.synchronize()
+        memo["eager"] = True
     samples: list[float] = []
     start = time.perf_counter()
     i = 0
     while len(samples) < cfg.max_reps:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _lead(cfg)
         a.record()
         call(i % n_sets)
         b.record()
@@ -236,8 +284,10 @@ def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> 
     return _summary(samples)
 
 
-def _time_graph(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> Timing:
-    """Capture cfg.graph_calls calls (rotating input sets) in one graph; time replays."""
+def _capture(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> tuple:
+    """One call per input set (up to cfg.max_graph_calls) captured in one graph: (graph, calls).
+    A replay then reads the whole rotation once, so no call finds its weights in the L2."""
+    calls = max(1, min(n_sets, cfg.max_graph_calls))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -246,19 +296,26 @@ def _time_graph(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) ->
     torch.cuda.current_stream().wait_stream(stream)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for i in range(cfg.graph_calls):
-            call(i % n_sets)
+        for i in range(calls):
+            call(i)
+    return g, calls
+
+
+def _replay(captured: tuple, cfg: TimerConfig) -> Timing:
+    """Time replays of a captured graph, per call; one untimed replay first."""
+    g, calls = captured
     g.replay()
     torch.cuda.synchronize()
     samples: list[float] = []
     start = time.perf_counter()
     while len(samples) < cfg.max_reps:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _lead(cfg)
         a.record()
         g.replay()
         b.record()
         b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / cfg.graph_calls)
+        samples.append(a.elapsed_time(b) * 1e3 / calls)
         if len(samples) >= cfg.min_reps and time.perf_counter() - start > cfg.budget_s:
             break
     return _summary(samples)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
@@ -72,6 +73,7 @@ class SearchReport:
     model_errors: list[str] = field(default_factory=list)
     winners: list[Winner] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stages: workers_mod.Stages = field(default_factory=workers_mod.Stages)   # where the measuring time went
 
 
 def _reason_class(reason: str) -> str:
@@ -231,6 +233,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     lock = threading.Lock()
 
     def record(job: Job, o: Outcome) -> None:
+        t0 = time.perf_counter()
         t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
         note = o.reason
         if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
@@ -247,6 +250,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
             if o.status == "failed":
                 log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
         bar.advance(1)
+        report.stages.add("store", time.perf_counter() - t0)
 
     def finish(job: Job) -> None:
         w = _update_winner(store, job.problem, job.bucket, env, job.default_id, lib_keys, margin)
@@ -260,9 +264,11 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
             if not j.tactics:
                 finish(j)
         if runner.ray:
-            workers_mod.run_ray(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards)
+            workers_mod.run_ray(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards,
+                                report.stages)
         else:
-            workers_mod.run_local(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards)
+            workers_mod.run_local(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards,
+                                  report.stages)
     finally:
         bar.close()
     report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
@@ -277,8 +283,10 @@ def _compilable(rows) -> list:
 def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchReport) -> list[str | None]:
     """Compile kept tactics for `target` in `runner.compile_workers` processes; note every
     disagreement between the compiler's shared memory and the verdict's. Returns errors."""
+    t0 = time.perf_counter()
     results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in items], target.name,
                                       runner.compile_workers, runner.families)
+    report.stages.add("compile", time.perf_counter() - t0, len(items))
     report.compiled += len(items)
     errors = []
     for r, (err, smem) in zip(items, results):

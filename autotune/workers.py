@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
@@ -203,9 +204,61 @@ class ProcessExecutor:
 
 # -- running jobs ---------------------------------------------------------------------------
 
-def run_job(ex: Executor, job, timer: bench.TimerConfig, halving, seed: int, emit) -> None:
+class Stages:
+    """Where a search's wall time went: seconds and count per stage (setup, check, time as seen
+    by the search, IPC included; store), summed over workers. A plain dict inside, so a Ray task
+    can send its share back."""
+
+    def __init__(self, data: dict | None = None):
+        self.data: dict[str, list] = data if data is not None else {}
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, seconds: float, n: int = 1) -> None:
+        with self._lock:
+            row = self.data.setdefault(stage, [0, 0.0])
+            row[0] += n
+            row[1] += seconds
+
+    def merge(self, other: dict) -> None:
+        for stage, (n, sec) in other.items():
+            self.add(stage, sec, n)
+
+    def line(self) -> str:
+        return ", ".join(f"{k} {sec:.1f} s ({n}, {1e3 * sec / max(n, 1):.1f} ms each)"
+                         for k, (n, sec) in sorted(self.data.items()))
+
+
+class _Clocked:
+    """An executor whose setup/check/time requests are timed into `Stages`."""
+
+    def __init__(self, ex: Executor, stages: Stages):
+        self._ex, self._stages, self.device = ex, stages, ex.device
+
+    def _timed(self, stage: str, fn, *a):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a)
+        finally:
+            self._stages.add(stage, time.perf_counter() - t0)
+
+    def setup(self, *a):
+        return self._timed("setup", self._ex.setup, *a)
+
+    def check(self, *a):
+        return self._timed("check", self._ex.check, *a)
+
+    def time(self, *a):
+        return self._timed("time", self._ex.time, *a)
+
+    def close(self) -> None:
+        self._ex.close()
+
+
+def run_job(ex: Executor, job, timer: bench.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> None:
     """One (problem, bucket) on one executor; `emit(outcome)` gets each trial as it is decided."""
     from autotune.halving import Outcome, measure
+    if stages is not None:
+        ex = _Clocked(ex, stages)
     try:
         ex.setup(job.problem.key, job.bucket, seed)
     except (TacticError, WorkerLost) as e:
@@ -225,7 +278,8 @@ def _executors(runner, device: str) -> list[tuple[str, Executor]]:
             for i in range(runner.workers)]
 
 
-def run_local(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict) -> None:
+def run_local(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict,
+              stages: Stages | None = None) -> None:
     """Shard jobs over one worker per device (or per `runner.workers` on the CPU): each worker
     takes the next job as it frees up, so a slow bucket does not hold the others back."""
     if not jobs:
@@ -242,7 +296,7 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, record, fini
                     if not queue or errors:
                         return
                     job = queue.pop()
-                run_job(ex, job, timer, halving, seed, lambda o, job=job: record(job, o))
+                run_job(ex, job, timer, halving, seed, lambda o, job=job: record(job, o), stages)
                 finish(job)
                 with lock:
                     shards[label] = shards.get(label, 0) + 1
@@ -275,7 +329,7 @@ _RAY_EXECUTORS: dict[tuple, ProcessExecutor] = {}   # per Ray worker process, re
 
 
 def _ray_job(job, device: str, timer: bench.TimerConfig, halving, seed: int, families: dict,
-             timeout_s: float) -> tuple[str, list]:
+             timeout_s: float) -> tuple[str, list, dict]:
     """One job inside a Ray task: the same isolated worker and `run_job` as on one host."""
     import socket
     vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -284,11 +338,13 @@ def _ray_job(job, device: str, timer: bench.TimerConfig, halving, seed: int, fam
     if ex is None:
         ex = _RAY_EXECUTORS[key] = ProcessExecutor(device, None, timeout_s, families)  # inherits Ray's GPU
     out: list = []
-    run_job(ex, job, timer, halving, seed, out.append)
-    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{vis}" if vis else ""), out
+    stages = Stages()
+    run_job(ex, job, timer, halving, seed, out.append, stages)
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{vis}" if vis else ""), out, stages.data
 
 
-def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict) -> None:
+def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict,
+            stages: Stages | None = None) -> None:
     """Fan jobs out over a Ray cluster (`runner.ray` = address, or "local" for a local cluster).
     Results come back to this process, which writes them to its cache URL; for several hosts
     point --cache at a shared database or merge per-host files with `autotune cache import`."""
@@ -318,9 +374,12 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
             for ref in done:
                 job = pending.pop(ref)
                 try:
-                    label, outs = ray.get(ref)
+                    label, outs, spent = ray.get(ref)
                 except Exception as e:   # the Ray worker itself died: the whole job failed
-                    label, outs = "ray", [Outcome(t, "failed", f"Ray task failed: {error_text(e)}") for t in job.tactics]
+                    label, outs, spent = "ray", [Outcome(t, "failed", f"Ray task failed: {error_text(e)}")
+                                                 for t in job.tactics], {}
+                if stages is not None:
+                    stages.merge(spent)
                 for o in outs:
                     record(job, o)
                 finish(job)

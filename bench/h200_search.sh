@@ -24,26 +24,7 @@ rc=$?; t1=$(date +%s.%N)
 echo "search exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s" | tee "$OUT/search.txt"
 tail -3 "$W/search.err"
 python3 bench/trial_timeline.py "$DB" | tee -a "$OUT/search.txt"
-python3 - "$DB" <<'PY' | tee "$OUT/dispatch.txt"
-import sys
-from autotune import bench
-from autotune.dispatch import Dispatcher
-from autotune.models import problems_for
-d = Dispatcher(sys.argv[1], record_misses=False)
-worst = 0.0
-for u in problems_for("glm5", tp=8):
-    p = u.problem
-    if p.kind != "dense":
-        continue
-    for m in (1, 7, 16, 100, 1000, 8192):
-        s = bench.make_inputs(p, m, "cuda", seed=100 + m)[0]
-        rung, t = d.tactic_for(p, m)
-        y = d((m, p.n, p.k))(s.x, s.w)
-        ref = bench.reference(p, s)
-        err = float((y.double() - ref).norm() / ref.norm()); worst = max(worst, err)
-        print(f"{p.key} m={m} {rung} {t.family} rel_err={err:.2e}")
-print("stats", dict(d.stats), "worst rel_err", f"{worst:.2e}")
-PY
+python3 bench/dispatch_check.py "$DB" | tee "$OUT/dispatch.txt"
 timeout 120 python3 -m cli report --cache "$DB" --model glm5 --tp 8 --measure-ceilings -o "$W/report" 2>&1 | tail -3
 tar czf "$OUT/h200.tgz" -C "$W" h200.db report
 ls -la "$OUT"

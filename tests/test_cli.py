@@ -67,12 +67,22 @@ def test_unwritable_cache_fails_before_measuring(tmp_path):
     (["--arch", "sm70"], "sm70"),
     (["--families", "nope"], "nope"),
     (["--margin", "1.5"], "margin"),
+    (["--only", "no_such_layer"], "no_such_layer"),
 ])
 def test_bad_search_input_exits_2_and_writes_nothing(tmp_path, args, needle):
     r = autotune("search", "--model", "glm5", *args, cache=tmp_path / "c.db")
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stderr
     assert not (tmp_path / "c.db").exists()
+
+
+def test_only_narrows_the_problems(tmp_path):
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--only", "grouped_moe", "--dry-run", cache=tmp_path / "c.db")
+    assert r.returncode == 0, r.stderr
+    keys = [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(("dense:", "grouped_moe:"))]
+    assert len(keys) == 2 and all(k.startswith("grouped_moe:") for k in keys)
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--only", "down_proj", "--dry-run", cache=tmp_path / "c.db")
+    assert r.returncode == 0 and "mlp.down_proj" in r.stdout and "grouped_moe:" not in r.stdout
 
 
 def test_dry_run_for_sm120_prints_verdicts_with_reasons(tmp_path):

@@ -67,10 +67,21 @@ def test_cuda_timer_graph_and_eager():
     k = fam.build(p, fam.default(p, arch), "cuda")
     sets = bench.make_inputs(p, 4, "cuda", seed=1, n_sets=3)
     outs = [bench.torch_empty_out(p, 4, s) for s in sets]
-    t = bench.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), 3, "cuda")
+    memo: dict = {}
+    t = bench.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), 3, "cuda", memo=memo)
     assert 0 < t.median_us < 10_000 and t.reps >= 3
-    big = bench.time_calls(lambda i: torch.cuda._sleep(1_000_000), 1, "cuda")   # ~0.5 ms spin: eager path
+    g, calls = memo["graph"]
+    assert calls == 3                       # one call per input set: a replay reads the whole rotation
+    again = bench.time_calls(lambda i: 1 / 0, 3, "cuda", memo=memo)   # replays; never calls the callable
+    assert memo["graph"][0] is g and again.median_us > 0
+    # forced eager (estimate above the threshold): a ~0.5 ms spin is timed per call
+    big = bench.time_calls(lambda i: torch.cuda._sleep(1_000_000), 1, "cuda", bench.TimerConfig(graph_below_us=100))
     assert big.median_us > 100
+    # a host sync inside the call cannot be captured: eager, remembered
+    memo2: dict = {}
+    x = torch.ones(4, device="cuda")
+    sync = bench.time_calls(lambda i: x.sum().item(), 1, "cuda", memo=memo2)
+    assert memo2 == {"eager": True} and sync.median_us > 0
 
 
 @pytest.mark.parametrize("p", [Problem.moe(512, 6144, 256, 8), Problem.moe(6144, 256, 256, 8)], ids=lambda p: p.key)

@@ -133,6 +133,11 @@ def test_sharding_over_workers_measures_each_job_once(tmp_path, runner):
     assert r2.measured == r1.measured and r2.failed == 0
     assert _keys(one) == _keys(two)                     # the same trials, each stored once
     assert {(w.problem_key, w.bucket) for w in r2.winners} == {(p.key, b) for p in (DENSE, MOE) for b in (1, 2, 4, 8)}
+    # where the time went, summed over both workers: one setup per job, one store per trial
+    st = r2.stages.data
+    assert st["setup"][0] == 8 and st["store"][0] == r2.measured + r2.failed
+    assert st["check"][0] == r2.measured and st["time"][0] >= r2.measured
+    assert all(sec > 0 for _, sec in st.values())
 
 
 def test_ray_local_cluster(tmp_path):
@@ -141,6 +146,7 @@ def test_ray_local_cluster(tmp_path):
     rep = search([DENSE, MOE], families=[registry.get("torch")], store=store, buckets=Buckets.of((1, 4)),
                  timer=FAST, env=CPU, halving=Halving(budget_s=0.1), runner=Runner(ray="local", workers=2))
     assert sum(rep.shards.values()) == 4 and rep.failed == 0
+    assert rep.stages.data["setup"][0] == 4          # stage times come back from the Ray tasks
     assert {(w.problem_key, w.bucket) for w in store.winners()} == {(p.key, b) for p in (DENSE, MOE) for b in (1, 4)}
     ok = [t for p in (DENSE, MOE) for b in (1, 4) for t in store.get_trials(p.key, b, CPU.device_key)]
     assert ok and all(t.status in ("ok", "dropped") and t.rel_err < 1e-2 for t in ok)

@@ -1,0 +1,92 @@
+"""Compare the winners of two caches (or exports) per (problem, bucket), for issue #8's
+one-GPU vs several-GPU runs and for a merged cache against the run it should reproduce.
+
+    python3 bench/compare_winners.py A.db B.db [--json OUT]
+
+A pair counts as the same when the tactic is the same, or, failing that, as a tie when each
+cache's own winner and the other's are within the winner rule's tie tolerance in the cache that
+timed both (autotune.winner.TIE_TOLERANCE; a tactic successive halving dropped early has only
+a short timing, which is shown as such). Prints one line per differing pair and a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.winner import TIE_TOLERANCE  # noqa: E402
+
+
+def winners(path: str) -> dict[tuple[str, int], tuple[str, float]]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    return {(p, b): (t, us) for p, b, t, us in con.execute(
+        "select problem_key, bucket, tactic_id, median_us from winners")}
+
+
+def trial_us(path: str, problem: str, bucket: int, tactic: str) -> tuple[float | None, str | None]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = con.execute("select median_us, status from trials where problem_key=? and bucket=? and tactic_id=? "
+                          "order by id desc limit 1", (problem, bucket, tactic)).fetchone()
+    except sqlite3.OperationalError:   # an export holds winners only
+        return None, None
+    return (row[0], row[1]) if row else (None, None)
+
+
+def compare(a: str, b: str) -> dict:
+    wa, wb = winners(a), winners(b)
+    keys = sorted(set(wa) | set(wb))
+    same = tie = differ = missing = 0
+    rows = []
+    for k in keys:
+        if k not in wa or k not in wb:
+            missing += 1
+            rows.append({"problem": k[0], "bucket": k[1], "only_in": a if k in wa else b})
+            continue
+        (ta, ua), (tb, ub) = wa[k], wb[k]
+        if ta == tb:
+            same += 1
+            continue
+        # the other run's winner as timed in this run, and the reverse
+        ub_in_a, sb_in_a = trial_us(a, *k, tb)
+        ua_in_b, sa_in_b = trial_us(b, *k, ta)
+        # an export keeps winners only: judge by the cross timings that exist (at least one)
+        cross = [(x, own) for x, own in ((ub_in_a, ua), (ua_in_b, ub)) if x is not None]
+        within = bool(cross) and all(x <= own * (1 + TIE_TOLERANCE) for x, own in cross)
+        tie += within
+        differ += not within
+        rows.append({"problem": k[0], "bucket": k[1], "a_us": ua, "b_us": ub, "b_winner_in_a_us": ub_in_a,
+                     "b_winner_in_a_status": sb_in_a, "a_winner_in_b_us": ua_in_b, "a_winner_in_b_status": sa_in_b,
+                     "tie": within})
+    return {"a": a, "b": b, "pairs": len(keys), "same": same, "tie": tie, "differ": differ, "missing": missing,
+            "rows": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    r = compare(args.a, args.b)
+    for row in r["rows"]:
+        if "only_in" in row:
+            print(f"{row['problem']} m={row['bucket']}: winner only in {row['only_in']}")
+        else:
+            f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+            print(f"{row['problem']} m={row['bucket']}: A {f(row['a_us'])} us (in B: {f(row['a_winner_in_b_us'])} "
+                  f"{row['a_winner_in_b_status'] or ''}), B {f(row['b_us'])} us (in A: {f(row['b_winner_in_a_us'])} "
+                  f"{row['b_winner_in_a_status'] or ''}){' tie' if row['tie'] else ''}")
+    print(f"{r['pairs']} (problem, bucket) pairs: {r['same']} same tactic, {r['tie']} different but tied within "
+          f"{TIE_TOLERANCE:.0%}, {r['differ']} different, {r['missing']} in one cache only")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Dispatch every GLM-5 TP8 dense problem at a few M values from a searched cache on the GPU, check
+each output against float64, and say which rung of the ladder answered (issue #4's "dispatch
+returns the Triton winners there").
+
+    python3 bench/dispatch_check.py CACHE.db
+"""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune import bench  # noqa: E402
+from autotune.dispatch import Dispatcher  # noqa: E402
+from autotune.models import problems_for  # noqa: E402
+
+
+def main(path: str) -> int:
+    d = Dispatcher(path, record_misses=False)
+    worst, fams = 0.0, Counter()
+    for u in problems_for("glm5", tp=8):
+        p = u.problem
+        if p.kind != "dense":
+            continue
+        for m in (1, 7, 16, 100, 1000, 8192):
+            s = bench.make_inputs(p, m, "cuda", seed=100 + m)[0]
+            rung, t = d.tactic_for(p, m)
+            y = d((m, p.n, p.k))(s.x, s.w)
+            ref = bench.reference(p, s)
+            err = float((y.double() - ref).norm() / ref.norm())
+            worst = max(worst, err)
+            fams[t.family] += 1
+            print(f"{p.key} m={m} {rung} {t.family} rel_err={err:.2e}")
+    print("stats", dict(d.stats), "families", dict(fams), "worst rel_err", f"{worst:.2e}")
+    return 0 if worst <= bench.TOLERANCE["bf16"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
