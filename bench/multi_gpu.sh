@@ -60,12 +60,13 @@ pair() {
 }
 
 full() {
-  [ -f full.db ] && cp full.db "$W/full.db"
+  [ -f full.db ] && python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" full.db "$W/full.db"
   local left=$(( ${FULL_UNTIL:-570} - ($(date +%s) - T0) ))
   RUN_TIMEOUT=$left search full "$W/full.db" --gpus 0,1 --json
   python3 bench/trial_timeline.py "$W/full.db" | tee "$OUT/full_timeline.txt"
   timeout 60 python3 bench/dispatch_check.py "$W/full.db" 2>&1 | tail -30 > "$W/dispatch.txt"; tail -3 "$W/dispatch.txt"
-  cp "$W/full.db" "$OUT/full.db"
+  # through SQLite's backup API: a plain cp of a killed search's database misses its -wal file
+  python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$W/full.db" "$OUT/full.db"
   tar czf "$OUT/full.tgz" -C "$W" full.txt dispatch.txt
 }
 

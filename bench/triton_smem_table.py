@@ -42,10 +42,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="configs per (problem, arch); 0 = all")
+    ap.add_argument("--archs", default=",".join(ARCHS), help="comma-separated targets")
     a = ap.parse_args()
     fam = registry.get("triton")
     rows = []   # (arch, problem, tactic, model smem, model tmem, verdict ok)
-    for arch_name in ARCHS:
+    for arch_name in a.archs.split(","):
         arch = get_arch(arch_name)
         for p in PROBLEMS:
             ts = [t for t in fam.enumerate(p, arch) if t["kernel"] in ("w4a16_dequant", "moe_w4a16")]

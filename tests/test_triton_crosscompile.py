@@ -93,3 +93,24 @@ def test_moe_kernel_model_equals_compiler(cache):
         t = Tactic("triton", kernel="moe_w4a16", block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
         shared, _ = cross_compile(fmt, t.params, arch, cache_dir=cache)
         assert shared == smem_bytes(t.params, fmt, get_arch(arch)), (arch, fmt)
+
+
+def test_sm8x_epilogue_set_is_the_compilers():
+    """Where the sm8x epilogue (not the pipeline) sets the total is re-derived by cross-compiling
+    every (BM, BN, warps) of the fitted domain; it must be exactly the model's set."""
+    from tactics.triton_fp4.smem import SM8X_FULL_TILE_EPILOGUE, fit_epilogue
+    assert fit_epilogue("sm89", jobs=2) == SM8X_FULL_TILE_EPILOGUE
+
+
+# configs of the default space whose figure the whole-tile epilogue rule over-estimated on sm89
+# (docs/triton-smem-table.md, 2026-11-29), and the MXFP4 form on sm80
+@pytest.mark.parametrize("fmt,arch,bm,bn,bk,warps,stages", [
+    ("nvfp4", "sm89", 32, 256, 64, 4, 2), ("nvfp4", "sm89", 64, 256, 64, 8, 2),
+    ("nvfp4", "sm89", 128, 256, 64, 8, 3), ("nvfp4", "sm89", 128, 256, 128, 8, 2),
+    ("nvfp4", "sm89", 128, 128, 64, 4, 2), ("mxfp4", "sm80", 128, 256, 128, 8, 2),
+    ("mxfp4", "sm80", 128, 128, 128, 8, 2)])
+def test_sm8x_epilogue_cases(fmt, arch, bm, bn, bk, warps, stages, cache):
+    p = dict(block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=warps, num_stages=stages, split_k=1,
+             kernel="w4a16_dequant")
+    shared, _ = cross_compile(fmt, p, arch, cache_dir=cache)
+    assert smem_bytes(p, fmt, get_arch(arch)) == shared

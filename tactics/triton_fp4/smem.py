@@ -13,10 +13,12 @@ Tiles (bytes), with G = 16 (NVFP4) or 32 (MXFP4) and T = 32·num_warps threads:
   The packed weight is local_loaded straight into the dot-operand layout (no dequant buffer).
   The scale load is pipelined only when each thread copies ≥ 4 bytes (S ≥ 4·T); otherwise it is
   a plain load whose layout conversion needs S bytes of scratch (none when S ≤ T/2):
-      shared = max((ns − 1)·(X + W + [S if S ≥ 4T]) + [S if T/2 < S < 4T], [BM·BN·2 on sm8x])
-  The second term is the epilogue's conversion of the bf16 output tile on sm80/86/89, which
-  reuses the dead pipeline buffers (sm90 and sm120 convert without shared memory). For NVFP4 with BM = 16 an
-  unpipelined scale tile of S ≤ T bytes needs no scratch (seen on Triton 3.6.0 and 3.9.0).
+      shared = max((ns − 1)·(X + W + [S if S ≥ 4T]) + [S if T/2 < S < 4T], [E on sm8x])
+  E is the epilogue's conversion of the bf16 output tile on sm80/86/89, which reuses the dead
+  pipeline buffers (sm90 and sm120 convert without shared memory): the whole tile BM·BN·2 for the
+  (BM, BN, warps) in SM8X_FULL_TILE_EPILOGUE, and elsewhere no more than the pipeline already
+  holds (see sm8x_epilogue_bytes). For NVFP4 with BM = 16 an unpipelined scale tile of S ≤ T
+  bytes needs no scratch (seen on Triton 3.6.0 and 3.9.0).
 * wgmma path — sm90, BM ≥ 64: x has num_stages buffers (operand A straight from smem), the packed
   weight (ns − 1), the scales (ns − 1) when pipelined (S ≥ 4T; otherwise their conversion scratch
   fits in the slot of the next buffer), and the dequantized bf16 tile (4·W) is one smem buffer for
@@ -89,18 +91,67 @@ def smem_bytes(params: Mapping[str, Any], w_fmt: str, arch: Any, triton_version:
         # MXFP4 only: NVFP4's unpipelined scales convert without scratch here (sm100 sweep, 3.9.0)
         scratch = s if (w_fmt == "mxfp4" and not s_pipe and s > threads) else 0
         return ns * x + (ns - 1) * (w + s_pipe) + 4 * w + 16 + scratch
-    # mma.sync: pipeline buffers, or on sm8x the epilogue's bf16 output tile (its layout conversion
-    # goes through shared memory after the loop, in the space the dead buffers leave; sm90+ convert
-    # without it), whichever is larger
-    epilogue = int(params["block_m"]) * int(params["block_n"]) * 2 if _cc(arch)[0] == 8 else 0
-    if s_pipe:
-        return max((ns - 1) * (x + w + s), epilogue)
-    # the scale tile's conversion scratch; none for NVFP4 when 16 rows meet ≤ 1 scale byte per thread
+    # mma.sync: pipeline buffers, or on sm8x the epilogue's conversion scratch (after the loop, in
+    # the space the dead buffers leave; sm90+ convert without it), whichever is larger
+    epilogue = sm8x_epilogue_bytes(params) if _cc(arch)[0] == 8 else 0
+    return max(_mma_pipeline(params, w_fmt), epilogue)
+
+
+def _mma_pipeline(params: Mapping[str, Any], w_fmt: str) -> int:
+    """mma.sync path without the epilogue: the pipeline buffers plus the scale tile's conversion
+    scratch when it is not pipelined (none for NVFP4 when 16 rows meet ≤ 1 scale byte per thread)."""
+    x, w, s = tiles(params, w_fmt)
+    ns, threads = int(params["num_stages"]), 32 * int(params["num_warps"])
+    if s >= 4 * threads:
+        return (ns - 1) * (x + w + s)
     if s <= threads // 2 or (w_fmt == "nvfp4" and int(params["block_m"]) == 16 and s <= threads):
-        scratch = 0
-    else:
-        scratch = s
-    return max((ns - 1) * (x + w) + scratch, epilogue)
+        return (ns - 1) * (x + w)
+    return (ns - 1) * (x + w) + s
+
+
+#: sm8x: the (BM, BN, num_warps) whose epilogue conversion of the bf16 output tile (MMA layout →
+#: store layout, through shared memory) needs the whole BM·BN·2-byte tile. Triton sizes that
+#: scratch by its swizzled-conversion rule (optimalSwizzling's size / reps), which is the whole
+#: tile only here; for every other (BM, BN) in 16…128 × 32…256 at 4 or 8 warps it is at most the
+#: smallest pipeline of that tile (BK = 64, 2 stages), so it never sets the total. Measured by
+#: cross-compiling Triton 3.9.0 for sm89 (`python3 -m tactics.triton_fp4.smem --fit-epilogue`).
+SM8X_FULL_TILE_EPILOGUE = frozenset({(32, 256, 8), (64, 128, 8), (128, 128, 8)})
+_EPILOGUE_FITTED = {"block_m": (16, 32, 64, 128), "block_n": (32, 64, 128, 256), "num_warps": (4, 8)}
+
+
+def sm8x_epilogue_bytes(params: Mapping[str, Any]) -> int:
+    """Shared memory the sm8x epilogue needs beyond what the pipeline already reserves: the whole
+    bf16 tile where SM8X_FULL_TILE_EPILOGUE says so, 0 elsewhere in the fitted domain (its scratch
+    fits in the pipeline's), and the whole tile outside it (never an under-estimate)."""
+    bm, bn, warps = int(params["block_m"]), int(params["block_n"]), int(params["num_warps"])
+    fitted = all(int(params[k]) in v for k, v in _EPILOGUE_FITTED.items())
+    if fitted and (bm, bn, warps) not in SM8X_FULL_TILE_EPILOGUE:
+        return 0
+    return bm * bn * 2
+
+
+def fit_epilogue(arch: str = "sm89", jobs: int = 2) -> set[tuple[int, int, int]]:
+    """Re-derive SM8X_FULL_TILE_EPILOGUE: cross-compile every (BM, BN, warps) of the fitted domain
+    at its smallest pipeline (NVFP4, BK = 64, 2 stages); where the compiler allocates more than
+    the pipeline rule, the epilogue set the total — and that excess must be the whole tile, or
+    the model's form is wrong (raises)."""
+    import itertools
+
+    from joblib import Parallel, delayed
+
+    from .compile import cross_compile
+    cfgs = [dict(block_m=bm, block_n=bn, block_k=64, group_m=1, num_warps=w, num_stages=2, split_k=1,
+                 kernel="w4a16_dequant")
+            for bm, bn, w in itertools.product(*_EPILOGUE_FITTED.values())]
+    shared = Parallel(n_jobs=jobs)(delayed(cross_compile)("nvfp4", c, arch) for c in cfgs)
+    full = set()
+    for c, (got, _) in zip(cfgs, shared):
+        pipe = _mma_pipeline(c, "nvfp4")
+        if got > pipe:
+            if got != c["block_m"] * c["block_n"] * 2:
+                raise AssertionError(f"{c}: compiler {got} is neither the pipeline {pipe} nor the whole tile")
+            full.add((c["block_m"], c["block_n"], c["num_warps"]))
+    return full
 
 
 def tmem_columns(params: Mapping[str, Any], w_fmt: str, arch: Any) -> int:
@@ -202,3 +253,12 @@ def w4a4_tmem_columns(params: Mapping[str, Any], fmt: str, arch: Any) -> int:
     if int(params["block_m"]) == 64:
         return _pow2_ceil(bn + bk // 2)
     return _pow2_ceil(bn + 1)
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:2] != ["--fit-epilogue"]:
+        sys.exit("usage: python3 -m tactics.triton_fp4.smem --fit-epilogue [ARCH]")
+    found = fit_epilogue(sys.argv[2] if len(sys.argv) > 2 else "sm89")
+    print("full-tile epilogues:", sorted(found), "(model:", sorted(SM8X_FULL_TILE_EPILOGUE), ")")
+    sys.exit(0 if found == SM8X_FULL_TILE_EPILOGUE else 1)
