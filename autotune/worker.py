@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import zlib
 
 from autotune import bench
@@ -90,13 +89,6 @@ def context_usable(device: str) -> bool:
 
 
 def handle(b: Bench, msg: dict) -> dict:
-    t0 = time.perf_counter()
-    reply = _handle(b, msg)
-    reply["busy_s"] = time.perf_counter() - t0     # the worker's own time, without the pipe
-    return reply
-
-
-def _handle(b: Bench, msg: dict) -> dict:
     op = msg["op"]
     if op == "setup":
         return b.setup(msg["problem"], msg["bucket"], msg["seed"])
