@@ -91,11 +91,10 @@ def random_weight(problem: Problem, device: str, gen: torch.Generator):
     return FP4Weight(packed.to(device), scales.to(device), gscale.to(device), problem.w_fmt)
 
 
-def random_weights(problem: Problem, device: str, seed: int, n: int) -> list:
-    """n random weights of a problem; a search draws them once per problem and reuses them for
-    every bucket (the weights of a layer do not depend on the batch size)."""
-    gen = _generator(device, seed)
-    return [random_weight(problem, device, gen) for _ in range(n)]
+def seeded_weight(problem: Problem, device: str, seed: int):
+    """random_weight from its own seed: a search draws a problem's weights once, one seed per
+    input set, and reuses them for every bucket (a layer's weights do not depend on the batch)."""
+    return random_weight(problem, device, _generator(device, seed))
 
 
 def routing(m: int, experts: int, top_k: int, gen: torch.Generator, skew: float = 1.2):
@@ -118,7 +117,8 @@ def set_bytes(problem: Problem, m: int) -> int:
 def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 1,
                 weights: Sequence | None = None) -> list[InputSet]:
     """n_sets input sets; `weights` (at least n_sets of them) are reused instead of drawn."""
-    gen, cpu_gen = _generator(device, seed), torch.Generator().manual_seed(seed)
+    # routing comes from its own CPU stream (offset seed: on the CPU the two would otherwise coincide)
+    gen, cpu_gen = _generator(device, seed), torch.Generator().manual_seed(seed + 1)
     sets = []
     for i in range(n_sets):
         x = torch.randn(m, problem.k, generator=gen, device=gen.device).to(torch.bfloat16)

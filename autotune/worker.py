@@ -41,13 +41,13 @@ class Bench:
             self._kernels.clear()
             self._weights = []
         self._graphs.clear()
-        self._sets = self._outs = []
+        self._sets = self._outs = []    # drop the last bucket's tensors before drawing the next
         self._ref = None
         self.problem, self.bucket = p, bucket
         # seeds from crc32: stable across processes, unlike hash()
         n_sets = bench.sets_for_cold_l2(bench.set_bytes(p, bucket), self.device)
         for i in range(len(self._weights), n_sets):
-            self._weights += bench.random_weights(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode()), 1)
+            self._weights.append(bench.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
         s0 = zlib.crc32(f"{seed}:{p.key}:{bucket}".encode())
         self._sets = bench.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
         self._ref = bench.reference(p, self._sets[0])

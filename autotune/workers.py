@@ -209,8 +209,8 @@ class Stages:
     by the search, IPC included; store), summed over workers. A plain dict inside, so a Ray task
     can send its share back."""
 
-    def __init__(self, data: dict | None = None):
-        self.data: dict[str, list] = data if data is not None else {}
+    def __init__(self):
+        self.data: dict[str, list] = {}       # stage -> [count, seconds]
         self._lock = threading.Lock()
 
     def add(self, stage: str, seconds: float, n: int = 1) -> None:

@@ -9,8 +9,9 @@
 #   4. the full search `autotune search --model glm5 --tp 8 --families triton,torch --gpus 0,1`
 #      until $FULL_UNTIL s after the start, resuming from ./full.db when it was carried in, then
 #      bench/dispatch_check.py on its cache;
-#   5. bench/w4a4_h200.py (W4A4 timings) when W4A4=1.
-# Phases run in the order FULL, W4A4, PAIR when PAIR_AFTER=1 (resuming a full search comes first).
+#   5. bench/w4a4_h200.py (W4A4 timings).
+# PHASES picks and orders them ("pair full" by default; pair = 2 and 3, full = 4, w4a4 = 5); a
+# phase starts only while enough of the ~585 s call is left. TESTS=0 skips 1, PAIR_MERGE=0 skips 3.
 # ONLY=… narrows the sampled searches to matching problems (`autotune search --only`).
 # Run from the repo root with the wheels from ../shared/tools/device-wheels.sh in .whl/.
 set -uo pipefail
@@ -42,21 +43,22 @@ search() {   # search LABEL DB EXTRA...   (fresh Triton cache; wall time, stage 
 }
 
 pair() {
-  local only=(); [ -n "${ONLY:-}" ] && only=(--only "$ONLY")
-  search one "$W/one.db" --max-tactics "$MAXT" --budget-s "${BUDGET_S:-2}" --buckets "$SAMPLE" --gpus 0 "${only[@]}"
-  search two "$W/two.db" --max-tactics "$MAXT" --budget-s "${BUDGET_S:-2}" --buckets "$SAMPLE" --gpus 0,1 "${only[@]}"
+  local common=(--max-tactics "$MAXT" --budget-s "${BUDGET_S:-2}"); [ -n "${ONLY:-}" ] && common+=(--only "$ONLY")
+  search one "$W/one.db" "${common[@]}" --buckets "$SAMPLE" --gpus 0
+  search two "$W/two.db" "${common[@]}" --buckets "$SAMPLE" --gpus 0,1
   python3 bench/compare_winners.py "$W/one.db" "$W/two.db" --json "$OUT/one_vs_two.json" | tail -12 | tee -a "$OUT/runs.txt"
-  [ "${PAIR_MERGE:-1}" = 1 ] || return 0
-  # two independent one-GPU processes (as two hosts would run), then their caches merged
-  a=$(date +%s.%N)
-  search lo "$W/lo.db" --max-tactics "$MAXT" --buckets "$LO" --gpus 0 "${only[@]}" &
-  search hi "$W/hi.db" --max-tactics "$MAXT" --buckets "$HI" --gpus 1 "${only[@]}" &
-  wait; b=$(date +%s.%N)
-  echo "lo+hi concurrently: wall $(python3 -c "print(round($b-$a,1))") s" | tee -a "$OUT/runs.txt"
-  python3 -m cli cache export --cache "$W/lo.db" -o "$W/lo.export" && python3 -m cli cache export --cache "$W/hi.db" -o "$W/hi.export" \
-    && python3 -m cli cache merge "$W/lo.export" "$W/hi.export" -o "$W/merged.db" 2>&1 | tail -2 | tee -a "$OUT/runs.txt"
-  python3 bench/compare_winners.py "$W/merged.db" "$W/two.db" --json "$OUT/merged_vs_two.json" | tail -12 | tee -a "$OUT/runs.txt"
-  tar czf "$OUT/pair.tgz" -C "$W" one.db two.db lo.db hi.db merged.db one.txt two.txt
+  if [ "${PAIR_MERGE:-1}" = 1 ]; then
+    # two independent one-GPU processes (as two hosts would run), then their caches merged
+    local a b; a=$(date +%s.%N)
+    search lo "$W/lo.db" "${common[@]}" --buckets "$LO" --gpus 0 &
+    search hi "$W/hi.db" "${common[@]}" --buckets "$HI" --gpus 1 &
+    wait; b=$(date +%s.%N)
+    echo "lo+hi concurrently: wall $(python3 -c "print(round($b-$a,1))") s" | tee -a "$OUT/runs.txt"
+    python3 -m cli cache export --cache "$W/lo.db" -o "$W/lo.export" && python3 -m cli cache export --cache "$W/hi.db" -o "$W/hi.export" \
+      && python3 -m cli cache merge "$W/lo.export" "$W/hi.export" -o "$W/merged.db" 2>&1 | tail -2 | tee -a "$OUT/runs.txt"
+    python3 bench/compare_winners.py "$W/merged.db" "$W/two.db" --json "$OUT/merged_vs_two.json" | tail -12 | tee -a "$OUT/runs.txt"
+  fi
+  tar czf "$OUT/pair.tgz" -C "$W" $(cd "$W" && ls one.db two.db lo.db hi.db merged.db one.txt two.txt 2>/dev/null)
 }
 
 full() {
@@ -76,16 +78,11 @@ w4a4() {
 }
 
 left() { echo $(( ${BUDGET_END:-585} - ($(date +%s) - T0) )); }
-if [ "${PAIR_AFTER:-0}" = 1 ]; then
-  [ "${FULL:-1}" = 1 ] && full
-  [ "${W4A4:-0}" = 1 ] && [ "$(left)" -gt 60 ] && W4A4_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) w4a4
-  if [ "${PAIR:-1}" = 1 ] && [ "$(left)" -gt "${PAIR_NEEDS:-150}" ]; then pair; else echo "pair skipped: $(left) s left" | tee -a "$OUT/runs.txt"; fi
-  tar czf "$OUT/pair_only.tgz" -C "$W" $(cd "$W" && ls one.db two.db one.txt two.txt 2>/dev/null) 2>/dev/null
-else
-  [ "${PAIR:-1}" = 1 ] && pair
-  [ "${FULL:-1}" = 1 ] && full
-  [ "${W4A4:-0}" = 1 ] && w4a4
-fi
+declare -A NEEDS=([pair]=${PAIR_NEEDS:-150} [full]=60 [w4a4]=60)   # seconds a phase needs to start
+for phase in ${PHASES:-pair full}; do
+  if [ "$(left)" -gt "${NEEDS[$phase]}" ]; then W4A4_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) "$phase"
+  else echo "$phase skipped: $(left) s left" | tee -a "$OUT/runs.txt"; fi
+done
 # at most 8 files come back: the text results travel as one archive
 (cd "$OUT" && tar czf texts.tgz $(ls *.txt *.json 2>/dev/null) && rm -f *.txt *.json)
 ls -la "$OUT"

@@ -138,7 +138,15 @@ def render(src: str, dst: str) -> int:
         lines.append(f"| {row['n']} | {row['k']} | {row['m']} | {f(t['whole_us'])} | {f(t['gemm_us'])} | {f(t['quant_us'])} | "
                      f"{f(d['whole_us']) if d else '-'} | {f(row['w4a16_default_us'])} | {f(row['cublas_bf16_us'])} | {cfg} |")
     errs = sum(len(row["errors"]) for row in r["rows"])
-    lines += ["", f"Configs that failed their check or build: {errs}."]
+    checked = sum(len(row["configs"]) + len(row["errors"]) for row in r["rows"])
+
+    def span(xs):
+        return f"{min(xs):.2f}–{max(xs):.2f}"
+    rows = r["rows"]
+    lines += ["", f"Over all rows: tuned whole call / W4A16 default {span([x['tuned']['whole_us'] / x['w4a16_default_us'] for x in rows])}×; "
+              f"/ cuBLAS bf16 {span([x['tuned']['whole_us'] / x['cublas_bf16_us'] for x in rows])}×; quantizer share of the "
+              f"tuned whole call {span([x['tuned']['quant_us'] / x['tuned']['whole_us'] for x in rows])}.",
+              "", f"Configs that failed their check or build: {errs} of {checked}."]
     for row in r["rows"]:
         for tid, e in row["errors"].items():
             lines.append(f"* n{row['n']} k{row['k']} m={row['m']} {tid}: {e}")
