@@ -23,7 +23,7 @@ def _problems(model, tp, ep, include_attention):
 
 
 def _buckets(buckets, max_tokens):
-    from autotune.buckets import Buckets, hybrid
+    from autotune.core.buckets import Buckets, hybrid
     try:
         b = Buckets.parse(buckets) if buckets else Buckets(hybrid(max_tokens))
         if buckets and max_tokens:
@@ -34,7 +34,7 @@ def _buckets(buckets, max_tokens):
 
 
 def _arch(name):
-    from tactics.arch import detect, get_arch
+    from autotune.core.arch import detect, get_arch
     try:
         return get_arch(name) if name else detect()
     except ValueError as e:
@@ -97,9 +97,9 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
            max_tactics, retry_failed, dry_run, as_json, list_tactics=None):
     """Tune every FP4 GEMM of a model and store the winners."""
-    from autotune import bench
-    from autotune.search import search as run_search
-    from tactics.arch import detect
+    from autotune.engine import bench
+    from autotune.engine.search import search as run_search
+    from autotune.core.arch import detect
 
     if from_misses:
         uses, b = _from_misses(cache, model, tp, ep, include_attention)
@@ -119,7 +119,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
     runner, halving = _runner(budget_s, exhaustive, gpus, workers, ray_address, compile_workers, timeout_s, no_isolate)
     measuring = not dry_run and target == detect()
     store = _open_store(cache) if measuring else None
-    from autotune.workers import WorkerStartError
+    from autotune.engine.workers import WorkerStartError
     try:
         report = run_search([u.problem for u in uses], families=fams, store=store, buckets=b, arch=target,
                             margin=margin, timer=bench.TimerConfig(budget_s=budget_ms / 1000), halving=halving,
@@ -138,7 +138,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
         for fp in report.plans.get(u.problem.key, []):
             click.echo(f"  {report.arch}: {fp.line()}")
         if list_tactics:    # one line per tactic: "kept" / "REJECTED" / "unknown", smem, reason
-            from autotune.search import plan as _plan
+            from autotune.engine.search import plan as _plan
             shown = [f for f in fams if f.name in {n.strip() for n in list_tactics.split(",")}]
             for r in _plan([u.problem], shown, target)[u.problem]:
                 v = r.verdict
@@ -175,9 +175,9 @@ def _from_misses(cache, model, tp, ep, include_attention):
     """(uses, buckets) for the misses recorded on this device: exactly those problems and M values."""
     import os
 
-    from autotune.buckets import Buckets
-    from autotune.dispatch import MISSES_ENV, search_input_from_misses
-    from autotune.env import current
+    from autotune.core.buckets import Buckets
+    from autotune.runtime.dispatch import MISSES_ENV, search_input_from_misses
+    from autotune.core.env import current
     from autotune.models import ProblemUse
     src = os.environ.get(MISSES_ENV) or cache
     store = _open_store(src, readonly=True)
@@ -190,8 +190,8 @@ def _from_misses(cache, model, tp, ep, include_attention):
 
 
 def _runner(budget_s, exhaustive, gpus, workers, ray_address, compile_workers, timeout_s, no_isolate):
-    from autotune.halving import Halving
-    from autotune.search import Runner
+    from autotune.engine.halving import Halving
+    from autotune.engine.search import Runner
     ids: tuple[int, ...] = ()
     if gpus:
         try:
@@ -236,7 +236,7 @@ def models():
 @main.command()
 def archs():
     """List the arch profiles (numbers from reference/hardware.md)."""
-    from tactics.arch import ARCHS, detect
+    from autotune.core.arch import ARCHS, detect
     live = detect().name
     click.echo(f"{'arch':6} {'cc':5} {'smem/block':>10} {'smem/SM':>8} {'threads/SM':>10} {'blocks/SM':>9}  fp4")
     for a in ARCHS.values():
@@ -329,7 +329,7 @@ def report(output, model, tp, ep, cache, measure_ceilings, plan_arch, families):
     store = _open_store(cache, readonly=True)
     summary = _summary(store, keys)
     if archs:
-        from autotune.problem import Problem
+        from autotune.core.problem import Problem
         from autotune.report.model import static_plans
         pkeys = sorted(keys) if keys else [p.key for p in store.problems()]
         summary.plans = static_plans([Problem.from_key(k) for k in pkeys], fams, archs)
@@ -391,7 +391,7 @@ def cache_import(path, cache):
 def cache_merge(paths, output, fmt):
     """Combine exports into one, validating every entry (a later file wins on conflicts)."""
     from cache import CacheError
-    from cache.portable import merge_exports
+    from autotune.integrations.portable import merge_exports
     from tactics import registry
     try:
         rep = merge_exports(paths, output, fmt=fmt, validate=registry.validate)
@@ -411,9 +411,9 @@ def cache_merge(paths, output, fmt):
 @click.option("--cache", default=None)
 def cache_prune(keep_gpu, drop_gpu, stale_libs, drop_misses, dry_run, cache):
     """Drop trials, winners and misses of environments no longer wanted."""
-    from autotune.env import current
+    from autotune.core.env import current
     from cache import CacheError
-    from cache.portable import _select_devices, prune
+    from autotune.integrations.portable import _select_devices, prune
     if not (keep_gpu or drop_gpu or stale_libs or drop_misses):
         raise BadInput("nothing to prune: give --keep-gpu, --drop-gpu, --stale-libs or --misses")
     store = _open_store(cache, readonly=dry_run)

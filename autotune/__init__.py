@@ -1,15 +1,38 @@
 """fp4-autotune: tune FP4 GEMMs, keep the winners in SQLite, dispatch them at run time.
 
-`autotune.search` and `autotune.dispatch` are the functions; their modules stay importable with
-`from autotune.search import …` (the submodules are loaded first so the names bind to the
-functions, not the modules).
+The names below load lazily (PEP 562): `import autotune` costs nothing, `autotune.dispatch`
+loads only the runtime layer and `autotune.search` the engine. The layers and what each may
+import are in docs/architecture.md.
 """
-import autotune.dispatch  # noqa: F401  (load the submodules before rebinding their names)
-import autotune.search  # noqa: F401
-from autotune.api import search
-from autotune.buckets import Buckets
-from autotune.dispatch import Dispatcher, dispatch
-from autotune.formats import FP4Weight, quantize
-from autotune.problem import Problem
+from __future__ import annotations
 
-__all__ = ["Buckets", "Dispatcher", "FP4Weight", "Problem", "dispatch", "quantize", "search"]
+import importlib
+
+_EXPORTS = {
+    "search": ("autotune.api", "search"),
+    "dispatch": ("autotune.runtime.dispatch", "dispatch"),
+    "Dispatcher": ("autotune.runtime.dispatch", "Dispatcher"),
+    "FP4Linear": ("autotune.runtime.nn", "FP4Linear"),
+    "FP4MoE": ("autotune.runtime.nn", "FP4MoE"),
+    "Buckets": ("autotune.core.buckets", "Buckets"),
+    "FP4Weight": ("autotune.core.formats", "FP4Weight"),
+    "quantize": ("autotune.core.formats", "quantize"),
+    "Problem": ("autotune.core.problem", "Problem"),
+    "Tactic": ("autotune.core.tactic", "Tactic"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'autotune' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value          # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

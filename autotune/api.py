@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from autotune.buckets import Buckets, hybrid
-from autotune.problem import Problem
+from autotune.core.buckets import Buckets, hybrid
+from autotune.core.problem import Problem
 
 
 def search(model_or_problems: str | Sequence[Problem], *, tp: int = 1, ep: int = 1,
@@ -14,12 +14,12 @@ def search(model_or_problems: str | Sequence[Problem], *, tp: int = 1, ep: int =
     """Tune a model preset / config.json path, or an explicit list of Problems.
 
     Returns the SearchReport; winners land in `cache` (default: $AUTOTUNE_CACHE or the user
-    cache directory). `options` go to `autotune.search.search` (margin, timer, retry_failed…).
+    cache directory). `options` go to `autotune.engine.search.search` (margin, timer, retry_failed…).
     """
-    from autotune.search import search as run
+    from autotune.engine.search import search as run
     from cache import Store
     from tactics import registry
-    from tactics.arch import detect, get_arch
+    from autotune.core.arch import detect, get_arch
 
     if isinstance(model_or_problems, str):
         from autotune.models import problems_for

@@ -5,7 +5,7 @@ one-GPU vs several-GPU runs and for a merged cache against the run it should rep
 
 A pair counts as the same when the tactic is the same, or, failing that, as a tie when each
 cache's own winner and the other's are within the winner rule's tie tolerance in the cache that
-timed both (autotune.winner.TIE_TOLERANCE; a tactic successive halving dropped early has only
+timed both (autotune.core.winner.TIE_TOLERANCE; a tactic successive halving dropped early has only
 a short timing, which is shown as such). Prints one line per differing pair and a summary.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.winner import TIE_TOLERANCE  # noqa: E402
+from autotune.core.winner import TIE_TOLERANCE  # noqa: E402
 
 
 def winners(path: str) -> dict[tuple[str, int], tuple[str, float]]:

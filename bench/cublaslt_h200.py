@@ -49,14 +49,14 @@ def time_mm(mm, alg, iters: int, reps: int) -> tuple[float, float]:
 
 def phase1(args) -> dict:
     import torch
-    from autotune.problem import Problem
+    from autotune.core.problem import Problem
     from tactics import cublaslt as cl
     out = {"device": torch.cuda.get_device_name(0), "cc": list(torch.cuda.get_device_capability(0)),
            "cublas": cl.cublas_version(), "torch": torch.__version__, "m": args.m, "iters": args.iters,
            "reps": args.reps, "problems": []}
     fam = cl.CublasLtFamily()
     out["available"] = fam.available("cuda")
-    from tactics.arch import detect
+    from autotune.core.arch import detect
     arch = detect()
     for key in PROBLEMS:
         p = Problem.from_key(key)
@@ -109,9 +109,9 @@ def phase2(args) -> None:
     a fresh heuristic plan returns with the same 64 algorithm bytes; check numerics."""
     import torch
     from nvmath.linalg.advanced import MatmulPlanPreferences
-    from autotune.problem import Problem
+    from autotune.core.problem import Problem
     from tactics import cublaslt as cl
-    from tactics.base import Tactic
+    from autotune.core.tactic import Tactic
     data = json.loads(Path(args.replay).read_text())
     fam = cl.CublasLtFamily()
     for prob in data["problems"]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune import bench  # noqa: E402
-from autotune.dispatch import Dispatcher  # noqa: E402
+from autotune.engine import bench  # noqa: E402
+from autotune.runtime.dispatch import Dispatcher  # noqa: E402
 from autotune.models import problems_for  # noqa: E402
 
 

@@ -57,9 +57,9 @@ def _timeit(fn_loop, ms: list[int], reps: int, batch: int) -> dict:
 def _our_cache(path: Path, buckets: tuple[int, ...]):
     """A cache with one torch-family winner per bucket for the CPU environment (varying tactics,
     so the table holds distinct kernels), written through the normal Store API."""
-    from autotune.env import cpu
-    from autotune.problem import Problem
-    from autotune.records import Winner
+    from autotune.core.env import cpu
+    from autotune.core.problem import Problem
+    from autotune.core.records import Winner
     from cache import Store
     from tactics import registry
     from tactics.torch_ref import CHUNKS, DTYPES
@@ -78,9 +78,9 @@ def _our_cache(path: Path, buckets: tuple[int, ...]):
 
 
 def bench_ours(ms: list[int], reps: int, batch: int, buckets: tuple[int, ...]) -> dict:
-    from autotune.dispatch import Dispatcher
-    from autotune.problem import Problem
-    from tactics.base import Tactic
+    from autotune.runtime.dispatch import Dispatcher
+    from autotune.core.problem import Problem
+    from autotune.core.tactic import Tactic
 
     with tempfile.TemporaryDirectory() as d:
         env, p = _our_cache(Path(d) / "cache.db", buckets)
@@ -222,7 +222,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    from autotune.buckets import hybrid
+    from autotune.core.buckets import hybrid
     rng = random.Random(a.seed)
     ms = [rng.randint(1, MAX_TOKENS) for _ in range(max(a.calls, 2 * a.batch))]
     buckets = hybrid(MAX_TOKENS)

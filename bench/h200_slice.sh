@@ -25,8 +25,8 @@ tail -5 "$OUT/search.txt"; tail -5 "$OUT/search.err"
 python3 -m cli show --model glm5 --tp 8 > "$OUT/show.txt" 2>&1; cat "$OUT/show.txt" | head -60
 python3 - <<'PY' | tee "$OUT/dispatch.txt"
 import torch
-from autotune import bench
-from autotune.dispatch import Dispatcher
+from autotune.engine import bench
+from autotune.runtime.dispatch import Dispatcher
 from autotune.models import problems_for
 d = Dispatcher(record_misses=False)
 for u in problems_for("glm5", tp=8):

@@ -6,7 +6,7 @@
 2. precompiles every candidate in 16 processes through TritonFamily.precompile, then checks that
    the JIT launch found it in the cache (first-launch time);
 3. correctness: each candidate against the float64 reference with NaN-poisoned outputs;
-4. timing (autotune.bench.time_calls: cold L2 rotation, CUDA-graph replay for short calls) of
+4. timing (autotune.engine.bench.time_calls: cold L2 rotation, CUDA-graph replay for short calls) of
    decode candidates at M = 1, 16 and prefill candidates at M = 4096 on GLM-5 shapes, with
    cuBLAS bf16 on pre-dequantized weights beside them.
 Writes explore.json to --out and prints a short table.
@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.problem import Problem  # noqa: E402
-from tactics.base import Tactic  # noqa: E402
+from autotune.core.problem import Problem  # noqa: E402
+from autotune.core.tactic import Tactic  # noqa: E402
 from tactics.triton_fp4.family import DQ_KERNEL, DQ_TILE, TritonFamily  # noqa: E402
 
 FAM = TritonFamily()
@@ -47,8 +47,8 @@ DQ = Tactic("triton", kernel=DQ_KERNEL, **DQ_TILE)
 
 def _pre(args):
     key, tj = args
-    from autotune.problem import Problem
-    from tactics.arch import get_arch
+    from autotune.core.problem import Problem
+    from autotune.core.arch import get_arch
     t0 = time.perf_counter()
     try:
         smem = FAM.precompile(Problem.from_key(key), Tactic.from_json(tj), get_arch("sm90"))
@@ -67,7 +67,7 @@ def main() -> int:
 
     # -- 2. precompile (before CUDA is initialised in this process) --
     items = sorted({(p.key, c.to_json()) for name, p in probs.items() for c in cands[name]
-                    if FAM.verdict(p, c, __import__("tactics.arch", fromlist=["x"]).get_arch("sm90")).ok})
+                    if FAM.verdict(p, c, __import__("autotune.core.arch", fromlist=["x"]).get_arch("sm90")).ok})
     t0 = time.perf_counter()
     import multiprocessing as mp
     with ProcessPoolExecutor(16, mp_context=mp.get_context("spawn")) as ex:
@@ -83,8 +83,8 @@ def main() -> int:
     import torch
     import triton
 
-    from autotune import bench
-    from tactics.arch import detect
+    from autotune.engine import bench
+    from autotune.core.arch import detect
     arch = detect()
     res["env"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                   "arch": arch.name}

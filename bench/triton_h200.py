@@ -12,7 +12,7 @@
      1 … 8192: the best of a bucket-specific candidate list ("tuned"), the family default, and
      cuBLAS bf16 (torch.matmul on weights dequantized to bf16 beforehand). Every candidate is checked
      against the float64 reference with a NaN-poisoned output before it is timed. All columns use
-     autotune.bench.time_calls: input sets rotated to exceed twice the L2, CUDA-graph replay of 32
+     autotune.engine.bench.time_calls: input sets rotated to exceed twice the L2, CUDA-graph replay of 32
      calls when a call is under 200 µs, events otherwise;
   3. search cost vs triton.autotune, each in a fresh process with an empty Triton cache: the same
      kernel and the same configs (a fixed sample of the family's enumeration, over-limit configs
@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.problem import Problem  # noqa: E402
-from tactics.base import Tactic  # noqa: E402
+from autotune.core.problem import Problem  # noqa: E402
+from autotune.core.tactic import Tactic  # noqa: E402
 from tactics.triton_fp4.family import DQ_KERNEL, DQ_TILE, TritonFamily  # noqa: E402
 
 FAM = TritonFamily()
@@ -83,7 +83,7 @@ def glm5_problems() -> list[tuple[str, Problem]]:
 
 def _pre_one(args):
     key, tj, arch = args
-    from tactics.arch import get_arch
+    from autotune.core.arch import get_arch
     t0 = time.perf_counter()
     try:
         smem = FAM.precompile(Problem.from_key(key), Tactic.from_json(tj), get_arch(arch))
@@ -140,7 +140,7 @@ class Inputs:
     def __init__(self, p: Problem, seed: int):
         import torch
 
-        from autotune import bench
+        from autotune.engine import bench
         self.p = p
         gen = torch.Generator().manual_seed(seed)
         w0 = bench.random_weight(p, "cuda", gen)
@@ -152,14 +152,14 @@ class Inputs:
     def sets(self, m: int, seed: int):
         import torch
 
-        from autotune import bench
+        from autotune.engine import bench
         g = torch.Generator(device="cuda").manual_seed(seed)
         return [bench.InputSet(torch.randn(m, self.p.k, device="cuda", generator=g).to(torch.bfloat16), w)
                 for w in self.w]
 
 
 def measure(p: Problem, tactic: Tactic, sets, ref, outs, timer) -> dict:
-    from autotune import bench
+    from autotune.engine import bench
     k = FAM.build(p, tactic, "cuda")
     try:
         err = bench.check(p, k, sets[0], ref)
@@ -173,8 +173,8 @@ def measure(p: Problem, tactic: Tactic, sets, ref, outs, timer) -> dict:
 def table_phase(res: dict, out: Path, deadline: float) -> None:
     import torch
 
-    from autotune import bench
-    from tactics.arch import detect
+    from autotune.engine import bench
+    from autotune.core.arch import detect
     arch = detect()
     timer = bench.TimerConfig(budget_s=0.03, max_reps=20)
     rows = res.setdefault("table", [])
@@ -220,7 +220,7 @@ def table_phase(res: dict, out: Path, deadline: float) -> None:
 
 def search_sample() -> list[Tactic]:
     """A fixed sample of the family's enumeration for sm90, with over-limit configs in it."""
-    from tactics.arch import get_arch
+    from autotune.core.arch import get_arch
     p = Problem.dense(*SEARCH_PROBLEMS[0])
     space = [t for t in FAM.enumerate(p, get_arch("sm90")) if t["kernel"] != DQ_KERNEL]
     rng = random.Random(4)
@@ -238,7 +238,7 @@ def _autotune_child(out_json: str) -> None:
     import torch
     import triton
 
-    from autotune import bench
+    from autotune.engine import bench
     from tactics.triton_fp4.kernel import w4a16_dequant_kernel
     sample = search_sample()
     configs = [triton.Config({"BLOCK_M": t["block_m"], "BLOCK_N": t["block_n"], "BLOCK_K": t["block_k"],
@@ -279,7 +279,7 @@ def _autotune_child(out_json: str) -> None:
 def _ours_child(out_json: str) -> None:
     """Our search over the same sample: verdict, parallel precompile, check, graph-timed median."""
     t_all = time.perf_counter()
-    from tactics.arch import get_arch
+    from autotune.core.arch import get_arch
     sample = search_sample()
     arch = get_arch("sm90")
     kept = {(n, k): [t for t in sample if FAM.verdict(Problem.dense(n, k), t, arch).ok] for n, k in SEARCH_PROBLEMS}
@@ -287,7 +287,7 @@ def _ours_child(out_json: str) -> None:
     pre = precompile(items, "sm90")
     import torch
 
-    from autotune import bench
+    from autotune.engine import bench
     result = {"precompile_s": pre["wall_s"], "compiled": pre["compiled"], "problems": []}
     timer = bench.TimerConfig(budget_s=0.02, max_reps=10)
     for n, k in SEARCH_PROBLEMS:
@@ -316,8 +316,8 @@ def _exhaustive(ours: dict, theirs: dict) -> list[dict]:
     """Re-time every kept sample config carefully (default TimerConfig) per (problem, bucket)."""
     import torch
 
-    from autotune import bench
-    from tactics.arch import detect
+    from autotune.engine import bench
+    from autotune.core.arch import detect
     arch = detect()
     sample = search_sample()
     rows = []
@@ -362,7 +362,7 @@ def search_phase(res: dict, out: Path) -> None:
         res[f"search_{who}"] = {**json.loads(Path(oj).read_text()), "process_wall_s": time.perf_counter() - t0}
     smp = search_sample()
     precompile([(Problem.dense(*SEARCH_PROBLEMS[0]).key, t.to_json()) for t in smp
-                if FAM.verdict(Problem.dense(*SEARCH_PROBLEMS[0]), t, __import__("tactics.arch", fromlist=["x"]).get_arch("sm90")).ok], "sm90")
+                if FAM.verdict(Problem.dense(*SEARCH_PROBLEMS[0]), t, __import__("autotune.core.arch", fromlist=["x"]).get_arch("sm90")).ok], "sm90")
     res["search_exhaustive"] = _exhaustive(res["search_ours"], res["search_autotune"])
     res["search_sample"] = [t.params for t in search_sample()]
 
@@ -372,10 +372,10 @@ def moe_phase(res: dict) -> None:
     the torch family's default, skewed top-8 routing, same timer as the table."""
     import torch
 
-    from autotune import bench
+    from autotune.engine import bench
     from autotune.models import problems_for
     from tactics import registry
-    from tactics.arch import detect
+    from autotune.core.arch import detect
     arch = detect()
     torch_fam = registry.get("torch")
     # CUDA-graph replay for every call: the routing alignment is a handful of small torch ops whose
@@ -414,7 +414,7 @@ def run(a) -> int:
     res: dict = {"command": "python3 bench/triton_h200.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     phases = a.phases.split(",")
     if "table" in phases:
-        from tactics.arch import get_arch
+        from autotune.core.arch import get_arch
         items = [(p.key, c.to_json()) for _, p in glm5_problems() for m in BUCKETS for c in candidates(m) + [FAM.default(p, get_arch("sm90"))]
                  if FAM.verdict(p, c, get_arch("sm90")).ok]
         pre = precompile(items, "sm90")
@@ -422,7 +422,7 @@ def run(a) -> int:
         print(f"precompiled {pre['compiled']} in {pre['wall_s']:.1f}s errors {pre['errors']}", flush=True)
     import torch
     import triton
-    from tactics.arch import detect
+    from autotune.core.arch import detect
     res["env"] = {"gpu": torch.cuda.get_device_name(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
                   "l2_MiB": torch.cuda.get_device_properties(0).L2_cache_size / 2**20,
                   "torch": torch.__version__, "triton": triton.__version__, "arch": detect().name}
@@ -472,7 +472,7 @@ def render(src: str, dst: str) -> int:
          f"**Ceilings, measured in the same run:** device-to-device copy {ce['copy_GBps']:.0f} GB/s "
          f"(1 GiB, bytes read + written); bf16 GEMM {ce['bf16_TFLOPs']:.0f} TFLOP/s (8192³ torch.matmul, random data).",
          "",
-         "**Method (every column):** `autotune.bench.time_calls` — input sets (weights and activations) rotated so "
+         "**Method (every column):** `autotune.engine.bench.time_calls` — input sets (weights and activations) rotated so "
          "they exceed twice the L2, CUDA-graph replay of 32 calls when one call is under 200 µs, CUDA events per "
          "call otherwise; median. Every Triton config and cuBLAS were first checked against the float64 reference "
          "with a NaN-poisoned output. *tuned* = best of the bucket's candidate list in `candidates()` "
@@ -527,7 +527,7 @@ def render(src: str, dst: str) -> int:
               "`metadata.shared` among those compiled here.", ""]
     so, sa, ex = res.get("search_ours"), res.get("search_autotune"), res.get("search_exhaustive")
     if so and sa and ex:
-        n_over = sum(1 for t in res["search_sample"] if not FAM.verdict(Problem.dense(*SEARCH_PROBLEMS[0]), Tactic("triton", t), __import__("tactics.arch", fromlist=["x"]).get_arch("sm90")).ok)
+        n_over = sum(1 for t in res["search_sample"] if not FAM.verdict(Problem.dense(*SEARCH_PROBLEMS[0]), Tactic("triton", t), __import__("autotune.core.arch", fromlist=["x"]).get_arch("sm90")).ok)
         L += ["## Search cost against triton.autotune", "",
               f"Same kernel, same {len(res['search_sample'])} configs (a fixed sample of the family's enumeration, "
               f"{n_over} of them over the shared-memory limit or otherwise rejected by the verdict), GLM-5 TP8 "

@@ -17,9 +17,9 @@ import time
 
 from joblib import Parallel, delayed
 
-from autotune.problem import Problem
-from tactics.arch import get_arch
-from tactics.base import Tactic
+from autotune.core.problem import Problem
+from autotune.core.arch import get_arch
+from autotune.core.tactic import Tactic
 
 ARCHS = ("sm89", "sm90", "sm100", "sm120", "sm121")
 PROBLEMS = (Problem.dense(3072, 6144), Problem.moe(512, 6144, experts=256, top_k=8))

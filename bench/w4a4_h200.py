@@ -9,7 +9,7 @@ member's kept space (plus its default) is checked against the float64 reference 
 quantized by the torch reference, NaN-poisoned output), then timed as a whole call (our
 activation quantizer + the dot_scaled GEMM). The best ("tuned") and the default are then timed
 three ways: whole call, GEMM alone on activations quantized beforehand, quantizer alone. Every
-column uses autotune.bench.time_calls (graph replay, input sets rotated past twice the L2).
+column uses autotune.engine.bench.time_calls (graph replay, input sets rotated past twice the L2).
 For scale, the fused W4A16 default and cuBLAS bf16 on the same weights dequantized beforehand.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.problem import Problem  # noqa: E402
+from autotune.core.problem import Problem  # noqa: E402
 
 SHAPES = [(512, 6144), (3072, 6144), (6144, 256), (6144, 1536)]   # GLM-5 TP8 dense (n, k)
 BUCKETS = [1, 16, 128, 1024, 4096, 8192]
@@ -38,10 +38,10 @@ DEV = "cpu" if SMOKE else "cuda"
 def run(out: Path) -> int:
     import torch
 
-    from autotune import bench
+    from autotune.engine import bench
     from tactics import registry
-    from tactics.arch import detect
-    from tactics.arch import ARCHS
+    from autotune.core.arch import detect
+    from autotune.core.arch import ARCHS
     fam, arch = registry.get("triton"), (ARCHS["cpu"] if SMOKE else detect())
     timer = bench.TimerConfig(budget_s=0.05, max_reps=30)
     quick = bench.TimerConfig(budget_s=0.01, max_reps=10)
@@ -124,7 +124,7 @@ def render(src: str, dst: str) -> int:
         f"fastest whole call among the default and an evenly spaced sample of {SAMPLE} kept configs, every "
         "one checked against float64 first; *whole* = quantize + GEMM (what a call of the member does and "
         "what the search times); *GEMM* = the dot_scaled kernel alone on activations quantized beforehand; "
-        "*quant* = our activation quantizer alone. All times µs, `autotune.bench.time_calls` (CUDA-graph "
+        "*quant* = our activation quantizer alone. All times µs, `autotune.engine.bench.time_calls` (CUDA-graph "
         "replay, input sets rotated past twice the L2, median). For scale: the fused W4A16 default on the "
         "same weights with bf16 activations, and cuBLAS bf16 on the weights dequantized beforehand.",
         "",

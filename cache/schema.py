@@ -1,6 +1,6 @@
 """ORM tables of the tactic cache (SQLAlchemy 2.x declarative style).
 
-Only plain records (autotune.records) leave the cache package; these row classes stay inside.
+Only plain records (autotune.core.records) leave the cache package; these row classes stay inside.
 Keys follow anchors.md §2: a trial is keyed by (problem, bucket, tactic, device, libs), a winner
 by (problem, bucket, device) and carries the lib_key it was measured under, so each entry can be
 validated on its own.

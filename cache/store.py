@@ -1,6 +1,6 @@
 """Store: the persistent tactic cache (SQLite by default, any SQLAlchemy URL accepted).
 
-Every method takes and returns the plain records of autotune.records; ORM rows never leave this
+Every method takes and returns the plain records of autotune.core.records; ORM rows never leave this
 module. Writes are short transactions (one per trial) retried on "database is locked", so
 several tuning processes can share one SQLite file in WAL mode.
 """
@@ -21,10 +21,10 @@ from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from autotune.env import Env
-from autotune.problem import Problem
-from autotune.records import Miss, Trial, Winner
-from tactics.base import Tactic, canonical_json
+from autotune.core.env import Env
+from autotune.core.problem import Problem
+from autotune.core.records import Miss, Trial, Winner
+from autotune.core.tactic import Tactic, canonical_json
 
 from cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)

@@ -21,10 +21,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune import prepack                            # noqa: E402
-from autotune.dispatch import RUNGS, Dispatcher         # noqa: E402
-from autotune.formats import FP4Weight, quantize        # noqa: E402
-from autotune.problem import Problem                    # noqa: E402
+from autotune.runtime import prepack                            # noqa: E402
+from autotune.runtime.dispatch import RUNGS, Dispatcher         # noqa: E402
+from autotune.core.formats import FP4Weight, quantize        # noqa: E402
+from autotune.core.problem import Problem                    # noqa: E402
 
 
 class FP4LinearMethod:
@@ -60,10 +60,10 @@ class EngineLinear(nn.Module):
 
 
 def tune(cache: Path, problems: list[Problem], buckets: tuple[int, ...]) -> None:
-    from autotune import bench
-    from autotune.buckets import Buckets
-    from autotune.env import current
-    from autotune.search import search
+    from autotune.engine import bench
+    from autotune.core.buckets import Buckets
+    from autotune.core.env import current
+    from autotune.engine.search import search
     from cache import Store
     from tactics import registry
     with Store(cache) as store:

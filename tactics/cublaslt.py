@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tactics.base import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict
 
 NAME = "cublaslt"
 #: readable configuration fields, read from nvmath's Algorithm on the device
@@ -175,7 +175,7 @@ def _quantize_operands(problem: Any, x: Any, w: Any) -> tuple[Any, Any, dict, di
             xq = (x.float() / xs).to(torch.float8_e4m3fn)
         return xq, wq.T, {"result_type": "bf16"}, {"a": xs, "b": float(ws)}
     # NVFP4 x NVFP4 with VEC16_UE4M3 block scales in the 128x4 layout cuBLASLt reads
-    from autotune.formats import quantize_activation_nvfp4, swizzle_128x4
+    from autotune.core.formats import quantize_activation_nvfp4, swizzle_128x4
     in_scale = float(w.input_scale) if getattr(w, "input_scale", None) is not None else 1.0
     xp, xs = quantize_activation_nvfp4(x, in_scale)
     a = xp.view(torch.float4_e2m1fn_x2)
@@ -237,7 +237,7 @@ class CublasLtFamily:
         """True when this process can ask cuBLASLt on a GPU of `arch`."""
         try:
             import torch
-            from tactics.arch import detect
+            from autotune.core.arch import detect
             return torch.cuda.is_available() and detect().name == arch.name and CublasLtFamily().available("cuda")[0]
         except Exception:
             return False
@@ -354,7 +354,7 @@ class Launcher:
 def operands(problem: Any, m: int, device: str, seed: int = 0) -> tuple[Any, Any]:
     """Random (x, w) for a problem: bf16 activations; bf16, (fp8, scale) or FP4Weight weights."""
     import torch
-    from autotune.bench import make_inputs
+    from autotune.engine.bench import make_inputs
     g = torch.Generator().manual_seed(seed)
     if problem.w_fmt in ("nvfp4", "mxfp4"):
         s = make_inputs(problem, m, device, seed)[0]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 from functools import lru_cache
 
-from tactics.base import Family, Tactic
+from autotune.core.tactic import Tactic
+from tactics.base import Family
 
 FAMILIES: dict[str, str] = {
     "torch": "tactics.torch_ref:TorchFamily",

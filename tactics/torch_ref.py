@@ -12,8 +12,8 @@ from typing import Iterable
 
 import torch
 
-from tactics.arch import Arch
-from tactics.base import Tactic, Verdict
+from autotune.core.arch import Arch
+from autotune.core.tactic import Tactic, Verdict
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CHUNKS = (0, 512, 2048)
@@ -23,7 +23,7 @@ OUT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def _rows(w, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
     """Dequantize weight rows [n0, n1) of a 2-D FP4Weight."""
-    from autotune.formats import FP4Weight
+    from autotune.core.formats import FP4Weight
     part = FP4Weight(w.packed[n0:n1], w.scales[n0:n1], w.global_scale, w.fmt)
     return part.dequantize(dtype)
 

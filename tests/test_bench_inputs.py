@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import bench
-from autotune.problem import Problem
-from autotune.worker import Bench
+from autotune.engine import bench
+from autotune.core.problem import Problem
+from autotune.engine.worker import Bench
 
 DENSE = Problem.dense(256, 512)
 MOE = Problem.moe(128, 256, experts=8, top_k=2)

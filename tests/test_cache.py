@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from autotune.env import Env
-from autotune.problem import Problem
-from autotune.records import Miss, Trial, Winner
+from autotune.core.env import Env
+from autotune.core.problem import Problem
+from autotune.core.records import Miss, Trial, Winner
 from cache import CacheError, Store, default_url, export_cache, import_cache
 from cache.schema import SCHEMA_VERSION
-from tactics.base import Tactic
+from autotune.core.tactic import Tactic
 from tests.helpers import as_nobody
 
 DEPS = ("triton",)
@@ -423,7 +423,7 @@ def test_tampered_sqlite_export(full, tmp_path):
 def _resign(doc: dict) -> dict:
     """Re-sign a modified document the way a careless tool would, so the per-entry checks are reached."""
     import hashlib
-    from tactics.base import canonical_json
+    from autotune.core.tactic import canonical_json
     payload = {k: v for k, v in doc.items() if k != "checksum"}
     return {**payload, "checksum": hashlib.sha256(canonical_json(payload).encode()).hexdigest()}
 

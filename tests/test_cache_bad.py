@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.env import Env
-from autotune.problem import Problem
-from autotune.records import Winner
+from autotune.core.env import Env
+from autotune.core.problem import Problem
+from autotune.core.records import Winner
 from cache import CacheError, Store, export_cache, import_cache
-from cache.portable import merge_exports
+from autotune.integrations.portable import merge_exports
 from tactics import registry
-from tactics.arch import ARCHS
-from tactics.base import Tactic, canonical_json
+from autotune.core.arch import ARCHS
+from autotune.core.tactic import Tactic, canonical_json
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = Env("NVIDIA H200", "9.0", 132, "cuda", "570.1", "12.8", None, "0.1.0", (("triton", "3.9.0"), ("torch", "2.13.0")))

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from autotune.buckets import Buckets, hybrid, vllm_cudagraph_sizes
-from autotune.problem import Problem
-from autotune.records import Trial
-from autotune.winner import choose
-from tactics.arch import ARCHS, get_arch
-from tactics.base import Tactic, Verdict
+from autotune.core.buckets import Buckets, hybrid, vllm_cudagraph_sizes
+from autotune.core.problem import Problem
+from autotune.core.records import Trial
+from autotune.core.winner import choose
+from autotune.core.arch import ARCHS, get_arch
+from autotune.core.tactic import Tactic, Verdict
 
 
 def test_hybrid_buckets_match_flashinfer():

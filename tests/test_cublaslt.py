@@ -6,11 +6,11 @@ import struct
 
 import pytest
 
-from autotune.problem import Problem
+from autotune.core.problem import Problem
 from tactics import cublaslt as cl
 from tactics import registry
-from tactics.arch import ARCHS, get_arch
-from tactics.base import Tactic
+from autotune.core.arch import ARCHS, get_arch
+from autotune.core.tactic import Tactic
 
 FAM = cl.CublasLtFamily()
 BF16 = Problem.from_key("dense:bf16*bf16->bf16:n4096:k6144")
@@ -133,7 +133,7 @@ def test_build_refuses_another_cublas_version():
 
 def test_depends_on_keys_the_cublas_version():
     assert "cublas" in FAM.depends_on
-    from autotune.env import current
+    from autotune.core.env import current
     assert "cublas" in current().lib_versions(FAM.depends_on)
 
 
@@ -143,7 +143,7 @@ def test_live_enumeration_serialization_and_replay():
     ok, why = FAM.available("cuda")
     if not ok:
         pytest.skip(why)
-    from tactics.arch import detect
+    from autotune.core.arch import detect
     arch = detect()
     ts = FAM.enumerate(BF16, arch)
     assert ts and all(t["algo"] != cl.HEURISTIC for t in ts)

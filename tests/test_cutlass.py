@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.problem import Problem
+from autotune.core.problem import Problem
 from tactics import registry
-from tactics.arch import ARCHS, get_arch
-from tactics.base import Tactic
+from autotune.core.arch import ARCHS, get_arch
+from autotune.core.tactic import Tactic
 from tactics.cutlass import flashinfer_map as fim
 from tactics.cutlass import smem as sm
 from tactics.cutlass.candidates import Kernel, all_kernels, truth_extras
@@ -226,7 +226,7 @@ def test_dry_run_lists_every_cutlass_candidate():
 
 def _run_on_device():
     import torch
-    from autotune.bench import make_inputs, reference
+    from autotune.engine.bench import make_inputs, reference
     arch = "sm120" if torch.cuda.get_device_capability()[0] == 12 else "sm100"
     ok, why = FAM.available("cuda")
     if not ok:

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune import bench
-from autotune.dispatch import Dispatcher, _as_tactic, _parse_pins, search_input_from_misses
-from autotune.env import cpu
-from autotune.problem import Problem
-from autotune.records import Miss, Winner
+from autotune.engine import bench
+from autotune.runtime.dispatch import Dispatcher, _as_tactic, _parse_pins, search_input_from_misses
+from autotune.core.env import cpu
+from autotune.core.problem import Problem
+from autotune.core.records import Miss, Winner
 from cache import Store, export_cache
-from tactics.base import Tactic
+from autotune.core.tactic import Tactic
 from tests.helpers import as_nobody
 
 CPU = cpu()
@@ -348,7 +348,7 @@ def _cli(*args, env=None):
 
 def test_cli_show_misses_and_search_from_misses(tmp_path):
     path = make_cache(tmp_path / "c.db", [])
-    from autotune.env import current
+    from autotune.core.env import current
     dev = current()                                    # this machine's env, as the CLI sees it
     with Store(tmp_path / "m.db") as s:
         s.put_environment(dev, ("torch",))
@@ -379,7 +379,7 @@ def test_example_engine_linear_runs(tmp_path):
 def test_misses_to_search_to_exact_hits_end_to_end(tmp_path):
     """Serve with no winners -> misses recorded -> `autotune search --from-misses` measures exactly
     those (problem, M) -> a new dispatcher answers them from the exact rung."""
-    from autotune.env import current
+    from autotune.core.env import current
     env = current()
     Store(tmp_path / "c.db").close()
     d = Dispatcher(tmp_path / "c.db", env=env, misses=tmp_path / "m.db", warn=False)

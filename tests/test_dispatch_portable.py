@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.dispatch import Dispatcher
-from autotune.env import Env, cpu, current
-from autotune.problem import Problem
-from autotune.records import Miss, Trial, Winner
+from autotune.runtime.dispatch import Dispatcher
+from autotune.core.env import Env, cpu, current
+from autotune.core.problem import Problem
+from autotune.core.records import Miss, Trial, Winner
 from cache import Store, export_cache, import_cache
-from cache.portable import prune
+from autotune.integrations.portable import prune
 from tactics import registry
-from tactics.base import Tactic
+from autotune.core.tactic import Tactic
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = cpu()

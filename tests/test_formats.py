@@ -1,4 +1,4 @@
-"""Tests for autotune.formats: E2M1 coding, packing, NVFP4/MXFP4 quantization, 128x4 swizzle, ModelOpt I/O."""
+"""Tests for autotune.core.formats: E2M1 coding, packing, NVFP4/MXFP4 quantization, 128x4 swizzle, ModelOpt I/O."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from autotune.formats import (
+from autotune.core.formats import (
     E2M1_VALUES, FORMATS, FP4Weight, decode_e2m1, decode_e8m0, encode_e2m1, from_modelopt,
     load_modelopt_safetensors, pack_fp4, quantize, quantize_activation_nvfp4, swizzle_128x4,
     swizzled_size_128x4, to_modelopt, unpack_fp4, unswizzle_128x4,

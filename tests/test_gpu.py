@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from autotune import bench
-from autotune.problem import Problem
+from autotune.engine import bench
+from autotune.core.problem import Problem
 from tactics import registry
-from tactics.arch import detect
+from autotune.core.arch import detect
 
 pytestmark = pytest.mark.gpu
 

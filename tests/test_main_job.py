@@ -4,9 +4,9 @@ import sqlite3
 import pytest
 import torch
 
-from autotune import bench
-from autotune.buckets import hybrid
-from autotune.dispatch import Dispatcher
+from autotune.engine import bench
+from autotune.core.buckets import hybrid
+from autotune.runtime.dispatch import Dispatcher
 from autotune.models import problems_for
 from cache import Store
 from tests.test_cli import autotune

@@ -6,13 +6,13 @@ import sqlite3
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from autotune.env import Env
-from autotune.problem import Problem
-from autotune.records import Miss, Trial, Winner
+from autotune.core.env import Env
+from autotune.core.problem import Problem
+from autotune.core.records import Miss, Trial, Winner
 from cache import CacheError, Store
 from cache import migrations
 from cache.schema import SCHEMA_VERSION, Base
-from tactics.base import Tactic
+from autotune.core.tactic import Tactic
 
 ENV = Env("NVIDIA H200", "9.0", 132, "cuda", "570.1", "12.8", None, "0.1.0", (("torch", "2.13.0"),))
 P = Problem.dense(256, 512)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.models import ModelError, ProblemUse, list_models, problems_for
-from autotune.problem import Problem
+from autotune.core.problem import Problem
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 GLM5_DIR = CONFIGS / "glm5-nvfp4"

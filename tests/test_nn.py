@@ -8,15 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from autotune import prepack
-from autotune.dispatch import Dispatcher
-from autotune.env import cpu, current
-from autotune.formats import FP4Weight, quantize, to_modelopt
-from autotune.nn import FP4Linear, FP4MoE
-from autotune.problem import Problem
-from autotune.records import Winner
+from autotune.runtime import prepack
+from autotune.runtime.dispatch import Dispatcher
+from autotune.core.env import cpu, current
+from autotune.core.formats import FP4Weight, quantize, to_modelopt
+from autotune.runtime.nn import FP4Linear, FP4MoE
+from autotune.core.problem import Problem
+from autotune.core.records import Winner
 from cache import Store
-from tactics.base import Tactic
+from autotune.core.tactic import Tactic
 
 CPU = cpu()
 LIB = CPU.lib_key(("torch",))
@@ -173,7 +173,7 @@ def test_layout_memory_costs():
     assert prepack.extra_bytes(w, prepack.pack_all(("fp4-linear", "fp4-linear-u8"), w)) == 0
     sw = prepack.pack("swizzled-128x4", w)
     assert prepack.extra_bytes(w, [sw]) == 256 * 8 == sw.scales.numel()    # round_up(200,128) x round_up(6,4)
-    from autotune.formats import unswizzle_128x4
+    from autotune.core.formats import unswizzle_128x4
     assert torch.equal(unswizzle_128x4(sw.scales, 200, 6), w.scales.view(torch.uint8))
     with pytest.raises(ValueError, match="unknown weight layout"):
         prepack.pack("nope", w)
@@ -191,7 +191,7 @@ def test_cuda_graph_capture_replays_the_bucket_kernel(tmp_path):
     from tactics import registry
     tri = registry.get("triton")
     p = Problem.dense(256, 512)
-    from tactics.arch import detect
+    from autotune.core.arch import detect
     arch = detect()
     kept = [t for t in tri.enumerate(p, arch) if tri.verdict(p, t, arch).ok]
     small = next(t for t in kept if t.get("block_m") == 16 and t.get("split_k", 1) > 1)    # split-K: owns a workspace

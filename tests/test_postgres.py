@@ -13,12 +13,12 @@ import tempfile
 
 import pytest
 
-from autotune import bench
-from autotune.buckets import Buckets
-from autotune.env import cpu
-from autotune.halving import Halving
-from autotune.problem import Problem
-from autotune.search import Runner, search
+from autotune.engine import bench
+from autotune.core.buckets import Buckets
+from autotune.core.env import cpu
+from autotune.engine.halving import Halving
+from autotune.core.problem import Problem
+from autotune.engine.search import Runner, search
 from cache import Store
 from tactics import registry
 from tests.test_workers import _writer

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import bench
-from autotune.buckets import Buckets
-from autotune.env import Env, cpu
-from autotune.problem import Problem
-from autotune.records import Trial, Winner
+from autotune.engine import bench
+from autotune.core.buckets import Buckets
+from autotune.core.env import Env, cpu
+from autotune.core.problem import Problem
+from autotune.core.records import Trial, Winner
 from autotune.report import ceilings, collect, measure_ceilings, write_html
 from autotune.report.model import static_plans
 from autotune.report.traffic import call_bytes, experts_touched, intensity
-from autotune.search import search
+from autotune.engine.search import search
 from cache import Store
 from tactics import registry
-from tactics.base import Tactic
+from autotune.core.tactic import Tactic
 from tests.test_cli import autotune
 
 CPU = cpu()
@@ -114,8 +114,8 @@ def test_ceilings_stored_override_the_table(tmp_path, cpu_cache):
 
 
 def test_static_plans_agree_with_the_dry_run():
-    from autotune.search import plan, summarize
-    from tactics.arch import get_arch
+    from autotune.engine.search import plan, summarize
+    from autotune.core.arch import get_arch
     fams = [registry.get("torch"), registry.get("triton")]
     arch = get_arch("sm120")
     (ap,) = static_plans([DENSE, MOE], fams, [arch])

@@ -5,12 +5,12 @@ import warnings
 import pytest
 import torch
 
-from autotune import bench
-from autotune.buckets import Buckets
-from autotune.dispatch import Dispatcher
-from autotune.env import cpu
-from autotune.problem import Problem
-from autotune.search import search
+from autotune.engine import bench
+from autotune.core.buckets import Buckets
+from autotune.runtime.dispatch import Dispatcher
+from autotune.core.env import cpu
+from autotune.core.problem import Problem
+from autotune.engine.search import search
 from cache import Store
 from tactics import registry
 

@@ -13,9 +13,9 @@ triton = pytest.importorskip("triton")
 if not triton.__version__.startswith("3.9"):
     pytest.skip(f"smem model is checked against Triton 3.9, found {triton.__version__}", allow_module_level=True)
 
-from autotune.problem import Problem  # noqa: E402
-from tactics.arch import get_arch  # noqa: E402
-from tactics.base import Tactic  # noqa: E402
+from autotune.core.problem import Problem  # noqa: E402
+from autotune.core.arch import get_arch  # noqa: E402
+from autotune.core.tactic import Tactic  # noqa: E402
 from tactics.triton_fp4 import TritonFamily, smem_bytes  # noqa: E402
 from tactics.triton_fp4.compile import cross_compile  # noqa: E402
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.problem import Problem
-from tactics.arch import ARCHS, get_arch
-from tactics.base import Family, Tactic, Verdict
+from autotune.core.problem import Problem
+from autotune.core.arch import ARCHS, get_arch
+from autotune.core.tactic import Tactic, Verdict
+from tactics.base import Family
 from tactics.triton_fp4 import TritonFamily, smem_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,8 +155,8 @@ def test_verdict_never_compiles():
     """verdict() is fast (no compile takes < 1 ms) and its module imports nothing from Triton."""
     code = textwrap.dedent("""
         import sys, time
-        from autotune.problem import Problem
-        from tactics.arch import ARCHS
+        from autotune.core.problem import Problem
+        from autotune.core.arch import ARCHS
         from tactics.triton_fp4.family import TritonFamily
         f = TritonFamily(); n = 0; t0 = time.perf_counter()
         for fmt in ("nvfp4", "mxfp4"):
@@ -175,11 +176,11 @@ def test_verdict_never_compiles():
 
 _INTERP = textwrap.dedent("""
     import json, sys, torch
-    from autotune.problem import Problem
+    from autotune.core.problem import Problem
     from tactics.triton_fp4.family import TritonFamily
-    from tactics.base import Tactic
+    from autotune.core.tactic import Tactic
     try:
-        from autotune.formats import quantize
+        from autotune.core.formats import quantize
     except ImportError:
         quantize = None
 
@@ -218,7 +219,7 @@ _INTERP = textwrap.dedent("""
             else:
                 t = Tactic("triton", kernel="w4a16_dequant", block_m=bm, block_n=bn, block_k=bk, group_m=gm,
                            num_warps=4, num_stages=2, split_k=sk)
-            assert fam.verdict(prob, t, __import__("tactics.arch", fromlist=["x"]).ARCHS["cpu"]).ok
+            assert fam.verdict(prob, t, __import__("autotune.core.arch", fromlist=["x"]).ARCHS["cpu"]).ok
             kern = fam.build(prob, t, "cpu")
             y = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
             r = kern(x, q, out=y)
@@ -264,10 +265,10 @@ def test_interpreter_matches_float64_reference(fmt, m, n, k, cfgs):
 
 _MOE_INTERP = textwrap.dedent("""
     import json, sys, torch
-    from autotune import bench
-    from autotune.problem import Problem
-    from tactics.arch import ARCHS
-    from tactics.base import Tactic
+    from autotune.engine import bench
+    from autotune.core.problem import Problem
+    from autotune.core.arch import ARCHS
+    from autotune.core.tactic import Tactic
     from tactics.triton_fp4.family import TritonFamily
     fam, out = TritonFamily(), []
     for fmt, m, n, k, e, top_k, cfgs in json.loads(sys.argv[1]):

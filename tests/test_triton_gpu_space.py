@@ -14,10 +14,10 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 import torch
 
-from autotune import bench
-from autotune.problem import Problem
-from tactics.arch import detect
-from tactics.base import Tactic
+from autotune.engine import bench
+from autotune.core.problem import Problem
+from autotune.core.arch import detect
+from autotune.core.tactic import Tactic
 from tactics.triton_fp4 import TritonFamily
 
 pytestmark = pytest.mark.gpu
@@ -27,7 +27,7 @@ GLM5_TP8_DENSE = [Problem.dense(3072, 6144), Problem.dense(6144, 1536), Problem.
 
 def _pre(args):
     key, tj, arch = args
-    from tactics.arch import get_arch
+    from autotune.core.arch import get_arch
     return TritonFamily().precompile(Problem.from_key(key), Tactic.from_json(tj), get_arch(arch))
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.problem import Problem
-from tactics.arch import ARCHS, get_arch
-from tactics.base import Tactic
+from autotune.core.problem import Problem
+from autotune.core.arch import ARCHS, get_arch
+from autotune.core.tactic import Tactic
 from tactics.triton_fp4 import TritonFamily, compat, smem, w4a4
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def test_inputs_and_reference_helpers():
     dequantized quantized activations (so it differs from the bf16-activation reference)."""
     import torch
 
-    from autotune import bench
+    from autotune.engine import bench
     s = w4a4.make_inputs(Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4"), 8, "cpu", seed=3)[0]
     amax = s.x.float().abs().amax()
     assert s.w.input_scale is not None and float(s.w.input_scale) == pytest.approx(float(amax) / (6 * 448), rel=1e-6)
@@ -129,10 +129,10 @@ def test_inputs_and_reference_helpers():
 
 _INTERP = textwrap.dedent("""
     import json, sys, torch
-    from autotune.formats import quantize, quantize_activation_nvfp4
-    from autotune.problem import Problem
-    from tactics.arch import ARCHS
-    from tactics.base import Tactic
+    from autotune.core.formats import quantize, quantize_activation_nvfp4
+    from autotune.core.problem import Problem
+    from autotune.core.arch import ARCHS
+    from autotune.core.tactic import Tactic
     from tactics.triton_fp4 import w4a4
     from tactics.triton_fp4.family import TritonFamily
 
@@ -218,7 +218,7 @@ def test_interpreter_activation_quant_and_mxfp4_gemm():
 def test_launcher_input_checks():
     import torch
 
-    from autotune.formats import quantize
+    from autotune.core.formats import quantize
     p = Problem.dense(32, 256, "nvfp4", a_fmt="nvfp4")
     kern = FAM.build(p, FAM.default(p, ARCHS["cpu"]), "cpu")
     w = quantize(torch.randn(32, 256), "nvfp4")
@@ -297,7 +297,7 @@ def test_activation_quantizer_compiles_everywhere(cache):
 def _gpu_check(fmt: str, problems=((3072, 6144), (512, 1536))):
     import torch
 
-    from tactics.arch import detect
+    from autotune.core.arch import detect
     arch = detect()
     for n, k in problems:
         p = Problem.dense(n, k, fmt, a_fmt=fmt)
@@ -329,7 +329,7 @@ def test_gpu_mxfp4_w4a4():
 @pytest.mark.gpu
 def test_gpu_nvfp4_w4a4_where_kept():
     """On the H200 (Triton 3.6) every NVFP4 config is rejected by the compat table: nothing runs."""
-    from tactics.arch import detect
+    from autotune.core.arch import detect
     arch = detect()
     if not any(FAM.verdict(W4A4_NV, t, arch).ok for t in FAM.enumerate(W4A4_NV, arch)):
         pytest.skip(f"NVFP4 W4A4 does not compile on {arch.name} with this Triton (compat table)")
@@ -348,16 +348,16 @@ def test_sm120_native_nvfp4_w4a4():
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_search_inputs_and_reference_quantize_the_activations(fmt):
-    # the search's check (autotune.bench) must judge a W4A4 kernel against quantized activations
+    # the search's check (autotune.engine.bench) must judge a W4A4 kernel against quantized activations
     import torch
 
-    from autotune import bench
+    from autotune.engine import bench
     p = Problem.dense(256, 512, fmt, a_fmt=fmt)
     s = bench.make_inputs(p, 8, "cpu", seed=3)[0]
     assert (s.w.input_scale is not None) == (fmt == "nvfp4")
     ref = bench.reference(p, s)
-    # spelled out with autotune.formats: dequant(quant(x)) · dequant(W)ᵀ in float64
-    from autotune.formats import FP4Weight, quantize, quantize_activation_nvfp4
+    # spelled out with autotune.core.formats: dequant(quant(x)) · dequant(W)ᵀ in float64
+    from autotune.core.formats import FP4Weight, quantize, quantize_activation_nvfp4
     if fmt == "nvfp4":
         q, sc = quantize_activation_nvfp4(s.x, s.w.input_scale)
         xa = FP4Weight(q, sc, s.w.input_scale, "nvfp4").dequantize(torch.float64)

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from autotune import bench
-from autotune.buckets import Buckets
-from autotune.env import cpu
-from autotune.halving import Halving, _rounds
-from autotune.problem import Problem
-from autotune.records import Trial, Winner
-from autotune.search import Runner, search
+from autotune.engine import bench
+from autotune.core.buckets import Buckets
+from autotune.core.env import cpu
+from autotune.engine.halving import Halving, _rounds
+from autotune.core.problem import Problem
+from autotune.core.records import Trial, Winner
+from autotune.engine.search import Runner, search
 from cache import Store
 from tactics import registry
-from tactics.arch import ARCHS
-from tactics.base import Tactic
+from autotune.core.arch import ARCHS
+from autotune.core.tactic import Tactic
 from tests.families.crashing import BUILD_LOG, SLEEP_MS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,7 +229,7 @@ def test_a_worker_that_cannot_start_aborts_without_failing_tactics(tmp_path, mon
     py = tmp_path / "python"
     py.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
     py.chmod(0o755)
-    monkeypatch.setattr("autotune.workers.sys.executable", str(py))
+    monkeypatch.setattr("autotune.engine.workers.sys.executable", str(py))
     store = Store(tmp_path / "c.db")
     with pytest.raises(RuntimeError, match="could not start: worker exited with status 1.*No module named 'torch'"):
         search([DENSE], families=[registry.get("torch")], store=store, buckets=Buckets.of((1,)), timer=FAST,

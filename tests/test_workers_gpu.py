@@ -1,15 +1,15 @@
 """Worker isolation on a real GPU (skipped elsewhere): a sticky CUDA error costs one worker only."""
 import pytest
 
-from autotune import bench
-from autotune.buckets import Buckets
-from autotune.env import current
-from autotune.halving import Halving
-from autotune.problem import Problem
-from autotune.search import Runner, search
+from autotune.engine import bench
+from autotune.core.buckets import Buckets
+from autotune.core.env import current
+from autotune.engine.halving import Halving
+from autotune.core.problem import Problem
+from autotune.engine.search import Runner, search
 from cache import Store
 from tactics import registry
-from tactics.base import Tactic
+from autotune.core.tactic import Tactic
 
 pytestmark = pytest.mark.gpu
 

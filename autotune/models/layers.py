@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from autotune.problem import BLOCK, Problem
+from autotune.core.problem import BLOCK, Problem
 
 from .arch import (ATTN_KV_A, ATTN_KV_B, ATTN_O, ATTN_Q, ATTN_Q_B, ATTN_QKV, ATTN_QKV_A, EXPERTS_W2,
                    EXPERTS_W13, INDEXER_WK, INDEXER_WQ_B, MLP_DOWN, MLP_GATE_UP, SHARED_DOWN,

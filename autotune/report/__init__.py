@@ -26,7 +26,7 @@ def print_summary(summary: Summary, console=None) -> None:
 
 def measure_ceilings(store, device: str | None = None) -> tuple[str, "object"]:
     """Measure the live device's copy bandwidth and bf16 matmul rate; store them for its device key."""
-    from autotune.env import cpu, current
+    from autotune.core.env import cpu, current
     from autotune.report import ceilings
     env = cpu() if device == "cpu" else current()
     c = ceilings.measure(env.device)

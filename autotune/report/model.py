@@ -14,11 +14,11 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-from autotune.problem import BLOCK, Problem
-from autotune.records import Trial, Winner
+from autotune.core.problem import BLOCK, Problem
+from autotune.core.records import Trial, Winner
 from autotune.report import ceilings as ceil_mod
 from autotune.report.traffic import call_bytes, intensity
-from tactics.arch import ARCHS, arch_for_cc
+from autotune.core.arch import ARCHS, arch_for_cc
 
 
 def tactic_label(params_json: str) -> str:
@@ -292,8 +292,8 @@ def _is_baseline_of(key: str, problem_keys: set[str] | None) -> bool:
 
 def static_plans(problems: list[Problem], families: list, archs: list) -> list[ArchPlan]:
     """Verdicts of every tactic of `families` for `problems` on each arch, grouped by reason.
-    Pure: the same pass as `autotune search --dry-run` (autotune.search.plan)."""
-    from autotune.search import plan
+    Pure: the same pass as `autotune search --dry-run` (autotune.engine.search.plan)."""
+    from autotune.engine.search import plan
     out = []
     for arch in archs:
         pairs: dict[str, list] = defaultdict(list)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tactics.base import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict
 from tactics.cutlass import flashinfer_map as fim
 from tactics.cutlass import smem as sm
 from tactics.cutlass.candidates import (EPILOGUE_C, FORMATS, KERNEL_ARCHS, MMAS, OPS, SCHEDULERS, SCHEDULES,
@@ -101,7 +101,7 @@ class CutlassFamily:
             import torch
             if not torch.cuda.is_available():
                 return False, _NO_CPU
-            from tactics.arch import arch_for_cc
+            from autotune.core.arch import arch_for_cc
             arch = arch_for_cc(*torch.cuda.get_device_capability())
         except Exception as e:
             return False, f"cannot query the GPU: {e}"
@@ -229,7 +229,7 @@ class FlashInferMmFp4:
 
     def _weight(self, w: Any) -> tuple[Any, Any, Any, float]:
         import torch
-        from autotune.formats import swizzle_128x4
+        from autotune.core.formats import swizzle_128x4
         if self._w is None or self._w[0] is not w:
             n, k = w.packed.shape
             b = w.packed.view(torch.uint8).T                        # (K/2, N) column-major view

@@ -31,7 +31,7 @@ def note_compiled(launcher: Any, ck, device, model: Callable[[Any], int] | None 
     if model is not None and getattr(device, "type", None) == "cuda":
         import torch
 
-        from tactics.arch import arch_for_cc
+        from autotune.core.arch import arch_for_cc
         try:
             launcher.smem_model = model(arch_for_cc(*torch.cuda.get_device_capability(device)))
         except ValueError:

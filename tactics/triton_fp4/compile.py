@@ -17,7 +17,7 @@ import contextlib
 import threading
 from typing import Any, Mapping
 
-from tactics.arch import Arch, get_arch
+from autotune.core.arch import Arch, get_arch
 
 _LOCK = threading.Lock()
 _STOP_KEY = "fp4-autotune-stop-after-llir"

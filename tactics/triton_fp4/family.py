@@ -22,7 +22,7 @@ import itertools
 import os
 from typing import Any, Callable
 
-from tactics.base import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict
 
 from . import compat as _compat
 from . import smem as _smem

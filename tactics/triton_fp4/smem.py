@@ -54,7 +54,7 @@ def _cc(arch: Any) -> tuple[int, int]:
         return tuple(arch.cc)
     if isinstance(arch, int):
         return divmod(arch, 10)
-    from tactics.arch import get_arch
+    from autotune.core.arch import get_arch
     return get_arch(str(arch)).cc
 
 

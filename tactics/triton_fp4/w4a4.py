@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Mapping
 
-from tactics.base import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict
 
 from . import compat as _compat
 from . import smem as _smem
@@ -290,7 +290,7 @@ class W4A4Launcher:
 def make_inputs(problem: Any, m: int, device: str, seed: int, n_sets: int = 1):
     """bench.make_inputs for a W4A4 problem (it adds the activation global scale a checkpoint
     would carry: NVFP4 amax(x) / (6 · 448), ModelOpt's calibration; MXFP4 none)."""
-    from autotune import bench
+    from autotune.engine import bench
     why = supported(problem)
     if why:
         raise ValueError(why)
@@ -307,13 +307,13 @@ def input_scale_of(w):
 
 def quantized_activations(problem: Any, x, w):
     """What the W4A4 kernel multiplies: x quantized by the torch reference (bench.quantize_activations)."""
-    from autotune import bench
+    from autotune.engine import bench
     return bench.quantize_activations(problem, x, w)
 
 
 def reference(problem: Any, s) -> Any:
     """float64 reference of a W4A4 problem: dequant(quant(x)) · dequant(W)ᵀ (bench.reference)."""
-    from autotune import bench
+    from autotune.engine import bench
     return bench.reference(problem, s)
 
 
@@ -321,7 +321,7 @@ def reference(problem: Any, s) -> Any:
 
 def _sweep_one(args):
     fmt, cc, params, cache_dir = args
-    from tactics.arch import arch_for_cc
+    from autotune.core.arch import arch_for_cc
     arch = arch_for_cc(cc // 10, cc % 10)
     try:
         ck = cross_compile(fmt, params, cc, cache_dir=cache_dir)
@@ -338,7 +338,7 @@ def sweep(targets=(89, 90, 100, 120, 121), fmts=("nvfp4", "mxfp4"), processes: i
     import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
-    from autotune.problem import Problem
+    from autotune.core.problem import Problem
     cache = tempfile.mkdtemp(prefix="w4a4-sweep-")
     jobs = [(fmt, cc, {k: v for k, v in t.params.items()}, cache) for fmt in fmts for cc in targets
             for t in enumerate_space(Problem.dense(4096, 4096, fmt, a_fmt=fmt), None)]

@@ -7,7 +7,7 @@ import ctypes
 import os
 import time
 
-from tactics.base import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict
 from tactics.torch_ref import TorchFamily
 
 BAD = ("segfault", "hang", "exit", "raise", "zeros", "nocompile")

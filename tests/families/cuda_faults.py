@@ -3,7 +3,7 @@
 report the failure, exit, and the next member must run in a fresh worker."""
 from __future__ import annotations
 
-from tactics.base import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict
 from tactics.torch_ref import TorchFamily
 
 

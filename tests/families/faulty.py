@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tactics.base import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict
 from tactics.torch_ref import TorchFamily
 
 MODES = ("zeros", "skip_half", "raise", "scaled", "good")

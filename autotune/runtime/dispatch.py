@@ -28,13 +28,13 @@ from bisect import bisect_left
 from collections import Counter
 from typing import Any, Callable, Iterable
 
-from autotune.env import Env, current
-from autotune.problem import Problem, check_m
-from autotune.records import Miss
-from tactics.arch import ARCHS, Arch, detect
-from tactics.base import Tactic
+from autotune.core.env import Env, current
+from autotune.core.problem import Problem, check_m
+from autotune.core.records import Miss
+from autotune.core.arch import ARCHS, Arch, detect
+from autotune.core.tactic import Tactic
 
-log = logging.getLogger("autotune.dispatch")
+log = logging.getLogger("autotune.runtime.dispatch")
 
 RUNGS = ("pinned", "exact", "nearest", "default")
 PINNED, EXACT, NEAREST, DEFAULT = range(4)
@@ -53,7 +53,7 @@ class Table:
 
     def __init__(self, problem: Problem, buckets: tuple[int, ...], kernels: tuple, tactics: tuple[Tactic, ...],
                  default: Callable, default_tactic: Tactic):
-        from autotune.prepack import layout_of
+        from autotune.runtime.prepack import layout_of
         self.problem = problem
         self.buckets = buckets
         self.kernels = kernels
@@ -126,7 +126,7 @@ class Table:
 
     # --- pinning (Dispatcher.pin validates first) -----------------------------------------------
     def _set_pin(self, kernel: Callable | None, tactic: Tactic | None) -> None:
-        from autotune.prepack import layout_of
+        from autotune.runtime.prepack import layout_of
         if kernel is None:
             self.pinned = self.pinned_tactic = self._pinned_pair = None
             return
@@ -261,7 +261,7 @@ class Dispatcher:
         return k
 
     def _default_tactic(self, problem: Problem) -> Tactic:
-        from autotune.search import designated_default
+        from autotune.engine.search import designated_default
         from tactics import registry
         return designated_default(problem, self.arch, self.env.device, registry.get)
 

@@ -18,9 +18,9 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from autotune import bench
-from autotune.workers import Executor, TacticError, WorkerLost
-from tactics.base import Tactic
+from autotune.engine import bench
+from autotune.engine.workers import Executor, TacticError, WorkerLost
+from autotune.core.tactic import Tactic
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import metadata
 
-from tactics.base import canonical_json
+from autotune.core.tactic import canonical_json
 
 #: distributions whose versions a family may depend on
 KNOWN_LIBS = ("torch", "triton", "flashinfer-python", "nvidia-cutlass", "nvmath-python", "cupy")

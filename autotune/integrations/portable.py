@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from autotune.env import Env
-from autotune.problem import Problem
-from autotune.records import Winner
-from tactics.base import Tactic, canonical_json
+from autotune.core.env import Env
+from autotune.core.problem import Problem
+from autotune.core.records import Winner
+from autotune.core.tactic import Tactic, canonical_json
 
 from cache.schema import SCHEMA_VERSION, Meta
 from cache.store import SQLITE_MAGIC, CacheError, Store, _upsert

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from autotune.problem import Problem
+from autotune.core.problem import Problem
 
 #: relative Frobenius error allowed against the float64 reference, per output dtype
 TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 1e-4}
@@ -77,7 +77,7 @@ def _generator(device: str, seed: int) -> torch.Generator:
 
 def random_weight(problem: Problem, device: str, gen: torch.Generator):
     """A random FP4 weight: uniform codes, scales spread over a few octaves, never zeros."""
-    from autotune.formats import FP4Weight
+    from autotune.core.formats import FP4Weight
     lead = (problem.experts,) if problem.kind == "grouped_moe" else ()
     packed = torch.randint(0, 256, lead + (problem.n, problem.k // 2), dtype=torch.uint8, generator=gen,
                            device=gen.device)
@@ -130,7 +130,7 @@ def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 
             sets.append(InputSet(x, w))
     if problem.a_fmt == "nvfp4":
         # W4A4: the static activation scale a ModelOpt checkpoint carries, amax / (6 · 448)
-        from autotune.formats import FP4Weight
+        from autotune.core.formats import FP4Weight
         for st in sets:
             amax = st.x.float().abs().amax() if st.x.numel() else torch.zeros((), device=st.x.device)
             isc = torch.where(amax > 0, amax / (6.0 * 448.0), torch.ones_like(amax)).float().reshape(())
@@ -139,9 +139,9 @@ def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 
 
 
 def quantize_activations(problem: Problem, x: torch.Tensor, w):
-    """x quantized to the problem's FP4 activation format by the torch reference (autotune.formats),
+    """x quantized to the problem's FP4 activation format by the torch reference (autotune.core.formats),
     as an FP4Weight: NVFP4 under the weight's input_scale (1.0 when it has none), MXFP4 as is."""
-    from autotune.formats import FP4Weight, quantize, quantize_activation_nvfp4
+    from autotune.core.formats import FP4Weight, quantize, quantize_activation_nvfp4
     if problem.a_fmt == "nvfp4":
         isc = w.input_scale if w.input_scale is not None else torch.ones((), device=x.device)
         isc = isc.float().reshape(()).to(x.device)

@@ -2,11 +2,11 @@
 
 A rejected tactic is never built, compiled or launched; its verdict is stored once (bucket 0
 stands for every bucket). Kept tactics are compiled ahead of time in parallel (families that
-compile), then each (problem, bucket) is a job for a worker process (autotune.workers): checked
-against a float64 reference, then timed by successive halving (autotune.halving). A failure —
+compile), then each (problem, bucket) is a job for a worker process (autotune.engine.workers): checked
+against a float64 reference, then timed by successive halving (autotune.engine.halving). A failure —
 raised, wrong, crashed, hung — is stored with its reason. Every trial commits on its own, so an
 interrupted search resumes by measuring only what is missing. Winners are recomputed from the
-stored trials (autotune.winner), never from in-memory state.
+stored trials (autotune.core.winner), never from in-memory state.
 """
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from autotune import bench, winner as winner_rule, workers as workers_mod
-from autotune.buckets import Buckets
-from autotune.env import Env, current
-from autotune.halving import Halving, Outcome
-from autotune.problem import Problem
-from autotune.records import Trial, Winner
-from tactics.arch import ARCHS, Arch, detect
-from tactics.base import Family, Tactic, Verdict
+from autotune.engine import bench, workers as workers_mod
+from autotune.core import winner as winner_rule
+from autotune.core.buckets import Buckets
+from autotune.core.env import Env, current
+from autotune.engine.halving import Halving, Outcome
+from autotune.core.problem import Problem
+from autotune.core.records import Trial, Winner
+from autotune.core.arch import ARCHS, Arch, detect
+from autotune.core.tactic import Tactic, Verdict
+from tactics.base import Family
 
 #: which family's default is the designated baseline, in order of preference: the first one
 #: that runs on the live device and covers the problem
@@ -139,7 +141,7 @@ class Job:
 
 @dataclass(frozen=True)
 class Runner:
-    """How and where measurements run (see autotune.workers and docs/search.md)."""
+    """How and where measurements run (see autotune.engine.workers and docs/search.md)."""
 
     isolate: bool = True                  # one spawned worker process per device; False: in-process
     gpus: tuple[int, ...] = ()            # one worker per listed device; () = one worker

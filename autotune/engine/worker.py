@@ -2,7 +2,7 @@
 built kernels, and answers three requests — setup, check, time.
 
 It runs in-process (`InlineExecutor`) or, by default, in a worker process started with
-`python -m autotune.worker` (spawned, never forked, so a parent that initialised CUDA is never
+`python -m autotune.engine.worker` (spawned, never forked, so a parent that initialised CUDA is never
 copied). The worker speaks one JSON object per line on its stdin/stdout; anything a kernel or
 library prints goes to stderr. After a CUDA error the worker checks whether the context is still
 usable and exits when it is not, so one bad tactic costs one worker, not the search.
@@ -14,9 +14,9 @@ import os
 import sys
 import zlib
 
-from autotune import bench
-from autotune.problem import Problem
-from tactics.base import Tactic
+from autotune.engine import bench
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 

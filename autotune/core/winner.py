@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from autotune.records import Trial
+from autotune.core.records import Trial
 
 DEFAULT_MARGIN = 0.03
 TIE_TOLERANCE = 0.01

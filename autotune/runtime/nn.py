@@ -1,7 +1,7 @@
 """FP4 layers that dispatch on every forward: FP4Linear and FP4MoE.
 
 Each layer holds its FP4 weight as buffers, asks the dispatcher once for its problem's `Table`,
-and keeps one prepacked weight per layout its kernels read (autotune.prepack). A forward is one
+and keeps one prepacked weight per layout its kernels read (autotune.runtime.prepack). A forward is one
 call of a `torch.library` custom op (`fp4_autotune::linear` / `fp4_autotune::moe`): torch.compile
 sees an opaque op with a fake (shape-only) implementation, so there is no graph break, and inside
 the op the table picks the kernel for the live M on the host.
@@ -20,10 +20,10 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from autotune import prepack
-from autotune.dispatch import Dispatcher, Table, default_dispatcher
-from autotune.formats import FP4Weight, from_modelopt, load_modelopt_safetensors, quantize
-from autotune.problem import Problem
+from autotune.runtime import prepack
+from autotune.runtime.dispatch import Dispatcher, Table, default_dispatcher
+from autotune.core.formats import FP4Weight, from_modelopt, load_modelopt_safetensors, quantize
+from autotune.core.problem import Problem
 
 _LAYERS: "weakref.WeakValueDictionary[int, _FP4Base]" = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)

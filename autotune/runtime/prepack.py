@@ -22,8 +22,8 @@ from typing import Callable
 
 import torch
 
-from autotune.formats import FP4Weight, swizzle_128x4
-from tactics.base import Tactic
+from autotune.core.formats import FP4Weight, swizzle_128x4
+from autotune.core.tactic import Tactic
 
 DEFAULT_LAYOUT = "fp4-linear"
 

@@ -1,6 +1,6 @@
 """Where measurements run: in-process, in one spawned worker process per device, or on a Ray cluster.
 
-An executor answers `setup / check / time` (autotune.worker.Bench). `ProcessExecutor` keeps one
+An executor answers `setup / check / time` (autotune.engine.worker.Bench). `ProcessExecutor` keeps one
 worker process alive across jobs and restarts it when a request times out, the process dies
 (segfault, abort, os._exit) or a CUDA error leaves its context unusable; the request that
 caused it fails with `WorkerLost`, carrying the reason and the exit signal, and the next request
@@ -21,9 +21,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
 
-from autotune import bench
-from autotune.worker import Bench, EXIT_POISONED, error_text
-from tactics.base import Tactic
+from autotune.engine import bench
+from autotune.engine.worker import Bench, EXIT_POISONED, error_text
+from autotune.core.tactic import Tactic
 
 #: first reply of a new worker (imports torch, Triton, CUDA init) may take this long
 START_TIMEOUT_S = 180.0
@@ -109,7 +109,7 @@ class ProcessExecutor:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._p = subprocess.Popen([sys.executable, "-m", "autotune.worker"], stdin=subprocess.PIPE,
+        self._p = subprocess.Popen([sys.executable, "-m", "autotune.engine.worker"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=self._log, env=env, text=True, bufsize=1)
         self.pids.append(self._p.pid)
         self._send({"device": self.device, "families": self._families})
@@ -256,7 +256,7 @@ class _Clocked:
 
 def run_job(ex: Executor, job, timer: bench.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> None:
     """One (problem, bucket) on one executor; `emit(outcome)` gets each trial as it is decided."""
-    from autotune.halving import Outcome, measure
+    from autotune.engine.halving import Outcome, measure
     if stages is not None:
         ex = _Clocked(ex, stages)
     try:
@@ -348,7 +348,7 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
     """Fan jobs out over a Ray cluster (`runner.ray` = address, or "local" for a local cluster).
     Results come back to this process, which writes them to its cache URL; for several hosts
     point --cache at a shared database or merge per-host files with `autotune cache import`."""
-    from autotune.halving import Outcome
+    from autotune.engine.halving import Outcome
     try:
         import ray
     except ImportError:
@@ -392,9 +392,9 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
 # -- ahead-of-time compilation ------------------------------------------------------------------
 
 def _compile_one(problem_key: str, tactic_json: str, arch_name: str, families: dict) -> tuple[str | None, int | None]:
-    from autotune.problem import Problem
+    from autotune.core.problem import Problem
     from tactics import registry
-    from tactics.arch import get_arch
+    from autotune.core.arch import get_arch
     for name, path in families.items():
         registry.FAMILIES.setdefault(name, path)
     t = Tactic.from_json(tactic_json)

@@ -1,0 +1,97 @@
+"""Tactic and Verdict: the values every family, the engine, the runtime and the cache share.
+
+A tactic is a frozen, JSON-serializable set of parameters plus the name of its family. Its
+`id` is a hash of the canonical JSON, so it is stable across processes, machines and
+releases as long as the parameters mean the same thing; it is never an index into a list.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+Scalar = str | int | float | bool | None
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the form that ids are hashed from."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+@dataclass(frozen=True, order=True, init=False)
+class Tactic:
+    """One point of a family's space. `params` maps names to JSON scalars."""
+
+    family: str
+    items: tuple[tuple[str, Scalar], ...] = field(default=())
+
+    def __init__(self, family: str, params: Mapping[str, Scalar] | None = None, **kw: Scalar):
+        merged = dict(params or {}, **kw)
+        for k, v in merged.items():
+            if not isinstance(k, str) or not (v is None or isinstance(v, (str, int, float, bool))):
+                raise TypeError(f"tactic parameter {k!r}={v!r} is not a JSON scalar")
+        object.__setattr__(self, "family", family)
+        object.__setattr__(self, "items", tuple(sorted(merged.items())))
+
+    @property
+    def params(self) -> dict[str, Scalar]:
+        return dict(self.items)
+
+    def __getitem__(self, name: str) -> Scalar:
+        for k, v in self.items:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def get(self, name: str, default: Scalar = None) -> Scalar:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def to_json(self) -> str:
+        return canonical_json({"family": self.family, "params": self.params})
+
+    @classmethod
+    def from_json(cls, text: str | Mapping[str, Any]) -> "Tactic":
+        d = json.loads(text) if isinstance(text, str) else dict(text)
+        if not isinstance(d.get("family"), str) or not isinstance(d.get("params"), dict):
+            raise ValueError(f"not a tactic: {str(text)[:80]}")
+        return cls(d["family"], d["params"])
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def __str__(self) -> str:
+        inner = ",".join(f"{k}={v}" for k, v in self.items)
+        return f"{self.family}[{inner}]"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A static judgement made without compiling or launching.
+
+    ok is True (keep), False (reject) or None (unknown until the family's library checks it on
+    the device, e.g. cuBLASLt). `reason` is always set for a rejection or an unknown.
+    """
+
+    ok: bool | None
+    reason: str = ""
+    smem_bytes: int | None = None
+    smem_limit: int | None = None
+    stages: int | None = None
+
+    @classmethod
+    def keep(cls, smem: int | None = None, limit: int | None = None, stages: int | None = None) -> "Verdict":
+        return cls(True, "", smem, limit, stages)
+
+    @classmethod
+    def reject(cls, reason: str, smem: int | None = None, limit: int | None = None,
+               stages: int | None = None) -> "Verdict":
+        return cls(False, reason, smem, limit, stages)
+
+    @property
+    def rejected(self) -> bool:
+        return self.ok is False

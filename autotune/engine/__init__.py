@@ -1,0 +1,1 @@
+"""The engine: plan, the search loop, successive halving, executors and workers, timers."""

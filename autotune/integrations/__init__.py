@@ -1,0 +1,1 @@
+"""Where winners go and come from: export / import / merge / prune, engine exporters."""
