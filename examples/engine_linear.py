@@ -41,7 +41,7 @@ class FP4LinearMethod:
         # once per layer at load: bind the problem's table and prepack one weight per layout its
         # winners read; nothing of this happens per forward
         layer.table = self.dispatcher.table(layer.problem)
-        layer.packs = prepack.pack_all(layer.table.layouts, weight)
+        layer.packs = prepack.pack_all(layer.table.layout_owners, weight)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         kernel, slot = layer.table.pick(x.shape[0])      # the whole per-call cost of choosing

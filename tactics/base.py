@@ -1,35 +1,110 @@
-"""The Family protocol: the one interface a backend implements (see docs/architecture.md)."""
+"""The Family interface: the one way a backend plugs into the engine, the runtime and the cache.
+
+A family turns a Problem into a tactic space, judges each tactic without compiling or launching
+(`verdict`), and turns a kept tactic into a kernel (`build`) or a launcher bound to one weight
+(`bind`). The engine, prepack and dispatch talk to families only through this interface and never
+name one. `FamilyBase` gives the optional parts their defaults, so a family declares what it has
+(precompile, a weight layout, a place in the default preference) instead of being probed for it.
+"""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
+from autotune.core.arch import Arch
+from autotune.core.formats import FP4Weight
+from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
+#: kernel(x, w, ...) -> y: the weight comes with every call (the `dispatch((M,N,K))(x, w)` form)
 Kernel = Callable[..., Any]
+#: launcher(x, ...) -> y: one weight bound once (FP4Linear, FP4MoE, bound tables)
+Launcher = Callable[..., Any]
+
+#: the layout every family reads unless it declares another: the FP4Weight as it is, contiguous
+PLAIN_LAYOUT = "fp4-linear"
 
 
 @runtime_checkable
 class Family(Protocol):
-    """The one interface a backend implements. Registered in `tactics.registry`."""
+    """What the engine and runtime may rely on. Implement it by subclassing `FamilyBase`."""
 
     name: str
-    #: package names whose versions key this family's trials and winners (e.g. ("triton",))
+    #: distributions whose versions key this family's trials and winners (e.g. ("triton",))
     depends_on: tuple[str, ...]
+    #: rank as the designated default (lower first); None: never the default
+    default_rank: int | None
+    #: True when `precompile` compiles ahead of timing (the engine then runs it in a pool)
+    compiles: bool
+
+    def available(self, device: str) -> tuple[bool, str]: ...
+    def supports(self, problem: Problem) -> str | None: ...
+    def enumerate(self, problem: Problem, arch: Arch) -> Sequence[Tactic]: ...
+    def validate(self, tactic: Tactic) -> str | None: ...
+    def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict: ...
+    def default(self, problem: Problem, arch: Arch) -> Tactic: ...
+    def build(self, problem: Problem, tactic: Tactic, device: str) -> Kernel: ...
+    def precompile(self, problem: Problem, tactic: Tactic, arch: Arch) -> int | None: ...
+    def layout(self, tactic: Tactic) -> str: ...
+    def pack(self, layout: str, weight: FP4Weight) -> Any: ...
+    def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str) -> Launcher: ...
+
+
+class FamilyBase:
+    """Defaults for the optional parts of `Family`; subclasses override what they have.
+
+    Required: `name`, `depends_on`, `supports`, `enumerate`, `validate`, `verdict_checked`,
+    `default`, `build`. `verdict` runs the shared steps (parameters valid, problem supported) once,
+    so each family writes only its own rules in `verdict_checked`.
+    """
+
+    name: ClassVar[str]
+    depends_on: ClassVar[tuple[str, ...]] = ()
+    default_rank: ClassVar[int | None] = None
+    compiles: ClassVar[bool] = False
 
     def available(self, device: str) -> tuple[bool, str]:
-        """Can this family run on `device` ("cpu" or "cuda") in this process, and if not why."""
+        return True, ""
 
-    def enumerate(self, problem: Any, arch: Any) -> Iterable[Tactic]:
-        """The tactic space for a problem on an arch (deterministic order)."""
-
-    def verdict(self, problem: Any, tactic: Tactic, arch: Any) -> Verdict:
-        """Pure: no compile, no launch, no GPU."""
-
-    def default(self, problem: Any, arch: Any) -> Tactic:
-        """The family's designated default for this problem (must get ok or unknown)."""
-
-    def build(self, problem: Any, tactic: Tactic, device: str) -> Kernel:
-        """Return kernel(x, w) -> y. May compile; never called for a rejected tactic."""
+    def supports(self, problem: Problem) -> str | None:
+        raise NotImplementedError
 
     def validate(self, tactic: Tactic) -> str | None:
-        """None when the parameters fit this family's schema, else why not (used on import)."""
+        raise NotImplementedError
+
+    def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+        if tactic.family != self.name:
+            return Verdict.reject(f"tactic of family {tactic.family!r}, not {self.name!r}")
+        why = self.validate(tactic) or self.supports(problem)
+        if why:
+            return Verdict.reject(why)
+        return self.verdict_checked(problem, tactic, arch)
+
+    def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+        """The family's own rules, for a tactic whose parameters and problem already passed."""
+        raise NotImplementedError
+
+    def precompile(self, problem: Problem, tactic: Tactic, arch: Arch) -> int | None:
+        """Compile ahead of timing for `arch`; return the compiler's shared-memory bytes, if known."""
+        raise NotImplementedError(f"the {self.name} family does not compile ahead of time")
+
+    def layout(self, tactic: Tactic) -> str:
+        return PLAIN_LAYOUT
+
+    def pack(self, layout: str, weight: FP4Weight) -> Any:
+        """The weight in `layout`, produced once at load (never per call)."""
+        if layout != PLAIN_LAYOUT:
+            raise ValueError(f"the {self.name} family has no weight layout {layout!r}")
+        return weight.contiguous()
+
+    def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str) -> Launcher:
+        """A launcher for one weight: the kernel with its packed weight fixed."""
+        kernel = self.build(problem, tactic, device)
+        if problem.kind == "grouped_moe":
+            def launch_moe(x, topk_ids, topk_weights=None, out=None):
+                return kernel(x, packed, topk_ids, topk_weights, out=out)
+            launch_moe.capture_safe = getattr(kernel, "capture_safe", False)  # type: ignore[attr-defined]
+            return launch_moe
+
+        def launch(x, out=None):
+            return kernel(x, packed, out=out)
+        return launch

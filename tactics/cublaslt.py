@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from autotune.core.tactic import Tactic, Verdict
+from tactics.base import FamilyBase
 
 NAME = "cublaslt"
 #: readable configuration fields, read from nvmath's Algorithm on the device
@@ -207,9 +208,12 @@ def plan_algorithms(problem: Any, x: Any, w: Any, limit: int = 16) -> list[Any]:
         return list(mm.plan(preferences=MatmulPlanPreferences(limit=limit)))
 
 
-class CublasLtFamily:
+class CublasLtFamily(FamilyBase):
     name = NAME
-    depends_on: tuple[str, ...] = ("nvmath-python", "cublas")
+    depends_on = ("nvmath-python", "cublas")
+
+    def supports(self, problem: Any) -> str | None:
+        return problem_support(problem)
 
     def available(self, device: str) -> tuple[bool, str]:
         if str(device).startswith("cpu"):

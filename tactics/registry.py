@@ -1,10 +1,16 @@
 """Family registry: names map to module paths, imported lazily, so a missing optional backend
-costs nothing until it is asked for and then fails with a message that names it."""
+costs nothing until it is asked for and then fails with a message that names it.
+
+It also holds the two questions the engine, the runtime and the integrations ask of families
+without naming one: which tactic is the designated default, and may a stored tactic be used here.
+"""
 from __future__ import annotations
 
 import importlib
 from functools import lru_cache
 
+from autotune.core.arch import Arch
+from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from tactics.base import Family
 
@@ -22,6 +28,17 @@ _BUILTIN = dict(FAMILIES)
 def extra() -> dict[str, str]:
     """Families registered at run time (tests, plugins): worker processes register them too."""
     return {k: v for k, v in FAMILIES.items() if _BUILTIN.get(k) != v}
+
+
+def register(name: str, path: str) -> None:
+    """Add a family ("module:Class") under `name`; workers started later load it too."""
+    FAMILIES[name] = path
+    get.cache_clear()
+
+
+def unregister(name: str) -> None:
+    FAMILIES.pop(name, None)
+    get.cache_clear()
 
 
 def names() -> list[str]:
@@ -50,10 +67,48 @@ def parse(names_csv: str) -> list[Family]:
 
 
 def validate(family: str, params: dict) -> str | None:
-    """Why (family, params) is not a valid tactic, or None. Used when importing caches."""
+    """Why (family, params) is not a valid tactic, or None."""
     if family not in FAMILIES:
         return f"unknown family {family!r}"
     try:
         return get(family).validate(Tactic(family, params))
     except (TypeError, ValueError) as e:
         return str(e)
+    except ImportError:
+        return f"{family} family cannot be imported here"
+
+
+def designated_default(problem: Problem, arch: Arch, device: str) -> Tactic:
+    """The baseline a winner must beat and what a miss returns: the default of the best-ranked
+    family (`Family.default_rank`) that runs on `device` and does not reject its own default."""
+    ranked = []
+    for name in FAMILIES:
+        try:
+            fam = get(name)
+        except ImportError:
+            continue
+        if fam.default_rank is not None:
+            ranked.append((fam.default_rank, name, fam))
+    for _, _, fam in sorted(ranked, key=lambda r: (r[0], r[1])):
+        if not fam.available(device)[0] or fam.supports(problem) is not None:
+            continue
+        t = fam.default(problem, arch)
+        if fam.verdict(problem, t, arch).ok is not False:
+            return t
+    raise ValueError(f"no family can run {problem.key} on {device}")
+
+
+def usable(problem: Problem, tactic: Tactic, arch: Arch, device: str) -> str | None:
+    """Why a stored or pinned tactic cannot run `problem` here (None: it can). The family half of
+    the row check that dispatch, import and `show` share (cache.rows holds the structural half)."""
+    why = validate(tactic.family, tactic.params)
+    if why:
+        return f"invalid {tactic.family} parameters: {why}"
+    fam = get(tactic.family)
+    ok, why = fam.available(device)
+    if not ok:
+        return f"{tactic.family} not available on {device}: {why}"
+    v = fam.verdict(problem, tactic, arch)
+    if v.rejected:
+        return f"{tactic.family} verdict rejects it on {arch.name}: {v.reason}"
+    return None

@@ -14,6 +14,7 @@ import torch
 
 from autotune.core.arch import Arch
 from autotune.core.tactic import Tactic, Verdict
+from tactics.base import FamilyBase
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CHUNKS = (0, 512, 2048)
@@ -38,14 +39,15 @@ def _dense(x: torch.Tensor, w, dtype: torch.dtype, chunk: int, out: torch.Tensor
     return out
 
 
-class TorchFamily:
+class TorchFamily(FamilyBase):
     name = "torch"
     depends_on = ("torch",)
+    default_rank = 1      # the default wherever Triton cannot run (the CPU)
 
     def available(self, device: str) -> tuple[bool, str]:
         return True, ""
 
-    def _supports(self, problem) -> str | None:
+    def supports(self, problem) -> str | None:
         if problem.w_fmt not in ("nvfp4", "mxfp4"):
             return f"torch family covers FP4 weights, not {problem.w_fmt}"
         if problem.a_fmt != "bf16":
@@ -53,7 +55,7 @@ class TorchFamily:
         return None
 
     def enumerate(self, problem, arch: Arch) -> Iterable[Tactic]:
-        if self._supports(problem):
+        if self.supports(problem):
             return []
         return [Tactic(self.name, dequant_dtype=d, chunk_n=c) for d in DTYPES for c in CHUNKS]
 
@@ -66,7 +68,7 @@ class TorchFamily:
         return None
 
     def verdict(self, problem, tactic: Tactic, arch: Arch) -> Verdict:
-        why = self._supports(problem) or self.validate(tactic)
+        why = self.supports(problem) or self.validate(tactic)
         if why:
             return Verdict.reject(why)
         if tactic["chunk_n"] and tactic["chunk_n"] >= problem.n:

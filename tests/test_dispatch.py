@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from autotune.engine import bench
-from autotune.runtime.dispatch import Dispatcher, _as_tactic, _parse_pins, search_input_from_misses
+from autotune.core.tactic import parse_tactic
+from autotune.runtime.dispatch import Dispatcher, _parse_pins, search_input_from_misses
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Winner
@@ -216,7 +217,7 @@ def test_pin_from_environment_both_forms(tmp_path, monkeypatch):
 
 
 def test_pin_parsing_evaluates_nothing():
-    t = _as_tactic("triton[block_m=64,kernel=w4a16_dequant,num_stages=3,x=1.5,y=true,z=__import__('os')]")
+    t = parse_tactic("triton[block_m=64,kernel=w4a16_dequant,num_stages=3,x=1.5,y=true,z=__import__('os')]")
     assert t.params == {"block_m": 64, "kernel": "w4a16_dequant", "num_stages": 3, "x": 1.5, "y": True,
                         "z": "__import__('os')"}
     assert _parse_pins("") == {}

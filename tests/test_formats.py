@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from autotune.core.formats import (
-    E2M1_VALUES, FORMATS, FP4Weight, decode_e2m1, decode_e8m0, encode_e2m1, from_modelopt,
-    load_modelopt_safetensors, pack_fp4, quantize, quantize_activation_nvfp4, swizzle_128x4,
-    swizzled_size_128x4, to_modelopt, unpack_fp4, unswizzle_128x4,
+    E2M1_VALUES, FORMATS, FP4Weight, decode_e2m1, decode_e8m0, encode_e2m1, pack_fp4, quantize,
+    quantize_activation_nvfp4, swizzle_128x4, swizzled_size_128x4, unpack_fp4, unswizzle_128x4,
 )
+from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors, to_modelopt
 
 POS = torch.tensor(E2M1_VALUES[:8])
 

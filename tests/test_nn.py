@@ -11,12 +11,15 @@ from torch import nn
 from autotune.runtime import prepack
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import cpu, current
-from autotune.core.formats import FP4Weight, quantize, to_modelopt
+from autotune.core.formats import FP4Weight, quantize
+from autotune.core.modelopt import to_modelopt
 from autotune.runtime.nn import FP4Linear, FP4MoE
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from cache import Store
 from autotune.core.tactic import Tactic
+from tactics import registry
+from tactics.torch_ref import TorchFamily
 
 CPU = cpu()
 LIB = CPU.lib_key(("torch",))
@@ -131,17 +134,25 @@ def test_moe_from_modelopt(tmp_path):
         assert close(y[i, 0], x[i].double() @ ws[int(ids[i, 0])].dequantize(torch.float64).T)
 
 
+def copy_layout(monkeypatch, calls: list) -> None:
+    """The torch family reads a second layout, "copy" (a separate contiguous copy), for bf16 tactics."""
+    def layout(self, t):
+        return "copy" if t["dequant_dtype"] == "bf16" else "fp4-linear"
+
+    def pack(self, lay, w):
+        if lay != "copy":
+            return w.contiguous()
+        calls.append(w)
+        return FP4Weight(w.packed.clone(), w.scales.clone(), w.global_scale.clone(), w.fmt)
+    monkeypatch.setattr(TorchFamily, "layout", layout)
+    monkeypatch.setattr(TorchFamily, "pack", pack)
+
+
 def test_prepacked_once_per_layout_and_each_bucket_gets_its_own(tmp_path, monkeypatch):
     """Buckets whose winners want different layouts keep one packed copy each; packing happens at
     load (and after .to()), never per call."""
     calls = []
-
-    def copy_pack(w):       # a layout the torch kernel can still read: a separate contiguous copy
-        calls.append(w)
-        return FP4Weight(w.packed.clone(), w.scales.clone(), w.global_scale.clone(), w.fmt)
-    monkeypatch.setitem(prepack.PACKERS, "copy", copy_pack)
-    monkeypatch.setitem(prepack.FAMILY_LAYOUT, "torch",
-                        lambda t: "copy" if t["dequant_dtype"] == "bf16" else "fp4-linear")
+    copy_layout(monkeypatch, calls)
     p = Problem.dense(128, 256)
     d = disp(tmp_path, [(p, 1, T_A), (p, 16, T_B)])
     f = FP4Linear.from_linear(nn.Linear(256, 128, bias=False), dispatcher=d)
@@ -170,15 +181,16 @@ def test_prepacked_once_per_layout_and_each_bucket_gets_its_own(tmp_path, monkey
 
 def test_layout_memory_costs():
     w = quantize(torch.randn(200, 96))
-    assert prepack.extra_bytes(w, prepack.pack_all(("fp4-linear", "fp4-linear-u8"), w)) == 0
-    sw = prepack.pack("swizzled-128x4", w)
-    assert prepack.extra_bytes(w, [sw]) == 256 * 8 == sw.scales.numel()    # round_up(200,128) x round_up(6,4)
-    from autotune.core.formats import unswizzle_128x4
-    assert torch.equal(unswizzle_128x4(sw.scales, 200, 6), w.scales.view(torch.uint8))
-    with pytest.raises(ValueError, match="unknown weight layout"):
-        prepack.pack("nope", w)
-    assert prepack.layout_of(Tactic("triton", block_m=64)) == "fp4-linear-u8"
-    assert prepack.layout_of(Tactic("some_future_family")) == "fp4-linear"
+    triton_t = Tactic("triton", kernel="dequant_cublas", block_n=32, block_k=256, num_warps=4)
+    packs = prepack.pack_all((T_A, triton_t), w)
+    assert prepack.extra_bytes(w, packs) == 0                       # both layouts are views
+    assert packs[1].scales.dtype == torch.uint8 and packs[1].packed.data_ptr() == w.packed.data_ptr()
+    copy = FP4Weight(w.packed.clone(), w.scales.clone(), w.global_scale.clone(), w.fmt)
+    assert prepack.extra_bytes(w, [copy]) == w.nbytes
+    with pytest.raises(ValueError, match="has no weight layout 'nope'"):
+        registry.get("torch").pack("nope", w)
+    assert prepack.layout_of(triton_t) == "fp4-linear-u8"
+    assert prepack.layout_of(T_A) == "fp4-linear"
 
 
 # ------------------------------------------------------------------------------------- H200
@@ -249,10 +261,7 @@ def test_compile_reduce_overhead_on_cuda(tmp_path):
 
 
 def test_pin_with_a_new_layout_repacks_the_layer(tmp_path, monkeypatch):
-    monkeypatch.setitem(prepack.PACKERS, "copy", lambda w: FP4Weight(w.packed.clone(), w.scales.clone(),
-                                                                     w.global_scale.clone(), w.fmt))
-    monkeypatch.setitem(prepack.FAMILY_LAYOUT, "torch",
-                        lambda t: "copy" if t["dequant_dtype"] == "bf16" else "fp4-linear")
+    copy_layout(monkeypatch, [])
     p = Problem.dense(128, 256)
     d = disp(tmp_path, [(p, 4, T_A)])
     f = FP4Linear.from_linear(nn.Linear(256, 128, bias=False), dispatcher=d)

@@ -1,4 +1,6 @@
-"""FP4 weight formats: E2M1 elements, NVFP4 / MXFP4 block scales, packing, scale layouts, ModelOpt I/O.
+"""FP4 weight formats: E2M1 elements, NVFP4 / MXFP4 block scales, packing, scale layouts.
+
+ModelOpt checkpoint I/O lives in autotune.core.modelopt.
 
 Conventions (see docs in shared/reference/nvfp4-format.md):
 
@@ -27,7 +29,6 @@ __all__ = [
     "encode_e2m1", "decode_e2m1", "pack_fp4", "unpack_fp4", "decode_e8m0",
     "quantize", "quantize_activation_nvfp4",
     "swizzle_128x4", "unswizzle_128x4", "swizzled_size_128x4",
-    "from_modelopt", "to_modelopt", "load_modelopt_safetensors",
 ]
 
 FmtName = Literal["nvfp4", "mxfp4"]
@@ -279,6 +280,11 @@ class FP4Weight:
         g = self.global_scale.reshape(ne)[e] if self.global_scale.ndim else self.global_scale
         return FP4Weight(flat(self.packed), flat(self.scales), g, self.fmt, self.input_scale)
 
+    def contiguous(self) -> "FP4Weight":
+        """The same weight with contiguous tensors (views of the source when it already is)."""
+        c = lambda t: None if t is None else t.contiguous()  # noqa: E731
+        return FP4Weight(c(self.packed), c(self.scales), c(self.global_scale), self.fmt, c(self.input_scale))
+
     def swizzled_scales(self) -> Tensor:
         """Block scales in the 128x4 layout, uint8 ``[..., round_up(N,128) * round_up(K/block,4)]``."""
         return swizzle_128x4(self.scales)
@@ -437,74 +443,3 @@ def unswizzle_128x4(sw: Tensor, rows: int, cols: int, dtype: torch.dtype = torch
     t = t.permute(*range(nl), nl, nl + 3, nl + 2, nl + 1, nl + 4)  # back to (rb, r4, r32, cb, c4)
     out = t.reshape(*lead, R, C)[..., :rows, :cols].contiguous()
     return out.view(dtype) if dtype != torch.uint8 else out
-
-
-# --------------------------------------------------------------------------- ModelOpt checkpoints
-
-
-def _norm_prefix(prefix: str) -> str:
-    # "model.layers.0.mlp.down_proj" and "model.layers.0.mlp.down_proj." both name the module
-    return prefix + "." if prefix and not prefix.endswith(".") else prefix
-
-
-def _scalar_f32(t: Tensor, name: str) -> Tensor:
-    if not t.is_floating_point() or t.numel() != 1:
-        raise ValueError(f"{name} must be a float32 scalar, got {t.dtype} shape {tuple(t.shape)}")
-    return t.reshape(()).float()
-
-
-def from_modelopt(tensors: Mapping[str, Tensor], prefix: str = "") -> FP4Weight:
-    """Build an NVFP4 :class:`FP4Weight` from ModelOpt tensors ``{prefix}weight``, ``weight_scale``,
-    ``weight_scale_2`` and optional ``input_scale`` (a trailing ``.`` on ``prefix`` is optional)."""
-    p = _norm_prefix(prefix)
-    names = {k: p + k for k in ("weight", "weight_scale", "weight_scale_2", "input_scale")}
-    for k in ("weight", "weight_scale", "weight_scale_2"):
-        if names[k] not in tensors:
-            raise KeyError(f"ModelOpt NVFP4 tensor {names[k]!r} is missing")
-    w, s = tensors[names["weight"]], tensors[names["weight_scale"]]
-    if w.dtype != torch.uint8 or w.ndim < 2:
-        raise ValueError(f"{names['weight']} must be uint8 [N, K/2], got {w.dtype} shape {tuple(w.shape)}")
-    if s.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"{names['weight_scale']} must be float8_e4m3fn, got {s.dtype}")
-    want = (*w.shape[:-1], w.shape[-1] * 2 // 16)
-    if (w.shape[-1] * 2) % 16 or tuple(s.shape) != want:
-        raise ValueError(f"{names['weight_scale']} has shape {tuple(s.shape)}, expected {want} "
-                         f"for {names['weight']} {tuple(w.shape)} (K={w.shape[-1] * 2})")
-    g = _scalar_f32(tensors[names["weight_scale_2"]], names["weight_scale_2"])
-    i = tensors.get(names["input_scale"])
-    i = None if i is None else _scalar_f32(i, names["input_scale"])
-    dev = w.device
-    return FP4Weight(w, s.to(dev), g.to(dev), "nvfp4", None if i is None else i.to(dev))
-
-
-def to_modelopt(w: FP4Weight, prefix: str = "") -> dict[str, Tensor]:
-    """Inverse of :func:`from_modelopt` for a 2-D NVFP4 weight; tensors are contiguous CPU copies
-    (ready for ``safetensors.torch.save_file``). Use ``w.expert(e)`` for stacked experts."""
-    if w.fmt != "nvfp4":
-        raise ValueError(f"ModelOpt NVFP4 export needs fmt='nvfp4', got {w.fmt!r}")
-    if w.num_experts is not None:
-        raise ValueError(f"to_modelopt exports one [N, K] weight; got shape {w.shape} (use w.expert(e))")
-    p = _norm_prefix(prefix)
-    cpu = lambda t: t.detach().to("cpu").contiguous().clone()  # noqa: E731 - clone: no shared storage
-    out = {p + "weight": cpu(w.packed), p + "weight_scale": cpu(w.scales),
-           p + "weight_scale_2": cpu(w.global_scale.reshape(()))}
-    if w.input_scale is not None:
-        out[p + "input_scale"] = cpu(w.input_scale)
-    return out
-
-
-def load_modelopt_safetensors(path: str, prefix: str = "", device: str = "cpu") -> FP4Weight:
-    """Read one NVFP4 linear from a ModelOpt ``.safetensors`` file, loading only its tensors."""
-    from safetensors.torch import safe_open
-
-    p = _norm_prefix(prefix)
-    tensors: dict[str, Tensor] = {}
-    with safe_open(str(path), framework="pt", device=device) as f:
-        keys = set(f.keys())
-        for k in ("weight", "weight_scale", "weight_scale_2", "input_scale"):
-            if p + k in keys:
-                tensors[p + k] = f.get_tensor(p + k)
-    try:
-        return from_modelopt(tensors, p)
-    except KeyError as e:
-        raise KeyError(f"{e.args[0]} in {path}") from None

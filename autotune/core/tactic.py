@@ -95,3 +95,66 @@ class Verdict:
     @property
     def rejected(self) -> bool:
         return self.ok is False
+
+
+#: what a schema entry may be: the allowed values, or a type every value must have
+Allowed = tuple | type
+
+
+def check_params(tactic: Tactic, schema: Mapping[str, Allowed], what: str) -> str | None:
+    """None when `tactic` has exactly the parameters of `schema`, each allowed; else why not.
+
+    The one "exactly these parameters" check every family uses (`what` names the member in the
+    message, e.g. "triton w4a16_dequant"). bool never passes as int.
+    """
+    got = tuple(sorted(tactic.params))
+    want = tuple(sorted(schema))
+    if got != want:
+        return f"{what} tactic needs exactly the parameters {want}, got {got}"
+    for k, allowed in schema.items():
+        v = tactic[k]
+        if isinstance(allowed, type):
+            if not isinstance(v, allowed) or (allowed is int and isinstance(v, bool)):
+                return f"{what} tactic {k} must be {allowed.__name__}, got {v!r}"
+        elif v not in allowed or isinstance(v, bool) != any(isinstance(a, bool) for a in allowed):
+            return f"{what} tactic {k}={v!r} not in {allowed}"
+    return None
+
+
+def _scalar(v: str) -> Scalar:
+    low = v.strip()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(low)
+        except ValueError:
+            pass
+    return low
+
+
+def parse_tactic(t: "Tactic | str | Mapping[str, Any]") -> Tactic:
+    """A Tactic from itself, its JSON, a {"family", "params"} dict, or the `family[k=v,...]` text
+    form that `autotune show` prints and pins use. Parsed as data: nothing is evaluated."""
+    if isinstance(t, Tactic):
+        return t
+    if isinstance(t, Mapping):
+        return Tactic.from_json(t)
+    s = str(t).strip()
+    if s.startswith("{"):
+        try:
+            return Tactic.from_json(s)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"not a tactic: {s[:80]!r} ({e})") from None
+    if not (s.endswith("]") and "[" in s):
+        raise ValueError(f"not a tactic: {s[:80]!r} (expected family[k=v,...] or JSON)")
+    fam, _, inner = s[:-1].partition("[")
+    params = {}
+    for part in filter(None, (p.strip() for p in inner.split(","))):
+        k, eq, v = part.partition("=")
+        if not eq or not k.strip():
+            raise ValueError(f"not a tactic: {s[:80]!r} (parameter {part!r} is not k=v)")
+        params[k.strip()] = _scalar(v)
+    return Tactic(fam.strip(), params)

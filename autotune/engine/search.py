@@ -28,9 +28,6 @@ from autotune.core.arch import ARCHS, Arch, detect
 from autotune.core.tactic import Tactic, Verdict
 from tactics.base import Family
 
-#: which family's default is the designated baseline, in order of preference: the first one
-#: that runs on the live device and covers the problem
-DEFAULT_PREFERENCE = ("triton", "torch")
 ALL_BUCKETS = 0
 
 
@@ -113,21 +110,6 @@ def summarize(planned: dict[Problem, list[Planned]]) -> dict[str, list[FamilyPla
     return out
 
 
-def designated_default(problem: Problem, arch: Arch, device: str, registry_get: Callable[[str], Family]) -> Tactic:
-    """The baseline a winner must beat and what a miss returns."""
-    for name in DEFAULT_PREFERENCE:
-        try:
-            fam = registry_get(name)
-        except ImportError:
-            continue
-        if not fam.available(device)[0]:
-            continue
-        t = fam.default(problem, arch)
-        if fam.verdict(problem, t, arch).ok is not False:
-            return t
-    raise ValueError(f"no family can run {problem.key} on {device}")
-
-
 @dataclass(frozen=True)
 class Job:
     """One (problem, bucket) and the tactics still to measure there."""
@@ -195,7 +177,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     work = []  # (problem, [Planned kept], default tactic)
     for p, rows in planned.items():
         store.put_problem(p)
-        default = designated_default(p, target, env.device, registry.get)
+        default = registry.designated_default(p, target, env.device)
         dfam = registry.get(default.family)
         lib_keys.setdefault(dfam.name, env.lib_key(dfam.depends_on))
         store.put_environment(env, dfam.depends_on)
@@ -279,7 +261,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
 
 def _compilable(rows) -> list:
     from tactics import registry
-    return [r for r in rows if hasattr(registry.get(r.tactic.family), "precompile")]
+    return [r for r in rows if registry.get(r.tactic.family).compiles]
 
 
 def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchReport) -> list[str | None]:

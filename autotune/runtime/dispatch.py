@@ -32,7 +32,7 @@ from autotune.core.env import Env, current
 from autotune.core.problem import Problem, check_m
 from autotune.core.records import Miss
 from autotune.core.arch import ARCHS, Arch, detect
-from autotune.core.tactic import Tactic
+from autotune.core.tactic import Tactic, parse_tactic
 
 log = logging.getLogger("autotune.runtime.dispatch")
 
@@ -49,7 +49,7 @@ class Table:
 
     __slots__ = ("problem", "buckets", "kernels", "tactics", "slots", "layouts", "counts", "misses",
                  "pinned", "pinned_tactic", "default", "default_tactic", "default_slot", "_n", "_last",
-                 "_pairs", "_pinned_pair")
+                 "_pairs", "_pinned_pair", "layout_owners")
 
     def __init__(self, problem: Problem, buckets: tuple[int, ...], kernels: tuple, tactics: tuple[Tactic, ...],
                  default: Callable, default_tactic: Tactic):
@@ -62,11 +62,14 @@ class Table:
         self.default_tactic = default_tactic
         # one slot per distinct weight layout the kernels of this table want
         lays: list[str] = []
+        owners: list[Tactic] = []
         for t in (*tactics, default_tactic):
             lay = layout_of(t)
             if lay not in lays:
                 lays.append(lay)
+                owners.append(t)
         self.layouts: tuple[str, ...] = tuple(lays)
+        self.layout_owners: tuple[Tactic, ...] = tuple(owners)   # the tactic whose family packs each slot
         self.slots = tuple(lays.index(layout_of(t)) for t in tactics)
         self.default_slot = lays.index(layout_of(default_tactic))
         self.counts = [0, 0, 0, 0]          # per rung, see RUNGS
@@ -133,6 +136,7 @@ class Table:
         lay = layout_of(tactic)
         if lay not in self.layouts:
             self.layouts = (*self.layouts, lay)      # a layer holding this table repacks (see nn.py)
+            self.layout_owners = (*self.layout_owners, tactic)
         self.pinned, self.pinned_tactic = kernel, tactic
         self._pinned_pair = (kernel, self.layouts.index(lay))
 
@@ -178,7 +182,7 @@ class Dispatcher:
         self._misses_to = misses
         self._flushed: dict[tuple[str, int], int] = {}
         for key, t in {**_parse_pins(os.environ.get(PIN_ENV, "")), **(pins or {})}.items():
-            self._pins[key] = _as_tactic(t)
+            self._pins[key] = parse_tactic(t)
         self._load()
         for key in self._pins:
             if key != "*":
@@ -261,9 +265,8 @@ class Dispatcher:
         return k
 
     def _default_tactic(self, problem: Problem) -> Tactic:
-        from autotune.engine.search import designated_default
         from tactics import registry
-        return designated_default(problem, self.arch, self.env.device, registry.get)
+        return registry.designated_default(problem, self.arch, self.env.device)
 
     def _install(self, p: Problem, items: list[tuple[int, Tactic]]) -> Table:
         dt = self._default_tactic(p)
@@ -340,7 +343,7 @@ class Dispatcher:
     def pin(self, problem: Problem, tactic: Tactic | str | dict) -> None:
         """Force `tactic` for every M of `problem` (debugging, A/B runs). Raises ValueError when
         the tactic is not valid for its family or is rejected for this problem on this arch."""
-        t = _as_tactic(tactic)
+        t = parse_tactic(tactic)
         self._pins[problem.key] = t
         self._pin_table(self.table(problem), t)
 
@@ -436,45 +439,6 @@ def _writable(store) -> bool:
 
 # ------------------------------------------------------------------------------------- pins
 
-def _scalar(v: str):
-    low = v.strip()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(low)
-        except ValueError:
-            pass
-    return low
-
-
-def _as_tactic(t: Tactic | str | dict) -> Tactic:
-    """A Tactic, its JSON, a {"family", "params"} dict, or the `family[k=v,...]` form that
-    `autotune show` prints. Parsed as data: nothing is evaluated."""
-    if isinstance(t, Tactic):
-        return t
-    if isinstance(t, dict):
-        return Tactic.from_json(t)
-    s = str(t).strip()
-    if s.startswith("{"):
-        try:
-            return Tactic.from_json(s)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"not a tactic: {s[:80]!r} ({e})") from None
-    if not (s.endswith("]") and "[" in s):
-        raise ValueError(f"not a tactic: {s[:80]!r} (expected family[k=v,...] or JSON)")
-    fam, _, inner = s[:-1].partition("[")
-    params = {}
-    for part in filter(None, (p.strip() for p in inner.split(","))):
-        k, eq, v = part.partition("=")
-        if not eq or not k.strip():
-            raise ValueError(f"not a tactic: {s[:80]!r} (parameter {part!r} is not k=v)")
-        params[k.strip()] = _scalar(v)
-    return Tactic(fam.strip(), params)
-
-
 def _parse_pins(text: str) -> dict[str, Tactic]:
     """$AUTOTUNE_PIN: JSON {"<problem key>" | "*": tactic}, or `KEY=family[k=v,...]` items
     separated by ';'."""
@@ -504,7 +468,7 @@ def _parse_pins(text: str) -> dict[str, Tactic]:
             except ValueError as e:
                 raise ValueError(f"${PIN_ENV}: {e}") from None
         try:
-            out[key] = _as_tactic(tac)
+            out[key] = parse_tactic(tac)
         except (ValueError, TypeError) as e:
             raise ValueError(f"${PIN_ENV}: {e}") from None
     return out

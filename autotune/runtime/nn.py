@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from autotune.runtime import prepack
 from autotune.runtime.dispatch import Dispatcher, Table, default_dispatcher
-from autotune.core.formats import FP4Weight, from_modelopt, load_modelopt_safetensors, quantize
+from autotune.core.formats import FP4Weight, quantize
+from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors
 from autotune.core.problem import Problem
 
 _LAYERS: "weakref.WeakValueDictionary[int, _FP4Base]" = weakref.WeakValueDictionary()
@@ -64,7 +65,7 @@ class _FP4Base(nn.Module):
 
     def _prepack(self) -> None:
         """One packed weight per layout slot of the table; runs at load and after .to()/.cuda()."""
-        self.packs = prepack.pack_all(self.table.layouts, self.weight)
+        self.packs = prepack.pack_all(self.table.layout_owners, self.weight)
         self._packed_layouts = self.table.layouts
 
     def _apply(self, fn, recurse=True):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from autotune.core.tactic import Tactic, Verdict
+from tactics.base import FamilyBase
 from tactics.cutlass import flashinfer_map as fim
 from tactics.cutlass import smem as sm
 from tactics.cutlass.candidates import (EPILOGUE_C, FORMATS, KERNEL_ARCHS, MMAS, OPS, SCHEDULERS, SCHEDULES,
@@ -89,9 +90,12 @@ def _formats_for(problem: Any) -> tuple[str, ...]:
     return ("mxfp4",)
 
 
-class CutlassFamily:
+class CutlassFamily(FamilyBase):
     name = NAME
-    depends_on: tuple[str, ...] = ("flashinfer-python", "torch")
+    depends_on = ("flashinfer-python", "torch")
+
+    def supports(self, problem: Any) -> str | None:
+        return problem_support(problem)
 
     # ---- availability -------------------------------------------------------------------------
     def available(self, device: str) -> tuple[bool, str]:

@@ -2,7 +2,32 @@
 record of what Triton compiled. No Triton import here."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
+
+#: the weight layout the family's launchers read (Family.layout / Family.pack)
+U8_LAYOUT = "fp4-linear-u8"
+
+
+@dataclass(frozen=True, eq=False)
+class U8Weight:
+    """Packed codes, block scales as uint8 and the global scale as fp32 [1] on the weight's device:
+    what the launchers otherwise convert on every call. Views of a contiguous source: 0 extra bytes.
+    Duck-types FP4Weight's packed/scales/global_scale/fmt for the launchers."""
+
+    packed: Any
+    scales: Any            # uint8 view of the e4m3 / e8m0 block scales
+    global_scale: Any      # fp32 [1] (or [E] for stacked experts)
+    fmt: str
+    input_scale: Any = None
+    n: int = 0
+    k: int = 0
+
+
+def pack_u8(w) -> U8Weight:
+    import torch
+    g = w.global_scale.to(torch.float32).reshape(-1).contiguous()
+    return U8Weight(w.packed.contiguous(), scales_u8(w), g, w.fmt, w.input_scale, w.n, w.k)
 
 
 def scales_u8(w):

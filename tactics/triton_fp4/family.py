@@ -23,10 +23,11 @@ import os
 from typing import Any, Callable
 
 from autotune.core.tactic import Tactic, Verdict
+from tactics.base import FamilyBase
 
 from . import compat as _compat
 from . import smem as _smem
-from .args import fp32_scale, note_compiled, scales_u8
+from .args import U8_LAYOUT, fp32_scale, note_compiled, pack_u8, scales_u8
 from . import w4a4 as _w4a4
 
 NAME = "triton"
@@ -94,9 +95,22 @@ def _supported(problem: Any) -> str | None:
     return None
 
 
-class TritonFamily:
+class TritonFamily(FamilyBase):
     name = NAME
-    depends_on: tuple[str, ...] = ("triton",)
+    depends_on = ("triton",)
+    default_rank = 0      # the designated default wherever a GPU runs Triton
+    compiles = True
+
+    def supports(self, problem: Any) -> str | None:
+        return _w4a4.supported(problem) if _w4a4.is_w4a4(problem) else _supported(problem)
+
+    def layout(self, tactic: Tactic) -> str:
+        return U8_LAYOUT
+
+    def pack(self, layout: str, weight: Any) -> Any:
+        if layout != U8_LAYOUT:
+            return super().pack(layout, weight)
+        return pack_u8(weight)
 
     # ---- availability -------------------------------------------------------------------------
     def available(self, device: str) -> tuple[bool, str]:

@@ -8,6 +8,7 @@ import os
 import time
 
 from autotune.core.tactic import Tactic, Verdict
+from tactics.base import FamilyBase
 from tactics.torch_ref import TorchFamily
 
 BAD = ("segfault", "hang", "exit", "raise", "zeros", "nocompile")
@@ -15,7 +16,8 @@ SLEEP_MS = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)   # good members, fastest
 BUILD_LOG = "AUTOTUNE_TEST_BUILD_LOG"                    # file that build() appends tactic ids to
 
 
-class CrashingFamily:
+class CrashingFamily(FamilyBase):
+    compiles = True    # its precompile() runs in the engine's compile pool
     name = "crashing"
     depends_on = ("torch",)
 

@@ -4,6 +4,7 @@ report the failure, exit, and the next member must run in a fresh worker."""
 from __future__ import annotations
 
 from autotune.core.tactic import Tactic, Verdict
+from tactics.base import FamilyBase
 from tactics.torch_ref import TorchFamily
 
 
@@ -21,7 +22,7 @@ def _poison():
     torch.cuda.synchronize()
 
 
-class CudaFaultFamily:
+class CudaFaultFamily(FamilyBase):
     name = "cuda_faults"
     depends_on = ("torch",)
 

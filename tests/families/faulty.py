@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from autotune.core.tactic import Tactic, Verdict
+from tactics.base import FamilyBase
 from tactics.torch_ref import TorchFamily
 
 MODES = ("zeros", "skip_half", "raise", "scaled", "good")
 
 
-class FaultyFamily:
+class FaultyFamily(FamilyBase):
     name = "faulty"
     depends_on = ("torch",)
 
