@@ -176,7 +176,8 @@ def _from_misses(cache, model, tp, ep, include_attention):
     import os
 
     from autotune.core.buckets import Buckets
-    from autotune.runtime.dispatch import MISSES_ENV, search_input_from_misses
+    from autotune.runtime.dispatch import MISSES_ENV
+    from autotune.runtime.misses import search_input_from_misses
     from autotune.core.env import current
     from autotune.models import ProblemUse
     src = os.environ.get(MISSES_ENV) or cache

@@ -103,9 +103,9 @@ def bench_ours(ms: list[int], reps: int, batch: int, buckets: tuple[int, ...]) -
         for m in chunk:
             t(m)
 
-    def loop_pick(chunk, t=table):
+    def loop_index(chunk, t=table):
         for m in chunk:
-            t.pick(m)
+            t.index(m)
 
     def loop_shape(chunk, d=disp):
         for m in chunk:
@@ -124,7 +124,7 @@ def bench_ours(ms: list[int], reps: int, batch: int, buckets: tuple[int, ...]) -
             t(m)
 
     for name, fn in (("empty loop", loop_empty), ("ours: Table(m) [exact/nearest]", loop_table),
-                     ("ours: Table.pick(m) -> (kernel, slot)", loop_pick),
+                     ("ours: Table.index(m) -> bucket slot (bound launchers)", loop_index),
                      ("ours: dispatcher((M, N, K))", loop_shape), ("ours: dispatcher(problem, M)", loop_problem),
                      ("ours: default rung (miss)", loop_default), ("ours: pinned rung", loop_pinned)):
         fn(ms[:batch])       # warm

@@ -21,7 +21,6 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.runtime import prepack                            # noqa: E402
 from autotune.runtime.dispatch import RUNGS, Dispatcher         # noqa: E402
 from autotune.core.formats import FP4Weight, quantize        # noqa: E402
 from autotune.core.problem import Problem                    # noqa: E402
@@ -38,14 +37,13 @@ class FP4LinearMethod:
         layer.in_features, layer.out_features = in_features, out_features
 
     def process_weights_after_loading(self, layer: nn.Module, weight: FP4Weight) -> None:
-        # once per layer at load: bind the problem's table and prepack one weight per layout its
-        # winners read; nothing of this happens per forward
-        layer.table = self.dispatcher.table(layer.problem)
-        layer.packs = prepack.pack_all(layer.table.layout_owners, weight)
+        # once per layer at load: check the weight, pack it once per layout its winners read and
+        # bind one launcher per bucket; nothing of this happens per forward
+        layer.bound = self.dispatcher.bind(layer.problem, weight)
+        layer.table = layer.bound.table
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        kernel, slot = layer.table.pick(x.shape[0])      # the whole per-call cost of choosing
-        y = kernel(x, layer.packs[slot])
+        y = layer.bound.launcher(x.shape[0])(x)          # the whole per-call cost of choosing
         return y if bias is None else y + bias
 
 

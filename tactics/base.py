@@ -12,6 +12,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
+from autotune.core.operands import check_out, check_routing, check_weight, check_x
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
@@ -97,14 +98,25 @@ class FamilyBase:
         return weight.contiguous()
 
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str) -> Launcher:
-        """A launcher for one weight: the kernel with its packed weight fixed."""
+        """A launcher for one weight: the kernel with its packed weight fixed. The weight is
+        checked against the problem here, once; a call checks only what it brings."""
+        check_weight(problem, packed)
         kernel = self.build(problem, tactic, device)
         if problem.kind == "grouped_moe":
             def launch_moe(x, topk_ids, topk_weights=None, out=None):
+                check_x(problem, x, packed)
+                check_routing(problem, x, topk_ids, topk_weights)
+                if out is not None:
+                    check_out(problem, x, out)
                 return kernel(x, packed, topk_ids, topk_weights, out=out)
             launch_moe.capture_safe = getattr(kernel, "capture_safe", False)  # type: ignore[attr-defined]
+            launch_moe.weight = packed  # type: ignore[attr-defined]
             return launch_moe
 
         def launch(x, out=None):
+            check_x(problem, x, packed)
+            if out is not None:
+                check_out(problem, x, out)
             return kernel(x, packed, out=out)
+        launch.weight = packed  # type: ignore[attr-defined]
         return launch

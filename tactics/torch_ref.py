@@ -100,6 +100,11 @@ class TorchFamily(FamilyBase):
                 pairs = order[start:start + c]
                 start += c
                 rows, slots = pairs // top_k, pairs % top_k
+                if e < 0:                       # -1: expert not on this rank, a zero row and no work
+                    out[rows, slots] = 0
+                    continue
+                if e >= problem.experts:
+                    raise ValueError(f"{problem.key}: expert id {e} outside [-1, {problem.experts})")
                 y = torch.empty(c, problem.n, dtype=odt, device=x.device)
                 _dense(x[rows], w.expert(e), dtype, chunk, y)
                 if topk_weights is not None:

@@ -18,7 +18,9 @@ import pytest
 
 from autotune.engine import bench
 from autotune.core.tactic import parse_tactic
-from autotune.runtime.dispatch import Dispatcher, _parse_pins, search_input_from_misses
+from autotune.runtime.dispatch import Dispatcher
+from autotune.runtime.misses import search_input_from_misses
+from autotune.runtime.pins import parse_pins
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Winner
@@ -220,7 +222,7 @@ def test_pin_parsing_evaluates_nothing():
     t = parse_tactic("triton[block_m=64,kernel=w4a16_dequant,num_stages=3,x=1.5,y=true,z=__import__('os')]")
     assert t.params == {"block_m": 64, "kernel": "w4a16_dequant", "num_stages": 3, "x": 1.5, "y": True,
                         "z": "__import__('os')"}
-    assert _parse_pins("") == {}
+    assert parse_pins("") == {}
 
 
 # ----------------------------------------------------------------------------------- misses

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.runtime import prepack
+from autotune.runtime.bound import extra_bytes
+from autotune.runtime.table import PIN_SLOT
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import cpu, current
 from autotune.core.formats import FP4Weight, quantize
@@ -156,11 +157,13 @@ def test_prepacked_once_per_layout_and_each_bucket_gets_its_own(tmp_path, monkey
     p = Problem.dense(128, 256)
     d = disp(tmp_path, [(p, 1, T_A), (p, 16, T_B)])
     f = FP4Linear.from_linear(nn.Linear(256, 128, bias=False), dispatcher=d)
-    assert f.table.layouts == ("fp4-linear", "copy") and f.table.slots == (0, 1)
+    packs = f.bound.packs
+    assert list(packs) == ["fp4-linear", "copy"]
     assert len(calls) == 1 and f.prepacked_extra_bytes == f.weight.nbytes    # one extra copy, counted
+    launchers = f.bound.launchers                    # record which weight each bucket's launcher reads
+    assert launchers[0].weight is packs["fp4-linear"] and launchers[1].weight is packs["copy"]
     seen = []
-    pairs = f.table._pairs                           # record which weight object each bucket's kernel gets
-    f.table._pairs = tuple(((lambda x, w, k=k: (seen.append(w), k(x, w))[1]), slot) for k, slot in pairs)
+    f.bound.launchers = tuple((lambda x, out=None, k=k: (seen.append(k.weight), k(x, out=out))[1]) for k in launchers)
     x1, x9 = torch.randn(1, 256, dtype=torch.bfloat16), torch.randn(9, 256, dtype=torch.bfloat16)
     for _ in range(3):
         f(x1)
@@ -168,7 +171,7 @@ def test_prepacked_once_per_layout_and_each_bucket_gets_its_own(tmp_path, monkey
     assert len(calls) == 1                           # no packing per call
     assert len(seen) == 6
     assert all(w is f.packs[0] for w in seen[0::2]) and all(w is f.packs[1] for w in seen[1::2])
-    f.table._pairs = pairs
+    f.bound.launchers = launchers
     assert isinstance(f.packs[0], FP4Weight) and f.packs[0].packed is f.packed   # linear layout: a view
     w0 = f.weight
     f.to(torch.bfloat16)                              # a module cast re-packs and leaves FP4 bytes alone
@@ -182,15 +185,15 @@ def test_prepacked_once_per_layout_and_each_bucket_gets_its_own(tmp_path, monkey
 def test_layout_memory_costs():
     w = quantize(torch.randn(200, 96))
     triton_t = Tactic("triton", kernel="dequant_cublas", block_n=32, block_k=256, num_warps=4)
-    packs = prepack.pack_all((T_A, triton_t), w)
-    assert prepack.extra_bytes(w, packs) == 0                       # both layouts are views
+    tri, tor = registry.get("triton"), registry.get("torch")
+    assert tri.layout(triton_t) == "fp4-linear-u8" and tor.layout(T_A) == "fp4-linear"
+    packs = [tor.pack(tor.layout(T_A), w), tri.pack(tri.layout(triton_t), w)]
+    assert extra_bytes(w, packs) == 0                       # both layouts are views
     assert packs[1].scales.dtype == torch.uint8 and packs[1].packed.data_ptr() == w.packed.data_ptr()
     copy = FP4Weight(w.packed.clone(), w.scales.clone(), w.global_scale.clone(), w.fmt)
-    assert prepack.extra_bytes(w, [copy]) == w.nbytes
+    assert extra_bytes(w, [copy]) == w.nbytes
     with pytest.raises(ValueError, match="has no weight layout 'nope'"):
-        registry.get("torch").pack("nope", w)
-    assert prepack.layout_of(triton_t) == "fp4-linear-u8"
-    assert prepack.layout_of(T_A) == "fp4-linear"
+        tor.pack("nope", w)
 
 
 # ------------------------------------------------------------------------------------- H200
@@ -216,7 +219,7 @@ def test_cuda_graph_capture_replays_the_bucket_kernel(tmp_path):
     assert d.skipped == {} and d.table(p).tactics == (small, big)
     torch.manual_seed(5)
     f = FP4Linear.from_linear(nn.Linear(512, 256, bias=False), dispatcher=d).cuda()
-    assert f.table.layouts[0] == "fp4-linear-u8" and f.packs[0].packed.is_cuda
+    assert list(f.bound.packs) == ["fp4-linear-u8"] and f.packs[0].packed.is_cuda
     ms = (1, 3, 16, 40)
     f.warmup(ms)                                         # compile outside the captured region
     graphs = {}
@@ -265,13 +268,14 @@ def test_pin_with_a_new_layout_repacks_the_layer(tmp_path, monkeypatch):
     p = Problem.dense(128, 256)
     d = disp(tmp_path, [(p, 4, T_A)])
     f = FP4Linear.from_linear(nn.Linear(256, 128, bias=False), dispatcher=d)
-    assert f.table.layouts == ("fp4-linear",) and len(f.packs) == 1
+    assert list(f.bound.packs) == ["fp4-linear"] and len(f.packs) == 1
     x = torch.randn(3, 256, dtype=torch.bfloat16)
     y = f(x)
     d.pin(p, T_B)
-    assert f.table.layouts == ("fp4-linear", "copy") and f.table.pick(3) == (d._kernel(p, T_B), 1)
-    yp = f(x)                                          # the layer notices the new layout and repacks
-    assert len(f.packs) == 2 and f.packs[1].packed is not f.packed
+    assert f.table.rung_for(3) == ("pinned", T_B)
+    yp = f(x)                                          # the layer notices the pin and binds again
+    assert list(f.bound.packs) == ["fp4-linear", "copy"] and f.packs[1].packed is not f.packed
+    assert f.bound.launcher(3).weight is f.bound.packs["copy"] and f.table.index(3) == PIN_SLOT
     assert close(yp, ref_linear(x, f.weight)) and close(y, ref_linear(x, f.weight))
     d.unpin(p)
-    assert f.table.pick(3)[1] == 0 and f.table.rung_for(3)[0] == "nearest"
+    assert f.table.rung_for(3)[0] == "nearest" and f.bound.launcher(3).weight is f.bound.packs["fp4-linear"]

@@ -274,7 +274,7 @@ class FP4Weight:
         ne = self.num_experts
         if ne is None:
             raise ValueError("expert() needs a stacked weight [E, N, K/2]; this one is 2-D")
-        if not -ne <= e < ne:
+        if not 0 <= e < ne:          # no negative indexing: -1 is "no expert" in routing
             raise IndexError(f"expert {e} out of range for {ne} experts")
         flat = lambda t: t.reshape(ne, *t.shape[-2:])[e]  # noqa: E731
         g = self.global_scale.reshape(ne)[e] if self.global_scale.ndim else self.global_scale

@@ -1,16 +1,9 @@
 """Runtime dispatch: `dispatch((M, N, K))` or `dispatch(problem, m)` → kernel(x, w).
 
-Winners are read once per process into one `Table` per problem. The answer comes from a fixed
-ladder, and each table counts which rung answered (`Dispatcher.stats`, `Table.counts`):
-
-  pinned   a tactic forced for the problem (`Dispatcher.pin`, or $AUTOTUNE_PIN)
-  exact    M is one of the tuned buckets
-  nearest  the smallest tuned bucket >= M (clamped to the largest)
-  default  the problem has no usable winner: the designated default, counted as a miss per M
-
-The hot path (`Table.__call__`) is one `bisect` over a tuple and a list increment: no SQL, no
-lock, no container or tensor allocation (the only new objects are the counters' ints beyond 256).
-Engines that know their problem at load time call `dispatcher.table(problem)` once and keep it.
+Winners are read once per process into one `Table` per problem (autotune.runtime.table: the
+ladder pinned → exact → nearest → default, counted per rung). Engines that know their problem and
+weight at load time call `dispatcher.bind(problem, weight)` once and keep the `BoundTable`: a call
+then picks by M and launches a launcher bound at load (autotune.runtime.bound).
 
 Every stored winner is checked before it is used: known family, parameters valid for the family,
 tactic id matching its parameters, library versions equal to the live ones, verdict not rejected
@@ -20,136 +13,28 @@ problem falls through to the next rung; a damaged cache never takes the serving 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import warnings
-from bisect import bisect_left
 from collections import Counter
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from autotune.core.env import Env, current
 from autotune.core.problem import Problem, check_m
 from autotune.core.records import Miss
 from autotune.core.arch import ARCHS, Arch, detect
+from autotune.core.formats import FP4Weight
+from autotune.core.operands import checked
 from autotune.core.tactic import Tactic, parse_tactic
+from autotune.runtime.bound import BoundTable
+from autotune.runtime.pins import PIN_ENV, parse_pins
+from autotune.runtime.table import RUNGS, LazyDefault, Table
+from tactics import registry
 
 log = logging.getLogger("autotune.runtime.dispatch")
 
-RUNGS = ("pinned", "exact", "nearest", "default")
-PINNED, EXACT, NEAREST, DEFAULT = range(4)
-PIN_ENV = "AUTOTUNE_PIN"
 MISSES_ENV = "AUTOTUNE_MISSES"
 IMMUTABLE_ENV = "AUTOTUNE_CACHE_IMMUTABLE"
-
-
-class Table:
-    """The answers for one problem. `table(m)` returns the kernel; `table.pick(m)` returns
-    (kernel, slot) where `slot` indexes `layouts` (what a prepacked layer keeps per layout)."""
-
-    __slots__ = ("problem", "buckets", "kernels", "tactics", "slots", "layouts", "counts", "misses",
-                 "pinned", "pinned_tactic", "default", "default_tactic", "default_slot", "_n", "_last",
-                 "_pairs", "_pinned_pair", "layout_owners")
-
-    def __init__(self, problem: Problem, buckets: tuple[int, ...], kernels: tuple, tactics: tuple[Tactic, ...],
-                 default: Callable, default_tactic: Tactic):
-        from autotune.runtime.prepack import layout_of
-        self.problem = problem
-        self.buckets = buckets
-        self.kernels = kernels
-        self.tactics = tactics
-        self.default = default
-        self.default_tactic = default_tactic
-        # one slot per distinct weight layout the kernels of this table want
-        lays: list[str] = []
-        owners: list[Tactic] = []
-        for t in (*tactics, default_tactic):
-            lay = layout_of(t)
-            if lay not in lays:
-                lays.append(lay)
-                owners.append(t)
-        self.layouts: tuple[str, ...] = tuple(lays)
-        self.layout_owners: tuple[Tactic, ...] = tuple(owners)   # the tactic whose family packs each slot
-        self.slots = tuple(lays.index(layout_of(t)) for t in tactics)
-        self.default_slot = lays.index(layout_of(default_tactic))
-        self.counts = [0, 0, 0, 0]          # per rung, see RUNGS
-        self.misses: dict[int, int] = {}    # M -> count (default rung only)
-        self.pinned: Callable | None = None
-        self.pinned_tactic: Tactic | None = None
-        self._pinned_pair: tuple[Callable, int] | None = None
-        self._pairs = tuple(zip(kernels, self.slots))     # built once: pick() returns them, allocating nothing
-        self._n = len(buckets)
-        self._last = self._n - 1
-
-    # --- the hot path --------------------------------------------------------------------------
-    # __call__ and pick() spell out the same ladder on purpose: sharing it would cost a call and
-    # a tuple per GEMM (bench/dispatch_latency.py); change both together.
-    def __call__(self, m: int):
-        if self.pinned is not None:
-            self.counts[PINNED] += 1
-            return self.pinned
-        b = self.buckets
-        i = bisect_left(b, m)
-        if i < self._n:
-            if b[i] == m:
-                self.counts[EXACT] += 1
-            else:
-                self.counts[NEAREST] += 1
-            return self.kernels[i]
-        if self._n:
-            self.counts[NEAREST] += 1
-            return self.kernels[self._last]
-        return self._miss(m)
-
-    def pick(self, m: int) -> tuple[Callable, int]:
-        """(kernel, layout slot): for layers that keep one prepacked weight per layout."""
-        if self._pinned_pair is not None:
-            self.counts[PINNED] += 1
-            return self._pinned_pair
-        b = self.buckets
-        i = bisect_left(b, m)
-        if i < self._n:
-            if b[i] == m:
-                self.counts[EXACT] += 1
-            else:
-                self.counts[NEAREST] += 1
-            return self._pairs[i]
-        if self._n:
-            self.counts[NEAREST] += 1
-            return self._pairs[self._last]
-        return self._miss(m), self.default_slot
-
-    def _miss(self, m: int):
-        if m <= 0:
-            check_m(m)
-        self.counts[DEFAULT] += 1
-        self.misses[m] = self.misses.get(m, 0) + 1
-        k = self.default._k
-        return k if k is not None else self.default.resolve()   # first miss: build and warn once
-
-    # --- pinning (Dispatcher.pin validates first) -----------------------------------------------
-    def _set_pin(self, kernel: Callable | None, tactic: Tactic | None) -> None:
-        from autotune.runtime.prepack import layout_of
-        if kernel is None:
-            self.pinned = self.pinned_tactic = self._pinned_pair = None
-            return
-        lay = layout_of(tactic)
-        if lay not in self.layouts:
-            self.layouts = (*self.layouts, lay)      # a layer holding this table repacks (see nn.py)
-            self.layout_owners = (*self.layout_owners, tactic)
-        self.pinned, self.pinned_tactic = kernel, tactic
-        self._pinned_pair = (kernel, self.layouts.index(lay))
-
-    # --- introspection -------------------------------------------------------------------------
-    def rung_for(self, m: int) -> tuple[str, Tactic]:
-        """Which rung would answer M and with which tactic (does not count)."""
-        check_m(m)
-        if self.pinned is not None:
-            return "pinned", self.pinned_tactic
-        if not self._n:
-            return "default", self.default_tactic
-        i = min(bisect_left(self.buckets, m), self._last)
-        return ("exact" if self.buckets[i] == m else "nearest"), self.tactics[i]
 
 
 class Dispatcher:
@@ -181,7 +66,7 @@ class Dispatcher:
         self._record = record_misses
         self._misses_to = misses
         self._flushed: dict[tuple[str, int], int] = {}
-        for key, t in {**_parse_pins(os.environ.get(PIN_ENV, "")), **(pins or {})}.items():
+        for key, t in {**parse_pins(os.environ.get(PIN_ENV, "")), **(pins or {})}.items():
             self._pins[key] = parse_tactic(t)
         self._load()
         for key in self._pins:
@@ -224,7 +109,6 @@ class Dispatcher:
 
     def _check(self, w) -> str | None:
         """Why a stored winner cannot be used here (None: it was accepted into _winners)."""
-        from tactics import registry
         try:
             t = Tactic.from_json(w.params_json)
         except (ValueError, TypeError):
@@ -258,21 +142,21 @@ class Dispatcher:
         return None
 
     def _kernel(self, p: Problem, t: Tactic) -> Callable:
+        """The unbound kernel(x, w, ...), every operand checked against `p` on each call."""
         k = self._built.get((p, t))
         if k is None:
-            from tactics import registry
-            k = self._built[(p, t)] = registry.get(t.family).build(p, t, self.env.device)
+            k = self._built[(p, t)] = checked(p, registry.get(t.family).build(p, t, self.env.device))
         return k
 
     def _default_tactic(self, problem: Problem) -> Tactic:
-        from tactics import registry
         return registry.designated_default(problem, self.arch, self.env.device)
 
     def _install(self, p: Problem, items: list[tuple[int, Tactic]]) -> Table:
         dt = self._default_tactic(p)
         old = self._tables.get(p)
         t = Table(p, tuple(b for b, _ in items), tuple(self._kernel(p, x) for _, x in items),
-                  tuple(x for _, x in items), _LazyDefault(self, p, dt), dt)
+                  tuple(x for _, x in items),
+                  LazyDefault(self._kernel, p, dt, self.env.gpu_name if self._warn else None), dt)
         if old is not None:      # keep counts and pins across a re-install
             t.counts, t.misses = old.counts, old.misses
             if old.pinned is not None:
@@ -296,6 +180,11 @@ class Dispatcher:
         if t is None:
             t = self._install(problem, [])
         return t
+
+    def bind(self, problem: Problem, weight: FP4Weight) -> BoundTable:
+        """The problem's table with `weight` bound (checked once, packed once per layout): what a
+        layer keeps at load and calls per forward. `.rebind(weight)` after moving the weight."""
+        return BoundTable(self.table(problem), weight, self.env.device)
 
     def __call__(self, shape, m: int | None = None):
         if m is None:
@@ -348,17 +237,9 @@ class Dispatcher:
         self._pin_table(self.table(problem), t)
 
     def _pin_table(self, table: Table, t: Tactic) -> None:
-        from tactics import registry
-        why = registry.validate(t.family, t.params)
+        why = registry.usable(table.problem, t, self.arch, self.env.device)
         if why:
             raise ValueError(f"cannot pin {t} for {table.problem.key}: {why}")
-        fam = registry.get(t.family)
-        ok, why = fam.available(self.env.device)
-        if not ok:
-            raise ValueError(f"cannot pin {t} for {table.problem.key}: {why}")
-        v = fam.verdict(table.problem, t, self.arch)
-        if v.rejected:
-            raise ValueError(f"cannot pin {t} for {table.problem.key}: {v.reason}")
         table._set_pin(self._kernel(table.problem, t), t)
 
     def unpin(self, problem: Problem) -> None:
@@ -405,98 +286,11 @@ class Dispatcher:
             return 0
 
 
-class _LazyDefault:
-    """The default kernel of a problem, built (and warned about) on its first call only, so that
-    creating a table at load time costs nothing for problems that have winners."""
-
-    __slots__ = ("_d", "_p", "_t", "_k")
-
-    def __init__(self, d: Dispatcher, p: Problem, t: Tactic):
-        self._d, self._p, self._t, self._k = d, p, t, None
-
-    def __call__(self, *args, **kw):
-        k = self._k
-        if k is None:
-            k = self.resolve()
-        return k(*args, **kw)
-
-    def resolve(self) -> Callable:
-        if self._k is None:
-            d = self._d
-            if d._warn:
-                warnings.warn(f"fp4-autotune: no tuned tactic for {self._p.key} on {d.env.gpu_name}; "
-                              f"using the default {self._t} (run `autotune search --from-misses`)", stacklevel=4)
-            self._k = d._kernel(self._p, self._t)
-        return self._k
-
-
 def _writable(store) -> bool:
     p = getattr(store, "path", None)
     if p is None:
         return False
     return os.access(p, os.W_OK) and os.access(p.parent, os.W_OK | os.X_OK)
-
-
-# ------------------------------------------------------------------------------------- pins
-
-def _parse_pins(text: str) -> dict[str, Tactic]:
-    """$AUTOTUNE_PIN: JSON {"<problem key>" | "*": tactic}, or `KEY=family[k=v,...]` items
-    separated by ';'."""
-    text = text.strip()
-    if not text:
-        return {}
-    if text.startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError as e:
-            raise ValueError(f"${PIN_ENV} is not valid JSON: {e}") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"${PIN_ENV} must map problem keys to tactics")
-        items: Iterable = doc.items()
-    else:
-        items = []
-        for part in filter(None, (p.strip() for p in text.split(";"))):
-            key, eq, tac = part.partition("=")
-            if not eq:
-                raise ValueError(f"${PIN_ENV} item {part!r} is not KEY=family[k=v,...]")
-            items.append((key.strip(), tac))
-    out = {}
-    for key, tac in items:
-        if key != "*":
-            try:
-                Problem.from_key(key)
-            except ValueError as e:
-                raise ValueError(f"${PIN_ENV}: {e}") from None
-        try:
-            out[key] = parse_tactic(tac)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"${PIN_ENV}: {e}") from None
-    return out
-
-
-# --------------------------------------------------------------------------- misses -> search
-
-def search_input_from_misses(misses: Iterable[Miss], device_key: str,
-                             problem_keys: set[str] | None = None) -> tuple[list[Problem], tuple[int, ...], int]:
-    """What `autotune search --from-misses` tunes: the missed problems of this device (optionally
-    only those in problem_keys) and the M values they were called with, as buckets. Engines call
-    every layer with the same M per forward, so one shared bucket set is (nearly) exact.
-    Returns (problems, buckets, rows skipped because their problem key does not parse)."""
-    problems: dict[str, Problem] = {}
-    ms: set[int] = set()
-    bad = 0
-    for m in misses:
-        if m.device_key != device_key or (problem_keys is not None and m.problem_key not in problem_keys):
-            continue
-        try:
-            p = problems.get(m.problem_key) or Problem.from_key(m.problem_key)
-            check_m(m.m)
-        except (ValueError, TypeError):
-            bad += 1
-            continue
-        problems[m.problem_key] = p
-        ms.add(m.m)
-    return sorted(problems.values(), key=lambda p: p.key), tuple(sorted(ms)), bad
 
 
 # ------------------------------------------------------------------------------ process-wide

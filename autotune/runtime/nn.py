@@ -1,10 +1,11 @@
 """FP4 layers that dispatch on every forward: FP4Linear and FP4MoE.
 
-Each layer holds its FP4 weight as buffers, asks the dispatcher once for its problem's `Table`,
-and keeps one prepacked weight per layout its kernels read (autotune.runtime.prepack). A forward is one
-call of a `torch.library` custom op (`fp4_autotune::linear` / `fp4_autotune::moe`): torch.compile
-sees an opaque op with a fake (shape-only) implementation, so there is no graph break, and inside
-the op the table picks the kernel for the live M on the host.
+Each layer holds its FP4 weight as buffers and binds it once to its problem's table
+(`Dispatcher.bind` -> autotune.runtime.bound.BoundTable): the weight is checked against the problem,
+packed once per layout its launchers read, and each reachable tactic becomes a launcher. A forward
+is one call of a `torch.library` custom op (`fp4_autotune::linear` / `fp4_autotune::moe`):
+torch.compile sees an opaque op with a fake (shape-only) implementation, so there is no graph
+break, and inside the op the table picks the launcher for the live M on the host.
 
 CUDA graphs: the kernel is chosen on the host when the op runs, i.e. when a graph is captured; the
 captured graph replays that kernel for that batch size and never calls back into Python (so the
@@ -20,9 +21,11 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from autotune.runtime import prepack
-from autotune.runtime.dispatch import Dispatcher, Table, default_dispatcher
+from autotune.runtime.bound import BoundTable
+from autotune.runtime.dispatch import Dispatcher, default_dispatcher
+from autotune.runtime.table import Table
 from autotune.core.formats import FP4Weight, quantize
+from autotune.core.operands import OperandError
 from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors
 from autotune.core.problem import Problem
 
@@ -48,8 +51,7 @@ class _FP4Base(nn.Module):
         self.table: Table = self._dispatcher.table(problem)
         self.layer_id = next(_IDS)
         _LAYERS[self.layer_id] = self
-        self.packs: list[object] = []
-        self._prepack()
+        self.bound = BoundTable(self.table, self.weight, self.packed.device.type)
 
     @property
     def scales(self) -> Tensor:
@@ -63,28 +65,23 @@ class _FP4Base(nn.Module):
     def weight(self) -> FP4Weight:
         return FP4Weight(self.packed, self.scales, self.global_scale, self.fmt)
 
-    def _prepack(self) -> None:
-        """One packed weight per layout slot of the table; runs at load and after .to()/.cuda()."""
-        self.packs = prepack.pack_all(self.table.layout_owners, self.weight)
-        self._packed_layouts = self.table.layouts
-
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
-        self._prepack()
+        self.bound.rebind(self.weight)      # .to()/.cuda(): check, pack and bind again
         return out
 
-    def _packs_for(self, slot: int):
-        if self._packed_layouts is not self.table.layouts:   # a pin added a layout after load
-            self._prepack()
-        return self.packs[slot]
+    @property
+    def packs(self) -> list[object]:
+        """One packed weight per layout the layer's launchers read."""
+        return list(self.bound.packs.values())
 
     @property
     def prepacked_extra_bytes(self) -> int:
         """Memory the prepacked copies cost beyond the FP4 weight itself."""
-        return prepack.extra_bytes(self.weight, self.packs)
+        return self.bound.extra_bytes
 
     def extra_repr(self) -> str:
-        return f"{self.problem.key}, layouts={list(self.table.layouts)}"
+        return f"{self.problem.key}, layouts={list(self.bound.packs)}"
 
 
 class FP4Linear(_FP4Base):
@@ -111,6 +108,9 @@ class FP4Linear(_FP4Base):
         return cls(w, bias, dispatcher=dispatcher)
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise OperandError(f"{self.problem.key}: x is {'x'.join(map(str, x.shape))}, expected "
+                               f"... x {self.in_features}")
         lead = x.shape[:-1]
         xb = x.reshape(-1, self.in_features)
         if xb.dtype != torch.bfloat16:
@@ -182,9 +182,7 @@ def _layer(layer_id: int) -> _FP4Base:
 
 @torch.library.custom_op("fp4_autotune::linear", mutates_args=())
 def _linear_impl(x: Tensor, layer_id: int) -> Tensor:
-    layer = _layer(layer_id)
-    kernel, slot = layer.table.pick(x.shape[0])
-    return kernel(x, layer._packs_for(slot))
+    return _layer(layer_id).bound.launcher(x.shape[0])(x)
 
 
 @_linear_impl.register_fake
@@ -195,13 +193,13 @@ def _linear_fake(x: Tensor, layer_id: int) -> Tensor:
 @torch.library.custom_op("fp4_autotune::moe", mutates_args=())
 def _moe_impl(x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None, layer_id: int) -> Tensor:
     layer = _layer(layer_id)
-    kernel, slot = layer.table.pick(x.shape[0])
-    if x.is_cuda and torch.cuda.is_current_stream_capturing() and not getattr(kernel, "capture_safe", False):
+    launch = layer.bound.launcher(x.shape[0])
+    if x.is_cuda and torch.cuda.is_current_stream_capturing() and not getattr(launch, "capture_safe", False):
         # the torch family's grouped kernel reads the routing on the host (unique/tolist): that
         # would abort the capture with an opaque CUDA error
         raise RuntimeError(f"fp4_autotune: the {layer.table.rung_for(x.shape[0])[1].family} MoE kernel reads "
                            "routing on the host and cannot run under CUDA-graph capture")
-    return kernel(x, layer._packs_for(slot), topk_ids, topk_weights)
+    return launch(x, topk_ids, topk_weights)
 
 
 @_moe_impl.register_fake

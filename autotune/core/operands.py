@@ -1,0 +1,135 @@
+"""The one operand check every kernel entry shares: what a call is given against its Problem.
+
+Split by cost so the hot path pays only for what can change between calls:
+  check_weight    once per weight (bind time, layer load, or per call in the unbound form)
+  check_x         per call: a few attribute reads (shape, dtype, device)
+  check_routing   per MoE call: shape and dtype; values (ids in [-1, E)) are read where the ids
+                  already are on the host, else checked on the device without a host sync
+Every failure is one line that names what was expected and what came.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autotune.core.problem import Problem
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: id meaning "this expert is not on this rank" (vLLM's expert_map): no contribution, no work
+NO_EXPERT = -1
+
+
+class OperandError(ValueError):
+    """An operand that does not match its problem."""
+
+
+def _shape(t: Any) -> str:
+    return "x".join(map(str, getattr(t, "shape", ()))) or "scalar"
+
+
+def check_weight(problem: Problem, w: Any) -> None:
+    """`w` (an FP4Weight or a family's packed form of one) holds this problem's weight."""
+    fmt = getattr(w, "fmt", None)
+    packed = getattr(w, "packed", None)
+    if packed is None or fmt is None:
+        raise OperandError(f"{problem.key}: expected an FP4 weight, got {type(w).__name__}")
+    if fmt != problem.w_fmt:
+        raise OperandError(f"{problem.key}: weight format is {fmt}, the problem's is {problem.w_fmt}")
+    want = (problem.n, problem.k // 2)
+    if problem.kind == "grouped_moe":
+        want = (problem.experts, *want)
+    if tuple(packed.shape) != want:
+        lead = "E x " if problem.kind == "grouped_moe" else ""
+        raise OperandError(f"{problem.key}: weight packed {_shape(packed)} does not match the problem's "
+                           f"{'x'.join(map(str, want))} ({lead}N x K/2)")
+    if packed.device.type == "meta":
+        raise OperandError(f"{problem.key}: the weight is on the meta device")
+
+
+def check_x(problem: Problem, x: Any, w: Any) -> None:
+    """Activations [M, K] in the problem's dtype, on the weight's device."""
+    if not isinstance(x, torch.Tensor):
+        raise OperandError(f"{problem.key}: x must be a tensor, got {type(x).__name__}")
+    if x.ndim != 2 or x.shape[1] != problem.k:
+        raise OperandError(f"{problem.key}: x is {_shape(x)}, expected M x {problem.k}")
+    want = _DTYPES.get(problem.a_fmt)
+    if want is not None and x.dtype != want:
+        raise OperandError(f"{problem.key}: x is {x.dtype}, expected {want}")
+    dev = w.packed.device
+    if x.device != dev:
+        raise OperandError(f"{problem.key}: x is on {x.device}, the weight on {dev}")
+    if x.device.type == "meta":
+        raise OperandError(f"{problem.key}: x is on the meta device")
+
+
+def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights: Any = None) -> None:
+    """topk_ids [M, top_k] integer ids in [-1, E); topk_weights [M, top_k] when given."""
+    m = x.shape[0]
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+        raise OperandError(f"{problem.key}: topk_ids must be an integer tensor, got "
+                           f"{getattr(topk_ids, 'dtype', type(topk_ids).__name__)}")
+    if tuple(topk_ids.shape) != (m, problem.top_k):
+        raise OperandError(f"{problem.key}: topk_ids is {_shape(topk_ids)}, expected {m}x{problem.top_k}")
+    if topk_ids.device != x.device:
+        raise OperandError(f"{problem.key}: topk_ids is on {topk_ids.device}, x on {x.device}")
+    if topk_weights is not None:
+        if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (m, problem.top_k):
+            raise OperandError(f"{problem.key}: topk_weights is {_shape(topk_weights)}, expected "
+                               f"{m}x{problem.top_k}")
+        if topk_weights.device != x.device:
+            raise OperandError(f"{problem.key}: topk_weights is on {topk_weights.device}, x on {x.device}")
+    if topk_ids.numel() == 0:
+        return
+    if topk_ids.device.type == "cpu":
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < NO_EXPERT or hi >= problem.experts:
+            bad = lo if lo < NO_EXPERT else hi
+            raise OperandError(f"{problem.key}: expert id {bad} outside [-1, {problem.experts}) "
+                               "(-1 = not on this rank)")
+    elif topk_ids.device.type == "cuda":
+        # no host sync: a device-side assert stops the stream instead of computing a wrong row
+        torch._assert_async(((topk_ids >= NO_EXPERT) & (topk_ids < problem.experts)).all(),
+                            f"{problem.key}: expert id outside [-1, {problem.experts})")
+
+
+def check_operands(problem: Problem, x: Any, w: Any, topk_ids: Any = None, topk_weights: Any = None,
+                   out: Any = None) -> None:
+    """Everything a kernel call is given, checked against its problem (the unbound form)."""
+    check_weight(problem, w)
+    check_x(problem, x, w)
+    if problem.kind == "grouped_moe":
+        check_routing(problem, x, topk_ids, topk_weights)
+    if out is not None:
+        check_out(problem, x, out)
+
+
+def out_shape(problem: Problem, m: int) -> tuple[int, ...]:
+    return (m, problem.top_k, problem.n) if problem.kind == "grouped_moe" else (m, problem.n)
+
+
+def check_out(problem: Problem, x: torch.Tensor, out: Any) -> None:
+    want = out_shape(problem, x.shape[0])
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+        raise OperandError(f"{problem.key}: out is {_shape(out)}, expected {'x'.join(map(str, want))}")
+    if out.dtype != _DTYPES[problem.out_dtype] or out.device != x.device:
+        raise OperandError(f"{problem.key}: out is {out.dtype} on {out.device}, expected "
+                           f"{_DTYPES[problem.out_dtype]} on {x.device}")
+
+
+def checked(problem: Problem, kernel: Any) -> Any:
+    """`kernel(x, w, ...)` with every operand checked on each call (the unbound form, where the
+    weight arrives per call). Bound launchers check the weight once instead (tactics.base)."""
+    if problem.kind == "grouped_moe":
+        def moe(x, w, topk_ids, topk_weights=None, out=None):
+            check_operands(problem, x, w, topk_ids, topk_weights, out)
+            return kernel(x, w, topk_ids, topk_weights, out=out)
+        moe.capture_safe = getattr(kernel, "capture_safe", False)  # type: ignore[attr-defined]
+        moe.inner = kernel  # type: ignore[attr-defined]
+        return moe
+
+    def dense(x, w, out=None):
+        check_operands(problem, x, w, out=out)
+        return kernel(x, w, out=out)
+    dense.inner = kernel  # type: ignore[attr-defined]
+    return dense

@@ -1,0 +1,131 @@
+"""The layers of docs/architecture.md, enforced: import contracts, an acyclic import graph (with
+function-local imports counted), what importing the runtime and the cache loads, module size."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("autotune", "tactics", "cache")
+MAX_LINES = 500
+
+
+def test_import_contracts_hold():
+    r = subprocess.run(["lint-imports", "--config", str(ROOT / ".importlinter"), "--no-cache"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+def _sccs(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+    counter = 0
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.find_modules_directly_imported_by(w)))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_import_graph_is_acyclic():
+    # grimp reads every import statement, function-local ones included
+    graph = grimp.build_graph(*PACKAGES, include_external_packages=False, cache_dir=None)
+    assert _sccs(graph) == []
+
+
+def test_sccs_finds_a_cycle():
+    g = grimp.ImportGraph()
+    for a, b in (("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")):
+        g.add_import(importer=a, imported=b)
+    assert _sccs(g) == [["a", "b", "c"]]
+
+
+def _loaded_after(stmt: str, block_torch: bool = False) -> set[str]:
+    code = ("import sys\n" + ("sys.modules['torch'] = None\n" if block_torch else "") + stmt +
+            "\nimport json; print(json.dumps(sorted(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return set(json.loads(r.stdout.splitlines()[-1]))
+
+
+ENGINE = ("autotune.engine", "autotune.api", "autotune.integrations", "autotune.report")
+
+
+@pytest.mark.parametrize("stmt", ["import autotune.runtime.dispatch", "import autotune.runtime.nn",
+                                  "from autotune import dispatch, FP4Linear"])
+def test_runtime_loads_no_engine_module(stmt):
+    loaded = _loaded_after(stmt)
+    assert "autotune.runtime.dispatch" in loaded
+    assert sorted(m for m in loaded if m.startswith(ENGINE)) == []
+
+
+def test_cache_loads_neither_torch_nor_families():
+    loaded = _loaded_after("import cache; from cache import Store", block_torch=True)
+    assert "cache.store" in loaded
+    assert sorted(m for m in loaded if m.startswith(("tactics", "torch", "triton") + ENGINE)) == []
+
+
+def test_import_autotune_is_lazy():
+    loaded = _loaded_after("import autotune")
+    assert sorted(m for m in loaded if m.startswith(("autotune.", "tactics", "cache", "torch"))) == []
+
+
+def test_lazy_names_resolve():
+    import autotune
+    from autotune.api import search
+    from autotune.runtime.dispatch import dispatch
+    assert autotune.search is search and autotune.dispatch is dispatch
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        autotune.nope  # noqa: B018
+
+
+def _modules():
+    for top in (*PACKAGES, "tools", "bench"):
+        yield from (ROOT / top).rglob("*.py")
+    yield ROOT / "cli.py"
+
+
+def test_no_module_exceeds_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
