@@ -96,6 +96,23 @@ def test_compile_fullgraph_no_graph_break_dynamic_m(tmp_path):
     assert exp.graph_break_count == 0 and exp.graph_count == 1
 
 
+def test_eager_calls_skip_the_custom_op_and_compiled_calls_use_it(tmp_path, monkeypatch):
+    import autotune.runtime.nn as nnmod
+    op_calls = []
+    real = nnmod._layer
+    monkeypatch.setattr(nnmod, "_layer", lambda i: (op_calls.append(i), real(i))[1])   # only the ops look layers up
+    p = Problem.dense(128, 256)
+    f = FP4Linear.from_linear(nn.Linear(256, 128, bias=False), dispatcher=disp(tmp_path, [(p, 1, T_A)]))
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    y = f(x)
+    assert op_calls == [] and f.table.counts[2] == 1          # eager: straight to the bound launcher
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, fullgraph=True)(x), y)
+    assert f.layer_id in op_calls                             # compiled: through fp4_autotune::linear
+    y1, y2 = f(x), f(x)
+    assert y1.data_ptr() != y2.data_ptr()                     # two calls never return aliased outputs
+
+
 def test_moe_matches_reference_and_compiles(tmp_path):
     torch.manual_seed(3)
     e, n, k, top_k, m = 4, 64, 128, 2, 6

@@ -115,7 +115,10 @@ class FP4Linear(_FP4Base):
         xb = x.reshape(-1, self.in_features)
         if xb.dtype != torch.bfloat16:
             xb = xb.to(torch.bfloat16)
-        y = torch.ops.fp4_autotune.linear(xb, self.layer_id)
+        if torch.compiler.is_compiling():      # traced: one opaque op with a fake implementation
+            y = torch.ops.fp4_autotune.linear(xb, self.layer_id)
+        else:                                  # eager: straight to the bound launcher, no op dispatcher
+            y = self.bound.launcher(xb.shape[0])(xb)
         if self.bias is not None:
             y = y + self.bias
         y = y.reshape(*lead, self.out_features)
@@ -167,7 +170,10 @@ class FP4MoE(_FP4Base):
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None = None) -> Tensor:
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-        y = torch.ops.fp4_autotune.moe(xb, topk_ids, topk_weights, self.layer_id)
+        if torch.compiler.is_compiling():
+            y = torch.ops.fp4_autotune.moe(xb, topk_ids, topk_weights, self.layer_id)
+        else:
+            y = _moe_launch(self, xb, topk_ids, topk_weights)
         return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
 
 
@@ -190,9 +196,7 @@ def _linear_fake(x: Tensor, layer_id: int) -> Tensor:
     return x.new_empty((x.shape[0], _layer(layer_id).problem.n), dtype=torch.bfloat16)
 
 
-@torch.library.custom_op("fp4_autotune::moe", mutates_args=())
-def _moe_impl(x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None, layer_id: int) -> Tensor:
-    layer = _layer(layer_id)
+def _moe_launch(layer: "FP4MoE", x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None) -> Tensor:
     launch = layer.bound.launcher(x.shape[0])
     if x.is_cuda and torch.cuda.is_current_stream_capturing() and not getattr(launch, "capture_safe", False):
         # the torch family's grouped kernel reads the routing on the host (unique/tolist): that
@@ -200,6 +204,11 @@ def _moe_impl(x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None, layer_id
         raise RuntimeError(f"fp4_autotune: the {layer.table.rung_for(x.shape[0])[1].family} MoE kernel reads "
                            "routing on the host and cannot run under CUDA-graph capture")
     return launch(x, topk_ids, topk_weights)
+
+
+@torch.library.custom_op("fp4_autotune::moe", mutates_args=())
+def _moe_impl(x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None, layer_id: int) -> Tensor:
+    return _moe_launch(_layer(layer_id), x, topk_ids, topk_weights)
 
 
 @_moe_impl.register_fake
