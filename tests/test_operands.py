@@ -6,6 +6,13 @@ MOE_MEMBERS (the GPU-only ones are marked and run on the H200).
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -146,3 +153,42 @@ def test_check_operands_names_both_shapes():
     p = Problem.moe(64, 128, experts=4, top_k=2)
     with pytest.raises(OperandError, match=r"weight packed 3x64x64 does not match the problem's 4x64x64"):
         check_operands(p, bf16(1, 128), quantize(torch.randn(3, 64, 128)), torch.zeros(1, 2, dtype=torch.long))
+
+
+_INTERP = textwrap.dedent("""
+    import json, sys, torch
+    from autotune.core.formats import quantize
+    from autotune.core.problem import Problem
+    from autotune.core.tactic import Tactic
+    from tactics import registry
+    torch.manual_seed(0)
+    p = Problem.moe(64, 128, experts=4, top_k=2)
+    t = Tactic.from_json(sys.argv[1])
+    fam = registry.get(t.family)
+    w = quantize(torch.randn(4, 64, 128))
+    launch = fam.bind(p, t, fam.pack(fam.layout(t), w), "cpu")
+    x = torch.randn(5, 128).to(torch.bfloat16)
+    ids = torch.tensor([[0, -1], [-1, -1], [3, 1], [2, -1], [-1, 0]])
+    y = launch(x, ids).double()
+    ref = torch.zeros(5, 2, 64, dtype=torch.float64)
+    for i in range(5):
+        for j in range(2):
+            if int(ids[i, j]) >= 0:
+                ref[i, j] = x[i].double() @ w.expert(int(ids[i, j])).dequantize(torch.float64).T
+    keep = ids >= 0
+    print(json.dumps([bool((y[~keep] == 0).all()), float((y[keep] - ref[keep]).norm() / ref[keep].norm())]))
+""")
+
+
+@pytest.mark.parametrize("tactic", [p.values[0] for p in MOE_MEMBERS if p.values[1] == "cuda"],
+                         ids=[p.id for p in MOE_MEMBERS if p.values[1] == "cuda"])
+def test_moe_minus_one_in_the_triton_interpreter(tactic):
+    """The same contract for the GPU members, run by Triton's interpreter on the CPU."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", _INTERP, tactic.to_json()], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    zero_rows, err = json.loads(r.stdout.strip().splitlines()[-1])
+    assert zero_rows and err < 1e-2, (zero_rows, err)

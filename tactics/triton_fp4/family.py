@@ -441,21 +441,24 @@ class MoELauncher:
         import torch
         bm, e_count = self.params["block_m"], self.problem.experts
         flat = topk_ids.reshape(-1).to(torch.int64)
+        # -1 (expert not on this rank) sorts into a virtual expert E past the real ones: its pairs
+        # land beyond `npad`, so their row blocks exit at once and do no work
+        flat = torch.where(flat < 0, e_count, flat)
         p = flat.numel()
         dev = flat.device
-        counts = torch.zeros(e_count, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+        counts = torch.zeros(e_count + 1, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
         padded = (counts + bm - 1) // bm * bm
         ends = torch.cumsum(padded, 0)
         order = torch.argsort(flat, stable=True)
         sorted_e = flat[order]
         rank = torch.arange(p, device=dev) - (torch.cumsum(counts, 0) - counts)[sorted_e]
         dest = (ends - padded)[sorted_e] + rank
-        blocks = -(-p // bm) + min(e_count, p)
+        blocks = -(-p // bm) + min(e_count + 1, p)
         sorted_ids = torch.full((blocks * bm,), p, dtype=torch.int32, device=dev)
         sorted_ids[dest] = order.to(torch.int32)
         starts = torch.arange(blocks, device=dev, dtype=torch.int64) * bm
         expert_ids = torch.searchsorted(ends, starts, right=True).clamp_(max=e_count - 1).to(torch.int32)
-        npad = ends[-1:].to(torch.int32)
+        npad = ends[e_count - 1:e_count].to(torch.int32)     # real experts only
         return sorted_ids, expert_ids, npad, blocks
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None):
@@ -493,6 +496,7 @@ class MoELauncher:
                                     npad, tw, m * top_k, n, k, TOP_K=top_k, ROUTED_WEIGHT=int(routed), num_warps=p["num_warps"], num_stages=p["num_stages"],
                                     **self._consts)
         note_compiled(self, ck, x.device)
+        out.masked_fill_((topk_ids < 0).unsqueeze(-1), 0)     # -1 slots: zero rows (no host sync)
         return out
 
 
