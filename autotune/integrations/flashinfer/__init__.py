@@ -134,6 +134,12 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
     except ValueError as e:
         raise ExportError(str(e)) from None
     dev = _device(store, gpu)
+    wanted = set(problem_keys) if problem_keys is not None else None
+    winners = [w for w in store.winners(dev["device_key"]) if w.family == FAMILY
+               and (wanted is None or w.problem_key in wanted)]
+    if not winners:
+        scope = " for that model" if wanted is not None else ""
+        raise ExportError(f"no cutlass winners for {dev['gpu_name']} ({dev['device_key']}){scope} in {store!r}")
     if not from_env:   # the two fields the release and the GPU fix; a given value is still checked
         meta.setdefault("flashinfer_version", release.version)
         meta.setdefault("gpu", dev["gpu_name"])
@@ -151,12 +157,6 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
             raise ExportError(f"cannot write {p}: {p.parent} is not a directory")
 
     rep = FlashInferExport(out, bl, release.version, dev["gpu_name"], dev["device_key"])
-    wanted = set(problem_keys) if problem_keys is not None else None
-    winners = [w for w in store.winners(dev["device_key"]) if w.family == FAMILY
-               and (wanted is None or w.problem_key in wanted)]
-    if not winners:
-        scope = " for that model" if wanted is not None else ""
-        raise ExportError(f"no cutlass winners for {dev['gpu_name']} ({dev['device_key']}){scope} in {store!r}")
     by_problem: dict[str, dict[int, Winner]] = {}
     for w in winners:
         by_problem.setdefault(w.problem_key, {})[w.bucket] = w
