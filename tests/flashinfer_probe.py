@@ -7,7 +7,8 @@ is set to the test's GPU, and FlashInfer's own CutlassFp4GemmRunner class is bui
 stand-in for the compiled SM120 module (it reports the module's tactic count; a kernel call fails).
 Lookup (choose_one outside tuning) and the blocklist filter never launch a kernel.
 
-argv[1]: JSON {"gpu", "tactic_num", "load": [paths, loaded in order], "queries": [[m, n, k, alpha_rank]]}
+argv[1]: JSON {"gpu", "tactic_num", "load": [paths, loaded in order], "queries": [[m, n, k, alpha_rank]],
+"plugin": call the vLLM hook first (it reads $FP4_AUTOTUNE_FLASHINFER_CACHE), "repo": our checkout}
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 import torch
 
 req = json.loads(sys.argv[1])
+sys.path.append(req.get("repo", ""))      # after the FlashInfer target: our code, for the hook
 torch.cuda.get_device_name = lambda *a, **k: req["gpu"]     # the GPU this test stands for
 torch.cuda.current_device = lambda: 0
 
@@ -53,8 +55,12 @@ def inputs(m: int, n: int, k: int, alpha_rank: int) -> list:
 tuner = AutoTuner.get()   # built now: reads FLASHINFER_TACTICS_BLOCKLIST from the environment
 runner = _create_cutlass_fp4_gemm_module(StandInSm120Module(), "flashinfer::cutlass_fp4_gemm_sm120",
                                          "cutlass_fp4_gemm_sm120").cutlass_fp4_gemm_runner()
-out: dict = {"version": flashinfer.__version__, "metadata": _collect_metadata(), "runner": type(runner).__name__,
-             "loaded": [tuner.load_configs(p) for p in req["load"]], "chosen": []}
+out: dict = {"version": flashinfer.__version__, "metadata": _collect_metadata(), "runner": type(runner).__name__}
+if req.get("plugin"):      # the vllm.general_plugins entry point, as vLLM would call it
+    from autotune.integrations import vllm_plugin
+    out["plugin"] = vllm_plugin.register()
+out["loaded"] = [tuner.load_configs(p) for p in req["load"]]
+out["chosen"] = []
 for m, n, k, alpha_rank in req["queries"]:
     r, tactic = tuner.choose_one("fp4_gemm", [runner], _MM_FP4_TUNING_CONFIG_128x4, inputs(m, n, k, alpha_rank))
     out["chosen"].append(tactic)
@@ -63,7 +69,6 @@ valid = runner.get_valid_tactics(inputs(64, 256, 512, 0), None)
 out["profiled"] = tuner._blocklist.filter("fp4_gemm", runner, valid)
 out["blocklist_loaded"] = tuner._blocklist.is_loaded
 try:
-    sys.path.insert(0, req.get("repo", ""))
     from autotune.integrations.flashinfer.keys import metadata_from_env
     out["ours_from_env"] = metadata_from_env()
 except ImportError as e:

@@ -158,11 +158,14 @@ def _target(version: str) -> Path:
     return root
 
 
-def _probe(version: str, req: dict, blocklist: Path | None = None) -> dict:
+def _probe(version: str, req: dict, blocklist: Path | None = None, plugin_file: Path | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_target(version)), str(TARGETS / "deps")])}
     env.pop("FLASHINFER_TACTICS_BLOCKLIST", None)
+    env.pop("FP4_AUTOTUNE_FLASHINFER_CACHE", None)
     if blocklist:
         env["FLASHINFER_TACTICS_BLOCKLIST"] = str(blocklist)
+    if plugin_file:
+        env["FP4_AUTOTUNE_FLASHINFER_CACHE"] = str(plugin_file)
     req = {"gpu": GPU, "tactic_num": len(fim.configs("sm120", version)), "load": [], "queries": [],
            "repo": str(REPO), **req}
     r = subprocess.run([sys.executable, str(REPO / "tests" / "flashinfer_probe.py"), json.dumps(req)],
@@ -196,6 +199,8 @@ def judged(cache_db, tmp_path_factory) -> dict[str, dict]:
         other = next(o for o in VERSIONS if o != v)
         out[v] = {"env": envs[v], **_probe(v, {"load": [str(d / f"{other}.json"), str(d / f"{v}.json")],
                                                 "queries": QUERIES}, blocklist=d / f"{v}.blocklist.json")}
+    # the vLLM hook, without vLLM: the entry point loads the file named in its variable
+    out["hook"] = _probe(VERSIONS[0], {"plugin": True, "queries": QUERIES}, plugin_file=d / f"{VERSIONS[0]}.json")
     return out
 
 
@@ -229,3 +234,20 @@ def test_metadata_from_env_is_flashinfers_own(judged, version):
     env = judged[version]["env"]
     assert env["ours_from_env"] == {f: str(env["metadata"][f]) for f in K.META_FIELDS}
     assert env["metadata"]["gpu"] == GPU
+
+
+def test_vllm_hook_loads_the_file_into_flashinfer(judged):
+    hook = judged["hook"]
+    assert hook["plugin"] is True
+    assert hook["chosen"] == [_expected(m, n) for m, n, _, _ in QUERIES]
+
+
+def test_vllm_hook_is_registered_as_a_general_plugin(monkeypatch):
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    eps = cfg["options.entry_points"]["vllm.general_plugins"]
+    assert "autotune.integrations.vllm_plugin:register" in eps
+    from autotune.integrations import vllm_plugin
+    monkeypatch.delenv(vllm_plugin.ENV, raising=False)
+    assert vllm_plugin.register() is None         # a no-op unless the variable names a file
