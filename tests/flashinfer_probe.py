@@ -8,6 +8,7 @@ stand-in for the compiled SM120 module (it reports the module's tactic count; a 
 Lookup (choose_one outside tuning) and the blocklist filter never launch a kernel.
 
 argv[1]: JSON {"gpu", "tactic_num", "load": [paths, loaded in order], "queries": [[m, n, k, alpha_rank]],
+"tune_cache"/"tune_queries": look tuned shapes up inside autotune(True, cache=...),
 "plugin": call the vLLM hook first (it reads $FP4_AUTOTUNE_FLASHINFER_CACHE), "repo": our checkout}
 """
 from __future__ import annotations
@@ -64,6 +65,13 @@ out["chosen"] = []
 for m, n, k, alpha_rank in req["queries"]:
     r, tactic = tuner.choose_one("fp4_gemm", [runner], _MM_FP4_TUNING_CONFIG_128x4, inputs(m, n, k, alpha_rank))
     out["chosen"].append(tactic)
+# a tuning warm-up as the engines run it (autotune(True, cache=file)): the file's entries carry the
+# profiling policy mm_fp4 requests, so tuned shapes are served without profiling (which needs a GPU)
+if req.get("tune_cache"):
+    from flashinfer.autotuner import autotune
+    with autotune(True, cache=req["tune_cache"]):
+        out["tuned"] = [tuner.choose_one("fp4_gemm", [runner], _MM_FP4_TUNING_CONFIG_128x4, inputs(*q))[1]
+                        for q in req["tune_queries"]]
 # what the tuner would profile for a shape: the runner's tactics through the tuner's own blocklist
 valid = runner.get_valid_tactics(inputs(64, 256, 512, 0), None)
 out["profiled"] = tuner._blocklist.filter("fp4_gemm", runner, valid)

@@ -180,6 +180,9 @@ QUERIES = [[m, 256, 512, a] for m in (1, 2, 3, 8, 12, 20, 30, 60, 100, 200, 300,
           [[16, 384, 512, 0], [600, 256, 512, 0]]
 
 
+TUNED = [q for q in QUERIES if q[1] == 256 and q[0] <= 512]
+
+
 def _expected(m: int, n: int) -> int:
     if n != 256 or m > 512:
         return -1       # FlashInfer's own fallback
@@ -194,11 +197,13 @@ def judged(cache_db, tmp_path_factory) -> dict[str, dict]:
     envs = {v: _probe(v, {}) for v in VERSIONS}
     for v in VERSIONS:
         _export(cache_db, d / f"{v}.json", v, {f: envs[v]["metadata"][f] for f in K.META_FIELDS})
+        (d / f"{v}.tune.json").write_bytes((d / f"{v}.json").read_bytes())   # warm-up saves into it
     out = {}
     for v in VERSIONS:
         other = next(o for o in VERSIONS if o != v)
         out[v] = {"env": envs[v], **_probe(v, {"load": [str(d / f"{other}.json"), str(d / f"{v}.json")],
-                                                "queries": QUERIES}, blocklist=d / f"{v}.blocklist.json")}
+                                                "queries": QUERIES, "tune_cache": str(d / f"{v}.tune.json"),
+                                                "tune_queries": TUNED}, blocklist=d / f"{v}.blocklist.json")}
     # the vLLM hook, without vLLM: the entry point loads the file named in its variable
     out["hook"] = _probe(VERSIONS[0], {"plugin": True, "queries": QUERIES}, plugin_file=d / f"{VERSIONS[0]}.json")
     return out
@@ -220,6 +225,11 @@ def test_flashinfer_loads_our_file_and_refuses_the_other_release(judged, version
 @pytest.mark.parametrize("version", VERSIONS)
 def test_choose_one_serves_our_tactics_and_its_fallback(judged, version):
     assert judged[version]["chosen"] == [_expected(m, n) for m, n, _, _ in QUERIES]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_tuning_warmup_takes_our_entries_as_tuned(judged, version):
+    assert judged[version]["tuned"] == [_expected(m, n) for m, n, _, _ in TUNED]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
