@@ -8,8 +8,10 @@ stand-in for the compiled SM120 module (it reports the module's tactic count; a 
 Lookup (choose_one outside tuning) and the blocklist filter never launch a kernel.
 
 argv[1]: JSON {"gpu", "tactic_num", "load": [paths, loaded in order], "queries": [[m, n, k, alpha_rank]],
-"tune_cache"/"tune_queries": look tuned shapes up inside autotune(True, cache=...),
-"plugin": call the vLLM hook first (it reads $FP4_AUTOTUNE_FLASHINFER_CACHE), "repo": our checkout}
+"export_from_env": {cache, out, gpu, other_gpu}: export with --metadata-from-env here (then on
+another GPU, which must be refused), "tune_cache"/"tune_queries": look tuned shapes up inside autotune(True, cache=...),
+"plugin": call the vLLM hook first (it reads $FP4_AUTOTUNE_FLASHINFER_CACHE)}
+PYTHONPATH: the release's folder, its deps folder, then our checkout.
 """
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ import sys
 import torch
 
 req = json.loads(sys.argv[1])
-sys.path.append(req.get("repo", ""))      # after the FlashInfer target: our code, for the hook
 torch.cuda.get_device_name = lambda *a, **k: req["gpu"]     # the GPU this test stands for
 torch.cuda.current_device = lambda: 0
 
@@ -57,6 +58,19 @@ tuner = AutoTuner.get()   # built now: reads FLASHINFER_TACTICS_BLOCKLIST from t
 runner = _create_cutlass_fp4_gemm_module(StandInSm120Module(), "flashinfer::cutlass_fp4_gemm_sm120",
                                          "cutlass_fp4_gemm_sm120").cutlass_fp4_gemm_runner()
 out: dict = {"version": flashinfer.__version__, "metadata": _collect_metadata(), "runner": type(runner).__name__}
+if req.get("export_from_env"):   # `export --metadata-from-env` as run inside the serving image
+    from autotune.integrations.flashinfer import ExportError, export_flashinfer
+    from cache import Store
+    job = req["export_from_env"]
+    with Store(job["cache"], readonly=True) as store:
+        export_flashinfer(store, job["out"], gpu=job["gpu"], from_env=True)
+        torch.cuda.get_device_name = lambda *a, **k: job["other_gpu"]     # an image on another GPU
+        try:
+            export_flashinfer(store, job["out"] + ".other", gpu=job["gpu"], from_env=True)
+            out["other_gpu_refusal"] = None
+        except ExportError as e:
+            out["other_gpu_refusal"] = str(e)
+        torch.cuda.get_device_name = lambda *a, **k: req["gpu"]
 if req.get("plugin"):      # the vllm.general_plugins entry point, as vLLM would call it
     from autotune.integrations import vllm_plugin
     out["plugin"] = vllm_plugin.register()

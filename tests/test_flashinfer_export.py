@@ -159,15 +159,14 @@ def _target(version: str) -> Path:
 
 
 def _probe(version: str, req: dict, blocklist: Path | None = None, plugin_file: Path | None = None) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_target(version)), str(TARGETS / "deps")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_target(version)), str(TARGETS / "deps"), str(REPO)])}
     env.pop("FLASHINFER_TACTICS_BLOCKLIST", None)
     env.pop("FP4_AUTOTUNE_FLASHINFER_CACHE", None)
     if blocklist:
         env["FLASHINFER_TACTICS_BLOCKLIST"] = str(blocklist)
     if plugin_file:
         env["FP4_AUTOTUNE_FLASHINFER_CACHE"] = str(plugin_file)
-    req = {"gpu": GPU, "tactic_num": len(fim.configs("sm120", version)), "load": [], "queries": [],
-           "repo": str(REPO), **req}
+    req = {"gpu": GPU, "tactic_num": len(fim.configs("sm120", version)), "load": [], "queries": [], **req}
     r = subprocess.run([sys.executable, str(REPO / "tests" / "flashinfer_probe.py"), json.dumps(req)],
                        capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -201,7 +200,9 @@ def judged(cache_db, tmp_path_factory) -> dict[str, dict]:
     out = {}
     for v in VERSIONS:
         other = next(o for o in VERSIONS if o != v)
-        out[v] = {"env": envs[v], **_probe(v, {"load": [str(d / f"{other}.json"), str(d / f"{v}.json")],
+        from_env = {"cache": cache_db, "out": str(d / f"{v}.env.json"), "gpu": "5090", "other_gpu": "NVIDIA H200"}
+        out[v] = {"env": envs[v], **_probe(v, {"load": [str(d / f"{other}.json"), str(d / f"{v}.json"),
+                                                         from_env["out"]], "export_from_env": from_env,
                                                 "queries": QUERIES, "tune_cache": str(d / f"{v}.tune.json"),
                                                 "tune_queries": TUNED}, blocklist=d / f"{v}.blocklist.json")}
     # the vLLM hook, without vLLM: the entry point loads the file named in its variable
@@ -216,10 +217,16 @@ def test_table_matches_the_release_header(version):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_flashinfer_loads_our_file_and_refuses_the_other_release(judged, version):
+def test_flashinfer_loads_our_files_and_refuses_the_other_release(judged, version):
     j = judged[version]
     assert j["version"] == version and j["runner"] == K.RUNNER
-    assert j["loaded"] == [False, True]
+    assert j["loaded"] == [False, True, True]      # other release's file, ours, ours --metadata-from-env
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_metadata_from_env_refuses_an_image_on_another_gpu(judged, version):
+    assert judged[version]["other_gpu_refusal"] == (
+        f"metadata GPU is 'NVIDIA H200' but the winners were measured on '{GPU}' (this environment)")
 
 
 @pytest.mark.parametrize("version", VERSIONS)

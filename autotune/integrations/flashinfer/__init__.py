@@ -170,7 +170,8 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
             continue
         picks: dict[int, int] = {}
         for b, w in sorted(per_bucket.items()):
-            idx = fim.to_index(Kernel.from_params(Tactic.from_json(w.params_json).params), release.version)
+            kernel = Kernel.from_params(Tactic.from_json(w.params_json).params)
+            idx = fim.to_index(kernel, release.version) if kernel.kernel_arch == kernel_arch else None
             if idx is None:
                 rep.skipped.append(f"{pkey} bucket {b}: winner {w.tactic_id} is not in FlashInfer "
                                    f"{release.version}'s {kernel_arch} list")
