@@ -392,6 +392,8 @@ def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, met
     if fmt == "flashinfer":
         return _cache_export_flashinfer(output, gpu, model, tp, ep, cache, flashinfer_version, metadata_from_env,
                                         meta, blocklist)
+    if flashinfer_version or metadata_from_env or meta or blocklist:
+        raise BadInput("--flashinfer-version, --metadata-from-env, --meta and --blocklist need --format flashinfer")
     from cache import CacheError, export_cache
     keys = [u.problem.key for u in _problems(model, tp, ep, True)] if model else None
     store = _open_store(cache, readonly=True)

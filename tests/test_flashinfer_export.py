@@ -139,6 +139,14 @@ def test_cli_refuses_with_one_line(cache_db, tmp_path, extra, needle):
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_cli_flashinfer_flags_need_the_format(cache_db, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, str(REPO / "cli.py"), "cache", "export", "-o", str(tmp_path / "o.db"),
+                        "--cache", cache_db, "--flashinfer-version", "0.7.4"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 2 and "need --format flashinfer" in r.stderr and not (tmp_path / "o.db").exists()
+
+
 def test_cli_writes_with_wildcards(cache_db, tmp_path):
     meta = [a for f in K.META_FIELDS if f not in K.NO_WILDCARD for a in ("--meta", f"{f}=*")]
     r = _cli("-o", str(tmp_path / "o.json"), "--cache", cache_db, "--gpu", "5090", "--flashinfer-version",
