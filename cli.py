@@ -350,16 +350,51 @@ def cache_group():
     """Export and import caches (for deployment images)."""
 
 
+# ---- begin: --format flashinfer (issue 19) -----------------------------------------------------
+def _flashinfer_options(f):
+    f = click.option("--blocklist", default=None, help="flashinfer: blocklist file (default: OUTPUT stem + .blocklist.json)")(f)
+    f = click.option("--meta", "meta", multiple=True, metavar="FIELD=VALUE",
+                     help="flashinfer: a loader metadata field (all of them, or --metadata-from-env)")(f)
+    f = click.option("--metadata-from-env", is_flag=True, help="flashinfer: take the metadata from the installed FlashInfer")(f)
+    return click.option("--flashinfer-version", default=None, help="flashinfer: the flashinfer-python release to write for")(f)
+
+
+def _cache_export_flashinfer(output, gpu, model, tp, ep, cache, version, from_env, meta, blocklist):
+    from autotune.integrations.flashinfer import ExportError, export_flashinfer, keys, render
+    if not gpu:
+        raise BadInput("--format flashinfer needs --gpu (the GPU identity whose cutlass winners to export)")
+    try:
+        given = keys.parse_metadata(meta)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    pkeys = [u.problem.key for u in _problems(model, tp, ep, True)] if model else None
+    store = _open_store(cache, readonly=True)
+    try:
+        rep = export_flashinfer(store, output, gpu=gpu, version=version, metadata=given, from_env=from_env,
+                                problem_keys=pkeys, blocklist=blocklist)
+    except ExportError as e:
+        raise BadInput(str(e)) from None
+    for line in render(rep):
+        click.echo(line)
+# ---- end: --format flashinfer ----------------------------------------------------------------
+
+
 @cache_group.command("export")
 @click.option("-o", "--output", required=True, help="file to write (must not exist)")
 @click.option("--gpu", default=None, help="only winners for this GPU name")
 @click.option("--model", default=None, help="only this model's problems")
 @click.option("--tp", default=1, show_default=True)
 @click.option("--ep", default=1, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["sqlite", "json"]), default="sqlite", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["sqlite", "json", "flashinfer"]), default="sqlite", show_default=True)
 @click.option("--cache", default=None)
-def cache_export(output, gpu, model, tp, ep, fmt, cache):
-    """Write a self-contained file with the winners."""
+@_flashinfer_options
+def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist):
+    """Write a self-contained file with the winners (flashinfer: FlashInfer's autotuner cache + blocklist)."""
+    if fmt == "flashinfer":
+        return _cache_export_flashinfer(output, gpu, model, tp, ep, cache, flashinfer_version, metadata_from_env,
+                                        meta, blocklist)
+    if flashinfer_version or metadata_from_env or meta or blocklist:
+        raise BadInput("--flashinfer-version, --metadata-from-env, --meta and --blocklist need --format flashinfer")
     from cache import CacheError, export_cache
     keys = [u.problem.key for u in _problems(model, tp, ep, True)] if model else None
     store = _open_store(cache, readonly=True)

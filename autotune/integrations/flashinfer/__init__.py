@@ -1,0 +1,295 @@
+"""`autotune cache export --format flashinfer`: our `cutlass` winners as FlashInfer's own
+autotuner cache file (read by AutoTuner.load_configs / autotune(cache=...)) plus a
+FLASHINFER_TACTICS_BLOCKLIST file of the tactics our verdicts rejected or our trials saw fail.
+
+For each dense NVFP4 problem with cutlass winners on the chosen GPU, one entry per FlashInfer M
+bucket (keys.m_bucket) holds the tactic we measured best at that bucket's M: the entry FlashInfer
+would have written after profiling that shape itself. Where our buckets and FlashInfer's split M
+differently the picks can differ inside a FlashInfer bucket; `differences` lists those M ranges.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+from autotune.core.arch import arch_for_cc
+from autotune.core.buckets import Buckets
+from autotune.core.problem import Problem
+from autotune.core.records import Winner
+from autotune.core.tactic import Tactic
+from autotune.integrations.flashinfer import keys as K
+from tactics.cutlass import flashinfer_map as fim
+from tactics.cutlass.candidates import Kernel
+from tactics.cutlass.family import CutlassFamily, kernel_arch_for
+
+SUPPORTED_VERSIONS: tuple[str, ...] = tuple(fim.VERSIONS)
+FAMILY = "cutlass"
+
+
+class ExportError(ValueError):
+    """A refused export, with a one-line message fit for the user."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """An M range inside one FlashInfer bucket where our bucket picks another tactic."""
+
+    problem_key: str
+    m_lo: int
+    m_hi: int
+    fi_bucket: int
+    ours: int          # FlashInfer tactic integer our runtime dispatch would run
+    flashinfer: int    # the one FlashInfer serves from the exported entry
+    note: str = ""
+
+
+@dataclass
+class FlashInferExport:
+    cache_path: Path
+    blocklist_path: Path
+    version: str
+    gpu_name: str
+    device_key: str
+    problems: list[str] = field(default_factory=list)
+    entries: int = 0
+    blocked: dict[int, str] = field(default_factory=dict)   # tactic -> why
+    differences: list[Difference] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    measured_with: dict[str, int] = field(default_factory=dict)   # flashinfer release -> winners
+
+
+# ------------------------------------------------------------------------------------ selection
+
+def _device(store, gpu: str) -> dict:
+    """The one device record `gpu` names (a GPU name, a unique part of one, or a device key)."""
+    devs = store.devices()
+    g = gpu.strip().lower()
+    hit = [d for d in devs if d["device_key"] == gpu or d.get("gpu_name", "").lower() == g]
+    hit = hit or [d for d in devs if g and g in d.get("gpu_name", "").lower()]
+    if not hit:
+        known = ", ".join(sorted({d.get("gpu_name", "?") for d in devs})) or "none"
+        raise ExportError(f"no GPU in the cache matches {gpu!r} (known: {known})")
+    if len(hit) > 1:
+        raise ExportError(f"{gpu!r} matches {len(hit)} GPU identities ({', '.join(d['device_key'] for d in hit)}); "
+                          f"pass a device key")
+    return hit[0]
+
+
+def _kernel_arch(dev: dict) -> tuple[str, object]:
+    try:
+        major, minor = (int(x) for x in str(dev.get("cc", "")).split("."))
+        arch = arch_for_cc(major, minor)
+    except ValueError:
+        raise ExportError(f"{dev.get('gpu_name')} (cc {dev.get('cc')}) is not a GPU FlashInfer's CUTLASS "
+                          f"FP4 GEMM runs on") from None
+    ka = kernel_arch_for(arch)
+    if ka is None:
+        raise ExportError(f"{dev.get('gpu_name')} (cc {dev.get('cc')}): FlashInfer's mm_fp4 CUTLASS runner "
+                          f"has no tactic list for it")
+    return ka, arch
+
+
+def _exportable(problem: Problem) -> str | None:
+    if problem.kind != "dense":
+        return "grouped MoE: FlashInfer's fused-MoE runner tunes a whole MoE block, not this GEMM"
+    if problem.w_fmt != "nvfp4" or problem.a_fmt not in ("bf16", "nvfp4"):
+        return f"{problem.a_fmt} x {problem.w_fmt}: mm_fp4's CUTLASS runner is keyed here for NVFP4 only"
+    return None
+
+
+def _measured_with(store, lib_key: str) -> str:
+    libs = store.libset(lib_key) or {}
+    return str(libs.get("flashinfer-python") or "unknown")
+
+
+# ----------------------------------------------------------------------------------- the export
+
+def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str | None = None,
+                      metadata: dict[str, str] | None = None, from_env: bool = False,
+                      problem_keys: Iterable[str] | None = None,
+                      blocklist: str | os.PathLike | None = None) -> FlashInferExport:
+    """Write FlashInfer's cache file to `out` and its tactic blocklist beside it (or to `blocklist`).
+
+    version: the flashinfer-python release the file is for (with from_env: the installed one,
+    which `version` must then equal). metadata: the fields FlashInfer's loader compares
+    (keys.META_FIELDS; flashinfer_version and gpu default to the release and the winners' GPU),
+    unless from_env. problem_keys: only these problems (a model's).
+    """
+    if from_env and metadata:
+        raise ExportError("give either metadata fields or --metadata-from-env, not both")
+    try:
+        meta = K.metadata_from_env() if from_env else dict(metadata or {})
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+    version = version or meta.get("flashinfer_version")
+    if not version:
+        raise ExportError(f"name the FlashInfer release ({', '.join(SUPPORTED_VERSIONS)})")
+    try:
+        release = fim.release(version)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+    dev = _device(store, gpu)
+    wanted = set(problem_keys) if problem_keys is not None else None
+    winners = [w for w in store.winners(dev["device_key"]) if w.family == FAMILY
+               and (wanted is None or w.problem_key in wanted)]
+    if not winners:
+        scope = " for that model" if wanted is not None else ""
+        raise ExportError(f"no cutlass winners for {dev['gpu_name']} ({dev['device_key']}){scope} in {store!r}")
+    if not from_env:   # the two fields the release and the GPU fix; a given value is still checked
+        meta.setdefault("flashinfer_version", release.version)
+        meta.setdefault("gpu", dev["gpu_name"])
+    why = K.check_metadata(meta, release.version, dev["gpu_name"])
+    if why:
+        raise ExportError(why + (" (this environment)" if from_env else ""))
+    kernel_arch, arch = _kernel_arch(dev)
+    out = Path(os.path.abspath(os.path.expanduser(os.fspath(out))))
+    bl = Path(os.path.abspath(os.path.expanduser(os.fspath(blocklist)))) if blocklist else \
+        out.with_name(out.stem + ".blocklist.json")
+    for p in (out, bl):
+        if p.exists():
+            raise ExportError(f"refusing to overwrite {p}")
+        if not p.parent.is_dir():
+            raise ExportError(f"cannot write {p}: {p.parent} is not a directory")
+
+    rep = FlashInferExport(out, bl, release.version, dev["gpu_name"], dev["device_key"])
+    by_problem: dict[str, dict[int, Winner]] = {}
+    for w in winners:
+        by_problem.setdefault(w.problem_key, {})[w.bucket] = w
+
+    configs: dict[str, list] = {}
+    for pkey, per_bucket in sorted(by_problem.items()):
+        problem = Problem.from_key(pkey)
+        why = _exportable(problem)
+        if why:
+            rep.skipped.append(f"{pkey}: {why}")
+            continue
+        picks: dict[int, int] = {}
+        for b, w in sorted(per_bucket.items()):
+            kernel = Kernel.from_params(Tactic.from_json(w.params_json).params)
+            idx = fim.to_index(kernel, release.version) if kernel.kernel_arch == kernel_arch else None
+            if idx is None:
+                rep.skipped.append(f"{pkey} bucket {b}: winner {w.tactic_id} is not in FlashInfer "
+                                   f"{release.version}'s {kernel_arch} list")
+                continue
+            picks[b] = idx
+            mw = _measured_with(store, w.lib_key)
+            rep.measured_with[mw] = rep.measured_with.get(mw, 0) + 1
+        if not picks:
+            continue
+        ours = Buckets(tuple(picks))
+        top = max(picks)
+        for fb in sorted({K.m_bucket(m) for m in range(1, top + 1)}):
+            tactic = picks[ours.bucket(min(fb, top))]
+            for alpha in K.ALPHA_SHAPES:
+                configs[K.file_key(K.nearest_profile(fb, problem.n, problem.k, alpha))] = [K.RUNNER, tactic, K.POLICY]
+        rep.differences += _differences(pkey, picks, ours, top)
+        rep.problems.append(pkey)
+        rep.entries += len({K.m_bucket(m) for m in range(1, top + 1)})
+    if not configs:
+        raise ExportError(f"no exportable cutlass winners for {dev['gpu_name']}: " + "; ".join(rep.skipped[:3]))
+
+    rep.blocked = _blocked(store, dev["device_key"], arch, kernel_arch, release.version,
+                           [Problem.from_key(p) for p in rep.problems])
+    file_meta = {f: meta[f] for f in K.META_FIELDS}
+    # extra fields are ignored by both loaders (they compare only the fields they collect)
+    file_meta["fp4_autotune_device_key"] = dev["device_key"]
+    file_meta["fp4_autotune_measured_with_flashinfer"] = ", ".join(sorted(rep.measured_with))
+    ordered: dict = {K.META_KEY: file_meta}
+    for k in sorted(configs):
+        ordered[k] = configs[k]
+    ordered[K.GENERATION_KEY] = K.generation(ordered)
+    bl_doc = {K.META_KEY: {**file_meta, "generated_at": datetime.now(timezone.utc).isoformat(),
+                           "generator_version": "1.0"},
+              "invalid_tactics": {K.BLOCKLIST_KEY: sorted(rep.blocked)}}
+    _write_json(out, ordered)
+    try:
+        _write_json(bl, bl_doc)
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return rep
+
+
+def _differences(pkey: str, picks: dict[int, int], ours: Buckets, top: int) -> list[Difference]:
+    """M ranges (1..FlashInfer's bucket of our largest) where FlashInfer serves another tactic than
+    our dispatch would run; above our largest bucket ours is marked as extrapolated."""
+    out: list[Difference] = []
+    run: Difference | None = None
+    for m in range(1, K.m_bucket(top) + 1):
+        fb = K.m_bucket(m)
+        mine, theirs = picks[ours.bucket(min(m, top))], picks[ours.bucket(min(fb, top))]
+        note = "above our largest bucket" if m > top else ""
+        if mine == theirs and not note:
+            run = None
+            continue
+        if run and run.m_hi == m - 1 and (run.fi_bucket, run.ours, run.flashinfer, run.note) == (fb, mine, theirs, note):
+            run = out[-1] = Difference(pkey, run.m_lo, m, fb, mine, theirs, note)
+        else:
+            run = Difference(pkey, m, m, fb, mine, theirs, note)
+            out.append(run)
+    return out
+
+
+def _blocked(store, device_key: str, arch, kernel_arch: str, version: str,
+             problems: list[Problem]) -> dict[int, str]:
+    """FlashInfer tactics to block: our static verdict rejects them for these problems on this GPU,
+    or a stored trial of this GPU was rejected or failed with them."""
+    fam = CutlassFamily()
+    out: dict[int, str] = {}
+    for idx, k in enumerate(fim.configs(kernel_arch, version)):
+        for p in problems:
+            v = fam.verdict(p, Tactic(FAMILY, k.params()), arch)
+            if v.rejected:
+                out.setdefault(idx, f"verdict: {v.reason}")
+    for t in store.trials(device_key):
+        if t.family != FAMILY or t.status not in ("rejected", "failed"):
+            continue
+        try:
+            idx = fim.to_index(Kernel.from_params(Tactic.from_json(t.params_json).params), version)
+        except (ValueError, TypeError, KeyError):
+            continue
+        if idx is not None:
+            out.setdefault(idx, f"trial {t.status} on {t.problem_key} bucket {t.bucket}: {t.reason}")
+    return out
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+        try:
+            os.link(tmp, path)        # never clobbers a file that appeared meanwhile
+        except FileExistsError:
+            raise ExportError(f"refusing to overwrite {path}") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def render(rep: FlashInferExport, max_lines: int = 20) -> list[str]:
+    """The CLI's summary lines."""
+    lines = [f"wrote {rep.entries} FlashInfer {rep.version} bucket entries for {len(rep.problems)} problem(s) "
+             f"on {rep.gpu_name} to {rep.cache_path}",
+             f"blocklist of {len(rep.blocked)} tactic(s) to {rep.blocklist_path} "
+             f"(FLASHINFER_TACTICS_BLOCKLIST={rep.blocklist_path})",
+             "winners measured with flashinfer-python " +
+             ", ".join(f"{v} ({n})" for v, n in sorted(rep.measured_with.items()))]
+    if any(v != rep.version for v in rep.measured_with):
+        lines.append(f"note: exported for {rep.version}; the SM120 tactic lists match, the kernel launch "
+                     f"code differs ({fim.release(rep.version).template_note})")
+    for d in rep.differences[:max_lines]:
+        if d.note:
+            lines.append(f"extrapolated: {d.problem_key} M {d.m_lo}-{d.m_hi} (FlashInfer bucket {d.fi_bucket}) "
+                         f"gets tactic {d.flashinfer}, the winner of our largest bucket ({d.note})")
+        else:
+            lines.append(f"differs: {d.problem_key} M {d.m_lo}-{d.m_hi} (FlashInfer bucket {d.fi_bucket}): "
+                         f"our dispatch runs tactic {d.ours}, FlashInfer {d.flashinfer}")
+    if len(rep.differences) > max_lines:
+        lines.append(f"... {len(rep.differences) - max_lines} more ranges differ")
+    lines += [f"skipped: {s}" for s in rep.skipped[:max_lines]]
+    return lines
