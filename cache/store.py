@@ -27,6 +27,7 @@ from autotune.core.tactic import Tactic, canonical_json
 
 from cache.files import (SQLITE_MAGIC, CacheError, check_header, default_url, immutable_ok, is_locked, is_sqlite,
                          one_line, parse, probe_dir, sqlite_file, to_url)
+from cache.migrations import MigrationError, upgrade
 from cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)
 from cache.upsert import upsert
@@ -138,7 +139,6 @@ class Store:
             return
         for attempt in range(_RETRIES):  # several processes may create the same new file at once
             try:
-                from cache.migrations import MigrationError, upgrade
                 try:
                     upgrade(self.engine)     # an older cache: its versioned steps (cache/migrations.py)
                 except MigrationError as e:

@@ -1,7 +1,8 @@
 """Drop the rows of environments no longer wanted (`autotune cache prune`).
 
 The SQL is the Store's (Store.prune); what "stale" means per family — the library versions it
-depends on — comes from the family registry, which is why this is an integration."""
+depends on — comes from the family registry, which is why this is an integration. Pruning by
+device or misses loads no family (and no torch), so a build machine without torch can do it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +10,6 @@ from dataclasses import dataclass
 from autotune.core.env import Env
 from cache.exportfile import select_devices
 from cache.store import Store
-from tactics import registry
 
 __all__ = ["PruneReport", "prune", "select_devices"]
 
@@ -25,6 +25,7 @@ class PruneReport:
 def _wanted_lib_keys(store: Store, env: Env) -> dict[str, str | None]:
     """family -> the lib_key its rows have under env's library versions (None: a family this
     install does not know, all of whose rows are stale)."""
+    from tactics import registry     # loads the families (and torch): only --stale-libs needs them
     out: dict[str, str | None] = {}
     for fam in store.families():
         try:
