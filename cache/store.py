@@ -25,8 +25,8 @@ from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
 from autotune.core.tactic import Tactic, canonical_json
 
-from cache.files import (SQLITE_MAGIC, CacheError, check_header, default_url, immutable_ok, is_locked, is_sqlite,
-                         one_line, parse, probe_dir, sqlite_file, to_url)
+from cache.files import (CacheError, check_header, immutable_ok, is_locked, is_sqlite, one_line, parse, probe_dir,
+                         sqlite_file, to_url)
 from cache.migrations import MigrationError, upgrade
 from cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)

@@ -142,7 +142,6 @@ def test_json_entries_with_wrong_types_are_skipped_with_reasons(src, tmp_path):
     export_cache(src, out, fmt="json")
     doc = json.loads(out.read_text())
     base = next(w for w in doc["winners"] if w["family"] == "triton")
-    tri = next(t for t in doc["tactics"] if t["family"] == "triton")
     dev = doc["devices"][0]
     lib = next(x for x in doc["libsets"] if x["lib_key"] == base["lib_key"])
     odd_tac = {"id": "a" * 16, "family": "triton", "params": "block_m=64"}             # params not a dict

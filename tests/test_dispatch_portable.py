@@ -10,8 +10,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import pytest
-
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import Env, cpu, current
 from autotune.core.problem import Problem
