@@ -252,7 +252,7 @@ def test_cache_export_merge_prune_load_no_torch(src, tmp_path):
 import sys
 sys.modules["torch"] = None                      # any import of torch fails
 import cache
-from autotune.integrations.portable import export_cache, import_cache
+from autotune.integrations.portable import export_cache, merge_exports
 from autotune.integrations.prune import prune
 s = cache.Store({str(src.path)!r})
 assert export_cache(s, {str(tmp_path / 'a.json')!r}, fmt="json").written == 4
