@@ -260,14 +260,17 @@ def show(model, tp, ep, cache, misses, as_json):
     store = _open_store(cache, readonly=True)
     keys = {u.problem.key for u in _problems(model, tp, ep, True)} if model else None
     if misses:
-        rows = [m for m in store.misses() if keys is None or m.problem_key in keys]
-        rows.sort(key=lambda m: (-m.count, m.problem_key, m.m))
+        from autotune.report import show_misses
+        rows, notes = show_misses(store, keys)
+        for n in notes:
+            click.echo(n, err=as_json)
+        gpus = store.device_records()
         if as_json:
             click.echo(json.dumps([m.__dict__ for m in rows], indent=2))
         elif not rows:
             click.echo(f"no misses in {store.url}")
         for m in ([] if as_json else rows):
-            gpu = (store.device(m.device_key) or {}).get("gpu_name", m.device_key)
+            gpu = gpus.get(m.device_key, {}).get("gpu_name", m.device_key)
             click.echo(f"{m.problem_key}  m={m.m}  {m.count}×  {gpu}")
         return
     rows = [w for w in store.winners() if keys is None or w.problem_key in keys]

@@ -87,6 +87,8 @@ def _damage(path: Path) -> None:
         r = {**base, **edit}
         con.execute(ins, [r[c] for c in cols])
     con.execute("UPDATE trials SET median_us = 'slow'")
+    con.execute("INSERT INTO misses VALUES (?, 7, ?, 'many')", (P.key, ENV.device_key))
+    con.execute("INSERT INTO misses VALUES (?, 9, ?, 3)", (P.key, ENV.device_key))
     con.commit()
     con.close()
 
@@ -103,10 +105,14 @@ def test_show_and_report_skip_and_count_damaged_rows(src, tmp_path, monkeypatch)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert sorted(w["bucket"] for w in json.loads(r.stdout)) == [1, 2, 4, 8]
     assert "skipped 5 winners that fail the row checks" in r.stderr
+    r = cli("show", "--misses", "--cache", src.path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "m=9  3×" in r.stdout and "skipped 1 misses that fail the row checks: bad count 1" in r.stdout
     r = cli("report", "-o", tmp_path / "rep", "--cache", src.path)
     assert r.returncode == 0 and "report of 4 winners" in r.stdout, r.stderr
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
-    assert summary["skipped"]["winners"] == {"bad bucket": 2, "bad median_us": 3}
+    assert summary["skipped"] == {"winners": {"bad bucket": 2, "bad median_us": 3}, "trials": {"bad median_us": 1},
+                                  "misses": {"bad count": 1}}
     assert "skipped 5 winners" in (tmp_path / "rep" / "index.html").read_text()
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from dataclasses import asdict
 
-from autotune.report.model import Summary, collect
-from cache.rows import check_winner
+from autotune.report.model import Summary, checked, collect, skip_notes
+from cache.rows import check_miss, check_winner
 
 
 def write_html(summary: Summary, outdir: str | Path) -> Path:
@@ -42,6 +42,15 @@ def show_json(store, problem_keys: set[str] | None = None) -> tuple[list[dict], 
             for w in rows], summary
 
 
+def show_misses(store, problem_keys: set[str] | None = None) -> tuple[list, list[str]]:
+    """`autotune show --misses`: the recorded misses that pass cache.rows.check_miss, most frequent
+    first, and the notes naming what was skipped."""
+    rows, skipped = checked([m for m in store.misses() if problem_keys is None or m.problem_key in problem_keys],
+                            check_miss)
+    rows.sort(key=lambda m: (-m.count, m.problem_key, m.m))
+    return rows, skip_notes({"misses": skipped})
+
+
 def measure_ceilings(store, device: str | None = None) -> tuple[str, "object"]:
     """Measure the live device's copy bandwidth and bf16 matmul rate; store them for its device key."""
     from autotune.core.env import cpu, current
@@ -52,4 +61,4 @@ def measure_ceilings(store, device: str | None = None) -> tuple[str, "object"]:
     return env.device_key, c
 
 
-__all__ = ["Summary", "collect", "write_html", "print_summary", "measure_ceilings", "show_json"]
+__all__ = ["Summary", "collect", "write_html", "print_summary", "measure_ceilings", "show_json", "show_misses"]
