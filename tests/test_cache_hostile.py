@@ -189,6 +189,9 @@ def test_hmac_signed_export_round_trip_and_tampering(src, tmp_path, fmt):
             import_cache(dst, out, key=other)
     assert verify_for_serving(out, key) == (True, f"verified (hmac-sha256, key {key.key_id})")
     assert verify_for_serving(out, environ={}) == (True, "unsigned: no signing key configured")
+    if fmt == "sqlite":                                    # the dispatcher may pass the Store it opened
+        with Store(out, readonly=True) as s:
+            assert verify_for_serving(s, key)[0] is True
     # an edit with the checksum recomputed (integrity is not origin): refused on import and at serve time
     if fmt == "json":
         doc = json.loads(out.read_text())
@@ -211,6 +214,9 @@ def test_hmac_signed_export_round_trip_and_tampering(src, tmp_path, fmt):
         import_cache(dst, out, key=key)
     ok, why = verify_for_serving(out, key)
     assert not ok and "signature does not match the contents" in why
+    if fmt == "sqlite":
+        with Store(out, readonly=True) as s:
+            assert verify_for_serving(s, key)[0] is False
 
 
 def test_ed25519_signed_export_via_cli(src, tmp_path, monkeypatch):
