@@ -397,18 +397,22 @@ def cache_import(path, cache, verify_key):
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="file to write (must not exist)")
 @click.option("--format", "fmt", type=click.Choice(["sqlite", "json"]), default="sqlite", show_default=True)
-def cache_merge(paths, output, fmt):
+@click.option("--verify-key", default=None, help="refuse inputs not signed with this key [default: as for import]")
+@click.option("--sign-key", default=None, help="sign the output with this key [default: as for export]")
+def cache_merge(paths, output, fmt, verify_key, sign_key):
     """Combine exports into one, validating every entry (a later file wins on conflicts)."""
     from cache import CacheError
     from autotune.integrations.portable import merge_exports
+    from cache.signing import load_key
     from tactics import registry
     try:
-        rep = merge_exports(paths, output, fmt=fmt, validate=registry.validate)
+        rep = merge_exports(paths, output, fmt=fmt, validate=registry.validate, verify_key=load_key(verify_key),
+                            sign_key=load_key(sign_key))
     except CacheError as e:
         raise BadInput(str(e)) from None
     for p, r in rep.per_file.items():
-        click.echo(f"{p}: {r.imported} winners" + "".join(f"; skipped {n}: {w}" for w, n in r.skipped.items()))
-    click.echo(f"wrote {rep.written} winners to {output} ({rep.replaced} replaced by a later file)")
+        click.echo(f"{p}: {r.line()}")
+    click.echo(f"wrote {rep.written} winners to {output} ({rep.replaced} replaced by a later file) [{rep.signature}]")
 
 
 @cache_group.command("prune")

@@ -255,6 +255,20 @@ def test_unsigned_is_the_default_and_says_so(src, tmp_path, monkeypatch):
                                                      "is too short (5 bytes, need 16)")
 
 
+def test_merge_verifies_inputs_and_signs_its_output(src, tmp_path, monkeypatch):
+    key = load_key(environ={KEY_ENV: SECRET})
+    export_cache(src, tmp_path / "a.json", fmt="json", key=key)
+    export_cache(src, tmp_path / "u.json", fmt="json")
+    monkeypatch.setenv(KEY_ENV, SECRET)                # the key for both, from the environment
+    r = cli("cache", "merge", tmp_path / "a.json", "-o", tmp_path / "m.db")
+    assert r.returncode == 0 and f"wrote 4 winners to {tmp_path / 'm.db'}" in r.stdout, r.stderr
+    assert f"[signed (hmac-sha256, key {key.key_id})]" in r.stdout and "verified (hmac-sha256" in r.stdout
+    assert verify_for_serving(tmp_path / "m.db")[0] is True
+    one_line_error(cli("cache", "merge", tmp_path / "a.json", tmp_path / "u.json", "-o", tmp_path / "n.db"),
+                   "u.json is not signed")
+    assert not (tmp_path / "n.db").exists()
+
+
 # ---------------------------------------------------------------------------- no torch needed
 
 def test_cache_export_merge_prune_load_no_torch(src, tmp_path):
