@@ -261,22 +261,31 @@ def show(model, tp, ep, cache, misses, as_json):
     store = _open_store(cache, readonly=True)
     keys = {u.problem.key for u in _problems(model, tp, ep, True)} if model else None
     if misses:
-        rows = [m for m in store.misses() if keys is None or m.problem_key in keys]
-        rows.sort(key=lambda m: (-m.count, m.problem_key, m.m))
+        from autotune.report import show_misses
+        rows, notes = show_misses(store, keys)
+        for n in notes:
+            click.echo(n, err=as_json)
+        gpus = store.device_records()
         if as_json:
             click.echo(json.dumps([m.__dict__ for m in rows], indent=2))
         elif not rows:
             click.echo(f"no misses in {store.url}")
         for m in ([] if as_json else rows):
-            gpu = (store.device(m.device_key) or {}).get("gpu_name", m.device_key)
+            gpu = gpus.get(m.device_key, {}).get("gpu_name", m.device_key)
             click.echo(f"{m.problem_key}  m={m.m}  {m.count}×  {gpu}")
         return
     rows = [w for w in store.winners() if keys is None or w.problem_key in keys]
     rows.sort(key=lambda w: (w.problem_key, w.device_key, w.bucket))
     if as_json:  # one object per winner; the report's figures (roofline, baselines) under "report"
-        extra = _report_points(_summary(store, keys))
-        click.echo(json.dumps([{**w.__dict__, "gpu": (store.device(w.device_key) or {}).get("gpu_name"),
-                                "report": extra.get((w.device_key, w.problem_key, w.bucket))} for w in rows], indent=2))
+        from autotune.report import show_json
+        from cache import CacheError
+        try:
+            out, summary = show_json(store, keys)
+        except CacheError as e:
+            raise BadInput(str(e)) from None
+        for n in summary.notes:
+            click.echo(n, err=True)
+        click.echo(json.dumps(out, indent=2))
         return
     if not rows:
         click.echo(f"no winners in {store.url}")
@@ -292,12 +301,6 @@ def _summary(store, keys):
         return collect(store, keys)
     except CacheError as e:
         raise BadInput(str(e)) from None
-
-
-def _report_points(summary):
-    from dataclasses import asdict
-    return {(d.device_key, v.key, p.bucket): {"arch": d.arch, **asdict(p)}
-            for d in summary.devices for v in d.problems for p in v.points}
 
 
 @main.command()
@@ -388,54 +391,64 @@ def _cache_export_flashinfer(output, gpu, model, tp, ep, cache, version, from_en
 @click.option("--format", "fmt", type=click.Choice(["sqlite", "json", "flashinfer"]), default="sqlite", show_default=True)
 @click.option("--cache", default=None)
 @_flashinfer_options
-def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist):
+@click.option("--sign-key", default=None, help="sign with this key file (Ed25519 PEM private key, or an HMAC secret) [default: $AUTOTUNE_SIGNING_KEY_FILE, $AUTOTUNE_SIGNING_KEY, else unsigned]")
+def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist, sign_key):
     """Write a self-contained file with the winners (flashinfer: FlashInfer's autotuner cache + blocklist)."""
     if fmt == "flashinfer":
         return _cache_export_flashinfer(output, gpu, model, tp, ep, cache, flashinfer_version, metadata_from_env,
                                         meta, blocklist)
     if flashinfer_version or metadata_from_env or meta or blocklist:
         raise BadInput("--flashinfer-version, --metadata-from-env, --meta and --blocklist need --format flashinfer")
-    from cache import CacheError, export_cache
+    from autotune.integrations.portable import export_cache
+    from cache import CacheError
+    from cache.signing import load_key
     keys = [u.problem.key for u in _problems(model, tp, ep, True)] if model else None
     store = _open_store(cache, readonly=True)
     try:
-        n = export_cache(store, output, gpu=gpu, problem_keys=keys, fmt=fmt)
+        rep = export_cache(store, output, gpu=gpu, problem_keys=keys, fmt=fmt, key=load_key(sign_key))
     except CacheError as e:
         raise BadInput(str(e)) from None
-    click.echo(f"exported {n} winners to {output}")
+    click.echo(rep.line(output))
 
 
 @cache_group.command("import")
 @click.argument("path")
 @click.option("--cache", default=None)
-def cache_import(path, cache):
+@click.option("--verify-key", default=None, help="refuse the file unless signed with this key (Ed25519 PEM public or private key, or an HMAC secret) [default: $AUTOTUNE_SIGNING_KEY_FILE, $AUTOTUNE_SIGNING_KEY, else not checked]")
+def cache_import(path, cache, verify_key):
     """Merge an exported file into the cache, validating every entry."""
-    from cache import CacheError, import_cache
+    from autotune.integrations.portable import import_cache
+    from cache import CacheError
+    from cache.signing import load_key
     from tactics import registry
     store = _open_store(cache)
     try:
-        rep = import_cache(store, path, validate=registry.validate)
+        rep = import_cache(store, path, validate=registry.validate, key=load_key(verify_key))
     except CacheError as e:
         raise BadInput(str(e)) from None
-    click.echo(f"imported {rep.imported} winners" + "".join(f"; skipped {n}: {r}" for r, n in rep.skipped.items()))
+    click.echo(rep.line())
 
 
 @cache_group.command("merge")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="file to write (must not exist)")
 @click.option("--format", "fmt", type=click.Choice(["sqlite", "json"]), default="sqlite", show_default=True)
-def cache_merge(paths, output, fmt):
+@click.option("--verify-key", default=None, help="refuse inputs not signed with this key [default: as for import]")
+@click.option("--sign-key", default=None, help="sign the output with this key [default: as for export]")
+def cache_merge(paths, output, fmt, verify_key, sign_key):
     """Combine exports into one, validating every entry (a later file wins on conflicts)."""
     from cache import CacheError
     from autotune.integrations.portable import merge_exports
+    from cache.signing import load_key
     from tactics import registry
     try:
-        rep = merge_exports(paths, output, fmt=fmt, validate=registry.validate)
+        rep = merge_exports(paths, output, fmt=fmt, validate=registry.validate, verify_key=load_key(verify_key),
+                            sign_key=load_key(sign_key))
     except CacheError as e:
         raise BadInput(str(e)) from None
     for p, r in rep.per_file.items():
-        click.echo(f"{p}: {r.imported} winners" + "".join(f"; skipped {n}: {w}" for w, n in r.skipped.items()))
-    click.echo(f"wrote {rep.written} winners to {output} ({rep.replaced} replaced by a later file)")
+        click.echo(f"{p}: {r.line()}")
+    click.echo(f"wrote {rep.written} winners to {output} ({rep.replaced} replaced by a later file) [{rep.signature}]")
 
 
 @cache_group.command("prune")
@@ -449,14 +462,14 @@ def cache_prune(keep_gpu, drop_gpu, stale_libs, drop_misses, dry_run, cache):
     """Drop trials, winners and misses of environments no longer wanted."""
     from autotune.core.env import current
     from cache import CacheError
-    from autotune.integrations.portable import _select_devices, prune
+    from autotune.integrations.prune import prune, select_devices
     if not (keep_gpu or drop_gpu or stale_libs or drop_misses):
         raise BadInput("nothing to prune: give --keep-gpu, --drop-gpu, --stale-libs or --misses")
     store = _open_store(cache, readonly=dry_run)
     try:
-        devs = store.devices()
-        keep = set().union(*(_select_devices(devs, g) for g in keep_gpu)) if keep_gpu else None
-        drop = set().union(*(_select_devices(devs, g) for g in drop_gpu)) if drop_gpu else set()
+        devs = list(store.device_records().values())
+        keep = set().union(*(select_devices(devs, g) for g in keep_gpu)) if keep_gpu else None
+        drop = set().union(*(select_devices(devs, g) for g in drop_gpu)) if drop_gpu else set()
         rep = prune(store, keep_devices=keep, drop_devices=drop, stale_libs=current() if stale_libs else None,
                     drop_misses=drop_misses, dry_run=dry_run)
     except CacheError as e:

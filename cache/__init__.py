@@ -1,5 +1,10 @@
-"""Persistent tactic cache: Store (SQLite/any SQLAlchemy URL) and portable export/import."""
-from autotune.integrations.portable import ImportReport, export_cache, import_cache
-from cache.store import CacheError, Store, default_url
+"""Persistent tactic cache: Store (SQLite or any SQLAlchemy URL), the structural row checks every
+reader shares (cache.rows), the portable export format and its signatures (cache.exportfile,
+cache.signing). Imports only autotune.core (and no torch); export/import/merge/prune as commands
+are integrations (autotune.integrations.portable, autotune.integrations.prune)."""
+from cache.exportfile import verify_for_serving
+from cache.files import CacheError, default_url
+from cache.rows import check_trial, check_winner
+from cache.store import Store
 
-__all__ = ["Store", "CacheError", "export_cache", "import_cache", "ImportReport", "default_url"]
+__all__ = ["Store", "CacheError", "default_url", "check_winner", "check_trial", "verify_for_serving"]

@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Mapping, TypeVar
 from urllib.parse import quote
 
-from sqlalchemy import create_engine, event, func, inspect, select
-from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy import and_, create_engine, delete, event, func, inspect, not_, or_, select, true
+from sqlalchemy.engine import URL, Engine
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
@@ -26,166 +25,20 @@ from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
 from autotune.core.tactic import Tactic, canonical_json
 
+from cache.files import (CacheError, check_header, immutable_ok, is_locked, is_sqlite, one_line, parse, probe_dir,
+                         sqlite_file, to_url)
+from cache.migrations import MigrationError, upgrade
 from cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)
+from cache.upsert import upsert
 
 T = TypeVar("T")
-SQLITE_MAGIC = b"SQLite format 3\x00"
 _RETRIES = 6
 _BACKOFF_S = 0.05
 _TRIAL_COLS = ("problem_key", "bucket", "tactic_id", "family", "device_key", "lib_key", "status", "reason",
                "median_us", "iqr_us", "reps", "rel_err", "smem_model", "smem_compiled", "exit_signal")
 _TRIAL_KEY = ["problem_key", "bucket", "tactic_id", "device_key", "lib_key"]
 _WINNER_KEY = ["problem_key", "bucket", "device_key"]
-
-
-class CacheError(Exception):
-    """Any cache failure, with a one-line message fit for the user."""
-
-
-def _one_line(e: BaseException) -> str:
-    orig = getattr(e, "orig", None)
-    text = str(orig if orig is not None else e) or type(e).__name__
-    return text.strip().splitlines()[0] if text.strip() else type(e).__name__
-
-
-# ---------------------------------------------------------------------------------------- URLs
-
-def _path_url(p: str | os.PathLike) -> str:
-    return "sqlite:///" + os.path.abspath(os.path.expanduser(os.fspath(p)))
-
-
-def default_url() -> str:
-    """$AUTOTUNE_CACHE (a file path or any SQLAlchemy URL), else the per-user cache file."""
-    env = os.environ.get("AUTOTUNE_CACHE", "").strip()
-    if env:
-        return env if "://" in env else _path_url(env)
-    import platformdirs
-    return _path_url(Path(platformdirs.user_cache_dir("fp4-autotune")) / "cache.db")
-
-
-def _to_url(url: str | os.PathLike | None) -> str:
-    if url is None:
-        return default_url()
-    if isinstance(url, os.PathLike):
-        return _path_url(url)
-    s = str(url).strip()
-    if not s:
-        raise CacheError("empty cache location")
-    return s if "://" in s else _path_url(s)
-
-
-def _parse(url: str) -> URL:
-    try:
-        return make_url(url)
-    except ArgumentError as e:
-        raise CacheError(f"not a database URL or path: {url!r} ({_one_line(e)})") from None
-
-
-def _is_sqlite(u: URL) -> bool:
-    return u.get_backend_name() == "sqlite"
-
-
-def _sqlite_file(u: URL) -> Path | None:
-    """The file behind a SQLite URL, None for an in-memory database."""
-    db = u.database or ""
-    if not db or db == ":memory:" or u.query.get("mode") == "memory":
-        return None
-    if db.startswith("file:"):
-        from urllib.parse import unquote
-        db = unquote(db[5:].split("?", 1)[0])
-    return Path(os.path.abspath(os.path.expanduser(db)))
-
-
-def _check_header(path: Path) -> None:
-    """Refuse a file that is not SQLite, or a SQLite file shorter than its header says."""
-    try:
-        size = path.stat().st_size
-        if size == 0:
-            return
-        with open(path, "rb") as f:
-            head = f.read(100)
-    except OSError as e:
-        raise CacheError(f"cannot read cache {path}: {e.strerror or e}") from None
-    if len(head) < 100 or not head.startswith(SQLITE_MAGIC):
-        raise CacheError(f"{path} is not an fp4-autotune cache: not a SQLite database")
-    page = int.from_bytes(head[16:18], "big")
-    page = 65536 if page == 1 else page
-    pages = int.from_bytes(head[28:32], "big")
-    valid = head[24:28] == head[92:96]
-    # with a -wal file present a writer may be mid-checkpoint: the header can run ahead of the file
-    if valid and pages and not Path(str(path) + "-wal").exists() and size < pages * page:
-        raise CacheError(f"{path} is not an fp4-autotune cache: truncated ({size} of {pages * page} bytes)")
-
-
-def _immutable_ok(p: Path) -> bool:
-    """Can a read-only open skip SQLite's locking? Yes when nothing can be writing the file: no
-    -wal beside it and either its directory is not writable (a WAL reader could not create -shm)
-    or it is in rollback-journal mode (every Store writer switches a file to WAL first, and
-    exports are written in rollback mode)."""
-    if Path(str(p) + "-wal").exists():
-        return False
-    if not os.access(p.parent, os.W_OK):
-        return True
-    try:
-        with open(p, "rb") as f:
-            head = f.read(20)
-    except OSError:
-        return False
-    return len(head) == 20 and head[18] == 1 and head[19] == 1
-
-
-def _probe_dir(d: Path, target: Path) -> None:
-    """Can files be created in d? Creates and removes one temp file (nothing is left behind)."""
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise CacheError(f"cannot write cache {target}: no write permission on {d}")
-    try:
-        fd, name = tempfile.mkstemp(prefix=".fp4-autotune-probe-", dir=d)
-    except OSError as e:
-        raise CacheError(f"cannot write cache {target}: cannot create files in {d} ({e.strerror or e})") from None
-    os.close(fd)
-    os.unlink(name)
-
-
-def _is_locked(e: OperationalError) -> bool:
-    msg = _one_line(e).lower()
-    return "locked" in msg or "busy" in msg
-
-
-# --------------------------------------------------------------------------------------- upsert
-
-def _upsert(s: Session, model, row: dict, keys: list[str], mode: str = "replace", add: str | None = None) -> None:
-    """INSERT ... ON CONFLICT for SQLite/PostgreSQL, select-then-write elsewhere.
-
-    mode: "replace" (overwrite the other columns), "ignore" (keep the existing row),
-    "add" (existing[add] += row[add]).
-    """
-    table = model.__table__
-    dialect = s.get_bind().dialect.name
-    if dialect in ("sqlite", "postgresql"):
-        if dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:
-            from sqlalchemy.dialects.postgresql import insert
-        stmt = insert(table).values(**row)
-        if mode == "ignore":
-            stmt = stmt.on_conflict_do_nothing(index_elements=keys)
-        elif mode == "add":
-            stmt = stmt.on_conflict_do_update(index_elements=keys,
-                                              set_={add: table.c[add] + stmt.excluded[add]})
-        else:
-            stmt = stmt.on_conflict_do_update(
-                index_elements=keys, set_={c: stmt.excluded[c] for c in row if c not in keys})
-        s.execute(stmt)
-        return
-    cond = [table.c[k] == row[k] for k in keys]
-    existing = s.execute(select(table).where(*cond).with_for_update()).first()
-    if existing is None:
-        s.execute(table.insert().values(**row))
-    elif mode == "add":
-        s.execute(table.update().where(*cond).values({add: table.c[add] + row[add]}))
-    elif mode == "replace":
-        s.execute(table.update().where(*cond).values({c: v for c, v in row.items() if c not in keys}))
 
 
 def _problem_row(p: Problem) -> dict:
@@ -196,7 +49,7 @@ def _tactic_row(params_json: str, expect_id: str | None = None) -> dict:
     try:
         t = Tactic.from_json(params_json)
     except (ValueError, TypeError) as e:
-        raise CacheError(f"tactic parameters are not a tactic: {_one_line(e)}") from None
+        raise CacheError(f"tactic parameters are not a tactic: {one_line(e)}") from None
     if expect_id is not None and t.id != expect_id:
         raise CacheError(f"tactic id {expect_id} does not match its parameters (hash {t.id})")
     return {"id": t.id, "family": t.family, "params_json": t.to_json()}
@@ -211,11 +64,11 @@ class Store:
                  immutable: bool | None = None):
         """immutable (read-only only): True opens with SQLite's immutable=1 (no locks, no -wal/-shm
         files: for caches baked into images); None decides (see _immutable_ok)."""
-        self.url = _to_url(url)
+        self.url = to_url(url)
         self.readonly = readonly
-        u = _parse(self.url)
-        self._sqlite = _is_sqlite(u)
-        self.path: Path | None = _sqlite_file(u) if self._sqlite else None
+        u = parse(self.url)
+        self._sqlite = is_sqlite(u)
+        self.path: Path | None = sqlite_file(u) if self._sqlite else None
         self._where = str(self.path) if self.path else u.render_as_string(hide_password=True)
         engine_url: URL | str = u
         kw: dict = {}
@@ -227,7 +80,7 @@ class Store:
                 if not p.is_file():
                     raise CacheError(f"no cache at {p}" + (" (it is a directory)" if p.is_dir() else ""))
                 query = {"mode": "ro", "uri": "true"}
-                if immutable or (immutable is None and _immutable_ok(p)):
+                if immutable or (immutable is None and immutable_ok(p)):
                     query["immutable"] = "1"
                 engine_url = URL.create("sqlite", database="file:" + quote(str(p)), query=query)
             else:
@@ -238,11 +91,11 @@ class Store:
                 except OSError as e:
                     raise CacheError(f"cannot create cache directory {p.parent}: {e.strerror or e}") from None
             if p.exists():
-                _check_header(p)
+                check_header(p)
         try:
             self.engine: Engine = create_engine(engine_url, **kw)
         except Exception as e:  # unknown dialect, missing driver ...
-            raise CacheError(f"cannot open cache {self._where}: {_one_line(e)}") from None
+            raise CacheError(f"cannot open cache {self._where}: {one_line(e)}") from None
         if self._sqlite:
             event.listen(self.engine, "connect", self._sqlite_pragmas)
         try:
@@ -252,7 +105,7 @@ class Store:
             raise
         except SQLAlchemyError as e:
             self.engine.dispose()
-            msg = _one_line(e)
+            msg = one_line(e)
             if "not a database" in msg or "malformed" in msg or "encrypted" in msg:
                 raise CacheError(f"{self._where} is not an fp4-autotune cache: {msg}") from None
             raise CacheError(f"cannot open cache {self._where}: {msg}") from None
@@ -286,7 +139,6 @@ class Store:
             return
         for attempt in range(_RETRIES):  # several processes may create the same new file at once
             try:
-                from cache.migrations import MigrationError, upgrade
                 try:
                     upgrade(self.engine)     # an older cache: its versioned steps (cache/migrations.py)
                 except MigrationError as e:
@@ -294,10 +146,10 @@ class Store:
                 Base.metadata.create_all(self.engine)
                 with Session(self.engine) as s, s.begin():
                     if s.execute(select(func.count()).select_from(SchemaVersion)).scalar() == 0:
-                        _upsert(s, SchemaVersion, {"version": SCHEMA_VERSION}, ["version"], "ignore")
+                        upsert(s, SchemaVersion, {"version": SCHEMA_VERSION}, ["version"], "ignore")
                 return
             except OperationalError as e:
-                retry = _is_locked(e) or "already exists" in _one_line(e)
+                retry = is_locked(e) or "already exists" in one_line(e)
                 if not retry or attempt == _RETRIES - 1:
                     raise
                 time.sleep(_BACKOFF_S * (1 + random.random()))
@@ -305,11 +157,11 @@ class Store:
     @staticmethod
     def check_writable(url: str | os.PathLike | None = None) -> None:
         """Raise CacheError unless the cache can be created/written. Creates nothing."""
-        s = _to_url(url)
-        u = _parse(s)
-        if not _is_sqlite(u):
+        s = to_url(url)
+        u = parse(s)
+        if not is_sqlite(u):
             return  # a server database: only connecting can tell
-        path = _sqlite_file(u)
+        path = sqlite_file(u)
         if path is None:
             return
         if path.is_dir():
@@ -321,15 +173,15 @@ class Store:
                 open(path, "r+b").close()
             except OSError as e:
                 raise CacheError(f"cache {path} is not writable: {e.strerror or e}") from None
-            _check_header(path)
-            _probe_dir(path.parent, path)  # WAL needs -wal/-shm files beside it
+            check_header(path)
+            probe_dir(path.parent, path)  # WAL needs -wal/-shm files beside it
             return
         anc = path.parent
         while not anc.exists() and anc != anc.parent:
             anc = anc.parent
         if not anc.is_dir():
             raise CacheError(f"cannot create cache {path}: {anc} is not a directory")
-        _probe_dir(anc, path)
+        probe_dir(anc, path)
 
     # -- plumbing
     def _write(self, fn: Callable[[Session], None]) -> None:
@@ -342,40 +194,35 @@ class Store:
                     fn(s)
                 return
             except OperationalError as e:
-                if _is_locked(e) and attempt < _RETRIES - 1:
+                if is_locked(e) and attempt < _RETRIES - 1:
                     time.sleep(delay * (1 + random.random()))
                     delay *= 2
                     continue
-                raise CacheError(f"cache write failed ({self._where}): {_one_line(e)}") from None
+                raise CacheError(f"cache write failed ({self._where}): {one_line(e)}") from None
             except SQLAlchemyError as e:
-                raise CacheError(f"cache write failed ({self._where}): {_one_line(e)}") from None
+                raise CacheError(f"cache write failed ({self._where}): {one_line(e)}") from None
 
     def _read(self, fn: Callable[[Session], T]) -> T:
         try:
             with Session(self.engine) as s:
                 return fn(s)
         except SQLAlchemyError as e:
-            raise CacheError(f"cache read failed ({self._where}): {_one_line(e)}") from None
+            raise CacheError(f"cache read failed ({self._where}): {one_line(e)}") from None
 
     # -- environment, problems, tactics
     def put_environment(self, env: Env, depends_on: tuple[str, ...]) -> None:
         dev = {"device_key": env.device_key, "gpu_name": env.gpu_name, "cc": env.cc, "sm_count": env.sm_count,
                "record_json": canonical_json(env.to_dict())}
         lib = {"lib_key": env.lib_key(depends_on), "versions_json": canonical_json(env.lib_versions(depends_on))}
-        self._write(lambda s: (_upsert(s, DeviceRow, dev, ["device_key"]),
-                               _upsert(s, LibsetRow, lib, ["lib_key"], "ignore")))
-
-    def _put_device_record(self, s: Session, rec: dict) -> None:
-        row = {"device_key": rec["device_key"], "gpu_name": rec["gpu_name"], "cc": rec["cc"],
-               "sm_count": rec["sm_count"], "record_json": canonical_json(rec)}
-        _upsert(s, DeviceRow, row, ["device_key"], "ignore")
+        self._write(lambda s: (upsert(s, DeviceRow, dev, ["device_key"]),
+                               upsert(s, LibsetRow, lib, ["lib_key"], "ignore")))
 
     def put_problem(self, problem: Problem) -> None:
-        self._write(lambda s: _upsert(s, ProblemRow, _problem_row(problem), ["key"], "ignore"))
+        self._write(lambda s: upsert(s, ProblemRow, _problem_row(problem), ["key"], "ignore"))
 
     def put_tactic(self, tactic: Tactic) -> None:
         row = {"id": tactic.id, "family": tactic.family, "params_json": tactic.to_json()}
-        self._write(lambda s: _upsert(s, TacticRow, row, ["id"], "ignore"))
+        self._write(lambda s: upsert(s, TacticRow, row, ["id"], "ignore"))
 
     def tactic(self, tactic_id: str) -> Tactic | None:
         row = self._read(lambda s: s.get(TacticRow, tactic_id))
@@ -393,6 +240,19 @@ class Store:
         rows = self._read(lambda s: s.scalars(select(DeviceRow).order_by(DeviceRow.device_key)).all())
         return [json.loads(r.record_json) for r in rows]
 
+    def device_records(self) -> dict[str, dict]:
+        """Device records by key; a damaged record (not JSON, or naming another key) is left out."""
+        rows = self._read(lambda s: s.execute(select(DeviceRow.device_key, DeviceRow.record_json)).all())
+        out = {}
+        for key, rec in rows:
+            try:
+                d = json.loads(rec)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(d, dict) and d.get("device_key") == key:
+                out[key] = d
+        return out
+
     def libset(self, lib_key: str) -> dict | None:
         row = self._read(lambda s: s.get(LibsetRow, lib_key))
         return json.loads(row.versions_json) if row else None
@@ -404,7 +264,7 @@ class Store:
             p = Problem.from_key(key)
         except ValueError:
             return  # not a Problem key: the trial is still stored
-        _upsert(s, ProblemRow, _problem_row(p), ["key"], "ignore")
+        upsert(s, ProblemRow, _problem_row(p), ["key"], "ignore")
 
     def put_trial(self, trial: Trial) -> None:
         tac = _tactic_row(trial.params_json, trial.tactic_id)
@@ -412,9 +272,9 @@ class Store:
         row["created_at"] = utcnow()
 
         def go(s: Session) -> None:
-            _upsert(s, TacticRow, tac, ["id"], "ignore")
+            upsert(s, TacticRow, tac, ["id"], "ignore")
             self._put_problem_key(s, trial.problem_key)
-            _upsert(s, TrialRow, row, _TRIAL_KEY)
+            upsert(s, TrialRow, row, _TRIAL_KEY)
         self._write(go)
 
     def get_trials(self, problem_key: str, bucket: int, device_key: str) -> list[Trial]:
@@ -425,12 +285,13 @@ class Store:
         return [Trial(params_json=pj, **{c: getattr(r, c) for c in _TRIAL_COLS}) for r, pj in rows]
 
     def trials(self, device_key: str | None = None) -> list[Trial]:
-        """Every stored trial (of one device, or all), oldest first: for reports."""
-        q = select(TrialRow, TacticRow.params_json).join(TacticRow, TacticRow.id == TrialRow.tactic_id)
+        """Every stored trial (of one device, or all), oldest first: for reports. A trial whose
+        tactic row is missing comes back with params_json "" (cache.rows.check_trial names it)."""
+        q = select(TrialRow, TacticRow.params_json).outerjoin(TacticRow, TacticRow.id == TrialRow.tactic_id)
         if device_key is not None:
             q = q.where(TrialRow.device_key == device_key)
         rows = self._read(lambda s: s.execute(q.order_by(TrialRow.id)).all())
-        return [Trial(params_json=pj, **{c: getattr(r, c) for c in _TRIAL_COLS}) for r, pj in rows]
+        return [Trial(params_json=pj or "", **{c: getattr(r, c) for c in _TRIAL_COLS}) for r, pj in rows]
 
     def trial_keys(self, device_key: str) -> set[tuple[str, int, str, str]]:
         q = (select(TrialRow.problem_key, TrialRow.bucket, TrialRow.tactic_id, TrialRow.lib_key)
@@ -442,22 +303,44 @@ class Store:
         self._write(lambda s: self._put_winner(s, w))
 
     def _put_winner(self, s: Session, w: Winner) -> None:
-        _upsert(s, TacticRow, _tactic_row(w.params_json, w.tactic_id), ["id"], "ignore")
+        upsert(s, TacticRow, _tactic_row(w.params_json, w.tactic_id), ["id"], "ignore")
         self._put_problem_key(s, w.problem_key)
         row = {"problem_key": w.problem_key, "bucket": w.bucket, "device_key": w.device_key,
                "tactic_id": w.tactic_id, "family": w.family, "lib_key": w.lib_key, "median_us": w.median_us,
                "default_tactic_id": w.default_tactic_id, "default_median_us": w.default_median_us,
                "speedup": w.speedup, "updated_at": utcnow()}
-        _upsert(s, WinnerRow, row, _WINNER_KEY)
+        upsert(s, WinnerRow, row, _WINNER_KEY)
 
     def winners(self, device_key: str | None = None) -> list[Winner]:
-        q = select(WinnerRow, TacticRow.params_json).join(TacticRow, TacticRow.id == WinnerRow.tactic_id)
+        """Every stored winner, as stored: no row is dropped here (a missing tactic row gives
+        params_json ""), so each reader counts what it skips by cache.rows.check_winner."""
+        q = select(WinnerRow, TacticRow.params_json).outerjoin(TacticRow, TacticRow.id == WinnerRow.tactic_id)
         if device_key is not None:
             q = q.where(WinnerRow.device_key == device_key)
         q = q.order_by(WinnerRow.device_key, WinnerRow.problem_key, WinnerRow.bucket)
-        return [Winner(r.problem_key, r.bucket, r.device_key, r.tactic_id, r.family, pj, r.lib_key, r.median_us,
+        return [Winner(r.problem_key, r.bucket, r.device_key, r.tactic_id, r.family, pj or "", r.lib_key, r.median_us,
                        r.default_tactic_id, r.default_median_us, r.speedup)
                 for r, pj in self._read(lambda s: s.execute(q).all())]
+
+    def put_winners(self, winners: Iterable[Winner], devices: Iterable[dict] = (),
+                    libsets: Mapping[str, dict] | None = None) -> None:
+        """Winners with the device records ({"device_key", "gpu_name", "cc", "sm_count", ...}) and
+        libsets ({lib_key: versions}) they refer to, in one transaction (an import: all or nothing).
+        A device or libset already stored is kept; a winner replaces the stored one of its
+        (problem, bucket, device). Check rows first (cache.rows): nothing is validated here."""
+        winners, devices = list(winners), list(devices)
+
+        def go(s: Session) -> None:
+            for rec in devices:
+                row = {"device_key": rec["device_key"], "gpu_name": rec["gpu_name"], "cc": rec["cc"],
+                       "sm_count": rec["sm_count"], "record_json": canonical_json(rec)}
+                upsert(s, DeviceRow, row, ["device_key"], "ignore")
+            for key, versions in (libsets or {}).items():
+                upsert(s, LibsetRow, {"lib_key": key, "versions_json": canonical_json(versions)}, ["lib_key"], "ignore")
+            for w in winners:
+                self._put_winner(s, w)
+        if winners or devices or libsets:
+            self._write(go)
 
     def delete_winner(self, problem_key: str, bucket: int, device_key: str) -> None:
         t = WinnerRow.__table__
@@ -469,7 +352,7 @@ class Store:
         rows = [{"problem_key": m.problem_key, "m": m.m, "device_key": m.device_key, "count": m.count}
                 for m in misses]
         if rows:
-            self._write(lambda s: [_upsert(s, MissRow, r, ["problem_key", "m", "device_key"], "add", "count")
+            self._write(lambda s: [upsert(s, MissRow, r, ["problem_key", "m", "device_key"], "add", "count")
                                    for r in rows])
 
     def misses(self, device_key: str | None = None) -> list[Miss]:
@@ -480,15 +363,64 @@ class Store:
         return [Miss(r.problem_key, r.m, r.device_key, r.count) for r in self._read(lambda s: s.scalars(q).all())]
 
     # -- meta (exports)
-    def _meta(self) -> dict[str, str]:
-        return {r.key: r.value for r in self._read(lambda s: s.scalars(select(Meta)).all())}
-
     def meta(self) -> dict[str, str]:
-        return self._meta()
+        return {r.key: r.value for r in self._read(lambda s: s.scalars(select(Meta)).all())}
 
     def put_meta(self, key: str, value: str) -> None:
         """One free-form key/value row (e.g. measured roofline ceilings, see autotune.report)."""
-        self._write(lambda s: _upsert(s, Meta, {"key": key, "value": value}, ["key"]))
+        self.put_meta_items({key: value})
+
+    def put_meta_items(self, items: Mapping[str, str]) -> None:
+        """Several key/value rows in one transaction (an export's format, checksum, signature)."""
+        self._write(lambda s: [upsert(s, Meta, {"key": k, "value": v}, ["key"]) for k, v in items.items()])
+
+    def make_self_contained(self) -> None:
+        """A SQLite file in rollback-journal mode: one file, no -wal beside it (for shipping)."""
+        if self._sqlite and self.path is not None:
+            with self.engine.connect() as c:
+                c.exec_driver_sql("PRAGMA journal_mode=DELETE")
+
+    # -- pruning
+    def families(self) -> set[str]:
+        """The families named by any stored trial or winner."""
+        q = select(TrialRow.family).union(select(WinnerRow.family))
+        return {f for (f,) in self._read(lambda s: s.execute(q).all())}
+
+    def prune(self, *, keep_devices: set[str] | None = None, drop_devices: Iterable[str] = (),
+              stale: tuple[str, Mapping[str, str | None]] | None = None, drop_misses: bool = False,
+              dry_run: bool = False) -> dict[str, int]:
+        """Delete trials, winners and misses (and device rows) of unwanted environments; return the
+        counts per table ("trials", "winners", "misses", "devices"), deleting nothing on dry_run.
+
+        keep_devices: keep only these device keys; drop_devices: drop these; stale:
+        (device_key, {family: wanted lib_key or None}) drops that device's rows whose lib_key is not
+        the wanted one of their family (all of a family mapped to None, or missing from the map);
+        drop_misses: all misses of the kept devices too."""
+        drop_devices = sorted(drop_devices)
+
+        def cond(t):
+            parts = []
+            if keep_devices is not None:
+                parts.append(not_(t.device_key.in_(sorted(keep_devices))))
+            if drop_devices:
+                parts.append(t.device_key.in_(drop_devices))
+            if stale is not None and hasattr(t, "lib_key"):
+                dev, want = stale
+                parts.append(and_(t.device_key == dev, t.family.not_in(sorted(f for f, k in want.items() if k))))
+                parts += [and_(t.device_key == dev, t.family == f, t.lib_key != k) for f, k in want.items() if k]
+            if drop_misses and t is MissRow:
+                parts.append(true())
+            return or_(*parts) if parts else None
+        plan = {"trials": (TrialRow, cond(TrialRow)), "winners": (WinnerRow, cond(WinnerRow)),
+                "misses": (MissRow, cond(MissRow)), "devices": (DeviceRow, None)}
+        if keep_devices is not None or drop_devices:
+            plan["devices"] = (DeviceRow, cond(DeviceRow))
+        counts = {name: 0 if c is None else self._read(
+            lambda s, t=t, c=c: s.execute(select(func.count()).select_from(t).where(c)).scalar())
+            for name, (t, c) in plan.items()}
+        if not dry_run and any(counts.values()):
+            self._write(lambda s: [s.execute(delete(t).where(c)) for t, c in plan.values() if c is not None])
+        return counts
 
     def close(self) -> None:
         self.engine.dispose()

@@ -16,7 +16,8 @@ from sqlalchemy.exc import OperationalError
 from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
-from cache import CacheError, Store, default_url, export_cache, import_cache
+from autotune.integrations.portable import export_cache, import_cache
+from cache import CacheError, Store, default_url
 from cache.schema import SCHEMA_VERSION
 from autotune.core.tactic import Tactic
 from tests.helpers import as_nobody
@@ -361,7 +362,7 @@ def full(store):
 @pytest.mark.parametrize("fmt", ["sqlite", "json"])
 def test_export_import_round_trip(full, tmp_path, fmt):
     out = tmp_path / f"export.{fmt}"
-    assert export_cache(full, out, fmt=fmt) == 3
+    assert export_cache(full, out, fmt=fmt).written == 3
     assert sorted(x.name for x in tmp_path.iterdir()) == sorted(["c.db", "c.db-wal", "c.db-shm", out.name])
     with pytest.raises(CacheError, match="refusing to overwrite"):
         export_cache(full, out, fmt=fmt)
@@ -377,10 +378,10 @@ def test_export_import_round_trip(full, tmp_path, fmt):
 
 @pytest.mark.parametrize("fmt", ["sqlite", "json"])
 def test_export_filters(full, tmp_path, fmt):
-    assert export_cache(full, tmp_path / "h200", gpu="NVIDIA H200", fmt=fmt) == 1       # exact name
-    assert export_cache(full, tmp_path / "rtx", gpu="rtx pro", fmt=fmt) == 2            # substring
-    assert export_cache(full, tmp_path / "pk", problem_keys=[P1.key], fmt=fmt) == 2
-    assert export_cache(full, tmp_path / "none", gpu="H200", problem_keys=[P1.key], fmt=fmt) == 0
+    assert export_cache(full, tmp_path / "h200", gpu="NVIDIA H200", fmt=fmt).written == 1       # exact name
+    assert export_cache(full, tmp_path / "rtx", gpu="rtx pro", fmt=fmt).written == 2            # substring
+    assert export_cache(full, tmp_path / "pk", problem_keys=[P1.key], fmt=fmt).written == 2
+    assert export_cache(full, tmp_path / "none", gpu="H200", problem_keys=[P1.key], fmt=fmt).written == 0
     with pytest.raises(CacheError, match="no device in the cache matches"):
         export_cache(full, tmp_path / "b200", gpu="B200", fmt=fmt)
     assert not (tmp_path / "b200").exists()
@@ -453,7 +454,7 @@ def test_import_skips_invalid_entries(full, tmp_path):
         rep = import_cache(dst, out2, validate=validate)
         assert rep.imported == 3
         assert rep.skipped == {"unknown family 'cutlass_sm200_only'": 1, "unknown device": 1, "unknown libset": 1,
-                               "unknown tactic": 1, "malformed winner": 1, "device record does not match its key": 1}
+                               "unknown tactic": 1, "bad bucket": 1, "device record does not match its key": 1}
         assert len(dst.winners()) == 3
 
 

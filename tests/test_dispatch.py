@@ -24,7 +24,8 @@ from autotune.runtime.pins import parse_pins
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Winner
-from cache import Store, export_cache
+from autotune.integrations.portable import export_cache
+from cache import Store
 from autotune.core.tactic import Tactic
 from tests.helpers import as_nobody
 

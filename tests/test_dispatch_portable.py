@@ -10,14 +10,13 @@ import sys
 import warnings
 from pathlib import Path
 
-import pytest
-
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import Env, cpu, current
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
-from cache import Store, export_cache, import_cache
-from autotune.integrations.portable import prune
+from autotune.integrations.portable import export_cache, import_cache
+from cache import Store
+from autotune.integrations.prune import prune
 from tactics import registry
 from autotune.core.tactic import Tactic
 

@@ -48,7 +48,7 @@ def cpu_cache(tmp_path_factory):
         x = torch.randn(m, base.k).to(torch.bfloat16)
         w = torch.randn(base.n, base.k).to(torch.bfloat16)
         timing = bench.time_calls(lambda i: x @ w.T, 1, "cpu", FAST)
-        store.put_trial(Trial(base.key, m, t.id, t.family, t.to_json(), CPU.device_key, "lib", "ok",
+        store.put_trial(Trial(base.key, m, t.id, t.family, t.to_json(), CPU.device_key, "0" * 16, "ok",
                               median_us=timing.median_us, iqr_us=timing.iqr_us, reps=timing.reps))
     store.close()
     return path
@@ -219,16 +219,16 @@ def test_edge_rows_of_a_gpu_cache(tmp_path):
     a, b = Tactic("triton", block_m=64, kernel="w4a16"), Tactic("triton", block_m=128, kernel="w4a16")
 
     def trial(t, bucket, status, reason="", us=None, key=DENSE.key):
-        store.put_trial(Trial(key, bucket, t.id, t.family, t.to_json(), dk, "L", status, reason, median_us=us))
+        store.put_trial(Trial(key, bucket, t.id, t.family, t.to_json(), dk, "1" * 16, status, reason, median_us=us))
     trial(a, 16, "ok", "model error: compiler says smem 3072, model 3200", 10.0)
     trial(b, 16, "failed", "RuntimeError: out of resources: 5 bytes")
     trial(b, 32, "failed", "RuntimeError: out of resources: 7 bytes")
     trial(Tactic("triton", block_m=256, kernel="w4a16"), 16, "dropped", "halving round 1 of 3", 30.0)
-    store.put_winner(Winner(DENSE.key, 16, dk, a.id, "triton", a.to_json(), "L", 10.0, b.id, None, None))
+    store.put_winner(Winner(DENSE.key, 16, dk, a.id, "triton", a.to_json(), "1" * 16, 10.0, b.id, None, None))
     base = Problem.dense(DENSE.n, DENSE.k, w_fmt="bf16", a_fmt="bf16")
     c = Tactic("cublaslt", algo=3)
     trial(c, 16, "ok", "", 25.0, key=base.key)
-    store.put_winner(Winner(base.key, 16, dk, c.id, "cublaslt", c.to_json(), "L", 25.0, c.id, 25.0, 1.0))
+    store.put_winner(Winner(base.key, 16, dk, c.id, "cublaslt", c.to_json(), "1" * 16, 25.0, c.id, 25.0, 1.0))
     (dev,) = collect(store).devices
     assert dev.arch == "sm90" and not dev.is_cpu and not dev.ceilings["stored"]  # H200 from the table
     (v,) = dev.problems                                  # the bf16 problem is folded in as a baseline

@@ -10,6 +10,7 @@ cores.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -59,9 +60,14 @@ def stored(meta: dict[str, str], device_key: str) -> Ceilings | None:
         return None
     try:
         d = json.loads(raw)
-        return Ceilings(d.get("bandwidth_gbs"), dict(d.get("tflops") or {}), d.get("source", "stored"), True)
+        c = Ceilings(d.get("bandwidth_gbs"), dict(d.get("tflops") or {}), d.get("source", "stored"), True)
     except (ValueError, TypeError, AttributeError):
         return None
+    figures = [c.bandwidth_gbs, *c.tflops.values()]     # an edited meta row must not reach a division
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+               for v in figures if v is not None):
+        return None
+    return c
 
 
 def for_device(meta: dict[str, str], device_key: str, gpu_name: str) -> Ceilings | None:

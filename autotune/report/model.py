@@ -19,6 +19,7 @@ from autotune.core.records import Trial, Winner
 from autotune.report import ceilings as ceil_mod
 from autotune.report.traffic import call_bytes, intensity
 from autotune.core.arch import ARCHS, arch_for_cc
+from cache.rows import check_miss, check_trial, check_winner
 
 
 def tactic_label(params_json: str) -> str:
@@ -120,6 +121,7 @@ class Summary:
     devices: list[DeviceView]
     notes: list[str] = field(default_factory=list)
     plans: list[ArchPlan] = field(default_factory=list)
+    skipped: dict[str, dict[str, int]] = field(default_factory=dict)   # "winners"/"trials"/"misses" -> reason -> n
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -198,7 +200,7 @@ def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines:
     flops = float(p.flops(m))
     nbytes = call_bytes(p, m)
     ai = intensity(p, m)
-    secs = max(w.median_us, 1e-6) * 1e-6   # a 0 µs median (clock resolution) must not divide by zero
+    secs = w.median_us * 1e-6              # > 0: cache.rows.check_winner passed
     tfl = flops / secs / 1e12
     gbs = nbytes / secs / 1e9
     kind, peak = ceil.compute_for(p.a_fmt, p.w_fmt, fp4_native) if ceil else ("bf16", None)
@@ -212,14 +214,34 @@ def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines:
                  roof, (tfl / roof) if roof else None)
 
 
+def checked(rows: list, check) -> tuple[list, dict[str, int]]:
+    """The rows that pass `check` (a cache.rows validator) and the count of the others by reason."""
+    good, skipped = [], Counter()
+    for r in rows:
+        why = check(r)
+        if why:
+            skipped[why] += 1
+        else:
+            good.append(r)
+    return good, dict(sorted(skipped.items()))
+
+
+def skip_notes(skipped: dict[str, dict[str, int]]) -> list[str]:
+    """One line per kind of row: 'skipped 2 winners that fail the row checks: bad bucket 1, ...'."""
+    return [f"skipped {sum(c.values())} {kind} that fail the row checks: "
+            + ", ".join(f"{r} {n}" for r, n in c.items()) for kind, c in skipped.items() if c]
+
+
 def collect(store, problem_keys: set[str] | None = None) -> Summary:
-    """Everything the report and `autotune show` print, read from `store` (read-only use)."""
+    """Everything the report and `autotune show` print, read from `store` (read-only use). Rows
+    that fail cache.rows' checks are left out and counted (Summary.skipped, and a note each)."""
     meta = store.meta()
-    devices = {d["device_key"]: d for d in store.devices()}
-    winners = store.winners()
-    trials = store.trials()
-    misses = store.misses()
-    notes: list[str] = []
+    devices = store.device_records()
+    winners, skip_w = checked(store.winners(), check_winner)
+    trials, skip_t = checked(store.trials(), check_trial)
+    misses, skip_m = checked(store.misses(), check_miss)
+    skipped = {k: v for k, v in (("winners", skip_w), ("trials", skip_t), ("misses", skip_m)) if v}
+    notes: list[str] = skip_notes(skipped)
     by_dev_w: dict[str, list[Winner]] = defaultdict(list)
     for w in winners:
         by_dev_w[w.device_key].append(w)
@@ -248,15 +270,12 @@ def collect(store, problem_keys: set[str] | None = None) -> Summary:
         folded: set[str] = set()
         pviews = []
         for key in sorted(win_keys):
-            p = _problem(key)
-            if p is None:
-                notes.append(f"winner for {key!r} skipped: not a problem key")
-                continue
+            p = Problem.from_key(key)                 # parses: check_winner passed
             bkeys = sorted(shapes.get(_shape(p), [])) if p.w_fmt in BLOCK else []
             folded.update(bkeys)
             pts = []
             for w in sorted((w for w in wins if w.problem_key == key), key=lambda w: w.bucket):
-                dflt = store.tactic(w.default_tactic_id)
+                dflt = _tactic(store, w.default_tactic_id)
                 base = {}
                 for bk in bkeys:
                     q = _problem(bk)
@@ -270,7 +289,7 @@ def collect(store, problem_keys: set[str] | None = None) -> Summary:
         libs = {}
         for t in dtrials:
             if t.lib_key not in libs:
-                libs[t.lib_key] = store.libset(t.lib_key) or {}
+                libs[t.lib_key] = _libset(store, t.lib_key)
         dmiss = [{"problem": m.problem_key, "m": m.m, "count": m.count} for m in misses
                  if m.device_key == dk and (problem_keys is None or m.problem_key in problem_keys)]
         views.append(DeviceView(dk, rec, arch, rec.get("cc") == "cpu", ceil.to_dict() if ceil else None,
@@ -279,7 +298,22 @@ def collect(store, problem_keys: set[str] | None = None) -> Summary:
         notes.append("the cache holds no trials or winners" + (" for the selected problems" if problem_keys else ""))
     schema = meta.get("schema")
     return Summary(store.url, datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-                   int(schema) if schema and schema.isdigit() else None, meta, views, notes)
+                   int(schema) if schema and schema.isdigit() else None, meta, views, notes, skipped=skipped)
+
+
+def _tactic(store, tactic_id: str):
+    try:
+        return store.tactic(tactic_id)
+    except (ValueError, TypeError, AttributeError):   # a damaged tactic row: shown by its id
+        return None
+
+
+def _libset(store, lib_key: str) -> dict:
+    try:
+        v = store.libset(lib_key)
+    except (ValueError, TypeError):                   # damaged versions_json: shown as unknown
+        return {}
+    return v if isinstance(v, dict) else {}
 
 
 def _is_baseline_of(key: str, problem_keys: set[str] | None) -> bool:

@@ -27,6 +27,7 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import checked
 from autotune.core.tactic import Tactic, parse_tactic
 from autotune.runtime.bound import BoundTable
+from cache import CacheError, Store, check_winner, verify_for_serving
 from autotune.runtime.pins import PIN_ENV, parse_pins
 from autotune.runtime.table import RUNGS, LazyDefault, Table
 from tactics import registry
@@ -77,7 +78,6 @@ class Dispatcher:
 
     # --- loading -------------------------------------------------------------------------------
     def _open(self):
-        from cache import Store
         if hasattr(self._cache, "winners"):
             return self._cache, False
         return Store(self._cache, readonly=True, immutable=self._immutable or None), True
@@ -86,6 +86,9 @@ class Dispatcher:
         try:
             store, owned = self._open()
             try:
+                ok, why = verify_for_serving(store)     # a configured signing key must vouch for the file
+                if not ok:
+                    raise CacheError(why)
                 winners = store.winners(self.env.device_key)
                 self.cache_url = store.url
                 self._cache_writable = _writable(store)
@@ -108,33 +111,24 @@ class Dispatcher:
             self._install(p, items)
 
     def _check(self, w) -> str | None:
-        """Why a stored winner cannot be used here (None: it was accepted into _winners)."""
-        try:
-            t = Tactic.from_json(w.params_json)
-        except (ValueError, TypeError):
-            return "malformed tactic"
-        if t.id != w.tactic_id or t.family != w.family:
-            return "tactic does not match its id"
+        """Why a stored winner cannot be used here (None: it was accepted into _winners). The
+        structural half is cache.rows (shared with import and show), the family half
+        tactics.registry.usable (shared with pins); the reason's head before ':' is what counts."""
+        why = check_winner(w)
+        if why:
+            return why
+        t, p = Tactic.from_json(w.params_json), Problem.from_key(w.problem_key)
         try:
             fam = registry.get(t.family)
         except (ValueError, ImportError):
             return "unknown family"
-        if not isinstance(w.bucket, int) or isinstance(w.bucket, bool) or w.bucket <= 0:
-            return "bad bucket"
-        try:
-            p = Problem.from_key(w.problem_key)
-        except ValueError:
-            return "bad problem key"
         if w.lib_key != self.env.lib_key(fam.depends_on):
             return f"{t.family} library version differs"
-        why = registry.validate(t.family, t.params)
+        why = registry.usable(p, t, self.arch, self.env.device)
         if why:
-            return f"invalid {t.family} parameters"
-        if not fam.available(self.env.device)[0]:
-            return f"{t.family} not available on {self.env.device}"
+            log.debug("winner %s bucket %s: %s", w.problem_key, w.bucket, why)
+            return why.split(":", 1)[0]
         try:
-            if fam.verdict(p, t, self.arch).rejected:
-                return f"{t.family} verdict rejects it on {self.arch.name}"
             self._kernel(p, t)
         except Exception as e:  # noqa: BLE001 - a kernel that cannot be built is a skip, not a crash
             return f"{t.family} build failed: {type(e).__name__}"
@@ -250,7 +244,6 @@ class Dispatcher:
 
     # --- misses --------------------------------------------------------------------------------
     def _misses_store(self):
-        from cache import Store
         target = self._misses_to if self._misses_to is not None else os.environ.get(MISSES_ENV) or None
         if target == "memory":
             return None

@@ -1,0 +1,39 @@
+"""One portable upsert: INSERT ... ON CONFLICT on SQLite/PostgreSQL, select-then-write elsewhere."""
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+
+def upsert(s: Session, model, row: dict, keys: list[str], mode: str = "replace", add: str | None = None) -> None:
+    """INSERT ... ON CONFLICT for SQLite/PostgreSQL, select-then-write elsewhere.
+
+    mode: "replace" (overwrite the other columns), "ignore" (keep the existing row),
+    "add" (existing[add] += row[add]).
+    """
+    table = model.__table__
+    dialect = s.get_bind().dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        if dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        stmt = insert(table).values(**row)
+        if mode == "ignore":
+            stmt = stmt.on_conflict_do_nothing(index_elements=keys)
+        elif mode == "add":
+            stmt = stmt.on_conflict_do_update(index_elements=keys,
+                                              set_={add: table.c[add] + stmt.excluded[add]})
+        else:
+            stmt = stmt.on_conflict_do_update(
+                index_elements=keys, set_={c: stmt.excluded[c] for c in row if c not in keys})
+        s.execute(stmt)
+        return
+    cond = [table.c[k] == row[k] for k in keys]
+    existing = s.execute(select(table).where(*cond).with_for_update()).first()
+    if existing is None:
+        s.execute(table.insert().values(**row))
+    elif mode == "add":
+        s.execute(table.update().where(*cond).values({add: table.c[add] + row[add]}))
+    elif mode == "replace":
+        s.execute(table.update().where(*cond).values({c: v for c, v in row.items() if c not in keys}))
