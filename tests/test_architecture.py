@@ -15,7 +15,7 @@ MAX_LINES = 500
 
 
 def test_import_contracts_hold():
-    r = subprocess.run(["lint-imports", "--config", str(ROOT / ".importlinter"), "--no-cache"], cwd=ROOT,
+    r = subprocess.run(["lint-imports", str(ROOT / ".importlinter"), "--no-cache"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
