@@ -1,6 +1,6 @@
 """The static smem model equals Triton's `metadata.shared` for a seeded sample, per target.
 
-Cross-compiles (no GPU) with the LLVM-IR stop of compile.py into a fresh cache directory, so every
+Cross-compiles (no GPU) with the LLVM-IR stop of compile.py (through family.cross_compile) into a fresh cache directory, so every
 compile is real. Requires the Triton version the model was checked against (3.9).
 """
 from __future__ import annotations
@@ -17,7 +17,13 @@ from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.arch import get_arch  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
 from tactics.triton_fp4 import TritonFamily, smem_bytes  # noqa: E402
-from tactics.triton_fp4.compile import cross_compile  # noqa: E402
+from tactics.triton_fp4.family import cross_compile as _compile  # noqa: E402
+
+
+def cross_compile(fmt, params, arch, stop_at="llir", cache_dir=None):
+    """(metadata.shared, ptx or None) of the member's kernel cross-compiled for `arch`."""
+    ck = _compile(fmt, params, arch, stop_at=stop_at, cache_dir=cache_dir)
+    return int(ck.metadata.shared), ck.asm.get("ptx") if stop_at == "cubin" else None
 
 FAM = TritonFamily()
 TARGETS = ("sm80", "sm89", "sm90", "sm100", "sm120")
@@ -98,7 +104,8 @@ def test_moe_kernel_model_equals_compiler(cache):
 def test_sm8x_epilogue_set_is_the_compilers():
     """Where the sm8x epilogue (not the pipeline) sets the total is re-derived by cross-compiling
     every (BM, BN, warps) of the fitted domain; it must be exactly the model's set."""
-    from tactics.triton_fp4.smem import SM8X_FULL_TILE_EPILOGUE, fit_epilogue
+    from tactics.triton_fp4.smem import SM8X_FULL_TILE_EPILOGUE
+    from tools.triton_smem.fit_epilogue import fit_epilogue
     assert fit_epilogue("sm89", jobs=2) == SM8X_FULL_TILE_EPILOGUE
 
 

@@ -177,6 +177,7 @@ def test_verdict_never_compiles():
 _INTERP = textwrap.dedent("""
     import json, sys, torch
     from autotune.core.problem import Problem
+    from tactics.triton_fp4.args import pack_u8
     from tactics.triton_fp4.family import TritonFamily
     from autotune.core.tactic import Tactic
     try:
@@ -227,7 +228,7 @@ _INTERP = textwrap.dedent("""
             nan = int(torch.isnan(y).sum())
             err = float(torch.linalg.norm(y.to(torch.float64) - ref) / torch.linalg.norm(ref))
             y2 = kern(x, q)
-            same = bool(torch.equal(y, y2))
+            same = bool(torch.equal(y, y2)) and bool(torch.equal(y, kern(x, pack_u8(q))))   # U8 layout too
             # split-K counters must be back to zero after every launch
             locks = int(kern._locks.abs().sum()) if getattr(kern, "_locks", None) is not None else 0
             out.append([fmt, m, n, k, bm, bn, bk, gm, sk, nan, err, same, locks])
@@ -269,6 +270,7 @@ _MOE_INTERP = textwrap.dedent("""
     from autotune.core.problem import Problem
     from autotune.core.arch import ARCHS
     from autotune.core.tactic import Tactic
+    from tactics.triton_fp4.args import pack_u8
     from tactics.triton_fp4.family import TritonFamily
     fam, out = TritonFamily(), []
     for fmt, m, n, k, e, top_k, cfgs in json.loads(sys.argv[1]):
@@ -280,6 +282,9 @@ _MOE_INTERP = textwrap.dedent("""
             assert fam.verdict(p, t, ARCHS["cpu"]).ok
             kern = fam.build(p, t, "cpu")
             err = bench.check(p, kern, s, ref)                 # NaN-poisoned output, float64 reference
+            # the family's prepacked layout gives the same bits
+            assert torch.equal(kern(s.x, s.w, s.topk_ids, s.topk_weights),
+                               kern(s.x, pack_u8(s.w), s.topk_ids, s.topk_weights))
             ids, _, npad, blocks = kern.align(s.topk_ids)
             out.append([fmt, bm, err, int(npad), blocks, int((ids < m * top_k).sum())])
     print(json.dumps(out))
