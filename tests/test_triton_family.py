@@ -316,3 +316,73 @@ def test_outgrown_split_k_workspace_stays_alive_for_captured_graphs():
     small, _ = launcher._scratch(4, 2, torch.device("cpu"))
     big, _ = launcher._scratch(4, 64, torch.device("cpu"))
     assert big.numel() > small.numel() and any(ws is small for ws, _ in launcher._retired)
+
+
+# ---- outside the region the smem model was checked on (issue #14) ------------------------------------
+
+def test_outside_the_checked_region_is_unknown_without_a_compiler():
+    """Never "fits" from an extrapolated rule: BLOCK_N=16 (buffer padding and scale scratch the
+    model does not have), an sm8x epilogue outside its fit, a widened MoE grid: ok is None."""
+    sm90, sm89 = get_arch("sm90"), get_arch("sm89")
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=16, block_k=64, group_m=1,
+               num_warps=4, num_stages=6, split_k=1)
+    v = FAM.verdict(P_NV, t, sm90)
+    assert v.ok is None and v.reason.startswith("unknown: block_n=16 is outside") and v.smem_bytes is None
+    assert v.stages == 6
+    t16 = Tactic("triton", {**t.params, "block_n": 32, "num_warps": 16, "num_stages": 3})
+    v = FAM.verdict(P_NV, t16, sm89)
+    assert v.ok is None and "sm8x epilogue" in v.reason
+    moe = Problem.moe(1024, 1024, 8, 2, "nvfp4")
+    m = Tactic("triton", kernel="moe_w4a16", block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3)
+    v = FAM.verdict(moe, m, sm90)
+    assert v.ok is None and "moe_w4a16" in v.reason
+    # rules that reject still reject outside the region (K tiling before any smem question)
+    v = FAM.verdict(Problem.dense(4096, 4096 + 64, "nvfp4"), Tactic("triton", {**t.params, "block_k": 128}), sm90)
+    assert v.rejected and "does not divide" in v.reason
+    # the cpu pseudo-arch has no smem limit: the interpreter runs any config
+    assert FAM.verdict(P_NV, t, ARCHS["cpu"]).ok
+
+
+def test_fallback_paths_and_tensor_memory_rules():
+    """Below 4 warps (and at 16 on sm100) Triton uses mma.sync: no wgmma/tcgen05 buffers, no tensor
+    memory; tcgen05 allocates at least 32 columns and 2·BN for BLOCK_M = 256 (Triton 3.9.0
+    cross-compiles, tests/test_triton_crosscompile.py)."""
+    from tactics.triton_fp4 import smem
+    p = dict(block_m=64, block_n=64, block_k=128, group_m=1, num_warps=2, num_stages=3, split_k=1)
+    assert smem.path(p, get_arch("sm90")) == smem.path(p, get_arch("sm100")) == "mma_v2"
+    assert smem.tmem_columns(p, "nvfp4", get_arch("sm100")) == 0
+    assert smem.smem_bytes(p, "nvfp4", get_arch("sm100")) == 41984
+    assert smem.path({**p, "num_warps": 16}, get_arch("sm100")) == "mma_v2"
+    assert smem.path({**p, "num_warps": 16}, get_arch("sm90")) == "wgmma"
+    assert smem.tmem_columns({**p, "num_warps": 4, "block_n": 16}, "nvfp4", get_arch("sm100")) == 32
+    assert smem.tmem_columns({**p, "num_warps": 4, "block_m": 256}, "nvfp4", get_arch("sm100")) == 128
+
+
+class _WideTriton(TritonFamily):
+    space_axes = {"w4a16_dequant": {"num_warps": (2, 4, 8), "block_n": (16, 32, 64, 128, 256)}}
+
+
+def test_widened_space_keeps_ids_and_stays_safe():
+    wide = _WideTriton()
+    base = FAM.enumerate(P_NV, get_arch("sm90"))
+    more = wide.enumerate(P_NV, get_arch("sm90"))
+    assert set(base) < set(more) and {t.id for t in base} <= {t.id for t in more}
+    assert {t["num_warps"] for t in more} == {2, 4, 8} and 16 in {t["block_n"] for t in more}
+    sm90 = get_arch("sm90")
+    vs = [wide.verdict(P_NV, t, sm90) for t in more if t not in set(base)]
+    assert any(v.ok is None for v in vs) and any(v.ok for v in vs)
+    assert all(v.reason.startswith("unknown: ") for v in vs if v.ok is None)
+    # every unknown is a BLOCK_N=16 config here; every 2-warp one is modelled (mma.sync fallback)
+    assert all(wide.verdict(P_NV, t, sm90).ok is not None for t in more if t["block_n"] >= 32)
+    with pytest.raises(ValueError, match="num_warps=3 not in"):
+        type("Bad", (TritonFamily,), {"space_axes": {"w4a16_dequant": {"num_warps": (3,)}}})()
+    with pytest.raises(ValueError, match="no space axis 'split_k'"):
+        type("Bad", (TritonFamily,), {"space_axes": {"w4a16_dequant": {"split_k": (2,)}}})()
+    with pytest.raises(ValueError, match="unknown triton kernel"):
+        type("Bad", (TritonFamily,), {"space_axes": {"nope": {}}})()
+
+
+def test_validate_refuses_floats_for_ints():
+    t = FAM.default(P_NV, get_arch("sm90"))
+    assert "num_warps=4.0 not in" in FAM.validate(Tactic("triton", {**t.params, "num_warps": 4.0}))
+    assert "group_m=True not in" in FAM.validate(Tactic("triton", {**t.params, "group_m": True}))

@@ -11,7 +11,7 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .args import is_interpreting, out_tensor, weight_args
-from .member import FAMILY, POW2_K, POW2_MN, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
+from .member import FAMILY, check_axes, grid, POW2_K, POW2_MN, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
 
 KERNEL = "dequant_cublas"
 #: the one tile of the default space
@@ -26,8 +26,11 @@ class DequantCublasMember:
     def supports(self, problem: Problem) -> str | None:
         return w4a16_support(problem, KERNEL, "dense")
 
-    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
-        return [Tactic(FAMILY, kernel=KERNEL, **TILE)]
+    def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> list[Tactic]:
+        return [Tactic(FAMILY, kernel=KERNEL, **g) for g in grid({k: (v,) for k, v in TILE.items()}, axes)]
+
+    def check_axes(self, axes: Mapping[str, tuple]) -> None:
+        check_axes(KERNEL, {k: (v,) for k, v in TILE.items()}, self.schema, axes)
 
     def default(self, problem: Problem, arch: Arch) -> None:
         return None         # never the default: it pays a bf16 copy of the weight per call

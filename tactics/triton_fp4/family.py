@@ -15,7 +15,8 @@ launch then finds it there.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import copy
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
@@ -37,6 +38,10 @@ NAME = FAMILY
 MEMBERS: tuple[Member, ...] = (W4A16, DEQUANT_CUBLAS, MOE, W4A4)
 BY_KERNEL: dict[str, Member] = {m.kernel: m for m in MEMBERS}
 KERNELS = tuple(BY_KERNEL)
+
+#: a compiler-figure provider: (problem, tactic, arch) -> (shared-memory bytes, tensor-memory
+#: columns) the compiler allocates for that config, or None when it cannot say (figures.py has one)
+CompilerFigures = Callable[[Problem, Tactic, Arch], "tuple[int, int] | None"]
 
 _NO_CPU = "no CUDA GPU: Triton kernels need one (TRITON_INTERPRET=1 runs them only for tests)"
 
@@ -66,10 +71,34 @@ def cross_compile(fmt: str, params: Mapping[str, Any], arch: Arch | str | int, s
 
 
 class TritonFamily(FamilyBase):
+    """The family. Two options, both keeping tactic ids (the family name stays "triton"):
+
+    * `space_axes` (class attribute): per member kernel, values that replace the axes of its
+      default space, e.g. ``{"w4a16_dequant": {"num_warps": (2, 4, 8), "num_stages": (2, 3, 4, 6)}}``
+      (a subclass registered with `tactics.registry.register("triton", "module:Class")` widens the
+      space for the search and its workers). Configs outside the region the smem model was
+      checked on get the compiler's figure, or an unknown verdict (never an extrapolated "fits").
+    * `compiler`: a compiler-figure provider (figures.CompiledFigures) the engine passes in
+      (`TritonFamily(compiler=...)` or `family.with_compiler(...)`); without one, configs outside
+      the checked region are `Verdict(ok=None, "unknown: ...")`.
+    """
+
     name = NAME
     depends_on = ("triton",)
     default_rank = 0      # the designated default wherever a GPU runs Triton
     compiles = True
+    space_axes: ClassVar[Mapping[str, Mapping[str, tuple]]] = {}
+
+    def __init__(self, compiler: CompilerFigures | None = None):
+        for kernel, axes in self.space_axes.items():
+            member_of(kernel).check_axes(axes)
+        self.compiler = compiler
+
+    def with_compiler(self, compiler: CompilerFigures | None) -> "TritonFamily":
+        """This family with `compiler` answering for configs outside the checked region."""
+        other = copy.copy(self)
+        other.compiler = compiler
+        return other
 
     def available(self, device: str) -> tuple[bool, str]:
         if str(device).startswith("cpu"):
@@ -88,7 +117,7 @@ class TritonFamily(FamilyBase):
 
     # ---- space --------------------------------------------------------------------------------
     def enumerate(self, problem: Problem, arch: Arch) -> list[Tactic]:
-        return [t for m in members_for(problem) for t in m.space(problem, arch)]
+        return [t for m in members_for(problem) for t in m.space(problem, arch, self.space_axes.get(m.kernel))]
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
         for m in members_for(problem):
@@ -121,13 +150,19 @@ class TritonFamily(FamilyBase):
         why = rejection(m.compat_kernel, problem.w_fmt, arch)
         if why:
             return Verdict.reject(why, stages=stages)
-        need = m.smem(p, problem.w_fmt, arch)
+        outside = m.unchecked(p, problem.w_fmt, arch)
+        if outside:
+            figure = self.compiler(problem, tactic, arch) if self.compiler is not None else None
+            if figure is None:
+                return Verdict(None, f"unknown: {outside}; no compiler figure for it", stages=stages)
+            need, cols = figure
+        else:
+            need, cols = m.smem(p, problem.w_fmt, arch), m.tmem(p, problem.w_fmt, arch)
         if need is None:
             return Verdict.keep(stages=stages)          # no pipelined loop: no smem to model
         limit = arch.smem_per_block_optin
         if need > limit:
             return Verdict.reject(f"smem {need} > {limit}", smem=need, limit=limit, stages=stages)
-        cols = m.tmem(p, problem.w_fmt, arch)
         if cols > 512:
             return Verdict.reject(f"tmem {cols} columns > 512", smem=need, limit=limit, stages=stages)
         return Verdict.keep(need, limit, stages)

@@ -8,11 +8,12 @@ was checked on). Nothing here imports Triton.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from autotune.core.arch import Arch
 from autotune.core.problem import Problem
-from autotune.core.tactic import Allowed, Tactic
+from autotune.core.tactic import Allowed, Tactic, check_params
 
 FAMILY = "triton"
 #: elements per block scale
@@ -40,8 +41,11 @@ class Member(Protocol):
 
     def supports(self, problem: Problem) -> str | None:
         """None when this member runs `problem`, else why not."""
-    def space(self, problem: Problem, arch: Arch) -> Sequence[Tactic]:
-        """The member's default tactic space for a problem it supports."""
+    def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> Sequence[Tactic]:
+        """The member's tactic space for a problem it supports: its default grid, with `axes`
+        (parameter -> values, checked by `check_axes`) replacing axes of that grid."""
+    def check_axes(self, axes: Mapping[str, tuple]) -> None:
+        """ValueError unless `axes` names axes of the member's grid with values its schema allows."""
     def default(self, problem: Problem, arch: Arch) -> Tactic | None:
         """The member's default for `problem`, or None when it offers none."""
     def rules(self, problem: Problem, params: Mapping[str, Any], arch: Arch) -> str | None:
@@ -107,3 +111,22 @@ def w4a16_rules(problem: Problem, p: Mapping[str, Any], arch: Arch, pipelined: b
 def scale_consts(fmt: str) -> dict[str, int]:
     """The scale-format constexprs of the W4A16 kernels."""
     return {"SCALE_GROUP": GROUP[fmt], "SCALE_E4M3": 1 if fmt == "nvfp4" else 0}
+
+
+def grid(default: Mapping[str, tuple], axes: Mapping[str, tuple] | None) -> list[dict[str, Any]]:
+    """Every combination of the `default` axes with `axes` replacing some, in the default's order."""
+    merged = {k: tuple((axes or {}).get(k, v)) for k, v in default.items()}
+    return [dict(zip(merged, vals)) for vals in itertools.product(*merged.values())]
+
+
+def check_axes(kernel: str, default: Mapping[str, tuple], schema: Mapping[str, tuple],
+               axes: Mapping[str, tuple]) -> None:
+    """ValueError unless each of `axes` is an axis of `default` whose values `schema` allows."""
+    base = {k: allowed[0] for k, allowed in schema.items()}
+    for k, vals in axes.items():
+        if k not in default:
+            raise ValueError(f"triton {kernel}: no space axis {k!r} (axes: {', '.join(default)})")
+        for v in vals:
+            why = check_params(Tactic(FAMILY, {**base, k: v}), schema, f"triton {kernel}")
+            if why:
+                raise ValueError(why)

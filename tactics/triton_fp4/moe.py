@@ -3,7 +3,6 @@ stacked experts; rows sorted by expert and padded to BLOCK_M per expert (MoELaun
 routing on the device, without a host sync)."""
 from __future__ import annotations
 
-import itertools
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
@@ -11,7 +10,7 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .args import fp32_scale, is_interpreting, note_compiled, scales_u8
-from .member import FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
+from .member import FAMILY, MIN_BLOCK_K, check_axes, grid, POW2_K, POW2_MN, STAGES_OK, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
 from .smem import smem_bytes, tmem_columns, unchecked
 from .w4a16 import default_block_k
 
@@ -20,6 +19,7 @@ BLOCK_M = (16, 32, 64)
 BLOCK_N = (32, 64, 128)
 BLOCK_K = (128, 256)
 NUM_STAGES = (3, 4)
+GRID = {"block_m": BLOCK_M, "block_n": BLOCK_N, "block_k": BLOCK_K, "num_stages": NUM_STAGES, "num_warps": (4,)}
 #: the top_k (with routed weights) precompile compiles for: GLM-5's routing; other top_k values
 #: compile the same loop and shared memory
 COMPILE_TOP_K = 8
@@ -39,10 +39,12 @@ class MoEMember:
     def supports(self, problem: Problem) -> str | None:
         return w4a16_support(problem, KERNEL, "grouped_moe")
 
-    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
-        return [Tactic(FAMILY, kernel=KERNEL, block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=st)
-                for bm, bn, bk, st in itertools.product(BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES)
-                if bk >= MIN_BLOCK_K[problem.w_fmt]]
+    def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> list[Tactic]:
+        return [Tactic(FAMILY, kernel=KERNEL, **g) for g in grid(GRID, axes)
+                if g["block_k"] >= MIN_BLOCK_K[problem.w_fmt]]
+
+    def check_axes(self, axes: Mapping[str, tuple]) -> None:
+        check_axes(KERNEL, GRID, self.schema, axes)
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
         return Tactic(FAMILY, kernel=KERNEL, block_m=32, block_n=64, block_k=max(default_block_k(problem), 128),
@@ -58,6 +60,10 @@ class MoEMember:
         return tmem_columns(params, fmt, arch)
 
     def unchecked(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> str | None:
+        # the MoE loop was checked on its own default grid only (docs/triton-smem-table.md)
+        for k, vals in GRID.items():
+            if params[k] not in vals:
+                return f"{k}={params[k]} is outside the grid the moe_w4a16 smem model was checked on ({vals})"
         return unchecked(params, fmt, arch)
 
     def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:

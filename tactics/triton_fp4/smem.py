@@ -61,11 +61,14 @@ def cc(arch: Any) -> tuple[int, int]:
 
 
 def path(params: Mapping[str, Any], arch: Any) -> str:
-    """Which MMA lowering Triton 3.9 picks: "mma_v2", "wgmma" or "tcgen05"."""
+    """Which MMA lowering Triton 3.9 picks: "mma_v2", "wgmma" or "tcgen05". wgmma and tcgen05 need
+    a 64-row tile and whole warp groups; below 4 warps, and at 16 warps on sm100, Triton falls
+    back to mma.sync (cross-compiled, Triton 3.9.0)."""
     major, _ = cc(arch)
-    if major == 9 and int(params["block_m"]) >= 64:
+    bm, warps = int(params["block_m"]), int(params["num_warps"])
+    if major == 9 and bm >= 64 and warps >= 4:
         return "wgmma"
-    if major == 10 and int(params["block_m"]) >= 64:
+    if major == 10 and bm >= 64 and warps in (4, 8):
         return "tcgen05"
     return "mma_v2"
 
@@ -100,15 +103,19 @@ def smem_bytes(params: Mapping[str, Any], w_fmt: str, arch: Any, triton_version:
 
 
 def mma_pipeline(params: Mapping[str, Any], w_fmt: str) -> int:
-    """mma.sync path without the epilogue: the pipeline buffers plus the scale tile's conversion
-    scratch when it is not pipelined (none for NVFP4 when 16 rows meet ≤ 1 scale byte per thread)."""
+    """mma.sync path without the epilogue: the pipeline buffers plus the conversion scratch of the
+    tiles that are not pipelined. A tile is cp.async-pipelined when each thread copies ≥ 4 bytes
+    (≥ 4T). The packed weight otherwise is one plain load with W bytes of scratch (seen at 16
+    warps, BN 32, BK 64); the scales need S bytes of scratch, none when S ≤ T/2 or, for NVFP4
+    with BM = 16, when S ≤ T."""
     x, w, s = tiles(params, w_fmt)
     ns, threads = int(params["num_stages"]), 32 * int(params["num_warps"])
+    w_pipe, w_scratch = (w, 0) if w >= 4 * threads else (0, w)
     if s >= 4 * threads:
-        return (ns - 1) * (x + w + s)
+        return (ns - 1) * (x + w_pipe + s) + w_scratch
     if s <= threads // 2 or (w_fmt == "nvfp4" and int(params["block_m"]) == 16 and s <= threads):
-        return (ns - 1) * (x + w)
-    return (ns - 1) * (x + w) + s
+        return (ns - 1) * (x + w_pipe) + w_scratch
+    return (ns - 1) * (x + w_pipe) + s + w_scratch      # both unpipelined: outside the checked region
 
 
 #: sm8x: the (BM, BN, num_warps) whose epilogue conversion of the bf16 output tile (MMA layout →
@@ -133,10 +140,37 @@ def sm8x_epilogue_bytes(params: Mapping[str, Any]) -> int:
 
 
 def tmem_columns(params: Mapping[str, Any], w_fmt: str, arch: Any) -> int:
-    """Tensor-memory columns (sm100 tcgen05 accumulator: BN fp32 columns; 0 elsewhere)."""
-    return int(params["block_n"]) if path(params, arch) == "tcgen05" else 0
+    """Tensor-memory columns of the tcgen05 fp32 accumulator (0 on the other paths): BN columns,
+    at least 32 (the allocation granule), twice that for BM = 256 (two 128-row halves)."""
+    if path(params, arch) != "tcgen05":
+        return 0
+    cols = max(32, int(params["block_n"]))
+    return 2 * cols if int(params["block_m"]) == 256 else cols
+
+
+#: where the model was checked against Triton 3.9.0 cross-compiles (the default space exhaustively,
+#: docs/triton-smem-table.md; beyond it the samples of tests/test_triton_crosscompile.py and
+#: issue #14's sweep); a config outside needs the compiler's figure or its verdict is unknown
+REGION = {"block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256), "block_k": (64, 128, 256, 512),
+          "num_warps": (1, 2, 4, 8, 16), "num_stages": (2, 3, 4, 5, 6, 7, 8)}
+#: arch majors the model was checked on (sm80/86/89, sm90, sm100/103, sm120/121)
+REGION_MAJORS = (8, 9, 10, 12)
 
 
 def unchecked(params: Mapping[str, Any], w_fmt: str, arch: Any) -> str | None:
     """Why the model was not checked against the compiler for this config, or None."""
+    major = cc(arch)[0]
+    if major not in REGION_MAJORS:
+        return f"smem model not checked on sm{major}x"
+    for k, vals in REGION.items():
+        if int(params[k]) not in vals:
+            return f"{k}={params[k]} is outside the smem model's checked region ({k} in {vals})"
+    if major == 8 and not all(int(params[k]) in v for k, v in EPILOGUE_FITTED.items()):
+        return ("the sm8x epilogue scratch is fitted for BLOCK_M 16..128, BLOCK_N 32..256 and 4 or 8 warps "
+                f"only (BLOCK_M={params['block_m']}, BLOCK_N={params['block_n']}, {params['num_warps']} warps)")
+    if int(params["block_m"]) == 256 and major not in (9, 10):
+        return f"BLOCK_M=256 is checked on sm90 and sm100 only, not sm{major}x"
+    _, w, _ = tiles(params, w_fmt)
+    if path(params, arch) != "mma_v2" and w < 4 * 32 * int(params["num_warps"]):
+        return f"an unpipelined weight tile ({w} B at {params['num_warps']} warps) on {path(params, arch)} is not modelled"
     return None

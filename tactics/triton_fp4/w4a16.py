@@ -11,7 +11,7 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .args import is_interpreting, note_compiled, out_tensor, weight_args
-from .member import FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
+from .member import FAMILY, MIN_BLOCK_K, check_axes, grid, POW2_K, POW2_MN, STAGES_OK, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
 from .smem import smem_bytes, tmem_columns, unchecked
 
 KERNEL = "w4a16_dequant"
@@ -21,6 +21,9 @@ BLOCK_K = (64, 128, 256)
 NUM_WARPS = (4, 8)
 NUM_STAGES = (2, 3, 4)
 GROUP_M = (1, 8)
+#: the default space's main grid (the order of enumeration); `TritonFamily.space_axes` replaces axes
+GRID = {"block_m": BLOCK_M, "block_n": BLOCK_N, "block_k": BLOCK_K, "num_warps": NUM_WARPS,
+        "num_stages": NUM_STAGES, "group_m": GROUP_M}
 #: split-K sub-space (decode): small row tiles, many K splits, so a few rows still fill the GPU
 SPLIT_K = (2, 4, 8, 16)
 SPLIT_BLOCK_M = (16, 32)
@@ -71,17 +74,18 @@ class W4A16Member:
     def supports(self, problem: Problem) -> str | None:
         return w4a16_support(problem, KERNEL, "dense")
 
-    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
+    def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> list[Tactic]:
         mink = MIN_BLOCK_K[problem.w_fmt]
-        out = [tactic(bm, bn, bk, gm, warps, stages)
-               for bm, bn, bk, warps, stages, gm in itertools.product(BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS,
-                                                                      NUM_STAGES, GROUP_M)
-               if bk >= mink and not silly(bm, bn, bk, warps)]
+        out = [Tactic(FAMILY, kernel=KERNEL, split_k=1, **g) for g in grid(GRID, axes)
+               if g["block_k"] >= mink and not silly(g["block_m"], g["block_n"], g["block_k"], g["num_warps"])]
         out += [tactic(bm, bn, bk, 1, 4, stages, sk)
                 for bm, bn, bk, stages, sk in itertools.product(SPLIT_BLOCK_M, SPLIT_BLOCK_N, SPLIT_BLOCK_K,
                                                                 SPLIT_STAGES, SPLIT_K)
                 if bk >= mink and not silly(bm, bn, bk, 4)]
         return out
+
+    def check_axes(self, axes: Mapping[str, tuple]) -> None:
+        check_axes(KERNEL, GRID, self.schema, axes)
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
         return tactic(64, 64, default_block_k(problem), 8, 4, 3)

@@ -19,7 +19,6 @@ w4a4_kernels.py, the smem/tmem model in smem_w4a4.py.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
@@ -27,7 +26,7 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .args import fp32_scale, note_compiled, scales_u8
-from .member import FAMILY, GROUP, tile_rules
+from .member import FAMILY, GROUP, check_axes, grid, tile_rules
 from .smem_w4a4 import smem_bytes, tmem_columns
 
 KERNEL = "w4a4_dot_scaled"
@@ -37,6 +36,7 @@ BLOCK_N = (32, 64, 128, 256)
 BLOCK_K = (128, 256)
 NUM_WARPS = (4, 8)
 NUM_STAGES = (2, 3, 4)
+GRID = {"block_m": BLOCK_M, "block_n": BLOCK_N, "block_k": BLOCK_K, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 GROUP_M = 8
 #: activation-quantization tile (fixed): 32 rows × 128 columns per program
 QUANT_BLOCK_M = 32
@@ -93,10 +93,12 @@ class W4A4Member:
             return f"triton w4a4 kernel writes bf16, not {problem.out_dtype}"
         return None
 
-    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
-        return [Tactic(FAMILY, kernel=KERNEL, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-                for bm, bn, bk, w, s in itertools.product(BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES)
-                if not silly(bm, bn, bk, w)]
+    def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> list[Tactic]:
+        return [Tactic(FAMILY, kernel=KERNEL, **g) for g in grid(GRID, axes)
+                if not silly(g["block_m"], g["block_n"], g["block_k"], g["num_warps"])]
+
+    def check_axes(self, axes: Mapping[str, tuple]) -> None:
+        check_axes(KERNEL, GRID, self.schema, axes)     # the schema is the fitted domain: no wider
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
         bk = 256 if problem.k % 256 == 0 else 128
