@@ -121,3 +121,53 @@ def test_sm8x_epilogue_cases(fmt, arch, bm, bn, bk, warps, stages, cache):
              kernel="w4a16_dequant")
     shared, _ = cross_compile(fmt, p, arch, cache_dir=cache)
     assert smem_bytes(p, fmt, get_arch(arch)) == shared
+
+
+# ---- issue #14: configs outside the default space --------------------------------------------------
+# Each was a wrong figure before (the 512 B under-estimate at BLOCK_N 16 with 6/8 stages, the
+# wgmma/tcgen05 charge where Triton falls back to mma.sync, the unpipelined weight tile, sm100
+# tensor memory) or is outside the region the model was checked on. Where the verdict answers
+# from the model it must equal the compiler; elsewhere it is unknown, and with the compiler-figure
+# provider it carries the compiler's own figure.
+OUTSIDE = [
+    ("nvfp4", "sm90", 64, 16, 64, 4, 6), ("nvfp4", "sm100", 64, 16, 64, 4, 8),
+    ("nvfp4", "sm120", 16, 16, 128, 4, 4), ("nvfp4", "sm90", 64, 64, 128, 1, 3),
+    ("nvfp4", "sm100", 128, 128, 128, 2, 3), ("nvfp4", "sm100", 128, 128, 128, 16, 3),
+    ("nvfp4", "sm120", 16, 32, 64, 16, 3), ("nvfp4", "sm89", 16, 32, 64, 16, 3),
+    ("nvfp4", "sm100", 256, 64, 128, 4, 2), ("nvfp4", "sm90", 128, 64, 128, 8, 8),
+    ("nvfp4", "sm90", 64, 32, 64, 16, 2), ("mxfp4", "sm100", 128, 64, 128, 16, 3),
+    ("nvfp4", "sm120", 16, 32, 512, 4, 2),
+]
+
+
+@pytest.mark.parametrize("fmt,arch,bm,bn,bk,warps,stages", OUTSIDE)
+def test_outside_the_default_space(fmt, arch, bm, bn, bk, warps, stages, cache):
+    from tactics.triton_fp4.figures import CompiledFigures
+    from tactics.triton_fp4.smem import tmem_columns
+    from tools.triton_smem.compiled import shared_of
+    p, a = Problem.dense(4096, 4096, fmt), get_arch(arch)
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=bm, block_n=bn, block_k=bk, group_m=1,
+               num_warps=warps, num_stages=stages, split_k=1)
+    shared, cols = shared_of(fmt, t.params, arch, cache_dir=cache)
+    v = FAM.verdict(p, t, a)
+    if v.ok is None:
+        assert v.reason.startswith("unknown: ") and v.smem_bytes is None
+    else:
+        assert (v.smem_bytes, tmem_columns(t.params, fmt, a)) == (shared, cols)
+    vc = FAM.with_compiler(CompiledFigures(triton_cache=cache)).verdict(p, t, a)
+    assert vc.smem_bytes == shared and vc.ok == (shared <= a.smem_per_block_optin and cols <= 512)
+
+
+def test_compiler_figures_are_cached_per_version_and_arch(tmp_path, cache):
+    from tactics.triton_fp4.figures import CompiledFigures
+    p = Problem.dense(4096, 4096, "nvfp4")
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=16, block_k=64, group_m=1,
+               num_warps=4, num_stages=2, split_k=1)
+    first = CompiledFigures(tmp_path / "figures.json", triton_cache=cache)
+    fig = first(p, t, get_arch("sm90"))
+    assert fig is not None and first.compiles == 1 and first(p, t, get_arch("sm90")) == fig and first.compiles == 1
+    again = CompiledFigures(tmp_path / "figures.json", triton_cache=cache)
+    assert again(p, t, get_arch("sm90")) == fig and again.compiles == 0         # from the file
+    other = CompiledFigures(tmp_path / "figures.json", compiler_version="0.0-other", triton_cache=cache)
+    assert other.key(p, t, get_arch("sm90")) != again.key(p, t, get_arch("sm90"))
+    assert other.key(p, t, get_arch("sm90")) != other.key(p, t, get_arch("sm100"))

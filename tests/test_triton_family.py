@@ -386,3 +386,55 @@ def test_validate_refuses_floats_for_ints():
     t = FAM.default(P_NV, get_arch("sm90"))
     assert "num_warps=4.0 not in" in FAM.validate(Tactic("triton", {**t.params, "num_warps": 4.0}))
     assert "group_m=True not in" in FAM.validate(Tactic("triton", {**t.params, "group_m": True}))
+
+
+def _imports(path: Path, pkg: str) -> list[tuple[str, list[str]]]:
+    """(module, names) of every import in `path`, function-local ones included, relative ones resolved."""
+    import ast
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = pkg.rsplit(".", node.level - 1)[0] if node.level else ""
+            mod = ".".join(p for p in (base, node.module) if p)
+            names = [a.name for a in node.names]
+            if node.module is None:          # `from . import x` imports the modules package.x
+                out += [(f"{mod}.{n}", []) for n in names]
+            else:
+                out.append((mod, names))
+    return out
+
+
+def test_family_layer_imports_only_core_and_base_without_cycles():
+    """tactics/triton_fp4 imports autotune.core, tactics.base and itself only, no private name of
+    another module, has no import cycle (function-local imports counted) and no module of 500 lines."""
+    pkg = "tactics.triton_fp4"
+    files = sorted((ROOT / "tactics" / "triton_fp4").glob("*.py"))
+    graph = {}
+    for f in files:
+        mod = pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"
+        assert len(f.read_text().splitlines()) < 500, f
+        deps = set()
+        for target, names in _imports(f, pkg):
+            top = target.split(".")[0]
+            if top in ("autotune", "tactics", "cache", "cli", "tools"):
+                assert target.startswith(("autotune.core.", pkg)) or target == "tactics.base", (f.name, target)
+                assert not [n for n in names if n.startswith("_")], (f.name, target, names)
+            if target.startswith(pkg):
+                deps.add(target)
+        graph[mod] = deps
+    state: dict[str, int] = {}
+
+    def visit(m: str, trail: list[str]) -> None:
+        if state.get(m) == 2:
+            return
+        assert state.get(m) != 1, "import cycle: " + " -> ".join(trail + [m])
+        state[m] = 1
+        for d in graph.get(m, ()):
+            visit(d, trail + [m])
+        state[m] = 2
+
+    for m in graph:
+        visit(m, [])
+    assert graph[pkg] == {f"{pkg}.family", f"{pkg}.smem"}

@@ -138,12 +138,12 @@ _INTERP = textwrap.dedent("""
     from tactics.triton_fp4.family import TritonFamily
 
     import triton, triton.language as tl
-    from tactics.triton_fp4.w4a4_kernels import _e4m3_rne
+    from tactics.triton_fp4.w4a4_kernels import e4m3_rne
 
     @triton.jit
     def rne(s_ptr, b_ptr, v_ptr, n, BLOCK: tl.constexpr):
         o = tl.arange(0, BLOCK)
-        b, v = _e4m3_rne(tl.load(s_ptr + o, mask=o < n, other=1.0))
+        b, v = e4m3_rne(tl.load(s_ptr + o, mask=o < n, other=1.0))
         tl.store(b_ptr + o, b.to(tl.uint8), mask=o < n)
         tl.store(v_ptr + o, v, mask=o < n)
 

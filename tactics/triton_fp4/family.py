@@ -152,7 +152,10 @@ class TritonFamily(FamilyBase):
             return Verdict.reject(why, stages=stages)
         outside = m.unchecked(p, problem.w_fmt, arch)
         if outside:
-            figure = self.compiler(problem, tactic, arch) if self.compiler is not None else None
+            try:
+                figure = self.compiler(problem, tactic, arch) if self.compiler is not None else None
+            except Exception as e:      # verdict() never raises for a validated tactic
+                figure, outside = None, f"{outside}; the compiler-figure provider failed ({type(e).__name__}: {e})"
             if figure is None:
                 return Verdict(None, f"unknown: {outside}; no compiler figure for it", stages=stages)
             need, cols = figure

@@ -33,9 +33,11 @@ class CompiledFigures:
     """provider(problem, tactic, arch) -> (shared bytes, tmem columns), or None when the config does
     not compile (the verdict then stays unknown, with the failure counted in `failures`)."""
 
-    def __init__(self, path: str | os.PathLike | None = None, compiler_version: str | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, compiler_version: str | None = None,
+                 triton_cache: str | None = None):
         self.version = compiler_version or triton_version()
         self.path = Path(path) if path is not None else None
+        self.triton_cache = triton_cache        # Triton's own cache dir for the compiles (None: its default)
         self.compiles = 0
         self.failures: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -59,7 +61,7 @@ class CompiledFigures:
         if hit is not None:
             return hit[0], hit[1]
         try:
-            ck = cross_compile(problem.w_fmt, tactic.params, arch, stop_at="llir")
+            ck = cross_compile(problem.w_fmt, tactic.params, arch, stop_at="llir", cache_dir=self.triton_cache)
         except Exception as e:          # does not compile (or not for this target): no figure
             self.failures[k] = f"{type(e).__name__}: {str(e).splitlines()[-1][:160] if str(e) else ''}"
             return None

@@ -10,7 +10,9 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .args import fp32_scale, is_interpreting, note_compiled, scales_u8
-from .member import FAMILY, MIN_BLOCK_K, check_axes, grid, POW2_K, POW2_MN, STAGES_OK, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
+from .compile import ast_source
+from .member import (FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
+                     WARPS_OK, check_axes, grid, scale_consts, w4a16_rules, w4a16_support)
 from .smem import smem_bytes, tmem_columns, unchecked
 from .w4a16 import default_block_k
 
@@ -67,10 +69,9 @@ class MoEMember:
         return unchecked(params, fmt, arch)
 
     def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
-        from . import kernel as K     # imports Triton
-        from .compile import ast_source
+        from .kernel import MOE_ARG_NAMES, MOE_ARG_TYPES, MOE_DIVISIBLE, moe_w4a16_kernel     # imports Triton
         consts = {**kernel_consts(fmt, params), "TOP_K": COMPILE_TOP_K, "ROUTED_WEIGHT": 1}
-        src = ast_source(K.moe_w4a16_kernel, K.MOE_ARG_NAMES, K.MOE_ARG_TYPES, K.MOE_DIVISIBLE, consts)
+        src = ast_source(moe_w4a16_kernel, MOE_ARG_NAMES, MOE_ARG_TYPES, MOE_DIVISIBLE, consts)
         return [(src, {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])})]
 
     def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> "MoELauncher":

@@ -11,7 +11,9 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .args import is_interpreting, note_compiled, out_tensor, weight_args
-from .member import FAMILY, MIN_BLOCK_K, check_axes, grid, POW2_K, POW2_MN, STAGES_OK, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
+from .compile import ast_source
+from .member import (FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
+                     WARPS_OK, check_axes, grid, scale_consts, w4a16_rules, w4a16_support)
 from .smem import smem_bytes, tmem_columns, unchecked
 
 KERNEL = "w4a16_dequant"
@@ -103,9 +105,8 @@ class W4A16Member:
         return unchecked(params, fmt, arch)
 
     def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
-        from . import kernel as K     # imports Triton
-        from .compile import ast_source
-        src = ast_source(K.w4a16_dequant_kernel, K.ARG_NAMES, K.ARG_TYPES, K.DIVISIBLE, kernel_consts(fmt, params))
+        from .kernel import ARG_NAMES, ARG_TYPES, DIVISIBLE, w4a16_dequant_kernel     # imports Triton
+        src = ast_source(w4a16_dequant_kernel, ARG_NAMES, ARG_TYPES, DIVISIBLE, kernel_consts(fmt, params))
         return [(src, {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])})]
 
     def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> "W4A16Launcher":

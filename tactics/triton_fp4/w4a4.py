@@ -26,6 +26,7 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .args import fp32_scale, note_compiled, scales_u8
+from .compile import ast_source
 from .member import FAMILY, GROUP, check_axes, grid, tile_rules
 from .smem_w4a4 import smem_bytes, tmem_columns
 
@@ -59,21 +60,19 @@ def _options(params: Mapping[str, Any]) -> dict[str, int]:
 
 def gemm_source(fmt: str, params: Mapping[str, Any]):
     """(ASTSource, options) of the GEMM with the launcher's specialization. Imports Triton."""
-    from . import w4a4_kernels as K
-    from .compile import ast_source
+    from .w4a4_kernels import GEMM_ARG_NAMES, GEMM_DIVISIBLE, gemm_arg_types, w4a4_gemm_kernel     # imports Triton
     consts = {"BLOCK_M": int(params["block_m"]), "BLOCK_N": int(params["block_n"]),
               "BLOCK_K": int(params["block_k"]), "GROUP_M": GROUP_M, "SCALE_GROUP": GROUP[fmt]}
-    src = ast_source(K.w4a4_gemm_kernel, K.GEMM_ARG_NAMES, K.gemm_arg_types(fmt), K.GEMM_DIVISIBLE, consts)
+    src = ast_source(w4a4_gemm_kernel, GEMM_ARG_NAMES, gemm_arg_types(fmt), GEMM_DIVISIBLE, consts)
     return src, _options(params)
 
 
 def quant_source(fmt: str):
     """(ASTSource, options) of the activation quantizer (one fixed tile). Imports Triton."""
-    from . import w4a4_kernels as K
-    from .compile import ast_source
+    from .w4a4_kernels import QUANT_ARG_NAMES, QUANT_ARG_TYPES, QUANT_DIVISIBLE, act_quant_kernel     # imports Triton
     consts = {"BLOCK_M": QUANT_BLOCK_M, "BLOCK_K": QUANT_BLOCK_K, "SCALE_GROUP": GROUP[fmt],
               "SCALE_E4M3": 1 if fmt == "nvfp4" else 0}
-    src = ast_source(K.act_quant_kernel, K.QUANT_ARG_NAMES, K.QUANT_ARG_TYPES, K.QUANT_DIVISIBLE, consts)
+    src = ast_source(act_quant_kernel, QUANT_ARG_NAMES, QUANT_ARG_TYPES, QUANT_DIVISIBLE, consts)
     return src, {"num_warps": 4, "num_stages": 1}
 
 
