@@ -9,7 +9,9 @@ Tiles (bytes), with G = 16 (NVFP4) or 32 (MXFP4) and T = 32·num_warps threads:
     X = BM·BK·2 (bf16 activations)   W = BN·BK/2 (packed e2m1)   S = BN·BK/G (scales)
 
 * mma.sync path — sm80/86/89, sm120/121, and sm90/sm100 when BM < 64 (wgmma / tcgen05 need a
-  64-row tile): the cp.async pipeliner keeps (num_stages − 1) buffers of every pipelined load.
+  64-row tile) or with fewer than 4 warps (and 16 warps on sm100): the cp.async pipeliner keeps
+  (num_stages − 1) buffers of every pipelined load; a packed-weight tile under 4 bytes per thread
+  (W < 4T) is instead one plain load with W bytes of conversion scratch.
   The packed weight is local_loaded straight into the dot-operand layout (no dequant buffer).
   The scale load is pipelined only when each thread copies ≥ 4 bytes (S ≥ 4·T); otherwise it is
   a plain load whose layout conversion needs S bytes of scratch (none when S ≤ T/2):
@@ -28,7 +30,10 @@ Tiles (bytes), with G = 16 (NVFP4) or 32 (MXFP4) and T = 32·num_warps threads:
   MXFP4 scale tile with T < S < 4T keeps its S bytes of conversion scratch (NVFP4's does not;
   fitted on a 20-point sweep of that case):
       shared = ns·X + (ns − 1)·(W + [S if S ≥ 4T]) + 4·W + 16 + [S if MXFP4 and T < S < 4T]
-      tensor memory = BN columns (fp32 accumulator; ≤ 256 here, so never over 512)
+      tensor memory = max(32, BN) columns (fp32 accumulator), twice that at BM = 256
+
+`unchecked` names the configs outside the region this was checked on (REGION); the family's
+verdict gives them the compiler's figure or `unknown`, never the rule's.
 """
 from __future__ import annotations
 
