@@ -120,7 +120,7 @@ def mma_pipeline(params: Mapping[str, Any], w_fmt: str) -> int:
         return (ns - 1) * (x + w_pipe + s) + w_scratch
     if s <= threads // 2 or (w_fmt == "nvfp4" and int(params["block_m"]) == 16 and s <= threads):
         return (ns - 1) * (x + w_pipe) + w_scratch
-    return (ns - 1) * (x + w_pipe) + s + w_scratch      # both unpipelined: outside the checked region
+    return (ns - 1) * (x + w_pipe) + s + w_scratch      # both unpipelined: `unchecked` says so
 
 
 #: sm8x: the (BM, BN, num_warps) whose epilogue conversion of the bf16 output tile (MMA layout →
@@ -175,7 +175,10 @@ def unchecked(params: Mapping[str, Any], w_fmt: str, arch: Any) -> str | None:
                 f"only (BLOCK_M={params['block_m']}, BLOCK_N={params['block_n']}, {params['num_warps']} warps)")
     if int(params["block_m"]) == 256 and major not in (9, 10):
         return f"BLOCK_M=256 is checked on sm90 and sm100 only, not sm{major}x"
-    _, w, _ = tiles(params, w_fmt)
-    if path(params, arch) != "mma_v2" and w < 4 * 32 * int(params["num_warps"]):
+    _, w, s = tiles(params, w_fmt)
+    threads = 32 * int(params["num_warps"])
+    if w < 4 * threads and path(params, arch) != "mma_v2":
         return f"an unpipelined weight tile ({w} B at {params['num_warps']} warps) on {path(params, arch)} is not modelled"
+    if w < 4 * threads and threads // 2 < s < 4 * threads:
+        return f"unpipelined weight ({w} B) and scale ({s} B) tiles together are not modelled"
     return None
