@@ -329,9 +329,10 @@ def test_outside_the_checked_region_is_unknown_without_a_compiler():
     v = FAM.verdict(P_NV, t, sm90)
     assert v.ok is None and v.reason.startswith("unknown: block_n=16 is outside") and v.smem_bytes is None
     assert v.stages == 6
-    t16 = Tactic("triton", {**t.params, "block_n": 32, "num_warps": 16, "num_stages": 3})
-    v = FAM.verdict(P_NV, t16, sm89)
+    t256 = Tactic("triton", {**t.params, "block_m": 256, "block_n": 32, "num_stages": 3})
+    v = FAM.verdict(P_NV, t256, sm89)
     assert v.ok is None and "sm8x epilogue" in v.reason
+    assert FAM.verdict(P_NV, t256, sm90).ok          # BLOCK_M 256 is checked on sm90 (and sm100)
     moe = Problem.moe(1024, 1024, 8, 2, "nvfp4")
     m = Tactic("triton", kernel="moe_w4a16", block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3)
     v = FAM.verdict(moe, m, sm90)

@@ -126,11 +126,12 @@ def mma_pipeline(params: Mapping[str, Any], w_fmt: str) -> int:
 #: sm8x: the (BM, BN, num_warps) whose epilogue conversion of the bf16 output tile (MMA layout →
 #: store layout, through shared memory) needs the whole BM·BN·2-byte tile. Triton sizes that
 #: scratch by its swizzled-conversion rule (optimalSwizzling's size / reps), which is the whole
-#: tile only here; for every other (BM, BN) in 16…128 × 32…256 at 4 or 8 warps it is at most the
+#: tile only here; for every other (BM, BN) in 16…128 × 32…256 at 1…16 warps it is at most the
 #: smallest pipeline of that tile (BK = 64, 2 stages), so it never sets the total. Measured by
 #: cross-compiling Triton 3.9.0 for sm89 (`python3 -m tools.triton_smem.fit_epilogue`).
-SM8X_FULL_TILE_EPILOGUE = frozenset({(32, 256, 8), (64, 128, 8), (128, 128, 8)})
-EPILOGUE_FITTED = {"block_m": (16, 32, 64, 128), "block_n": (32, 64, 128, 256), "num_warps": (4, 8)}
+SM8X_FULL_TILE_EPILOGUE = frozenset({(32, 256, 8), (64, 128, 8), (128, 128, 8),
+                                     (32, 256, 16), (64, 128, 16), (64, 256, 16), (128, 128, 16), (128, 256, 16)})
+EPILOGUE_FITTED = {"block_m": (16, 32, 64, 128), "block_n": (32, 64, 128, 256), "num_warps": (1, 2, 4, 8, 16)}
 
 
 def sm8x_epilogue_bytes(params: Mapping[str, Any]) -> int:
@@ -171,7 +172,7 @@ def unchecked(params: Mapping[str, Any], w_fmt: str, arch: Any) -> str | None:
         if int(params[k]) not in vals:
             return f"{k}={params[k]} is outside the smem model's checked region ({k} in {vals})"
     if major == 8 and not all(int(params[k]) in v for k, v in EPILOGUE_FITTED.items()):
-        return ("the sm8x epilogue scratch is fitted for BLOCK_M 16..128, BLOCK_N 32..256 and 4 or 8 warps "
+        return ("the sm8x epilogue scratch is fitted for BLOCK_M 16..128 and BLOCK_N 32..256 "
                 f"only (BLOCK_M={params['block_m']}, BLOCK_N={params['block_n']}, {params['num_warps']} warps)")
     if int(params["block_m"]) == 256 and major not in (9, 10):
         return f"BLOCK_M=256 is checked on sm90 and sm100 only, not sm{major}x"
