@@ -26,6 +26,11 @@ P_MX = Problem.dense(4096, 4096, "mxfp4")
 def test_protocol_and_identity():
     assert isinstance(FAM, Family)
     assert FAM.name == "triton" and FAM.depends_on == ("triton",)
+    from tactics.triton_fp4.family import MEMBERS, member_of
+    from tactics.triton_fp4.member import Member
+    assert [m.kernel for m in MEMBERS] == ["w4a16_dequant", "dequant_cublas", "moe_w4a16", "w4a4_dot_scaled"]
+    for m in MEMBERS:
+        assert isinstance(m, Member) and member_of(m.kernel) is m and m.schema["kernel"] == (m.kernel,)
 
 
 def test_available():
