@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics.triton_fp4.family import DQ_KERNEL, DQ_TILE, TritonFamily  # noqa: E402
+from tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL, TILE as DQ_TILE  # noqa: E402
+from tactics.triton_fp4.family import TritonFamily  # noqa: E402
 
 FAM = TritonFamily()
 BUCKETS = [1 << i for i in range(14)]          # 1 … 8192

@@ -14,31 +14,33 @@ import collections
 import platform
 import sys
 import time
+from pathlib import Path
 
-from joblib import Parallel, delayed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root: tools/ is not installed
 
-from autotune.core.problem import Problem
-from autotune.core.arch import get_arch
-from autotune.core.tactic import Tactic
+from joblib import Parallel, delayed  # noqa: E402
+
+from autotune.core.problem import Problem  # noqa: E402
+from autotune.core.arch import get_arch  # noqa: E402
+from autotune.core.tactic import Tactic  # noqa: E402
+from tactics import registry  # noqa: E402
+from tactics.triton_fp4.smem import tmem_columns  # noqa: E402
+from tools.triton_smem.compiled import shared_of  # noqa: E402
 
 ARCHS = ("sm89", "sm90", "sm100", "sm120", "sm121")
 PROBLEMS = (Problem.dense(3072, 6144), Problem.moe(512, 6144, experts=256, top_k=8))
 
 
 def _one(fmt: str, tactic_json: str, arch: str) -> tuple[int | None, int | None, str | None]:
-    from tactics.triton_fp4.compile import cross_compile, tmem_columns
     t = Tactic.from_json(tactic_json)
     try:
-        shared, _ = cross_compile(fmt, t.params, arch, stop_at="llir")
-        cols = tmem_columns(fmt, t.params, arch) if arch == "sm100" else None
-        return shared, cols, None
+        shared, cols = shared_of(fmt, t.params, arch)
+        return shared, cols if arch == "sm100" else None, None
     except Exception as e:  # a compile failure is a row too
         return None, None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
 
 
 def main() -> None:
-    from tactics import registry
-    from tactics.triton_fp4 import smem as model
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="configs per (problem, arch); 0 = all")
@@ -55,7 +57,7 @@ def main() -> None:
                 v = fam.verdict(p, t, arch)
                 if v.smem_bytes is None:
                     continue          # rejected before shared memory (K steps, stages, compat) or unmodelled
-                cols = model.tmem_columns(t.params, p.w_fmt, arch) if arch.cc[0] == 10 else None
+                cols = tmem_columns(t.params, p.w_fmt, arch) if arch.cc[0] == 10 else None
                 rows.append((arch_name, p, t, v.smem_bytes, cols, v.ok))
                 n += 1
                 if a.limit and n >= a.limit:

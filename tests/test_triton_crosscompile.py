@@ -1,6 +1,6 @@
 """The static smem model equals Triton's `metadata.shared` for a seeded sample, per target.
 
-Cross-compiles (no GPU) with the LLVM-IR stop of compile.py into a fresh cache directory, so every
+Cross-compiles (no GPU) with the LLVM-IR stop of compile.py (through family.cross_compile) into a fresh cache directory, so every
 compile is real. Requires the Triton version the model was checked against (3.9).
 """
 from __future__ import annotations
@@ -17,7 +17,13 @@ from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.arch import get_arch  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
 from tactics.triton_fp4 import TritonFamily, smem_bytes  # noqa: E402
-from tactics.triton_fp4.compile import cross_compile  # noqa: E402
+from tactics.triton_fp4.family import cross_compile as _compile  # noqa: E402
+
+
+def cross_compile(fmt, params, arch, stop_at="llir", cache_dir=None):
+    """(metadata.shared, ptx or None) of the member's kernel cross-compiled for `arch`."""
+    ck = _compile(fmt, params, arch, stop_at=stop_at, cache_dir=cache_dir)
+    return int(ck.metadata.shared), ck.asm.get("ptx") if stop_at == "cubin" else None
 
 FAM = TritonFamily()
 TARGETS = ("sm80", "sm89", "sm90", "sm100", "sm120")
@@ -98,7 +104,8 @@ def test_moe_kernel_model_equals_compiler(cache):
 def test_sm8x_epilogue_set_is_the_compilers():
     """Where the sm8x epilogue (not the pipeline) sets the total is re-derived by cross-compiling
     every (BM, BN, warps) of the fitted domain; it must be exactly the model's set."""
-    from tactics.triton_fp4.smem import SM8X_FULL_TILE_EPILOGUE, fit_epilogue
+    from tactics.triton_fp4.smem import SM8X_FULL_TILE_EPILOGUE
+    from tools.triton_smem.fit_epilogue import fit_epilogue
     assert fit_epilogue("sm89", jobs=2) == SM8X_FULL_TILE_EPILOGUE
 
 
@@ -114,3 +121,53 @@ def test_sm8x_epilogue_cases(fmt, arch, bm, bn, bk, warps, stages, cache):
              kernel="w4a16_dequant")
     shared, _ = cross_compile(fmt, p, arch, cache_dir=cache)
     assert smem_bytes(p, fmt, get_arch(arch)) == shared
+
+
+# ---- issue #14: configs outside the default space --------------------------------------------------
+# Each was a wrong figure before (the 512 B under-estimate at BLOCK_N 16 with 6/8 stages, the
+# wgmma/tcgen05 charge where Triton falls back to mma.sync, the unpipelined weight tile, sm100
+# tensor memory) or is outside the region the model was checked on. Where the verdict answers
+# from the model it must equal the compiler; elsewhere it is unknown, and with the compiler-figure
+# provider it carries the compiler's own figure.
+OUTSIDE = [
+    ("nvfp4", "sm90", 64, 16, 64, 4, 6), ("nvfp4", "sm100", 64, 16, 64, 4, 8),
+    ("nvfp4", "sm120", 16, 16, 128, 4, 4), ("nvfp4", "sm90", 64, 64, 128, 1, 3),
+    ("nvfp4", "sm100", 128, 128, 128, 2, 3), ("nvfp4", "sm100", 128, 128, 128, 16, 3),
+    ("nvfp4", "sm120", 16, 32, 64, 16, 3), ("nvfp4", "sm89", 16, 32, 64, 16, 3),
+    ("nvfp4", "sm100", 256, 64, 128, 4, 2), ("nvfp4", "sm90", 128, 64, 128, 8, 8),
+    ("nvfp4", "sm90", 64, 32, 64, 16, 2), ("mxfp4", "sm100", 128, 64, 128, 16, 3),
+    ("nvfp4", "sm120", 16, 32, 512, 4, 2),
+]
+
+
+@pytest.mark.parametrize("fmt,arch,bm,bn,bk,warps,stages", OUTSIDE)
+def test_outside_the_default_space(fmt, arch, bm, bn, bk, warps, stages, cache):
+    from tactics.triton_fp4.figures import CompiledFigures
+    from tactics.triton_fp4.smem import tmem_columns
+    from tools.triton_smem.compiled import shared_of
+    p, a = Problem.dense(4096, 4096, fmt), get_arch(arch)
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=bm, block_n=bn, block_k=bk, group_m=1,
+               num_warps=warps, num_stages=stages, split_k=1)
+    shared, cols = shared_of(fmt, t.params, arch, cache_dir=cache)
+    v = FAM.verdict(p, t, a)
+    if v.ok is None:
+        assert v.reason.startswith("unknown: ") and v.smem_bytes is None
+    else:
+        assert (v.smem_bytes, tmem_columns(t.params, fmt, a)) == (shared, cols)
+    vc = FAM.with_compiler(CompiledFigures(triton_cache=cache)).verdict(p, t, a)
+    assert vc.smem_bytes == shared and vc.ok == (shared <= a.smem_per_block_optin and cols <= 512)
+
+
+def test_compiler_figures_are_cached_per_version_and_arch(tmp_path, cache):
+    from tactics.triton_fp4.figures import CompiledFigures
+    p = Problem.dense(4096, 4096, "nvfp4")
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=16, block_k=64, group_m=1,
+               num_warps=4, num_stages=2, split_k=1)
+    first = CompiledFigures(tmp_path / "figures.json", triton_cache=cache)
+    fig = first(p, t, get_arch("sm90"))
+    assert fig is not None and first.compiles == 1 and first(p, t, get_arch("sm90")) == fig and first.compiles == 1
+    again = CompiledFigures(tmp_path / "figures.json", triton_cache=cache)
+    assert again(p, t, get_arch("sm90")) == fig and again.compiles == 0         # from the file
+    other = CompiledFigures(tmp_path / "figures.json", compiler_version="0.0-other", triton_cache=cache)
+    assert other.key(p, t, get_arch("sm90")) != again.key(p, t, get_arch("sm90"))
+    assert other.key(p, t, get_arch("sm90")) != other.key(p, t, get_arch("sm100"))

@@ -26,6 +26,11 @@ P_MX = Problem.dense(4096, 4096, "mxfp4")
 def test_protocol_and_identity():
     assert isinstance(FAM, Family)
     assert FAM.name == "triton" and FAM.depends_on == ("triton",)
+    from tactics.triton_fp4.family import MEMBERS, member_of
+    from tactics.triton_fp4.member import Member
+    assert [m.kernel for m in MEMBERS] == ["w4a16_dequant", "dequant_cublas", "moe_w4a16", "w4a4_dot_scaled"]
+    for m in MEMBERS:
+        assert isinstance(m, Member) and member_of(m.kernel) is m and m.schema["kernel"] == (m.kernel,)
 
 
 def test_available():
@@ -177,6 +182,7 @@ def test_verdict_never_compiles():
 _INTERP = textwrap.dedent("""
     import json, sys, torch
     from autotune.core.problem import Problem
+    from tactics.triton_fp4.args import pack_u8
     from tactics.triton_fp4.family import TritonFamily
     from autotune.core.tactic import Tactic
     try:
@@ -227,7 +233,7 @@ _INTERP = textwrap.dedent("""
             nan = int(torch.isnan(y).sum())
             err = float(torch.linalg.norm(y.to(torch.float64) - ref) / torch.linalg.norm(ref))
             y2 = kern(x, q)
-            same = bool(torch.equal(y, y2))
+            same = bool(torch.equal(y, y2)) and bool(torch.equal(y, kern(x, pack_u8(q))))   # U8 layout too
             # split-K counters must be back to zero after every launch
             locks = int(kern._locks.abs().sum()) if getattr(kern, "_locks", None) is not None else 0
             out.append([fmt, m, n, k, bm, bn, bk, gm, sk, nan, err, same, locks])
@@ -269,6 +275,7 @@ _MOE_INTERP = textwrap.dedent("""
     from autotune.core.problem import Problem
     from autotune.core.arch import ARCHS
     from autotune.core.tactic import Tactic
+    from tactics.triton_fp4.args import pack_u8
     from tactics.triton_fp4.family import TritonFamily
     fam, out = TritonFamily(), []
     for fmt, m, n, k, e, top_k, cfgs in json.loads(sys.argv[1]):
@@ -280,6 +287,9 @@ _MOE_INTERP = textwrap.dedent("""
             assert fam.verdict(p, t, ARCHS["cpu"]).ok
             kern = fam.build(p, t, "cpu")
             err = bench.check(p, kern, s, ref)                 # NaN-poisoned output, float64 reference
+            # the family's prepacked layout gives the same bits
+            assert torch.equal(kern(s.x, s.w, s.topk_ids, s.topk_weights),
+                               kern(s.x, pack_u8(s.w), s.topk_ids, s.topk_weights))
             ids, _, npad, blocks = kern.align(s.topk_ids)
             out.append([fmt, bm, err, int(npad), blocks, int((ids < m * top_k).sum())])
     print(json.dumps(out))
@@ -311,3 +321,126 @@ def test_outgrown_split_k_workspace_stays_alive_for_captured_graphs():
     small, _ = launcher._scratch(4, 2, torch.device("cpu"))
     big, _ = launcher._scratch(4, 64, torch.device("cpu"))
     assert big.numel() > small.numel() and any(ws is small for ws, _ in launcher._retired)
+
+
+# ---- outside the region the smem model was checked on (issue #14) ------------------------------------
+
+def test_outside_the_checked_region_is_unknown_without_a_compiler():
+    """Never "fits" from an extrapolated rule: BLOCK_N=16 (buffer padding and scale scratch the
+    model does not have), an sm8x epilogue outside its fit, a widened MoE grid: ok is None."""
+    sm90, sm89 = get_arch("sm90"), get_arch("sm89")
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=16, block_k=64, group_m=1,
+               num_warps=4, num_stages=6, split_k=1)
+    v = FAM.verdict(P_NV, t, sm90)
+    assert v.ok is None and v.reason.startswith("unknown: block_n=16 is outside") and v.smem_bytes is None
+    assert v.stages == 6
+    t256 = Tactic("triton", {**t.params, "block_m": 256, "block_n": 32, "num_stages": 3})
+    v = FAM.verdict(P_NV, t256, sm89)
+    assert v.ok is None and "sm8x epilogue" in v.reason
+    assert FAM.verdict(P_NV, t256, sm90).ok          # BLOCK_M 256 is checked on sm90 (and sm100)
+    moe = Problem.moe(1024, 1024, 8, 2, "nvfp4")
+    m = Tactic("triton", kernel="moe_w4a16", block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3)
+    v = FAM.verdict(moe, m, sm90)
+    assert v.ok is None and "moe_w4a16" in v.reason
+    # rules that reject still reject outside the region (K tiling before any smem question)
+    v = FAM.verdict(Problem.dense(4096, 4096 + 64, "nvfp4"), Tactic("triton", {**t.params, "block_k": 128}), sm90)
+    assert v.rejected and "does not divide" in v.reason
+    # the cpu pseudo-arch has no smem limit: the interpreter runs any config
+    assert FAM.verdict(P_NV, t, ARCHS["cpu"]).ok
+
+
+def test_fallback_paths_and_tensor_memory_rules():
+    """Below 4 warps (and at 16 on sm100) Triton uses mma.sync: no wgmma/tcgen05 buffers, no tensor
+    memory; tcgen05 allocates at least 32 columns and 2·BN for BLOCK_M = 256 (Triton 3.9.0
+    cross-compiles, tests/test_triton_crosscompile.py)."""
+    from tactics.triton_fp4 import smem
+    p = dict(block_m=64, block_n=64, block_k=128, group_m=1, num_warps=2, num_stages=3, split_k=1)
+    assert smem.path(p, get_arch("sm90")) == smem.path(p, get_arch("sm100")) == "mma_v2"
+    assert smem.tmem_columns(p, "nvfp4", get_arch("sm100")) == 0
+    assert smem.smem_bytes(p, "nvfp4", get_arch("sm100")) == 41984
+    assert smem.path({**p, "num_warps": 16}, get_arch("sm100")) == "mma_v2"
+    assert smem.path({**p, "num_warps": 16}, get_arch("sm90")) == "wgmma"
+    assert smem.tmem_columns({**p, "num_warps": 4, "block_n": 16}, "nvfp4", get_arch("sm100")) == 32
+    assert smem.tmem_columns({**p, "num_warps": 4, "block_m": 256}, "nvfp4", get_arch("sm100")) == 128
+
+
+class _WideTriton(TritonFamily):
+    space_axes = {"w4a16_dequant": {"num_warps": (2, 4, 8), "block_n": (16, 32, 64, 128, 256)}}
+
+
+def test_widened_space_keeps_ids_and_stays_safe():
+    wide = _WideTriton()
+    base = FAM.enumerate(P_NV, get_arch("sm90"))
+    more = wide.enumerate(P_NV, get_arch("sm90"))
+    assert set(base) < set(more) and {t.id for t in base} <= {t.id for t in more}
+    assert {t["num_warps"] for t in more} == {2, 4, 8} and 16 in {t["block_n"] for t in more}
+    sm90 = get_arch("sm90")
+    vs = [wide.verdict(P_NV, t, sm90) for t in more if t not in set(base)]
+    assert any(v.ok is None for v in vs) and any(v.ok for v in vs)
+    assert all(v.reason.startswith("unknown: ") for v in vs if v.ok is None)
+    # every unknown is a BLOCK_N=16 config here; every 2-warp one is modelled (mma.sync fallback)
+    assert all(wide.verdict(P_NV, t, sm90).ok is not None for t in more if t["block_n"] >= 32)
+    with pytest.raises(ValueError, match="num_warps=3 not in"):
+        type("Bad", (TritonFamily,), {"space_axes": {"w4a16_dequant": {"num_warps": (3,)}}})()
+    with pytest.raises(ValueError, match="no space axis 'split_k'"):
+        type("Bad", (TritonFamily,), {"space_axes": {"w4a16_dequant": {"split_k": (2,)}}})()
+    with pytest.raises(ValueError, match="unknown triton kernel"):
+        type("Bad", (TritonFamily,), {"space_axes": {"nope": {}}})()
+
+
+def test_validate_refuses_floats_for_ints():
+    t = FAM.default(P_NV, get_arch("sm90"))
+    assert "num_warps=4.0 not in" in FAM.validate(Tactic("triton", {**t.params, "num_warps": 4.0}))
+    assert "group_m=True not in" in FAM.validate(Tactic("triton", {**t.params, "group_m": True}))
+
+
+def _imports(path: Path, pkg: str) -> list[tuple[str, list[str]]]:
+    """(module, names) of every import in `path`, function-local ones included, relative ones resolved."""
+    import ast
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = pkg.rsplit(".", node.level - 1)[0] if node.level else ""
+            mod = ".".join(p for p in (base, node.module) if p)
+            names = [a.name for a in node.names]
+            if node.module is None:          # `from . import x` imports the modules package.x
+                out += [(f"{mod}.{n}", []) for n in names]
+            else:
+                out.append((mod, names))
+    return out
+
+
+def test_family_layer_imports_only_core_and_base_without_cycles():
+    """tactics/triton_fp4 imports autotune.core, tactics.base and itself only, no private name of
+    another module, has no import cycle (function-local imports counted) and no module of 500 lines."""
+    pkg = "tactics.triton_fp4"
+    files = sorted((ROOT / "tactics" / "triton_fp4").glob("*.py"))
+    graph = {}
+    for f in files:
+        mod = pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"
+        assert len(f.read_text().splitlines()) < 500, f
+        deps = set()
+        for target, names in _imports(f, pkg):
+            top = target.split(".")[0]
+            if top in ("autotune", "tactics", "cache", "cli", "tools"):
+                assert target.startswith(("autotune.core.", pkg)) or target == "tactics.base", (f.name, target)
+                assert not [n for n in names if n.startswith("_")], (f.name, target, names)
+            if target.startswith(pkg):
+                deps.add(target)
+        graph[mod] = deps
+    state: dict[str, int] = {}
+
+    def visit(m: str, trail: list[str]) -> None:
+        if state.get(m) == 2:
+            return
+        assert state.get(m) != 1, "import cycle: " + " -> ".join(trail + [m])
+        state[m] = 1
+        for d in graph.get(m, ()):
+            visit(d, trail + [m])
+        state[m] = 2
+
+    for m in graph:
+        visit(m, [])
+    assert graph[pkg] == {f"{pkg}.family", f"{pkg}.smem"}

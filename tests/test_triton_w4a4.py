@@ -22,7 +22,9 @@ import pytest
 from autotune.core.problem import Problem
 from autotune.core.arch import ARCHS, get_arch
 from autotune.core.tactic import Tactic
-from tactics.triton_fp4 import TritonFamily, compat, smem, w4a4
+from tactics.triton_fp4 import TritonFamily, compat, smem_w4a4, w4a4
+from tactics.triton_fp4.compile import compile_kernel
+from tactics.triton_fp4.family import cross_compile
 
 ROOT = Path(__file__).resolve().parents[1]
 FAM = TritonFamily()
@@ -69,7 +71,7 @@ def test_validate_rejects_bad_parameters():
     assert FAM.validate(Tactic("triton", {**d, "num_stages": 1})) is not None
     assert FAM.validate(Tactic("triton", {**d, "split_k": 1})) is not None
     assert FAM.validate(Tactic("triton", {**d, "num_warps": 8.0})) is not None
-    assert "fitted range" in FAM.validate(Tactic("triton", {**d, "block_k": 512}))
+    assert FAM.validate(Tactic("triton", {**d, "block_k": 512})) == "triton w4a4_dot_scaled tactic block_k=512 not in (128, 256)"
     # valid but pruned from the space: the verdict does not vouch for it
     v = FAM.verdict(W4A4_MX, Tactic("triton", {**d, "block_m": 16, "block_n": 32, "num_warps": 8}), get_arch("sm100"))
     assert v.rejected and "pruned" in v.reason
@@ -93,7 +95,7 @@ def test_verdicts_compat_arch_and_smem(monkeypatch):
     v = FAM.verdict(Problem.dense(4096, 4096 + 128, "nvfp4", a_fmt="nvfp4"), t, get_arch("sm120"))
     assert v.rejected and "BLOCK_K=256 does not divide K=4224" in v.reason
     big = Tactic("triton", kernel="w4a4_dot_scaled", block_m=128, block_n=256, block_k=256, num_warps=8, num_stages=4)
-    need = smem.w4a4_smem_bytes(big.params, "nvfp4", get_arch("sm120"))
+    need = smem_w4a4.smem_bytes(big.params, "nvfp4", get_arch("sm120"))
     v = FAM.verdict(W4A4_NV, big, get_arch("sm120"))
     assert v.rejected and v.reason == f"smem {need} > 101376" and need == 165888
     assert FAM.verdict(W4A4_NV, big, get_arch("sm100")).ok
@@ -102,7 +104,7 @@ def test_verdicts_compat_arch_and_smem(monkeypatch):
         kept = [x for x in FAM.enumerate(W4A4_NV, get_arch(arch)) if FAM.verdict(W4A4_NV, x, get_arch(arch)).ok]
         assert len(kept) > 50, arch
         assert FAM.verdict(W4A4_NV, FAM.default(W4A4_NV, get_arch(arch)), get_arch(arch)).ok
-    assert max(smem.w4a4_tmem_columns(x.params, "nvfp4", get_arch("sm100"))
+    assert max(smem_w4a4.tmem_columns(x.params, "nvfp4", get_arch("sm100"))
                for x in FAM.enumerate(W4A4_NV, get_arch("sm100"))) == 512
 
 
@@ -112,16 +114,14 @@ def test_inputs_and_reference_helpers():
     import torch
 
     from autotune.engine import bench
-    s = w4a4.make_inputs(Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4"), 8, "cpu", seed=3)[0]
+    s = bench.make_inputs(Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4"), 8, "cpu", seed=3)[0]
     amax = s.x.float().abs().amax()
     assert s.w.input_scale is not None and float(s.w.input_scale) == pytest.approx(float(amax) / (6 * 448), rel=1e-6)
     p = Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4")
-    ref = w4a4.reference(p, s)
+    ref = bench.reference(p, s)
     ref16 = s.x.double() @ s.w.dequantize(torch.float64).T
     rel = float((ref - ref16).norm() / ref16.norm())
     assert 0.02 < rel < 0.3, rel           # FP4 activations: far beyond bench's 1e-2 bf16 tolerance
-    with pytest.raises(ValueError, match="FP4 activations"):
-        w4a4.make_inputs(W4A16_NV, 4, "cpu", seed=0)
     assert bench.TOLERANCE["bf16"] == 1e-2
 
 
@@ -133,16 +133,17 @@ _INTERP = textwrap.dedent("""
     from autotune.core.problem import Problem
     from autotune.core.arch import ARCHS
     from autotune.core.tactic import Tactic
-    from tactics.triton_fp4 import w4a4
+    from autotune.engine import bench
+    from tactics.triton_fp4.args import pack_u8
     from tactics.triton_fp4.family import TritonFamily
 
     import triton, triton.language as tl
-    from tactics.triton_fp4.w4a4_kernels import _e4m3_rne
+    from tactics.triton_fp4.w4a4_kernels import e4m3_rne
 
     @triton.jit
     def rne(s_ptr, b_ptr, v_ptr, n, BLOCK: tl.constexpr):
         o = tl.arange(0, BLOCK)
-        b, v = _e4m3_rne(tl.load(s_ptr + o, mask=o < n, other=1.0))
+        b, v = e4m3_rne(tl.load(s_ptr + o, mask=o < n, other=1.0))
         tl.store(b_ptr + o, b.to(tl.uint8), mask=o < n)
         tl.store(v_ptr + o, v, mask=o < n)
 
@@ -180,8 +181,8 @@ _INTERP = textwrap.dedent("""
     # MXFP4 W4A4 through the family (interpreter) vs float64 on the dequantized quantized activations
     for m, n, k, cfgs in json.loads(sys.argv[1]):
         p = Problem.dense(n, k, "mxfp4", a_fmt="mxfp4")
-        s = w4a4.make_inputs(p, m, "cpu", seed=11)[0]
-        ref = w4a4.reference(p, s)
+        s = bench.make_inputs(p, m, "cpu", seed=11)[0]
+        ref = bench.reference(p, s)
         for bm, bn, bk in cfgs:
             t = Tactic("triton", kernel="w4a4_dot_scaled", block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=2)
             fam = TritonFamily()
@@ -190,7 +191,8 @@ _INTERP = textwrap.dedent("""
             y = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
             assert kern(s.x, s.w, out=y) is y
             err = float((y.double() - ref).norm() / ref.norm())
-            res["gemm"].append([m, n, k, bm, bn, bk, int(torch.isnan(y).sum()), err, kern.includes_activation_quant])
+            u8 = bool(torch.equal(kern(s.x, pack_u8(s.w)), y))       # the family's prepacked layout
+            res["gemm"].append([m, n, k, bm, bn, bk, int(torch.isnan(y).sum()), err, kern.includes_activation_quant, u8])
     print(json.dumps(res))
 """)
 
@@ -209,10 +211,10 @@ def test_interpreter_activation_quant_and_mxfp4_gemm():
     for fmt, isc, dq, ds, distinct in res["quant"]:
         assert dq == 0 and ds == 0, f"{fmt} input_scale={isc}: {dq} packed / {ds} scale bytes differ from formats.py"
         assert distinct > 20, (fmt, isc, distinct)      # the sample spans many scale codes
-    for m, n, k, bm, bn, bk, nan, err, incl in res["gemm"]:
+    for m, n, k, bm, bn, bk, nan, err, incl, u8 in res["gemm"]:
         assert m % bm or n % bn, "the sample must exercise masking"
         assert nan == 0 and err < 5e-3, (m, n, k, bm, bn, bk, nan, err)     # bf16 output rounding only
-        assert incl is True
+        assert incl is True and u8 is True
 
 
 def test_launcher_input_checks():
@@ -252,10 +254,10 @@ def cache(tmp_path_factory):
 @needs39
 @pytest.mark.parametrize("fmt,arch,tactic", CASES, ids=[f"{a}-{f}-{t.id}" for f, a, t in CASES])
 def test_model_equals_compiler(fmt, arch, tactic, cache):
-    ck = w4a4.cross_compile(fmt, tactic.params, arch, cache_dir=cache)
+    ck = cross_compile(fmt, tactic.params, arch, cache_dir=cache)
     a = get_arch(arch)
-    assert smem.w4a4_smem_bytes(tactic.params, fmt, a) == int(ck.metadata.shared), (arch, fmt, tactic.params)
-    assert smem.w4a4_tmem_columns(tactic.params, fmt, a) == int(getattr(ck.metadata, "tmem_size", 0) or 0)
+    assert smem_w4a4.smem_bytes(tactic.params, fmt, a) == int(ck.metadata.shared), (arch, fmt, tactic.params)
+    assert smem_w4a4.tmem_columns(tactic.params, fmt, a) == int(getattr(ck.metadata, "tmem_size", 0) or 0)
 
 
 @needs39
@@ -265,14 +267,14 @@ def test_nvfp4_is_native_and_model_exact(arch, needle, cache):
     """NVFP4 W4A4 lowers to the FP4 tensor-core instruction; the verdict's smem (and sm100's tmem)
     is the compiled figure; precompile() (the search's path) returns it too."""
     t = Tactic("triton", kernel="w4a4_dot_scaled", block_m=128, block_n=128, block_k=256, num_warps=4, num_stages=2)
-    ck = w4a4.cross_compile("nvfp4", t.params, arch, stop_at="cubin", cache_dir=cache)
+    ck = cross_compile("nvfp4", t.params, arch, stop_at="cubin", cache_dir=cache)
     import re
     mmas = set(re.findall(r"(?:mma\.sync|tcgen05\.mma|wgmma\.mma_async)[\w.:]*", ck.asm["ptx"]))
     assert len(mmas) == 1 and needle in mmas.pop()        # the FP4 instruction only, no bf16 fallback
     v = FAM.verdict(W4A4_NV, t, get_arch(arch))
     assert v.ok and v.smem_bytes == int(ck.metadata.shared)
     if arch == "sm100":
-        assert smem.w4a4_tmem_columns(t.params, "nvfp4", get_arch(arch)) == ck.metadata.tmem_size == 256
+        assert smem_w4a4.tmem_columns(t.params, "nvfp4", get_arch(arch)) == ck.metadata.tmem_size == 256
     from triton import knobs
     old = knobs.cache.dir
     knobs.cache.dir = cache
@@ -288,7 +290,7 @@ def test_activation_quantizer_compiles_everywhere(cache):
     division (div.rn), and NVFP4's fails nowhere that the GEMM runs."""
     for arch in TARGETS + ("sm80",):
         for fmt in ("nvfp4", "mxfp4"):
-            ck = w4a4.cross_compile(fmt, None, arch, stop_at="cubin", cache_dir=cache)
+            ck = compile_kernel(*w4a4.quant_source(fmt), arch, stop_at="cubin", cache_dir=cache)
             assert int(ck.metadata.shared) <= 16384 and "div.rn.f32" in ck.asm["ptx"], (arch, fmt)
 
 
@@ -297,6 +299,8 @@ def test_activation_quantizer_compiles_everywhere(cache):
 def _gpu_check(fmt: str, problems=((3072, 6144), (512, 1536))):
     import torch
 
+    from autotune.engine import bench
+
     from autotune.core.arch import detect
     arch = detect()
     for n, k in problems:
@@ -304,8 +308,8 @@ def _gpu_check(fmt: str, problems=((3072, 6144), (512, 1536))):
         kept = [t for t in FAM.enumerate(p, arch) if FAM.verdict(p, t, arch).ok]
         assert kept
         for m in (1, 37, 256):
-            s = w4a4.make_inputs(p, m, "cuda", seed=m)[0]
-            ref = w4a4.reference(p, s)
+            s = bench.make_inputs(p, m, "cuda", seed=m)[0]
+            ref = bench.reference(p, s)
             for t in kept[:: max(1, len(kept) // 12)]:
                 kern = FAM.build(p, t, "cuda")
                 y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -317,7 +321,7 @@ def _gpu_check(fmt: str, problems=((3072, 6144), (512, 1536))):
                     assert kern.smem_compiled == FAM.verdict(p, t, arch).smem_bytes, (t, kern.smem_compiled)
             # our quantizer on the GPU == the torch reference on the GPU
             q, sc = kern.quantize(s.x, s.w)
-            r = w4a4.quantized_activations(p, s.x, s.w)
+            r = bench.quantize_activations(p, s.x, s.w)
             assert torch.equal(q, r.packed) and torch.equal(sc.view(torch.uint8), r.scales.view(torch.uint8))
 
 

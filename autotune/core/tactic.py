@@ -105,7 +105,8 @@ def check_params(tactic: Tactic, schema: Mapping[str, Allowed], what: str) -> st
     """None when `tactic` has exactly the parameters of `schema`, each allowed; else why not.
 
     The one "exactly these parameters" check every family uses (`what` names the member in the
-    message, e.g. "triton w4a16_dequant"). bool never passes as int.
+    message, e.g. "triton w4a16_dequant"). A value passes only with its allowed value's type: bool
+    and float never pass as int (they would hash to another tactic id).
     """
     got = tuple(sorted(tactic.params))
     want = tuple(sorted(schema))
@@ -116,7 +117,7 @@ def check_params(tactic: Tactic, schema: Mapping[str, Allowed], what: str) -> st
         if isinstance(allowed, type):
             if not isinstance(v, allowed) or (allowed is int and isinstance(v, bool)):
                 return f"{what} tactic {k} must be {allowed.__name__}, got {v!r}"
-        elif v not in allowed or isinstance(v, bool) != any(isinstance(a, bool) for a in allowed):
+        elif not any(v == a and type(v) is type(a) for a in allowed):   # 8.0 and True are not 8 and 1
             return f"{what} tactic {k}={v!r} not in {allowed}"
     return None
 

@@ -1,29 +1,31 @@
-"""Cross-compile the W4A16 kernel for any CUDA target without a GPU, and read `metadata.shared`.
+"""Compile a member's kernel for any CUDA target without a GPU, and read `metadata.shared`.
 
-`cross_compile(fmt, params, arch)` runs `triton.compile(ASTSource(...), target=GPUTarget(...))`
-with `tt.divisibility` 16 on every pointer and on N and K — the specialization the JIT launch path
-sees for a deployed problem (torch allocations are 256-byte aligned, N and K multiples of 16, M is
-`do_not_specialize`).
+`compile_kernel(src, options, arch)` runs `triton.compile(src, target=GPUTarget(...))`; members
+build `src` with `ast_source`, which puts `tt.divisibility` 16 on the arguments the launch path
+sees 16-divisible for a deployed problem (torch allocations are 256-byte aligned, N and K multiples
+of 16, M is `do_not_specialize`).
 
 `stop_at="llir"` (default) removes the ptx and cubin stages through Triton's
-`knobs.runtime.add_stages_inspection_hook` (Triton ≥ 3.5): `metadata.shared` is set by `make_llir`
-from the `ttg.shared` module attribute, so nothing after it is needed. The cubin stage is replaced by
-a stub that records the kernel name and returns empty bytes (CompiledKernel needs a binary entry);
-the hook's key keeps such partial results apart from full compiles in Triton's cache.
+`knobs.runtime.add_stages_inspection_hook` (Triton ≥ 3.5): `metadata.shared` (and `tmem_size`) are
+set by `make_llir` from module attributes, so nothing after it is needed. The cubin stage is
+replaced by a stub that records the kernel name and returns empty bytes (CompiledKernel needs a
+binary entry); the hook's key keeps such partial results apart from full compiles in Triton's cache.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from autotune.core.arch import Arch, get_arch
 
 _LOCK = threading.Lock()
 _STOP_KEY = "fp4-autotune-stop-after-llir"
+STOP_AT = ("llir", "cubin")
 
 
-def _cc_of(arch_or_cc: Arch | str | int) -> int:
+def cc_of(arch_or_cc: Arch | str | int) -> int:
+    """90 from an Arch, "sm90" or 90."""
     if isinstance(arch_or_cc, Arch):
         return arch_or_cc.cc_int
     if isinstance(arch_or_cc, int):
@@ -78,69 +80,30 @@ def _cache_dir(path: str | None):
         knobs.cache.dir = old
 
 
-def constexprs_for(fmt: str, params: Mapping[str, Any]) -> dict[str, int]:
-    if fmt not in ("nvfp4", "mxfp4"):
-        raise ValueError(f"weight format must be nvfp4 or mxfp4, got {fmt!r}")
-    return {"BLOCK_M": int(params["block_m"]), "BLOCK_N": int(params["block_n"]),
-            "BLOCK_K": int(params["block_k"]), "GROUP_M": int(params.get("group_m", 1)),
-            "SPLIT_K": int(params.get("split_k", 1)),
-            "SCALE_GROUP": 16 if fmt == "nvfp4" else 32, "SCALE_E4M3": 1 if fmt == "nvfp4" else 0,
-            "DEQ_ASM": 1, "DOT_F32": 0}
-
-
-def _source(problem_fmt: str, params: Mapping[str, Any]):
-    """The ASTSource and options the deployed kernel is compiled from: pointers and N, K are
-    16-divisible (kernel.DIVISIBLE / MOE_DIVISIBLE), as the launchers see them; M (dense) and P
-    (MoE pairs) are not specialized. The MoE kernel is compiled for top_k 8 with routed weights
-    (GLM-5's routing); other top_k values compile the same loop and shared memory."""
+def ast_source(fn: Any, names: Iterable[str], types: Mapping[str, str], divisible: Iterable[int],
+               consts: Mapping[str, int]):
+    """The ASTSource of JIT function `fn`: positional `names` typed by `types`, constexprs `consts`,
+    tt.divisibility 16 on the argument positions in `divisible`."""
     from triton.compiler import ASTSource
-
-    from . import kernel as K
-
-    if params.get("kernel") == "moe_w4a16":
-        fn, names, types, divisible = K.moe_w4a16_kernel, K.MOE_ARG_NAMES, K.MOE_ARG_TYPES, K.MOE_DIVISIBLE
-        consts = {"BLOCK_M": int(params["block_m"]), "BLOCK_N": int(params["block_n"]),
-                  "BLOCK_K": int(params["block_k"]), "TOP_K": 8, "SCALE_GROUP": 16 if problem_fmt == "nvfp4" else 32,
-                  "SCALE_E4M3": 1 if problem_fmt == "nvfp4" else 0, "ROUTED_WEIGHT": 1,
-                  "DEQ_ASM": 1, "DOT_F32": 0}
-    else:
-        fn, names, types, divisible = K.w4a16_dequant_kernel, K.ARG_NAMES, K.ARG_TYPES, K.DIVISIBLE
-        consts = constexprs_for(problem_fmt, params)
     sig = {n: types[n] for n in names}
     sig.update({c: "constexpr" for c in consts})
     attrs = {(i,): [["tt.divisibility", 16]] for i in divisible}
-    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
-    options = {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
-    return src, options, fn.__name__
+    return ASTSource(fn, sig, constexprs=dict(consts), attrs=attrs)
 
 
-def cross_compile(problem_fmt: str, params: Mapping[str, Any], arch_or_cc: Arch | str | int,
-                  stop_at: str = "llir", cache_dir: str | None = None) -> tuple[int, str | None]:
-    """Compile the kernel for `arch_or_cc` (an Arch, "sm90", or 90) and return
-    (metadata.shared, ptx or None). `stop_at` is "llir" (fast, no PTX) or "cubin" (full)."""
+def compile_kernel(src: Any, options: Mapping[str, Any], arch_or_cc: Arch | str | int, stop_at: str = "llir",
+                   cache_dir: str | None = None):
+    """triton.compile for `arch_or_cc` (an Arch, "sm90" or 90): the CompiledKernel. At "llir" its
+    cubin is an empty stub and `metadata.shared` / `metadata.tmem_size` are set; "cubin" is a full
+    compile (ptx in `asm`), what the launch's JIT then finds in Triton's cache."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    if stop_at not in ("llir", "cubin"):
-        raise ValueError(f"stop_at must be 'llir' or 'cubin', got {stop_at!r}")
-    src, options, name = _source(problem_fmt, params)
-    target = GPUTarget("cuda", _cc_of(arch_or_cc), 32)
+    if stop_at not in STOP_AT:
+        raise ValueError(f"stop_at must be one of {STOP_AT}, got {stop_at!r}")
+    target = GPUTarget("cuda", cc_of(arch_or_cc), 32)
     with _LOCK, _cache_dir(cache_dir):
         if stop_at == "llir":
-            with _stop_after_llir(name):
-                ck = triton.compile(src, target=target, options=options)
-            return int(ck.metadata.shared), None
-        ck = triton.compile(src, target=target, options=options)
-        return int(ck.metadata.shared), ck.asm.get("ptx")
-
-
-def tmem_columns(problem_fmt: str, params: Mapping[str, Any], arch_or_cc: Arch | str | int,
-                 cache_dir: str | None = None) -> int:
-    """Tensor-memory size (columns) the compiler allocated (sm100 only; 0 elsewhere)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    src, options, name = _source(problem_fmt, params)
-    with _LOCK, _cache_dir(cache_dir), _stop_after_llir(name):
-        ck = triton.compile(src, target=GPUTarget("cuda", _cc_of(arch_or_cc), 32), options=options)
-    return int(getattr(ck.metadata, "tmem_size", 0) or 0)
+            with _stop_after_llir(src.fn.__name__):
+                return triton.compile(src, target=target, options=dict(options))
+        return triton.compile(src, target=target, options=dict(options))

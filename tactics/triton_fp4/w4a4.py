@@ -15,27 +15,29 @@ and sm90 (wgmma; mma.sync below BLOCK_M = 64). NVFP4 does not compile on sm80/86
 type) nor on sm90 with Triton < 3.7 (compat.py).
 
 This module imports no Triton at import time (verdicts are pure); the kernels live in
-w4a4_kernels.py.
+w4a4_kernels.py, the smem/tmem model in smem_w4a4.py.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Mapping
 
-from autotune.core.tactic import Tactic, Verdict
+from autotune.core.arch import Arch
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
 
-from . import compat as _compat
-from . import smem as _smem
-from .args import fp32_scale, note_compiled
+from .args import fp32_scale, note_compiled, scales_u8
+from .compile import ast_source
+from .member import FAMILY, GROUP, check_axes, grid, tile_rules
+from .smem_w4a4 import smem_bytes, tmem_columns
 
-FAMILY = "triton"
 KERNEL = "w4a4_dot_scaled"
-PARAMS = ("block_k", "block_m", "block_n", "kernel", "num_stages", "num_warps")
+#: the domain the smem model was fitted on (every point of it cross-compiled, Triton 3.9)
 BLOCK_M = (16, 32, 64, 128)
 BLOCK_N = (32, 64, 128, 256)
 BLOCK_K = (128, 256)
 NUM_WARPS = (4, 8)
 NUM_STAGES = (2, 3, 4)
+GRID = {"block_m": BLOCK_M, "block_n": BLOCK_N, "block_k": BLOCK_K, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 GROUP_M = 8
 #: activation-quantization tile (fixed): 32 rows × 128 columns per program
 QUANT_BLOCK_M = 32
@@ -44,24 +46,7 @@ QUANT_BLOCK_K = 128
 INCLUDES_ACTIVATION_QUANT = True
 
 
-
-def supported(problem: Any) -> str | None:
-    """None when `problem` is a W4A4 problem this member runs, else why not."""
-    if getattr(problem, "kind", None) != "dense":
-        return f"triton w4a4 kernel handles dense problems, not {getattr(problem, 'kind', None)!r}"
-    if problem.w_fmt not in ("nvfp4", "mxfp4") or problem.a_fmt != problem.w_fmt:
-        return (f"triton w4a4 kernel needs FP4 activations in the weight's format (nvfp4*nvfp4 or "
-                f"mxfp4*mxfp4), not {problem.a_fmt}*{problem.w_fmt}")
-    if problem.out_dtype != "bf16":
-        return f"triton w4a4 kernel writes bf16, not {problem.out_dtype}"
-    return None
-
-
-def is_w4a4(problem: Any) -> bool:
-    return getattr(problem, "a_fmt", "bf16") in ("nvfp4", "mxfp4")
-
-
-def _silly(bm: int, bn: int, bk: int, warps: int) -> bool:
+def silly(bm: int, bn: int, bk: int, warps: int) -> bool:
     if warps == 8 and bm * bn < 64 * 128:        # idle warps on a small tile
         return True
     if warps == 4 and bm * bn >= 128 * 256:      # 128x256 fp32 accumulator on 128 threads: spills
@@ -69,127 +54,91 @@ def _silly(bm: int, bn: int, bk: int, warps: int) -> bool:
     return False
 
 
-def enumerate_space(problem: Any, arch: Any) -> list[Tactic]:
-    if supported(problem) is not None:
-        return []
-    return [Tactic(FAMILY, kernel=KERNEL, block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-            for bm, bn, bk, w, s in itertools.product(BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES)
-            if not _silly(bm, bn, bk, w)]
+def _options(params: Mapping[str, Any]) -> dict[str, int]:
+    return {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
 
 
-def default(problem: Any, arch: Any) -> Tactic:
-    k = getattr(problem, "k", 128)
-    bk = 256 if k % 256 == 0 else 128
-    return Tactic(FAMILY, kernel=KERNEL, block_m=64, block_n=128, block_k=bk, num_warps=4, num_stages=3)
-
-
-def validate(params: Mapping[str, Any]) -> str | None:
-    if tuple(sorted(params)) != PARAMS:
-        return f"triton {KERNEL} tactic needs exactly the parameters {PARAMS}, got {tuple(sorted(params))}"
-    for k in PARAMS:
-        v = params[k]
-        if k != "kernel" and (not isinstance(v, int) or isinstance(v, bool)):
-            return f"{k} must be an int, got {v!r}"
-    # the domain the smem model was fitted on (every point of it cross-compiled, Triton 3.9)
-    for k, ok in (("block_m", BLOCK_M), ("block_n", BLOCK_N), ("block_k", BLOCK_K), ("num_warps", NUM_WARPS),
-                  ("num_stages", NUM_STAGES)):
-        if params[k] not in ok:
-            return f"{k} must be one of {ok} for {KERNEL} (the smem model's fitted range), got {params[k]}"
-    return None
-
-
-def verdict(problem: Any, tactic: Tactic, arch: Any) -> Verdict:
-    p = tactic.params
-    why = validate(p) or supported(problem)
-    if why:
-        return Verdict.reject(why)
-    stages = p["num_stages"]
-    bk = p["block_k"]
-    if _silly(p["block_m"], p["block_n"], bk, p["num_warps"]):
-        return Verdict.reject("config pruned from the space (idle warps or accumulator spills); the smem model "
-                              "is not checked there", stages=stages)
-    if problem.k % bk:
-        return Verdict.reject(f"BLOCK_K={bk} does not divide K={problem.k} (the kernel does not mask K)",
-                              stages=stages)
-    if problem.n % 16:
-        return Verdict.reject(f"N={problem.n} is not a multiple of 16 (the kernel is specialized for it)",
-                              stages=stages)
-    if not getattr(arch, "is_gpu", True):
-        return Verdict.keep(stages=stages)      # cpu pseudo-arch: interpreter, no smem limit
-    if arch.cc[0] < 8:
-        return Verdict.reject(f"{arch.name}: tl.dot_scaled needs sm80 or newer", stages=stages)
-    if problem.w_fmt == "nvfp4" and arch.cc < (8, 9):
-        # Triton 3.9.0, cross-compiled for sm80: the e4m3 scale pointer does not lower
-        return Verdict.reject(f"{arch.name}: NVFP4 e4m3 scales need sm89 or newer "
-                              "(Triton: type fp8e4nv not supported in this architecture)", stages=stages)
-    why = _compat.rejection("dot_scaled", problem.w_fmt, arch)
-    if why:
-        return Verdict.reject(why, stages=stages)
-    need = _smem.w4a4_smem_bytes(p, problem.w_fmt, arch)
-    limit = arch.smem_per_block_optin
-    if need > limit:
-        return Verdict.reject(f"smem {need} > {limit}", smem=need, limit=limit, stages=stages)
-    cols = _smem.w4a4_tmem_columns(p, problem.w_fmt, arch)
-    if cols > 512:
-        return Verdict.reject(f"tmem {cols} columns > 512", smem=need, limit=limit, stages=stages)
-    return Verdict.keep(need, limit, stages)
-
-
-# ---- compiling without a GPU ---------------------------------------------------------------------
-
-def _gemm_source(fmt: str, params: Mapping[str, Any]):
-    from triton.compiler import ASTSource
-
-    from . import w4a4_kernels as K
+def gemm_source(fmt: str, params: Mapping[str, Any]):
+    """(ASTSource, options) of the GEMM with the launcher's specialization. Imports Triton."""
+    from .w4a4_kernels import GEMM_ARG_NAMES, GEMM_DIVISIBLE, gemm_arg_types, w4a4_gemm_kernel     # imports Triton
     consts = {"BLOCK_M": int(params["block_m"]), "BLOCK_N": int(params["block_n"]),
-              "BLOCK_K": int(params["block_k"]), "GROUP_M": GROUP_M, "SCALE_GROUP": 16 if fmt == "nvfp4" else 32}
-    types = K.gemm_arg_types(fmt)
-    sig = {n: types[n] for n in K.GEMM_ARG_NAMES}
-    sig.update({c: "constexpr" for c in consts})
-    attrs = {(i,): [["tt.divisibility", 16]] for i in K.GEMM_DIVISIBLE}
-    src = ASTSource(K.w4a4_gemm_kernel, sig, constexprs=consts, attrs=attrs)
-    return src, {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])}
+              "BLOCK_K": int(params["block_k"]), "GROUP_M": GROUP_M, "SCALE_GROUP": GROUP[fmt]}
+    src = ast_source(w4a4_gemm_kernel, GEMM_ARG_NAMES, gemm_arg_types(fmt), GEMM_DIVISIBLE, consts)
+    return src, _options(params)
 
 
-def _quant_source(fmt: str):
-    from triton.compiler import ASTSource
-
-    from . import w4a4_kernels as K
-    consts = {"BLOCK_M": QUANT_BLOCK_M, "BLOCK_K": QUANT_BLOCK_K, "SCALE_GROUP": 16 if fmt == "nvfp4" else 32,
+def quant_source(fmt: str):
+    """(ASTSource, options) of the activation quantizer (one fixed tile). Imports Triton."""
+    from .w4a4_kernels import QUANT_ARG_NAMES, QUANT_ARG_TYPES, QUANT_DIVISIBLE, act_quant_kernel     # imports Triton
+    consts = {"BLOCK_M": QUANT_BLOCK_M, "BLOCK_K": QUANT_BLOCK_K, "SCALE_GROUP": GROUP[fmt],
               "SCALE_E4M3": 1 if fmt == "nvfp4" else 0}
-    sig = {n: K.QUANT_ARG_TYPES[n] for n in K.QUANT_ARG_NAMES}
-    sig.update({c: "constexpr" for c in consts})
-    attrs = {(i,): [["tt.divisibility", 16]] for i in K.QUANT_DIVISIBLE}
-    return ASTSource(K.act_quant_kernel, sig, constexprs=consts, attrs=attrs), {"num_warps": 4, "num_stages": 1}
+    src = ast_source(act_quant_kernel, QUANT_ARG_NAMES, QUANT_ARG_TYPES, QUANT_DIVISIBLE, consts)
+    return src, {"num_warps": 4, "num_stages": 1}
 
 
-def cross_compile(fmt: str, params: Mapping[str, Any] | None, arch_or_cc: Any, stop_at: str = "llir",
-                  cache_dir: str | None = None):
-    """Compile the GEMM (params given) or the activation quantizer (params None) for a CUDA target
-    without a GPU, with the launcher's specialization. Returns the CompiledKernel (at "llir" its
-    cubin is an empty stub; `metadata.shared` and `metadata.tmem_size` are set)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
+class W4A4Member:
+    kernel = KERNEL
+    compat_kernel = "dot_scaled"
+    schema = {"kernel": (KERNEL,), "block_m": BLOCK_M, "block_n": BLOCK_N, "block_k": BLOCK_K,
+              "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 
-    from .compile import _LOCK, _cache_dir, _cc_of, _stop_after_llir
-    if fmt not in ("nvfp4", "mxfp4"):
-        raise ValueError(f"format must be nvfp4 or mxfp4, got {fmt!r}")
-    if stop_at not in ("llir", "cubin"):
-        raise ValueError(f"stop_at must be 'llir' or 'cubin', got {stop_at!r}")
-    src, options = _gemm_source(fmt, params) if params is not None else _quant_source(fmt)
-    target = GPUTarget("cuda", _cc_of(arch_or_cc), 32)
-    with _LOCK, _cache_dir(cache_dir):
-        if stop_at == "llir":
-            with _stop_after_llir(src.fn.__name__):
-                return triton.compile(src, target=target, options=options)
-        return triton.compile(src, target=target, options=options)
+    def supports(self, problem: Problem) -> str | None:
+        if problem.kind != "dense":
+            return f"triton w4a4 kernel handles dense problems, not {problem.kind!r}"
+        if problem.w_fmt not in GROUP or problem.a_fmt != problem.w_fmt:
+            return (f"triton w4a4 kernel needs FP4 activations in the weight's format (nvfp4*nvfp4 or "
+                    f"mxfp4*mxfp4), not {problem.a_fmt}*{problem.w_fmt}")
+        if problem.out_dtype != "bf16":
+            return f"triton w4a4 kernel writes bf16, not {problem.out_dtype}"
+        return None
+
+    def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> list[Tactic]:
+        return [Tactic(FAMILY, kernel=KERNEL, **g) for g in grid(GRID, axes)
+                if not silly(g["block_m"], g["block_n"], g["block_k"], g["num_warps"])]
+
+    def check_axes(self, axes: Mapping[str, tuple]) -> None:
+        check_axes(KERNEL, GRID, self.schema, axes)     # the schema is the fitted domain: no wider
+
+    def default(self, problem: Problem, arch: Arch) -> Tactic:
+        bk = 256 if problem.k % 256 == 0 else 128
+        return Tactic(FAMILY, kernel=KERNEL, block_m=64, block_n=128, block_k=bk, num_warps=4, num_stages=3)
+
+    def rules(self, problem: Problem, params: Mapping[str, Any], arch: Arch) -> str | None:
+        if silly(params["block_m"], params["block_n"], params["block_k"], params["num_warps"]):
+            return "config pruned from the space (idle warps or accumulator spills); the smem model is not checked there"
+        why = tile_rules(problem, params["block_k"])
+        if why or not arch.is_gpu:
+            return why
+        if arch.cc[0] < 8:
+            return f"{arch.name}: tl.dot_scaled needs sm80 or newer"
+        if problem.w_fmt == "nvfp4" and arch.cc < (8, 9):
+            # Triton 3.9.0, cross-compiled for sm80: the e4m3 scale pointer does not lower
+            return (f"{arch.name}: NVFP4 e4m3 scales need sm89 or newer "
+                    "(Triton: type fp8e4nv not supported in this architecture)")
+        return None
+
+    def smem(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> int:
+        return smem_bytes(params, fmt, arch)
+
+    def tmem(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> int:
+        return tmem_columns(params, fmt, arch)
+
+    def unchecked(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> None:
+        return None     # the schema is the fitted domain: every valid config was cross-compiled
+
+    def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
+        return [quant_source(fmt), gemm_source(fmt, params)]
+
+    def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> "W4A4Launcher":
+        return W4A4Launcher(problem, tactic.params)
 
 
-# ---- launcher ---------------------------------------------------------------------------------------
+MEMBER = W4A4Member()
+
 
 class W4A4Launcher:
     """kernel(x, w, out=None) -> y: quantize x (bf16 [M, K]) with our Triton kernel, then the
-    dot_scaled GEMM. `w` is an FP4Weight in the problem's format; NVFP4 quantizes under
+    dot_scaled GEMM. `w` is an FP4Weight (or the family's U8Weight pack) in the problem's format; NVFP4 quantizes under
     `w.input_scale` (the checkpoint's static activation global scale), 1.0 when the weight has none
     — the cutlass and cublaslt families' convention, so every W4A4 family computes the same
     function of the same inputs. MXFP4 activations have no global scale (OCP MX): `w.input_scale`
@@ -239,6 +188,7 @@ class W4A4Launcher:
         import triton
 
         from .w4a4_kernels import act_quant_kernel
+
         self._check(x, w)
         m, k = x.shape
         if self._bufs is None or self._bufs[0].shape[0] < m or self._bufs[0].device != x.device:
@@ -260,6 +210,7 @@ class W4A4Launcher:
         import triton
 
         from .w4a4_kernels import w4a4_gemm_kernel
+
         prob, p = self.problem, self.params
         m, n = xq.shape[0], prob.n
         if out is None:
@@ -268,33 +219,22 @@ class W4A4Launcher:
             raise ValueError(f"out must be a contiguous bf16 tensor of shape {(m, n)}")
         if m == 0:
             return out
-        ws = w.scales.contiguous()
-        if self.fmt == "mxfp4" and ws.dtype != torch.uint8:
-            ws = ws.view(torch.uint8)
+        # the scale pointer's type tells dot_scaled the scale format: e4m3 (NVFP4) or e8m0 bytes
+        ws = scales_u8(w)
+        if self.fmt == "nvfp4":
+            ws = ws.view(torch.float8_e4m3fn)
         grid = (triton.cdiv(m, p["block_m"]) * triton.cdiv(n, p["block_n"]),)
         ck = w4a4_gemm_kernel[grid](xq, xs, w.packed.contiguous(), ws, self._input_scale(w, xq.device),
                                     fp32_scale(w.global_scale, xq.device), out, m, n, prob.k,
                                     BLOCK_M=p["block_m"], BLOCK_N=p["block_n"], BLOCK_K=p["block_k"],
                                     GROUP_M=GROUP_M, SCALE_GROUP=self.group,
                                     num_warps=p["num_warps"], num_stages=p["num_stages"])
-        note_compiled(self, ck, xq.device, lambda arch: _smem.w4a4_smem_bytes(p, self.fmt, arch))
+        note_compiled(self, ck, xq.device, lambda arch: smem_bytes(p, self.fmt, arch))
         return out
 
     def __call__(self, x, w, out=None):
         q, s = self.quantize(x, w)
         return self.gemm(q, s, w, out)
-
-
-# ---- inputs and reference for W4A4 problems (autotune/bench.py serves W4A16 only) ----------------
-
-def make_inputs(problem: Any, m: int, device: str, seed: int, n_sets: int = 1):
-    """bench.make_inputs for a W4A4 problem (it adds the activation global scale a checkpoint
-    would carry: NVFP4 amax(x) / (6 · 448), ModelOpt's calibration; MXFP4 none)."""
-    from autotune.engine import bench
-    why = supported(problem)
-    if why:
-        raise ValueError(why)
-    return bench.make_inputs(problem, m, device, seed, n_sets)
 
 
 def input_scale_of(w):
@@ -303,84 +243,3 @@ def input_scale_of(w):
     if w.input_scale is None:
         return torch.ones((), dtype=torch.float32, device=w.packed.device)
     return w.input_scale
-
-
-def quantized_activations(problem: Any, x, w):
-    """What the W4A4 kernel multiplies: x quantized by the torch reference (bench.quantize_activations)."""
-    from autotune.engine import bench
-    return bench.quantize_activations(problem, x, w)
-
-
-def reference(problem: Any, s) -> Any:
-    """float64 reference of a W4A4 problem: dequant(quant(x)) · dequant(W)ᵀ (bench.reference)."""
-    from autotune.engine import bench
-    return bench.reference(problem, s)
-
-
-# ---- full-space check of the smem/tmem model against the compiler -------------------------------
-
-def _sweep_one(args):
-    fmt, cc, params, cache_dir = args
-    from autotune.core.arch import arch_for_cc
-    arch = arch_for_cc(cc // 10, cc % 10)
-    try:
-        ck = cross_compile(fmt, params, cc, cache_dir=cache_dir)
-    except Exception as e:          # a compile failure is a row of the table, not a crash
-        return fmt, cc, params, None, None, f"{type(e).__name__}: {str(e).splitlines()[-1][:160]}"
-    got = (int(ck.metadata.shared), int(getattr(ck.metadata, "tmem_size", 0) or 0))
-    want = (_smem.w4a4_smem_bytes(params, fmt, arch), _smem.w4a4_tmem_columns(params, fmt, arch))
-    return fmt, cc, params, got, want, None
-
-
-def sweep(targets=(89, 90, 100, 120, 121), fmts=("nvfp4", "mxfp4"), processes: int = 1) -> list[tuple]:
-    """Cross-compile the whole default space for each (format, target) and return one row per
-    config: (fmt, cc, params, (shared, tmem) compiled, (shared, tmem) modelled, error)."""
-    import tempfile
-    from concurrent.futures import ProcessPoolExecutor
-
-    from autotune.core.problem import Problem
-    cache = tempfile.mkdtemp(prefix="w4a4-sweep-")
-    jobs = [(fmt, cc, {k: v for k, v in t.params.items()}, cache) for fmt in fmts for cc in targets
-            for t in enumerate_space(Problem.dense(4096, 4096, fmt, a_fmt=fmt), None)]
-    if processes <= 1:
-        return [_sweep_one(j) for j in jobs]
-    import multiprocessing as mp
-    with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as ex:
-        return list(ex.map(_sweep_one, jobs, chunksize=8))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """python3 -m tactics.triton_fp4.w4a4 [--targets 89,90,100,120,121] [--processes N]: the
-    model-vs-compiler table for the whole space (markdown), exit 1 on any difference."""
-    import argparse
-    import sys
-    import time
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--targets", default="89,90,100,120,121")
-    ap.add_argument("--formats", default="nvfp4,mxfp4")
-    ap.add_argument("--processes", type=int, default=1)
-    a = ap.parse_args(argv)
-    t0 = time.time()
-    rows = sweep(tuple(int(c) for c in a.targets.split(",")), tuple(a.formats.split(",")), a.processes)
-    import triton
-    print(f"W4A4 smem/tmem model vs Triton {triton.__version__} (cross-compiled to LLVM IR, "
-          f"{len(rows)} compiles, {time.time() - t0:.0f} s)\n")
-    print("| format | target | configs | failed to compile | smem differences | tmem differences |")
-    print("|---|---|---:|---:|---:|---:|")
-    bad = 0
-    for fmt in a.formats.split(","):
-        for cc in a.targets.split(","):
-            rs = [r for r in rows if r[0] == fmt and r[1] == int(cc)]
-            err = [r for r in rs if r[5]]
-            ds = [r for r in rs if not r[5] and r[3][0] != r[4][0]]
-            dt = [r for r in rs if not r[5] and r[3][1] != r[4][1]]
-            bad += len(ds) + len(dt)
-            print(f"| {fmt} | sm{cc} | {len(rs)} | {len(err)} | {len(ds)} | {len(dt)} |")
-    for r in rows:
-        if r[5] or r[3] != r[4]:
-            print("  ", r[0], f"sm{r[1]}", r[2], "compiled", r[3], "model", r[4], r[5] or "", file=sys.stderr)
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -39,7 +39,7 @@ QUANT_DIVISIBLE = (0, 1, 2, 3, 5)
 
 
 @triton.jit
-def _e4m3_rne(s):
+def e4m3_rne(s):
     """s: fp32 in [2^-9, 448] → (e4m3 byte as uint32, its exact fp32 value), round to nearest even."""
     b = s.to(tl.uint32, bitcast=True)
     e = (b >> 23).to(tl.int32) - 127
@@ -89,7 +89,7 @@ def act_quant_kernel(x_ptr, q_ptr, s_ptr, gs_ptr, M, K,
         s = tl.math.div_rn(amax, gs * 6.0)
         s = tl.where(amax == 0.0, 1.0, s)
         s = tl.minimum(tl.maximum(s, 0.001953125), 448.0)
-        byte, sv = _e4m3_rne(s)
+        byte, sv = e4m3_rne(s)
         denom = sv * gs
     else:
         ab = amax.to(tl.uint32, bitcast=True)
