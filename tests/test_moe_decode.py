@@ -85,6 +85,9 @@ def test_smem_model_equals_cross_compile(arch):
                 continue        # SwiGLU changes no smem: checked on half the sample to stay fast
             got = md.cross_compile(W13, cfg, arch, epi)
             assert got == md.smem_bytes(cfg, "nvfp4", get_arch(arch)), (arch, cfg, epi, got)
+    for cfg in (_SMEM_SAMPLE[0], _SMEM_SAMPLE[3]):       # the w2 form: weights applied, slots reduced
+        got = md.cross_compile(W2, cfg, arch, "reduce")
+        assert got == md.smem_bytes(cfg, "nvfp4", get_arch(arch)), (arch, cfg, "reduce", got)
 
 
 _INTERP = textwrap.dedent("""
@@ -108,7 +111,7 @@ _INTERP = textwrap.dedent("""
                     g, u = y[: p.n // 2], y[p.n // 2:]
                     y = g * torch.sigmoid(g) * u
                 out[t, s] = y * (float(tw[t, s]) if tw is not None else 1.0)
-        return out
+        return out.sum(1) if epi == "reduce" else out
 
     rows = []
     for fmt, m, n, k, e, top_k, route, bm, sk, epi, weighted in json.loads(sys.argv[1]):
@@ -122,13 +125,16 @@ _INTERP = textwrap.dedent("""
         cfg = dict(kernel="moe_decode", route=route, block_m=bm, block_n=32, block_k=128, split_k=sk,
                    num_warps=4, num_stages=2)
         L = md.make_launcher(p, cfg, epi)
-        out = torch.full((m, top_k, L.n_out), float("nan"), dtype=torch.bfloat16)
+        shape = (m, L.n_out) if epi == "reduce" else (m, top_k, L.n_out)
+        out = torch.full(shape, float("nan"), dtype=torch.bfloat16)
         L(s.x, s.w, ids, tw, out=out)
         ref = reference(p, s.x, s.w, ids, tw, epi)
         err = float((out.double() - ref).norm() / ref.norm())
-        locks = int(L._locks.abs().sum())
+        again = L(s.x, s.w, ids, tw)                           # counters reset: the same bits again
+        locks = int(L._locks.abs().sum()) + (int(L._cnt.abs().sum()) if epi == "reduce" else 0)
         rows.append(dict(fmt=fmt, route=route, sk=sk, epi=epi, err=err, nan=int(torch.isnan(out).sum()),
-                         zero_row=bool((out[0, -1] == 0).all()), locks=locks))
+                         zero_row=epi == "reduce" or bool((out[0, -1] == 0).all()), locks=locks,
+                         same=bool(torch.equal(out, again))))
     # a shared alignment (one per layer) gives the aligned route the same answer
     p = Problem.moe(64, 256, 5, 2, "nvfp4")
     s = bench.make_inputs(p, 6, "cpu", seed=9)[0]
@@ -175,6 +181,8 @@ _CASES = [
     ["mxfp4", 3, 64, 256, 5, 2, "aligned", 32, 1, "swiglu", False],
     ["mxfp4", 3, 32, 512, 3, 2, "direct", 16, 2, "none", False],
     ["nvfp4", 24, 32, 256, 3, 2, "direct", 16, 1, "none", True],     # > 16 pairs on one expert: 2 groups
+    ["nvfp4", 4, 64, 512, 6, 3, "direct", 16, 2, "reduce", True],    # w2 form: weights applied, slots summed
+    ["mxfp4", 20, 32, 256, 3, 2, "aligned", 16, 1, "reduce", False],
 ]
 
 
@@ -194,7 +202,8 @@ def test_interpreter_matches_float64(interp):
         assert row["nan"] == 0, (case, row)                  # every element written
         assert row["err"] < 1e-2, (case, row)
         assert row["zero_row"], (case, row)                  # the -1 slot is a zero row
-        assert row["locks"] == 0, (case, row)                # split-K counters left at zero
+        assert row["locks"] == 0, (case, row)                # split-K / reduce counters left at zero
+        assert row["same"], (case, row)                      # deterministic: a second call, the same bits
 
 
 def test_shared_alignment_and_routes_agree(interp):

@@ -11,7 +11,8 @@ factory `make_launcher(problem, config, epilogue="none")` → callable
 
 Epilogues (each is its own problem variant for the search; the problem key cannot say so yet):
 "none" → [M, top_k, N]; "swiglu" (w13 with vLLM's [gate; up] rows) → [M, top_k, N/2] =
-silu(x·W_gateᵀ)·(x·W_upᵀ), times the routing weight when topk_weights is given.
+silu(x·W_gateᵀ)·(x·W_upᵀ); "reduce" (w2) → [M, N] = Σ_slot y[:, slot] (deterministic slot order).
+Every epilogue multiplies by the routing weight when topk_weights is given.
 
 Routes: "direct" reads topk_ids as they are (no alignment launch); above DIRECT_MAX_PAIRS pairs a
 direct launcher runs the aligned route instead (its programs would each scan every id), so each
@@ -32,7 +33,7 @@ from . import smem as _smem
 KERNEL = "moe_decode"
 PARAMS = ("block_k", "block_m", "block_n", "kernel", "num_stages", "num_warps", "route", "split_k")
 ROUTES = ("direct", "aligned")
-EPILOGUES = ("none", "swiglu")
+EPILOGUES = ("none", "swiglu", "reduce")
 #: direct route above this many (token, slot) pairs: the aligned route instead
 DIRECT_MAX_PAIRS = 256
 #: a split-K workspace larger than this lowers the split at call time (large M)
@@ -151,7 +152,8 @@ def constexprs(problem: Any, config: Mapping[str, Any], epilogue: str = "none", 
             "NUM_EXPERTS": int(problem.experts), "SCALE_GROUP": 16 if fmt == "nvfp4" else 32,
             "SCALE_E4M3": 1 if fmt == "nvfp4" else 0,
             "ALIGNED": int(config["route"] == "aligned" if aligned is None else aligned),
-            "SWIGLU": int(epilogue == "swiglu"), "ROUTED_WEIGHT": int(routed), "SCAN_W": SCAN,
+            "SWIGLU": int(epilogue == "swiglu"), "REDUCE": int(epilogue == "reduce"), "ROUTED_WEIGHT": int(routed),
+            "SCAN_W": SCAN,
             "DEQ_ASM": 0 if interpret else 1, "DOT_F32": 1 if interpret else 0}
 
 
@@ -209,7 +211,7 @@ class MoEDecodeLauncher:
         self.compiled = None
         self.smem_compiled: int | None = None
         self.smem_model: int | None = None
-        self._ws = self._locks = self._bad = self._aligner = None
+        self._ws = self._locks = self._bad = self._aligner = self._red = self._cnt = None
         self._retired: list = []      # outgrown buffers: a graph captured earlier still points at them
         self.n_out = problem.n // 2 if epilogue == "swiglu" else problem.n
 
@@ -237,7 +239,7 @@ class MoEDecodeLauncher:
         if topk_weights is not None and (tuple(topk_weights.shape) != (m, prob.top_k)
                                          or not topk_weights.is_floating_point() or topk_weights.device != x.device):
             raise ValueError(f"topk_weights must be a float [{m}, {prob.top_k}] tensor on {x.device}")
-        shape = (m, prob.top_k, self.n_out)
+        shape = (m, self.n_out) if self.epilogue == "reduce" else (m, prob.top_k, self.n_out)
         if out is None:
             out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
         elif tuple(out.shape) != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
@@ -262,6 +264,23 @@ class MoEDecodeLauncher:
         if self._bad is None or self._bad.device != device:
             self._bad = torch.zeros(1, dtype=torch.int32, device=device)
         return self._ws, self._locks, self._bad
+
+    def _reduce_scratch(self, m: int, device):
+        """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (the kernel leaves them zero)."""
+        import torch
+        if self.epilogue != "reduce":
+            if self._red is None or self._red.device != device:
+                self._red = torch.empty(1, dtype=torch.float32, device=device)
+                self._cnt = torch.empty(1, dtype=torch.int32, device=device)
+            return self._red, self._cnt
+        prob = self.problem
+        rows, cnts = m * prob.top_k * prob.n, m * (prob.n // self.params["block_n"])
+        if self._red is None or self._red.numel() < rows or self._cnt.numel() < cnts or self._red.device != device:
+            if self._red is not None:
+                self._retired.append((self._red, self._cnt))
+            self._red = torch.empty(rows, dtype=torch.float32, device=device)
+            self._cnt = torch.zeros(cnts, dtype=torch.int32, device=device)
+        return self._red, self._cnt
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None):
         import torch
@@ -292,6 +311,7 @@ class MoEDecodeLauncher:
         n_tiles = prob.n // p["block_n"]
         sk = self._split(pairs)
         ws, locks, bad = self._scratch(sk, pairs, g_main * n_tiles, x.device)
+        red, cnt = self._reduce_scratch(m, x.device)
         routed = topk_weights is not None
         tw = (topk_weights.to(torch.float32).contiguous() if routed
               else torch.empty(1, dtype=torch.float32, device=x.device))
@@ -300,7 +320,7 @@ class MoEDecodeLauncher:
         consts = constexprs(prob, p, self.epilogue, routed, self.interpret, use_aligned, sk)
         ck = moe_decode_kernel[(groups * n_tiles, sk)](
             x.contiguous(), w.packed.contiguous(), scales_u8(w), gs, out, ids, sorted_ids, expert_ids, tw, ws,
-            locks, bad, pairs, g_main, prob.n, prob.k, num_warps=p["num_warps"], num_stages=p["num_stages"],
+            locks, bad, red, cnt, pairs, g_main, prob.n, prob.k, num_warps=p["num_warps"], num_stages=p["num_stages"],
             **consts)
         note_compiled(self, ck, x.device, lambda arch: smem_bytes(p, prob.w_fmt, arch))
         _al.raise_if_bad(bad, "topk_ids")

@@ -22,7 +22,12 @@ launch, no memset, graph-capturable (the dense member's scheme, kernel.py).
 
 SWIGLU = 1 (w13 with vLLM's [gate; up] rows): an N tile interleaves gate rows n and up rows
 N/2 + n, so each thread's accumulator holds (gate, up) pairs of adjacent columns; the epilogue
-writes silu(gate)·up, BLOCK_N/2 columns of the [P, N/2] output. The main loop is kernel.py's
+writes silu(gate)·up, BLOCK_N/2 columns of the [P, N/2] output.
+
+REDUCE = 1 (w2 with the routing weights applied and the top_k slots summed, output [M, N]): each
+pair's final fp32 row goes to a buffer [P, N]; a counter per (token, N tile) counts the token's
+slots (pairs routed nowhere count too, as zero rows); the program that brings the last one sums
+the token's TOP_K rows in slot order (deterministic) and resets the counter. The main loop is kernel.py's
 (dequantization helpers imported from there); only the row offsets and the epilogue differ.
 """
 from __future__ import annotations
@@ -34,21 +39,45 @@ from .kernel import _acc_scale, _dequant_tile, _scales_bf16
 
 #: positional arguments of the JIT kernel, in order (the cross-compile signature is built from them)
 ARG_NAMES = ("x_ptr", "w_ptr", "s_ptr", "gs_ptr", "y_ptr", "ids_ptr", "sorted_ptr", "expert_ptr", "tw_ptr",
-             "ws_ptr", "lock_ptr", "bad_ptr", "P", "G_MAIN", "N", "K")
+             "ws_ptr", "lock_ptr", "bad_ptr", "red_ptr", "cnt_ptr", "P", "G_MAIN", "N", "K")
 ARG_TYPES = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "gs_ptr": "*fp32", "y_ptr": "*bf16",
              "ids_ptr": "*i32", "sorted_ptr": "*i32", "expert_ptr": "*i32", "tw_ptr": "*fp32",
-             "ws_ptr": "*fp32", "lock_ptr": "*i32", "bad_ptr": "*i32", "P": "i32", "G_MAIN": "i32",
+             "ws_ptr": "*fp32", "lock_ptr": "*i32", "bad_ptr": "*i32", "red_ptr": "*fp32", "cnt_ptr": "*i32", "P": "i32", "G_MAIN": "i32",
              "N": "i32", "K": "i32"}
 #: argument positions with tt.divisibility 16: every pointer, N and K (P, G_MAIN are not specialized)
-DIVISIBLE = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15)
+DIVISIBLE = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17)
 #: ids scanned per step in direct mode
 SCAN = 64
 
 
 @triton.jit
-def _special_rows(y_ptr, ids_ptr, bad_ptr, q0, pid_n, P, N_OUT, BLOCK_M: tl.constexpr, OUT_BN: tl.constexpr,
-                  NUM_EXPERTS: tl.constexpr):
-    """Rows of pairs [q0, q0 + BLOCK_M) that no expert computes: 0 for id -1, NaN for a bad id."""
+def _reduce_rows(v, pairs, live, y_ptr, red_ptr, cnt_ptr, pid_n, num_pid_n, N, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, TOP_K: tl.constexpr):
+    """REDUCE epilogue: store the pairs' fp32 rows, count one arrival per (token, N tile); the
+    program that brings a token's last slot sums its TOP_K rows in slot order (deterministic),
+    writes y[token] and resets the counter."""
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(red_ptr + pairs.to(tl.int64)[:, None] * N + cols[None, :], v, mask=live[:, None])
+    tl.debug_barrier()
+    tok = tl.where(live, pairs // TOP_K, 0)
+    cnt = cnt_ptr + tok * num_pid_n + pid_n
+    arrived = tl.atomic_add(cnt, tl.full([BLOCK_M], 1, tl.int32), mask=live, sem="acq_rel")
+    last = live & (arrived == TOP_K - 1)
+    tl.debug_barrier()
+    tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(TOP_K):
+        src = red_ptr + (tok * TOP_K + s).to(tl.int64)[:, None] * N + cols[None, :]
+        tot += tl.load(src, mask=last[:, None], other=0.0, cache_modifier=".cg")
+    tl.store(y_ptr + tok.to(tl.int64)[:, None] * N + cols[None, :], tot.to(tl.bfloat16), mask=last[:, None])
+    tl.atomic_xchg(cnt, tl.zeros([BLOCK_M], dtype=tl.int32), mask=last)
+
+
+@triton.jit
+def _special_rows(y_ptr, ids_ptr, bad_ptr, red_ptr, cnt_ptr, q0, pid_n, num_pid_n, P, N, N_OUT,
+                  BLOCK_M: tl.constexpr, OUT_BN: tl.constexpr, NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr,
+                  REDUCE: tl.constexpr):
+    """Rows of pairs [q0, q0 + BLOCK_M) that no expert computes: 0 for id -1, NaN for a bad id
+    (with REDUCE, those rows are the pairs' contributions to their token's sum)."""
     q = q0 + tl.arange(0, BLOCK_M)
     inq = q < P
     qe = tl.load(ids_ptr + q, mask=inq, other=0).to(tl.int32)
@@ -56,8 +85,11 @@ def _special_rows(y_ptr, ids_ptr, bad_ptr, q0, pid_n, P, N_OUT, BLOCK_M: tl.cons
     bad = inq & ((qe < -1) | (qe >= NUM_EXPERTS))
     cols = pid_n * OUT_BN + tl.arange(0, OUT_BN)
     val = tl.where(bad, float("nan"), 0.0)[:, None] + tl.zeros([BLOCK_M, OUT_BN], dtype=tl.float32)
-    tl.store(y_ptr + q.to(tl.int64)[:, None] * N_OUT + cols[None, :], val.to(tl.bfloat16),
-             mask=(zero | bad)[:, None])
+    if REDUCE:
+        _reduce_rows(val, q, zero | bad, y_ptr, red_ptr, cnt_ptr, pid_n, num_pid_n, N, BLOCK_M, OUT_BN, TOP_K)
+    else:
+        tl.store(y_ptr + q.to(tl.int64)[:, None] * N_OUT + cols[None, :], val.to(tl.bfloat16),
+                 mask=(zero | bad)[:, None])
     if tl.sum(bad.to(tl.int32), axis=0) > 0:
         tl.store(bad_ptr, 1)
 
@@ -89,8 +121,9 @@ def _direct_group(ids_ptr, g, P, BLOCK_M: tl.constexpr, SCAN_W: tl.constexpr, NU
 
 
 @triton.jit
-def _epilogue(acc, y_ptr, tw_ptr, pairs, live, pid_n, N_OUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              SWIGLU: tl.constexpr, ROUTED_WEIGHT: tl.constexpr):
+def _epilogue(acc, y_ptr, tw_ptr, red_ptr, cnt_ptr, pairs, live, pid_n, num_pid_n, N, N_OUT, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, TOP_K: tl.constexpr, SWIGLU: tl.constexpr, REDUCE: tl.constexpr,
+              ROUTED_WEIGHT: tl.constexpr):
     """acc: the scaled fp32 rows [BLOCK_M, BLOCK_N] of this tile → bf16 output rows."""
     if SWIGLU:
         gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N // 2, 2]))
@@ -101,16 +134,20 @@ def _epilogue(acc, y_ptr, tw_ptr, pairs, live, pid_n, N_OUT, BLOCK_M: tl.constex
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if ROUTED_WEIGHT:
         v = v * tl.load(tw_ptr + pairs, mask=live, other=0.0)[:, None]
-    tl.store(y_ptr + pairs.to(tl.int64)[:, None] * N_OUT + cols[None, :], v.to(tl.bfloat16), mask=live[:, None])
+    if REDUCE:
+        _reduce_rows(v, pairs, live, y_ptr, red_ptr, cnt_ptr, pid_n, num_pid_n, N, BLOCK_M, BLOCK_N, TOP_K)
+    else:
+        tl.store(y_ptr + pairs.to(tl.int64)[:, None] * N_OUT + cols[None, :], v.to(tl.bfloat16),
+                 mask=live[:, None])
 
 
 @triton.jit(do_not_specialize=["P", "G_MAIN"])
 def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, expert_ptr, tw_ptr, ws_ptr,
-                      lock_ptr, bad_ptr, P, G_MAIN, N, K,
+                      lock_ptr, bad_ptr, red_ptr, cnt_ptr, P, G_MAIN, N, K,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
                       SCALE_GROUP: tl.constexpr, SCALE_E4M3: tl.constexpr, ALIGNED: tl.constexpr,
-                      SWIGLU: tl.constexpr, ROUTED_WEIGHT: tl.constexpr, SCAN_W: tl.constexpr,
+                      SWIGLU: tl.constexpr, REDUCE: tl.constexpr, ROUTED_WEIGHT: tl.constexpr, SCAN_W: tl.constexpr,
                       DEQ_ASM: tl.constexpr, DOT_F32: tl.constexpr = 0):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -120,8 +157,8 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
     N_OUT = N // (1 + SWIGLU)
     if g >= G_MAIN:
         if pid_k == 0:
-            _special_rows(y_ptr, ids_ptr, bad_ptr, (g - G_MAIN) * BLOCK_M, pid_n, P, N_OUT, BLOCK_M,
-                          BLOCK_N // (1 + SWIGLU), NUM_EXPERTS)
+            _special_rows(y_ptr, ids_ptr, bad_ptr, red_ptr, cnt_ptr, (g - G_MAIN) * BLOCK_M, pid_n, num_pid_n, P, N,
+                          N_OUT, BLOCK_M, BLOCK_N // (1 + SWIGLU), NUM_EXPERTS, TOP_K, REDUCE)
     else:
         if ALIGNED:
             e = tl.load(expert_ptr + g)
@@ -166,8 +203,8 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
                 s_ptrs += BLOCK_K // SCALE_GROUP
             scale = _acc_scale(gs_ptr + e64, SCALE_E4M3)
             if SPLIT_K == 1:
-                _epilogue(acc * scale, y_ptr, tw_ptr, pairs, live, pid_n, N_OUT, BLOCK_M, BLOCK_N, SWIGLU,
-                          ROUTED_WEIGHT)
+                _epilogue(acc * scale, y_ptr, tw_ptr, red_ptr, cnt_ptr, pairs, live, pid_n, num_pid_n, N, N_OUT,
+                          BLOCK_M, BLOCK_N, TOP_K, SWIGLU, REDUCE, ROUTED_WEIGHT)
             else:
                 wcols = pid_n * BLOCK_N + c
                 part = ws_ptr + pairs.to(tl.int64)[:, None] * N + wcols[None, :]
@@ -182,6 +219,6 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
                         # .cg: read from L2, where the other programs' partials are
                         tot += tl.load(part + (sk * P).to(tl.int64) * N, mask=live[:, None], other=0.0,
                                        cache_modifier=".cg")
-                    _epilogue(tot * scale, y_ptr, tw_ptr, pairs, live, pid_n, N_OUT, BLOCK_M, BLOCK_N, SWIGLU,
-                              ROUTED_WEIGHT)
+                    _epilogue(tot * scale, y_ptr, tw_ptr, red_ptr, cnt_ptr, pairs, live, pid_n, num_pid_n, N, N_OUT,
+                              BLOCK_M, BLOCK_N, TOP_K, SWIGLU, REDUCE, ROUTED_WEIGHT)
                     tl.atomic_xchg(lock, 0)
