@@ -122,15 +122,19 @@ _INTERP = textwrap.dedent("""
         if m > 2:
             ids[2, :] = ids[1, 0]                              # a token whose slots share one expert
         tw = s.topk_weights if weighted else None
+        w = s.w
+        if fmt == "nvfp4" and sk == 2:                         # one global scale per expert (ModelOpt [E])
+            from autotune.core.formats import FP4Weight
+            w = FP4Weight(w.packed, w.scales, torch.rand(e, generator=torch.Generator().manual_seed(e)) / 32 + 0.01, fmt)
         cfg = dict(kernel="moe_decode", route=route, block_m=bm, block_n=32, block_k=128, split_k=sk,
                    num_warps=4, num_stages=2)
         L = md.make_launcher(p, cfg, epi)
         shape = (m, L.n_out) if epi == "reduce" else (m, top_k, L.n_out)
         out = torch.full(shape, float("nan"), dtype=torch.bfloat16)
-        L(s.x, s.w, ids, tw, out=out)
-        ref = reference(p, s.x, s.w, ids, tw, epi)
+        L(s.x, w, ids, tw, out=out)
+        ref = reference(p, s.x, w, ids, tw, epi)
         err = float((out.double() - ref).norm() / ref.norm())
-        again = L(s.x, s.w, ids, tw)                           # counters reset: the same bits again
+        again = L(s.x, w, ids, tw)                           # counters reset: the same bits again
         locks = int(L._locks.abs().sum()) + (int(L._cnt.abs().sum()) if epi == "reduce" else 0)
         rows.append(dict(fmt=fmt, route=route, sk=sk, epi=epi, err=err, nan=int(torch.isnan(out).sum()),
                          zero_row=epi == "reduce" or bool((out[0, -1] == 0).all()), locks=locks,

@@ -144,13 +144,14 @@ def verdict(problem: Any, config: Mapping[str, Any], arch: Any) -> Verdict:
 # ---- compile ------------------------------------------------------------------------------------
 
 def constexprs(problem: Any, config: Mapping[str, Any], epilogue: str = "none", routed: bool = False,
-               interpret: bool = False, aligned: bool | None = None, split_k: int | None = None) -> dict[str, int]:
+               interpret: bool = False, aligned: bool | None = None, split_k: int | None = None,
+               gs_per_expert: bool = False) -> dict[str, int]:
     from .moe_decode_kernel import SCAN
     fmt = problem.w_fmt
     return {"BLOCK_M": int(config["block_m"]), "BLOCK_N": int(config["block_n"]), "BLOCK_K": int(config["block_k"]),
             "SPLIT_K": int(split_k or config["split_k"]), "TOP_K": int(problem.top_k),
             "NUM_EXPERTS": int(problem.experts), "SCALE_GROUP": 16 if fmt == "nvfp4" else 32,
-            "SCALE_E4M3": 1 if fmt == "nvfp4" else 0,
+            "SCALE_E4M3": 1 if fmt == "nvfp4" else 0, "GS_STRIDE": int(gs_per_expert),
             "ALIGNED": int(config["route"] == "aligned" if aligned is None else aligned),
             "SWIGLU": int(epilogue == "swiglu"), "REDUCE": int(epilogue == "reduce"), "ROUTED_WEIGHT": int(routed),
             "SCAN_W": SCAN,
@@ -158,7 +159,7 @@ def constexprs(problem: Any, config: Mapping[str, Any], epilogue: str = "none", 
 
 
 def cross_compile(problem: Any, config: Mapping[str, Any], arch_or_cc: Any, epilogue: str = "none",
-                  routed: bool = True, stop_at: str = "llir") -> int:
+                  routed: bool = True, stop_at: str = "llir", gs_per_expert: bool = False) -> int:
     """Compile for a CUDA target without a GPU (compile.py's method and stage hook) and return
     metadata.shared. Pointers, N and K carry tt.divisibility 16, as the launcher's calls do."""
     import triton
@@ -168,7 +169,7 @@ def cross_compile(problem: Any, config: Mapping[str, Any], arch_or_cc: Any, epil
     from . import compile as _c
     from . import moe_decode_kernel as K
 
-    consts = constexprs(problem, config, epilogue, routed)
+    consts = constexprs(problem, config, epilogue, routed, gs_per_expert=gs_per_expert)
     sig = {n: K.ARG_TYPES[n] for n in K.ARG_NAMES}
     sig.update({c: "constexpr" for c in consts})
     src = ASTSource(K.moe_decode_kernel, sig, constexprs=consts,
@@ -287,7 +288,7 @@ class MoEDecodeLauncher:
         import triton
 
         from . import moe_align as _al
-        from .args import fp32_scale, note_compiled, scales_u8
+        from .args import note_compiled, scales_u8
         from .moe_decode_kernel import moe_decode_kernel
 
         prob, p = self.problem, self.params
@@ -315,9 +316,12 @@ class MoEDecodeLauncher:
         routed = topk_weights is not None
         tw = (topk_weights.to(torch.float32).contiguous() if routed
               else torch.empty(1, dtype=torch.float32, device=x.device))
-        gs = fp32_scale(w.global_scale, x.device, prob.experts)
+        # the weight's own fp32 scale tensor (FP4Weight checks dtype and device): no copy per call
+        gs = w.global_scale.contiguous()
+        if gs.numel() not in (1, prob.experts):
+            raise ValueError(f"global_scale has {gs.numel()} values, not 1 or E={prob.experts}")
         groups = g_main + triton.cdiv(pairs, p["block_m"])
-        consts = constexprs(prob, p, self.epilogue, routed, self.interpret, use_aligned, sk)
+        consts = constexprs(prob, p, self.epilogue, routed, self.interpret, use_aligned, sk, gs.numel() > 1)
         ck = moe_decode_kernel[(groups * n_tiles, sk)](
             x.contiguous(), w.packed.contiguous(), scales_u8(w), gs, out, ids, sorted_ids, expert_ids, tw, ws,
             locks, bad, red, cnt, pairs, g_main, prob.n, prob.k, num_warps=p["num_warps"], num_stages=p["num_stages"],

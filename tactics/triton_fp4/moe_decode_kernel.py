@@ -146,7 +146,8 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
                       lock_ptr, bad_ptr, red_ptr, cnt_ptr, P, G_MAIN, N, K,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
-                      SCALE_GROUP: tl.constexpr, SCALE_E4M3: tl.constexpr, ALIGNED: tl.constexpr,
+                      SCALE_GROUP: tl.constexpr, SCALE_E4M3: tl.constexpr, GS_STRIDE: tl.constexpr,
+                      ALIGNED: tl.constexpr,
                       SWIGLU: tl.constexpr, REDUCE: tl.constexpr, ROUTED_WEIGHT: tl.constexpr, SCAN_W: tl.constexpr,
                       DEQ_ASM: tl.constexpr, DOT_F32: tl.constexpr = 0):
     pid = tl.program_id(0)
@@ -201,7 +202,7 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
                 x_ptrs += BLOCK_K
                 w_ptrs += BLOCK_K // 2
                 s_ptrs += BLOCK_K // SCALE_GROUP
-            scale = _acc_scale(gs_ptr + e64, SCALE_E4M3)
+            scale = _acc_scale(gs_ptr + e64 * GS_STRIDE, SCALE_E4M3)    # GS_STRIDE 0: one global scale
             if SPLIT_K == 1:
                 _epilogue(acc * scale, y_ptr, tw_ptr, red_ptr, cnt_ptr, pairs, live, pid_n, num_pid_n, N, N_OUT,
                           BLOCK_M, BLOCK_N, TOP_K, SWIGLU, REDUCE, ROUTED_WEIGHT)
