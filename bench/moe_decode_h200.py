@@ -2,6 +2,7 @@
 `moe_w4a16` default, the byte floor of the experts touched, torch's bf16 `_grouped_mm` and a bf16 GEMV.
 
     python3 bench/moe_decode_h200.py --out DIR [--budget-s 480]          # on the GPU machine
+    python3 bench/moe_decode_h200.py --render docs/data/moe-decode-h200.json   # the tables of docs/moe-decode.md
     MOE_DECODE_SMOKE=1 TRITON_INTERPRET=1 python3 bench/moe_decode_h200.py --out DIR   # CPU smoke test
 
 Problems (E = 256, top-8, NVFP4): w13 N=512 K=6144 (plain, and the SwiGLU epilogue → N/2), w2
@@ -152,12 +153,81 @@ def err_of(out, ref) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
+def _short(c) -> str:
+    return f"{c['route'][0]} {c['block_m']}×{c['block_n']}×{c['block_k']} s{c['split_k']} st{c['num_stages']}"
+
+
+def _f(v, fmt="{:.1f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def render(path: Path) -> str:
+    """Markdown tables from a result JSON (every number in docs/moe-decode.md comes from here)."""
+    r = json.loads(path.read_text())
+    rows = r["rows"]
+    get = {(x["variant"], x["routing"], x["m"]): x for x in rows}
+    out = [f"{r['gpu']}, torch {r['torch']}, Triton {r['triton']}, {r['when']}; copy rate "
+           f"{r['copy_Bps'] / 1e12:.2f} TB/s (read + write), L2 {r['l2_bytes'] / 2**20:.0f} MiB.", ""]
+    out.append("Checks against float64 (M = 3 with a -1 slot, M = 40): " + "; ".join(
+        f"{k} {v['checked']}/{v['of']} runs, {v['failed']} failed, worst {v['worst_ok']:.2e}"
+        for k, v in r["checks"].items()))
+    for routing in ROUTINGS:
+        for name in VARIANTS:
+            out += ["", f"**{name}, {routing} routing** (µs; floor = touched experts' FP4 bytes + activations + "
+                    "outputs at the copy rate)", "",
+                    "| M | experts touched | moe_decode tuned | config | ×floor | moe_decode default | "
+                    "moe_w4a16 default | bf16 _grouped_mm | bf16 GEMV (touched bytes) | floor |",
+                    "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+            for m in BUCKETS:
+                x = get.get((name, routing, m))
+                if not x or "best_us" not in x:
+                    continue
+                out.append(f"| {m} | {x['touched']:.1f} | {x['best_us']:.1f} | {_short(x['best_config'])} | "
+                           f"{x['best_us'] / x['floor_us']:.1f} | {_f(x['default_us'])} | "
+                           f"{_f(x.get('moe_w4a16_default_us'))} | {_f(x.get('grouped_mm_bf16_us'))} | "
+                           f"{_f(x.get('gemv_bf16_us'))} | {x['floor_us']:.1f} |")
+    out += ["", "**One MoE layer's routed work** (skewed routing, µs): fused = w13_swiglu + w2_reduce; unfused = "
+            "w13 + w2 (no SiLU, no top-k sum); moe_w4a16 = its default w13 + w2. Every aligned-route call (and "
+            "every call above 256 pairs) ran its own moe_align inside its time; a layer sharing one alignment "
+            "saves one 'align alone' from these sums", "",
+            "| M | fused | unfused | moe_w4a16 | align alone |", "|---:|---:|---:|---:|---:|"]
+    for m in BUCKETS:
+        a, b = get.get(("w13_swiglu", "skewed", m)), get.get(("w2_reduce", "skewed", m))
+        c, d = get.get(("w13", "skewed", m)), get.get(("w2", "skewed", m))
+        if not all(x and "best_us" in x for x in (a, b, c, d)):
+            continue
+        fused = a["best_us"] + b["best_us"]
+        old = (c.get("moe_w4a16_default_us") or 0) + (d.get("moe_w4a16_default_us") or 0)
+        out.append(f"| {m} | {fused:.1f} | {c['best_us'] + d['best_us']:.1f} | {old:.1f} | {_f(c.get('align_us'))} |")
+    out += ["", "**Tuned vs the best single config** (skewed routing, all kept configs timed at every bucket; "
+            "geomean over buckets of single/tuned)", ""]
+    for name in ("w13", "w2"):
+        rs = [get[(name, "skewed", m)] for m in BUCKETS if (name, "skewed", m) in get]
+        common = set.intersection(*[set(x["configs"]) for x in rs])
+        if not common:
+            continue
+        single = min(common, key=lambda c: sum(math.log(x["configs"][c]["us"]) for x in rs))
+        ratios = [x["configs"][single]["us"] / x["best_us"] for x in rs]
+        dflt = [x["default_us"] / x["best_us"] for x in rs if x.get("default_us")]
+        gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
+        out.append(f"* {name}: single best {_short(rs[0]['configs'][single]['config'])}, tuned/single "
+                   f"{gm(ratios):.2f}× (max {max(ratios):.2f}×); tuned/default {gm(dflt):.2f}× over {len(rs)} buckets, "
+                   f"{len(common)} configs")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--render", type=Path, help="print the markdown tables of a result JSON and exit")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     a = ap.parse_args()
+    if a.render:
+        print(render(a.render))
+        return 0
+    if a.out is None:
+        ap.error("--out DIR (or --render JSON) is required")
     a.out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
