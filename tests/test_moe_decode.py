@@ -160,6 +160,9 @@ _INTERP = textwrap.dedent("""
         msg = str(exc)
     nan_rows = int(torch.isnan(out).any(-1).sum())
     ok_after = bool(torch.isfinite(direct(s.x, s.w, s.topk_ids)).all())   # the flag was cleared
+    quiet = md.make_launcher(p, dict(cfg, route="direct"), check_ids=False)
+    quiet(s.x, s.w, bad)                                       # no read, no raise: the caller reads the word
+    quiet_flag = int(quiet.bad)
     # operand checks: one-line ValueErrors
     errs = []
     for args in [(s.x.float(), s.w, s.topk_ids), (s.x[:, :128], s.w, s.topk_ids), (s.x, s.w, s.topk_ids[:, :1]),
@@ -174,7 +177,7 @@ _INTERP = textwrap.dedent("""
     except ValueError as exc:
         errs.append(str(exc))
     print(json.dumps(dict(rows=rows, same=same, same_direct=same_direct, msg=msg, nan_rows=nan_rows,
-                          ok_after=ok_after, errs=errs)))
+                          ok_after=ok_after, errs=errs, quiet_flag=quiet_flag)))
 """)
 
 # fmt, M, N, K, E, top_k, route, BLOCK_M, SPLIT_K, epilogue, routing weights
@@ -216,7 +219,7 @@ def test_shared_alignment_and_routes_agree(interp):
 
 def test_bad_ids_refused(interp):
     assert interp["msg"] == "topk_ids holds expert ids outside [-1, E) (ids >= E or < -1 are refused)"
-    assert interp["nan_rows"] == 1 and interp["ok_after"]
+    assert interp["nan_rows"] == 1 and interp["ok_after"] and interp["quiet_flag"] == 1
 
 
 def test_operand_checks(interp):

@@ -189,7 +189,8 @@ def is_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str = "none") -> "MoEDecodeLauncher":
+def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str = "none",
+                  check_ids: bool = True) -> "MoEDecodeLauncher":
     why = validate(config) or supported(problem)
     if not why and epilogue not in EPILOGUES:
         why = f"epilogue must be one of {EPILOGUES}, got {epilogue!r}"
@@ -197,17 +198,19 @@ def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str = "none
         why = f"block_k {config['block_k']} / block_n {config['block_n']} must divide K={problem.k} / N={problem.n}"
     if why:
         raise ValueError(why)
-    return MoEDecodeLauncher(problem, dict(config), epilogue)
+    return MoEDecodeLauncher(problem, dict(config), epilogue, check_ids)
 
 
 class MoEDecodeLauncher:
     """(x, w, topk_ids, topk_weights=None, out=None, aligned=None) → bf16 [M, top_k, N] (or N/2 with
     the SwiGLU epilogue). Owns the split-K workspace and counters (one launch at a time) and a
-    sticky bad-id word; outside graph capture it reads that word after the launch and raises
-    ValueError for ids outside [-1, E) (rows of such pairs are NaN, never a plausible value)."""
+    sticky bad-id word (`bad`): rows of pairs with ids outside [-1, E) are NaN, never a plausible
+    value. With check_ids (default) an eager call reads that word after the launch (one 4-byte
+    read, a host sync) and raises ValueError; graph capture skips the read. With check_ids=False
+    the caller reads `launcher.bad` when it likes (e.g. once per step, after a graph replay)."""
 
-    def __init__(self, problem: Any, config: dict[str, Any], epilogue: str):
-        self.problem, self.params, self.epilogue = problem, config, epilogue
+    def __init__(self, problem: Any, config: dict[str, Any], epilogue: str, check_ids: bool = True):
+        self.problem, self.params, self.epilogue, self.check_ids = problem, config, epilogue, check_ids
         self.interpret = is_interpreting()
         self.compiled = None
         self.smem_compiled: int | None = None
@@ -327,5 +330,11 @@ class MoEDecodeLauncher:
             locks, bad, red, cnt, pairs, g_main, prob.n, prob.k, num_warps=p["num_warps"], num_stages=p["num_stages"],
             **consts)
         note_compiled(self, ck, x.device, lambda arch: smem_bytes(p, prob.w_fmt, arch))
-        _al.raise_if_bad(bad, "topk_ids")
+        if self.check_ids:
+            _al.raise_if_bad(bad, "topk_ids")
         return out
+
+    @property
+    def bad(self):
+        """The sticky bad-id word (int32 [1] on the device), None before the first call."""
+        return self._bad
