@@ -105,8 +105,9 @@ def supported(problem: Any) -> str | None:
 def smem_bytes(config: Mapping[str, Any], w_fmt: str, arch: Any) -> int:
     """metadata.shared of the decode kernel. Its main loop is the dense kernel's (kernel.py) with
     gathered x rows, so the pipeline term is smem.smem_bytes's; the epilogues (split-K reduction,
-    SwiGLU split) convert no layout through shared memory. Equal to Triton 3.9's figure on every
-    cross-compiled sample (tests/test_moe_decode.py, sm89/sm90/sm100/sm120)."""
+    SwiGLU split, reduce) convert no layout through shared memory. Equal to Triton 3.9's figure on
+    every cross-compiled sample (tests/test_moe_decode.py: sm90, sm120; by hand also sm89, sm100).
+    Not compared with Triton 3.6's on the H200 (the bench did not record metadata.shared)."""
     return _smem.smem_bytes(config, w_fmt, arch)
 
 
