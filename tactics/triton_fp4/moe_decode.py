@@ -1,0 +1,341 @@
+"""`moe_decode`: the decode-shaped grouped MoE member (bf16 activations × stacked NVFP4/MXFP4 experts).
+
+Kernel: moe_decode_kernel.py (grid over routed row groups × N tiles × K splits; direct routing or
+moe_align's blocks; split-K reduced deterministically in the same launch; SwiGLU epilogue).
+
+This module is the member: its config space (`space`, a tuple of dict configs), a pure `verdict`
+(no Triton import, no compile), the shared-memory model it uses (`smem_bytes`, checked against
+Triton 3.9 cross-compiles by tests/test_moe_decode.py through `cross_compile`), and the launcher
+factory `make_launcher(problem, config, epilogue="none")` → callable
+`(x, w, topk_ids, topk_weights=None, out=None, aligned=None)`.
+
+Epilogues (each is its own problem variant for the search; the problem key cannot say so yet):
+"none" → [M, top_k, N]; "swiglu" (w13 with vLLM's [gate; up] rows) → [M, top_k, N/2] =
+silu(x·W_gateᵀ)·(x·W_upᵀ); "reduce" (w2) → [M, N] = Σ_slot y[:, slot] (deterministic slot order).
+Every epilogue multiplies by the routing weight when topk_weights is given.
+
+Routes: "direct" reads topk_ids as they are (no alignment launch); above DIRECT_MAX_PAIRS pairs a
+direct launcher runs the aligned route instead (its programs would each scan every id), so each
+config stays valid at every M, like the dense member's split_k. "aligned" takes an `Alignment`
+from moe_align (`aligned=`, shared by a layer's w13 and w2 when their BLOCK_M agree) or makes one.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any, Mapping
+
+from autotune.core.tactic import Verdict
+
+from . import compat as _compat
+from . import smem as _smem
+
+KERNEL = "moe_decode"
+PARAMS = ("block_k", "block_m", "block_n", "kernel", "num_stages", "num_warps", "route", "split_k")
+ROUTES = ("direct", "aligned")
+EPILOGUES = ("none", "swiglu", "reduce")
+#: direct route above this many (token, slot) pairs: the aligned route instead
+DIRECT_MAX_PAIRS = 256
+#: a split-K workspace larger than this lowers the split at call time (large M)
+MAX_WORKSPACE_BYTES = 256 << 20
+MIN_BLOCK_K = {"nvfp4": 64, "mxfp4": 128}
+_SPLITS = (1, 2, 4, 8, 16)
+
+
+def _space() -> tuple[dict[str, Any], ...]:
+    """Direct: 16-row groups (decode rarely routes more pairs to one expert); aligned: 16–64 rows.
+    4 warps throughout (the tiles are small); split-K up to 16 for the long-K w13 at small M."""
+    out = []
+    for route, bms in (("direct", (16,)), ("aligned", (16, 32, 64))):
+        for bm, bn, bk, sk, st in itertools.product(bms, (32, 64, 128), (128, 256), _SPLITS, (3, 4)):
+            if route == "aligned" and sk not in (1, 4, 16):
+                continue
+            out.append(dict(kernel=KERNEL, route=route, block_m=bm, block_n=bn, block_k=bk, split_k=sk,
+                            num_warps=4, num_stages=st))
+    return tuple(out)
+
+
+SPACE: tuple[dict[str, Any], ...] = _space()
+
+
+def space(problem: Any, arch: Any) -> tuple[dict[str, Any], ...]:
+    """The configs `verdict` keeps for this problem and arch."""
+    return tuple(c for c in SPACE if verdict(problem, c, arch).ok)
+
+
+def default(problem: Any, arch: Any = None) -> dict[str, Any]:
+    """Direct route, 16×64 tiles, K split so a few tokens still spread over the GPU."""
+    bk = 256 if problem.k % 256 == 0 else 128
+    steps = problem.k // bk
+    sk = max((s for s in _SPLITS if s == 1 or steps >= 2 * s and s <= 8), default=1)
+    return dict(kernel=KERNEL, route="direct", block_m=16, block_n=64, block_k=bk, split_k=sk, num_warps=4,
+                num_stages=3)
+
+
+def validate(config: Mapping[str, Any]) -> str | None:
+    if tuple(sorted(config)) != PARAMS:
+        return f"moe_decode config needs exactly the parameters {PARAMS}, got {tuple(sorted(config))}"
+    if config["kernel"] != KERNEL:
+        return f"kernel must be {KERNEL!r}, got {config['kernel']!r}"
+    if config["route"] not in ROUTES:
+        return f"route must be one of {ROUTES}, got {config['route']!r}"
+    for k in PARAMS:
+        v = config[k]
+        if k not in ("kernel", "route") and (not isinstance(v, int) or isinstance(v, bool)):
+            return f"{k} must be an int, got {v!r}"
+    if config["block_m"] not in (16, 32, 64) or config["block_n"] not in (32, 64, 128, 256):
+        return "block_m must be 16/32/64 and block_n 32/64/128/256"
+    if config["block_k"] not in (64, 128, 256) or config["split_k"] not in _SPLITS:
+        return f"block_k must be 64/128/256 and split_k one of {_SPLITS}"
+    if config["num_warps"] not in (4, 8) or not 2 <= config["num_stages"] <= 6:
+        return "num_warps must be 4 or 8 and num_stages in 2..6"
+    return None
+
+
+def supported(problem: Any) -> str | None:
+    if getattr(problem, "kind", None) != "grouped_moe":
+        return f"moe_decode runs grouped_moe problems, not {getattr(problem, 'kind', None)!r}"
+    if problem.a_fmt != "bf16" or problem.out_dtype != "bf16":
+        return f"moe_decode needs bf16 activations and output, not {problem.a_fmt} -> {problem.out_dtype}"
+    if problem.w_fmt not in MIN_BLOCK_K:
+        return f"moe_decode needs nvfp4/mxfp4 weights, not {problem.w_fmt}"
+    return None
+
+
+def smem_bytes(config: Mapping[str, Any], w_fmt: str, arch: Any) -> int:
+    """metadata.shared of the decode kernel. Its main loop is the dense kernel's (kernel.py) with
+    gathered x rows, so the pipeline term is smem.smem_bytes's; the epilogues (split-K reduction,
+    SwiGLU split, reduce) convert no layout through shared memory. Equal to Triton 3.9's figure on
+    every cross-compiled sample (tests/test_moe_decode.py: sm90, sm120; by hand also sm89, sm100).
+    Not compared with Triton 3.6's on the H200 (the bench did not record metadata.shared)."""
+    return _smem.smem_bytes(config, w_fmt, arch)
+
+
+def verdict(problem: Any, config: Mapping[str, Any], arch: Any) -> Verdict:
+    why = validate(config) or supported(problem)
+    if why:
+        return Verdict.reject(why)
+    bk, bn, stages = config["block_k"], config["block_n"], config["num_stages"]
+    if bk < MIN_BLOCK_K[problem.w_fmt]:
+        return Verdict.reject(f"BLOCK_K={bk} < {MIN_BLOCK_K[problem.w_fmt]} for {problem.w_fmt} (scale rows under "
+                              "4 bytes are not cp.async-pipelined; not covered by the smem model)", stages=stages)
+    if problem.k % bk:
+        return Verdict.reject(f"BLOCK_K={bk} does not divide K={problem.k} (the kernel does not mask K)", stages=stages)
+    if problem.n % bn:
+        return Verdict.reject(f"BLOCK_N={bn} does not divide N={problem.n} (the kernel does not mask N)", stages=stages)
+    steps = problem.k // bk
+    if config["split_k"] > 1 and steps < 2 * config["split_k"]:
+        return Verdict.reject(f"split_k={config['split_k']} leaves < 2 of the K/BLOCK_K={steps} steps per split",
+                              stages=stages)
+    if not getattr(arch, "is_gpu", True):
+        return Verdict.keep(stages=stages)          # cpu pseudo-arch: the interpreter, no smem limit
+    if arch.cc[0] < 8:
+        return Verdict.reject(f"{arch.name}: the kernel needs sm80 or newer (bf16 tl.dot)", stages=stages)
+    why = _compat.rejection(KERNEL, problem.w_fmt, arch)
+    if why:
+        return Verdict.reject(why, stages=stages)
+    need, limit = smem_bytes(config, problem.w_fmt, arch), arch.smem_per_block_optin
+    if need > limit:
+        return Verdict.reject(f"smem {need} > {limit}", smem=need, limit=limit, stages=stages)
+    if _smem.tmem_columns(config, problem.w_fmt, arch) > 512:
+        return Verdict.reject("tmem columns > 512", smem=need, limit=limit, stages=stages)
+    return Verdict.keep(need, limit, stages)
+
+
+# ---- compile ------------------------------------------------------------------------------------
+
+def constexprs(problem: Any, config: Mapping[str, Any], epilogue: str = "none", routed: bool = False,
+               interpret: bool = False, aligned: bool | None = None, split_k: int | None = None,
+               gs_per_expert: bool = False) -> dict[str, int]:
+    from .moe_decode_kernel import SCAN
+    fmt = problem.w_fmt
+    return {"BLOCK_M": int(config["block_m"]), "BLOCK_N": int(config["block_n"]), "BLOCK_K": int(config["block_k"]),
+            "SPLIT_K": int(split_k or config["split_k"]), "TOP_K": int(problem.top_k),
+            "NUM_EXPERTS": int(problem.experts), "SCALE_GROUP": 16 if fmt == "nvfp4" else 32,
+            "SCALE_E4M3": 1 if fmt == "nvfp4" else 0, "GS_STRIDE": int(gs_per_expert),
+            "ALIGNED": int(config["route"] == "aligned" if aligned is None else aligned),
+            "SWIGLU": int(epilogue == "swiglu"), "REDUCE": int(epilogue == "reduce"), "ROUTED_WEIGHT": int(routed),
+            "SCAN_W": SCAN,
+            "DEQ_ASM": 0 if interpret else 1, "DOT_F32": 1 if interpret else 0}
+
+
+def cross_compile(problem: Any, config: Mapping[str, Any], arch_or_cc: Any, epilogue: str = "none",
+                  routed: bool = True, stop_at: str = "llir", gs_per_expert: bool = False) -> int:
+    """Compile for a CUDA target without a GPU (compile.py's method and stage hook) and return
+    metadata.shared. Pointers, N and K carry tt.divisibility 16, as the launcher's calls do."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from . import compile as _c
+    from . import moe_decode_kernel as K
+
+    consts = constexprs(problem, config, epilogue, routed, gs_per_expert=gs_per_expert)
+    sig = {n: K.ARG_TYPES[n] for n in K.ARG_NAMES}
+    sig.update({c: "constexpr" for c in consts})
+    src = ASTSource(K.moe_decode_kernel, sig, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in K.DIVISIBLE})
+    options = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
+    target = GPUTarget("cuda", _c._cc_of(arch_or_cc), 32)
+    with _c._LOCK:
+        if stop_at == "llir":
+            with _c._stop_after_llir("moe_decode_kernel"):
+                return int(triton.compile(src, target=target, options=options).metadata.shared)
+        return int(triton.compile(src, target=target, options=options).metadata.shared)
+
+
+# ---- launch -------------------------------------------------------------------------------------
+
+def is_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str = "none",
+                  check_ids: bool = True) -> "MoEDecodeLauncher":
+    why = validate(config) or supported(problem)
+    if not why and epilogue not in EPILOGUES:
+        why = f"epilogue must be one of {EPILOGUES}, got {epilogue!r}"
+    if not why and (problem.k % config["block_k"] or problem.n % config["block_n"]):
+        why = f"block_k {config['block_k']} / block_n {config['block_n']} must divide K={problem.k} / N={problem.n}"
+    if why:
+        raise ValueError(why)
+    return MoEDecodeLauncher(problem, dict(config), epilogue, check_ids)
+
+
+class MoEDecodeLauncher:
+    """(x, w, topk_ids, topk_weights=None, out=None, aligned=None) → bf16 [M, top_k, N] (or N/2 with
+    the SwiGLU epilogue). Owns the split-K workspace and counters (one launch at a time) and a
+    sticky bad-id word (`bad`): rows of pairs with ids outside [-1, E) are NaN, never a plausible
+    value. With check_ids (default) an eager call reads that word after the launch (one 4-byte
+    read, a host sync) and raises ValueError; graph capture skips the read. With check_ids=False
+    the caller reads `launcher.bad` when it likes (e.g. once per step, after a graph replay)."""
+
+    def __init__(self, problem: Any, config: dict[str, Any], epilogue: str, check_ids: bool = True):
+        self.problem, self.params, self.epilogue, self.check_ids = problem, config, epilogue, check_ids
+        self.interpret = is_interpreting()
+        self.compiled = None
+        self.smem_compiled: int | None = None
+        self.smem_model: int | None = None
+        self._ws = self._locks = self._bad = self._aligner = self._red = self._cnt = None
+        self._retired: list = []      # outgrown buffers: a graph captured earlier still points at them
+        self.n_out = problem.n // 2 if epilogue == "swiglu" else problem.n
+
+    def check(self, x, w, topk_ids, topk_weights, out):
+        """Operand checks (one-line ValueError); returns (M, out)."""
+        import torch
+        prob = self.problem
+        e, n, k = prob.experts, prob.n, prob.k
+        if not torch.is_tensor(x) or x.dim() != 2 or x.dtype != torch.bfloat16 or x.shape[1] != k:
+            raise ValueError(f"x must be a bf16 [M, {k}] tensor, got {tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}")
+        if x.device.type != "cuda" and not self.interpret:
+            raise ValueError(f"x is on {x.device}: the kernel needs a CUDA device")
+        if getattr(w, "fmt", None) != prob.w_fmt:
+            raise ValueError(f"weight format {getattr(w, 'fmt', None)} does not match the problem's {prob.w_fmt}")
+        if tuple(w.packed.shape) != (e, n, k // 2) or tuple(w.scales.shape) != (e, n, k // prob.block):
+            raise ValueError(f"weight packed {tuple(w.packed.shape)} / scales {tuple(w.scales.shape)} are not "
+                             f"[E={e}, N={n}, K/2={k // 2}] / [E, N, K/{prob.block}]")
+        if w.packed.device != x.device:
+            raise ValueError(f"weight on {w.packed.device}, x on {x.device}")
+        m = x.shape[0]
+        if (not torch.is_tensor(topk_ids) or topk_ids.dtype not in (torch.int32, torch.int64)
+                or tuple(topk_ids.shape) != (m, prob.top_k) or topk_ids.device != x.device):
+            raise ValueError(f"topk_ids must be int32/int64 [{m}, {prob.top_k}] on {x.device}, got "
+                             f"{tuple(getattr(topk_ids, 'shape', ()))} {getattr(topk_ids, 'dtype', None)}")
+        if topk_weights is not None and (tuple(topk_weights.shape) != (m, prob.top_k)
+                                         or not topk_weights.is_floating_point() or topk_weights.device != x.device):
+            raise ValueError(f"topk_weights must be a float [{m}, {prob.top_k}] tensor on {x.device}")
+        shape = (m, self.n_out) if self.epilogue == "reduce" else (m, prob.top_k, self.n_out)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
+        elif tuple(out.shape) != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous bf16 tensor of shape {shape}")
+        return m, out
+
+    def _split(self, pairs: int) -> int:
+        sk = self.params["split_k"]
+        while sk > 1 and sk * pairs * self.problem.n * 4 > MAX_WORKSPACE_BYTES:
+            sk //= 2
+        return sk
+
+    def _scratch(self, sk: int, pairs: int, locks: int, device):
+        import torch
+        need = sk * pairs * self.problem.n if sk > 1 else 4
+        if (self._ws is None or self._ws.numel() < need or self._locks.numel() < locks
+                or self._ws.device != device):
+            if self._ws is not None:
+                self._retired.append((self._ws, self._locks))
+            self._ws = torch.empty(need, dtype=torch.float32, device=device)
+            self._locks = torch.zeros(max(4, locks), dtype=torch.int32, device=device)
+        if self._bad is None or self._bad.device != device:
+            self._bad = torch.zeros(1, dtype=torch.int32, device=device)
+        return self._ws, self._locks, self._bad
+
+    def _reduce_scratch(self, m: int, device):
+        """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (the kernel leaves them zero)."""
+        import torch
+        if self.epilogue != "reduce":
+            if self._red is None or self._red.device != device:
+                self._red = torch.empty(1, dtype=torch.float32, device=device)
+                self._cnt = torch.empty(1, dtype=torch.int32, device=device)
+            return self._red, self._cnt
+        prob = self.problem
+        rows, cnts = m * prob.top_k * prob.n, m * (prob.n // self.params["block_n"])
+        if self._red is None or self._red.numel() < rows or self._cnt.numel() < cnts or self._red.device != device:
+            if self._red is not None:
+                self._retired.append((self._red, self._cnt))
+            self._red = torch.empty(rows, dtype=torch.float32, device=device)
+            self._cnt = torch.zeros(cnts, dtype=torch.int32, device=device)
+        return self._red, self._cnt
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None):
+        import torch
+        import triton
+
+        from . import moe_align as _al
+        from .args import note_compiled, scales_u8
+        from .moe_decode_kernel import moe_decode_kernel
+
+        prob, p = self.problem, self.params
+        m, out = self.check(x, w, topk_ids, topk_weights, out)
+        pairs = m * prob.top_k
+        if pairs == 0:
+            return out
+        ids = topk_ids.contiguous()
+        use_aligned = p["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS or aligned is not None
+        if use_aligned:
+            if aligned is None:
+                if self._aligner is None:
+                    self._aligner = _al.Aligner(prob.experts, p["block_m"])
+                aligned = self._aligner(ids)
+            elif aligned.block_m != p["block_m"] or aligned.pairs != pairs:
+                raise ValueError(f"alignment for BLOCK_M={aligned.block_m}, {aligned.pairs} pairs does not fit "
+                                 f"BLOCK_M={p['block_m']}, {pairs} pairs")
+            g_main, sorted_ids, expert_ids = aligned.max_blocks, aligned.sorted_ids, aligned.expert_ids
+        else:
+            g_main, sorted_ids, expert_ids = pairs, ids, ids       # unused by the direct route
+        n_tiles = prob.n // p["block_n"]
+        sk = self._split(pairs)
+        ws, locks, bad = self._scratch(sk, pairs, g_main * n_tiles, x.device)
+        red, cnt = self._reduce_scratch(m, x.device)
+        routed = topk_weights is not None
+        tw = (topk_weights.to(torch.float32).contiguous() if routed
+              else torch.empty(1, dtype=torch.float32, device=x.device))
+        # the weight's own fp32 scale tensor (FP4Weight checks dtype and device): no copy per call
+        gs = w.global_scale.contiguous()
+        if gs.numel() not in (1, prob.experts):
+            raise ValueError(f"global_scale has {gs.numel()} values, not 1 or E={prob.experts}")
+        groups = g_main + triton.cdiv(pairs, p["block_m"])
+        consts = constexprs(prob, p, self.epilogue, routed, self.interpret, use_aligned, sk, gs.numel() > 1)
+        ck = moe_decode_kernel[(groups * n_tiles, sk)](
+            x.contiguous(), w.packed.contiguous(), scales_u8(w), gs, out, ids, sorted_ids, expert_ids, tw, ws,
+            locks, bad, red, cnt, pairs, g_main, prob.n, prob.k, num_warps=p["num_warps"], num_stages=p["num_stages"],
+            **consts)
+        note_compiled(self, ck, x.device, lambda arch: smem_bytes(p, prob.w_fmt, arch))
+        if self.check_ids:
+            _al.raise_if_bad(bad, "topk_ids")
+        return out
+
+    @property
+    def bad(self):
+        """The sticky bad-id word (int32 [1] on the device), None before the first call."""
+        return self._bad
