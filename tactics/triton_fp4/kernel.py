@@ -63,7 +63,7 @@ _DEQ_PTX = tl.constexpr(_DEQ_PTX_TEXT)
 
 
 @triton.jit
-def _dequant_tile(p, sc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_GROUP: tl.constexpr,
+def dequant_tile(p, sc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_GROUP: tl.constexpr,
                   DEQ_ASM: tl.constexpr):
     """p: uint8 [BN, BK/2] packed codes; sc: bf16 [BN, BK/G] block scales → bf16 [BN, BK]."""
     # the scale of each packed byte (2 elements; G/2 bytes share one scale)
@@ -85,7 +85,7 @@ def _dequant_tile(p, sc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_GRO
 
 
 @triton.jit
-def _scales_bf16(s, SCALE_E4M3: tl.constexpr):
+def scales_bf16(s, SCALE_E4M3: tl.constexpr):
     """Block scale · 2^SCALE_SHIFT as bf16 (exact). The dequantized tile is e2m1 · scale ·
     2^(SCALE_SHIFT - 126): one multiply of the 2^-126-biased code, no overflow in bf16."""
     if SCALE_E4M3:
@@ -99,7 +99,7 @@ def _scales_bf16(s, SCALE_E4M3: tl.constexpr):
 
 
 @triton.jit
-def _acc_scale(gs_ptr, SCALE_E4M3: tl.constexpr):
+def acc_scale(gs_ptr, SCALE_E4M3: tl.constexpr):
     """Global scale times 2^(126 - SCALE_SHIFT), undoing the tile's bias once per output."""
     if SCALE_E4M3:
         return tl.load(gs_ptr) * 256.0
@@ -150,7 +150,7 @@ def w4a16_dequant_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ws_ptr, lock_ptr, M
         a = tl.load(x_ptrs)
         p = tl.load(w_ptrs)
         s = tl.load(s_ptrs)
-        w = _dequant_tile(p, _scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
+        w = dequant_tile(p, scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
         if DOT_F32:
             # TRITON_INTERPRET=1 only: Triton 3.9's interpreter computes bf16 tl.dot (and bf16
             # arithmetic) on the raw uint16 bits; the bf16 operands are widened exactly to fp32
@@ -165,7 +165,7 @@ def w4a16_dequant_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ws_ptr, lock_ptr, M
     y_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     if SPLIT_K == 1:
-        acc = acc * _acc_scale(gs_ptr, SCALE_E4M3)
+        acc = acc * acc_scale(gs_ptr, SCALE_E4M3)
         tl.store(y_ptrs, acc.to(tl.bfloat16), mask=y_mask)
     else:
         n_tiles = num_pid_m * num_pid_n
@@ -179,7 +179,7 @@ def w4a16_dequant_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ws_ptr, lock_ptr, M
             for s in range(SPLIT_K):
                 # .cg: read from L2, where the other programs' partials are
                 tot += tl.load(part + (s * n_tiles).to(tl.int64) * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-            tot = tot * _acc_scale(gs_ptr, SCALE_E4M3)
+            tot = tot * acc_scale(gs_ptr, SCALE_E4M3)
             tl.store(y_ptrs, tot.to(tl.bfloat16), mask=y_mask)
             tl.atomic_xchg(lock_ptr + pid, 0)
 
@@ -197,8 +197,8 @@ def dequant_bf16_kernel(w_ptr, s_ptr, gs_ptr, out_ptr, N, K,
     KS = tl.multiple_of(K // SCALE_GROUP, BLOCK_K // SCALE_GROUP)
     p = tl.load(w_ptr + rows[:, None] * KP + (pk * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2))[None, :])
     s = tl.load(s_ptr + rows[:, None] * KS + (pk * (BLOCK_K // SCALE_GROUP) + tl.arange(0, BLOCK_K // SCALE_GROUP))[None, :])
-    w = _dequant_tile(p, _scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
-    w = (w.to(tl.float32) * _acc_scale(gs_ptr, SCALE_E4M3)).to(tl.bfloat16)
+    w = dequant_tile(p, scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
+    w = (w.to(tl.float32) * acc_scale(gs_ptr, SCALE_E4M3)).to(tl.bfloat16)
     offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + offs_n[:, None] * K + offs_k[None, :], w, mask=(offs_n[:, None] < N))
 
@@ -245,7 +245,7 @@ def moe_w4a16_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr,
         a = tl.load(x_ptrs)        # padding rows read token 0: valid memory, never stored
         p = tl.load(w_ptrs)
         s = tl.load(s_ptrs)
-        w = _dequant_tile(p, _scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
+        w = dequant_tile(p, scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
         if DOT_F32:
             acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
         else:
@@ -253,7 +253,7 @@ def moe_w4a16_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr,
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 2
         s_ptrs += BLOCK_K // SCALE_GROUP
-    acc = acc * _acc_scale(gs_ptr + e, SCALE_E4M3)     # one global scale per expert
+    acc = acc * acc_scale(gs_ptr + e, SCALE_E4M3)     # one global scale per expert
     if ROUTED_WEIGHT:
         acc = acc * tl.load(tw_ptr + pairs, mask=live, other=0.0)[:, None]
     y_ptrs = y_ptr + pairs.to(tl.int64)[:, None] * N + offs_n[None, :]

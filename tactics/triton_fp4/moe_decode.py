@@ -163,25 +163,13 @@ def cross_compile(problem: Any, config: Mapping[str, Any], arch_or_cc: Any, epil
                   routed: bool = True, stop_at: str = "llir", gs_per_expert: bool = False) -> int:
     """Compile for a CUDA target without a GPU (compile.py's method and stage hook) and return
     metadata.shared. Pointers, N and K carry tt.divisibility 16, as the launcher's calls do."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from . import compile as _c
     from . import moe_decode_kernel as K
+    from .compile import ast_source, compile_kernel
 
     consts = constexprs(problem, config, epilogue, routed, gs_per_expert=gs_per_expert)
-    sig = {n: K.ARG_TYPES[n] for n in K.ARG_NAMES}
-    sig.update({c: "constexpr" for c in consts})
-    src = ASTSource(K.moe_decode_kernel, sig, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in K.DIVISIBLE})
+    src = ast_source(K.moe_decode_kernel, K.ARG_NAMES, K.ARG_TYPES, K.DIVISIBLE, consts)
     options = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
-    target = GPUTarget("cuda", _c._cc_of(arch_or_cc), 32)
-    with _c._LOCK:
-        if stop_at == "llir":
-            with _c._stop_after_llir("moe_decode_kernel"):
-                return int(triton.compile(src, target=target, options=options).metadata.shared)
-        return int(triton.compile(src, target=target, options=options).metadata.shared)
+    return int(compile_kernel(src, options, arch_or_cc, stop_at=stop_at).metadata.shared)
 
 
 # ---- launch -------------------------------------------------------------------------------------

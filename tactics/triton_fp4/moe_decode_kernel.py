@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel import _acc_scale, _dequant_tile, _scales_bf16
+from .kernel import acc_scale, dequant_tile, scales_bf16
 
 #: positional arguments of the JIT kernel, in order (the cross-compile signature is built from them)
 ARG_NAMES = ("x_ptr", "w_ptr", "s_ptr", "gs_ptr", "y_ptr", "ids_ptr", "sorted_ptr", "expert_ptr", "tw_ptr",
@@ -194,7 +194,7 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
                 a = tl.load(x_ptrs)
                 p = tl.load(w_ptrs)
                 s = tl.load(s_ptrs)
-                w = _dequant_tile(p, _scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
+                w = dequant_tile(p, scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
                 if DOT_F32:
                     acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
                 else:
@@ -202,7 +202,7 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
                 x_ptrs += BLOCK_K
                 w_ptrs += BLOCK_K // 2
                 s_ptrs += BLOCK_K // SCALE_GROUP
-            scale = _acc_scale(gs_ptr + e64 * GS_STRIDE, SCALE_E4M3)    # GS_STRIDE 0: one global scale
+            scale = acc_scale(gs_ptr + e64 * GS_STRIDE, SCALE_E4M3)    # GS_STRIDE 0: one global scale
             if SPLIT_K == 1:
                 _epilogue(acc * scale, y_ptr, tw_ptr, red_ptr, cnt_ptr, pairs, live, pid_n, num_pid_n, N, N_OUT,
                           BLOCK_M, BLOCK_N, TOP_K, SWIGLU, REDUCE, ROUTED_WEIGHT)
