@@ -14,13 +14,14 @@ from autotune.core.arch import ARCHS, get_arch
 from autotune.core.tactic import Tactic
 from tactics.cutlass import flashinfer_map as fim
 from tactics.cutlass import smem as sm
-from tactics.cutlass.candidates import Kernel, all_kernels, truth_extras
+from tactics.cutlass import truth
+from tactics.cutlass.candidates import Kernel, all_kernels, offlist_neighbours, truth_extras
 from tactics.cutlass.family import CutlassFamily, availability
 
 ROOT = Path(__file__).resolve().parents[1]
-TRUTH = json.loads((ROOT / "tests/data/cutlass_smem_truth.json").read_text())
-ROWS = {r["name"]: r for r in TRUTH["rows"]}
-KERNELS = {k.smem_key: k for k in all_kernels() + truth_extras()}
+TRUTH = truth.table()
+ROWS = truth.rows()
+KERNELS = {name: Kernel.from_smem_key(name) for name in ROWS}
 FAM = CutlassFamily()
 SM120, SM100 = get_arch("sm120"), get_arch("sm100")
 DENSE = Problem.dense(4096, 6144)
@@ -38,9 +39,12 @@ def K(**kw) -> Kernel:
 def test_truth_table_is_complete_and_for_the_modeled_cutlass():
     assert TRUTH["cutlass_version"] == sm.CUTLASS_VERSION
     assert TRUTH["flashinfer_version"] == fim.FLASHINFER_VERSION
+    assert all(m["cutlass_version"] == sm.CUTLASS_VERSION for m in TRUTH.get("merges", []))
     assert not TRUTH["partial"], "regenerate: the table was written by an interrupted run"
-    missing = sorted(set(KERNELS) - set(ROWS))
+    wanted = {k.smem_key for k in all_kernels() + truth_extras() + offlist_neighbours()}
+    missing = sorted(wanted - set(ROWS))
     assert not missing, f"{len(missing)} candidates have no nvcc row, e.g. {missing[:3]}"
+    assert len(offlist_neighbours()) == 22
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
@@ -168,7 +172,7 @@ def test_tactic_json_stores_fields_not_an_index():
 
 @pytest.mark.parametrize("change, msg", [
     (dict(tile_k=100), "multiple of 8"), (dict(schedule="1sm"), "does not belong"),
-    (dict(cluster="2x1x1"), "cluster 1x1x1"), (dict(mma="k64"), "mma='k64'"), (dict(swap_ab=1), "bool"),
+    (dict(cluster="2x1x1"), "cluster 1x1x1"), (dict(mma="k64"), "mma='k64'"), (dict(swap_ab=1), "swap_ab must be bool"),
 ])
 def test_validate_messages(change, msg):
     p = {**K().params(), **change}
@@ -220,6 +224,108 @@ def test_dry_run_lists_every_cutlass_candidate():
     assert all("smem" in ln for ln in cut if ln.startswith("kept"))
     assert all(": " in ln for ln in cut if ln.startswith("REJECTED"))
     assert any("unknown" in ln and "cublaslt[" in ln for ln in lines)
+
+
+# ---- weight layout: swizzled once at load (issue #13) -----------------------------------------------
+
+def _weight(n=200, k=256, fmt="nvfp4"):
+    import torch
+    from autotune.core.formats import quantize
+    g = torch.Generator().manual_seed(0)
+    return quantize(torch.randn(n, k, generator=g), fmt)
+
+
+@pytest.fixture
+def swizzle_calls(monkeypatch):
+    """Counts every call of the 128x4 swizzle (by the shape it was given); the real function runs."""
+    from autotune.core import formats
+    calls, real = [], formats.swizzle_128x4
+
+    def counted(scales):
+        calls.append(tuple(scales.shape))
+        return real(scales)
+    monkeypatch.setattr(formats, "swizzle_128x4", counted)
+    return calls
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_pack_swizzles_the_scales_once_and_unswizzle_restores_them(fmt):
+    import torch
+    from autotune.core.formats import swizzle_128x4, swizzled_size_128x4
+    from autotune.runtime import prepack
+    w = _weight(fmt=fmt)                                       # N = 200: padded rows in the 128x4 layout
+    t = FAM.default(DENSE, SM120)
+    assert FAM.layout(t) == prepack.layout_of(t) == "swizzled-128x4"
+    sw = prepack.pack_for(t, w)
+    assert sw.packed.data_ptr() == w.packed.data_ptr()         # the codes are the source's own bytes
+    assert sw.scales.dtype == torch.uint8 and sw.scales.numel() == swizzled_size_128x4(200, 256 // w.block)
+    assert torch.equal(sw.scales, swizzle_128x4(w.scales))
+    back = sw.linear_scales()
+    assert back.dtype == w.scales.dtype and torch.equal(back.view(torch.uint8), w.scales.view(torch.uint8))
+    assert prepack.extra_bytes(w, [sw]) == sw.scales.numel()  # only the swizzled scales are extra
+    with pytest.raises(ValueError, match="no weight layout"):
+        FAM.pack("fp4-linear-u8", w)
+
+
+def test_flashinfer_weight_operands_are_views_of_the_packed_weight(swizzle_calls):
+    import torch
+    from autotune.core.formats import swizzle_128x4
+    from tactics.cutlass.family import WeightOperands
+    p = Problem.dense(200, 256)
+    w = _weight()
+    sw = FAM.pack("swizzled-128x4", w)
+    swizzle_calls.clear()
+    ops = WeightOperands(p)
+    for _ in range(5):
+        b, sf, in_scale, w_scale = ops(sw)
+    assert swizzle_calls == []                                 # packed form: never swizzled per call
+    assert b.shape == (128, 200) and b.data_ptr() == w.packed.data_ptr()
+    assert sf.data_ptr() == sw.scales.data_ptr()
+    # what the launcher used to compute on each call, byte for byte
+    assert torch.equal(sf, swizzle_128x4(w.scales).reshape(-1, 16).T)
+    assert (in_scale, w_scale) == (1.0, float(w.global_scale))
+
+
+def test_flashinfer_weight_operands_swizzle_a_plain_weight_once(swizzle_calls):
+    from tactics.cutlass.family import WeightOperands
+    ops, w = WeightOperands(Problem.dense(200, 256)), _weight()
+    for _ in range(5):
+        ops(w)
+    assert swizzle_calls == [(200, 16)]                        # once for this weight object
+    ops(_weight())
+    assert len(swizzle_calls) == 2                             # a new weight object: once more
+
+
+def test_weight_that_does_not_match_the_problem_is_refused():
+    from tactics.cutlass.family import WeightOperands
+    sw = FAM.pack("swizzled-128x4", _weight(n=64))
+    with pytest.raises(ValueError, match=r"weight is nvfp4 \[N=64, K=256\], the problem needs nvfp4 \[N=200, K=256\]"):
+        WeightOperands(Problem.dense(200, 256))(sw)
+    with pytest.raises(ValueError, match="weight is nvfp4"):
+        FAM.bind(Problem.dense(200, 256), FAM.default(DENSE, SM120), sw, "cuda")
+    with pytest.raises(ValueError, match="weight is mxfp4"):
+        FAM.bind(Problem.dense(200, 256), FAM.default(DENSE, SM120), FAM.pack("swizzled-128x4", _weight(fmt="mxfp4")),
+                 "cuda")
+    with pytest.raises(TypeError, match="swizzled-128x4 packed weight"):
+        FAM.bind(Problem.dense(200, 256), FAM.default(DENSE, SM120), _weight(), "cuda")
+
+
+def test_bind_without_a_device_says_so():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    p = Problem.dense(200, 256)
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        FAM.bind(p, FAM.default(p, SM120), FAM.pack("swizzled-128x4", _weight()), "cuda")
+
+
+def test_grouped_moe_kernels_are_judged_not_run():
+    """The family has no grouped launcher (so no topk-id mapping to check): build refuses, on any
+    machine, before looking for a device."""
+    t = FAM.enumerate(MOE, SM120)[0]
+    assert FAM.verdict(MOE, t, SM120).ok is not True
+    with pytest.raises(RuntimeError, match="dense GEMMs only"):
+        FAM.build(MOE, t, "cuda")
 
 
 # ---- hardware ---------------------------------------------------------------------------------------
