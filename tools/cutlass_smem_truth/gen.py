@@ -1,10 +1,16 @@
-"""Ground truth for tactics/cutlass/smem.py: compile host probes with nvcc against the CUTLASS
-that FlashInfer bundles and record each kernel's builder Stages and SharedStorageSize.
+"""The nvcc truth table the cutlass family's verdicts come from (tactics/cutlass/smem_truth.json):
+compile host probes with nvcc against CUTLASS and record each kernel's builder Stages and
+SharedStorageSize, or nvcc's error.
 
-Manual step, never CI (about 6 s and 1 GB of memory per kernel when batched; 200 kernels).
+Manual step, never CI (about 6 s and 1 GB of memory per kernel when batched; a kernel that does
+not compile sends its batch to one-at-a-time retries). The enumerated lists, against the CUTLASS
+that FlashInfer bundles:
     pip download flashinfer-python==0.7.4 --no-deps -d /tmp/fi
     python3 tools/cutlass_smem_truth/gen.py --wheel /tmp/fi/flashinfer_python-0.7.4-py3-none-any.whl \
-        --jobs 2 --out tests/data/cutlass_smem_truth.json
+        --jobs 2 --out tactics/cutlass/smem_truth.json
+More kernels into the same table (kept out of the repository: the CUTLASS headers themselves):
+    python3 tools/cutlass_smem_truth/gen.py --cutlass <CUTLASS 4.5.0 checkout> --source-note "<where from>" \
+        --set offlist --merge --out tactics/cutlass/smem_truth.json
 Kernels whose builder picks < 2 stages are recorded with kernel_smem null (the probe reads the
 stage count from the dispatch-policy type so that the batch still compiles); --check-asserts
 compiles a few of them fully and records the static_assert text nvcc prints.
