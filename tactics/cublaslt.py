@@ -274,7 +274,9 @@ class CublasLtFamily(FamilyBase):
         if tactic.get("algo") == HEURISTIC:
             why = check_params(tactic, {**{k: (None,) for k in CONFIG + ("cublas",)}, "algo": (HEURISTIC,)},
                                "cublaslt heuristic")
-            return f"the heuristic placeholder carries no configuration: {why}" if why else None
+            if why and "exactly the parameters" not in why:
+                return f"the heuristic placeholder carries no configuration: {why}"
+            return why
         why = check_params(tactic, SCHEMA, "cublaslt")
         if why:
             return why

@@ -133,6 +133,9 @@ def test_sm100_kernels_do_not_fit_sm120_and_vice_versa():
 
 # ---- verdicts outside the lists (issue #14): safe by construction ------------------------------------
 
+TILE_N = (8, 16, 32, 48, 96, 128, 160, 192, 256)
+
+
 def _validated_grid():
     """Every combination of the fields validate() accepts (the scheduler, which never changes shared
     memory, at both values only for the dense NVFP4 kernels), over tiles around the lists (N < 32,
@@ -143,7 +146,7 @@ def _validated_grid():
             ("void", "bf16"), (False, True)):
         for sched in (("cooperative", "pingpong") if ka == "sm120" else ("1sm", "2sm")):
             for scheduler in (("dp", "streamk") if (op, fmt) == ("dense", "nvfp4") else ("dp",)):
-                for m, n, k in itertools.product((64, 128, 256), (8, 16, 32, 48, 96, 128, 160, 192, 256), (128, 256, 512)):
+                for m, n, k in itertools.product((64, 128, 256), TILE_N, (128, 256, 512)):
                     yield Kernel(ka, op, m, n, k, fmt, mma, sched, scheduler, c, swap,
                                  "2x1x1" if sched == "2sm" else "1x1x1")
 

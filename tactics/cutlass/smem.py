@@ -142,7 +142,8 @@ def builder_rule(k: Kernel) -> str | None:
             return f"SM100 per-CTA tile M must be 128, got {k.tile_m}"
         if k.tile_n not in (64, 128, 192, 256):
             # sm100_make_blockscaled_{1,2}sm_trivial_tiled_mma (nvcc's message in the truth table)
-            return f"tile N {k.tile_n} not in 64/128/192/256: CUTLASS SM100 block-scaled builder static_asserts \"Invalid TileShape_N.\""
+            return (f"tile N {k.tile_n} not in 64/128/192/256: CUTLASS SM100 block-scaled builder static_asserts "
+                    f"\"Invalid TileShape_N.\"")
     return None
 
 
