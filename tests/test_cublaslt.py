@@ -225,3 +225,19 @@ def test_mismatched_weight_is_refused_once_where_it_arrives():
         cl.Launcher(Problem.dense(256, 256), a_tactic()).weight(sw)
     with pytest.raises(ValueError, match="the problem needs"):
         FAM.bind(Problem.dense(256, 256), a_tactic(), sw, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.requires_sm100
+def test_nvfp4_bound_launcher_matches_the_unbound_one():
+    import torch
+    ok, why = FAM.available("cuda")
+    if not ok:
+        pytest.skip(why)
+    x, w = cl.operands(NVFP4, 256, "cuda")
+    t = cl.heuristic_tactic()
+    y = FAM.build(NVFP4, t, "cuda")(x, w)
+    y_bound = FAM.bind(NVFP4, t, FAM.pack(FAM.layout(t), w), "cuda")(x)
+    assert (y_bound == y).all()
+    ref = x.float() @ w.dequantize(torch.float32).T
+    assert float((y.float() - ref).norm() / ref.norm()) < 0.25   # W4A4: activations quantized too

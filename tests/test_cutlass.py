@@ -466,6 +466,8 @@ def _run_on_device():
         if FAM.verdict(DENSE, t, get_arch(arch)).ok:
             y = FAM.build(DENSE, t, "cuda")(s.x, s.w).double()
             assert float((y - ref).norm() / ref.norm()) < 0.25     # W4A4: activations quantized too
+            bound = FAM.bind(DENSE, t, FAM.pack(FAM.layout(t), s.w), "cuda")
+            assert torch.equal(bound(s.x).double(), y)             # the packed form: same kernel, same bytes
 
 
 @pytest.mark.gpu
