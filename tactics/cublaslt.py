@@ -24,14 +24,19 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from autotune.core.tactic import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
+from tactics.swizzled import SWIZZLED_LAYOUT, SwizzledCache, SwizzledWeight, check_bound_weight, pack_swizzled
 
 NAME = "cublaslt"
 #: readable configuration fields, read from nvmath's Algorithm on the device
 CONFIG = ("algo_id", "tile", "stages", "split_k", "reduction_scheme", "cta_swizzling", "custom_option",
           "inner_shape", "cluster_shape")
-PARAMS = tuple(sorted(CONFIG + ("algo", "cublas")))
+#: exactly these parameters: a stored algorithm (the readable fields are display values whose
+#: types depend on the nvmath version; `algo` and `cublas` are what replays it) ...
+SCHEMA = {"algo_id": int, "split_k": int, "cta_swizzling": int, "custom_option": int, "tile": object,
+          "stages": object, "reduction_scheme": object, "inner_shape": object, "cluster_shape": object,
+          "algo": str, "cublas": str}
 #: sizeof(cublasLtMatmulHeuristicResult_t): algo (8 x u64), workspaceSize (u64), state (i32),
 #: wavesCount (f32), reserved (4 x i32)
 HEURISTIC_BYTES = 96
@@ -175,14 +180,16 @@ def _quantize_operands(problem: Any, x: Any, w: Any) -> tuple[Any, Any, dict, di
             xs = amax / 448.0
             xq = (x.float() / xs).to(torch.float8_e4m3fn)
         return xq, wq.T, {"result_type": "bf16"}, {"a": xs, "b": float(ws)}
-    # NVFP4 x NVFP4 with VEC16_UE4M3 block scales in the 128x4 layout cuBLASLt reads
-    from autotune.core.formats import quantize_activation_nvfp4, swizzle_128x4
-    in_scale = float(w.input_scale) if getattr(w, "input_scale", None) is not None else 1.0
-    xp, xs = quantize_activation_nvfp4(x, in_scale)
+    # NVFP4 x NVFP4 with VEC16_UE4M3 block scales in the 128x4 layout cuBLASLt reads: the
+    # weight's come packed (swizzled once at load); only the activation's are swizzled here
+    from autotune.core import formats
+    if not isinstance(w, SwizzledWeight):
+        w = pack_swizzled(w)
+    in_scale = float(w.input_scale) if w.input_scale is not None else 1.0
+    xp, xs = formats.quantize_activation_nvfp4(x, in_scale)
     a = xp.view(torch.float4_e2m1fn_x2)
     b = w.packed.view(torch.float4_e2m1fn_x2).T
-    scales = {"a": swizzle_128x4(xs).view(torch.float8_e4m3fn),
-              "b": swizzle_128x4(w.scales).view(torch.float8_e4m3fn)}
+    scales = {"a": formats.swizzle_128x4(xs).view(torch.float8_e4m3fn), "b": w.scales.view(torch.float8_e4m3fn)}
     alpha = in_scale * float(w.global_scale)
     return a, b, {"block_scaling": True, "alpha": alpha}, scales
 
@@ -264,35 +271,40 @@ class CublasLtFamily(FamilyBase):
     def validate(self, tactic: Tactic) -> str | None:
         if tactic.family != NAME:
             return f"family is {tactic.family!r}, not {NAME!r}"
-        p = tactic.params
-        if tuple(sorted(p)) != PARAMS:
-            return f"cublaslt tactic needs exactly the parameters {PARAMS}, got {tuple(sorted(p))}"
-        if p["algo"] == HEURISTIC:
-            if any(p[k] is not None for k in CONFIG + ("cublas",)):
-                return "the heuristic placeholder carries no configuration"
-            return None
-        if not isinstance(p["algo"], str):
-            return "algo must be the hex of a 96-byte cublasLtMatmulHeuristicResult_t"
+        if tactic.get("algo") == HEURISTIC:
+            why = check_params(tactic, {**{k: (None,) for k in CONFIG + ("cublas",)}, "algo": (HEURISTIC,)},
+                               "cublaslt heuristic")
+            if why and "exactly the parameters" not in why:
+                return f"the heuristic placeholder carries no configuration: {why}"
+            return why
+        why = check_params(tactic, SCHEMA, "cublaslt")
+        if why:
+            return why
         try:
-            decode(p["algo"])
+            decode(str(tactic["algo"]))
         except ValueError as e:
             return str(e)
-        if not isinstance(p["cublas"], str) or not p["cublas"]:
+        if not tactic["cublas"]:
             return "cublas must name the cuBLASLt version the algorithm came from"
-        for k in ("algo_id", "split_k", "cta_swizzling", "custom_option"):
-            if not isinstance(p[k], int) or isinstance(p[k], bool):
-                return f"{k} must be an int, got {p[k]!r}"
         return None
 
     # ---- static judgement ---------------------------------------------------------------------
-    def verdict(self, problem: Any, tactic: Tactic, arch: Any) -> Verdict:
-        why = self.validate(tactic) or problem_support(problem)
-        if why:
-            return Verdict.reject(why)
+    def verdict_checked(self, problem: Any, tactic: Tactic, arch: Any) -> Verdict:
         ok, why = arch_support(problem, arch)
-        if ok is False:
-            return Verdict.reject(why)
-        return Verdict(None, why)
+        return Verdict.reject(why) if ok is False else Verdict(None, why)
+
+    # ---- weight layout ------------------------------------------------------------------------
+    def layout(self, tactic: Tactic) -> str:
+        return SWIZZLED_LAYOUT          # cuBLASLt's VEC16_UE4M3 scales are read in the 128x4 layout
+
+    def pack(self, layout: str, weight: Any) -> Any:
+        if layout != SWIZZLED_LAYOUT:
+            return super().pack(layout, weight)
+        return pack_swizzled(weight)
+
+    def bind(self, problem: Any, tactic: Tactic, packed: Any, device: str) -> Callable[..., Any]:
+        check_bound_weight(problem, packed, NAME)
+        return super().bind(problem, tactic, packed, device)
 
     def default(self, problem: Any, arch: Any) -> Tactic:
         return heuristic_tactic()
@@ -317,6 +329,20 @@ class Launcher:
     def __init__(self, problem: Any, tactic: Tactic):
         self.problem, self.tactic = problem, tactic
         self._mm: dict[int, Any] = {}
+        self._swizzled = SwizzledCache()
+        self._checked: Any = None
+
+    def weight(self, w: Any) -> Any:
+        """The weight as the operands read it: an NVFP4 weight in the swizzled-128x4 layout
+        (a packed one passes through; a plain FP4Weight is swizzled and checked once per weight
+        object, never per call)."""
+        if self.problem.w_fmt != "nvfp4":
+            return w
+        sw = self._swizzled(w)
+        if sw is not self._checked:
+            check_bound_weight(self.problem, sw, NAME)
+            self._checked = sw
+        return sw
 
     def _matmul(self, x: Any, w: Any) -> Any:
         m = x.shape[0]
@@ -338,12 +364,14 @@ class Launcher:
         return mm
 
     def __call__(self, x: Any, w: Any, out: Any = None) -> Any:
+        if x.ndim != 2 or x.shape[1] != self.problem.k:
+            raise ValueError(f"cublaslt: activation {tuple(x.shape)} does not match the problem's K={self.problem.k}")
         m = x.shape[0]
         if self.problem.w_fmt == "nvfp4" and m % NVFP4_M_MULTIPLE:
             # cuBLASLt's NVFP4 kernels need M % 128 == 0: pad the activation rows with zeros
             import torch
             x = torch.nn.functional.pad(x, (0, 0, 0, -m % NVFP4_M_MULTIPLE))
-        mm = self._matmul(x, w)
+        mm = self._matmul(x, self.weight(w))
         try:
             y = mm.execute()[:m]
         except Exception as e:

@@ -61,7 +61,7 @@ def test_nvmath_algorithm_round_trip_without_a_gpu():
 
 @pytest.mark.parametrize("change, msg", [
     (dict(algo="zz"), "not hex"), (dict(algo="00" * 64), "96 bytes"), (dict(cublas=""), "cuBLASLt version"),
-    (dict(split_k="1"), "split_k must be an int"), (dict(algo=cl.HEURISTIC), "carries no configuration"),
+    (dict(split_k="1"), "split_k must be int"), (dict(algo=cl.HEURISTIC), "carries no configuration"),
 ])
 def test_validate_messages(change, msg):
     assert msg in FAM.validate(a_tactic(**change))
@@ -161,3 +161,83 @@ def test_live_enumeration_serialization_and_replay():
         assert float((y.float() - ref).norm() / ref.norm()) < 1e-2
     assert ran
     torch.cuda.synchronize()
+
+
+# ---- weight layout: swizzled once at load (issue #13) -----------------------------------------------
+
+def _weight(n=256, k=256):
+    import torch
+    from autotune.core.formats import quantize
+    return quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(0)), "nvfp4")
+
+
+@pytest.fixture
+def swizzle_calls(monkeypatch):
+    """Counts every call of the 128x4 swizzle (by the shape it was given); the real function runs."""
+    from autotune.core import formats
+    calls, real = [], formats.swizzle_128x4
+
+    def counted(scales):
+        calls.append(tuple(scales.shape))
+        return real(scales)
+    monkeypatch.setattr(formats, "swizzle_128x4", counted)
+    return calls
+
+
+def test_layout_and_pack_round_trip():
+    import torch
+    from autotune.runtime import prepack
+    w = _weight(n=200)
+    t = a_tactic()
+    assert FAM.layout(t) == prepack.layout_of(t) == "swizzled-128x4"
+    sw = prepack.pack_for(t, w)
+    assert sw.packed.data_ptr() == w.packed.data_ptr()
+    assert torch.equal(sw.linear_scales().view(torch.uint8), w.scales.view(torch.uint8))
+
+
+def test_launcher_does_not_swizzle_the_packed_weight_per_call(swizzle_calls):
+    """The operands of five calls: the activation's scales are swizzled each call (they are new),
+    the weight's never (before: both, on every call)."""
+    import torch
+    p = Problem.dense(256, 256)
+    w = _weight()
+    sw = FAM.pack("swizzled-128x4", w)
+    launcher = cl.Launcher(p, a_tactic())                     # plans nothing until the first call
+    x = torch.randn(128, 256).to(torch.bfloat16)
+    swizzle_calls.clear()
+    for _ in range(5):
+        a, b, opts, scales = cl._quantize_operands(p, x, launcher.weight(sw))
+    assert swizzle_calls == [(128, 16)] * 5                   # activation scales only
+    assert scales["b"].data_ptr() == sw.scales.data_ptr()     # the packed bytes themselves
+    assert b.data_ptr() == w.packed.data_ptr() and opts["alpha"] == float(w.global_scale)
+
+
+def test_launcher_swizzles_a_plain_weight_once(swizzle_calls):
+    launcher, w = cl.Launcher(Problem.dense(256, 256), a_tactic()), _weight()
+    for _ in range(5):
+        launcher.weight(w)
+    assert swizzle_calls == [(256, 16)]
+
+
+def test_mismatched_weight_is_refused_once_where_it_arrives():
+    sw = FAM.pack("swizzled-128x4", _weight(n=128))
+    with pytest.raises(ValueError, match=r"weight is nvfp4 \[N=128, K=256\], the problem needs nvfp4 \[N=256"):
+        cl.Launcher(Problem.dense(256, 256), a_tactic()).weight(sw)
+    with pytest.raises(ValueError, match="the problem needs"):
+        FAM.bind(Problem.dense(256, 256), a_tactic(), sw, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.requires_sm100
+def test_nvfp4_bound_launcher_matches_the_unbound_one():
+    import torch
+    ok, why = FAM.available("cuda")
+    if not ok:
+        pytest.skip(why)
+    x, w = cl.operands(NVFP4, 256, "cuda")
+    t = cl.heuristic_tactic()
+    y = FAM.build(NVFP4, t, "cuda")(x, w)
+    y_bound = FAM.bind(NVFP4, t, FAM.pack(FAM.layout(t), w), "cuda")(x)
+    assert (y_bound == y).all()
+    ref = x.float() @ w.dequantize(torch.float32).T
+    assert float((y.float() - ref).norm() / ref.norm()) < 0.25   # W4A4: activations quantized too

@@ -85,6 +85,18 @@ class Kernel:
     def from_params(cls, p: dict) -> "Kernel":
         return cls(**{k: p[k] for k in cls.__dataclass_fields__})
 
+    @classmethod
+    def from_smem_key(cls, key: str) -> "Kernel":
+        """The kernel a truth-table row names (its cluster is 1x1x1, or 2x1x1 for a 2-SM kernel:
+        the cluster size does not change shared memory)."""
+        try:
+            arch, op, fmt, mma, sched, scheduler, c, swap, tile = key.split("/")
+            m, n, k = (int(v) for v in tile.split("x"))
+        except ValueError:
+            raise ValueError(f"not a CUTLASS smem key: {key!r}") from None
+        return cls(arch, op, m, n, k, fmt, mma, sched, scheduler, c.removeprefix("c"), swap == "swap",
+                   "2x1x1" if sched == "2sm" else "1x1x1")
+
     @property
     def smem_key(self) -> str:
         """The fields that shape shared memory (cluster size does not: it is dynamic on SM100)."""
@@ -151,4 +163,34 @@ def truth_extras() -> list[Kernel]:
         out.append(Kernel("sm120", "dense", m, n, k, "mxfp4", "mxf4nvf4", "cooperative", "dp", "bf16"))
         out.append(Kernel("sm120", "dense", m, n, k, "mxfp4", "mxf8f6f4", "cooperative", "dp", "bf16"))
         out.append(Kernel("sm120", "dense", m, n, k, "nvfp4", "mxf4nvf4", "pingpong", "dp", "void"))
+    return out
+
+
+def offlist_neighbours() -> list[Kernel]:
+    """22 kernels just outside the lists, compiled so that their verdicts are exact rather than
+    unknown (issue #14's adversarial pass named each group):
+    - SM120 bf16 C with swap_ab (column-major C/D): NVFP4 at 4 FlashInfer tiles, MXFP4 at the
+      128x128x128 tile that lands exactly on the limit without swap;
+    - SM120 tile N not a multiple of 128 (the SFB scale tile is not N rounded up): NVFP4 160, 192,
+      96, 48 and MXFP4 192, 96 at 128xNx128;
+    - SM100 bf16 C: FlashInfer's 4 tiles (1-SM, and 2-SM for 128x256x256);
+    - SM100 tile N < 32: 128x16x128 1-SM and 2-SM, 128x8x128 1-SM;
+    - SM100 tile N not a multiple of 128: 128x192x128 1-SM and 2-SM, 128x96x128, 128x160x128.
+    """
+    def k120(m, n, k, fmt="nvfp4", c="void", swap=False):
+        return Kernel("sm120", "dense", m, n, k, fmt, "mxf4nvf4", "cooperative", "dp", c, swap)
+
+    def k100(m, n, k, sched="1sm", c="void"):
+        return Kernel("sm100", "dense", m, n, k, "nvfp4", "mxf4nvf4", sched, "dp", c, False,
+                      "2x1x1" if sched == "2sm" else "1x1x1")
+
+    out = [k120(m, n, k, c="bf16", swap=True) for m, n, k in ((128, 32, 128), (128, 128, 128), (128, 256, 128),
+                                                              (256, 128, 128))]
+    out.append(k120(128, 128, 128, "mxfp4", "bf16", True))
+    out += [k120(128, n, 128) for n in (160, 192, 96, 48)]
+    out += [k120(128, n, 128, "mxfp4") for n in (192, 96)]
+    out += [k100(128, 64, 128, c="bf16"), k100(128, 128, 256, c="bf16"), k100(128, 256, 128, c="bf16"),
+            k100(128, 256, 256, "2sm", c="bf16")]
+    out += [k100(128, 16, 128), k100(128, 16, 128, "2sm"), k100(128, 8, 128)]
+    out += [k100(128, 192, 128), k100(128, 192, 128, "2sm"), k100(128, 96, 128), k100(128, 160, 128)]
     return out

@@ -3,9 +3,10 @@
 Tactics are self-describing CUTLASS kernels (tactics.cutlass.candidates.Kernel): the tile in
 elements, schedule, swap_ab, scheduler, epilogue source, format and MMA path. They are never a
 FlashInfer index; tactics.cutlass.flashinfer_map turns one into FlashInfer's integer tactic at
-build time. The verdict is exact: the builder's stage count and the kernel's SharedStorageSize
-as CUTLASS computes them (tactics.cutlass.smem, checked against nvcc), then whether the FlashInfer
-release we execute through builds that kernel at all.
+build time. The verdict is the compiler's: the builder's stage count and the kernel's
+SharedStorageSize from the committed nvcc truth table (tactics.cutlass.truth; tactics.cutlass.smem
+explains every row), then whether the FlashInfer release we execute through builds that kernel at
+all. A kernel that was never compiled gets `unknown`, never a figure extrapolated by the model.
 
 Execution: FlashInfer's `mm_fp4(..., backend="cutlass")` runner, called with our tactic's
 integer, on SM100 and SM120/SM121 GPUs (it is the only path this family runs; none of those GPUs
@@ -17,16 +18,21 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from autotune.core.tactic import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
 from tactics.cutlass import flashinfer_map as fim
 from tactics.cutlass import smem as sm
+from tactics.cutlass import truth
 from tactics.cutlass.candidates import (EPILOGUE_C, FORMATS, KERNEL_ARCHS, MMAS, OPS, SCHEDULERS, SCHEDULES,
                                         Kernel, sm100_dense, sm100_moe, sm120_dense, sm120_moe)
+from tactics.swizzled import SWIZZLED_LAYOUT, SwizzledCache, SwizzledWeight, check_bound_weight, pack_swizzled
 
 NAME = "cutlass"
-PARAMS = tuple(sorted(Kernel.__dataclass_fields__))
 _CLUSTERS = ("1x1x1", "1x2x1", "2x1x1", "2x2x1", "1x4x1", "4x2x1", "2x4x1", "4x4x1")
+#: exactly these parameters (Kernel's fields); tiles are further checked in `validate`
+SCHEMA = {"kernel_arch": KERNEL_ARCHS, "op": OPS, "tile_m": int, "tile_n": int, "tile_k": int, "format": FORMATS,
+          "mma": MMAS, "schedule": SCHEDULES, "scheduler": SCHEDULERS, "epilogue_c": EPILOGUE_C, "swap_ab": bool,
+          "cluster": _CLUSTERS}
 
 _NO_CPU = "no CUDA GPU: CUTLASS FP4 kernels need an SM100 or SM120 GPU"
 _NO_FI = "flashinfer is not installed (pip install 'fp4-autotune[flashinfer]')"
@@ -132,19 +138,13 @@ class CutlassFamily(FamilyBase):
     def validate(self, tactic: Tactic) -> str | None:
         if tactic.family != NAME:
             return f"family is {tactic.family!r}, not {NAME!r}"
+        why = check_params(tactic, SCHEMA, "cutlass")
+        if why:
+            return why
         p = tactic.params
-        if tuple(sorted(p)) != PARAMS:
-            return f"cutlass tactic needs exactly the parameters {PARAMS}, got {tuple(sorted(p))}"
         for k in ("tile_m", "tile_n", "tile_k"):
-            if not isinstance(p[k], int) or isinstance(p[k], bool) or p[k] <= 0 or p[k] % 8:
+            if p[k] <= 0 or p[k] % 8:
                 return f"{k} must be a positive multiple of 8 (elements), got {p[k]!r}"
-        if not isinstance(p["swap_ab"], bool):
-            return f"swap_ab must be a bool, got {p['swap_ab']!r}"
-        for k, allowed in (("kernel_arch", KERNEL_ARCHS), ("op", OPS), ("format", FORMATS), ("mma", MMAS),
-                           ("schedule", SCHEDULES), ("scheduler", SCHEDULERS), ("epilogue_c", EPILOGUE_C),
-                           ("cluster", _CLUSTERS)):
-            if p[k] not in allowed:
-                return f"cutlass tactic {k}={p[k]!r} not in {allowed}"
         sm100 = p["kernel_arch"] == "sm100"
         if sm100 != (p["schedule"] in ("1sm", "2sm")):
             return f"schedule {p['schedule']!r} does not belong to {p['kernel_arch']} kernels"
@@ -155,8 +155,8 @@ class CutlassFamily(FamilyBase):
         return None
 
     # ---- static judgement ---------------------------------------------------------------------
-    def verdict(self, problem: Any, tactic: Tactic, arch: Any) -> Verdict:
-        why = self.validate(tactic) or problem_support(problem) or arch_problem(arch)
+    def verdict_checked(self, problem: Any, tactic: Tactic, arch: Any) -> Verdict:
+        why = arch_problem(arch)
         if why:
             return Verdict.reject(why)
         k = Kernel.from_params(tactic.params)
@@ -170,22 +170,7 @@ class CutlassFamily(FamilyBase):
         rule = sm.builder_rule(k)
         if rule:
             return Verdict.reject(rule)
-        s = sm.model(k)
-        limit = arch.smem_per_block_optin
-        if s.kernel_bytes is None:
-            return Verdict.reject(
-                f"builder picks {s.stages} stage(s) < {sm.MIN_STAGES[k.kernel_arch]}: ({s.capacity} - epilogue "
-                f"{s.epilogue_carveout}) // stage {s.stage_bytes} B (compile error in CUTLASS {sm.CUTLASS_VERSION})",
-                stages=s.stages, limit=limit)
-        if s.kernel_bytes > limit:
-            return Verdict.reject(f"SharedStorageSize {s.kernel_bytes} > {limit} B opt-in limit at {s.stages} stages "
-                                  f"(launch fails)", smem=s.kernel_bytes, limit=limit, stages=s.stages)
-        if fim.to_index(k) is None:
-            return Verdict.reject(
-                f"fits ({s.stages} stages, {s.kernel_bytes} of {limit} B) but FlashInfer {fim.FLASHINFER_VERSION}'s "
-                f"{'fused-MoE path is not wired into this family' if k.op == 'grouped_moe' else 'mm_fp4 does not build it'}",
-                smem=s.kernel_bytes, limit=limit, stages=s.stages)
-        return Verdict.keep(s.kernel_bytes, limit, s.stages)
+        return smem_verdict(k, arch.smem_per_block_optin)
 
     def default(self, problem: Any, arch: Any) -> Tactic:
         ka = kernel_arch_for(arch) or "sm120"
@@ -193,27 +178,72 @@ class CutlassFamily(FamilyBase):
             return Tactic(NAME, fim.from_index("sm120", -1).params())
         return Tactic(NAME, fim.configs("sm100")[0].params())
 
+    # ---- weight layout ------------------------------------------------------------------------
+    def layout(self, tactic: Tactic) -> str:
+        return SWIZZLED_LAYOUT          # FlashInfer's CUTLASS runner reads 128x4-swizzled scales
+
+    def pack(self, layout: str, weight: Any) -> Any:
+        if layout != SWIZZLED_LAYOUT:
+            return super().pack(layout, weight)
+        return pack_swizzled(weight)
+
+    def bind(self, problem: Any, tactic: Tactic, packed: Any, device: str) -> Callable[..., Any]:
+        check_bound_weight(problem, packed, NAME)
+        return super().bind(problem, tactic, packed, device)
+
     # ---- build --------------------------------------------------------------------------------
     def build(self, problem: Any, tactic: Tactic, device: str) -> Callable[..., Any]:
         why = self.validate(tactic) or problem_support(problem)
         if why:
             raise ValueError(why)
+        k = Kernel.from_params(tactic.params)
+        if problem.kind != "dense" or k.op != "dense":
+            # no grouped launcher: FlashInfer's cutlass_fused_moe runs a whole MoE block
+            raise RuntimeError(f"cutlass family runs dense GEMMs only: grouped-MoE kernels are judged, not run "
+                               f"(FlashInfer {fim.FLASHINFER_VERSION}'s fused-MoE path is not wired in)")
+        index = fim.to_index(k)
+        if index is None:
+            raise RuntimeError(f"FlashInfer {fim.FLASHINFER_VERSION} does not build {k.smem_key} for mm_fp4")
         ok, why = self.available(device)
         if not ok:
             raise RuntimeError(why)
-        k = Kernel.from_params(tactic.params)
-        index = fim.to_index(k)
-        if index is None or problem.kind != "dense":
-            raise RuntimeError(f"FlashInfer {fim.FLASHINFER_VERSION} does not build {k.smem_key} for mm_fp4")
         return FlashInferMmFp4(problem, k, index)
+
+
+def smem_verdict(k: Kernel, limit: int) -> Verdict:
+    """The verdict nvcc's row gives (tactics/cutlass/smem_truth.json); unknown without a row."""
+    r = truth.row(k)
+    src = f"nvcc, CUTLASS {sm.CUTLASS_VERSION}"
+    if r is None:
+        built = "" if fim.to_index(k) is not None else f"; FlashInfer {fim.FLASHINFER_VERSION} does not build it either"
+        return Verdict(None, f"unknown: {k.smem_key} was never compiled (no row in the nvcc truth table for "
+                             f"CUTLASS {sm.CUTLASS_VERSION}; add it with tools/cutlass_smem_truth/gen.py){built}")
+    err = truth.compile_error(r)
+    if r["kernel_smem"] is None:
+        if r["stages"] is None:
+            return Verdict.reject(f"does not compile ({src}): {err}")
+        return Verdict.reject(
+            f"builder picks {r['stages']} stage(s) < {sm.MIN_STAGES[k.kernel_arch]} with the {r['epi_smem']} B "
+            f"epilogue carve-out: compile error ({src}{': ' + err.split('error: ')[-1] if err else ''})",
+            stages=r["stages"], limit=limit)
+    smem, stages = r["kernel_smem"], r["stages"]
+    if smem > limit:
+        return Verdict.reject(f"SharedStorageSize {smem} > {limit} B opt-in limit at {stages} stages "
+                              f"(launch fails; {src})", smem=smem, limit=limit, stages=stages)
+    if fim.to_index(k) is None:
+        return Verdict.reject(
+            f"fits ({stages} stages, {smem} of {limit} B) but FlashInfer {fim.FLASHINFER_VERSION}'s "
+            f"{'fused-MoE path is not wired into this family' if k.op == 'grouped_moe' else 'mm_fp4 does not build it'}",
+            smem=smem, limit=limit, stages=stages)
+    return Verdict.keep(smem, limit, stages)
 
 
 class FlashInferMmFp4:
     """kernel(x, w, out=None) through FlashInfer's CUTLASS mm_fp4 runner with a fixed tactic.
 
     x (bf16 [M, K]) is quantized to NVFP4 with FlashInfer's fp4_quantize under the weight's
-    input_scale (1.0 when absent); w is an FP4Weight (NVFP4, linear scales), whose scales are
-    swizzled to the 128x4 layout once here. alpha = input_scale * weight global scale.
+    input_scale (1.0 when absent); w is the packed SwizzledWeight (bound launchers: no swizzle
+    here) or an FP4Weight, swizzled once per weight object. alpha = input_scale * weight global scale.
     """
 
     def __init__(self, problem: Any, kernel: Kernel, index: int):
@@ -229,21 +259,12 @@ class FlashInferMmFp4:
         self.quantize = fp4_quantize
         self.problem, self.kernel, self.index = problem, kernel, index
         self.workspace = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
-        self._w: Any = None
-
-    def _weight(self, w: Any) -> tuple[Any, Any, Any, float]:
-        import torch
-        from autotune.core.formats import swizzle_128x4
-        if self._w is None or self._w[0] is not w:
-            n, k = w.packed.shape
-            b = w.packed.view(torch.uint8).T                        # (K/2, N) column-major view
-            sf = swizzle_128x4(w.scales).view(torch.uint8).reshape(-1, (k // 16 + 3) // 4 * 4).T
-            in_scale = float(w.input_scale) if getattr(w, "input_scale", None) is not None else 1.0
-            self._w = (w, b, sf, in_scale)
-        return self._w[1], self._w[2], self._w[3], float(w.global_scale)
+        self._weight = WeightOperands(problem)
 
     def __call__(self, x: Any, w: Any, out: Any = None) -> Any:
         import torch
+        if x.ndim != 2 or x.shape[1] != self.problem.k:
+            raise ValueError(f"cutlass: activation {tuple(x.shape)} does not match the problem's K={self.problem.k}")
         b, b_sf, in_scale, w_scale = self._weight(w)
         gs = torch.tensor([1.0 / in_scale], dtype=torch.float32, device=x.device)
         a, a_sf = self.quantize(x, gs, 16, False, True)
@@ -253,3 +274,30 @@ class FlashInferMmFp4:
         inputs = [a, b, a_sf, b_sf, alpha, torch.bfloat16, out, 16, True, self.workspace]
         self.runner.forward(inputs, tactic=self.index)
         return out
+
+
+class WeightOperands:
+    """w -> the runner's weight operands, prepared (and checked against the problem) once per
+    weight object: a bound launcher's packed weight is never swizzled again."""
+
+    def __init__(self, problem: Any):
+        self.problem = problem
+        self._swizzled = SwizzledCache()
+        self._ops: Any = None
+
+    def __call__(self, w: Any) -> tuple[Any, Any, float, float]:
+        sw = self._swizzled(w)
+        if self._ops is None or self._ops[0] is not sw:
+            check_bound_weight(self.problem, sw, NAME)
+            self._ops = (sw, flashinfer_weight(sw))
+        return self._ops[1]
+
+
+def flashinfer_weight(w: SwizzledWeight) -> tuple[Any, Any, float, float]:
+    """(B as a (K/2, N) column-major uint8 view, its 128x4 scales as a (C, R) view, input scale,
+    weight global scale): the runner's weight operands, views of the packed weight (no copy)."""
+    import torch
+    b = w.packed.view(torch.uint8).T
+    sf = w.scales.view(torch.uint8).reshape(-1, (w.k // w.block + 3) // 4 * 4).T
+    in_scale = float(w.input_scale) if w.input_scale is not None else 1.0
+    return b, sf, in_scale, float(w.global_scale)

@@ -12,8 +12,9 @@ Two numbers per kernel, both compile-time constants in CUTLASS:
 A kernel is rejected when the builder picks fewer stages than the collective accepts (compile
 error) or when SharedStorageSize exceeds the per-block opt-in limit (launch error).
 
-Checked exactly against nvcc on every kernel of tests/data/cutlass_smem_truth.json (CUTLASS as
-bundled by FlashInfer, see CUTLASS_VERSION); regenerate with tools/cutlass_smem_truth/gen.py.
+Checked exactly against nvcc on every kernel of tactics/cutlass/smem_truth.json that it covers
+(CUTLASS_VERSION); regenerate with tools/cutlass_smem_truth/gen.py. Verdicts never use this model
+(tactics.cutlass.truth): it explains the table and predicts a kernel before it is compiled.
 """
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ _EPILOGUES: dict[tuple[str, str, str, str, int], Epilogue] = {
     ("sm120", "dense", "void", "row", 32): Epilogue(9_216, 9_216),
     ("sm120", "dense", "void", "col", 32): Epilogue(10_240, 9_216),
     ("sm120", "dense", "bf16", "row", 32): Epilogue(13_312, 13_312),
+    ("sm120", "dense", "bf16", "col", 32): Epilogue(14_336, 13_312),
     ("sm120", "grouped_moe", "bf16", "row", 32): Epilogue(13_312, 13_312),
     ("sm120", "grouped_moe", "bf16", "col", 32): Epilogue(14_336, 13_312),
     ("sm100", "dense", "void", "row", 32): Epilogue(17_408, 16_384),
@@ -120,6 +122,13 @@ def builder_rule(k: Kernel) -> str | None:
     if k.kernel_arch == "sm120":
         if k.tile_n < 32:
             return f"tile N {k.tile_n} < 32: CUTLASS SM120 builder static_asserts \"Invalid tile shape N.\""
+        if k.tile_n % 32:
+            # the tiled MMA's N permutation (sm120_tile_n_permute_selector) is 32 wide; nvcc: 128x48x128
+            return f"tile N {k.tile_n} not a multiple of 32: CuTe static_asserts \"Divisibility Condition\""
+        if k.tile_n > 128 and k.tile_n % 128:
+            # the SFB smem tile is max(N, 128) in whole 128-row blocks; nvcc: 128x160x128, 128x192x128
+            return (f"tile N {k.tile_n} > 128 not a multiple of 128 (SFB scale blocks): CuTe static_asserts "
+                    f"\"Shape Divisibility Condition\"")
         if k.schedule == "cooperative" and k.tile_m < 128:
             return f"tile M {k.tile_m} < 128: the cooperative kernel needs M >= 128"
         if k.format == "nvfp4" and k.mma == "mxf8f6f4":
@@ -131,6 +140,10 @@ def builder_rule(k: Kernel) -> str | None:
             return "only the mxf4nvf4 SM100 kernels (FlashInfer's FP4 x FP4) are modeled"
         if k.tile_m != 128:
             return f"SM100 per-CTA tile M must be 128, got {k.tile_m}"
+        if k.tile_n not in (64, 128, 192, 256):
+            # sm100_make_blockscaled_{1,2}sm_trivial_tiled_mma (nvcc's message in the truth table)
+            return (f"tile N {k.tile_n} not in 64/128/192/256: CUTLASS SM100 block-scaled builder static_asserts "
+                    f"\"Invalid TileShape_N.\"")
     return None
 
 
@@ -144,6 +157,16 @@ class Smem:
     limit: int
 
 
+def sfb_tile_n(k: Kernel) -> int:
+    """N extent of the SFB scale tile (whole MMA N, in 128-row scale blocks). SM100 rounds up
+    (`MMA_N_SFB = ceil_div(N, 128) * 128`: N 192 moves SFB as if N were 256; nvcc agrees on the 1-SM
+    and 2-SM 128x192x128 kernels, which max(N, 128) under-counted by 6 KiB); SM120 takes max(N, 128)
+    (`sSFBTileShape_N`), and a larger N that is not a multiple of 128 does not compile."""
+    if k.kernel_arch == "sm100":
+        return _up(k.tile_n, 128)
+    return max(k.tile_n, 128)
+
+
 def per_stage(k: Kernel) -> tuple[int, int, int, int]:
     """(A, B, SFA, SFB) bytes of one stage, per CTA."""
     bits = 4 if k.mma == "mxf4nvf4" else 8           # the k32 mxf8f6f4 path stores a byte per element
@@ -153,11 +176,18 @@ def per_stage(k: Kernel) -> tuple[int, int, int, int]:
     a = bits * m * kk // 8
     b = bits * n_b * kk // 8
     sfa = m * kk // vec
-    sfb = max(n, 128) * kk // vec                     # SFB covers the whole MMA N, padded to 128
+    sfb = sfb_tile_n(k) * kk // vec
     return a, b, sfa, sfb
 
 
+#: SM120 tile N the model was checked on; a 128x96 kernel compiles with 1 KiB more in its mainloop
+#: storage than the arithmetic below explains (nvcc rows), so the model declines other N
+SM120_MODELED_N = (32, 64, 128, 256)
+
+
 def model(k: Kernel) -> Smem:
+    if k.kernel_arch == "sm120" and k.tile_n not in SM120_MODELED_N:
+        raise ValueError(f"not modeled: SM120 tile N {k.tile_n} (checked on {SM120_MODELED_N}; nvcc's row decides)")
     a, b, sfa, sfb = per_stage(k)
     stage = a + b + sfa + sfb + PIPELINE_BYTES
     cap = CAPACITY[k.kernel_arch] - scheduler_carveout(k)

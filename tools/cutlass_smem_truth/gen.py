@@ -1,10 +1,16 @@
-"""Ground truth for tactics/cutlass/smem.py: compile host probes with nvcc against the CUTLASS
-that FlashInfer bundles and record each kernel's builder Stages and SharedStorageSize.
+"""The nvcc truth table the cutlass family's verdicts come from (tactics/cutlass/smem_truth.json):
+compile host probes with nvcc against CUTLASS and record each kernel's builder Stages and
+SharedStorageSize, or nvcc's error.
 
-Manual step, never CI (about 6 s and 1 GB of memory per kernel when batched; 200 kernels).
+Manual step, never CI (about 6 s and 1 GB of memory per kernel when batched; a kernel that does
+not compile sends its batch to one-at-a-time retries). The enumerated lists, against the CUTLASS
+that FlashInfer bundles:
     pip download flashinfer-python==0.7.4 --no-deps -d /tmp/fi
     python3 tools/cutlass_smem_truth/gen.py --wheel /tmp/fi/flashinfer_python-0.7.4-py3-none-any.whl \
-        --jobs 2 --out tests/data/cutlass_smem_truth.json
+        --jobs 2 --out tactics/cutlass/smem_truth.json
+More kernels into the same table (kept out of the repository: the CUTLASS headers themselves):
+    python3 tools/cutlass_smem_truth/gen.py --cutlass <CUTLASS 4.5.0 checkout> --source-note "<where from>" \
+        --set offlist --merge --out tactics/cutlass/smem_truth.json
 Kernels whose builder picks < 2 stages are recorded with kernel_smem null (the probe reads the
 stage count from the dispatch-policy type so that the batch still compiles); --check-asserts
 compiles a few of them fully and records the static_assert text nvcc prints.
@@ -24,7 +30,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from tactics.cutlass.candidates import Kernel, all_kernels, truth_extras  # noqa: E402
+from tactics.cutlass.candidates import Kernel, all_kernels, offlist_neighbours, truth_extras  # noqa: E402
+from tactics.cutlass.smem import MIN_STAGES  # noqa: E402
+
+#: the kernel sets a run can compile: the enumerated lists with their model-pinning extras, and the
+#: off-list neighbours whose verdicts would otherwise be unknown (issue #14)
+SETS = {"lists": lambda: all_kernels() + truth_extras(), "offlist": offlist_neighbours}
 
 NV = "cutlass::nv_float4_t<cutlass::float_e2m1_t>"
 MX = "cutlass::mx_float4_t<cutlass::float_e2m1_t>"
@@ -59,8 +70,9 @@ def call(k: Kernel) -> str:
         sf = "cutlass::float_ue4m3_t" if k.format == "nvfp4" else "cutlass::float_ue8m0_t"
         el = f"cute::tuple<cutlass::float_e2m1_t,{sf}>"
         kind = "Nvf4" if k.format == "nvfp4" else "Mxf4"
+        c = "void" if k.epilogue_c == "void" else "cutlass::bfloat16_t"
         return (f"probe_dense_sm100<{t},{el},32,{b(k.schedule == '2sm')},"
-                f"{G}KernelTmaWarpSpecialized1Sm{kind}Sm100,{G}KernelTmaWarpSpecialized2Sm{kind}Sm100>")
+                f"{G}KernelTmaWarpSpecialized1Sm{kind}Sm100,{G}KernelTmaWarpSpecialized2Sm{kind}Sm100,{c}>")
     if k.kernel_arch == "sm100" and k.op == "grouped_moe":
         return f"probe_moe_sm100<{t},{b(k.schedule == '2sm')}>"
     raise ValueError(f"no probe for {k.smem_key}")
@@ -124,8 +136,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=10)
+    ap.add_argument("--set", choices=sorted(SETS), default="lists", help="which kernels to compile")
     ap.add_argument("--only", default="", help="substring filter on the smem key")
-    ap.add_argument("--merge", action="store_true", help="keep --out's other rows (with --only)")
+    ap.add_argument("--merge", action="store_true", help="keep --out's other rows and its provenance")
+    ap.add_argument("--source-note", default="", help="where --cutlass came from (e.g. a git tag), recorded")
     ap.add_argument("--check-asserts", type=int, default=2, help="how many < 2-stage kernels to compile fully")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cutlass_truth_"))
@@ -139,24 +153,26 @@ def main() -> int:
         cutlass = a.cutlass
     else:
         ap.error("give --wheel or --cutlass")
-    uniq = {k.smem_key: k for k in all_kernels() + truth_extras() if a.only in k.smem_key}
+    uniq = {k.smem_key: k for k in SETS[a.set]() if a.only in k.smem_key}
     ks = sorted(uniq.values(), key=lambda k: k.smem_key)
     groups: dict[str, list[Kernel]] = {}
     for k in ks:
         groups.setdefault(target(k), []).append(k)
     chunks = [g[i:i + a.batch] for g in groups.values() for i in range(0, len(g), a.batch)]
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
-    meta = {"cutlass_version": cutlass_version(cutlass), "flashinfer_version": fi_version,
-            "nvcc": re.search(r"V(\d+\.\d+\.\d+)", nvcc).group(1),
-            "generator": "tools/cutlass_smem_truth/gen.py", "date": time.strftime("%Y-%m-%d")}
+    run = {"cutlass_version": cutlass_version(cutlass), "flashinfer_version": fi_version,
+           "cutlass_source": a.source_note or (f"flashinfer-python {fi_version} wheel" if fi_version else str(cutlass)),
+           "nvcc": re.search(r"V(\d+\.\d+\.\d+)", nvcc).group(1), "set": a.set, "only": a.only,
+           "kernels": len(ks), "date": time.strftime("%Y-%m-%d")}
+    meta = {**run, "generator": "tools/cutlass_smem_truth/gen.py"}
     rows: list[dict] = []
-    if a.merge and a.out.exists():     # keep the other rows: this run only adds or replaces --only's
+    if a.merge and a.out.exists():     # keep the other rows: this run only adds or replaces its own
         old = json.loads(a.out.read_text())
-        if old["cutlass_version"] != meta["cutlass_version"]:
-            raise SystemExit(f"--merge: {a.out} is for CUTLASS {old['cutlass_version']}, not {meta['cutlass_version']}")
-        rows = [r for r in old["rows"] if r["name"] not in uniq]
-        meta["merged"] = sorted(set(old.get("merged", [])) | {a.only})
-        meta["seconds_before_merge"] = old.get("seconds")
+        if old["cutlass_version"] != run["cutlass_version"]:
+            raise SystemExit(f"--merge: {a.out} is for CUTLASS {old['cutlass_version']}, not {run['cutlass_version']}")
+        rows = [r for r in old.pop("rows") if r["name"] not in uniq]
+        meta = {k: v for k, v in old.items() if k not in ("partial",)}
+        meta["merges"] = [*old.get("merges", []), run]
     t0 = time.time()
     with cf.ThreadPoolExecutor(a.jobs) as ex:
         futs = [ex.submit(batch, cutlass, c, work, f"b{i}") for i, c in enumerate(chunks)]
@@ -166,13 +182,16 @@ def main() -> int:
             a.out.write_text(json.dumps({**meta, "partial": True, "rows": sorted(rows, key=lambda r: r["name"])},
                                         indent=1) + "\n")
     one = [uniq[r["name"]] for r in rows if r["name"] in uniq and r.get("stages") is not None
-           and r["stages"] < 2 and "full_compile_error" not in r]
+           and r["stages"] < MIN_STAGES[uniq[r["name"]].kernel_arch] and "full_compile_error" not in r]
     asserts = check_asserts(cutlass, one[: a.check_asserts], work) if a.check_asserts else {}
     for r in rows:
         if r["name"] in asserts:
             r["full_compile_error"] = asserts[r["name"]]
-    a.out.write_text(json.dumps({**meta, "partial": False, "seconds": round(time.time() - t0),
-                                 "rows": sorted(rows, key=lambda r: r["name"])}, indent=1) + "\n")
+    run["seconds"] = round(time.time() - t0)
+    if "merges" not in meta:
+        meta["seconds"] = run["seconds"]
+    a.out.write_text(json.dumps({**meta, "partial": False, "rows": sorted(rows, key=lambda r: r["name"])},
+                                indent=1) + "\n")
     print(f"wrote {len(rows)} rows to {a.out}")
     return 0
 

@@ -90,8 +90,10 @@ void probe_moe_sm120(const char* name) {
 }
 
 // SM100 dense, FlashInfer fp4_gemm_template_sm100.h style (dynamic cluster, 1SM or 2SM MMA;
-// TM is the per-CTA M, the MMA tile is TM*2 for 2SM; C = void, D = bf16).
-template <int TM, int TN, int TK, class ElemA, int Align, bool TwoSm, class MainSched1, class MainSched2>
+// TM is the per-CTA M, the MMA tile is TM*2 for 2SM; C = void as FlashInfer builds it, or bf16;
+// D = bf16).
+template <int TM, int TN, int TK, class ElemA, int Align, bool TwoSm, class MainSched1, class MainSched2,
+          class ElemC = void>
 void probe_dense_sm100(const char* name) {
   using Arch = cutlass::arch::Sm100;
   using MmaTile = Shape<Int<TM * (TwoSm ? 2 : 1)>, Int<TN>, Int<TK>>;
@@ -101,9 +103,9 @@ void probe_dense_sm100(const char* name) {
   using MainSched = std::conditional_t<TwoSm, MainSched2, MainSched1>;
   using EpiTile = std::conditional_t<TM == 128 && TN == 256 && TK == 256, Shape<_128, _64>,
                                      cutlass::epilogue::collective::EpilogueTileAuto>;
-  using Fusion = cutlass::epilogue::fusion::LinearCombination<D, float, void, float>;
+  using Fusion = cutlass::epilogue::fusion::LinearCombination<D, float, ElemC, float>;
   using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
-      Arch, cutlass::arch::OpClassTensorOp, MmaTile, Cluster, EpiTile, float, float, void,
+      Arch, cutlass::arch::OpClassTensorOp, MmaTile, Cluster, EpiTile, float, float, ElemC,
       cutlass::layout::RowMajor, 8, D, cutlass::layout::RowMajor, 8, EpiSched, Fusion>::CollectiveOp;
   using Main = typename cutlass::gemm::collective::CollectiveBuilder<
       Arch, cutlass::arch::OpClassBlockScaledTensorOp, ElemA, cutlass::layout::RowMajor, Align, ElemA,

@@ -1,0 +1,75 @@
+"""The "swizzled-128x4" weight layout: FP4 codes as they are, block scales in the 128x4 tiled
+layout that CUTLASS (through FlashInfer) and cuBLASLt read, swizzled once when a layer is bound.
+
+Shared by the `cutlass` and `cublaslt` families (`Family.layout` / `Family.pack`). Their
+launchers take either this packed form (bound tables, FP4Linear: no swizzle per call) or a plain
+FP4Weight (the `dispatch((M, N, K))(x, w)` form), which is swizzled once per weight object.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.core import formats
+from autotune.core.formats import FP4Weight, unswizzle_128x4
+
+SWIZZLED_LAYOUT = "swizzled-128x4"
+
+
+@dataclass(frozen=True, eq=False)
+class SwizzledWeight:
+    """An FP4Weight with its block scales in the 128x4 layout (flat uint8 [..., R*C],
+    R = round_up(N, 128), C = round_up(K/block, 4), zero padding). `packed` is the source's own
+    tensor when it is contiguous (no copy); only the scales take extra memory."""
+
+    packed: Any                # uint8 [..., N, K/2]
+    scales: Any                # uint8 [..., R*C], swizzled
+    global_scale: Any
+    fmt: str
+    input_scale: Any
+    n: int
+    k: int
+
+    @property
+    def block(self) -> int:
+        return 16 if self.fmt == "nvfp4" else 32
+
+    def linear_scales(self) -> Any:
+        """The block scales back in the linear [..., N, K/block] layout, in the format's dtype."""
+        import torch
+        dtype = torch.float8_e4m3fn if self.fmt == "nvfp4" else torch.uint8
+        return unswizzle_128x4(self.scales, self.n, self.k // self.block, dtype)
+
+
+def pack_swizzled(w: FP4Weight) -> SwizzledWeight:
+    if not isinstance(w, FP4Weight):
+        raise TypeError(f"the {SWIZZLED_LAYOUT} layout packs an FP4Weight, got {type(w).__name__}")
+    c = w.contiguous()
+    return SwizzledWeight(c.packed, formats.swizzle_128x4(c.scales), c.global_scale, c.fmt, c.input_scale, c.n, c.k)
+
+
+class SwizzledCache:
+    """The launchers' one-entry cache: a SwizzledWeight passes through; a plain FP4Weight is
+    swizzled the first time it is seen and reused while the same object comes back."""
+
+    def __init__(self) -> None:
+        self._src: Any = None
+        self._packed: SwizzledWeight | None = None
+
+    def __call__(self, w: Any) -> SwizzledWeight:
+        if isinstance(w, SwizzledWeight):
+            return w
+        if self._src is not w:
+            self._packed, self._src = pack_swizzled(w), w
+        assert self._packed is not None
+        return self._packed
+
+
+def check_bound_weight(problem: Any, w: SwizzledWeight, family: str) -> None:
+    """Refuse, at bind time, a packed weight that does not match the problem (one line naming both)."""
+    want = (problem.n, problem.k, problem.w_fmt)
+    if not isinstance(w, SwizzledWeight):
+        raise TypeError(f"{family}: bind needs the {SWIZZLED_LAYOUT} packed weight, got {type(w).__name__}")
+    if (w.n, w.k, w.fmt) != want:
+        raise ValueError(f"{family}: weight is {w.fmt} [N={w.n}, K={w.k}], the problem needs "
+                         f"{problem.w_fmt} [N={problem.n}, K={problem.k}]")
