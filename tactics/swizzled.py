@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.core import formats
 from autotune.core.formats import FP4Weight, unswizzle_128x4
+from autotune.core.operands import check_weight
 
 SWIZZLED_LAYOUT = "swizzled-128x4"
 
@@ -65,11 +66,9 @@ class SwizzledCache:
         return self._packed
 
 
-def check_bound_weight(problem: Any, w: SwizzledWeight, family: str) -> None:
-    """Refuse, at bind time, a packed weight that does not match the problem (one line naming both)."""
-    want = (problem.n, problem.k, problem.w_fmt)
+def check_bound_weight(problem: Any, w: Any, family: str) -> None:
+    """Refuse a packed weight of another layout, or one that does not match the problem (the shared
+    operand check, core.operands.check_weight: one line naming both shapes)."""
     if not isinstance(w, SwizzledWeight):
         raise TypeError(f"{family}: bind needs the {SWIZZLED_LAYOUT} packed weight, got {type(w).__name__}")
-    if (w.n, w.k, w.fmt) != want:
-        raise ValueError(f"{family}: weight is {w.fmt} [N={w.n}, K={w.k}], the problem needs "
-                         f"{problem.w_fmt} [N={problem.n}, K={problem.k}]")
+    check_weight(problem, w)

@@ -375,17 +375,17 @@ def swizzle_calls(monkeypatch):
 def test_pack_swizzles_the_scales_once_and_unswizzle_restores_them(fmt):
     import torch
     from autotune.core.formats import swizzle_128x4, swizzled_size_128x4
-    from autotune.runtime import prepack
+    from autotune.runtime.bound import extra_bytes
     w = _weight(fmt=fmt)                                       # N = 200: padded rows in the 128x4 layout
     t = FAM.default(DENSE, SM120)
-    assert FAM.layout(t) == prepack.layout_of(t) == "swizzled-128x4"
-    sw = prepack.pack_for(t, w)
+    assert FAM.layout(t) == "swizzled-128x4"
+    sw = FAM.pack(FAM.layout(t), w)
     assert sw.packed.data_ptr() == w.packed.data_ptr()         # the codes are the source's own bytes
     assert sw.scales.dtype == torch.uint8 and sw.scales.numel() == swizzled_size_128x4(200, 256 // w.block)
     assert torch.equal(sw.scales, swizzle_128x4(w.scales))
     back = sw.linear_scales()
     assert back.dtype == w.scales.dtype and torch.equal(back.view(torch.uint8), w.scales.view(torch.uint8))
-    assert prepack.extra_bytes(w, [sw]) == sw.scales.numel()  # only the swizzled scales are extra
+    assert extra_bytes(w, [sw]) == sw.scales.numel()  # only the swizzled scales are extra
     with pytest.raises(ValueError, match="no weight layout"):
         FAM.pack("fp4-linear-u8", w)
 
@@ -422,11 +422,11 @@ def test_flashinfer_weight_operands_swizzle_a_plain_weight_once(swizzle_calls):
 def test_weight_that_does_not_match_the_problem_is_refused():
     from tactics.cutlass.family import WeightOperands
     sw = FAM.pack("swizzled-128x4", _weight(n=64))
-    with pytest.raises(ValueError, match=r"weight is nvfp4 \[N=64, K=256\], the problem needs nvfp4 \[N=200, K=256\]"):
+    with pytest.raises(ValueError, match=r"weight packed 64x128 does not match the problem's 200x128"):
         WeightOperands(Problem.dense(200, 256))(sw)
-    with pytest.raises(ValueError, match="weight is nvfp4"):
+    with pytest.raises(ValueError, match="weight packed 64x128 does not match"):
         FAM.bind(Problem.dense(200, 256), FAM.default(DENSE, SM120), sw, "cuda")
-    with pytest.raises(ValueError, match="weight is mxfp4"):
+    with pytest.raises(ValueError, match="weight format is mxfp4, the problem's is nvfp4"):
         FAM.bind(Problem.dense(200, 256), FAM.default(DENSE, SM120), FAM.pack("swizzled-128x4", _weight(fmt="mxfp4")),
                  "cuda")
     with pytest.raises(TypeError, match="swizzled-128x4 packed weight"):
