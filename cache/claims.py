@@ -10,7 +10,7 @@ Every operation is one short transaction whose outcome is decided by the databas
 read followed by a write: a claim is `INSERT ... ON CONFLICT DO UPDATE ... WHERE <claim is free>`
 (SQLite and PostgreSQL both run it atomically: SQLite holds the write lock for the statement,
 PostgreSQL locks the conflicting row and checks the WHERE against its newest version), and the
-affected-row count says whether this owner holds the job. Renew, finish, release and the
+number of rows it changed says whether this owner holds the job. Renew, finish, release and the
 takeover of a dead owner's claim are UPDATE/DELETEs conditioned on the owner column.
 
 Times come from `now()` (seconds, injectable so tests move the clock instead of sleeping); they
@@ -118,9 +118,14 @@ class Claims:
         self.store, self.owner, self.now = store, owner or owner_id(), now
 
     def _count(self, stmt) -> int:
-        """Run one write statement in its own transaction; the rows it changed."""
+        """Run one write statement in its own transaction; the rows it changed. PostgreSQL counts
+        them from RETURNING (through SQLAlchemy, psycopg reports rowcount -1 for INSERT ... ON
+        CONFLICT); SQLite from rowcount (RETURNING needs SQLite 3.35)."""
         out = [0]
-        self.store._write(lambda s: out.__setitem__(0, s.execute(stmt).rowcount))
+        if self.dialect == "postgresql":
+            self.store._write(lambda s: out.__setitem__(0, len(s.execute(stmt.returning(_T.c.owner)).all())))
+        else:
+            self.store._write(lambda s: out.__setitem__(0, s.execute(stmt).rowcount))
         return out[0]
 
     # -- reading
