@@ -119,6 +119,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
     runner, halving = _runner(budget_s, exhaustive, gpus, workers, ray_address, compile_workers, timeout_s, no_isolate)
     measuring = not dry_run and target == detect()
     store = _open_store(cache) if measuring else None
+    from autotune.engine.claims import ClaimSettingError
     from autotune.engine.workers import WorkerStartError
     try:
         report = run_search([u.problem for u in uses], families=fams, store=store, buckets=b, arch=target,
@@ -126,7 +127,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                             runner=runner, retry_failed=retry_failed, dry_run=not measuring,
                             compile_check=compile_check, max_tactics=max_tactics,
                             progress=not as_json and sys.stderr.isatty())
-    except WorkerStartError as e:
+    except (WorkerStartError, ClaimSettingError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(_report_json(report, uses), indent=2))

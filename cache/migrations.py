@@ -17,13 +17,27 @@ from typing import Callable, Mapping
 
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from cache.schema import SCHEMA_VERSION
 
 Step = Callable[[Connection], None]
 
-#: version -> the step that brings a cache from version-1 to version (none yet: 1 is current)
-STEPS: dict[int, Step] = {}
+
+
+def _v2_claims(c: Connection) -> None:
+    """Schema 2: the claims table (concurrent searches share the work; cache/claims.py). Plain
+    types that SQLite and PostgreSQL both take (FLOAT is double precision on PostgreSQL)."""
+    c.exec_driver_sql(
+        "CREATE TABLE claims (problem_key VARCHAR(200) NOT NULL, bucket INTEGER NOT NULL, "
+        "device_key VARCHAR(32) NOT NULL, lib_set VARCHAR(32) NOT NULL, owner VARCHAR(200) NOT NULL, "
+        "claimed_at FLOAT NOT NULL, expires_at FLOAT NOT NULL, state VARCHAR(16) NOT NULL, "
+        "PRIMARY KEY (problem_key, bucket, device_key, lib_set))")
+    c.exec_driver_sql("CREATE INDEX ix_claims_owner ON claims (owner)")
+
+
+#: version -> the step that brings a cache from version-1 to version
+STEPS: dict[int, Step] = {2: _v2_claims}
 
 #: schema version 1 as released (commit 942ee7f), SQLite dialect
 V1_DDL = """
@@ -81,13 +95,21 @@ def upgrade(engine: Engine, steps: Mapping[int, Step] | None = None, target: int
         raise MigrationError(f"no migration step to schema {missing[0]} (cache is at {v}, code at {target})")
     done = []
     for n in range(v + 1, target + 1):
-        with engine.begin() as c:          # one transaction: the step and its version row
-            if version(c) != n - 1:        # another process migrated meanwhile
-                continue
-            # the version row goes first: pysqlite opens its transaction at the first DML, and DDL
-            # issued after that is part of it, so a failing step rolls back its DDL too
-            c.execute(text("INSERT INTO schema_version (version) VALUES (:v)"), {"v": n})
-            steps[n](c)
+        try:
+            with engine.begin() as c:          # one transaction: the step and its version row
+                if version(c) != n - 1:        # another process migrated meanwhile
+                    continue
+                # the version row goes first: pysqlite opens its transaction at the first DML, and DDL
+                # issued after that is part of it, so a failing step rolls back its DDL too
+                c.execute(text("INSERT INTO schema_version (version) VALUES (:v)"), {"v": n})
+                steps[n](c)
+        except IntegrityError:
+            # two processes opened the same old cache at once: both read n-1, the other committed
+            # version n first, this one's version row then collides; its step was rolled back
+            with engine.connect() as c:
+                if (version(c) or 0) < n:
+                    raise
+            continue
         done.append(n)
     return done
 

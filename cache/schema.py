@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: bump with every change to the tables below, and add the step to cache/migrations.py (STEPS);
 #: tests/test_migrations.py upgrades a cache built with the first released schema and compares
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def utcnow() -> datetime:
@@ -119,3 +119,20 @@ class MissRow(Base):
     m: Mapped[int] = mapped_column(Integer, primary_key=True)
     device_key: Mapped[str] = mapped_column(String(32), primary_key=True)
     count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ClaimRow(Base):
+    """Schema 2: a search's claim on one (problem, bucket) job, so that concurrent searches on one
+    cache measure each job once (cache/claims.py, docs/search.md "Several searches on one cache").
+    Times are seconds since the epoch from the claiming host's clock."""
+
+    __tablename__ = "claims"
+    __table_args__ = (Index("ix_claims_owner", "owner"),)
+    problem_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    lib_set: Mapped[str] = mapped_column(String(32), primary_key=True)    # digest of the search's lib keys
+    owner: Mapped[str] = mapped_column(String(200))                       # host:pid:random
+    claimed_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16))                        # 'claimed' | 'done'

@@ -77,3 +77,45 @@ def test_search_into_postgres_and_resume(pg_url):
     assert first.measured > 0 and first.failed == 0 and len(first.winners) == 2
     again = search([p], **kw)
     assert again.measured == 0 and again.resumed == first.measured
+
+
+# -- claims (#14): several searches on one PostgreSQL cache share the jobs ----------------------
+
+def _fresh_db(pg_url: str, name: str) -> str:
+    """A database of its own on the throwaway server, so each test starts from an empty cache."""
+    from sqlalchemy import create_engine, text
+    e = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with e.connect() as c:
+        c.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        c.execute(text(f"CREATE DATABASE {name}"))
+    e.dispose()
+    return pg_url.replace("@/postgres?", f"@/{name}?")
+
+
+def test_concurrent_claimers_on_postgres_win_each_job_once(pg_url):
+    from tests.claims_race import race_claimers
+    won = race_claimers(_fresh_db(pg_url, "claims_race"))
+    assert all(len(owners) == 1 for owners in won.values()), won
+
+
+def test_four_searches_on_one_postgres_cache_measure_each_trial_once(pg_url, tmp_path):
+    from sqlalchemy import func, select
+
+    from cache.schema import TrialRow
+    from tests.test_claims import TINY, check_shared, reports, start_searches
+    cfg = tmp_path / "config.json"
+    cfg.write_text(__import__("json").dumps(TINY))
+    url = _fresh_db(pg_url, "claims_four")
+    reps = reports(start_searches(cfg, url, 4))
+    assert all(r["failed"] == 0 for r in reps)
+    with Store(url) as s:
+        trials = s._read(lambda x: x.execute(select(func.count()).select_from(TrialRow)
+                                             .where(TrialRow.bucket > 0)).scalar())
+    check_shared(cfg, url, reps, trials)
+
+
+def test_planted_claims_on_postgres(pg_url, tmp_path):
+    from tests.test_claims import TINY, check_planted, plant_and_search
+    cfg = tmp_path / "config.json"
+    cfg.write_text(__import__("json").dumps(TINY))
+    check_planted(*plant_and_search(cfg, _fresh_db(pg_url, "claims_planted")))

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from autotune.engine import bench, workers as workers_mod
+from autotune.engine import bench, claims as job_claims, workers as workers_mod
 from autotune.core import winner as winner_rule
 from autotune.core.buckets import Buckets
 from autotune.core.env import Env, current
@@ -163,6 +163,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         if target != live:
             report.notes.append(f"planning for {target.name} on a {live.name} machine: verdicts only, nothing measured")
         return report
+    ttl = job_claims.ttl_s(runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
 
     runnable = []
     for fam in families:
@@ -200,17 +201,25 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
 
     _precompile(work, target, env, lib_keys, store, runner, report, log)
 
+    redo = {"failed"} if retry_failed else set()
+    if halving.exhaustive:
+        redo.add("dropped")    # an exhaustive run times what halving dropped
+
+    def remaining(p: Problem, b: int, tactics: Iterable[Tactic]) -> tuple[Tactic, ...]:
+        """Of `tactics`, those the cache lacks at (p, b) under this search's libraries (resume)."""
+        done = {t.tactic_id: t for t in store.get_trials(p.key, b, env.device_key)
+                if t.lib_key == lib_keys.get(t.family)}
+        return tuple(t for t in tactics if t.id not in done or done[t.id].status in redo)
+
     jobs = []
     for p, kept, default in work:
         for b in buckets:
-            done = {t.tactic_id: t for t in store.get_trials(p.key, b, env.device_key)
-                    if t.lib_key == lib_keys.get(t.family)}
-            redo = {"failed"} if retry_failed else set()
-            if halving.exhaustive:
-                redo.add("dropped")    # an exhaustive run times what halving dropped
-            todo = tuple(r.tactic for r in kept if r.tactic.id not in done or done[r.tactic.id].status in redo)
+            todo = remaining(p, b, [r.tactic for r in kept])
             report.resumed += len(kept) - len(todo)
             jobs.append(Job(p, b, todo, default.id, {r.tactic.id: r.verdict.smem_bytes for r in kept}))
+    # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
+    claims = job_claims.JobClaims(store, env.device_key, lib_keys.values(),
+                                  lambda j: remaining(j.problem, j.bucket, j.tactics), ttl)
 
     bar = _Progress(sum(len(j.tactics) for j in jobs), progress)
     bar.advance(report.resumed)
@@ -241,20 +250,23 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         if w:
             with lock:
                 report.winners.append(w)
+        claims.done(job)
 
     try:
         todo_jobs = [j for j in jobs if j.tactics]
         for j in jobs:
             if not j.tactics:
                 finish(j)
-        if runner.ray:
-            workers_mod.run_ray(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards,
-                                report.stages)
-        else:
-            workers_mod.run_local(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards,
-                                  report.stages)
+        run = workers_mod.run_ray if runner.ray else workers_mod.run_local
+        run(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards,
+            claims.beating(report.stages), start=claims.start)
+        for j in claims.settled():     # skipped, and finished by their search meanwhile: read the winners
+            finish(j)
     finally:
         bar.close()
+        claims.close()
+    report.resumed += claims.found
+    report.notes += claims.notes()
     report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
     return report
 

@@ -279,9 +279,10 @@ def _executors(runner, device: str) -> list[tuple[str, Executor]]:
 
 
 def run_local(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict,
-              stages: Stages | None = None) -> None:
+              stages: Stages | None = None, start=None) -> None:
     """Shard jobs over one worker per device (or per `runner.workers` on the CPU): each worker
-    takes the next job as it frees up, so a slow bucket does not hold the others back."""
+    takes the next job as it frees up, so a slow bucket does not hold the others back.
+    `start(job)`, called as a worker takes a job, returns the job to run (None: skip it)."""
     if not jobs:
         return
     queue = list(reversed(jobs))   # pop() from the end keeps the planned order
@@ -296,10 +297,13 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, record, fini
                     if not queue or errors:
                         return
                     job = queue.pop()
-                run_job(ex, job, timer, halving, seed, lambda o, job=job: record(job, o), stages)
+                if start is not None and (job := start(job)) is None:
+                    continue
+                if job.tactics:
+                    run_job(ex, job, timer, halving, seed, lambda o, job=job: record(job, o), stages)
+                    with lock:
+                        shards[label] = shards.get(label, 0) + 1
                 finish(job)
-                with lock:
-                    shards[label] = shards.get(label, 0) + 1
         except BaseException as e:   # a store error etc.: stop every worker, re-raise in the caller
             with lock:
                 errors.append(e)
@@ -344,11 +348,17 @@ def _ray_job(job, device: str, timer: bench.TimerConfig, halving, seed: int, fam
 
 
 def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict,
-            stages: Stages | None = None) -> None:
+            stages: Stages | None = None, start=None) -> None:
     """Fan jobs out over a Ray cluster (`runner.ray` = address, or "local" for a local cluster).
     Results come back to this process, which writes them to its cache URL; for several hosts
-    point --cache at a shared database or merge per-host files with `autotune cache import`."""
+    point --cache at a shared database or merge per-host files with `autotune cache import`.
+    `start` as in run_local, called for every job before the tasks are submitted."""
     from autotune.engine.halving import Outcome
+    if start is not None:
+        jobs = [j for j in map(start, jobs) if j is not None]
+        for j in [j for j in jobs if not j.tactics]:
+            finish(j)
+        jobs = [j for j in jobs if j.tactics]
     try:
         import ray
     except ImportError:
