@@ -97,7 +97,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
            max_tactics, retry_failed, dry_run, as_json, list_tactics=None):
     """Tune every FP4 GEMM of a model and store the winners."""
-    from autotune.engine import bench
+    from autotune.engine import timing
     from autotune.engine.search import search as run_search
     from autotune.core.arch import detect
 
@@ -122,7 +122,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
     from autotune.engine.workers import WorkerStartError
     try:
         report = run_search([u.problem for u in uses], families=fams, store=store, buckets=b, arch=target,
-                            margin=margin, timer=bench.TimerConfig(budget_s=budget_ms / 1000), halving=halving,
+                            margin=margin, timer=timing.TimerConfig(budget_s=budget_ms / 1000), halving=halving,
                             runner=runner, retry_failed=retry_failed, dry_run=not measuring,
                             compile_check=compile_check, max_tactics=max_tactics,
                             progress=not as_json and sys.stderr.isatty())

@@ -21,6 +21,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
+from autotune.core import settings
 from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
@@ -57,7 +58,7 @@ def _path_url(p: str | os.PathLike) -> str:
 
 def default_url() -> str:
     """$AUTOTUNE_CACHE (a file path or any SQLAlchemy URL), else the per-user cache file."""
-    env = os.environ.get("AUTOTUNE_CACHE", "").strip()
+    env = settings.cache_url()
     if env:
         return env if "://" in env else _path_url(env)
     import platformdirs

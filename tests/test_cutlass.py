@@ -226,7 +226,7 @@ def test_dry_run_lists_every_cutlass_candidate():
 
 def _run_on_device():
     import torch
-    from autotune.engine.bench import make_inputs, reference
+    from autotune.core.inputs import make_inputs, reference
     arch = "sm120" if torch.cuda.get_device_capability()[0] == 12 else "sm100"
     ok, why = FAM.available("cuda")
     if not ok:

@@ -4,7 +4,7 @@ import sqlite3
 import pytest
 import torch
 
-from autotune.engine import bench
+from autotune.core import inputs
 from autotune.core.buckets import hybrid
 from autotune.runtime.dispatch import Dispatcher
 from autotune.models import problems_for
@@ -42,9 +42,9 @@ def test_dispatch_matches_float64_for_every_glm5_tp8_dense_shape(glm5_cache):
     assert len(dense) == 4
     for p in dense:
         for m in (1, 5, 16):
-            s = bench.make_inputs(p, m, "cpu", seed=m)[0]
+            s = inputs.make_inputs(p, m, "cpu", seed=m)[0]
             y = d((m, p.n, p.k))(s.x, s.w)
-            ref = bench.reference(p, s)
+            ref = inputs.reference(p, s)
             assert y.dtype == torch.bfloat16 and y.shape == (m, p.n)
             assert float((y.double() - ref).norm() / ref.norm()) < 1e-2, p.key
     assert d.stats["miss"] == 0

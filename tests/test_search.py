@@ -5,7 +5,8 @@ import warnings
 import pytest
 import torch
 
-from autotune.engine import bench
+from autotune.core import inputs
+from autotune.engine import timing
 from autotune.core.buckets import Buckets
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import cpu
@@ -15,7 +16,7 @@ from cache import Store
 from tactics import registry
 
 CPU = cpu()   # these tests tune on the CPU even where a GPU is present
-FAST = bench.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
 DENSE = Problem.dense(256, 512)
 MOE = Problem.moe(128, 256, experts=8, top_k=2)
 
@@ -87,9 +88,9 @@ def test_dispatch_serves_the_winners(tmp_path):
     store = Store(tmp_path / "c.db")
     _run(store, problems=(DENSE,), buckets=(1, 4))
     d = Dispatcher(store, env=CPU, record_misses=False)
-    w = bench.make_inputs(DENSE, 3, "cpu", seed=7)[0]
+    w = inputs.make_inputs(DENSE, 3, "cpu", seed=7)[0]
     kernel = d((3, DENSE.n, DENSE.k))
-    ref = bench.reference(DENSE, w)
+    ref = inputs.reference(DENSE, w)
     y = kernel(w.x, w.w)
     assert y.shape == (3, 256) and y.dtype == torch.bfloat16
     assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
@@ -108,8 +109,8 @@ def test_dispatch_miss_returns_default_warns_once_and_records(tmp_path):
         k2 = d((5, 64, 128))
         d((9, 64, 128))
     assert k1 is k2 and sum("no tuned tactic" in str(c.message) for c in caught) == 1
-    s = bench.make_inputs(p, 5, "cpu", seed=1)[0]
-    assert float((k1(s.x, s.w).double() - bench.reference(p, s)).norm() / bench.reference(p, s).norm()) < 1e-2
+    s = inputs.make_inputs(p, 5, "cpu", seed=1)[0]
+    assert float((k1(s.x, s.w).double() - inputs.reference(p, s)).norm() / inputs.reference(p, s).norm()) < 1e-2
     d.flush_misses()
     misses = {(m.problem_key, m.m): m.count for m in Store(path).misses()}
     assert misses == {(p.key, 5): 2, (p.key, 9): 1}

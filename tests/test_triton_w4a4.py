@@ -111,7 +111,7 @@ def test_inputs_and_reference_helpers():
     dequantized quantized activations (so it differs from the bf16-activation reference)."""
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
     s = w4a4.make_inputs(Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4"), 8, "cpu", seed=3)[0]
     amax = s.x.float().abs().amax()
     assert s.w.input_scale is not None and float(s.w.input_scale) == pytest.approx(float(amax) / (6 * 448), rel=1e-6)
@@ -122,7 +122,7 @@ def test_inputs_and_reference_helpers():
     assert 0.02 < rel < 0.3, rel           # FP4 activations: far beyond bench's 1e-2 bf16 tolerance
     with pytest.raises(ValueError, match="FP4 activations"):
         w4a4.make_inputs(W4A16_NV, 4, "cpu", seed=0)
-    assert bench.TOLERANCE["bf16"] == 1e-2
+    assert inputs.TOLERANCE["bf16"] == 1e-2
 
 
 # ---- interpreter: activation quantizer (bit-exact) and MXFP4 GEMM ----------------------------------
@@ -348,14 +348,14 @@ def test_sm120_native_nvfp4_w4a4():
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_search_inputs_and_reference_quantize_the_activations(fmt):
-    # the search's check (autotune.engine.bench) must judge a W4A4 kernel against quantized activations
+    # the search's check (autotune.core.inputs) must judge a W4A4 kernel against quantized activations
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
     p = Problem.dense(256, 512, fmt, a_fmt=fmt)
-    s = bench.make_inputs(p, 8, "cpu", seed=3)[0]
+    s = inputs.make_inputs(p, 8, "cpu", seed=3)[0]
     assert (s.w.input_scale is not None) == (fmt == "nvfp4")
-    ref = bench.reference(p, s)
+    ref = inputs.reference(p, s)
     # spelled out with autotune.core.formats: dequant(quant(x)) · dequant(W)ᵀ in float64
     from autotune.core.formats import FP4Weight, quantize, quantize_activation_nvfp4
     if fmt == "nvfp4":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engine import bench
+from autotune.engine import timing
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.engine.halving import Halving, _rounds
@@ -29,7 +29,7 @@ from tests.families.crashing import BUILD_LOG, SLEEP_MS
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = cpu()
-FAST = bench.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
 DENSE = Problem.dense(256, 512)
 MOE = Problem.moe(128, 256, experts=8, top_k=2)
 

@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from autotune.engine import bench, workers as workers_mod
+from autotune.engine import timing, workers as workers_mod
 from autotune.core import winner as winner_rule
 from autotune.core.buckets import Buckets
 from autotune.core.env import Env, current
@@ -142,7 +142,7 @@ class Runner:
 
 def search(problems: Sequence[Problem], *, families: Sequence[Family], store, buckets: Buckets,
            arch: Arch | None = None, env: Env | None = None, margin: float = winner_rule.DEFAULT_MARGIN,
-           timer: bench.TimerConfig = bench.TimerConfig(), halving: Halving = Halving(), runner: Runner = Runner(),
+           timer: timing.TimerConfig = timing.TimerConfig(), halving: Halving = Halving(), runner: Runner = Runner(),
            retry_failed: bool = False, dry_run: bool = False, compile_check: bool = False, seed: int = 0, max_tactics: int | None = None,
            progress: bool = False, log: Callable[[str], None] = lambda s: None) -> SearchReport:
     from tactics import registry

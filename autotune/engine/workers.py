@@ -19,9 +19,10 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
 
-from autotune.engine import bench
+from autotune.engine import timing
+from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
+from autotune.engine.halving import measure
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
 from autotune.core.tactic import Tactic
 
@@ -29,31 +30,6 @@ from autotune.core.tactic import Tactic
 START_TIMEOUT_S = 180.0
 #: default limit for one check (build + compile + one call) or one timing request
 DEFAULT_TIMEOUT_S = 300.0
-
-
-class TacticError(Exception):
-    """The tactic failed (raised, wrong result); the worker is fine."""
-
-
-class WorkerStartError(RuntimeError):
-    """A fresh worker could not start (broken environment): abort the search, fail no tactic."""
-
-
-class WorkerLost(Exception):
-    """The worker died or was killed while serving a request."""
-
-    def __init__(self, reason: str, exit_signal: int | None):
-        super().__init__(reason)
-        self.reason, self.exit_signal = reason, exit_signal
-
-
-class Executor(Protocol):
-    device: str
-
-    def setup(self, problem_key: str, bucket: int, seed: int) -> None: ...
-    def check(self, tactic: Tactic) -> dict: ...
-    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict: ...
-    def close(self) -> None: ...
 
 
 class InlineExecutor:
@@ -75,7 +51,7 @@ class InlineExecutor:
     def check(self, tactic: Tactic) -> dict:
         return self._call(self._b.check, tactic)
 
-    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
+    def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         return self._call(self._b.time, tactic, timer)
 
     def close(self) -> None:
@@ -185,7 +161,7 @@ class ProcessExecutor:
     def check(self, tactic: Tactic) -> dict:
         return self._request({"op": "check", "tactic": tactic.to_json()}, self.timeout_s)
 
-    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
+    def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         return self._request({"op": "time", "tactic": tactic.to_json(), "timer": asdict(timer)}, self.timeout_s)
 
     def close(self) -> None:
@@ -254,9 +230,8 @@ class _Clocked:
         self._ex.close()
 
 
-def run_job(ex: Executor, job, timer: bench.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> None:
+def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> None:
     """One (problem, bucket) on one executor; `emit(outcome)` gets each trial as it is decided."""
-    from autotune.engine.halving import Outcome, measure
     if stages is not None:
         ex = _Clocked(ex, stages)
     try:
@@ -328,7 +303,7 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, record, fini
 _RAY_EXECUTORS: dict[tuple, ProcessExecutor] = {}   # per Ray worker process, reused across its tasks
 
 
-def _ray_job(job, device: str, timer: bench.TimerConfig, halving, seed: int, families: dict,
+def _ray_job(job, device: str, timer: timing.TimerConfig, halving, seed: int, families: dict,
              timeout_s: float) -> tuple[str, list, dict]:
     """One job inside a Ray task: the same isolated worker and `run_job` as on one host."""
     import socket
@@ -348,7 +323,6 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
     """Fan jobs out over a Ray cluster (`runner.ray` = address, or "local" for a local cluster).
     Results come back to this process, which writes them to its cache URL; for several hosts
     point --cache at a shared database or merge per-host files with `autotune cache import`."""
-    from autotune.engine.halving import Outcome
     try:
         import ray
     except ImportError:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 from autotune.core.env import Env, current
 from autotune.core.problem import Problem, check_m
 from autotune.core.records import Miss
+from autotune.core import settings
 from autotune.core.arch import ARCHS, Arch, detect
 from autotune.core.tactic import Tactic, parse_tactic
 
@@ -38,9 +39,7 @@ log = logging.getLogger("autotune.runtime.dispatch")
 
 RUNGS = ("pinned", "exact", "nearest", "default")
 PINNED, EXACT, NEAREST, DEFAULT = range(4)
-PIN_ENV = "AUTOTUNE_PIN"
-MISSES_ENV = "AUTOTUNE_MISSES"
-IMMUTABLE_ENV = "AUTOTUNE_CACHE_IMMUTABLE"
+PIN_ENV, MISSES_ENV, IMMUTABLE_ENV = settings.PIN, settings.MISSES, settings.CACHE_IMMUTABLE
 
 
 class Table:
@@ -168,7 +167,7 @@ class Dispatcher:
         self.env = env or current()
         self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
         self._cache = cache
-        self._immutable = immutable if immutable is not None else (os.environ.get(IMMUTABLE_ENV, "") in ("1", "true"))
+        self._immutable = immutable if immutable is not None else settings.cache_immutable()
         self._tables: dict[Problem, Table] = {}
         self._by_id: dict[int, tuple[Problem, Table]] = {}    # id(problem) -> table, no hashing per call
         self._dense: dict[int, dict[int, Table]] = {}         # N -> K -> table (bf16 x nvfp4 -> bf16)
@@ -181,7 +180,7 @@ class Dispatcher:
         self._record = record_misses
         self._misses_to = misses
         self._flushed: dict[tuple[str, int], int] = {}
-        for key, t in {**_parse_pins(os.environ.get(PIN_ENV, "")), **(pins or {})}.items():
+        for key, t in {**_parse_pins(settings.pins()), **(pins or {})}.items():
             self._pins[key] = parse_tactic(t)
         self._load()
         for key in self._pins:
@@ -370,7 +369,7 @@ class Dispatcher:
     # --- misses --------------------------------------------------------------------------------
     def _misses_store(self):
         from cache import Store
-        target = self._misses_to if self._misses_to is not None else os.environ.get(MISSES_ENV) or None
+        target = self._misses_to if self._misses_to is not None else settings.misses_url()
         if target == "memory":
             return None
         if target is None:

@@ -285,16 +285,16 @@ class W4A4Launcher:
         return self.gemm(q, s, w, out)
 
 
-# ---- inputs and reference for W4A4 problems (autotune/bench.py serves W4A16 only) ----------------
+# ---- inputs and reference for W4A4 problems (autotune/core/inputs.py serves W4A16 only) ----------------
 
 def make_inputs(problem: Any, m: int, device: str, seed: int, n_sets: int = 1):
-    """bench.make_inputs for a W4A4 problem (it adds the activation global scale a checkpoint
+    """inputs.make_inputs for a W4A4 problem (it adds the activation global scale a checkpoint
     would carry: NVFP4 amax(x) / (6 · 448), ModelOpt's calibration; MXFP4 none)."""
-    from autotune.engine import bench
+    from autotune.core import inputs
     why = supported(problem)
     if why:
         raise ValueError(why)
-    return bench.make_inputs(problem, m, device, seed, n_sets)
+    return inputs.make_inputs(problem, m, device, seed, n_sets)
 
 
 def input_scale_of(w):
@@ -306,15 +306,15 @@ def input_scale_of(w):
 
 
 def quantized_activations(problem: Any, x, w):
-    """What the W4A4 kernel multiplies: x quantized by the torch reference (bench.quantize_activations)."""
-    from autotune.engine import bench
-    return bench.quantize_activations(problem, x, w)
+    """What the W4A4 kernel multiplies: x quantized by the torch reference (inputs.quantize_activations)."""
+    from autotune.core import inputs
+    return inputs.quantize_activations(problem, x, w)
 
 
 def reference(problem: Any, s) -> Any:
-    """float64 reference of a W4A4 problem: dequant(quant(x)) · dequant(W)ᵀ (bench.reference)."""
-    from autotune.engine import bench
-    return bench.reference(problem, s)
+    """float64 reference of a W4A4 problem: dequant(quant(x)) · dequant(W)ᵀ (inputs.reference)."""
+    from autotune.core import inputs
+    return inputs.reference(problem, s)
 
 
 # ---- full-space check of the smem/tmem model against the compiler -------------------------------
