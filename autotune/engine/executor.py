@@ -6,10 +6,12 @@ Both import this module and neither imports the other's internals for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from autotune.core.tactic import Tactic
-from autotune.engine.timing import TimerConfig
+
+if TYPE_CHECKING:     # a type only: the CLI imports these errors without loading torch
+    from autotune.engine.timing import TimerConfig
 
 
 class TacticError(Exception):
