@@ -11,7 +11,7 @@ models`, `show` and the `cache` commands stay light.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -21,8 +21,8 @@ from autotune.core.buckets import Buckets, hybrid
 from autotune.core.env import current
 from autotune.core.problem import Problem
 from autotune.models import ModelError, ProblemUse, problems_for
-from autotune.report import collect
-from autotune.report.model import Summary
+from autotune.report import collect, measure_ceilings as report_ceilings, write_html
+from autotune.report.model import Summary, static_plans
 from autotune.runtime.dispatch import search_input_from_misses
 from cache import CacheError, Store
 # after `cache`: cache/__init__ and integrations.portable import each other (cache's side, not fixed here)
@@ -143,7 +143,7 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
         exhaustive: bool = False, budget_ms: float | None = None, **options) -> SearchResult:
     """One search as the CLI runs it; `options` are SearchOptions fields (margin, retry_failed, …)."""
     from autotune.engine.halving import Halving
-    from autotune.engine.search import Runner, SearchOptions, search as engine_search
+    from autotune.engine.search import Runner, SearchOptions, plan, search as engine_search   # torch: see above
     from autotune.engine.timing import TimerConfig
 
     notes: list[str] = []
@@ -177,15 +177,18 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     measuring = not dry_run and target == live
     if gpus and not dry_run and env.device != "cuda":
         raise BadInput(f"--gpus {','.join(map(str, gpus))}: this machine has no CUDA GPU")
-    try:
-        runner = Runner(isolate=isolate, gpus=tuple(gpus), workers=workers, ray=ray,
-                        compile_workers=compile_workers or (os.cpu_count() or 1),
-                        **({"timeout_s": timeout_s} if timeout_s is not None else {}))
-        halving = Halving(exhaustive=exhaustive, **({"budget_s": budget_s} if budget_s is not None else {}))
-        timer = TimerConfig(budget_s=budget_ms / 1000) if budget_ms is not None else options.pop("timer", TimerConfig())
+    try:     # a caller's own Runner / Halving / TimerConfig (library use) wins over the flags
+        runner = options.pop("runner", None) or Runner(
+            isolate=isolate, gpus=tuple(gpus), workers=workers, ray=ray,
+            compile_workers=compile_workers if compile_workers is not None else (os.cpu_count() or 1),
+            **({"timeout_s": timeout_s} if timeout_s is not None else {}))
+        halving = options.pop("halving", None) or Halving(
+            exhaustive=exhaustive, **({"budget_s": budget_s} if budget_s is not None else {}))
+        timer = options.pop("timer", None) or TimerConfig()
+        if budget_ms is not None:
+            timer = replace(timer, budget_s=budget_ms / 1000)
     except ValueError as e:
         raise BadInput(_flag_message(str(e))) from None
-    options.pop("timer", None)
     store = open_store(cache) if measuring else None
     report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b,
                            options=SearchOptions(arch=target, runner=runner, halving=halving, timer=timer,
@@ -193,7 +196,6 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     report.notes[:0] = notes
     listed = {}
     if list_tactics:
-        from autotune.engine.search import plan
         names = {n.strip() for n in list_tactics.split(",")}
         shown = [f for f in fams if f.name in names]
         listed = {p.key: rows for p, rows in plan([u.problem for u in uses], shown, target).items()}
@@ -272,10 +274,9 @@ def summary(store: Store, keys: set[str] | None = None) -> Summary:
 def measure_ceilings(cache=None):
     """Measure this machine's copy bandwidth and bf16 matmul rate into the cache.
     Returns (device key, ceilings, whether the cache holds results of this device)."""
-    from autotune.report import measure_ceilings as measure     # loads torch
     store = open_store(cache)
     try:
-        dk, c = measure(store)
+        dk, c = report_ceilings(store)
         return dk, c, store.device(dk) is not None
     finally:
         store.close()
@@ -285,8 +286,6 @@ def write_report(output: str | os.PathLike, *, cache=None, model: str | None = N
                  plan_arch: str | None = None, families: str = "triton,torch") -> tuple[Path, int, int]:
     """The HTML report of what the cache holds (with static verdicts for `plan_arch`, e.g.
     "sm100,sm120"). Returns (index.html, winners shown, devices)."""
-    from autotune.report import write_html
-    from autotune.report.model import static_plans
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise BadInput(f"output {out} exists and is not a directory")

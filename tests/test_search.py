@@ -137,3 +137,59 @@ def test_dispatch_rejects_bad_m_naming_the_value(tmp_path):
             d(DENSE, bad)
     with pytest.raises(ValueError, match="K=100 is not a multiple"):
         d((4, 256, 100))
+
+
+def test_a_family_skipped_on_this_device_counts_as_show_counts(tmp_path, monkeypatch):
+    """#14: a CPU run printed "triton: 427 kept" though Triton never ran there, while `show`
+    (which counts the stored trials) said 0 kept. Both now count what this device kept."""
+    from autotune.report import collect
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    store = Store(tmp_path / "c.db")
+    fams = [registry.get("triton"), registry.get("torch")]
+    assert not fams[0].available("cpu")[0]
+    rep = search([DENSE], families=fams, store=store, buckets=Buckets.of((1,)), timer=FAST, env=CPU)
+    plans = {fp.family: fp for fp in rep.plans[DENSE.key]}
+    assert plans["triton"].kept == 0 and plans["triton"].skipped > 0 and plans["triton"].rejected > 0
+    assert "not measured (family skipped on this device)" in plans["triton"].line()
+    (dev,) = collect(store).devices
+    shown = {v.family: v for v in dev.verdicts}
+    for fam in ("triton", "torch"):
+        assert (shown[fam].kept, shown[fam].rejected) == (plans[fam].kept, plans[fam].rejected), fam
+
+
+class _Job:
+    def __init__(self, key, n):
+        self.problem = Problem.from_key(key)
+        self.tactics = (None,) * n
+
+
+def test_plain_progress_prints_per_problem_and_every_few_seconds_of_an_injected_clock():
+    from autotune.engine.progress import Progress
+    now, lines = [0.0], []
+    p = Progress(lines.append, every_s=10.0, clock=lambda: now[0])
+    a1, a2, b1 = _Job(DENSE.key, 3), _Job(DENSE.key, 3), _Job(MOE.key, 2)
+    p.start([a1, a2, b1], resumed=4)
+    p.advance(1)
+    assert lines == []                                  # under 10 s of the clock: nothing yet
+    now[0] = 10.0
+    p.advance(1)
+    assert lines == ["progress: 6/12 trials, 0/3 (problem, bucket) jobs"]
+    p.job_done(a1)
+    assert len(lines) == 1                              # the problem still has a bucket running
+    p.advance(3)
+    p.job_done(a2)
+    assert lines[-1] == f"progress: 9/12 trials, 2/3 (problem, bucket) jobs; {DENSE.key} done"
+    p.advance(2)
+    p.job_done(b1)
+    assert lines[-1] == f"progress: 11/12 trials, 3/3 (problem, bucket) jobs; {MOE.key} done" and len(lines) == 3
+
+
+def test_search_options_and_keywords_are_the_same_search(tmp_path):
+    from autotune.engine.search import SearchOptions
+    fams = [registry.get("torch")]
+    a = search([DENSE], families=fams, store=None, buckets=Buckets.of((1,)), dry_run=True, env=CPU)
+    b = search([DENSE], families=fams, store=None, buckets=Buckets.of((1,)),
+               options=SearchOptions(dry_run=True, env=CPU))
+    assert [fp.line() for fp in a.plans[DENSE.key]] == [fp.line() for fp in b.plans[DENSE.key]]
+    with pytest.raises(TypeError):
+        search([DENSE], families=fams, store=None, buckets=Buckets.of((1,)), no_such_option=1)

@@ -35,8 +35,11 @@ class Halving:
     exhaustive: bool = False
 
     def __post_init__(self):
-        if self.budget_s <= 0 or self.eta < 2 or self.finalists < 1 or self.cycles < 1:
-            raise ValueError(f"bad successive-halving settings: {self}")
+        if not 0 < self.budget_s < float("inf"):
+            raise ValueError(f"budget_s must be a positive number of seconds, got {self.budget_s!r}")
+        for name, low in (("eta", 2), ("finalists", 1), ("cycles", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"successive halving: {name} must be >= {low}, got {getattr(self, name)!r}")
 
 
 def _round_timer(base: timing.TimerConfig, budget_s: float, min_reps: int) -> timing.TimerConfig:

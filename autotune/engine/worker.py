@@ -18,6 +18,7 @@ from autotune.core import inputs
 from autotune.engine import timing
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
+from tactics import registry
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 
@@ -56,7 +57,6 @@ class Bench:
         return {"sets": len(self._sets)}
 
     def _kernel(self, tactic: Tactic):
-        from tactics import registry
         k = self._kernels.get(tactic.id)
         if k is None:
             k = self._kernels[tactic.id] = registry.get(tactic.family).build(self.problem, tactic, self.device)
@@ -112,7 +112,6 @@ def main() -> int:
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     hello = json.loads(sys.stdin.readline() or "{}")
-    from tactics import registry
     for name, path in hello.get("families", {}).items():   # test-only families, registered by path
         registry.FAMILIES.setdefault(name, path)
     b = Bench(hello.get("device", "cpu"))

@@ -24,7 +24,10 @@ from autotune.engine import timing
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
 from autotune.engine.halving import measure
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
+from autotune.core.arch import get_arch
+from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
+from tactics import registry
 
 #: first reply of a new worker (imports torch, Triton, CUDA init) may take this long
 START_TIMEOUT_S = 180.0
@@ -388,9 +391,6 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
 # -- ahead-of-time compilation ------------------------------------------------------------------
 
 def _compile_one(problem_key: str, tactic_json: str, arch_name: str, families: dict) -> tuple[str | None, int | None]:
-    from autotune.core.problem import Problem
-    from tactics import registry
-    from autotune.core.arch import get_arch
     for name, path in families.items():
         registry.FAMILIES.setdefault(name, path)
     t = Tactic.from_json(tactic_json)
