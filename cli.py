@@ -176,7 +176,8 @@ def cache_group():
 @click.option("--model", default=None, help="only this model's problems")
 @click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")
 @click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
-@click.option("--format", "fmt", type=click.Choice(["sqlite", "json"]), default="sqlite", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["sqlite", "json"]), default="sqlite", show_default=True,
+              help="file format: a SQLite file or JSON (a checksum inside)")
 @click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
 def cache_export(output, gpu, model, tp, ep, fmt, cache):
     """Write a self-contained file with the winners."""
@@ -206,7 +207,8 @@ def cache_import(path, cache):
 @cache_group.command("merge")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="file to write (must not exist)")
-@click.option("--format", "fmt", type=click.Choice(["sqlite", "json"]), default="sqlite", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["sqlite", "json"]), default="sqlite", show_default=True,
+              help="file format: a SQLite file or JSON (a checksum inside)")
 def cache_merge(paths, output, fmt):
     """Combine exports into one, validating every entry (a later file wins on conflicts)."""
     from tactics import registry     # the families load torch: only when a file is validated
