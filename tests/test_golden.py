@@ -5,7 +5,8 @@ The golden files were captured from commit 32c8b61 (the last commit before the l
 and are compared byte for byte; nothing is normalised. Machine-dependent inputs are pinned instead:
 no GPU is visible (CUDA_VISIBLE_DEVICES=""), so the live arch is "cpu" everywhere; the table width is
 COLUMNS=120; no AUTOTUNE_* variable leaks in. When a golden changes on purpose, regenerate it in its
-own commit that says why.
+own commit that says why. Changed on purpose so far: search_sm120_cutlass_torch_json.txt gained
+"skipped" per family (#14: a family skipped on the device counts 0 kept, as `show` does).
 """
 from __future__ import annotations
 
