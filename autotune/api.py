@@ -25,8 +25,8 @@ from autotune.report import collect, measure_ceilings as report_ceilings, write_
 from autotune.report.model import Summary, static_plans
 from autotune.runtime.dispatch import search_input_from_misses
 from cache import CacheError, Store
-# after `cache`: cache/__init__ and integrations.portable import each other (cache's side, not fixed here)
-from autotune.integrations.portable import _select_devices as select_devices, prune as prune_store  # noqa: E402
+# after `cache`: importing portable first would run cache/__init__, which imports portable half-made
+from autotune.integrations.portable import _select_devices as select_devices, prune as prune_store
 
 #: the largest M or N/K dimension accepted: int32 indexing in the kernels; beyond it a cache
 #: column would overflow (SQLite INTEGER) before anything useful could run
