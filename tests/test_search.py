@@ -193,3 +193,19 @@ def test_search_options_and_keywords_are_the_same_search(tmp_path):
     assert [fp.line() for fp in a.plans[DENSE.key]] == [fp.line() for fp in b.plans[DENSE.key]]
     with pytest.raises(TypeError):
         search([DENSE], families=fams, store=None, buckets=Buckets.of((1,)), no_such_option=1)
+
+
+def test_max_tactics_counts_as_show_counts(tmp_path):
+    """Tactics outside the --max-tactics sample are not stored; the search says so apart instead
+    of counting them kept, so its counts and `show`'s agree."""
+    from autotune.report import collect
+    store = Store(tmp_path / "c.db")
+    p = Problem.dense(4096, 256)                      # every torch member kept (chunk_n < N)
+    rep = search([p], families=[registry.get("torch")], store=store, buckets=Buckets.of((1,)), timer=FAST, env=CPU,
+                 max_tactics=2)
+    (fp,) = rep.plans[p.key]
+    assert fp.kept + fp.unsampled == 6 and fp.unsampled in (3, 4)     # 2 sampled, + the default unless sampled
+    assert "not measured (outside the --max-tactics sample)" in fp.line()
+    (dev,) = collect(store).devices
+    (v,) = dev.verdicts
+    assert (v.kept, v.rejected) == (fp.kept, fp.rejected)

@@ -50,6 +50,7 @@ class FamilyPlan:
     rejected: int = 0
     unknown: int = 0
     skipped: int = 0       # passed the verdict but not measured: the family cannot run on this device
+    unsampled: int = 0     # passed the verdict but left out of the max_tactics sample
     reasons: Counter = field(default_factory=Counter)      # reason class -> count
     examples: dict = field(default_factory=dict)           # reason class -> one full reason
 
@@ -59,6 +60,8 @@ class FamilyPlan:
             s += f", {self.unknown} unknown until checked on the device"
         if self.skipped:
             s += f", {self.skipped} not measured (family skipped on this device)"
+        if self.unsampled:
+            s += f", {self.unsampled} not measured (outside the --max-tactics sample)"
         if self.reasons:
             s += ": " + "; ".join(f"{n}× " + ("e.g. " if n > 1 and r != self.examples[r] else "") + self.examples[r]
                                   for r, n in self.reasons.most_common())
@@ -216,9 +219,11 @@ class _Search:
                 if r.verdict.rejected and (r.tactic.id, self.lib_keys[r.tactic.family]) not in known:
                     store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, self.lib_keys, "rejected", r.verdict.reason,
                                            smem_model=r.verdict.smem_bytes))
-            kept = self._sampled([r for r in rows if not r.verdict.rejected and r.tactic.family in names])
+            runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names]
+            kept = self._sampled(runs)
             if not any(r.tactic == default for r in kept):
                 kept.insert(0, Planned(p, default, dfam.verdict(p, default, self.target)))
+            self._count_unsampled(p, runs, kept)
             # a compile failure (bucket 0) is final for every bucket unless --retry-failed
             kept = [r for r in kept if self.o.retry_failed
                     or getattr(known.get((r.tactic.id, self.lib_keys[r.tactic.family])), "status", None) != "failed"]
@@ -307,6 +312,14 @@ class _Search:
         if w:
             with lock:
                 self.report.winners.append(w)
+
+    def _count_unsampled(self, p: Problem, runs: list[Planned], kept: list[Planned]) -> None:
+        """Kept tactics left out of the sample are not stored: count them apart, as `show` does."""
+        left = (Counter(r.tactic.family for r in runs if r.verdict.ok is True)
+                - Counter(r.tactic.family for r in kept if r.verdict.ok is True))
+        for fp in self.report.plans[p.key]:
+            n = left.get(fp.family, 0)
+            fp.kept, fp.unsampled = fp.kept - n, fp.unsampled + n
 
     def _sampled(self, kept: list[Planned]) -> list[Planned]:
         return _sample(kept, self.o.max_tactics) if self.o.max_tactics else kept
