@@ -6,7 +6,8 @@ and are compared byte for byte; nothing is normalised. Machine-dependent inputs 
 no GPU is visible (CUDA_VISIBLE_DEVICES=""), so the live arch is "cpu" everywhere; the table width is
 COLUMNS=120; no AUTOTUNE_* variable leaks in. When a golden changes on purpose, regenerate it in its
 own commit that says why. Changed on purpose so far: search_sm120_cutlass_torch_json.txt gained
-"skipped" per family (#14: a family skipped on the device counts 0 kept, as `show` does).
+"skipped" and "unsampled" per family (#14: kept tactics that a family skipped on the device or the
+--max-tactics sample leaves unmeasured are counted apart, as `show` counts them).
 """
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ def search_json(report, uses) -> dict:
         "arch": report.arch, "device": report.device, "notes": report.notes,
         "problems": [{"key": u.problem.key, "layers": list(u.layers), "per_forward": u.per_forward,
                       "families": [{"family": fp.family, "kept": fp.kept, "rejected": fp.rejected,
-                                    "unknown": fp.unknown, "skipped": fp.skipped, "reasons": {fp.examples[r]: n for r, n in fp.reasons.items()}}
+                                    "unknown": fp.unknown, "skipped": fp.skipped,
+                                    "unsampled": fp.unsampled, "reasons": {fp.examples[r]: n for r, n in fp.reasons.items()}}
                                    for fp in report.plans.get(u.problem.key, [])]} for u in uses],
         "measured": report.measured, "dropped": report.dropped, "failed": report.failed, "resumed": report.resumed,
         "compiled": report.compiled, "compile_failures": report.compile_failures, "shards": report.shards,
