@@ -1,38 +1,325 @@
-"""The convenience entry point behind `autotune.search(...)` (the CLI calls the same thing)."""
+"""The library API that users and the `autotune` command call: one function per command.
+
+    autotune.search("glm5", tp=8)                 # or autotune.api.search(...)
+    autotune.api.show(cache, model="glm5", tp=8)
+
+Bad input (an unknown model, malformed buckets, an unwritable cache, bad settings) raises
+`BadInput` with a one-line message; the CLI prints it and exits 2. The engine and the families
+load torch, so they are imported when a search runs, not when this module loads: `autotune
+models`, `show` and the `cache` commands stay light.
+"""
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Sequence
 
+from autotune.core import settings
+from autotune.core.arch import ARCHS, Arch, detect, get_arch
 from autotune.core.buckets import Buckets, hybrid
+from autotune.core.env import current
 from autotune.core.problem import Problem
+from autotune.models import ModelError, ProblemUse, problems_for
+from autotune.report import collect, measure_ceilings as report_ceilings, show_misses, write_html
+from autotune.report.model import Summary, static_plans
+from autotune.runtime.misses import search_input_from_misses
+from cache import CacheError, Store, check_winner
+# after `cache`: importing portable first would run cache/__init__, which imports portable half-made
+from autotune.integrations.prune import prune as prune_store, select_devices
+
+#: the largest M or N/K dimension accepted: int32 indexing in the kernels; beyond it a cache
+#: column would overflow (SQLite INTEGER) before anything useful could run
+MAX_DIM = 2**31 - 1
+DEFAULT_MAX_TOKENS = 8192
+
+
+class BadInput(ValueError):
+    """Input the library refuses, in one line (the CLI exits 2 with it)."""
+
+
+def model_problems(model: str | os.PathLike, *, tp: int = 1, ep: int = 1, include_attention: bool = False,
+             only: str | None = None) -> list[ProblemUse]:
+    """The model's problems, narrowed to those whose key or a layer name contains one of the
+    comma-separated strings in `only`."""
+    try:
+        uses = problems_for(model, tp=tp, ep=ep, include_attention=include_attention)
+    except (ModelError, ValueError) as e:
+        raise BadInput(str(e)) from None
+    for u in uses:
+        big = [d for d in ("n", "k") if getattr(u.problem, d) > MAX_DIM]
+        if big:
+            raise BadInput(f"{u.problem.key}: {big[0].upper()} = {getattr(u.problem, big[0])} is larger than "
+                           f"{MAX_DIM}, the largest dimension supported")
+    return _only(uses, only) if only else uses
+
+
+def _only(uses: list[ProblemUse], only: str) -> list[ProblemUse]:
+    pats = [p.strip() for p in only.split(",") if p.strip()]
+    kept = [u for u in uses if any(p in u.problem.key or any(p in layer for layer in u.layers) for p in pats)]
+    if not kept:
+        raise BadInput(f"--only {only!r} matches none of: " + ", ".join(u.problem.key for u in uses))
+    return kept
+
+
+def parse_buckets(spec: str | None = None, max_tokens: int | None = None) -> tuple[Buckets, str | None]:
+    """(bucket set, note). No spec: the hybrid set up to max_tokens (default 8192). A spec is used
+    as given; values above an explicit max_tokens are dropped, and the note says which."""
+    try:
+        if spec is None:
+            b, note = Buckets(hybrid(max_tokens or DEFAULT_MAX_TOKENS)), None
+        elif not spec.strip():
+            raise BadInput("--buckets is empty: give M values like 1,2,4 or hybrid:8192 (or leave it out)")
+        else:
+            b, note = Buckets.parse(spec), None
+            if max_tokens is not None and max(b.values) > max_tokens:
+                over = [v for v in b.values if v > max_tokens]
+                b = Buckets(tuple(v for v in b.values if v <= max_tokens) or (min(b.values),))
+                note = f"buckets above --max-tokens {max_tokens} dropped: {', '.join(map(str, over))}"
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    if max(b.values) > MAX_DIM:
+        raise BadInput(f"bucket {max(b.values)} is larger than {MAX_DIM}, the largest M supported")
+    return b, note
+
+
+def target_arch(name: str | None) -> Arch:
+    try:
+        return get_arch(name) if name else detect()
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
+
+def parse_families(spec: str | Sequence) -> list:
+    from tactics import registry      # loads torch
+    if not isinstance(spec, str):
+        return list(spec)
+    try:
+        return registry.parse(spec)
+    except (ValueError, ImportError) as e:
+        raise BadInput(str(e)) from None
+
+
+def open_store(url=None, readonly: bool = False) -> Store:
+    if hasattr(url, "put_trial"):     # already a Store (or one a caller made)
+        return url
+    try:
+        if not readonly:
+            Store.check_writable(url)
+        return Store(url, readonly=readonly)
+    except CacheError as e:
+        raise BadInput(str(e)) from None
+
+
+def from_misses(cache=None, keys: set[str] | None = None) -> tuple[list[ProblemUse], Buckets]:
+    """The problems and M values dispatch recorded as misses on this device ($AUTOTUNE_MISSES,
+    else `cache`), narrowed to `keys` when given."""
+    store = open_store(settings.misses_url() or cache, readonly=True)
+    found, ms, bad = search_input_from_misses(store.misses(), current().device_key, keys)
+    store.close()
+    if not found:
+        raise BadInput(f"no recorded misses for this device in {store.url}" + (f" ({bad} unreadable)" if bad else ""))
+    return [ProblemUse(p, ("recorded misses",), 1) for p in found], Buckets(ms)
+
+
+@dataclass
+class SearchResult:
+    """A search's report with what it was asked: the problems (with their layers), the tactics
+    listed per problem key, the cache written (None when nothing was measured), notes on input."""
+
+    report: object                     # autotune.engine.search.SearchReport
+    uses: list[ProblemUse]
+    listed: dict = field(default_factory=dict)
+    cache_url: str | None = None
+    input_notes: list[str] = field(default_factory=list)
+
+
+def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int = 1, ep: int = 1,
+        families: str | Sequence = "triton,torch", buckets: Buckets | Sequence[int] | str | None = None,
+        max_tokens: int | None = None, cache=None, arch: str | None = None, include_attention: bool = False,
+        only: str | None = None, misses: bool = False, list_tactics: str | None = None, dry_run: bool = False,
+        gpus: Sequence[int] = (), workers: int = 1, ray: str | None = None, compile_workers: int | None = None,
+        timeout_s: float | None = None, isolate: bool = True, budget_s: float | None = None,
+        exhaustive: bool = False, budget_ms: float | None = None, **options) -> SearchResult:
+    """One search as the CLI runs it; `options` are SearchOptions fields (margin, retry_failed, …)."""
+    from autotune.engine.halving import Halving
+    from autotune.engine.search import Runner, SearchOptions, plan, search as engine_search   # torch: see above
+    from autotune.engine.timing import TimerConfig
+
+    notes: list[str] = []
+    if misses:
+        keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=include_attention)} if model else None
+        uses, b = from_misses(cache, keys)
+        uses = _only(uses, only) if only else uses
+    elif model is None:
+        raise BadInput("search needs --model (or --from-misses)")
+    else:
+        if isinstance(model, (str, os.PathLike)):
+            uses = model_problems(model, tp=tp, ep=ep, include_attention=include_attention, only=only)
+        else:
+            uses = [ProblemUse(p, (), 1) for p in model]
+        if isinstance(buckets, Buckets) or (buckets is not None and not isinstance(buckets, str)):
+            b = buckets if isinstance(buckets, Buckets) else _buckets_of(buckets)
+        else:
+            b, note = parse_buckets(buckets, max_tokens)
+            notes += [note] if note else []
+    target = target_arch(arch)
+    fams = parse_families(families)
+    margin = options.get("margin", 0.03)
+    if not 0 <= margin < 1:
+        raise BadInput(f"--margin must be in [0, 1), got {margin}")
+    if options.get("max_tactics") is not None and options["max_tactics"] < 1:
+        raise BadInput(f"--max-tactics must be >= 1, got {options['max_tactics']}")
+    if ray and not isolate:
+        raise BadInput("--ray and --no-isolate exclude each other")
+    env = options.get("env") or current()
+    live = detect() if env.device == "cuda" else ARCHS["cpu"]
+    measuring = not dry_run and target == live
+    if gpus and not dry_run and env.device != "cuda":
+        raise BadInput(f"--gpus {','.join(map(str, gpus))}: this machine has no CUDA GPU")
+    try:     # a caller's own Runner / Halving / TimerConfig (library use) wins over the flags
+        runner = options.pop("runner", None) or Runner(
+            isolate=isolate, gpus=tuple(gpus), workers=workers, ray=ray,
+            compile_workers=compile_workers if compile_workers is not None else (os.cpu_count() or 1),
+            **({"timeout_s": timeout_s} if timeout_s is not None else {}))
+        halving = options.pop("halving", None) or Halving(
+            exhaustive=exhaustive, **({"budget_s": budget_s} if budget_s is not None else {}))
+        timer = options.pop("timer", None) or TimerConfig()
+        if budget_ms is not None:
+            timer = replace(timer, budget_s=budget_ms / 1000)
+    except ValueError as e:
+        raise BadInput(_flag_message(str(e))) from None
+    store = open_store(cache) if measuring else None
+    report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b,
+                           options=SearchOptions(arch=target, runner=runner, halving=halving, timer=timer,
+                                                 dry_run=not measuring, **options))
+    report.notes[:0] = notes
+    listed = {}
+    if list_tactics:
+        names = {n.strip() for n in list_tactics.split(",")}
+        shown = [f for f in fams if f.name in names]
+        listed = {p.key: rows for p, rows in plan([u.problem for u in uses], shown, target).items()}
+    return SearchResult(report, uses, listed, store.url if store is not None else None, notes)
+
+
+def _buckets_of(values: Sequence[int]) -> Buckets:
+    try:
+        b = Buckets(tuple(values))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    if max(b.values) > MAX_DIM:
+        raise BadInput(f"bucket {max(b.values)} is larger than {MAX_DIM}, the largest M supported")
+    return b
+
+
+def _flag_message(msg: str) -> str:
+    """Runner/Halving field names as the CLI spells them."""
+    for name, flag in (("compile_workers", "--compile-workers"), ("workers", "--workers"),
+                       ("timeout_s", "--timeout-s"), ("budget_s", "--budget-s")):
+        if msg.startswith(name + " "):
+            return flag + msg[len(name):]
+    return msg
 
 
 def search(model_or_problems: str | Sequence[Problem], *, tp: int = 1, ep: int = 1,
            families: str | Sequence = "triton,torch", buckets: Buckets | Sequence[int] | None = None,
-           max_tokens: int = 8192, cache=None, arch: str | None = None, include_attention: bool = False,
+           max_tokens: int = DEFAULT_MAX_TOKENS, cache=None, arch: str | None = None, include_attention: bool = False,
            dry_run: bool = False, **options):
     """Tune a model preset / config.json path, or an explicit list of Problems.
 
     Returns the SearchReport; winners land in `cache` (default: $AUTOTUNE_CACHE or the user
-    cache directory). `options` go to `autotune.engine.search.search` (margin, timer, retry_failed…).
+    cache directory). `options` are SearchOptions fields (margin, timer, halving, runner, retry_failed…).
     """
-    from autotune.engine.search import search as run
-    from cache import Store
-    from tactics import registry
-    from autotune.core.arch import detect, get_arch
+    b = buckets if buckets is not None else Buckets(hybrid(max_tokens))   # explicit buckets are used as given
+    return run(model_or_problems, tp=tp, ep=ep, families=families, buckets=b, cache=cache, arch=arch,
+               include_attention=include_attention, dry_run=dry_run, **options).report
 
-    if isinstance(model_or_problems, str):
-        from autotune.models import problems_for
-        problems = [u.problem for u in problems_for(model_or_problems, tp=tp, ep=ep,
-                                                     include_attention=include_attention)]
-    else:
-        problems = list(model_or_problems)
-    fams = registry.parse(families) if isinstance(families, str) else list(families)
-    b = buckets if isinstance(buckets, Buckets) else Buckets(tuple(buckets) if buckets else hybrid(max_tokens))
-    target = get_arch(arch) if arch else detect()
-    measuring = not dry_run and target == detect()
-    store = None
-    if measuring:
-        Store.check_writable(cache)
-        store = cache if hasattr(cache, "put_trial") else Store(cache)
-    return run(problems, families=fams, store=store, buckets=b, arch=target, dry_run=not measuring, **options)
+
+@dataclass
+class Shown:
+    """What `show` found: winners (with the report summary) or recorded misses, and GPU names."""
+
+    url: str
+    gpu_names: dict
+    winners: list = field(default_factory=list)
+    summary: Summary | None = None
+    misses: list | None = None
+    notes: list = field(default_factory=list)     # rows left out by cache.rows' checks, counted
+
+
+def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, misses: bool = False) -> Shown:
+    """The winners stored in the cache (or the recorded dispatch misses), sorted, optionally only
+    `model`'s problems. Misses come from $AUTOTUNE_MISSES when no cache is given (where a
+    read-only deployment keeps them)."""
+    if misses and cache is None and settings.misses_url():
+        cache = settings.misses_url()
+    store = open_store(cache, readonly=True)
+    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True)} if model else None
+    names = {k: r.get("gpu_name") for k, r in store.device_records().items()}
+    if misses:
+        rows, notes = show_misses(store, keys)
+        return Shown(store.url, names, misses=rows, notes=notes)
+    every = [w for w in store.winners() if keys is None or w.problem_key in keys]
+    rows = [w for w in every if check_winner(w) is None]     # the damaged ones are counted in the summary
+    rows.sort(key=lambda w: (w.problem_key, w.device_key, w.bucket))
+    s = summary(store, keys) if every else None
+    return Shown(store.url, names, rows, s, notes=list(s.notes) if s else [])
+
+
+def summary(store: Store, keys: set[str] | None = None) -> Summary:
+    try:
+        return collect(store, keys)
+    except CacheError as e:
+        raise BadInput(str(e)) from None
+
+
+def measure_ceilings(cache=None):
+    """Measure this machine's copy bandwidth and bf16 matmul rate into the cache.
+    Returns (device key, ceilings, whether the cache holds results of this device)."""
+    store = open_store(cache)
+    try:
+        dk, c = report_ceilings(store)
+        return dk, c, store.device(dk) is not None
+    finally:
+        store.close()
+
+
+def write_report(output: str | os.PathLike, *, cache=None, model: str | None = None, tp: int = 1, ep: int = 1,
+                 plan_arch: str | None = None, families: str = "triton,torch") -> tuple[Path, int, int]:
+    """The HTML report of what the cache holds (with static verdicts for `plan_arch`, e.g.
+    "sm100,sm120"). Returns (index.html, winners shown, devices)."""
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"output {out} exists and is not a directory")
+    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True)} if model else None
+    archs = [target_arch(a) for a in plan_arch.split(",") if a.strip()] if plan_arch else []
+    fams = parse_families(families) if archs else []
+    store = open_store(cache, readonly=True)
+    s = summary(store, keys)
+    if archs:
+        pkeys = sorted(keys) if keys else [p.key for p in store.problems()]
+        s.plans = static_plans([Problem.from_key(k) for k in pkeys], fams, archs)
+    try:
+        index = write_html(s, out)
+    except ModuleNotFoundError as e:
+        raise BadInput(f"the report needs {e.name}: pip install 'fp4-autotune[report]'") from None
+    except OSError as e:
+        raise BadInput(f"cannot write the report to {out}: {e.strerror or e}") from None
+    return index, sum(len(v.points) for d in s.devices for v in d.problems), len(s.devices)
+
+
+def prune(cache=None, *, keep_gpu: Sequence[str] = (), drop_gpu: Sequence[str] = (), stale_libs: bool = False,
+          misses: bool = False, dry_run: bool = False):
+    """Drop trials, winners and misses of GPUs (names or device keys) no longer wanted, of other
+    library versions on this machine's GPU (`stale_libs`), and recorded misses."""
+    if not (keep_gpu or drop_gpu or stale_libs or misses):
+        raise BadInput("nothing to prune: give --keep-gpu, --drop-gpu, --stale-libs or --misses")
+    store = open_store(cache, readonly=dry_run)
+    try:
+        devs = list(store.device_records().values())
+        keep = set().union(*(select_devices(devs, g) for g in keep_gpu)) if keep_gpu else None
+        drop = set().union(*(select_devices(devs, g) for g in drop_gpu)) if drop_gpu else set()
+        return prune_store(store, keep_devices=keep, drop_devices=drop, stale_libs=current() if stale_libs else None,
+                           drop_misses=misses, dry_run=dry_run)
+    except CacheError as e:
+        raise BadInput(str(e)) from None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.engine import bench  # noqa: E402
+from autotune.core import inputs  # noqa: E402
 from autotune.runtime.dispatch import Dispatcher  # noqa: E402
 from autotune.models import problems_for  # noqa: E402
 
@@ -25,16 +25,16 @@ def main(path: str) -> int:
         if p.kind != "dense":
             continue
         for m in (1, 7, 16, 100, 1000, 8192):
-            s = bench.make_inputs(p, m, "cuda", seed=100 + m)[0]
+            s = inputs.make_inputs(p, m, "cuda", seed=100 + m)[0]
             rung, t = d.tactic_for(p, m)
             y = d((m, p.n, p.k))(s.x, s.w)
-            ref = bench.reference(p, s)
+            ref = inputs.reference(p, s)
             err = float((y.double() - ref).norm() / ref.norm())
             worst = max(worst, err)
             fams[t.family] += 1
             print(f"{p.key} m={m} {rung} {t.family} rel_err={err:.2e}")
     print("stats", dict(d.stats), "families", dict(fams), "worst rel_err", f"{worst:.2e}")
-    return 0 if worst <= bench.TOLERANCE["bf16"] else 1
+    return 0 if worst <= inputs.TOLERANCE["bf16"] else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ tail -5 "$OUT/search.txt"; tail -5 "$OUT/search.err"
 python3 -m cli show --model glm5 --tp 8 > "$OUT/show.txt" 2>&1; cat "$OUT/show.txt" | head -60
 python3 - <<'PY' | tee "$OUT/dispatch.txt"
 import torch
-from autotune.engine import bench
+from autotune.core import inputs
 from autotune.runtime.dispatch import Dispatcher
 from autotune.models import problems_for
 d = Dispatcher(record_misses=False)
@@ -34,10 +34,10 @@ for u in problems_for("glm5", tp=8):
     if p.kind != "dense":
         continue
     for m in (1, 7, 16, 100, 1000):
-        s = bench.make_inputs(p, m, "cuda", seed=100 + m)[0]
+        s = inputs.make_inputs(p, m, "cuda", seed=100 + m)[0]
         rung, t = d.tactic_for(p, m)
         y = d((m, p.n, p.k))(s.x, s.w)
-        ref = bench.reference(p, s)
+        ref = inputs.reference(p, s)
         print(f"{p.key} m={m} {rung} {t} rel_err={float((y.double()-ref).norm()/ref.norm()):.2e}")
 print("stats", dict(d.stats))
 PY

@@ -7,13 +7,13 @@
 
 Problems (E = 256, top-8, NVFP4): w13 N=512 K=6144 (plain, and the SwiGLU epilogue → N/2), w2
 N=6144 K=256 (routing weights applied; plain, and the top_k-reducing epilogue → [M, N]).
-Buckets 1 … 1024, routing skewed (Zipf 1.2, autotune.engine.bench.routing) and uniform.
+Buckets 1 … 1024, routing skewed (Zipf 1.2, autotune.engine.inputs.routing) and uniform.
 
 1. The copy rate: a 1 GiB device-to-device copy (bytes read + written), median of 20.
 2. Compile every kept config (Triton's cache; a process pool), then check every kept config of
    every variant against float64 (dequantize-then-matmul on the GPU, NaN-poisoned output) at
    M = 3 (one slot routed off the rank, -1) and M = 40 (320 pairs: the aligned route).
-3. Per (variant, bucket, routing), with autotune.engine.bench.time_calls (CUDA-graph replay, one
+3. Per (variant, bucket, routing), with autotune.engine.timing.time_calls (CUDA-graph replay, one
    call per input set, sets rotated over ≥ 2× the L2 with distinct expert weights, medians):
    the member's configs (all kept ones for w13/w2 with skewed routing; the 6 best of that and the
    default otherwise), moe_w4a16's default (unfused variants), moe_align alone, the floor (weights
@@ -128,7 +128,7 @@ def copy_rate() -> float:
 
 def routing(m, skew, seed):
     import torch
-    from autotune.engine.bench import routing as draw
+    from autotune.core.inputs import routing as draw
     ids, tw = draw(m, E, TOP_K, torch.Generator().manual_seed(seed), skew=skew)
     return ids.to(DEV), tw.to(DEV)
 
@@ -235,7 +235,8 @@ def main() -> int:
     import triton
 
     from autotune.core.arch import ARCHS, detect
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from tactics.triton_fp4 import moe_decode as md
     from tactics.triton_fp4.family import TritonFamily
     from tactics.triton_fp4.moe_align import Aligner
@@ -265,7 +266,7 @@ def main() -> int:
     # ---- weights: MAX_SETS distinct FP4 expert sets per problem, and bf16 ones for torch ----------
     pools, bf16 = {}, {}
     for prob in (W13, W2):
-        pools[prob] = [bench.seeded_weight(prob, DEV, 100 + i) for i in range(MAX_SETS)]
+        pools[prob] = [inputs.seeded_weight(prob, DEV, 100 + i) for i in range(MAX_SETS)]
         g = torch.Generator(device=DEV).manual_seed(7)
         bf16[prob] = [(torch.randn(E, prob.n, prob.k, generator=g, device=DEV) * 0.02).to(torch.bfloat16)
                       for _ in range(MAX_SETS if not SMOKE else 1)]
@@ -295,7 +296,7 @@ def main() -> int:
                 n += 1
                 if time.time() - t0 > 1.0:
                     res.setdefault("slow_first_launch", []).append([name, m, round(time.time() - t0, 2)])
-                if not e <= bench.TOLERANCE["bf16"]:
+                if not e <= inputs.TOLERANCE["bf16"]:
                     fails.append({"m": m, "config": cfg, "err": e, "msg": msg})
                 else:
                     worst = max(worst, e)
@@ -305,7 +306,7 @@ def main() -> int:
     save()
 
     # ---- 3. timings ---------------------------------------------------------------------------------
-    quick = bench.TimerConfig(min_reps=5, max_reps=15, budget_s=0.02)
+    quick = timing.TimerConfig(min_reps=5, max_reps=15, budget_s=0.02)
     fam, old = TritonFamily(), {}
     for name, (prob, epi, routed) in VARIANTS.items():
         if epi == "none":
@@ -345,7 +346,7 @@ def main() -> int:
                 for cfg in cands:
                     try:
                         L = md.make_launcher(prob, cfg, epi)
-                        tm = bench.time_calls(lambda i: L(*args(i), out=outs[i]), n_sets, DEV, quick)
+                        tm = timing.time_calls(lambda i: L(*args(i), out=outs[i]), n_sets, DEV, quick)
                         row["configs"][json.dumps(cfg, sort_keys=True)] = {"config": cfg, "us": tm.median_us}
                     except Exception as exc:
                         row.setdefault("errors", []).append(f"{cfg}: {type(exc).__name__}: {str(exc)[:120]}")
@@ -357,16 +358,16 @@ def main() -> int:
                 if name in old:
                     kern = old[name][1]
                     try:
-                        row["moe_w4a16_default_us"] = bench.time_calls(
+                        row["moe_w4a16_default_us"] = timing.time_calls(
                             lambda i: kern(*args(i), out=outs[i]), n_sets, DEV, quick).median_us
                     except Exception as exc:
                         row["moe_w4a16_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
                     if name == "w13":
                         al = Aligner(E, 16)
-                        row["align_us"] = bench.time_calls(lambda i: al(routes[i][0]), n_sets, DEV, quick).median_us
+                        row["align_us"] = timing.time_calls(lambda i: al(routes[i][0]), n_sets, DEV, quick).median_us
                     wb = bf16[prob]
                     try:
-                        row["grouped_mm_bf16_us"] = bench.time_calls(
+                        row["grouped_mm_bf16_us"] = timing.time_calls(
                             lambda i: grouped_mm_call(xs[i], wb[i % len(wb)], routes[i][0], outs[i]), n_sets, DEV,
                             quick).median_us
                     except Exception as exc:
@@ -374,7 +375,7 @@ def main() -> int:
                     nt = max(1, round(touched))
                     views = [wb[i % len(wb)][:nt].reshape(nt * prob.n, prob.k) for i in range(n_sets)]
                     xg = [x[:1] for x in xs]
-                    row["gemv_bf16_us"] = bench.time_calls(lambda i: torch.matmul(xg[i], views[i].T), n_sets, DEV,
+                    row["gemv_bf16_us"] = timing.time_calls(lambda i: torch.matmul(xg[i], views[i].T), n_sets, DEV,
                                                            quick).median_us
                     row["gemv_bf16_bytes"] = nt * prob.n * prob.k * 2
                 res["rows"].append(row)

@@ -6,7 +6,7 @@
 2. precompiles every candidate in 16 processes through TritonFamily.precompile, then checks that
    the JIT launch found it in the cache (first-launch time);
 3. correctness: each candidate against the float64 reference with NaN-poisoned outputs;
-4. timing (autotune.engine.bench.time_calls: cold L2 rotation, CUDA-graph replay for short calls) of
+4. timing (autotune.engine.timing.time_calls: cold L2 rotation, CUDA-graph replay for short calls) of
    decode candidates at M = 1, 16 and prefill candidates at M = 4096 on GLM-5 shapes, with
    cuBLAS bf16 on pre-dequantized weights beside them.
 Writes explore.json to --out and prints a short table.
@@ -84,7 +84,8 @@ def main() -> int:
     import torch
     import triton
 
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from autotune.core.arch import detect
     arch = detect()
     res["env"] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -114,19 +115,19 @@ def main() -> int:
     res["ceilings"] = {"copy_GBps": copy_bw / 1e9, "bf16_TFLOPs": gemm / 1e12}
     print(res["ceilings"], flush=True)
 
-    timer = bench.TimerConfig(budget_s=0.05, max_reps=30)
+    timer = timing.TimerConfig(budget_s=0.05, max_reps=30)
     rows = []
     for name, p in probs.items():
         for m in (1, 16, 4096):
             if m == 4096 and name not in ("tp1_gate_up", "tp8_gate_up"):
                 continue
-            one = bench.make_inputs(p, m, "cuda", seed=m)[0]
-            n_sets = bench.sets_for_cold_l2(one.nbytes(), "cuda", cap=8)
-            sets = [one] + (bench.make_inputs(p, m, "cuda", seed=m + 1, n_sets=n_sets - 1) if n_sets > 1 else [])
-            ref = bench.reference(p, sets[0])
-            outs = [bench.torch_empty_out(p, m, s) for s in sets]
+            one = inputs.make_inputs(p, m, "cuda", seed=m)[0]
+            n_sets = timing.sets_for_cold_l2(one.nbytes(), "cuda", cap=8)
+            sets = [one] + (inputs.make_inputs(p, m, "cuda", seed=m + 1, n_sets=n_sets - 1) if n_sets > 1 else [])
+            ref = inputs.reference(p, sets[0])
+            outs = [inputs.torch_empty_out(p, m, s) for s in sets]
             wq = [s.w.dequantize(torch.bfloat16) for s in sets]
-            tm = bench.time_calls(lambda i: torch.matmul(sets[i].x, wq[i].T, out=outs[i]), len(sets), "cuda", timer)
+            tm = timing.time_calls(lambda i: torch.matmul(sets[i].x, wq[i].T, out=outs[i]), len(sets), "cuda", timer)
             wbytes = p.n * p.k // 2 + p.n * p.k // 16
             io = wbytes + m * p.k * 2 + m * p.n * 2
             rows.append({"shape": name, "m": m, "tactic": "cublas_bf16", "us": tm.median_us, "iqr": tm.iqr_us})
@@ -139,13 +140,13 @@ def main() -> int:
                 k = FAM.build(p, c, "cuda")
                 t1 = time.perf_counter()
                 try:
-                    err = bench.check(p, k, sets[0], ref)
+                    err = inputs.check(p, k, sets[0], ref)
                 except Exception as e:  # noqa: BLE001
                     rows.append({"shape": name, "m": m, "tactic": c.params, "fail": f"{type(e).__name__}: {str(e)[:200]}"})
                     print("FAIL", name, m, c.params, str(e)[:200], flush=True)
                     continue
                 first = time.perf_counter() - t1
-                tt = bench.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), len(sets), "cuda", timer)
+                tt = timing.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), len(sets), "cuda", timer)
                 r = {"shape": name, "m": m, "tactic": c.params, "us": tt.median_us, "iqr": tt.iqr_us, "err": err,
                      "first_call_s": first, "smem": getattr(k, "smem_compiled", None),
                      "smem_model": getattr(k, "smem_model", None), "smem_pre": pre_smem.get((p.key, c.to_json())),

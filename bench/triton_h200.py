@@ -12,7 +12,7 @@
      1 … 8192: the best of a bucket-specific candidate list ("tuned"), the family default, and
      cuBLAS bf16 (torch.matmul on weights dequantized to bf16 beforehand). Every candidate is checked
      against the float64 reference with a NaN-poisoned output before it is timed. All columns use
-     autotune.engine.bench.time_calls: input sets rotated to exceed twice the L2, CUDA-graph replay of 32
+     autotune.engine.timing.time_calls: input sets rotated to exceed twice the L2, CUDA-graph replay of 32
      calls when a call is under 200 µs, events otherwise;
   3. search cost vs triton.autotune, each in a fresh process with an empty Triton cache: the same
      kernel and the same configs (a fixed sample of the family's enumeration, over-limit configs
@@ -141,32 +141,35 @@ class Inputs:
     def __init__(self, p: Problem, seed: int):
         import torch
 
-        from autotune.engine import bench
+        from autotune.core import inputs
+        from autotune.engine import timing
         self.p = p
         gen = torch.Generator().manual_seed(seed)
-        w0 = bench.random_weight(p, "cuda", gen)
+        w0 = inputs.random_weight(p, "cuda", gen)
         per = w0.packed.numel() + w0.scales.numel()
         self.n_sets = bench.sets_for_cold_l2(per, "cuda", cap=16)
-        self.w = [w0] + [bench.random_weight(p, "cuda", gen) for _ in range(self.n_sets - 1)]
+        self.w = [w0] + [inputs.random_weight(p, "cuda", gen) for _ in range(self.n_sets - 1)]
         self.wbf16 = [w.dequantize(torch.bfloat16) for w in self.w]
 
     def sets(self, m: int, seed: int):
         import torch
 
-        from autotune.engine import bench
+        from autotune.core import inputs
+        from autotune.engine import timing
         g = torch.Generator(device="cuda").manual_seed(seed)
-        return [bench.InputSet(torch.randn(m, self.p.k, device="cuda", generator=g).to(torch.bfloat16), w)
+        return [inputs.InputSet(torch.randn(m, self.p.k, device="cuda", generator=g).to(torch.bfloat16), w)
                 for w in self.w]
 
 
 def measure(p: Problem, tactic: Tactic, sets, ref, outs, timer) -> dict:
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     k = FAM.build(p, tactic, "cuda")
     try:
-        err = bench.check(p, k, sets[0], ref)
+        err = inputs.check(p, k, sets[0], ref)
     except Exception as e:  # noqa: BLE001 - a failed check is a result
         return {"tactic": tactic.params, "fail": f"{type(e).__name__}: {str(e)[:200]}"}
-    tm = bench.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), len(sets), "cuda", timer)
+    tm = timing.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), len(sets), "cuda", timer)
     return {"tactic": tactic.params, "id": tactic.id, "us": tm.median_us, "iqr": tm.iqr_us, "reps": tm.reps,
             "err": err, "smem": getattr(k, "smem_compiled", None), "smem_model": getattr(k, "smem_model", None)}
 
@@ -174,10 +177,11 @@ def measure(p: Problem, tactic: Tactic, sets, ref, outs, timer) -> dict:
 def table_phase(res: dict, out: Path, deadline: float) -> None:
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from autotune.core.arch import detect
     arch = detect()
-    timer = bench.TimerConfig(budget_s=0.03, max_reps=20)
+    timer = timing.TimerConfig(budget_s=0.03, max_reps=20)
     rows = res.setdefault("table", [])
     for pi, (label, p) in enumerate(glm5_problems()):
         inp = Inputs(p, seed=100 + pi)
@@ -187,11 +191,11 @@ def table_phase(res: dict, out: Path, deadline: float) -> None:
                 res.setdefault("notes", []).append(f"table stopped at {label} M={m}: time budget")
                 return
             sets = inp.sets(m, seed=1000 * pi + m)
-            ref = bench.reference(p, sets[0])
-            outs = [bench.torch_empty_out(p, m, s) for s in sets]
+            ref = inputs.reference(p, sets[0])
+            outs = [inputs.torch_empty_out(p, m, s) for s in sets]
             # cuBLAS bf16 on pre-dequantized weights (checked like the rest)
-            cb = bench.check(p, lambda x, w, out: torch.matmul(x, inp.wbf16[0].T, out=out), sets[0], ref)
-            tcb = bench.time_calls(lambda i: torch.matmul(sets[i].x, inp.wbf16[i].T, out=outs[i]), len(sets), "cuda", timer)
+            cb = inputs.check(p, lambda x, w, out: torch.matmul(x, inp.wbf16[0].T, out=out), sets[0], ref)
+            tcb = timing.time_calls(lambda i: torch.matmul(sets[i].x, inp.wbf16[i].T, out=outs[i]), len(sets), "cuda", timer)
             cands = [c for c in candidates(m) if FAM.verdict(p, c, arch).ok]
             if default not in cands:
                 cands.append(default)
@@ -239,7 +243,8 @@ def _autotune_child(out_json: str) -> None:
     import torch
     import triton
 
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from tactics.triton_fp4.kernel import w4a16_dequant_kernel
     sample = search_sample()
     configs = [triton.Config({"BLOCK_M": t["block_m"], "BLOCK_N": t["block_n"], "BLOCK_K": t["block_k"],
@@ -251,7 +256,7 @@ def _autotune_child(out_json: str) -> None:
     for n, k in SEARCH_PROBLEMS:
         p = Problem.dense(n, k)
         for m in SEARCH_BUCKETS:
-            s = bench.make_inputs(p, m, "cuda", seed=m)[0]
+            s = inputs.make_inputs(p, m, "cuda", seed=m)[0]
             out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             # room for any config's split-K partials: 16 splits × M padded to 128 × N padded
             ws = torch.empty(16 * ((m + 127) // 128 * 128) * (n + 256), dtype=torch.float32, device="cuda")
@@ -288,18 +293,19 @@ def _ours_child(out_json: str) -> None:
     pre = precompile(items, "sm90")
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     result = {"precompile_s": pre["wall_s"], "compiled": pre["compiled"], "problems": []}
-    timer = bench.TimerConfig(budget_s=0.02, max_reps=10)
+    timer = timing.TimerConfig(budget_s=0.02, max_reps=10)
     for n, k in SEARCH_PROBLEMS:
         p = Problem.dense(n, k)
         for m in SEARCH_BUCKETS:
             t0 = time.perf_counter()
-            s1 = bench.make_inputs(p, m, "cuda", seed=m)[0]
+            s1 = inputs.make_inputs(p, m, "cuda", seed=m)[0]
             n_sets = bench.sets_for_cold_l2(s1.nbytes(), "cuda", cap=16)
-            sets = [s1] + (bench.make_inputs(p, m, "cuda", seed=m + 7, n_sets=n_sets - 1) if n_sets > 1 else [])
-            ref = bench.reference(p, sets[0])
-            outs = [bench.torch_empty_out(p, m, s) for s in sets]
+            sets = [s1] + (inputs.make_inputs(p, m, "cuda", seed=m + 7, n_sets=n_sets - 1) if n_sets > 1 else [])
+            ref = inputs.reference(p, sets[0])
+            outs = [inputs.torch_empty_out(p, m, s) for s in sets]
             meas = [measure(p, t, sets, ref, outs, timer) for t in kept[(n, k)]]
             ok = [r for r in meas if "us" in r]
             win = min(ok, key=lambda r: r["us"])
@@ -317,7 +323,8 @@ def _exhaustive(ours: dict, theirs: dict) -> list[dict]:
     """Re-time every kept sample config carefully (default TimerConfig) per (problem, bucket)."""
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from autotune.core.arch import detect
     arch = detect()
     sample = search_sample()
@@ -325,12 +332,12 @@ def _exhaustive(ours: dict, theirs: dict) -> list[dict]:
     for n, k in SEARCH_PROBLEMS:
         p = Problem.dense(n, k)
         for m in SEARCH_BUCKETS:
-            s1 = bench.make_inputs(p, m, "cuda", seed=m + 99)[0]
+            s1 = inputs.make_inputs(p, m, "cuda", seed=m + 99)[0]
             n_sets = bench.sets_for_cold_l2(s1.nbytes(), "cuda", cap=16)
-            sets = [s1] + (bench.make_inputs(p, m, "cuda", seed=m + 98, n_sets=n_sets - 1) if n_sets > 1 else [])
-            ref = bench.reference(p, sets[0])
-            outs = [bench.torch_empty_out(p, m, s) for s in sets]
-            timer = bench.TimerConfig(budget_s=0.1, max_reps=50)
+            sets = [s1] + (inputs.make_inputs(p, m, "cuda", seed=m + 98, n_sets=n_sets - 1) if n_sets > 1 else [])
+            ref = inputs.reference(p, sets[0])
+            outs = [inputs.torch_empty_out(p, m, s) for s in sets]
+            timer = timing.TimerConfig(budget_s=0.1, max_reps=50)
             times = {}
             for t in sample:
                 if FAM.verdict(p, t, arch).ok:
@@ -373,7 +380,8 @@ def moe_phase(res: dict) -> None:
     the torch family's default, skewed top-8 routing, same timer as the table."""
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from autotune.models import problems_for
     from tactics import registry
     from autotune.core.arch import detect
@@ -382,7 +390,7 @@ def moe_phase(res: dict) -> None:
     # CUDA-graph replay for every call: the routing alignment is a handful of small torch ops whose
     # host launch cost would otherwise dominate (the torch family's host syncs make its calls
     # uncapturable: time_calls falls back to events for it)
-    timer = bench.TimerConfig(budget_s=0.03, max_reps=20, graph_below_us=1e9)
+    timer = timing.TimerConfig(budget_s=0.03, max_reps=20, graph_below_us=1e9)
     probs = [u.problem for u in problems_for("glm5", 8) if u.problem.kind == "grouped_moe"]
     items = [(p.key, t.to_json()) for p in probs for t in FAM.enumerate(p, arch) if FAM.verdict(p, t, arch).ok]
     pre = precompile(items, arch.name)
@@ -390,14 +398,14 @@ def moe_phase(res: dict) -> None:
     for p in probs:
         space = [t for t in FAM.enumerate(p, arch) if FAM.verdict(p, t, arch).ok]
         for m in (1, 16, 128, 1024):
-            s = bench.make_inputs(p, m, "cuda", seed=m)[0]
-            ref = bench.reference(p, s)
-            out = [bench.torch_empty_out(p, m, s)]
+            s = inputs.make_inputs(p, m, "cuda", seed=m)[0]
+            ref = inputs.reference(p, s)
+            out = [inputs.torch_empty_out(p, m, s)]
             meas = [measure(p, t, [s], ref, out, timer) for t in space]
             ok = [r for r in meas if "us" in r]
             tk = torch_fam.build(p, torch_fam.default(p, arch), "cuda")
-            bench.check(p, tk, s, ref)
-            tt = bench.time_calls(lambda i: tk(*s.args(), out=out[0]), 1, "cuda", timer)
+            inputs.check(p, tk, s, ref)
+            tt = timing.time_calls(lambda i: tk(*s.args(), out=out[0]), 1, "cuda", timer)
             d = next(r for r in meas if r["tactic"] == FAM.default(p, arch).params)
             best = min(ok, key=lambda r: r["us"])
             rows.append({"key": p.key, "m": m, "torch_us": tt.median_us, "default": d, "tuned": best,

@@ -46,7 +46,7 @@ def render(src: str, dst: str) -> int:
          f"**Ceilings, measured in the same run:** device-to-device copy {ce['copy_GBps']:.0f} GB/s "
          f"(1 GiB, bytes read + written); bf16 GEMM {ce['bf16_TFLOPs']:.0f} TFLOP/s (8192³ torch.matmul, random data).",
          "",
-         "**Method (every column):** `autotune.engine.bench.time_calls` — input sets (weights and activations) rotated so "
+         "**Method (every column):** `autotune.engine.timing.time_calls` — input sets (weights and activations) rotated so "
          "they exceed twice the L2, CUDA-graph replay of 32 calls when one call is under 200 µs, CUDA events per "
          "call otherwise; median. Every Triton config and cuBLAS were first checked against the float64 reference "
          "with a NaN-poisoned output. *tuned* = best of the bucket's candidate list in `candidates()` "

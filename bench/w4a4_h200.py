@@ -9,7 +9,7 @@ member's kept space (plus its default) is checked against the float64 reference 
 quantized by the torch reference, NaN-poisoned output), then timed as a whole call (our
 activation quantizer + the dot_scaled GEMM). The best ("tuned") and the default are then timed
 three ways: whole call, GEMM alone on activations quantized beforehand, quantizer alone. Every
-column uses autotune.engine.bench.time_calls (graph replay, input sets rotated past twice the L2).
+column uses autotune.engine.timing.time_calls (graph replay, input sets rotated past twice the L2).
 For scale, the fused W4A16 default and cuBLAS bf16 on the same weights dequantized beforehand.
 """
 from __future__ import annotations
@@ -38,13 +38,14 @@ DEV = "cpu" if SMOKE else "cuda"
 def run(out: Path) -> int:
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from tactics import registry
     from autotune.core.arch import detect
     from autotune.core.arch import ARCHS
     fam, arch = registry.get("triton"), (ARCHS["cpu"] if SMOKE else detect())
-    timer = bench.TimerConfig(budget_s=0.05, max_reps=30)
-    quick = bench.TimerConfig(budget_s=0.01, max_reps=10)
+    timer = timing.TimerConfig(budget_s=0.05, max_reps=30)
+    quick = timing.TimerConfig(budget_s=0.01, max_reps=10)
     res = {"gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "arch": arch.name, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "rows": []}
@@ -55,17 +56,17 @@ def run(out: Path) -> int:
         step = max(1, len(kept) // SAMPLE)
         cands = [fam.default(p, arch)] + [t for t in kept[::step] if t != fam.default(p, arch)][:SAMPLE]
         for m in BUCKETS:
-            n_sets = bench.sets_for_cold_l2(bench.set_bytes(p, m), DEV)
-            sets = bench.make_inputs(p, m, DEV, seed=m + n, n_sets=n_sets)
-            ref = bench.reference(p, sets[0])
-            outs = [bench.torch_empty_out(p, m, s) for s in sets]
+            n_sets = timing.sets_for_cold_l2(inputs.set_bytes(p, m), DEV)
+            sets = inputs.make_inputs(p, m, DEV, seed=m + n, n_sets=n_sets)
+            ref = inputs.reference(p, sets[0])
+            outs = [inputs.torch_empty_out(p, m, s) for s in sets]
             row = {"n": n, "k": k, "m": m, "sets": n_sets, "configs": {}, "errors": {}}
             kernels = {}
             for t in cands:
                 try:
                     kern = fam.build(p, t, DEV)
-                    err = bench.check(p, kern, sets[0], ref)
-                    tm = bench.time_calls(lambda i: kern(*sets[i].args(), out=outs[i]), n_sets, DEV, quick)
+                    err = inputs.check(p, kern, sets[0], ref)
+                    tm = timing.time_calls(lambda i: kern(*sets[i].args(), out=outs[i]), n_sets, DEV, quick)
                     row["configs"][t.id] = {"params": t.params, "us": tm.median_us, "rel_err": err}
                     kernels[t.id] = kern
                 except Exception as e:   # recorded, never a winner
@@ -81,18 +82,18 @@ def run(out: Path) -> int:
                 for s in sets:
                     q, sc = kern.quantize(s.x, s.w)
                     pre.append((q.clone(), sc.clone()))
-                whole = bench.time_calls(lambda i: kern(*sets[i].args(), out=outs[i]), n_sets, DEV, timer)
-                gemm = bench.time_calls(lambda i: kern.gemm(pre[i][0], pre[i][1], sets[i].w, outs[i]), n_sets, DEV, timer)
-                quant = bench.time_calls(lambda i: kern.quantize(sets[i].x, sets[i].w), n_sets, DEV, timer)
+                whole = timing.time_calls(lambda i: kern(*sets[i].args(), out=outs[i]), n_sets, DEV, timer)
+                gemm = timing.time_calls(lambda i: kern.gemm(pre[i][0], pre[i][1], sets[i].w, outs[i]), n_sets, DEV, timer)
+                quant = timing.time_calls(lambda i: kern.quantize(sets[i].x, sets[i].w), n_sets, DEV, timer)
                 row[label] = {"tactic": tid, "params": row["configs"][tid]["params"], "whole_us": whole.median_us,
                               "gemm_us": gemm.median_us, "quant_us": quant.median_us}
             # W4A16 fused default (bf16 activations, same weights) and cuBLAS bf16, for scale
-            s16 = [bench.InputSet(s.x, s.w) for s in sets]
+            s16 = [inputs.InputSet(s.x, s.w) for s in sets]
             k16 = fam.build(w16, fam.default(w16, arch), DEV)
-            bench.check(w16, k16, s16[0], bench.reference(w16, s16[0]))
-            row["w4a16_default_us"] = bench.time_calls(lambda i: k16(*s16[i].args(), out=outs[i]), n_sets, DEV, timer).median_us
+            inputs.check(w16, k16, s16[0], inputs.reference(w16, s16[0]))
+            row["w4a16_default_us"] = timing.time_calls(lambda i: k16(*s16[i].args(), out=outs[i]), n_sets, DEV, timer).median_us
             wd = [s.w.dequantize(torch.bfloat16) for s in sets]
-            row["cublas_bf16_us"] = bench.time_calls(lambda i: torch.matmul(sets[i].x, wd[i].T, out=outs[i]), n_sets, DEV,
+            row["cublas_bf16_us"] = timing.time_calls(lambda i: torch.matmul(sets[i].x, wd[i].T, out=outs[i]), n_sets, DEV,
                                                      timer).median_us
             res["rows"].append(row)
             print(f"n{n} k{k} m={m}: tuned {row['tuned']['whole_us']:.1f} us (gemm {row['tuned']['gemm_us']:.1f}, quant "
@@ -124,7 +125,7 @@ def render(src: str, dst: str) -> int:
         f"fastest whole call among the default and an evenly spaced sample of {SAMPLE} kept configs, every "
         "one checked against float64 first; *whole* = quantize + GEMM (what a call of the member does and "
         "what the search times); *GEMM* = the dot_scaled kernel alone on activations quantized beforehand; "
-        "*quant* = our activation quantizer alone. All times µs, `autotune.engine.bench.time_calls` (CUDA-graph "
+        "*quant* = our activation quantizer alone. All times µs, `autotune.engine.timing.time_calls` (CUDA-graph "
         "replay, input sets rotated past twice the L2, median). For scale: the fused W4A16 default on the "
         "same weights with bf16 activations, and cuBLAS bf16 on the weights dequantized beforehand.",
         "",

@@ -10,6 +10,8 @@ from urllib.parse import unquote
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from autotune.core import settings
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -31,7 +33,7 @@ def path_url(p: str | os.PathLike) -> str:
 
 def default_url() -> str:
     """$AUTOTUNE_CACHE (a file path or any SQLAlchemy URL), else the per-user cache file."""
-    env = os.environ.get("AUTOTUNE_CACHE", "").strip()
+    env = settings.cache_url()
     if env:
         return env if "://" in env else path_url(env)
     import platformdirs

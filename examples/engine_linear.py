@@ -58,7 +58,7 @@ class EngineLinear(nn.Module):
 
 
 def tune(cache: Path, problems: list[Problem], buckets: tuple[int, ...]) -> None:
-    from autotune.engine import bench
+    from autotune.engine import timing
     from autotune.core.buckets import Buckets
     from autotune.core.env import current
     from autotune.engine.search import search
@@ -66,7 +66,7 @@ def tune(cache: Path, problems: list[Problem], buckets: tuple[int, ...]) -> None
     from tactics import registry
     with Store(cache) as store:
         search(problems, families=[registry.get("torch")], store=store, buckets=Buckets(buckets), env=current(),
-               timer=bench.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.02))
+               timer=timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.02))
 
 
 def main() -> None:

@@ -386,7 +386,7 @@ class Launcher:
 def operands(problem: Any, m: int, device: str, seed: int = 0) -> tuple[Any, Any]:
     """Random (x, w) for a problem: bf16 activations; bf16, (fp8, scale) or FP4Weight weights."""
     import torch
-    from autotune.engine.bench import make_inputs
+    from autotune.core.inputs import make_inputs
     g = torch.Generator().manual_seed(seed)
     if problem.w_fmt in ("nvfp4", "mxfp4"):
         s = make_inputs(problem, m, device, seed)[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.engine import bench
+from autotune.core import inputs
 from autotune.core.problem import Problem
 from autotune.engine.worker import Bench
 
@@ -19,7 +19,7 @@ W4A4 = Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4")
 @pytest.mark.parametrize("p", [DENSE, MOE, W4A4], ids=lambda p: p.kind + p.a_fmt)
 @pytest.mark.parametrize("m", [1, 37])
 def test_set_bytes_is_what_make_inputs_makes(p, m):
-    assert bench.set_bytes(p, m) == bench.make_inputs(p, m, "cpu", seed=1)[0].nbytes()
+    assert inputs.set_bytes(p, m) == inputs.make_inputs(p, m, "cpu", seed=1)[0].nbytes()
 
 
 def test_bench_draws_weights_once_per_problem_and_replays_the_same_inputs():

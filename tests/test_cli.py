@@ -96,3 +96,86 @@ def test_dry_run_for_sm120_prints_verdicts_with_reasons(tmp_path):
     assert not (tmp_path / "c.db").exists()
     j = json.loads(autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", "--json").stdout)
     assert j["arch"] == "sm120" and len(j["problems"]) == 6
+
+
+# ---- #14 CLI edges: each answered in one line with exit 2, nothing written ----------------------
+
+def _one_line_error(r, *needles):
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for n in needles:
+        assert n in r.stderr, r.stderr
+
+
+def test_sizes_past_int32_are_refused_before_measuring(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+                               "hidden_size": 10**21, "intermediate_size": 1024, "num_attention_heads": 8,
+                               "num_key_value_heads": 8}))
+    _one_line_error(autotune("search", "--model", cfg, "--families", "torch", cache=tmp_path / "c.db"), "hidden_size")
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--buckets", "99999999999999999999", "--families", "torch",
+                 cache=tmp_path / "c.db")
+    _one_line_error(r, "99999999999999999999")
+    assert not (tmp_path / "c.db").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_gpus_without_a_gpu_is_an_error(tmp_path):
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--gpus", "0,1", "--max-tokens", "1", "--families", "torch",
+                 cache=tmp_path / "c.db")
+    _one_line_error(r, "--gpus", "no CUDA GPU")
+    assert not (tmp_path / "c.db").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--workers", "0"], "--workers"),
+    (["--timeout-s", "0"], "--timeout-s"),
+    (["--compile-workers", "0"], "--compile-workers"),
+    (["--budget-s", "0"], "--budget-s"),
+    (["--buckets", ""], "--buckets is empty"),
+    (["--buckets", " "], "--buckets is empty"),
+    (["--gpus", ","], "--gpus"),
+])
+def test_bad_settings_answer_in_one_line_without_a_dump(tmp_path, args, needle):
+    # bounded (one bucket, one problem) in case a check were missing and a search ran
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--families", "torch", "--only", "mlp.down_proj",
+                 "--max-tokens", "1", *args, cache=tmp_path / "c.db", timeout=300)
+    _one_line_error(r, needle)
+    assert "Runner(" not in r.stderr
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_model_from_a_device_file_does_not_hang(tmp_path):
+    _one_line_error(autotune("search", "--model", "/dev/zero", "--dry-run", timeout=120), "/dev/zero")
+
+
+def test_buckets_above_max_tokens_are_named_and_explicit_buckets_are_kept():
+    from autotune import api
+    assert api.parse_buckets("1,100000") == (api.Buckets((1, 100000)), None)      # --buckets alone: as given
+    b, note = api.parse_buckets("1,100000", 8192)
+    assert b.values == (1,) and "100000" in note and "8192" in note
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", "--buckets", "1,100000",
+                 "--max-tokens", "8192")
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "buckets above --max-tokens 8192 dropped: 100000"
+
+
+def test_archs_cites_files_that_exist():
+    import re
+    r = autotune("archs", "--help")
+    cited = re.findall(r"[\w./-]+\.(?:py|md)", r.stdout)
+    assert cited and all((ROOT / c).is_file() for c in cited), cited
+
+
+def test_every_option_of_every_command_has_help():
+    import click
+    from cli import main
+
+    def commands(group, prefix=""):
+        for name, cmd in group.commands.items():
+            yield prefix + name, cmd
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, prefix + name + " ")
+
+    missing = [f"{name} {p.opts[0]}" for name, cmd in commands(main) for p in cmd.params
+               if isinstance(p, click.Option) and not p.help]
+    assert not missing, missing

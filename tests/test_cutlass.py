@@ -455,7 +455,7 @@ def test_grouped_moe_kernels_are_judged_not_run():
 
 def _run_on_device():
     import torch
-    from autotune.engine.bench import make_inputs, reference
+    from autotune.core.inputs import make_inputs, reference
     arch = "sm120" if torch.cuda.get_device_capability()[0] == 12 else "sm100"
     ok, why = FAM.available("cuda")
     if not ok:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engine import bench
+from autotune.core import inputs
 from autotune.core.tactic import parse_tactic
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.misses import search_input_from_misses
@@ -61,8 +61,8 @@ def quiet(**kw) -> Dispatcher:
 
 
 def rel_err(kernel, p: Problem, m: int) -> float:
-    s = bench.make_inputs(p, m, "cpu", seed=3)[0]
-    ref = bench.reference(p, s)
+    s = inputs.make_inputs(p, m, "cpu", seed=3)[0]
+    ref = inputs.reference(p, s)
     y = kernel(s.x, s.w)
     return float((y.double() - ref).norm() / ref.norm())
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from autotune.engine import bench
+from autotune.core import inputs
+from autotune.engine import timing
 from autotune.core.problem import Problem
 from tactics import registry
 from autotune.core.arch import detect
@@ -20,11 +21,11 @@ def test_triton_kept_configs_match_float64_at_real_shapes(p):
     sample = ([d] if fam.verdict(p, d, arch).ok else []) + kept[:: max(1, len(kept) // 6)]
     assert sample, "no kept config"
     for m in (1, 16, 300):
-        s = bench.make_inputs(p, m, "cuda", seed=m)[0]
-        ref = bench.reference(p, s)
+        s = inputs.make_inputs(p, m, "cuda", seed=m)[0]
+        ref = inputs.reference(p, s)
         for t in sample:
             k = fam.build(p, t, "cuda")
-            err = bench.check(p, k, s, ref)            # NaN-poisoned output, float64 reference
+            err = inputs.check(p, k, s, ref)            # NaN-poisoned output, float64 reference
             assert err < 1e-2
             if t["kernel"] == "w4a16_dequant":
                 assert k.smem_compiled is not None and k.smem_compiled <= arch.smem_per_block_optin
@@ -38,9 +39,9 @@ def test_triton_split_k_is_graph_safe_and_leaves_counters_zero(p):
     fam, arch = registry.get("triton"), detect()
     t = next(t for t in fam.enumerate(p, arch) if t.get("split_k") == 8 and fam.verdict(p, t, arch).ok)
     k = fam.build(p, t, "cuda")
-    s = bench.make_inputs(p, 5, "cuda", seed=11)[0]
-    ref = bench.reference(p, s)
-    bench.check(p, k, s, ref)
+    s = inputs.make_inputs(p, 5, "cuda", seed=11)[0]
+    ref = inputs.reference(p, s)
+    inputs.check(p, k, s, ref)
     out = torch.empty(5, p.n, dtype=torch.bfloat16, device="cuda")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -57,30 +58,30 @@ def test_triton_split_k_is_graph_safe_and_leaves_counters_zero(p):
 def test_torch_family_moe_on_cuda():
     p = Problem.moe(512, 1024, experts=32, top_k=4)
     fam, arch = registry.get("torch"), detect()
-    s = bench.make_inputs(p, 37, "cuda", seed=3)[0]
-    bench.check(p, fam.build(p, fam.default(p, arch), "cuda"), s, bench.reference(p, s))
+    s = inputs.make_inputs(p, 37, "cuda", seed=3)[0]
+    inputs.check(p, fam.build(p, fam.default(p, arch), "cuda"), s, inputs.reference(p, s))
 
 
 def test_cuda_timer_graph_and_eager():
     p = Problem.dense(512, 1024)
     fam, arch = registry.get("torch"), detect()
     k = fam.build(p, fam.default(p, arch), "cuda")
-    sets = bench.make_inputs(p, 4, "cuda", seed=1, n_sets=3)
-    outs = [bench.torch_empty_out(p, 4, s) for s in sets]
+    sets = inputs.make_inputs(p, 4, "cuda", seed=1, n_sets=3)
+    outs = [inputs.torch_empty_out(p, 4, s) for s in sets]
     memo: dict = {}
-    t = bench.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), 3, "cuda", memo=memo)
+    t = timing.time_calls(lambda i: k(*sets[i].args(), out=outs[i]), 3, "cuda", memo=memo)
     assert 0 < t.median_us < 10_000 and t.reps >= 3
     g, calls = memo["graph"]
     assert calls == 3                       # one call per input set: a replay reads the whole rotation
-    again = bench.time_calls(lambda i: 1 / 0, 3, "cuda", memo=memo)   # replays; never calls the callable
+    again = timing.time_calls(lambda i: 1 / 0, 3, "cuda", memo=memo)   # replays; never calls the callable
     assert memo["graph"][0] is g and again.median_us > 0
     # forced eager (estimate above the threshold): a ~0.5 ms spin is timed per call
-    big = bench.time_calls(lambda i: torch.cuda._sleep(1_000_000), 1, "cuda", bench.TimerConfig(graph_below_us=100))
+    big = timing.time_calls(lambda i: torch.cuda._sleep(1_000_000), 1, "cuda", timing.TimerConfig(graph_below_us=100))
     assert big.median_us > 100
     # a host sync inside the call cannot be captured: eager, remembered
     memo2: dict = {}
     x = torch.ones(4, device="cuda")
-    sync = bench.time_calls(lambda i: x.sum().item(), 1, "cuda", memo=memo2)
+    sync = timing.time_calls(lambda i: x.sum().item(), 1, "cuda", memo=memo2)
     assert memo2 == {"eager": True} and sync.median_us > 0
 
 
@@ -91,9 +92,9 @@ def test_triton_moe_matches_float64_at_glm5_tp8_shapes(p):
     kept = [t for t in fam.enumerate(p, arch) if fam.verdict(p, t, arch).ok]
     sample = [fam.default(p, arch)] + kept[::5]
     for m in (1, 37):
-        s = bench.make_inputs(p, m, "cuda", seed=m)[0]
-        ref = bench.reference(p, s)
+        s = inputs.make_inputs(p, m, "cuda", seed=m)[0]
+        ref = inputs.reference(p, s)
         for t in sample:
             k = fam.build(p, t, "cuda")
-            assert bench.check(p, k, s, ref) < 1e-2
+            assert inputs.check(p, k, s, ref) < 1e-2
             assert k.smem_compiled == fam.verdict(p, t, arch).smem_bytes, (t, k.smem_compiled)

@@ -329,3 +329,23 @@ def test_shard_not_multiple_of_block():
 def test_kv_heads_must_divide_tp():
     with pytest.raises(ModelError, match="tp=12 is not divisible by num_key_value_heads=8"):
         problems_for("llama-3.1-8b", tp=12)      # 32 q heads % 12 fails later; kv check comes first
+
+
+def test_config_reads_are_bounded_and_sizes_past_int32_refused(tmp_path):
+    """#14: `--model /dev/zero` hung reading forever; a hidden_size of 1e21 ended in an
+    OverflowError from the cache. Both are one-line ModelErrors now."""
+    from autotune.models import load_model
+    with pytest.raises(ModelError, match="not a regular file"):
+        load_model("/dev/zero")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+                                "hidden_size": 10**21, "intermediate_size": 1024, "num_attention_heads": 8,
+                                "num_key_value_heads": 8}))
+    with pytest.raises(ModelError, match="'hidden_size' = 1000000000000000000000 is larger than 2147483647"):
+        load_model(cfg)
+    big = tmp_path / "big" / "config.json"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate((16 << 20) + 1)     # sparse: no 16 MiB written
+    with pytest.raises(ModelError, match="larger than 16 MiB"):
+        load_model(big)

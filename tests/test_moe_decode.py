@@ -92,7 +92,8 @@ def test_smem_model_equals_cross_compile(arch):
 
 _INTERP = textwrap.dedent("""
     import json, sys, torch
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from autotune.core.problem import Problem
     from tactics.triton_fp4 import moe_decode as md
     from tactics.triton_fp4.moe_align import Aligner
@@ -116,7 +117,7 @@ _INTERP = textwrap.dedent("""
     rows = []
     for fmt, m, n, k, e, top_k, route, bm, sk, epi, weighted in json.loads(sys.argv[1]):
         p = Problem.moe(n, k, e, top_k, fmt)
-        s = bench.make_inputs(p, m, "cpu", seed=m + sk)[0]
+        s = inputs.make_inputs(p, m, "cpu", seed=m + sk)[0]
         ids = s.topk_ids.clone()
         ids[0, -1] = -1                                        # one slot routed off this rank
         if m > 2:
@@ -141,7 +142,7 @@ _INTERP = textwrap.dedent("""
                          same=bool(torch.equal(out, again))))
     # a shared alignment (one per layer) gives the aligned route the same answer
     p = Problem.moe(64, 256, 5, 2, "nvfp4")
-    s = bench.make_inputs(p, 6, "cpu", seed=9)[0]
+    s = inputs.make_inputs(p, 6, "cpu", seed=9)[0]
     cfg = dict(kernel="moe_decode", route="aligned", block_m=16, block_n=32, block_k=128, split_k=1, num_warps=4,
                num_stages=2)
     L = md.make_launcher(p, cfg)

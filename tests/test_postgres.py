@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from autotune.engine import bench
+from autotune.engine import timing
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.engine.halving import Halving
@@ -71,7 +71,7 @@ def test_search_into_postgres_and_resume(pg_url):
     store = Store(pg_url)
     p = Problem.dense(128, 256)
     kw = dict(families=[registry.get("torch")], store=store, buckets=Buckets.of((1, 4)), env=cpu(),
-              timer=bench.TimerConfig(min_reps=2, max_reps=3, budget_s=0.01), halving=Halving(budget_s=0.1),
+              timer=timing.TimerConfig(min_reps=2, max_reps=3, budget_s=0.01), halving=Halving(budget_s=0.1),
               runner=Runner(workers=2))
     first = search([p], **kw)
     assert first.measured > 0 and first.failed == 0 and len(first.winners) == 2

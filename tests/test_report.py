@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.engine import bench
+from autotune.engine import timing
 from autotune.core.buckets import Buckets
 from autotune.core.env import Env, cpu
 from autotune.core.problem import Problem
@@ -27,7 +27,7 @@ from autotune.core.tactic import Tactic
 from tests.test_cli import autotune
 
 CPU = cpu()
-FAST = bench.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
 DENSE = Problem.dense(256, 512)
 MOE = Problem.moe(128, 256, experts=8, top_k=2)
 BUCKETS = (1, 4, 16)
@@ -47,9 +47,9 @@ def cpu_cache(tmp_path_factory):
     for m in BUCKETS:
         x = torch.randn(m, base.k).to(torch.bfloat16)
         w = torch.randn(base.n, base.k).to(torch.bfloat16)
-        timing = bench.time_calls(lambda i: x @ w.T, 1, "cpu", FAST)
+        tm = timing.time_calls(lambda i: x @ w.T, 1, "cpu", FAST)
         store.put_trial(Trial(base.key, m, t.id, t.family, t.to_json(), CPU.device_key, "0" * 16, "ok",
-                              median_us=timing.median_us, iqr_us=timing.iqr_us, reps=timing.reps))
+                              median_us=tm.median_us, iqr_us=tm.iqr_us, reps=tm.reps))
     store.close()
     return path
 

@@ -5,7 +5,8 @@ import warnings
 import pytest
 import torch
 
-from autotune.engine import bench
+from autotune.core import inputs
+from autotune.engine import timing
 from autotune.core.buckets import Buckets
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import cpu
@@ -15,7 +16,7 @@ from cache import Store
 from tactics import registry
 
 CPU = cpu()   # these tests tune on the CPU even where a GPU is present
-FAST = bench.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
 DENSE = Problem.dense(256, 512)
 MOE = Problem.moe(128, 256, experts=8, top_k=2)
 
@@ -87,9 +88,9 @@ def test_dispatch_serves_the_winners(tmp_path):
     store = Store(tmp_path / "c.db")
     _run(store, problems=(DENSE,), buckets=(1, 4))
     d = Dispatcher(store, env=CPU, record_misses=False)
-    w = bench.make_inputs(DENSE, 3, "cpu", seed=7)[0]
+    w = inputs.make_inputs(DENSE, 3, "cpu", seed=7)[0]
     kernel = d((3, DENSE.n, DENSE.k))
-    ref = bench.reference(DENSE, w)
+    ref = inputs.reference(DENSE, w)
     y = kernel(w.x, w.w)
     assert y.shape == (3, 256) and y.dtype == torch.bfloat16
     assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
@@ -108,8 +109,8 @@ def test_dispatch_miss_returns_default_warns_once_and_records(tmp_path):
         k2 = d((5, 64, 128))
         d((9, 64, 128))
     assert k1 is k2 and sum("no tuned tactic" in str(c.message) for c in caught) == 1
-    s = bench.make_inputs(p, 5, "cpu", seed=1)[0]
-    assert float((k1(s.x, s.w).double() - bench.reference(p, s)).norm() / bench.reference(p, s).norm()) < 1e-2
+    s = inputs.make_inputs(p, 5, "cpu", seed=1)[0]
+    assert float((k1(s.x, s.w).double() - inputs.reference(p, s)).norm() / inputs.reference(p, s).norm()) < 1e-2
     d.flush_misses()
     misses = {(m.problem_key, m.m): m.count for m in Store(path).misses()}
     assert misses == {(p.key, 5): 2, (p.key, 9): 1}
@@ -136,3 +137,75 @@ def test_dispatch_rejects_bad_m_naming_the_value(tmp_path):
             d(DENSE, bad)
     with pytest.raises(ValueError, match="K=100 is not a multiple"):
         d((4, 256, 100))
+
+
+def test_a_family_skipped_on_this_device_counts_as_show_counts(tmp_path, monkeypatch):
+    """#14: a CPU run printed "triton: 427 kept" though Triton never ran there, while `show`
+    (which counts the stored trials) said 0 kept. Both now count what this device kept."""
+    from autotune.report import collect
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    store = Store(tmp_path / "c.db")
+    fams = [registry.get("triton"), registry.get("torch")]
+    assert not fams[0].available("cpu")[0]
+    rep = search([DENSE], families=fams, store=store, buckets=Buckets.of((1,)), timer=FAST, env=CPU)
+    plans = {fp.family: fp for fp in rep.plans[DENSE.key]}
+    assert plans["triton"].kept == 0 and plans["triton"].skipped > 0 and plans["triton"].rejected > 0
+    assert "not measured (family skipped on this device)" in plans["triton"].line()
+    (dev,) = collect(store).devices
+    shown = {v.family: v for v in dev.verdicts}
+    for fam in ("triton", "torch"):
+        assert (shown[fam].kept, shown[fam].rejected) == (plans[fam].kept, plans[fam].rejected), fam
+
+
+class _Job:
+    def __init__(self, key, n):
+        self.problem = Problem.from_key(key)
+        self.tactics = (None,) * n
+
+
+def test_plain_progress_prints_per_problem_and_every_few_seconds_of_an_injected_clock():
+    from autotune.engine.progress import Progress
+    now, lines = [0.0], []
+    p = Progress(lines.append, every_s=10.0, clock=lambda: now[0])
+    a1, a2, b1 = _Job(DENSE.key, 3), _Job(DENSE.key, 3), _Job(MOE.key, 2)
+    p.start([a1, a2, b1], resumed=4)
+    p.advance(1)
+    assert lines == []                                  # under 10 s of the clock: nothing yet
+    now[0] = 10.0
+    p.advance(1)
+    assert lines == ["progress: 6/12 trials, 0/3 (problem, bucket) jobs"]
+    p.job_done(a1)
+    assert len(lines) == 1                              # the problem still has a bucket running
+    p.advance(3)
+    p.job_done(a2)
+    assert lines[-1] == f"progress: 9/12 trials, 2/3 (problem, bucket) jobs; {DENSE.key} done"
+    p.advance(2)
+    p.job_done(b1)
+    assert lines[-1] == f"progress: 11/12 trials, 3/3 (problem, bucket) jobs; {MOE.key} done" and len(lines) == 3
+
+
+def test_search_options_and_keywords_are_the_same_search(tmp_path):
+    from autotune.engine.search import SearchOptions
+    fams = [registry.get("torch")]
+    a = search([DENSE], families=fams, store=None, buckets=Buckets.of((1,)), dry_run=True, env=CPU)
+    b = search([DENSE], families=fams, store=None, buckets=Buckets.of((1,)),
+               options=SearchOptions(dry_run=True, env=CPU))
+    assert [fp.line() for fp in a.plans[DENSE.key]] == [fp.line() for fp in b.plans[DENSE.key]]
+    with pytest.raises(TypeError):
+        search([DENSE], families=fams, store=None, buckets=Buckets.of((1,)), no_such_option=1)
+
+
+def test_max_tactics_counts_as_show_counts(tmp_path):
+    """Tactics outside the --max-tactics sample are not stored; the search says so apart instead
+    of counting them kept, so its counts and `show`'s agree."""
+    from autotune.report import collect
+    store = Store(tmp_path / "c.db")
+    p = Problem.dense(4096, 256)                      # every torch member kept (chunk_n < N)
+    rep = search([p], families=[registry.get("torch")], store=store, buckets=Buckets.of((1,)), timer=FAST, env=CPU,
+                 max_tactics=2)
+    (fp,) = rep.plans[p.key]
+    assert fp.kept + fp.unsampled == 6 and fp.unsampled in (3, 4)     # 2 sampled, + the default unless sampled
+    assert "not measured (outside the --max-tactics sample)" in fp.line()
+    (dev,) = collect(store).devices
+    (v,) = dev.verdicts
+    assert (v.kept, v.rejected) == (fp.kept, fp.rejected)

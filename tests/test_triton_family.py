@@ -271,7 +271,7 @@ def test_interpreter_matches_float64_reference(fmt, m, n, k, cfgs):
 
 _MOE_INTERP = textwrap.dedent("""
     import json, sys, torch
-    from autotune.engine import bench
+    from autotune.core import inputs
     from autotune.core.problem import Problem
     from autotune.core.arch import ARCHS
     from autotune.core.tactic import Tactic
@@ -280,13 +280,13 @@ _MOE_INTERP = textwrap.dedent("""
     fam, out = TritonFamily(), []
     for fmt, m, n, k, e, top_k, cfgs in json.loads(sys.argv[1]):
         p = Problem.moe(n, k, e, top_k, fmt)
-        s = bench.make_inputs(p, m, "cpu", seed=5)[0]       # skewed top-k routing
-        ref = bench.reference(p, s)
+        s = inputs.make_inputs(p, m, "cpu", seed=5)[0]       # skewed top-k routing
+        ref = inputs.reference(p, s)
         for bm, bn, bk in cfgs:
             t = Tactic("triton", kernel="moe_w4a16", block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=2)
             assert fam.verdict(p, t, ARCHS["cpu"]).ok
             kern = fam.build(p, t, "cpu")
-            err = bench.check(p, kern, s, ref)                 # NaN-poisoned output, float64 reference
+            err = inputs.check(p, kern, s, ref)                 # NaN-poisoned output, float64 reference
             # the family's prepacked layout gives the same bits
             assert torch.equal(kern(s.x, s.w, s.topk_ids, s.topk_weights),
                                kern(s.x, pack_u8(s.w), s.topk_ids, s.topk_weights))

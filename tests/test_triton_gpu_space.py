@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 import torch
 
-from autotune.engine import bench
+from autotune.core import inputs
 from autotune.core.problem import Problem
 from autotune.core.arch import detect
 from autotune.core.tactic import Tactic
@@ -46,13 +46,13 @@ def test_every_kept_config_matches_float64(p, kept):
     fam, arch = TritonFamily(), detect()
     bad = []
     for m in (37, 1):
-        s = bench.make_inputs(p, m, "cuda", seed=m + p.n)[0]
-        ref = bench.reference(p, s)
+        s = inputs.make_inputs(p, m, "cuda", seed=m + p.n)[0]
+        ref = inputs.reference(p, s)
         for t in kept[p]:
             k = fam.build(p, t, "cuda")
             try:
-                bench.check(p, k, s, ref)
-            except bench.CheckFailed as e:
+                inputs.check(p, k, s, ref)
+            except inputs.CheckFailed as e:
                 bad.append(f"{t} M={m}: {e}")
             if t["kernel"] == "w4a16_dequant" and k.smem_compiled != fam.verdict(p, t, arch).smem_bytes:
                 bad.append(f"{t}: compiled smem {k.smem_compiled} != model {fam.verdict(p, t, arch).smem_bytes}")

@@ -113,16 +113,17 @@ def test_inputs_and_reference_helpers():
     dequantized quantized activations (so it differs from the bf16-activation reference)."""
     import torch
 
-    from autotune.engine import bench
-    s = bench.make_inputs(Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4"), 8, "cpu", seed=3)[0]
+    from autotune.core import inputs
+    from autotune.engine import timing
+    s = inputs.make_inputs(Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4"), 8, "cpu", seed=3)[0]
     amax = s.x.float().abs().amax()
     assert s.w.input_scale is not None and float(s.w.input_scale) == pytest.approx(float(amax) / (6 * 448), rel=1e-6)
     p = Problem.dense(64, 256, "nvfp4", a_fmt="nvfp4")
-    ref = bench.reference(p, s)
+    ref = inputs.reference(p, s)
     ref16 = s.x.double() @ s.w.dequantize(torch.float64).T
     rel = float((ref - ref16).norm() / ref16.norm())
     assert 0.02 < rel < 0.3, rel           # FP4 activations: far beyond bench's 1e-2 bf16 tolerance
-    assert bench.TOLERANCE["bf16"] == 1e-2
+    assert inputs.TOLERANCE["bf16"] == 1e-2
 
 
 # ---- interpreter: activation quantizer (bit-exact) and MXFP4 GEMM ----------------------------------
@@ -133,7 +134,8 @@ _INTERP = textwrap.dedent("""
     from autotune.core.problem import Problem
     from autotune.core.arch import ARCHS
     from autotune.core.tactic import Tactic
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
     from tactics.triton_fp4.args import pack_u8
     from tactics.triton_fp4.family import TritonFamily
 
@@ -181,8 +183,8 @@ _INTERP = textwrap.dedent("""
     # MXFP4 W4A4 through the family (interpreter) vs float64 on the dequantized quantized activations
     for m, n, k, cfgs in json.loads(sys.argv[1]):
         p = Problem.dense(n, k, "mxfp4", a_fmt="mxfp4")
-        s = bench.make_inputs(p, m, "cpu", seed=11)[0]
-        ref = bench.reference(p, s)
+        s = inputs.make_inputs(p, m, "cpu", seed=11)[0]
+        ref = inputs.reference(p, s)
         for bm, bn, bk in cfgs:
             t = Tactic("triton", kernel="w4a4_dot_scaled", block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=2)
             fam = TritonFamily()
@@ -299,7 +301,8 @@ def test_activation_quantizer_compiles_everywhere(cache):
 def _gpu_check(fmt: str, problems=((3072, 6144), (512, 1536))):
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
+    from autotune.engine import timing
 
     from autotune.core.arch import detect
     arch = detect()
@@ -308,8 +311,8 @@ def _gpu_check(fmt: str, problems=((3072, 6144), (512, 1536))):
         kept = [t for t in FAM.enumerate(p, arch) if FAM.verdict(p, t, arch).ok]
         assert kept
         for m in (1, 37, 256):
-            s = bench.make_inputs(p, m, "cuda", seed=m)[0]
-            ref = bench.reference(p, s)
+            s = inputs.make_inputs(p, m, "cuda", seed=m)[0]
+            ref = inputs.reference(p, s)
             for t in kept[:: max(1, len(kept) // 12)]:
                 kern = FAM.build(p, t, "cuda")
                 y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -321,7 +324,7 @@ def _gpu_check(fmt: str, problems=((3072, 6144), (512, 1536))):
                     assert kern.smem_compiled == FAM.verdict(p, t, arch).smem_bytes, (t, kern.smem_compiled)
             # our quantizer on the GPU == the torch reference on the GPU
             q, sc = kern.quantize(s.x, s.w)
-            r = bench.quantize_activations(p, s.x, s.w)
+            r = inputs.quantize_activations(p, s.x, s.w)
             assert torch.equal(q, r.packed) and torch.equal(sc.view(torch.uint8), r.scales.view(torch.uint8))
 
 
@@ -352,14 +355,14 @@ def test_sm120_native_nvfp4_w4a4():
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_search_inputs_and_reference_quantize_the_activations(fmt):
-    # the search's check (autotune.engine.bench) must judge a W4A4 kernel against quantized activations
+    # the search's check (autotune.core.inputs) must judge a W4A4 kernel against quantized activations
     import torch
 
-    from autotune.engine import bench
+    from autotune.core import inputs
     p = Problem.dense(256, 512, fmt, a_fmt=fmt)
-    s = bench.make_inputs(p, 8, "cpu", seed=3)[0]
+    s = inputs.make_inputs(p, 8, "cpu", seed=3)[0]
     assert (s.w.input_scale is not None) == (fmt == "nvfp4")
-    ref = bench.reference(p, s)
+    ref = inputs.reference(p, s)
     # spelled out with autotune.core.formats: dequant(quant(x)) · dequant(W)ᵀ in float64
     from autotune.core.formats import FP4Weight, quantize, quantize_activation_nvfp4
     if fmt == "nvfp4":

@@ -1,7 +1,7 @@
 """Worker isolation on a real GPU (skipped elsewhere): a sticky CUDA error costs one worker only."""
 import pytest
 
-from autotune.engine import bench
+from autotune.engine import timing
 from autotune.core.buckets import Buckets
 from autotune.core.env import current
 from autotune.engine.halving import Halving
@@ -27,7 +27,7 @@ def test_illegal_address_poisons_only_its_worker(tmp_path, cuda_faults):
     p = Problem.dense(1024, 2048)
     store = Store(tmp_path / "c.db")
     rep = search([p], families=[registry.get("cuda_faults"), registry.get("torch")], store=store,
-                 buckets=Buckets.of((16,)), env=env, timer=bench.TimerConfig(budget_s=0.02),
+                 buckets=Buckets.of((16,)), env=env, timer=timing.TimerConfig(budget_s=0.02),
                  halving=Halving(budget_s=0.3), runner=Runner(timeout_s=120))
     got = {Tactic.from_json(t.params_json): t for t in store.get_trials(p.key, 16, env.device_key)}
     bad = got[Tactic("cuda_faults", mode="illegal_address")]

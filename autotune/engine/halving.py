@@ -18,8 +18,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from autotune.engine import bench
-from autotune.engine.workers import Executor, TacticError, WorkerLost
+from autotune.engine import timing
+from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost
 from autotune.core.tactic import Tactic
 
 
@@ -35,30 +35,18 @@ class Halving:
     exhaustive: bool = False
 
     def __post_init__(self):
-        if self.budget_s <= 0 or self.eta < 2 or self.finalists < 1 or self.cycles < 1:
-            raise ValueError(f"bad successive-halving settings: {self}")
+        if not 0 < self.budget_s < float("inf"):
+            raise ValueError(f"budget_s must be a positive number of seconds, got {self.budget_s!r}")
+        for name, low in (("eta", 2), ("finalists", 1), ("cycles", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"successive halving: {name} must be >= {low}, got {getattr(self, name)!r}")
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one tactic came to in one (problem, bucket)."""
-
-    tactic: Tactic
-    status: str                  # ok | dropped | failed
-    reason: str = ""
-    median_us: float | None = None
-    iqr_us: float | None = None
-    reps: int = 0
-    rel_err: float | None = None
-    smem_compiled: int | None = None
-    exit_signal: int | None = None
-
-
-def _round_timer(base: bench.TimerConfig, budget_s: float, min_reps: int) -> bench.TimerConfig:
+def _round_timer(base: timing.TimerConfig, budget_s: float, min_reps: int) -> timing.TimerConfig:
     return replace(base, budget_s=max(budget_s, 1e-4), min_reps=min_reps, max_reps=max(min_reps, base.max_reps))
 
 
-def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: bench.TimerConfig,
+def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: timing.TimerConfig,
             halving: Halving, emit: Callable[[Outcome], None]) -> None:
     """Run one (problem, bucket) whose setup the executor already has."""
     checked: dict[str, dict] = {}
@@ -72,7 +60,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: ben
     alive = [t for t in tactics if t.id in checked]
     timings: dict[str, dict] = {}
 
-    def timed(t: Tactic, cfg: bench.TimerConfig) -> dict | None:
+    def timed(t: Tactic, cfg: timing.TimerConfig) -> dict | None:
         try:
             return ex.time(t, cfg)
         except (TacticError, WorkerLost) as e:
@@ -112,7 +100,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: ben
         emit(done(t, "ok"))
 
 
-def _final(alive: list[Tactic], timed, timings: dict, timer: bench.TimerConfig, h: Halving) -> None:
+def _final(alive: list[Tactic], timed, timings: dict, timer: timing.TimerConfig, h: Halving) -> None:
     """A B C A B C …: one short timing of each finalist per cycle. The number of cycles fits the
     final share of the budget (measured on the first cycle), between 3 and `h.cycles`."""
     share = h.final_share * h.budget_s

@@ -17,15 +17,20 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from autotune.engine import bench, claims as job_claims, workers as workers_mod
 from autotune.core import winner as winner_rule
+from autotune.engine import claims as job_claims, workers as workers_mod
+from autotune.engine.executor import Outcome
+from autotune.engine.progress import Bar, Progress
+from autotune.engine.timing import TimerConfig
+from autotune.engine.workers import Runner, Stages
 from autotune.core.buckets import Buckets
 from autotune.core.env import Env, current
-from autotune.engine.halving import Halving, Outcome
+from autotune.engine.halving import Halving
 from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.arch import ARCHS, Arch, detect
 from autotune.core.tactic import Tactic, Verdict
+from tactics import registry
 from tactics.base import Family
 
 ALL_BUCKETS = 0
@@ -44,6 +49,8 @@ class FamilyPlan:
     kept: int = 0
     rejected: int = 0
     unknown: int = 0
+    skipped: int = 0       # passed the verdict but not measured: the family cannot run on this device
+    unsampled: int = 0     # passed the verdict but left out of the max_tactics sample
     reasons: Counter = field(default_factory=Counter)      # reason class -> count
     examples: dict = field(default_factory=dict)           # reason class -> one full reason
 
@@ -51,6 +58,10 @@ class FamilyPlan:
         s = f"{self.family}: {self.kept} kept, {self.rejected} rejected"
         if self.unknown:
             s += f", {self.unknown} unknown until checked on the device"
+        if self.skipped:
+            s += f", {self.skipped} not measured (family skipped on this device)"
+        if self.unsampled:
+            s += f", {self.unsampled} not measured (outside the --max-tactics sample)"
         if self.reasons:
             s += ": " + "; ".join(f"{n}× " + ("e.g. " if n > 1 and r != self.examples[r] else "") + self.examples[r]
                                   for r, n in self.reasons.most_common())
@@ -72,7 +83,7 @@ class SearchReport:
     model_errors: list[str] = field(default_factory=list)
     winners: list[Winner] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    stages: workers_mod.Stages = field(default_factory=workers_mod.Stages)   # where the measuring time went
+    stages: Stages = field(default_factory=Stages)   # where the measuring time went
 
 
 def _reason_class(reason: str) -> str:
@@ -122,157 +133,229 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Runner:
-    """How and where measurements run (see autotune.engine.workers and docs/search.md)."""
+class SearchOptions:
+    """Everything about one search besides what (problems, families, buckets) and where (store)."""
 
-    isolate: bool = True                  # one spawned worker process per device; False: in-process
-    gpus: tuple[int, ...] = ()            # one worker per listed device; () = one worker
-    workers: int = 1                      # worker processes when no GPUs are listed (CPU sharding)
-    ray: str | None = None                # Ray address ("local" starts a local cluster)
-    compile_workers: int = 1              # joblib processes for ahead-of-time compilation
-    timeout_s: float = workers_mod.DEFAULT_TIMEOUT_S
-    families: dict = field(default_factory=dict)   # extra "name": "module:Class" for workers (tests)
+    arch: Arch | None = None              # target; default the live device
+    env: Env | None = None                # default: this machine (autotune.core.env.current)
+    margin: float = winner_rule.DEFAULT_MARGIN   # a winner must beat the default by this fraction
+    timer: TimerConfig = TimerConfig()    # the exhaustive timer (and the base of halving's rounds)
+    halving: Halving = Halving()
+    runner: Runner = Runner()
+    retry_failed: bool = False            # measure again tactics whose trials failed
+    dry_run: bool = False                 # verdicts only
+    compile_check: bool = False           # cross-compile kept tactics and compare smem with the verdicts
+    seed: int = 0
+    max_tactics: int | None = None        # at most this many kept tactics per family and problem
+    progress: Progress | bool = False     # True: a bar on the terminal; or a Progress (plain lines, tests)
+    log: Callable[[str], None] = lambda s: None
 
-    def __post_init__(self):
-        if self.workers < 1 or self.compile_workers < 1 or self.timeout_s <= 0:
-            raise ValueError(f"bad runner settings: {self}")
-        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
-            raise ValueError(f"--gpus must list distinct device indices, got {list(self.gpus)}")
+
+@dataclass
+class _Work:
+    """One problem after the static steps: the kept tactics to measure and its default."""
+
+    problem: Problem
+    kept: list[Planned]
+    default: Tactic
+
+
+class _Search:
+    """One search's state; each method is one named step of `search`."""
+
+    def __init__(self, problems: Sequence[Problem], families: Sequence[Family], store, buckets: Buckets,
+                 o: SearchOptions):
+        self.env = o.env or current()
+        self.o = replace(o, runner=replace(o.runner, families={**registry.extra(), **o.runner.families}))
+        self.live = detect() if self.env.device == "cuda" else ARCHS["cpu"]
+        self.target = o.arch or self.live
+        self.problems, self.families, self.store, self.buckets = problems, families, store, buckets
+        self.report = SearchReport(self.target.name, self.env.device)
+        self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
+
+    # 1. plan: every tactic's static verdict
+    def plan(self) -> dict[Problem, list[Planned]]:
+        planned = plan(self.problems, self.families, self.target)
+        self.report.plans = summarize(planned)
+        return planned
+
+    def plan_only(self, planned: dict[Problem, list[Planned]]) -> SearchReport:
+        """Dry run or another arch: verdicts only (cross-compiled with compile_check)."""
+        if self.o.compile_check:   # cross-compiling needs no GPU: check the verdicts against the compiler
+            kept = [r for rows in planned.values() for r in self._sampled([r for r in rows if not r.verdict.rejected])]
+            _compile(_compilable(kept), self.target, self.o.runner, self.report)
+        if self.target != self.live:
+            self.report.notes.append(f"planning for {self.target.name} on a {self.live.name} machine: "
+                                     "verdicts only, nothing measured")
+        return self.report
+
+    def runnable(self) -> set[str]:
+        names = set()
+        for fam in self.families:
+            ok, why = fam.available(self.env.device)
+            (names.add(fam.name) if ok else self.report.notes.append(f"{fam.name}: skipped, {why}"))
+        for fp in (fp for fps in self.report.plans.values() for fp in fps if fp.family not in names):
+            fp.kept, fp.skipped = 0, fp.kept + fp.unknown    # as `show` counts them: nothing stored as kept
+            fp.unknown = 0
+        if self.env.device == "cpu":
+            self.report.notes.append("no GPU: measuring the tactics that run on the CPU ("
+                                     + (", ".join(f.name for f in self.families if f.name in names) or "none") + ")")
+        return names
+
+    # 2. store static rejections; choose what each problem measures
+    def store_static(self, planned: dict[Problem, list[Planned]], names: set[str]) -> list[_Work]:
+        store, env = self.store, self.env
+        work = []
+        for p, rows in planned.items():
+            store.put_problem(p)
+            default = registry.designated_default(p, self.target, env.device)
+            dfam = registry.get(default.family)
+            self.lib_keys.setdefault(dfam.name, env.lib_key(dfam.depends_on))
+            store.put_environment(env, dfam.depends_on)
+            for fam in self.families:
+                store.put_environment(env, fam.depends_on)
+            known = {(t.tactic_id, t.lib_key): t for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)}
+            for r in rows:
+                if r.verdict.rejected and (r.tactic.id, self.lib_keys[r.tactic.family]) not in known:
+                    store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, self.lib_keys, "rejected", r.verdict.reason,
+                                           smem_model=r.verdict.smem_bytes))
+            runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names]
+            kept = self._sampled(runs)
+            if not any(r.tactic == default for r in kept):
+                kept.insert(0, Planned(p, default, dfam.verdict(p, default, self.target)))
+            self._count_unsampled(p, runs, kept)
+            # a compile failure (bucket 0) is final for every bucket unless --retry-failed
+            kept = [r for r in kept if self.o.retry_failed
+                    or getattr(known.get((r.tactic.id, self.lib_keys[r.tactic.family])), "status", None) != "failed"]
+            work.append(_Work(p, kept, default))
+        return work
+
+    # 3. precompile
+    def precompile(self, work: list[_Work]) -> None:
+        """Compile every kept tactic of families that can (Triton) ahead of the timing loop, in
+        `runner.compile_workers` processes; the compiler's on-disk cache then serves the workers.
+        A compile failure is a failed trial for every bucket (stored at bucket 0)."""
+        items = _compilable([r for w in work for r in w.kept])
+        if not items:
+            return
+        bad = set()
+        for r, err in zip(items, _compile(items, self.target, self.o.runner, self.report)):
+            if err is None:
+                continue
+            bad.add((r.problem.key, r.tactic.id))
+            self.report.failed += 1
+            self.o.log(f"{r.problem.key} {r.tactic}: compile failed: {err}")
+            self.store.put_trial(_trial(r.problem, ALL_BUCKETS, r.tactic, self.env, self.lib_keys, "failed",
+                                        "compile failed: " + err, smem_model=r.verdict.smem_bytes))
+        for w in work:
+            w.kept = [r for r in w.kept if (w.problem.key, r.tactic.id) not in bad]
+
+    # 4. jobs: one per (problem, bucket), without what the cache already holds
+    def remaining(self, p: Problem, b: int, tactics: Iterable[Tactic]) -> tuple[Tactic, ...]:
+        """Of `tactics`, those the cache lacks at (p, b) under this search's libraries (resume)."""
+        redo = {"failed"} if self.o.retry_failed else set()
+        if self.o.halving.exhaustive:
+            redo.add("dropped")    # an exhaustive run times what halving dropped
+        done = {t.tactic_id: t for t in self.store.get_trials(p.key, b, self.env.device_key)
+                if t.lib_key == self.lib_keys.get(t.family)}
+        return tuple(t for t in tactics if t.id not in done or done[t.id].status in redo)
+
+    def jobs(self, work: list[_Work]) -> list[Job]:
+        out = []
+        for w in work:
+            for b in self.buckets:
+                todo = self.remaining(w.problem, b, [r.tactic for r in w.kept])
+                self.report.resumed += len(w.kept) - len(todo)
+                out.append(Job(w.problem, b, todo, w.default.id, {r.tactic.id: r.verdict.smem_bytes for r in w.kept}))
+        return out
+
+    # 5. run: measure the jobs; each trial is stored as it is decided
+    def run(self, jobs: list[Job]) -> None:
+        report, store, env, lock = self.report, self.store, self.env, threading.Lock()
+        bar = self.o.progress if isinstance(self.o.progress, Progress) else Bar(self.o.progress)
+        bar.start(jobs, report.resumed)
+        # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
+        claims = job_claims.JobClaims(store, env.device_key, self.lib_keys.values(),
+                                      lambda j: self.remaining(j.problem, j.bucket, j.tactics), self.ttl)
+
+        def record(job: Job, o: Outcome) -> None:
+            t0 = time.perf_counter()
+            t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
+            note = o.reason
+            if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
+                note = f"model error: compiler says smem {o.smem_compiled}, model {smem_model}"
+                with lock:
+                    report.model_errors.append(f"{job.problem.key} {t}: {note}")
+            store.put_trial(_trial(job.problem, job.bucket, t, env, self.lib_keys, o.status, note, median_us=o.median_us,
+                                   iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err, smem_model=smem_model,
+                                   smem_compiled=o.smem_compiled, exit_signal=o.exit_signal))
+            with lock:
+                report.measured += o.status != "failed"
+                report.dropped += o.status == "dropped"
+                report.failed += o.status == "failed"
+                if o.status == "failed":
+                    self.o.log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
+            bar.advance(1)
+            report.stages.add("store", time.perf_counter() - t0)
+
+        def finish(job: Job) -> None:
+            self.winner(job, lock)
+            bar.job_done(job)
+            claims.done(job)
+
+        try:
+            todo = [j for j in jobs if j.tactics]
+            for j in jobs:
+                if not j.tactics:
+                    finish(j)
+            o = self.o
+            run = workers_mod.run_ray if o.runner.ray else workers_mod.run_local
+            run(todo, o.runner, env.device, o.timer, o.halving, o.seed, record, finish, report.shards,
+                claims.beating(report.stages), start=claims.start)
+            for j in claims.settled():     # skipped, and finished by their search meanwhile: read the winners
+                finish(j)
+        finally:
+            bar.close()
+            claims.close()
+        report.resumed += claims.found
+        report.notes += claims.notes()
+
+    # 6. winners: recomputed from the stored trials, never from in-memory state
+    def winner(self, job: Job, lock: threading.Lock) -> None:
+        w = _update_winner(self.store, job.problem, job.bucket, self.env, job.default_id, self.lib_keys, self.o.margin)
+        if w:
+            with lock:
+                self.report.winners.append(w)
+
+    def _count_unsampled(self, p: Problem, runs: list[Planned], kept: list[Planned]) -> None:
+        """Kept tactics left out of the sample are not stored: count them apart, as `show` does."""
+        left = (Counter(r.tactic.family for r in runs if r.verdict.ok is True)
+                - Counter(r.tactic.family for r in kept if r.verdict.ok is True))
+        for fp in self.report.plans[p.key]:
+            n = left.get(fp.family, 0)
+            fp.kept, fp.unsampled = fp.kept - n, fp.unsampled + n
+
+    def _sampled(self, kept: list[Planned]) -> list[Planned]:
+        return _sample(kept, self.o.max_tactics) if self.o.max_tactics else kept
 
 
 def search(problems: Sequence[Problem], *, families: Sequence[Family], store, buckets: Buckets,
-           arch: Arch | None = None, env: Env | None = None, margin: float = winner_rule.DEFAULT_MARGIN,
-           timer: bench.TimerConfig = bench.TimerConfig(), halving: Halving = Halving(), runner: Runner = Runner(),
-           retry_failed: bool = False, dry_run: bool = False, compile_check: bool = False, seed: int = 0, max_tactics: int | None = None,
-           progress: bool = False, log: Callable[[str], None] = lambda s: None) -> SearchReport:
-    from tactics import registry
-
-    env = env or current()
-    runner = replace(runner, families={**registry.extra(), **runner.families})
-    live = detect() if env.device == "cuda" else ARCHS["cpu"]
-    target = arch or live
-    report = SearchReport(target.name, env.device)
-    planned = plan(problems, families, target)
-    report.plans = summarize(planned)
-    if dry_run or target != live:
-        if compile_check:   # cross-compiling needs no GPU: check the verdicts against the compiler
-            kept = [r for rows in planned.values()
-                    for r in (_sample([r for r in rows if not r.verdict.rejected], max_tactics)
-                              if max_tactics else [r for r in rows if not r.verdict.rejected])]
-            _compile(_compilable(kept), target, runner, report)
-        if target != live:
-            report.notes.append(f"planning for {target.name} on a {live.name} machine: verdicts only, nothing measured")
-        return report
-    ttl = job_claims.ttl_s(runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
-
-    runnable = []
-    for fam in families:
-        ok, why = fam.available(env.device)
-        (runnable.append(fam) if ok else report.notes.append(f"{fam.name}: skipped, {why}"))
-    if env.device == "cpu":
-        report.notes.append("no GPU: measuring the tactics that run on the CPU ("
-                            + (", ".join(f.name for f in runnable) or "none") + ")")
-    names = {f.name for f in runnable}
-    lib_keys = {f.name: env.lib_key(f.depends_on) for f in families}
-
-    work = []  # (problem, [Planned kept], default tactic)
-    for p, rows in planned.items():
-        store.put_problem(p)
-        default = registry.designated_default(p, target, env.device)
-        dfam = registry.get(default.family)
-        lib_keys.setdefault(dfam.name, env.lib_key(dfam.depends_on))
-        store.put_environment(env, dfam.depends_on)
-        for fam in families:
-            store.put_environment(env, fam.depends_on)
-        known = {(t.tactic_id, t.lib_key): t for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)}
-        for r in rows:
-            if r.verdict.rejected and (r.tactic.id, lib_keys[r.tactic.family]) not in known:
-                store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, lib_keys, "rejected", r.verdict.reason,
-                                       smem_model=r.verdict.smem_bytes))
-        kept = [r for r in rows if not r.verdict.rejected and r.tactic.family in names]
-        if max_tactics:
-            kept = _sample(kept, max_tactics)
-        if not any(r.tactic == default for r in kept):
-            kept.insert(0, Planned(p, default, dfam.verdict(p, default, target)))
-        # a compile failure (bucket 0) is final for every bucket unless --retry-failed
-        kept = [r for r in kept if retry_failed or getattr(known.get((r.tactic.id, lib_keys[r.tactic.family])),
-                                                           "status", None) != "failed"]
-        work.append((p, kept, default))
-
-    _precompile(work, target, env, lib_keys, store, runner, report, log)
-
-    redo = {"failed"} if retry_failed else set()
-    if halving.exhaustive:
-        redo.add("dropped")    # an exhaustive run times what halving dropped
-
-    def remaining(p: Problem, b: int, tactics: Iterable[Tactic]) -> tuple[Tactic, ...]:
-        """Of `tactics`, those the cache lacks at (p, b) under this search's libraries (resume)."""
-        done = {t.tactic_id: t for t in store.get_trials(p.key, b, env.device_key)
-                if t.lib_key == lib_keys.get(t.family)}
-        return tuple(t for t in tactics if t.id not in done or done[t.id].status in redo)
-
-    jobs = []
-    for p, kept, default in work:
-        for b in buckets:
-            todo = remaining(p, b, [r.tactic for r in kept])
-            report.resumed += len(kept) - len(todo)
-            jobs.append(Job(p, b, todo, default.id, {r.tactic.id: r.verdict.smem_bytes for r in kept}))
-    # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
-    claims = job_claims.JobClaims(store, env.device_key, lib_keys.values(),
-                                  lambda j: remaining(j.problem, j.bucket, j.tactics), ttl)
-
-    bar = _Progress(sum(len(j.tactics) for j in jobs), progress)
-    bar.advance(report.resumed)
-    lock = threading.Lock()
-
-    def record(job: Job, o: Outcome) -> None:
-        t0 = time.perf_counter()
-        t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
-        note = o.reason
-        if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
-            note = f"model error: compiler says smem {o.smem_compiled}, model {smem_model}"
-            with lock:
-                report.model_errors.append(f"{job.problem.key} {t}: {note}")
-        store.put_trial(_trial(job.problem, job.bucket, t, env, lib_keys, o.status, note, median_us=o.median_us,
-                               iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err, smem_model=smem_model,
-                               smem_compiled=o.smem_compiled, exit_signal=o.exit_signal))
-        with lock:
-            report.measured += o.status != "failed"
-            report.dropped += o.status == "dropped"
-            report.failed += o.status == "failed"
-            if o.status == "failed":
-                log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
-        bar.advance(1)
-        report.stages.add("store", time.perf_counter() - t0)
-
-    def finish(job: Job) -> None:
-        w = _update_winner(store, job.problem, job.bucket, env, job.default_id, lib_keys, margin)
-        if w:
-            with lock:
-                report.winners.append(w)
-        claims.done(job)
-
-    try:
-        todo_jobs = [j for j in jobs if j.tactics]
-        for j in jobs:
-            if not j.tactics:
-                finish(j)
-        run = workers_mod.run_ray if runner.ray else workers_mod.run_local
-        run(todo_jobs, runner, env.device, timer, halving, seed, record, finish, report.shards,
-            claims.beating(report.stages), start=claims.start)
-        for j in claims.settled():     # skipped, and finished by their search meanwhile: read the winners
-            finish(j)
-    finally:
-        bar.close()
-        claims.close()
-    report.resumed += claims.found
-    report.notes += claims.notes()
-    report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
-    return report
+           options: SearchOptions | None = None, **kw) -> SearchReport:
+    """plan → store static rejections → precompile → jobs → run → winners. `kw` are SearchOptions
+    fields (margin=, timer=, halving=, runner=, …), for callers that prefer keywords."""
+    s = _Search(problems, families, store, buckets, replace(options or SearchOptions(), **kw))
+    planned = s.plan()
+    if s.o.dry_run or s.target != s.live:
+        return s.plan_only(planned)
+    s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
+    work = s.store_static(planned, s.runnable())
+    s.precompile(work)
+    s.run(s.jobs(work))
+    s.report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
+    return s.report
 
 
 def _compilable(rows) -> list:
-    from tactics import registry
     return [r for r in rows if registry.get(r.tactic.family).compiles]
 
 
@@ -293,26 +376,6 @@ def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchR
             report.model_errors.append(f"{r.problem.key} {r.tactic}: compiler says smem {smem} on "
                                        f"{target.name}, model {r.verdict.smem_bytes}")
     return errors
-
-
-def _precompile(work, target: Arch, env: Env, lib_keys, store, runner: Runner, report: SearchReport, log) -> None:
-    """Compile every kept tactic of families that can (Triton) ahead of the timing loop, in
-    `runner.compile_workers` processes; the compiler's on-disk cache then serves the workers.
-    A compile failure is a failed trial for every bucket (stored at bucket 0)."""
-    items = _compilable([r for _, kept, _ in work for r in kept])
-    if not items:
-        return
-    bad = set()
-    for r, err in zip(items, _compile(items, target, runner, report)):
-        if err is None:
-            continue
-        bad.add((r.problem.key, r.tactic.id))
-        report.failed += 1
-        log(f"{r.problem.key} {r.tactic}: compile failed: {err}")
-        store.put_trial(_trial(r.problem, ALL_BUCKETS, r.tactic, env, lib_keys, "failed", "compile failed: " + err,
-                               smem_model=r.verdict.smem_bytes))
-    for i, (p, kept, default) in enumerate(work):
-        work[i] = (p, [r for r in kept if (p.key, r.tactic.id) not in bad], default)
 
 
 def _sample(kept: list[Planned], n: int) -> list[Planned]:
@@ -343,21 +406,3 @@ def _update_winner(store, p: Problem, b: int, env: Env, default_id: str, lib_key
                (d.median_us / pick.median_us) if d else None)
     store.put_winner(w)
     return w
-
-
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self._p = None
-        if enabled and total:
-            from rich.progress import Progress
-            self._p = Progress(transient=True)
-            self._p.start()
-            self._task = self._p.add_task("measuring", total=total)
-
-    def advance(self, n: int) -> None:
-        if self._p and n:
-            self._p.advance(self._task, n)
-
-    def close(self) -> None:
-        if self._p:
-            self._p.stop()

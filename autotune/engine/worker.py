@@ -14,9 +14,11 @@ import os
 import sys
 import zlib
 
-from autotune.engine import bench
+from autotune.core import inputs
+from autotune.engine import timing
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
+from tactics import registry
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 
@@ -45,17 +47,16 @@ class Bench:
         self._ref = None
         self.problem, self.bucket = p, bucket
         # seeds from crc32: stable across processes, unlike hash()
-        n_sets = bench.sets_for_cold_l2(bench.set_bytes(p, bucket), self.device)
+        n_sets = timing.sets_for_cold_l2(inputs.set_bytes(p, bucket), self.device)
         for i in range(len(self._weights), n_sets):
-            self._weights.append(bench.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
+            self._weights.append(inputs.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
         s0 = zlib.crc32(f"{seed}:{p.key}:{bucket}".encode())
-        self._sets = bench.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
-        self._ref = bench.reference(p, self._sets[0])
-        self._outs = [bench.torch_empty_out(p, bucket, s) for s in self._sets]
+        self._sets = inputs.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
+        self._ref = inputs.reference(p, self._sets[0])
+        self._outs = [inputs.torch_empty_out(p, bucket, s) for s in self._sets]
         return {"sets": len(self._sets)}
 
     def _kernel(self, tactic: Tactic):
-        from tactics import registry
         k = self._kernels.get(tactic.id)
         if k is None:
             k = self._kernels[tactic.id] = registry.get(tactic.family).build(self.problem, tactic, self.device)
@@ -64,14 +65,14 @@ class Bench:
     def check(self, tactic: Tactic) -> dict:
         """Build (compiling if needed) and compare one call against the float64 reference."""
         kernel = self._kernel(tactic)
-        err = bench.check(self.problem, kernel, self._sets[0], self._ref)
+        err = inputs.check(self.problem, kernel, self._sets[0], self._ref)
         return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None)}
 
-    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
+    def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         kernel = self._kernel(tactic)
         sets, outs = self._sets, self._outs
         memo = self._graphs.setdefault(tactic.id, {})   # later rounds replay the first round's graph
-        t = bench.time_calls(lambda i: kernel(*sets[i].args(), out=outs[i]), len(sets), self.device, timer, memo)
+        t = timing.time_calls(lambda i: kernel(*sets[i].args(), out=outs[i]), len(sets), self.device, timer, memo)
         return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
 
 
@@ -95,7 +96,7 @@ def handle(b: Bench, msg: dict) -> dict:
     if op == "check":
         return b.check(Tactic.from_json(msg["tactic"]))
     if op == "time":
-        return b.time(Tactic.from_json(msg["tactic"]), bench.TimerConfig(**msg["timer"]))
+        return b.time(Tactic.from_json(msg["tactic"]), timing.TimerConfig(**msg["timer"]))
     if op == "ping":
         return {"pid": os.getpid()}
     raise ValueError(f"unknown request {op!r}")
@@ -111,7 +112,6 @@ def main() -> int:
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     hello = json.loads(sys.stdin.readline() or "{}")
-    from tactics import registry
     for name, path in hello.get("families", {}).items():   # test-only families, registered by path
         registry.FAMILIES.setdefault(name, path)
     b = Bench(hello.get("device", "cpu"))

@@ -17,13 +17,17 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from autotune.engine import bench
+from autotune.engine import timing
+from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
+from autotune.engine.halving import measure
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
+from autotune.core.arch import get_arch
+from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
+from tactics import registry
 
 #: first reply of a new worker (imports torch, Triton, CUDA init) may take this long
 START_TIMEOUT_S = 180.0
@@ -31,29 +35,26 @@ START_TIMEOUT_S = 180.0
 DEFAULT_TIMEOUT_S = 300.0
 
 
-class TacticError(Exception):
-    """The tactic failed (raised, wrong result); the worker is fine."""
+@dataclass(frozen=True)
+class Runner:
+    """How and where measurements run (see docs/search.md)."""
 
+    isolate: bool = True                  # one spawned worker process per device; False: in-process
+    gpus: tuple[int, ...] = ()            # one worker per listed device; () = one worker
+    workers: int = 1                      # worker processes when no GPUs are listed (CPU sharding)
+    ray: str | None = None                # Ray address ("local" starts a local cluster)
+    compile_workers: int = 1              # joblib processes for ahead-of-time compilation
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    families: dict = field(default_factory=dict)   # extra "name": "module:Class" for workers (tests)
 
-class WorkerStartError(RuntimeError):
-    """A fresh worker could not start (broken environment): abort the search, fail no tactic."""
-
-
-class WorkerLost(Exception):
-    """The worker died or was killed while serving a request."""
-
-    def __init__(self, reason: str, exit_signal: int | None):
-        super().__init__(reason)
-        self.reason, self.exit_signal = reason, exit_signal
-
-
-class Executor(Protocol):
-    device: str
-
-    def setup(self, problem_key: str, bucket: int, seed: int) -> None: ...
-    def check(self, tactic: Tactic) -> dict: ...
-    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict: ...
-    def close(self) -> None: ...
+    def __post_init__(self):
+        for name in ("workers", "compile_workers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
+        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
+        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
+            raise ValueError(f"--gpus must list distinct device indices, got {list(self.gpus)}")
 
 
 class InlineExecutor:
@@ -75,7 +76,7 @@ class InlineExecutor:
     def check(self, tactic: Tactic) -> dict:
         return self._call(self._b.check, tactic)
 
-    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
+    def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         return self._call(self._b.time, tactic, timer)
 
     def close(self) -> None:
@@ -185,7 +186,7 @@ class ProcessExecutor:
     def check(self, tactic: Tactic) -> dict:
         return self._request({"op": "check", "tactic": tactic.to_json()}, self.timeout_s)
 
-    def time(self, tactic: Tactic, timer: bench.TimerConfig) -> dict:
+    def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         return self._request({"op": "time", "tactic": tactic.to_json(), "timer": asdict(timer)}, self.timeout_s)
 
     def close(self) -> None:
@@ -254,9 +255,8 @@ class _Clocked:
         self._ex.close()
 
 
-def run_job(ex: Executor, job, timer: bench.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> None:
+def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> None:
     """One (problem, bucket) on one executor; `emit(outcome)` gets each trial as it is decided."""
-    from autotune.engine.halving import Outcome, measure
     if stages is not None:
         ex = _Clocked(ex, stages)
     try:
@@ -332,7 +332,7 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, record, fini
 _RAY_EXECUTORS: dict[tuple, ProcessExecutor] = {}   # per Ray worker process, reused across its tasks
 
 
-def _ray_job(job, device: str, timer: bench.TimerConfig, halving, seed: int, families: dict,
+def _ray_job(job, device: str, timer: timing.TimerConfig, halving, seed: int, families: dict,
              timeout_s: float) -> tuple[str, list, dict]:
     """One job inside a Ray task: the same isolated worker and `run_job` as on one host."""
     import socket
@@ -353,7 +353,6 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
     Results come back to this process, which writes them to its cache URL; for several hosts
     point --cache at a shared database or merge per-host files with `autotune cache import`.
     `start` as in run_local, called for every job before the tasks are submitted."""
-    from autotune.engine.halving import Outcome
     if start is not None:
         jobs = [j for j in map(start, jobs) if j is not None]
         for j in [j for j in jobs if not j.tactics]:
@@ -402,9 +401,6 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
 # -- ahead-of-time compilation ------------------------------------------------------------------
 
 def _compile_one(problem_key: str, tactic_json: str, arch_name: str, families: dict) -> tuple[str | None, int | None]:
-    from autotune.core.problem import Problem
-    from tactics import registry
-    from autotune.core.arch import get_arch
     for name, path in families.items():
         registry.FAMILIES.setdefault(name, path)
     t = Tactic.from_json(tactic_json)

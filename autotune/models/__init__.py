@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from .arch import ArchConfig, ModelError, QuantRule
+from .hf_config import load
 from .layers import ProblemUse, build_problems
 from .presets import PRESETS, list_models, normalize
 
@@ -29,7 +30,6 @@ def load_model(model: str | os.PathLike) -> tuple[ArchConfig, QuantRule]:
     if not isinstance(model, (str, os.PathLike)):
         raise ModelError(f"model must be a preset name or a path, got {type(model).__name__}")
     if os.path.exists(model):
-        from .hf_config import load
         return load(model)
     raise ModelError(f"unknown model {os.fspath(model)!r}: not an existing path nor a preset "
                      f"({', '.join(list_models())})")

@@ -33,6 +33,8 @@ ARCHITECTURES = {
 }
 MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa", "qwen3_moe", "llama", "gpt_oss")
 _MISSING = object()
+#: no model dimension reaches this; beyond it a problem's N or K would overflow int32 indexing
+MAX_FIELD = 2**31 - 1
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -45,9 +47,19 @@ def resolve(path: str | os.PathLike) -> Path:
     return p
 
 
+#: a config.json is a few KiB; reading stops past this (a device file such as /dev/zero never ends)
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def _read_json(p: Path) -> Any:
     try:
-        text = p.read_text(encoding="utf-8")
+        if not p.is_file():
+            raise ModelError(f"{p}: not a regular file (a config.json or a checkpoint directory)")
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ModelError(f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not a config.json")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ModelError(f"{p}: cannot read ({e.__class__.__name__}: {e})") from None
     try:
@@ -79,6 +91,8 @@ class _Fields:
         if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (v == 0 and not zero):
             raise self._err(field, "field {f} must be " + ("a non-negative" if zero else "a positive")
                             + f" integer, got {v!r}")
+        if v > MAX_FIELD:
+            raise self._err(field, "field {f} = " + f"{v} is larger than {MAX_FIELD}, the largest size supported")
         return v
 
     def int_list(self, field: str) -> tuple[int, ...]:

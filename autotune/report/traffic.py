@@ -3,7 +3,7 @@
 The byte count is the minimum traffic of one call: every operand read once, the output written
 once. Weights: the packed FP4 values plus one scale byte per block (the global scale is
 negligible). A grouped-MoE call reads only the experts its tokens are routed to; the count is the
-expectation under the benchmark's routing (autotune.engine.bench.routing: Zipf popularity, exponent 1.2,
+expectation under the benchmark's routing (autotune.core.inputs.routing: Zipf popularity, exponent 1.2,
 top_k distinct experts per token), so a point's intensity matches what was timed.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from autotune.core.problem import BLOCK, Problem
 
 #: bits per element of each operand format
 BITS = {"nvfp4": 4, "mxfp4": 4, "fp8": 8, "bf16": 16, "fp16": 16, "fp32": 32}
-ROUTING_SKEW = 1.2  # autotune.engine.bench.routing's default
+ROUTING_SKEW = 1.2  # autotune.core.inputs.routing's default
 
 
 def _operand_bytes(fmt: str, elems: int) -> float:

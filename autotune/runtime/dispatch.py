@@ -22,6 +22,7 @@ from typing import Any, Callable
 from autotune.core.env import Env, current
 from autotune.core.problem import Problem, check_m
 from autotune.core.records import Miss
+from autotune.core import settings
 from autotune.core.arch import ARCHS, Arch, detect
 from autotune.core.formats import FP4Weight
 from autotune.core.operands import checked
@@ -34,8 +35,7 @@ from tactics import registry
 
 log = logging.getLogger("autotune.runtime.dispatch")
 
-MISSES_ENV = "AUTOTUNE_MISSES"
-IMMUTABLE_ENV = "AUTOTUNE_CACHE_IMMUTABLE"
+MISSES_ENV, IMMUTABLE_ENV = settings.MISSES, settings.CACHE_IMMUTABLE
 
 
 class Dispatcher:
@@ -54,7 +54,7 @@ class Dispatcher:
         self.env = env or current()
         self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
         self._cache = cache
-        self._immutable = immutable if immutable is not None else (os.environ.get(IMMUTABLE_ENV, "") in ("1", "true"))
+        self._immutable = immutable if immutable is not None else settings.cache_immutable()
         self._tables: dict[Problem, Table] = {}
         self._by_id: dict[int, tuple[Problem, Table]] = {}    # id(problem) -> table, no hashing per call
         self._dense: dict[int, dict[int, Table]] = {}         # N -> K -> table (bf16 x nvfp4 -> bf16)
@@ -67,7 +67,7 @@ class Dispatcher:
         self._record = record_misses
         self._misses_to = misses
         self._flushed: dict[tuple[str, int], int] = {}
-        for key, t in {**parse_pins(os.environ.get(PIN_ENV, "")), **(pins or {})}.items():
+        for key, t in {**parse_pins(settings.pins()), **(pins or {})}.items():
             self._pins[key] = parse_tactic(t)
         self._load()
         for key in self._pins:
@@ -244,7 +244,7 @@ class Dispatcher:
 
     # --- misses --------------------------------------------------------------------------------
     def _misses_store(self):
-        target = self._misses_to if self._misses_to is not None else os.environ.get(MISSES_ENV) or None
+        target = self._misses_to if self._misses_to is not None else settings.misses_url()
         if target == "memory":
             return None
         if target is None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
+from autotune.core import settings
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, parse_tactic
 
-PIN_ENV = "AUTOTUNE_PIN"
+PIN_ENV = settings.PIN
 
 
 def parse_pins(text: str) -> dict[str, Tactic]:

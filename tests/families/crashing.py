@@ -74,3 +74,14 @@ class CrashingFamily(FamilyBase):
             out.copy_(y)
             return out
         return kernel
+
+
+class SleepyFamily(CrashingFamily):
+    """Only the good, sleeping members (and no compile step): for tests of halving in a real search
+    that must not wait for a hang's timeout."""
+
+    compiles = False
+    name = "sleepy"
+
+    def enumerate(self, problem, arch):
+        return [Tactic(self.name, mode="good", sleep_ms=s) for s in SLEEP_MS] if problem.kind == "dense" else []

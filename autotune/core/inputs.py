@@ -1,24 +1,19 @@
-"""Inputs, the output check and the timers.
+"""Problem inputs, the float64 reference and the output check — shared by the search and by families.
 
-Two timers share one interface (`time_calls`): on CUDA, events around each call, or around the
-replay of a CUDA graph when a call is short (on an H200 one launch timed alone carries 15–20 µs
-of host latency, which would hide every kernel difference at decode sizes), with a spin kernel
-queued ahead of each sample so the host's launch latency stays outside it; on the CPU,
-perf_counter. Both rotate through input sets that together exceed twice the L2 — a graph holds
-one call per set, so every replay reads the whole rotation — so weights come from DRAM as they do
-in serving; both warm up first and keep the median and IQR. Inputs are random, never zeros;
-a search draws the weights once per problem and the activations per (problem, bucket).
+Inputs are random, never zeros; a search draws the weights once per problem (`seeded_weight`)
+and the activations per (problem, bucket). The check runs a kernel once into a NaN-filled buffer
+and compares it with a float64 dequantize-then-matmul reference (activations quantized first
+for a W4A4 problem, so the quantization error is the problem's, not the kernel's).
 """
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
+from autotune.core.formats import FP4Weight, quantize, quantize_activation_nvfp4
 from autotune.core.problem import Problem
 
 #: relative Frobenius error allowed against the float64 reference, per output dtype
@@ -28,27 +23,6 @@ OUT_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float3
 
 class CheckFailed(Exception):
     """A tactic computed the wrong thing (or left outputs unwritten)."""
-
-
-@dataclass(frozen=True)
-class Timing:
-    median_us: float
-    iqr_us: float
-    reps: int
-
-
-@dataclass(frozen=True)
-class TimerConfig:
-    warmup: int = 0             # extra calls before timing (the check call already warmed up)
-    min_reps: int = 3
-    max_reps: int = 100
-    budget_s: float = 0.25      # per tactic, after the first timed repetition
-    # CUDA: calls estimated faster than this are timed as graph replays (host launch cost excluded).
-    # Default: every call that can be captured — an eager event timing of a call whose host work
-    # outlasts its GPU work (a MoE launcher's routing ops) measures the host, not the kernels.
-    graph_below_us: float = math.inf
-    max_graph_calls: int = 256  # a graph holds one call per input set (the whole cold-L2 rotation), at most this many
-    lead_us: float = 20.0       # CUDA: a spin kernel queued before each timed sample hides the host's launch latency
 
 
 @dataclass
@@ -77,7 +51,6 @@ def _generator(device: str, seed: int) -> torch.Generator:
 
 def random_weight(problem: Problem, device: str, gen: torch.Generator):
     """A random FP4 weight: uniform codes, scales spread over a few octaves, never zeros."""
-    from autotune.core.formats import FP4Weight
     lead = (problem.experts,) if problem.kind == "grouped_moe" else ()
     packed = torch.randint(0, 256, lead + (problem.n, problem.k // 2), dtype=torch.uint8, generator=gen,
                            device=gen.device)
@@ -130,7 +103,6 @@ def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 
             sets.append(InputSet(x, w))
     if problem.a_fmt == "nvfp4":
         # W4A4: the static activation scale a ModelOpt checkpoint carries, amax / (6 · 448)
-        from autotune.core.formats import FP4Weight
         for st in sets:
             amax = st.x.float().abs().amax() if st.x.numel() else torch.zeros((), device=st.x.device)
             isc = torch.where(amax > 0, amax / (6.0 * 448.0), torch.ones_like(amax)).float().reshape(())
@@ -141,7 +113,6 @@ def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 
 def quantize_activations(problem: Problem, x: torch.Tensor, w):
     """x quantized to the problem's FP4 activation format by the torch reference (autotune.core.formats),
     as an FP4Weight: NVFP4 under the weight's input_scale (1.0 when it has none), MXFP4 as is."""
-    from autotune.core.formats import FP4Weight, quantize, quantize_activation_nvfp4
     if problem.a_fmt == "nvfp4":
         isc = w.input_scale if w.input_scale is not None else torch.ones((), device=x.device)
         isc = isc.float().reshape(()).to(x.device)
@@ -156,14 +127,6 @@ def activations(problem: Problem, s: InputSet) -> torch.Tensor:
     if problem.a_fmt == "bf16":
         return s.x.double()
     return quantize_activations(problem, s.x, s.w).dequantize(torch.float64)
-
-
-def sets_for_cold_l2(bytes_per_set: int, device: str, cap: int = 256) -> int:
-    """How many input sets make the rotation at least twice the L2 (1 on the CPU)."""
-    if device != "cuda":
-        return 1
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
-    return max(1, min(cap, math.ceil(2 * l2 / max(1, bytes_per_set))))
 
 
 def out_shape(problem: Problem, m: int) -> tuple[int, ...]:
@@ -202,123 +165,6 @@ def check(problem: Problem, kernel: Callable, s: InputSet, ref: torch.Tensor) ->
     if not math.isfinite(err) or err > tol:
         raise CheckFailed(f"relative error {err:.3g} > {tol:g} against the float64 reference")
     return err
-
-
-def _summary(samples_us: Sequence[float]) -> Timing:
-    s = sorted(samples_us)
-    if len(s) >= 4:
-        q = statistics.quantiles(s, n=4)
-        iqr = q[2] - q[0]
-    else:
-        iqr = s[-1] - s[0]
-    return Timing(statistics.median(s), iqr, len(s))
-
-
-def time_calls(call: Callable[[int], object], n_sets: int, device: str, cfg: TimerConfig = TimerConfig(),
-               memo: dict | None = None) -> Timing:
-    """Time call(i) (i = input set to use) and return median/IQR in microseconds.
-
-    `memo`, a dict the caller keeps per call (same kernel, same inputs), remembers how the call
-    was timed — the captured CUDA graph, or that it runs eagerly — so later timings of it (the
-    rounds of successive halving) replay that graph instead of capturing a new one."""
-    if device == "cuda":
-        return _time_cuda(call, n_sets, cfg, {} if memo is None else memo)
-    for i in range(cfg.warmup):
-        call(i % n_sets)
-    samples: list[float] = []
-    start = time.perf_counter()
-    i = 0
-    while len(samples) < cfg.max_reps:
-        t0 = time.perf_counter()
-        call(i % n_sets)
-        samples.append((time.perf_counter() - t0) * 1e6)
-        i += 1
-        if len(samples) >= cfg.min_reps and time.perf_counter() - start > cfg.budget_s:
-            break
-    return _summary(samples)
-
-
-def _lead(cfg: TimerConfig) -> None:
-    """Keep the GPU busy for about cfg.lead_us (at ~2 GHz) so the sample's start event and its
-    work are queued before the GPU reaches them: the host's launch latency stays outside."""
-    if cfg.lead_us > 0:
-        torch.cuda._sleep(int(cfg.lead_us * 2000))
-
-
-def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimerConfig, memo: dict) -> Timing:
-    if "graph" in memo:
-        return _replay(memo["graph"], cfg)
-    if not memo.get("eager"):
-        for i in range(max(1, cfg.warmup)):
-            call(i % n_sets)
-        torch.cuda.synchronize()
-        est_us = 0.0
-        if math.isfinite(cfg.graph_below_us):   # estimate one call with events to choose
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            call(0)
-            b.record()
-            b.synchronize()
-            est_us = a.elapsed_time(b) * 1e3
-        if est_us < cfg.graph_below_us:
-            try:
-                memo["graph"] = _capture(call, n_sets, cfg)
-                return _replay(memo["graph"], cfg)
-            except RuntimeError:  # not capturable (host syncs inside): time it eagerly
-                torch.cuda.synchronize()
-        memo["eager"] = True
-    samples: list[float] = []
-    start = time.perf_counter()
-    i = 0
-    while len(samples) < cfg.max_reps:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _lead(cfg)
-        a.record()
-        call(i % n_sets)
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3)
-        i += 1
-        if len(samples) >= cfg.min_reps and time.perf_counter() - start > cfg.budget_s:
-            break
-    return _summary(samples)
-
-
-def _capture(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> tuple:
-    """One call per input set (up to cfg.max_graph_calls) captured in one graph: (graph, calls).
-    A replay then reads the whole rotation once, so no call finds its weights in the L2."""
-    calls = max(1, min(n_sets, cfg.max_graph_calls))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(2):
-            call(i % n_sets)
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            call(i)
-    return g, calls
-
-
-def _replay(captured: tuple, cfg: TimerConfig) -> Timing:
-    """Time replays of a captured graph, per call; one untimed replay first."""
-    g, calls = captured
-    g.replay()
-    torch.cuda.synchronize()
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < cfg.max_reps:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _lead(cfg)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / calls)
-        if len(samples) >= cfg.min_reps and time.perf_counter() - start > cfg.budget_s:
-            break
-    return _summary(samples)
 
 
 def torch_empty_out(problem: Problem, m: int, s: InputSet) -> torch.Tensor:

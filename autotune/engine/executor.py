@@ -1,0 +1,54 @@
+"""What the measuring side answers and how it fails: the protocol between halving and the workers.
+
+`halving` drives an `Executor`; `workers` provides them (in-process, a worker process, Ray).
+Both import this module and neither imports the other's internals for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from autotune.core.tactic import Tactic
+
+if TYPE_CHECKING:     # a type only: the CLI imports these errors without loading torch
+    from autotune.engine.timing import TimerConfig
+
+
+class TacticError(Exception):
+    """The tactic failed (raised, wrong result); the worker is fine."""
+
+
+class WorkerStartError(RuntimeError):
+    """A fresh worker could not start (broken environment): abort the search, fail no tactic."""
+
+
+class WorkerLost(Exception):
+    """The worker died or was killed while serving a request."""
+
+    def __init__(self, reason: str, exit_signal: int | None):
+        super().__init__(reason)
+        self.reason, self.exit_signal = reason, exit_signal
+
+
+class Executor(Protocol):
+    device: str
+
+    def setup(self, problem_key: str, bucket: int, seed: int) -> None: ...
+    def check(self, tactic: Tactic) -> dict: ...
+    def time(self, tactic: Tactic, timer: TimerConfig) -> dict: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one tactic came to in one (problem, bucket)."""
+
+    tactic: Tactic
+    status: str                  # ok | dropped | failed
+    reason: str = ""
+    median_us: float | None = None
+    iqr_us: float | None = None
+    reps: int = 0
+    rel_err: float | None = None
+    smem_compiled: int | None = None
+    exit_signal: int | None = None

@@ -1,0 +1,166 @@
+"""The timers of a search: CUDA events or CUDA-graph replays on the GPU, perf_counter on the CPU.
+
+Both share one interface (`time_calls`). On CUDA, events around each call, or around the replay
+of a CUDA graph when a call is short (on an H200 one launch timed alone carries 15–20 µs of host
+latency, which would hide every kernel difference at decode sizes), with a spin kernel queued
+ahead of each sample so the host's launch latency stays outside it; on the CPU, perf_counter.
+Both rotate through input sets (autotune.core.inputs) that together exceed twice the L2 — a graph
+holds one call per set, so every replay reads the whole rotation — so weights come from DRAM as
+they do in serving; both warm up first and keep the median and IQR.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    iqr_us: float
+    reps: int
+
+
+@dataclass(frozen=True)
+class TimerConfig:
+    warmup: int = 0             # extra calls before timing (the check call already warmed up)
+    min_reps: int = 3
+    max_reps: int = 100
+    budget_s: float = 0.25      # per tactic, after the first timed repetition
+    # CUDA: calls estimated faster than this are timed as graph replays (host launch cost excluded).
+    # Default: every call that can be captured — an eager event timing of a call whose host work
+    # outlasts its GPU work (a MoE launcher's routing ops) measures the host, not the kernels.
+    graph_below_us: float = math.inf
+    max_graph_calls: int = 256  # a graph holds one call per input set (the whole cold-L2 rotation), at most this many
+    lead_us: float = 20.0       # CUDA: a spin kernel queued before each timed sample hides the host's launch latency
+
+
+def sets_for_cold_l2(bytes_per_set: int, device: str, cap: int = 256) -> int:
+    """How many input sets make the rotation at least twice the L2 (1 on the CPU)."""
+    if device != "cuda":
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    return max(1, min(cap, math.ceil(2 * l2 / max(1, bytes_per_set))))
+
+
+def _summary(samples_us: Sequence[float]) -> Timing:
+    s = sorted(samples_us)
+    if len(s) >= 4:
+        q = statistics.quantiles(s, n=4)
+        iqr = q[2] - q[0]
+    else:
+        iqr = s[-1] - s[0]
+    return Timing(statistics.median(s), iqr, len(s))
+
+
+def time_calls(call: Callable[[int], object], n_sets: int, device: str, cfg: TimerConfig = TimerConfig(),
+               memo: dict | None = None) -> Timing:
+    """Time call(i) (i = input set to use) and return median/IQR in microseconds.
+
+    `memo`, a dict the caller keeps per call (same kernel, same inputs), remembers how the call
+    was timed — the captured CUDA graph, or that it runs eagerly — so later timings of it (the
+    rounds of successive halving) replay that graph instead of capturing a new one."""
+    if device == "cuda":
+        return _time_cuda(call, n_sets, cfg, {} if memo is None else memo)
+    for i in range(cfg.warmup):
+        call(i % n_sets)
+    samples: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while len(samples) < cfg.max_reps:
+        t0 = time.perf_counter()
+        call(i % n_sets)
+        samples.append((time.perf_counter() - t0) * 1e6)
+        i += 1
+        if len(samples) >= cfg.min_reps and time.perf_counter() - start > cfg.budget_s:
+            break
+    return _summary(samples)
+
+
+def _lead(cfg: TimerConfig) -> None:
+    """Keep the GPU busy for about cfg.lead_us (at ~2 GHz) so the sample's start event and its
+    work are queued before the GPU reaches them: the host's launch latency stays outside."""
+    if cfg.lead_us > 0:
+        torch.cuda._sleep(int(cfg.lead_us * 2000))
+
+
+def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimerConfig, memo: dict) -> Timing:
+    if "graph" in memo:
+        return _replay(memo["graph"], cfg)
+    if not memo.get("eager"):
+        for i in range(max(1, cfg.warmup)):
+            call(i % n_sets)
+        torch.cuda.synchronize()
+        est_us = 0.0
+        if math.isfinite(cfg.graph_below_us):   # estimate one call with events to choose
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            call(0)
+            b.record()
+            b.synchronize()
+            est_us = a.elapsed_time(b) * 1e3
+        if est_us < cfg.graph_below_us:
+            try:
+                memo["graph"] = _capture(call, n_sets, cfg)
+                return _replay(memo["graph"], cfg)
+            except RuntimeError:  # not capturable (host syncs inside): time it eagerly
+                torch.cuda.synchronize()
+        memo["eager"] = True
+    samples: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while len(samples) < cfg.max_reps:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _lead(cfg)
+        a.record()
+        call(i % n_sets)
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3)
+        i += 1
+        if len(samples) >= cfg.min_reps and time.perf_counter() - start > cfg.budget_s:
+            break
+    return _summary(samples)
+
+
+def _capture(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> tuple:
+    """One call per input set (up to cfg.max_graph_calls) captured in one graph: (graph, calls).
+    A replay then reads the whole rotation once, so no call finds its weights in the L2."""
+    calls = max(1, min(n_sets, cfg.max_graph_calls))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(2):
+            call(i % n_sets)
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(calls):
+            call(i)
+    return g, calls
+
+
+def _replay(captured: tuple, cfg: TimerConfig) -> Timing:
+    """Time replays of a captured graph, per call; one untimed replay first."""
+    g, calls = captured
+    g.replay()
+    torch.cuda.synchronize()
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < cfg.max_reps:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _lead(cfg)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3 / calls)
+        if len(samples) >= cfg.min_reps and time.perf_counter() - start > cfg.budget_s:
+            break
+    return _summary(samples)
+
+

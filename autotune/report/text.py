@@ -1,0 +1,82 @@
+"""What `autotune search` and `autotune show` print: plain lines and JSON built from library results.
+
+Kept apart from the CLI so a script gets the same text and JSON as the command line (the CLI
+only parses, makes one library call and prints what these functions return).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Iterator
+
+from autotune.report.model import Summary
+
+_STATE = {True: "kept", False: "REJECTED", None: "unknown"}
+
+
+def search_lines(report, uses, listed: dict | None = None, cache_url: str | None = None) -> Iterator[str]:
+    """The text of a search: notes, per problem its per-family plan (and every tactic of the
+    families in `listed`: problem key -> Planned rows), compile results, what was measured when
+    `cache_url` (the cache written) is given, then model errors."""
+    yield from report.notes
+    for u in uses:
+        yield f"{u.problem.key}  ({', '.join(u.layers)}; {u.per_forward}× per forward)"
+        for fp in report.plans.get(u.problem.key, []):
+            yield f"  {report.arch}: {fp.line()}"
+        for r in (listed or {}).get(u.problem.key, []):    # "kept" / "REJECTED" / "unknown", smem, reason
+            v = r.verdict
+            smem = f" smem {v.smem_bytes}/{v.smem_limit} stages {v.stages}" if v.smem_bytes else ""
+            yield f"    {_STATE[v.ok]:8} {r.tactic}{smem}{': ' + v.reason if v.reason else ''}"
+    if report.compiled:
+        yield (f"compiled {report.compiled} kept tactics for {report.arch} "
+               f"({len(report.compile_failures)} failed, {len(report.model_errors)} smem disagreements)")
+        for e in report.compile_failures:
+            yield f"COMPILE FAILED {e}"
+    if cache_url is not None:
+        yield (f"measured {report.measured} trials ({report.dropped} dropped by successive halving, "
+               f"{report.failed} failed), {report.resumed} already in the cache; "
+               f"{len(report.winners)} winners in {cache_url}")
+        if len(report.shards) > 1:
+            yield "jobs per worker: " + ", ".join(f"{k} {v}" for k, v in sorted(report.shards.items()))
+        if report.stages.data:
+            yield "time per stage (summed over workers): " + report.stages.line()
+    for e in report.model_errors:
+        yield f"MODEL ERROR {e}"
+
+
+def search_json(report, uses) -> dict:
+    return {
+        "arch": report.arch, "device": report.device, "notes": report.notes,
+        "problems": [{"key": u.problem.key, "layers": list(u.layers), "per_forward": u.per_forward,
+                      "families": [{"family": fp.family, "kept": fp.kept, "rejected": fp.rejected,
+                                    "unknown": fp.unknown, "skipped": fp.skipped,
+                                    "unsampled": fp.unsampled, "reasons": {fp.examples[r]: n for r, n in fp.reasons.items()}}
+                                   for fp in report.plans.get(u.problem.key, [])]} for u in uses],
+        "measured": report.measured, "dropped": report.dropped, "failed": report.failed, "resumed": report.resumed,
+        "compiled": report.compiled, "compile_failures": report.compile_failures, "shards": report.shards,
+        "stages": {k: {"count": n, "seconds": sec} for k, (n, sec) in report.stages.data.items()},
+        "model_errors": report.model_errors,
+        "winners": [{"problem": w.problem_key, "bucket": w.bucket, "tactic": json.loads(w.params_json),
+                     "tactic_id": w.tactic_id, "median_us": w.median_us, "speedup_over_default": w.speedup}
+                    for w in report.winners],
+    }
+
+
+def report_points(summary: Summary) -> dict:
+    """(device key, problem key, bucket) -> the report's figures of that winner (roofline, baselines)."""
+    return {(d.device_key, v.key, p.bucket): {"arch": d.arch, **asdict(p)}
+            for d in summary.devices for v in d.problems for p in v.points}
+
+
+def winners_json(winners, gpu_names: dict, summary: Summary) -> list[dict]:
+    """`show --json`: one object per winner; the report's figures under "report"."""
+    extra = report_points(summary)
+    return [{**w.__dict__, "gpu": gpu_names.get(w.device_key),
+             "report": extra.get((w.device_key, w.problem_key, w.bucket))} for w in winners]
+
+
+def miss_lines(misses, gpu_names: dict, url: str) -> Iterator[str]:
+    if not misses:
+        yield f"no misses in {url}"
+    for m in misses:
+        yield f"{m.problem_key}  m={m.m}  {m.count}×  {gpu_names.get(m.device_key) or m.device_key}"
