@@ -18,10 +18,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from autotune.core import settings
 from cache.files import CacheError
 
-KEY_ENV = "AUTOTUNE_SIGNING_KEY"
-KEY_FILE_ENV = "AUTOTUNE_SIGNING_KEY_FILE"
+KEY_ENV = settings.SIGNING_KEY
+KEY_FILE_ENV = settings.SIGNING_KEY_FILE
 HMAC_SHA256 = "hmac-sha256"
 ED25519 = "ed25519"
 MIN_SECRET = 16

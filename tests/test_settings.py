@@ -24,7 +24,8 @@ def test_only_the_settings_module_names_autotune_variables():
     found = {str(p.relative_to(ROOT)): names for p in files if (names := _env_names(p))}
     assert set(found) == {"autotune/core/settings.py"}, found
     assert sorted(found["autotune/core/settings.py"]) == sorted(
-        [settings.CACHE, settings.MISSES, settings.PIN, settings.CACHE_IMMUTABLE])
+        [settings.CACHE, settings.MISSES, settings.PIN, settings.CACHE_IMMUTABLE, settings.SIGNING_KEY,
+         settings.SIGNING_KEY_FILE, settings.CLAIM_TTL_S])
 
 
 @pytest.mark.parametrize("value, want", [("", None), ("  ", None), (" /x/c.db ", "/x/c.db")])

@@ -5,6 +5,9 @@ serving process that sets one later is honoured).
     AUTOTUNE_MISSES           where dispatch records misses (a read-only deployment keeps them apart)
     AUTOTUNE_PIN              tactics forced per problem (JSON or KEY=family[k=v,...] items)
     AUTOTUNE_CACHE_IMMUTABLE  1/true: never write to the cache (an image's baked-in file)
+    AUTOTUNE_SIGNING_KEY      an HMAC secret that signs exports and verifies files (cache.signing)
+    AUTOTUNE_SIGNING_KEY_FILE a key file (Ed25519 PEM, or an HMAC secret) for the same
+    AUTOTUNE_CLAIM_TTL_S      how long a search's claim on a (problem, bucket) job lives (engine.claims)
 """
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ CACHE = "AUTOTUNE_CACHE"
 MISSES = "AUTOTUNE_MISSES"
 PIN = "AUTOTUNE_PIN"
 CACHE_IMMUTABLE = "AUTOTUNE_CACHE_IMMUTABLE"
+SIGNING_KEY = "AUTOTUNE_SIGNING_KEY"
+SIGNING_KEY_FILE = "AUTOTUNE_SIGNING_KEY_FILE"
+CLAIM_TTL_S = "AUTOTUNE_CLAIM_TTL_S"
 
 
 def cache_url() -> str | None:
@@ -31,3 +37,8 @@ def pins() -> str:
 
 def cache_immutable() -> bool:
     return os.environ.get(CACHE_IMMUTABLE, "") in ("1", "true")
+
+
+def claim_ttl_s() -> str:
+    """$AUTOTUNE_CLAIM_TTL_S as written (engine.claims parses and checks it)."""
+    return os.environ.get(CLAIM_TTL_S, "").strip()

@@ -19,12 +19,13 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterable
 
+from autotune.core import settings
 from cache.claims import DONE, Claim, Claims, JobKey
 from cache.store import CacheError
 
 #: seconds a claim lives without renewal; default max(600, 2 x --timeout-s): renewals come after
 #: each worker request, and one request may take up to --timeout-s (a worker start up to 180 s)
-TTL_ENV = "AUTOTUNE_CLAIM_TTL_S"
+TTL_ENV = settings.CLAIM_TTL_S
 MIN_TTL_S = 600.0
 
 
@@ -33,7 +34,7 @@ class ClaimSettingError(ValueError):
 
 
 def ttl_s(timeout_s: float) -> float:
-    raw = os.environ.get(TTL_ENV, "").strip()
+    raw = settings.claim_ttl_s()
     if not raw:
         return max(MIN_TTL_S, 2 * timeout_s)
     try:
