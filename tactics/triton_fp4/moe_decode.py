@@ -8,6 +8,7 @@ This module is the member: its config space (`space`, a tuple of dict configs), 
 Triton 3.9 cross-compiles by tests/test_moe_decode.py through `cross_compile`), and the launcher
 factory `make_launcher(problem, config, epilogue="none")` → callable
 `(x, w, topk_ids, topk_weights=None, out=None, aligned=None)`.
+`MEMBER` (MoEDecodeMember, at the end) is its registration in the `triton` family (family.py).
 
 Epilogues (each is its own problem variant for the search; the problem key cannot say so yet):
 "none" → [M, top_k, N]; "swiglu" (w13 with vLLM's [gate; up] rows) → [M, top_k, N/2] =
