@@ -67,6 +67,57 @@ def test_make_launcher_refuses_bad_configs():
         md.make_launcher(Problem.dense(512, 6144), _cfg())
 
 
+def _key(params) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def test_registered_in_the_triton_family():
+    """The family enumerates the grid; its verdicts keep exactly md.space on the archs the smem model
+    was checked on; moe_w4a16 stays the default; the bound launcher runs the MoE contract
+    (tests/test_operands.py) and may be captured in a CUDA graph."""
+    import torch
+    from autotune.core.formats import quantize
+    from autotune.core.tactic import Tactic
+    from tactics.triton_fp4 import TritonFamily
+    from tactics.triton_fp4.family import member_of
+    fam = TritonFamily()
+    for p in (W13, W2, Problem.moe(512, 6144, 256, 8, "mxfp4")):
+        for arch in ("sm89", "sm90", "sm100", "sm120"):
+            a = get_arch(arch)
+            ts = [t for t in fam.enumerate(p, a) if t["kernel"] == "moe_decode"]
+            assert all(fam.validate(t) is None for t in ts)
+            assert {_key(t.params) for t in ts if fam.verdict(p, t, a).ok} == {_key(c) for c in md.space(p, a)}
+    assert fam.default(W13, get_arch("sm90"))["kernel"] == "moe_w4a16"
+    sm90 = get_arch("sm90")
+    assert "route='sideways' not in" in fam.validate(Tactic("triton", _cfg(route="sideways")))
+    assert "exactly the parameters" in fam.validate(Tactic("triton", {**_cfg(), "group_m": 1}))
+    assert "split_k=3 not in" in fam.validate(Tactic("triton", _cfg(split_k=3)))
+    # outside the checked grid or arch: unknown without a compiler figure, never an extrapolated fit
+    v = fam.verdict(W13, Tactic("triton", _cfg(num_warps=8)), sm90)
+    assert v.ok is None and v.reason.startswith("unknown: num_warps=8 is outside the grid")
+    v = fam.verdict(W13, Tactic("triton", _cfg()), get_arch("sm80"))
+    assert v.ok is None and "checked on sm89, sm90, sm100, sm120 only, not sm80" in v.reason
+    wide = type("Wide", (TritonFamily,), {"space_axes": {"moe_decode": {"num_stages": (2, 3)}}})()
+    assert {t["num_stages"] for t in wide.enumerate(W13, sm90) if t["kernel"] == "moe_decode"} == {2, 3}
+    with pytest.raises(ValueError, match="no space axis 'route'"):
+        type("Bad", (TritonFamily,), {"space_axes": {"moe_decode": {"route": ("direct",)}}})()
+    # precompile: a direct config also compiles the aligned route it takes above 256 pairs
+    m = member_of("moe_decode")
+    assert len(m.sources("nvfp4", _cfg())) == 2 and len(m.sources("nvfp4", _cfg(route="aligned"))) == 1
+    small = Problem.moe(64, 128, 4, 2)
+    w = quantize(torch.randn(4, 64, 128))
+    t = Tactic("triton", _cfg(block_n=32))
+    launch = fam.bind(small, t, fam.pack(fam.layout(t), w), "cpu")
+    assert launch.capture_safe and type(fam.build(small, t, "cpu")) is md.MoEDecodeLauncher
+
+
+def test_precompile_returns_the_compiled_figure():
+    from autotune.core.tactic import Tactic
+    from tactics.triton_fp4 import TritonFamily
+    t = Tactic("triton", md.default(W13))
+    assert TritonFamily().precompile(W13, t, get_arch("sm90")) == md.smem_bytes(t.params, "nvfp4", get_arch("sm90"))
+
+
 # a sample of configs whose smem the model must equal exactly, on the two paths sm90 takes
 # (mma.sync for 16/32 rows, wgmma at 64) and on sm120's 101 KB part; both epilogues
 _SMEM_SAMPLE = [

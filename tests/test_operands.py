@@ -96,6 +96,12 @@ MOE_MEMBERS = [
     pytest.param(T, "cpu", id="torch"),
     pytest.param(Tactic("triton", kernel="moe_w4a16", block_m=16, block_n=32, block_k=128, num_warps=4,
                         num_stages=3), "cuda", id="triton-moe_w4a16", marks=pytest.mark.gpu),
+    pytest.param(Tactic("triton", kernel="moe_decode", route="direct", block_m=16, block_n=32, block_k=128,
+                        split_k=1, num_warps=4, num_stages=3), "cuda", id="triton-moe_decode-direct",
+                 marks=pytest.mark.gpu),
+    pytest.param(Tactic("triton", kernel="moe_decode", route="aligned", block_m=16, block_n=32, block_k=128,
+                        split_k=1, num_warps=4, num_stages=3), "cuda", id="triton-moe_decode-aligned",
+                 marks=pytest.mark.gpu),
 ]
 
 

@@ -28,7 +28,8 @@ def test_protocol_and_identity():
     assert FAM.name == "triton" and FAM.depends_on == ("triton",)
     from tactics.triton_fp4.family import MEMBERS, member_of
     from tactics.triton_fp4.member import Member
-    assert [m.kernel for m in MEMBERS] == ["w4a16_dequant", "dequant_cublas", "moe_w4a16", "w4a4_dot_scaled"]
+    assert [m.kernel for m in MEMBERS] == ["w4a16_dequant", "dequant_cublas", "moe_w4a16", "moe_decode",
+                                            "w4a4_dot_scaled"]
     for m in MEMBERS:
         assert isinstance(m, Member) and member_of(m.kernel) is m and m.schema["kernel"] == (m.kernel,)
 
@@ -79,8 +80,10 @@ def test_other_problems_enumerate_nothing():
 
 def test_moe_member_space_and_kind_checks():
     moe = Problem.moe(1024, 1024, 8, 2, "nvfp4")
-    ts = list(FAM.enumerate(moe, get_arch("sm90")))
-    assert len(ts) == 36 and {t["kernel"] for t in ts} == {"moe_w4a16"}
+    every = list(FAM.enumerate(moe, get_arch("sm90")))
+    assert {t["kernel"] for t in every} == {"moe_w4a16", "moe_decode"}     # moe_decode: test_moe_decode.py
+    ts = [t for t in every if t["kernel"] == "moe_w4a16"]
+    assert len(ts) == 36
     bad = [FAM.verdict(moe, t, get_arch("sm90")) for t in ts if not FAM.verdict(moe, t, get_arch("sm90")).ok]
     assert [v.reason for v in bad] == ["smem 251904 > 232448"]      # 64×128×256, 4 stages
     d = FAM.default(moe, get_arch("sm90"))

@@ -3,6 +3,7 @@
 * `w4a16_dequant` (w4a16.py) — fused dequantize-in-registers + tl.dot, with split-K for decode;
 * `dequant_cublas` (dequant_cublas.py) — Triton dequantizes the weight to bf16, cuBLAS multiplies;
 * `moe_w4a16` (moe.py) — grouped MoE over stacked experts;
+* `moe_decode` (moe_decode.py) — decode-shaped grouped MoE (direct or aligned routing, split-K);
 * `w4a4_dot_scaled` (w4a4.py) — W4A4 problems: our activation quantizer, then tl.dot_scaled.
 
 The family picks a member by a tactic's `kernel` parameter, or by the problem (each member says
@@ -30,12 +31,13 @@ from .compile import compile_kernel
 from .dequant_cublas import MEMBER as DEQUANT_CUBLAS
 from .member import FAMILY, Member
 from .moe import MEMBER as MOE
+from .moe_decode import MEMBER as MOE_DECODE
 from .w4a4 import MEMBER as W4A4
 from .w4a16 import MEMBER as W4A16
 
 NAME = FAMILY
 #: every member, in the order their spaces are enumerated
-MEMBERS: tuple[Member, ...] = (W4A16, DEQUANT_CUBLAS, MOE, W4A4)
+MEMBERS: tuple[Member, ...] = (W4A16, DEQUANT_CUBLAS, MOE, MOE_DECODE, W4A4)
 BY_KERNEL: dict[str, Member] = {m.kernel: m for m in MEMBERS}
 KERNELS = tuple(BY_KERNEL)
 

@@ -8,6 +8,7 @@ This module is the member: its config space (`space`, a tuple of dict configs), 
 Triton 3.9 cross-compiles by tests/test_moe_decode.py through `cross_compile`), and the launcher
 factory `make_launcher(problem, config, epilogue="none")` → callable
 `(x, w, topk_ids, topk_weights=None, out=None, aligned=None)`.
+`MEMBER` (MoEDecodeMember, at the end) is its registration in the `triton` family (family.py).
 
 Epilogues (each is its own problem variant for the search; the problem key cannot say so yet):
 "none" → [M, top_k, N]; "swiglu" (w13 with vLLM's [gate; up] rows) → [M, top_k, N/2] =
@@ -21,14 +22,16 @@ from moe_align (`aligned=`, shared by a layer's w13 and w2 when their BLOCK_M ag
 """
 from __future__ import annotations
 
-import itertools
 import os
 from typing import Any, Mapping
 
-from autotune.core.tactic import Verdict
+from autotune.core.arch import Arch
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic, Verdict
 
 from . import compat as _compat
 from . import smem as _smem
+from .member import FAMILY, check_axes, grid
 
 KERNEL = "moe_decode"
 PARAMS = ("block_k", "block_m", "block_n", "kernel", "num_stages", "num_warps", "route", "split_k")
@@ -42,20 +45,27 @@ MIN_BLOCK_K = {"nvfp4": 64, "mxfp4": 128}
 _SPLITS = (1, 2, 4, 8, 16)
 
 
-def _space() -> tuple[dict[str, Any], ...]:
-    """Direct: 16-row groups (decode rarely routes more pairs to one expert); aligned: 16–64 rows.
-    4 warps throughout (the tiles are small); split-K up to 16 for the long-K w13 at small M."""
-    out = []
-    for route, bms in (("direct", (16,)), ("aligned", (16, 32, 64))):
-        for bm, bn, bk, sk, st in itertools.product(bms, (32, 64, 128), (128, 256), _SPLITS, (3, 4)):
-            if route == "aligned" and sk not in (1, 4, 16):
-                continue
-            out.append(dict(kernel=KERNEL, route=route, block_m=bm, block_n=bn, block_k=bk, split_k=sk,
-                            num_warps=4, num_stages=st))
-    return tuple(out)
+#: per route, the axes of its grid (the order of enumeration); `TritonFamily.space_axes` replaces axes.
+#: Direct: 16-row groups (decode rarely routes more pairs to one expert); aligned: 16–64 rows.
+#: 4 warps throughout (the tiles are small); split-K up to 16 for the long-K w13 at small M.
+GRIDS: dict[str, dict[str, tuple]] = {
+    "direct": {"block_m": (16,), "block_n": (32, 64, 128), "block_k": (128, 256), "split_k": _SPLITS,
+               "num_warps": (4,), "num_stages": (3, 4)},
+    "aligned": {"block_m": (16, 32, 64), "block_n": (32, 64, 128), "block_k": (128, 256), "split_k": (1, 4, 16),
+                "num_warps": (4,), "num_stages": (3, 4)},
+}
+#: each parameter's allowed values (core.tactic.check_params); `validate` checks the same
+SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "route": ROUTES, "block_m": (16, 32, 64), "block_n": (32, 64, 128, 256),
+                            "block_k": (64, 128, 256), "split_k": _SPLITS, "num_warps": (4, 8),
+                            "num_stages": (2, 3, 4, 5, 6)}
 
 
-SPACE: tuple[dict[str, Any], ...] = _space()
+def grid_configs(axes: Mapping[str, tuple] | None = None) -> tuple[dict[str, Any], ...]:
+    """Every config of each route's grid, with `axes` replacing some of its axes."""
+    return tuple(dict(kernel=KERNEL, route=route, **g) for route, axes_of in GRIDS.items() for g in grid(axes_of, axes))
+
+
+SPACE: tuple[dict[str, Any], ...] = grid_configs()
 
 
 def space(problem: Any, arch: Any) -> tuple[dict[str, Any], ...]:
@@ -83,12 +93,12 @@ def validate(config: Mapping[str, Any]) -> str | None:
         v = config[k]
         if k not in ("kernel", "route") and (not isinstance(v, int) or isinstance(v, bool)):
             return f"{k} must be an int, got {v!r}"
-    if config["block_m"] not in (16, 32, 64) or config["block_n"] not in (32, 64, 128, 256):
-        return "block_m must be 16/32/64 and block_n 32/64/128/256"
-    if config["block_k"] not in (64, 128, 256) or config["split_k"] not in _SPLITS:
-        return f"block_k must be 64/128/256 and split_k one of {_SPLITS}"
-    if config["num_warps"] not in (4, 8) or not 2 <= config["num_stages"] <= 6:
-        return "num_warps must be 4 or 8 and num_stages in 2..6"
+    if config["block_m"] not in SCHEMA["block_m"] or config["block_n"] not in SCHEMA["block_n"]:
+        return f"block_m must be one of {SCHEMA['block_m']} and block_n one of {SCHEMA['block_n']}"
+    if config["block_k"] not in SCHEMA["block_k"] or config["split_k"] not in SCHEMA["split_k"]:
+        return f"block_k must be one of {SCHEMA['block_k']} and split_k one of {SCHEMA['split_k']}"
+    if config["num_warps"] not in SCHEMA["num_warps"] or config["num_stages"] not in SCHEMA["num_stages"]:
+        return f"num_warps must be one of {SCHEMA['num_warps']} and num_stages one of {SCHEMA['num_stages']}"
     return None
 
 
@@ -111,26 +121,35 @@ def smem_bytes(config: Mapping[str, Any], w_fmt: str, arch: Any) -> int:
     return _smem.smem_bytes(config, w_fmt, arch)
 
 
+def rules(problem: Any, config: Mapping[str, Any], arch: Any) -> str | None:
+    """The rejection rules beside memory: scale rows wide enough, K and N tiled exactly, ≥ 2 K-steps
+    per split, sm80+. For a validated config and a supported problem."""
+    bk, bn = config["block_k"], config["block_n"]
+    if bk < MIN_BLOCK_K[problem.w_fmt]:
+        return (f"BLOCK_K={bk} < {MIN_BLOCK_K[problem.w_fmt]} for {problem.w_fmt} (scale rows under "
+                "4 bytes are not cp.async-pipelined; not covered by the smem model)")
+    if problem.k % bk:
+        return f"BLOCK_K={bk} does not divide K={problem.k} (the kernel does not mask K)"
+    if problem.n % bn:
+        return f"BLOCK_N={bn} does not divide N={problem.n} (the kernel does not mask N)"
+    steps = problem.k // bk
+    if config["split_k"] > 1 and steps < 2 * config["split_k"]:
+        return f"split_k={config['split_k']} leaves < 2 of the K/BLOCK_K={steps} steps per split"
+    if getattr(arch, "is_gpu", True) and arch.cc[0] < 8:
+        return f"{arch.name}: the kernel needs sm80 or newer (bf16 tl.dot)"
+    return None
+
+
 def verdict(problem: Any, config: Mapping[str, Any], arch: Any) -> Verdict:
     why = validate(config) or supported(problem)
     if why:
         return Verdict.reject(why)
-    bk, bn, stages = config["block_k"], config["block_n"], config["num_stages"]
-    if bk < MIN_BLOCK_K[problem.w_fmt]:
-        return Verdict.reject(f"BLOCK_K={bk} < {MIN_BLOCK_K[problem.w_fmt]} for {problem.w_fmt} (scale rows under "
-                              "4 bytes are not cp.async-pipelined; not covered by the smem model)", stages=stages)
-    if problem.k % bk:
-        return Verdict.reject(f"BLOCK_K={bk} does not divide K={problem.k} (the kernel does not mask K)", stages=stages)
-    if problem.n % bn:
-        return Verdict.reject(f"BLOCK_N={bn} does not divide N={problem.n} (the kernel does not mask N)", stages=stages)
-    steps = problem.k // bk
-    if config["split_k"] > 1 and steps < 2 * config["split_k"]:
-        return Verdict.reject(f"split_k={config['split_k']} leaves < 2 of the K/BLOCK_K={steps} steps per split",
-                              stages=stages)
+    stages = config["num_stages"]
+    why = rules(problem, config, arch)
+    if why:
+        return Verdict.reject(why, stages=stages)
     if not getattr(arch, "is_gpu", True):
         return Verdict.keep(stages=stages)          # cpu pseudo-arch: the interpreter, no smem limit
-    if arch.cc[0] < 8:
-        return Verdict.reject(f"{arch.name}: the kernel needs sm80 or newer (bf16 tl.dot)", stages=stages)
     why = _compat.rejection(KERNEL, problem.w_fmt, arch)
     if why:
         return Verdict.reject(why, stages=stages)
@@ -159,16 +178,25 @@ def constexprs(problem: Any, config: Mapping[str, Any], epilogue: str = "none", 
             "DEQ_ASM": 0 if interpret else 1, "DOT_F32": 1 if interpret else 0}
 
 
-def cross_compile(problem: Any, config: Mapping[str, Any], arch_or_cc: Any, epilogue: str = "none",
-                  routed: bool = True, stop_at: str = "llir", gs_per_expert: bool = False) -> int:
-    """Compile for a CUDA target without a GPU (compile.py's method and stage hook) and return
-    metadata.shared. Pointers, N and K carry tt.divisibility 16, as the launcher's calls do."""
+def source(problem: Any, config: Mapping[str, Any], epilogue: str = "none", routed: bool = True,
+           gs_per_expert: bool = False) -> tuple[Any, dict[str, int]]:
+    """(ASTSource, options) of the kernel for `config`: pointers, N and K carry tt.divisibility 16,
+    as the launcher's calls do. Imports Triton."""
     from . import moe_decode_kernel as K
-    from .compile import ast_source, compile_kernel
+    from .compile import ast_source
 
     consts = constexprs(problem, config, epilogue, routed, gs_per_expert=gs_per_expert)
     src = ast_source(K.moe_decode_kernel, K.ARG_NAMES, K.ARG_TYPES, K.DIVISIBLE, consts)
-    options = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
+    return src, {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
+
+
+def cross_compile(problem: Any, config: Mapping[str, Any], arch_or_cc: Any, epilogue: str = "none",
+                  routed: bool = True, stop_at: str = "llir", gs_per_expert: bool = False) -> int:
+    """Compile for a CUDA target without a GPU (compile.py's method and stage hook) and return
+    metadata.shared."""
+    from .compile import compile_kernel
+
+    src, options = source(problem, config, epilogue, routed, gs_per_expert)
     return int(compile_kernel(src, options, arch_or_cc, stop_at=stop_at).metadata.shared)
 
 
@@ -197,6 +225,10 @@ class MoEDecodeLauncher:
     value. With check_ids (default) an eager call reads that word after the launch (one 4-byte
     read, a host sync) and raises ValueError; graph capture skips the read. With check_ids=False
     the caller reads `launcher.bad` when it likes (e.g. once per step, after a graph replay)."""
+
+    #: no host sync under CUDA-graph capture (alignment on the device, buffers sized by M, the
+    #: bad-id read skipped): the runtime may capture it (runtime/nn.py)
+    capture_safe = True
 
     def __init__(self, problem: Any, config: dict[str, Any], epilogue: str, check_ids: bool = True):
         self.problem, self.params, self.epilogue, self.check_ids = problem, config, epilogue, check_ids
@@ -327,3 +359,67 @@ class MoEDecodeLauncher:
     def bad(self):
         """The sticky bad-id word (int32 [1] on the device), None before the first call."""
         return self._bad
+
+
+# ---- the family member --------------------------------------------------------------------------
+
+#: the routing `sources` compiles for (GLM-5's: 256 experts, top 8, routing weights, an NVFP4 weight
+#: with one global scale per expert as quantize() gives stacked experts). Other routings compile the
+#: same loop and shared memory; their first launch compiles its own constexprs.
+COMPILE_EXPERTS, COMPILE_TOP_K = 256, 8
+#: every value of each axis of the grids: the region the smem model was compared with the compiler
+#: on (module docs: smem_bytes), on these archs
+CHECKED_AXES = {k: tuple(sorted({v for g in GRIDS.values() for v in g[k]})) for k in GRIDS["direct"]}
+CHECKED_ARCHS = ("sm89", "sm90", "sm100", "sm120")
+
+
+class MoEDecodeMember:
+    """moe_decode as a member of the `triton` family (member.Member). It offers no default:
+    moe_w4a16 stays the family's designated default for grouped_moe problems."""
+
+    kernel = KERNEL
+    compat_kernel = KERNEL
+    schema = SCHEMA
+
+    def supports(self, problem: Problem) -> str | None:
+        return supported(problem)
+
+    def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> list[Tactic]:
+        # the grid, not `space()`: the family's verdict judges each tactic (and with widened axes
+        # asks the compiler); without axes its kept tactics are exactly space(problem, arch)
+        return [Tactic(FAMILY, **c) for c in grid_configs(axes) if c["block_k"] >= MIN_BLOCK_K[problem.w_fmt]]
+
+    def check_axes(self, axes: Mapping[str, tuple]) -> None:
+        check_axes(KERNEL, GRIDS["direct"], SCHEMA, axes)
+
+    def default(self, problem: Problem, arch: Arch) -> None:
+        return None
+
+    def rules(self, problem: Problem, params: Mapping[str, Any], arch: Arch) -> str | None:
+        return rules(problem, params, arch)
+
+    def smem(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> int:
+        return smem_bytes(params, fmt, arch)
+
+    def tmem(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> int:
+        return _smem.tmem_columns(params, fmt, arch)      # what verdict() checks
+
+    def unchecked(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> str | None:
+        for k, vals in CHECKED_AXES.items():
+            if params[k] not in vals:
+                return f"{k}={params[k]} is outside the grid the moe_decode smem model was checked on ({vals})"
+        if arch.name not in CHECKED_ARCHS:
+            return f"the moe_decode smem model was checked on {', '.join(CHECKED_ARCHS)} only, not {arch.name}"
+        return _smem.unchecked(params, fmt, arch)
+
+    def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
+        # a direct config runs the aligned route above DIRECT_MAX_PAIRS pairs: compile both, its own last
+        prob = Problem.moe(256, 256, COMPILE_EXPERTS, COMPILE_TOP_K, fmt)
+        routes = [dict(params, route="aligned")] if params["route"] == "direct" else []
+        return [source(prob, c, "none", routed=True, gs_per_expert=fmt == "nvfp4") for c in routes + [dict(params)]]
+
+    def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> MoEDecodeLauncher:
+        return make_launcher(problem, tactic.params, epilogue="none")
+
+
+MEMBER = MoEDecodeMember()
