@@ -33,3 +33,16 @@ def tmp_cache(tmp_path, monkeypatch):
     path = tmp_path / "cache.db"
     monkeypatch.setenv("AUTOTUNE_CACHE", str(path))
     return path
+
+
+@pytest.fixture
+def register_family(monkeypatch):
+    """register_family(name, "module:Class") -> the family object; undone after the test."""
+    from tactics import registry
+
+    def register(name: str, path: str):
+        monkeypatch.setitem(registry.FAMILIES, name, path)
+        registry.get.cache_clear()
+        return registry.get(name)
+    yield register
+    registry.get.cache_clear()

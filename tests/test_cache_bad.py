@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
 from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
@@ -54,9 +52,7 @@ def resign(doc: dict) -> dict:
 
 
 def cli(*args, cache=None):
-    env = {**os.environ, **({"AUTOTUNE_CACHE": str(cache)} if cache else {})}
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_cli(*args, cache=cache, timeout=300)
 
 
 def one_line_error(r, needle: str) -> None:

@@ -1,8 +1,5 @@
 """The `autotune` command, run as a real subprocess."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,12 +7,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def autotune(*args, cache=None, timeout=900):
-    env = dict(os.environ)
-    if cache is not None:
-        env["AUTOTUNE_CACHE"] = str(cache)
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+from helpers import run_cli as autotune
 
 
 def test_models_and_archs():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import run_cli
 from autotune.core import inputs
 from autotune.core.tactic import parse_tactic
 from autotune.runtime.dispatch import Dispatcher
@@ -345,9 +346,7 @@ def test_readonly_filesystem_image(tmp_path):
 # -------------------------------------------------------------------------------------- CLI
 
 def _cli(*args, env=None):
-    e = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, env=e,
-                          capture_output=True, text=True, timeout=600)
+    return run_cli(*args, env=env, timeout=600)
 
 
 def test_cli_show_misses_and_search_from_misses(tmp_path):

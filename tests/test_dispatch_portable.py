@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
+from helpers import run_cli
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import Env, cpu, current
 from autotune.core.problem import Problem
@@ -58,9 +56,7 @@ def test_prune_keep_drop_stale_and_dry_run(tmp_path):
 
 
 def _cli(*args, cache=None):
-    env = {**os.environ, **({"AUTOTUNE_CACHE": str(cache)} if cache else {})}
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_cli(*args, cache=cache, timeout=300)
 
 
 def test_cli_export_by_gpu_and_format_then_prune(tmp_path):

@@ -22,11 +22,8 @@ MOE = Problem.moe(128, 256, experts=8, top_k=2)
 
 
 @pytest.fixture
-def faulty(monkeypatch):
-    monkeypatch.setitem(registry.FAMILIES, "faulty", "tests.families.faulty:FaultyFamily")
-    registry.get.cache_clear()
-    yield registry.get("faulty")
-    registry.get.cache_clear()
+def faulty(register_family):
+    return register_family("faulty", "tests.families.faulty:FaultyFamily")
 
 
 def _run(store, problems=(DENSE, MOE), families=("torch",), buckets=(1, 4), **kw):

@@ -35,9 +35,8 @@ MOE = Problem.moe(128, 256, experts=8, top_k=2)
 
 
 @pytest.fixture
-def crashing(monkeypatch, tmp_path):
-    monkeypatch.setitem(registry.FAMILIES, "crashing", "tests.families.crashing:CrashingFamily")
-    registry.get.cache_clear()
+def crashing(monkeypatch, tmp_path, register_family):
+    register_family("crashing", "tests.families.crashing:CrashingFamily")
     log = tmp_path / "builds.log"
     monkeypatch.setenv(BUILD_LOG, str(log))
     yield log
@@ -136,10 +135,8 @@ def test_successive_halving_drops_slow_tactics_and_keeps_the_default():
 
 
 @pytest.fixture
-def sleepy(monkeypatch):
-    monkeypatch.setitem(registry.FAMILIES, "sleepy", "tests.families.crashing:SleepyFamily")
-    registry.get.cache_clear()
-    yield registry.get("sleepy")
+def sleepy(register_family):
+    return register_family("sleepy", "tests.families.crashing:SleepyFamily")
     registry.get.cache_clear()
 
 

@@ -15,11 +15,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def cuda_faults(monkeypatch):
-    monkeypatch.setitem(registry.FAMILIES, "cuda_faults", "tests.families.cuda_faults:CudaFaultFamily")
-    registry.get.cache_clear()
-    yield
-    registry.get.cache_clear()
+def cuda_faults(register_family):
+    register_family("cuda_faults", "tests.families.cuda_faults:CudaFaultFamily")
 
 
 def test_illegal_address_poisons_only_its_worker(tmp_path, cuda_faults):
