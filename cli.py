@@ -69,12 +69,14 @@ def main():
 @click.option("--no-isolate", is_flag=True, help="measure in this process (debugging; a crashing tactic ends the search)")
 @click.option("--max-tactics", default=None, type=int, help="time at most this many kept tactics per family and problem (evenly spaced; the default is always timed)")
 @click.option("--retry-failed", is_flag=True, help="measure again tactics whose trials failed")
+@click.option("--measure-unknown", is_flag=True,
+              help="also measure tactics whose verdict is unknown (outside the region a smem model was checked on)")
 @click.option("--dry-run", is_flag=True, help="print the tactic space and verdicts; measure nothing")
 @click.option("--list-tactics", default=None, help="also print every tactic of these families (comma-separated) with its verdict and reason")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
-           max_tactics, retry_failed, dry_run, as_json, list_tactics=None):
+           max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False):
     """Tune every FP4 GEMM of a model and store the winners."""
     ids: tuple[int, ...] = ()
     if gpus is not None:
@@ -91,7 +93,8 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                     list_tactics=list_tactics, dry_run=dry_run, gpus=ids, workers=workers, ray=ray_address,
                     compile_workers=compile_workers, timeout_s=timeout_s, isolate=not no_isolate, budget_s=budget_s,
                     exhaustive=exhaustive, budget_ms=budget_ms, margin=margin, retry_failed=retry_failed,
-                    compile_check=compile_check, max_tactics=max_tactics, progress=progress)
+                    compile_check=compile_check, max_tactics=max_tactics, progress=progress,
+                    measure_unknown=measure_unknown)
     except (WorkerStartError, ClaimSettingError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:

@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 
 from autotune.core.arch import Arch
-from autotune.core.tactic import Tactic, Verdict
+from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -60,17 +60,9 @@ class TorchFamily(FamilyBase):
         return [Tactic(self.name, dequant_dtype=d, chunk_n=c) for d in DTYPES for c in CHUNKS]
 
     def validate(self, tactic: Tactic) -> str | None:
-        if set(tactic.params) != set(_SCHEMA):
-            return f"torch tactic needs parameters {sorted(_SCHEMA)}, got {sorted(tactic.params)}"
-        for k, allowed in _SCHEMA.items():
-            if tactic[k] not in allowed:
-                return f"torch tactic {k}={tactic[k]!r} not in {allowed}"
-        return None
+        return check_params(tactic, _SCHEMA, "torch")
 
-    def verdict(self, problem, tactic: Tactic, arch: Arch) -> Verdict:
-        why = self.supports(problem) or self.validate(tactic)
-        if why:
-            return Verdict.reject(why)
+    def verdict_checked(self, problem, tactic: Tactic, arch: Arch) -> Verdict:
         if tactic["chunk_n"] and tactic["chunk_n"] >= problem.n:
             return Verdict.reject(f"chunk_n {tactic['chunk_n']} >= N {problem.n}: same as no chunking")
         return Verdict.keep()

@@ -7,6 +7,7 @@ import torch
 
 from autotune.core import inputs
 from autotune.engine import timing
+from autotune.core.arch import ARCHS
 from autotune.core.buckets import Buckets
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import cpu
@@ -17,6 +18,7 @@ from tactics import registry
 
 CPU = cpu()   # these tests tune on the CPU even where a GPU is present
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+CPU_ARCH = ARCHS["cpu"]
 DENSE = Problem.dense(256, 512)
 MOE = Problem.moe(128, 256, experts=8, top_k=2)
 
@@ -206,3 +208,20 @@ def test_max_tactics_counts_as_show_counts(tmp_path):
     (dev,) = collect(store).devices
     (v,) = dev.verdicts
     assert (v.kept, v.rejected) == (fp.kept, fp.rejected)
+
+
+def test_unchecked_verdicts_are_not_measured_unless_asked(tmp_path, register_family):
+    """A tactic whose verdict is unknown because no checked rule covers it is stored as planned but
+    never measured, unless measure_unknown (the CLI's --measure-unknown) is given."""
+    fam = register_family("unknowns", "tests.families.unknowns:UnknownsFamily")
+    unchecked = [t for t in fam.enumerate(DENSE, CPU_ARCH) if fam.verdict(DENSE, t, CPU_ARCH).unchecked]
+    assert len(unchecked) == 4                          # chunk_n 512 / 2048 × two dtypes
+    with Store(tmp_path / "a.db") as s:
+        rep = search([DENSE], families=[fam], store=s, buckets=Buckets.of((1,)), timer=FAST, env=CPU)
+        measured = {t.tactic_id for t in s.get_trials(DENSE.key, 1, CPU.device_key)}
+    assert measured and not measured & {t.id for t in unchecked}
+    assert any("4 tactics with an unchecked verdict (unknown) not measured" in n for n in rep.notes)
+    with Store(tmp_path / "b.db") as s:
+        search([DENSE], families=[fam], store=s, buckets=Buckets.of((1,)), timer=FAST, env=CPU, measure_unknown=True)
+        measured = {t.tactic_id for t in s.get_trials(DENSE.key, 1, CPU.device_key)}
+    assert {t.id for t in unchecked} <= measured

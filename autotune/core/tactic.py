@@ -69,6 +69,10 @@ class Tactic:
         return f"{self.family}[{inner}]"
 
 
+#: how an unchecked verdict's reason starts (Verdict.unchecked)
+UNKNOWN = "unknown:"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A static judgement made without compiling or launching.
@@ -95,6 +99,13 @@ class Verdict:
     @property
     def rejected(self) -> bool:
         return self.ok is False
+
+    @property
+    def unchecked(self) -> bool:
+        """Unknown because no checked rule covers the tactic (outside the region a model was
+        checked on, no compiler figure): not measured unless the search is told to. Unknowns that
+        only the device can settle (cuBLASLt's algorithm check) are measured as usual."""
+        return self.ok is None and self.reason.startswith(UNKNOWN)
 
 
 #: what a schema entry may be: the allowed values, or a type every value must have

@@ -147,6 +147,7 @@ class SearchOptions:
     compile_check: bool = False           # cross-compile kept tactics and compare smem with the verdicts
     seed: int = 0
     max_tactics: int | None = None        # at most this many kept tactics per family and problem
+    measure_unknown: bool = False         # also measure tactics whose verdict is unchecked ("unknown: ...")
     progress: Progress | bool = False     # True: a bar on the terminal; or a Progress (plain lines, tests)
     log: Callable[[str], None] = lambda s: None
 
@@ -219,7 +220,12 @@ class _Search:
                 if r.verdict.rejected and (r.tactic.id, self.lib_keys[r.tactic.family]) not in known:
                     store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, self.lib_keys, "rejected", r.verdict.reason,
                                            smem_model=r.verdict.smem_bytes))
-            runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names]
+            runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names
+                    and (self.o.measure_unknown or not r.verdict.unchecked)]
+            unchecked = sum(r.verdict.unchecked for r in rows if r.tactic.family in names)
+            if unchecked and not self.o.measure_unknown:
+                self.report.notes.append(f"{p.key}: {unchecked} tactics with an unchecked verdict (unknown) not "
+                                         "measured; --measure-unknown measures them")
             kept = self._sampled(runs)
             if not any(r.tactic == default for r in kept):
                 kept.insert(0, Planned(p, default, dfam.verdict(p, default, self.target)))
