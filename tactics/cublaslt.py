@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
-from tactics.swizzled import SWIZZLED_LAYOUT, SwizzledCache, SwizzledWeight, check_bound_weight, pack_swizzled
+from tactics.swizzled import SwizzledCache, SwizzledLayout, SwizzledWeight, check_bound_weight, pack_swizzled
 
 NAME = "cublaslt"
 #: readable configuration fields, read from nvmath's Algorithm on the device
@@ -215,7 +215,7 @@ def plan_algorithms(problem: Any, x: Any, w: Any, limit: int = 16) -> list[Any]:
         return list(mm.plan(preferences=MatmulPlanPreferences(limit=limit)))
 
 
-class CublasLtFamily(FamilyBase):
+class CublasLtFamily(SwizzledLayout, FamilyBase):
     name = NAME
     depends_on = ("nvmath-python", "cublas")
 
@@ -292,19 +292,6 @@ class CublasLtFamily(FamilyBase):
     def verdict_checked(self, problem: Any, tactic: Tactic, arch: Any) -> Verdict:
         ok, why = arch_support(problem, arch)
         return Verdict.reject(why) if ok is False else Verdict(None, why)
-
-    # ---- weight layout ------------------------------------------------------------------------
-    def layout(self, tactic: Tactic) -> str:
-        return SWIZZLED_LAYOUT          # cuBLASLt's VEC16_UE4M3 scales are read in the 128x4 layout
-
-    def pack(self, layout: str, weight: Any) -> Any:
-        if layout != SWIZZLED_LAYOUT:
-            return super().pack(layout, weight)
-        return pack_swizzled(weight)
-
-    def bind(self, problem: Any, tactic: Tactic, packed: Any, device: str) -> Callable[..., Any]:
-        check_bound_weight(problem, packed, NAME)
-        return super().bind(problem, tactic, packed, device)
 
     def default(self, problem: Any, arch: Any) -> Tactic:
         return heuristic_tactic()

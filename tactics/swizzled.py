@@ -72,3 +72,22 @@ def check_bound_weight(problem: Any, w: Any, family: str) -> None:
     if not isinstance(w, SwizzledWeight):
         raise TypeError(f"{family}: bind needs the {SWIZZLED_LAYOUT} packed weight, got {type(w).__name__}")
     check_weight(problem, w)
+
+
+class SwizzledLayout:
+    """Mixin (before FamilyBase) for families whose kernels read this layout: declares it, packs
+    it once at bind, and refuses a packed weight of another layout or problem."""
+
+    name: str
+
+    def layout(self, tactic: Any) -> str:
+        return SWIZZLED_LAYOUT
+
+    def pack(self, layout: str, weight: Any) -> Any:
+        if layout != SWIZZLED_LAYOUT:
+            return super().pack(layout, weight)  # type: ignore[misc]
+        return pack_swizzled(weight)
+
+    def bind(self, problem: Any, tactic: Any, packed: Any, device: str) -> Any:
+        check_bound_weight(problem, packed, self.name)
+        return super().bind(problem, tactic, packed, device)  # type: ignore[misc]

@@ -25,7 +25,7 @@ from tactics.cutlass import smem as sm
 from tactics.cutlass import truth
 from tactics.cutlass.candidates import (EPILOGUE_C, FORMATS, KERNEL_ARCHS, MMAS, OPS, SCHEDULERS, SCHEDULES,
                                         Kernel, sm100_dense, sm100_moe, sm120_dense, sm120_moe)
-from tactics.swizzled import SWIZZLED_LAYOUT, SwizzledCache, SwizzledWeight, check_bound_weight, pack_swizzled
+from tactics.swizzled import SwizzledCache, SwizzledLayout, SwizzledWeight, check_bound_weight
 
 NAME = "cutlass"
 _CLUSTERS = ("1x1x1", "1x2x1", "2x1x1", "2x2x1", "1x4x1", "4x2x1", "2x4x1", "4x4x1")
@@ -96,7 +96,7 @@ def _formats_for(problem: Any) -> tuple[str, ...]:
     return ("mxfp4",)
 
 
-class CutlassFamily(FamilyBase):
+class CutlassFamily(SwizzledLayout, FamilyBase):
     name = NAME
     depends_on = ("flashinfer-python", "torch")
 
@@ -177,19 +177,6 @@ class CutlassFamily(FamilyBase):
         if ka == "sm120":
             return Tactic(NAME, fim.from_index("sm120", -1).params())
         return Tactic(NAME, fim.configs("sm100")[0].params())
-
-    # ---- weight layout ------------------------------------------------------------------------
-    def layout(self, tactic: Tactic) -> str:
-        return SWIZZLED_LAYOUT          # FlashInfer's CUTLASS runner reads 128x4-swizzled scales
-
-    def pack(self, layout: str, weight: Any) -> Any:
-        if layout != SWIZZLED_LAYOUT:
-            return super().pack(layout, weight)
-        return pack_swizzled(weight)
-
-    def bind(self, problem: Any, tactic: Tactic, packed: Any, device: str) -> Callable[..., Any]:
-        check_bound_weight(problem, packed, NAME)
-        return super().bind(problem, tactic, packed, device)
 
     # ---- build --------------------------------------------------------------------------------
     def build(self, problem: Any, tactic: Tactic, device: str) -> Callable[..., Any]:
