@@ -179,14 +179,8 @@ class Claims:
         """Push the expiry of this owner's live claims (all, or `keys`) to now + ttl_s; returns how
         many it renewed. A claim that another search took over meanwhile is not this owner's
         any more and is not counted."""
-        t = self.now()
-        cond = [_T.c.owner == self.owner, _T.c.state == CLAIMED]
-        if keys is not None:
-            keys = list(keys)
-            if not keys:
-                return 0
-            cond.append(or_(*(k.where() for k in keys)))
-        return self._count(_T.update().where(*cond).values(expires_at=t + ttl_s))
+        cond = self._live(keys)
+        return 0 if cond is None else self._count(_T.update().where(*cond).values(expires_at=self.now() + ttl_s))
 
     def finish(self, key: JobKey) -> bool:
         """Mark the job done (its winner is written). False if the claim was not this owner's."""
@@ -196,10 +190,15 @@ class Claims:
 
     def release(self, keys: Iterable[JobKey] | None = None) -> int:
         """Drop this owner's unfinished claims (all, or `keys`) so another search may take them now."""
+        cond = self._live(keys)
+        return 0 if cond is None else self._count(_T.delete().where(*cond))
+
+    def _live(self, keys: Iterable[JobKey] | None) -> list | None:
+        """The WHERE of this owner's unfinished claims (all, or `keys`); None for an empty `keys`."""
         cond = [_T.c.owner == self.owner, _T.c.state == CLAIMED]
         if keys is not None:
             keys = list(keys)
             if not keys:
-                return 0
+                return None
             cond.append(or_(*(k.where() for k in keys)))
-        return self._count(_T.delete().where(*cond))
+        return cond

@@ -46,3 +46,16 @@ def register_family(monkeypatch):
         return registry.get(name)
     yield register
     registry.get.cache_clear()
+
+
+@pytest.fixture
+def swizzle_calls(monkeypatch):
+    """Counts every call of the 128x4 swizzle (by the shape it was given); the real function runs."""
+    from autotune.core import formats
+    calls, real = [], formats.swizzle_128x4
+
+    def counted(scales):
+        calls.append(tuple(scales.shape))
+        return real(scales)
+    monkeypatch.setattr(formats, "swizzle_128x4", counted)
+    return calls

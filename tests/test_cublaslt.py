@@ -171,19 +171,6 @@ def _weight(n=256, k=256):
     return quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(0)), "nvfp4")
 
 
-@pytest.fixture
-def swizzle_calls(monkeypatch):
-    """Counts every call of the 128x4 swizzle (by the shape it was given); the real function runs."""
-    from autotune.core import formats
-    calls, real = [], formats.swizzle_128x4
-
-    def counted(scales):
-        calls.append(tuple(scales.shape))
-        return real(scales)
-    monkeypatch.setattr(formats, "swizzle_128x4", counted)
-    return calls
-
-
 def test_layout_and_pack_round_trip():
     import torch
     from autotune.runtime.bound import extra_bytes

@@ -359,19 +359,6 @@ def _weight(n=200, k=256, fmt="nvfp4"):
     return quantize(torch.randn(n, k, generator=g), fmt)
 
 
-@pytest.fixture
-def swizzle_calls(monkeypatch):
-    """Counts every call of the 128x4 swizzle (by the shape it was given); the real function runs."""
-    from autotune.core import formats
-    calls, real = [], formats.swizzle_128x4
-
-    def counted(scales):
-        calls.append(tuple(scales.shape))
-        return real(scales)
-    monkeypatch.setattr(formats, "swizzle_128x4", counted)
-    return calls
-
-
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_pack_swizzles_the_scales_once_and_unswizzle_restores_them(fmt):
     import torch
