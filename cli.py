@@ -56,6 +56,7 @@ def main():
 @click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
 @click.option("--include-attention", is_flag=True, help="also tune the layers the checkpoint keeps in BF16")
 @click.option("--only", default=None, help="only problems whose key or layer names contain one of these comma-separated strings, e.g. grouped_moe or down_proj")
+@click.option("--fused-moe", is_flag=True, help="also the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) as their own problems")
 @click.option("--margin", default=0.03, show_default=True, help="a winner must beat the default by this fraction")
 @click.option("--budget-ms", default=250, show_default=True, help="with --exhaustive: timing budget per tactic and bucket (ms)")
 @click.option("--budget-s", default=2.0, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds")
@@ -74,7 +75,7 @@ def main():
 @click.option("--dry-run", is_flag=True, help="print the tactic space and verdicts; measure nothing")
 @click.option("--list-tactics", default=None, help="also print every tactic of these families (comma-separated) with its verdict and reason")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, margin, budget_ms,
+def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
            max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False):
     """Tune every FP4 GEMM of a model and store the winners."""
@@ -90,6 +91,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
     try:
         res = _call(api.run, model, tp=tp, ep=ep, families=families, buckets=buckets, max_tokens=max_tokens,
                     cache=cache, arch=arch, include_attention=include_attention, only=only, misses=from_misses,
+                    fused_moe=fused_moe,
                     list_tactics=list_tactics, dry_run=dry_run, gpus=ids, workers=workers, ray=ray_address,
                     compile_workers=compile_workers, timeout_s=timeout_s, isolate=not no_isolate, budget_s=budget_s,
                     exhaustive=exhaustive, budget_ms=budget_ms, margin=margin, retry_failed=retry_failed,

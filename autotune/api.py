@@ -39,11 +39,11 @@ class BadInput(ValueError):
 
 
 def model_problems(model: str | os.PathLike, *, tp: int = 1, ep: int = 1, include_attention: bool = False,
-             only: str | None = None) -> list[ProblemUse]:
-    """The model's problems, narrowed to those whose key or a layer name contains one of the
-    comma-separated strings in `only`."""
+             only: str | None = None, fused_moe: bool = False) -> list[ProblemUse]:
+    """The model's problems (fused_moe: with the routed experts' fused forms), narrowed to those
+    whose key or a layer name contains one of the comma-separated strings in `only`."""
     try:
-        uses = problems_for(model, tp=tp, ep=ep, include_attention=include_attention)
+        uses = problems_for(model, tp=tp, ep=ep, include_attention=include_attention, fused_moe=fused_moe)
     except (ModelError, ValueError) as e:
         raise BadInput(str(e)) from None
     for u in uses:
@@ -138,6 +138,7 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
         families: str | Sequence = "triton,torch", buckets: Buckets | Sequence[int] | str | None = None,
         max_tokens: int | None = None, cache=None, arch: str | None = None, include_attention: bool = False,
         only: str | None = None, misses: bool = False, list_tactics: str | None = None, dry_run: bool = False,
+        fused_moe: bool = False,
         gpus: Sequence[int] = (), workers: int = 1, ray: str | None = None, compile_workers: int | None = None,
         timeout_s: float | None = None, isolate: bool = True, budget_s: float | None = None,
         exhaustive: bool = False, budget_ms: float | None = None, **options) -> SearchResult:
@@ -148,14 +149,16 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
 
     notes: list[str] = []
     if misses:
-        keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=include_attention)} if model else None
+        keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=include_attention,
+                                                      fused_moe=fused_moe)} if model else None
         uses, b = from_misses(cache, keys)
         uses = _only(uses, only) if only else uses
     elif model is None:
         raise BadInput("search needs --model (or --from-misses)")
     else:
         if isinstance(model, (str, os.PathLike)):
-            uses = model_problems(model, tp=tp, ep=ep, include_attention=include_attention, only=only)
+            uses = model_problems(model, tp=tp, ep=ep, include_attention=include_attention, only=only,
+                                  fused_moe=fused_moe)
         else:
             uses = [ProblemUse(p, (), 1) for p in model]
         if isinstance(buckets, Buckets) or (buckets is not None and not isinstance(buckets, str)):
@@ -254,7 +257,7 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
     if misses and cache is None and settings.misses_url():
         cache = settings.misses_url()
     store = open_store(cache, readonly=True)
-    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True)} if model else None
+    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True)} if model else None
     names = {k: r.get("gpu_name") for k, r in store.device_records().items()}
     if misses:
         rows, notes = show_misses(store, keys)
@@ -291,7 +294,7 @@ def write_report(output: str | os.PathLike, *, cache=None, model: str | None = N
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise BadInput(f"output {out} exists and is not a directory")
-    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True)} if model else None
+    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True)} if model else None
     archs = [target_arch(a) for a in plan_arch.split(",") if a.strip()] if plan_arch else []
     fams = parse_families(families) if archs else []
     store = open_store(cache, readonly=True)

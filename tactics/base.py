@@ -103,14 +103,18 @@ class FamilyBase:
         check_weight(problem, packed)
         kernel = self.build(problem, tactic, device)
         if problem.kind == "grouped_moe":
-            def launch_moe(x, topk_ids, topk_weights=None, out=None):
+            def launch_moe(x, topk_ids, topk_weights=None, out=None, routing_checked=False, **extra):
+                # routing_checked: the caller (FP4MoE, once per layer) checked these ids already;
+                # extra: kernel options such as a shared alignment (`aligned=`, moe_decode)
                 check_x(problem, x, packed)
-                check_routing(problem, x, topk_ids, topk_weights)
+                if not routing_checked:
+                    check_routing(problem, x, topk_ids, topk_weights)
                 if out is not None:
                     check_out(problem, x, out)
-                return kernel(x, packed, topk_ids, topk_weights, out=out)
+                return kernel(x, packed, topk_ids, topk_weights, out=out, **extra)
             launch_moe.capture_safe = getattr(kernel, "capture_safe", False)  # type: ignore[attr-defined]
             launch_moe.weight = packed  # type: ignore[attr-defined]
+            launch_moe.kernel = kernel  # type: ignore[attr-defined]
             return launch_moe
 
         def launch(x, out=None):

@@ -13,6 +13,7 @@ from typing import Iterable
 import torch
 
 from autotune.core.arch import Arch
+from autotune.core.operands import out_shape
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
 
@@ -83,7 +84,9 @@ class TorchFamily(FamilyBase):
         def moe_kernel(x, w, topk_ids, topk_weights=None, out=None):
             m, top_k = topk_ids.shape
             if out is None:
-                out = torch.empty(m, top_k, problem.n, dtype=odt, device=x.device)
+                out = torch.empty(out_shape(problem, m), dtype=odt, device=x.device)
+            # fp32 rows per (token, slot), then the epilogue (swiglu / routing weights / reduce)
+            y = torch.zeros(m, top_k, problem.n, dtype=torch.float32, device=x.device)
             flat = topk_ids.reshape(-1)
             order = torch.argsort(flat, stable=True)
             experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
@@ -91,16 +94,18 @@ class TorchFamily(FamilyBase):
             for e, c in zip(experts.tolist(), counts.tolist()):
                 pairs = order[start:start + c]
                 start += c
-                rows, slots = pairs // top_k, pairs % top_k
                 if e < 0:                       # -1: expert not on this rank, a zero row and no work
-                    out[rows, slots] = 0
                     continue
                 if e >= problem.experts:
                     raise ValueError(f"{problem.key}: expert id {e} outside [-1, {problem.experts})")
-                y = torch.empty(c, problem.n, dtype=odt, device=x.device)
-                _dense(x[rows], w.expert(e), dtype, chunk, y)
-                if topk_weights is not None:
-                    y = (y.float() * topk_weights[rows, slots, None].float()).to(odt)
-                out[rows, slots] = y
+                rows, slots = pairs // top_k, pairs % top_k
+                xe = x[rows, slots] if x.ndim == 3 else x[rows]
+                ye = torch.empty(c, problem.n, dtype=odt, device=x.device)
+                y[rows, slots] = _dense(xe, w.expert(e), dtype, chunk, ye).float()
+            if problem.epilogue == "swiglu":
+                y = torch.nn.functional.silu(y[..., :problem.n // 2]) * y[..., problem.n // 2:]
+            if topk_weights is not None:
+                y = y * topk_weights.float()[..., None]
+            out.copy_(y.sum(1) if problem.epilogue == "reduce" else y)
             return out
         return moe_kernel

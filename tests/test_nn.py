@@ -14,7 +14,7 @@ from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import cpu, current
 from autotune.core.formats import FP4Weight, quantize
 from autotune.core.modelopt import to_modelopt
-from autotune.runtime.nn import FP4Linear, FP4MoE
+from autotune.runtime.nn import FP4GroupedGEMM, FP4Linear
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from cache import Store
@@ -118,7 +118,7 @@ def test_moe_matches_reference_and_compiles(tmp_path):
     e, n, k, top_k, m = 4, 64, 128, 2, 6
     experts = [nn.Linear(k, n, bias=False) for _ in range(e)]
     d = disp(tmp_path, [(Problem.moe(n, k, e, top_k), 8, T_A)])
-    f = FP4MoE.from_linears(experts, top_k, dispatcher=d)
+    f = FP4GroupedGEMM.from_linears(experts, top_k, dispatcher=d)
     x = torch.randn(m, k, dtype=torch.bfloat16)
     ids = torch.randint(0, e, (m, top_k))
     wts = torch.rand(m, top_k)
@@ -142,7 +142,7 @@ def test_moe_from_modelopt(tmp_path):
     for i, w in enumerate(ws):
         t.update(to_modelopt(w, f"mlp.experts.{i}.down_proj"))
     save_file(t, str(tmp_path / "e.safetensors"))
-    f = FP4MoE.from_modelopt(str(tmp_path / "e.safetensors"), [f"mlp.experts.{i}.down_proj" for i in range(3)],
+    f = FP4GroupedGEMM.from_modelopt(str(tmp_path / "e.safetensors"), [f"mlp.experts.{i}.down_proj" for i in range(3)],
                              top_k=1, dispatcher=disp(tmp_path))
     assert f.problem == Problem.moe(32, 64, 3, 1) and f.global_scale.shape == (3,)
     x = torch.randn(4, 64, dtype=torch.bfloat16)

@@ -23,7 +23,7 @@ from autotune.core.operands import OperandError, check_operands
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.runtime.dispatch import Dispatcher
-from autotune.runtime.nn import FP4Linear, FP4MoE
+from autotune.runtime.nn import FP4GroupedGEMM, FP4Linear
 from tactics import registry
 
 CPU = cpu()
@@ -145,7 +145,7 @@ def test_moe_ids_past_the_expert_count_are_an_error(tactic, device):
 def test_fp4moe_layer_minus_one_and_bad_routing(disp):
     torch.manual_seed(1)
     w = quantize(torch.randn(4, 64, 128))
-    layer = FP4MoE(w, top_k=2, dispatcher=disp)
+    layer = FP4GroupedGEMM(w, top_k=2, dispatcher=disp)
     x, ids = bf16(3, 128), torch.tensor([[1, -1], [-1, -1], [0, 3]])
     y = layer(x, ids)
     assert y.shape == (3, 2, 64) and not y[0, 1].any() and not y[1].any() and y[2].abs().sum() > 0

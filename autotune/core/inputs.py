@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from autotune.core.formats import FP4Weight, quantize, quantize_activation_nvfp4
+from autotune.core.operands import out_shape
 from autotune.core.problem import Problem
 
 #: relative Frobenius error allowed against the float64 reference, per output dtype
@@ -57,7 +58,9 @@ def random_weight(problem: Problem, device: str, gen: torch.Generator):
     sshape = lead + (problem.n, problem.k // problem.block)
     if problem.w_fmt == "nvfp4":
         scales = (2.0 ** (torch.rand(sshape, generator=gen, device=gen.device) * 4 - 2)).to(torch.float8_e4m3fn)
-        gscale = torch.tensor(1.0 / 64, dtype=torch.float32)
+        # stacked experts carry one scale each, as a ModelOpt checkpoint does (and as the MoE
+        # kernels are compiled ahead for)
+        gscale = torch.full(lead, 1.0 / 64, dtype=torch.float32)
     else:
         scales = torch.randint(122, 127, sshape, dtype=torch.uint8, generator=gen, device=gen.device)
         gscale = torch.tensor(1.0, dtype=torch.float32)
@@ -84,7 +87,8 @@ def set_bytes(problem: Problem, m: int) -> int:
     making one, to size the cold-L2 rotation first."""
     e = problem.experts if problem.kind == "grouped_moe" else 1
     route = m * problem.top_k * 8 if problem.kind == "grouped_moe" else 0
-    return m * problem.k * 2 + e * problem.n * (problem.k // 2 + problem.k // problem.block) + route
+    rows = m * problem.top_k if problem.epilogue == "reduce" else m
+    return rows * problem.k * 2 + e * problem.n * (problem.k // 2 + problem.k // problem.block) + route
 
 
 def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 1,
@@ -94,7 +98,8 @@ def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 
     gen, cpu_gen = _generator(device, seed), torch.Generator().manual_seed(seed + 1)
     sets = []
     for i in range(n_sets):
-        x = torch.randn(m, problem.k, generator=gen, device=gen.device).to(torch.bfloat16)
+        lead = (m, problem.top_k) if problem.epilogue == "reduce" else (m,)     # w2 reads one row per pair
+        x = torch.randn(*lead, problem.k, generator=gen, device=gen.device).to(torch.bfloat16)
         w = weights[i] if weights is not None else random_weight(problem, device, gen)
         if problem.kind == "grouped_moe":
             ids, tw = routing(m, problem.experts, problem.top_k, cpu_gen)
@@ -129,22 +134,33 @@ def activations(problem: Problem, s: InputSet) -> torch.Tensor:
     return quantize_activations(problem, s.x, s.w).dequantize(torch.float64)
 
 
-def out_shape(problem: Problem, m: int) -> tuple[int, ...]:
-    return (m, problem.top_k, problem.n) if problem.kind == "grouped_moe" else (m, problem.n)
-
-
 def reference(problem: Problem, s: InputSet) -> torch.Tensor:
-    """float64 dequantize-then-matmul, on the inputs' device (activations quantized first for W4A4)."""
+    """float64 dequantize-then-matmul, on the inputs' device (activations quantized first for W4A4).
+    Grouped MoE: expert id -1 is a zero row (no contribution); then the problem's epilogue."""
     x = activations(problem, s)
     if problem.kind == "dense":
         return x @ s.w.dequantize(torch.float64).T
-    m, top_k = s.topk_ids.shape
-    out = torch.zeros(m, top_k, problem.n, dtype=torch.float64, device=x.device)
-    for e in torch.unique(s.topk_ids).tolist():
-        rows, slots = torch.nonzero(s.topk_ids == e, as_tuple=True)
-        y = x[rows] @ s.w.expert(e).dequantize(torch.float64).T
-        out[rows, slots] = y * s.topk_weights[rows, slots, None].double()
-    return out
+    return moe_reference(problem, x, s.w, s.topk_ids, s.topk_weights)
+
+
+def moe_reference(problem: Problem, x: torch.Tensor, w, topk_ids: torch.Tensor,
+                  topk_weights: torch.Tensor | None) -> torch.Tensor:
+    """float64 grouped MoE of x ([M, K], or [M, top_k, K] per pair) with the problem's epilogue."""
+    x = x.double()
+    m, top_k = topk_ids.shape
+    y = torch.zeros(m, top_k, problem.n, dtype=torch.float64, device=x.device)
+    for e in torch.unique(topk_ids).tolist():
+        if e < 0:
+            continue                          # -1: not on this rank, contributes nothing
+        rows, slots = torch.nonzero(topk_ids == e, as_tuple=True)
+        xe = x[rows, slots] if x.ndim == 3 else x[rows]
+        y[rows, slots] = xe @ w.expert(e).dequantize(torch.float64).T
+    if problem.epilogue == "swiglu":
+        h = problem.n // 2
+        y = y[..., :h] * torch.sigmoid(y[..., :h]) * y[..., h:]
+    if topk_weights is not None:
+        y = y * topk_weights.double()[..., None]
+    return y.sum(1) if problem.epilogue == "reduce" else y
 
 
 def check(problem: Problem, kernel: Callable, s: InputSet, ref: torch.Tensor) -> float:

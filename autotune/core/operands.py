@@ -47,11 +47,23 @@ def check_weight(problem: Problem, w: Any) -> None:
         raise OperandError(f"{problem.key}: the weight is on the meta device")
 
 
+def x_per_pair(problem: Problem, x: Any) -> bool:
+    """Does x hold one row per (token, slot), [M, top_k, K]? Always for the reduce epilogue (w2
+    reads each slot's own activation); a plain grouped_moe problem takes [M, K] or [M, top_k, K]."""
+    return problem.epilogue == "reduce" or (problem.kind == "grouped_moe" and problem.epilogue == "none"
+                                            and getattr(x, "ndim", 0) == 3)
+
+
 def check_x(problem: Problem, x: Any, w: Any) -> None:
-    """Activations [M, K] in the problem's dtype, on the weight's device."""
+    """Activations [M, K] (or [M, top_k, K], one row per routed pair) in the problem's dtype, on the
+    weight's device."""
     if not isinstance(x, torch.Tensor):
         raise OperandError(f"{problem.key}: x must be a tensor, got {type(x).__name__}")
-    if x.ndim != 2 or x.shape[1] != problem.k:
+    if x_per_pair(problem, x):
+        if x.ndim != 3 or x.shape[1:] != (problem.top_k, problem.k):
+            raise OperandError(f"{problem.key}: x is {_shape(x)}, expected M x {problem.top_k} x {problem.k} "
+                               "(one row per token and slot)")
+    elif x.ndim != 2 or x.shape[1] != problem.k:
         raise OperandError(f"{problem.key}: x is {_shape(x)}, expected M x {problem.k}")
     want = _DTYPES.get(problem.a_fmt)
     if want is not None and x.dtype != want:
@@ -63,8 +75,10 @@ def check_x(problem: Problem, x: Any, w: Any) -> None:
         raise OperandError(f"{problem.key}: x is on the meta device")
 
 
-def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights: Any = None) -> None:
-    """topk_ids [M, top_k] integer ids in [-1, E); topk_weights [M, top_k] when given."""
+def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights: Any = None,
+                  values: bool = True) -> None:
+    """topk_ids [M, top_k] integer ids in [-1, E); topk_weights [M, top_k] when given. values=False:
+    shape, dtype and device only (for a kernel that checks the ids itself)."""
     m = x.shape[0]
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
         raise OperandError(f"{problem.key}: topk_ids must be an integer tensor, got "
@@ -79,7 +93,7 @@ def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights
                                f"{m}x{problem.top_k}")
         if topk_weights.device != x.device:
             raise OperandError(f"{problem.key}: topk_weights is on {topk_weights.device}, x on {x.device}")
-    if topk_ids.numel() == 0:
+    if topk_ids.numel() == 0 or not values:
         return
     if topk_ids.device.type == "cpu":
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
@@ -105,7 +119,9 @@ def check_operands(problem: Problem, x: Any, w: Any, topk_ids: Any = None, topk_
 
 
 def out_shape(problem: Problem, m: int) -> tuple[int, ...]:
-    return (m, problem.top_k, problem.n) if problem.kind == "grouped_moe" else (m, problem.n)
+    if problem.kind != "grouped_moe" or problem.epilogue == "reduce":
+        return (m, problem.n)
+    return (m, problem.top_k, problem.out_n)
 
 
 def check_out(problem: Problem, x: torch.Tensor, out: Any) -> None:

@@ -36,7 +36,8 @@ def load_model(model: str | os.PathLike) -> tuple[ArchConfig, QuantRule]:
 
 
 def problems_for(model: str | os.PathLike, tp: int = 1, ep: int = 1,
-                 include_attention: bool = False) -> list[ProblemUse]:
-    """Per-GPU GEMM problems of `model` under tensor parallelism tp and expert parallelism ep."""
+                 include_attention: bool = False, fused_moe: bool = False) -> list[ProblemUse]:
+    """Per-GPU GEMM problems of `model` under tensor parallelism tp and expert parallelism ep
+    (fused_moe: with the routed experts' fused forms, see layers.build_problems)."""
     arch, rule = load_model(model)
-    return build_problems(arch, rule, tp=tp, ep=ep, include_attention=include_attention)
+    return build_problems(arch, rule, tp=tp, ep=ep, include_attention=include_attention, fused_moe=fused_moe)

@@ -164,8 +164,11 @@ def _ranges(idx: list[int]) -> str:
 
 
 def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
-                   include_attention: bool = False) -> list[ProblemUse]:
-    """Deduplicated per-GPU problems, sorted by Problem (kind, formats, n, k, experts, top_k)."""
+                   include_attention: bool = False, fused_moe: bool = False) -> list[ProblemUse]:
+    """Deduplicated per-GPU problems, sorted by Problem (kind, formats, n, k, experts, top_k).
+    fused_moe: also the fused forms of the routed experts (w13 with the SwiGLU epilogue, w2 with
+    the routing weights applied and top_k summed: what FP4MoE runs by default), as their own
+    problems beside the plain ones (alternatives, not extra GEMMs per forward)."""
     _check_par(tp, ep)
     if ep > 1:
         if not a.moe_layers or not a.experts:
@@ -186,6 +189,9 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
             continue
         p = _shape(a, lin, tp, ep, rule.fmt)
         groups.setdefault(p, {}).setdefault(lin.name, []).extend(use)
+        if fused_moe and lin.role in (EXPERTS_W13, EXPERTS_W2):
+            epi = "swiglu" if lin.role == EXPERTS_W13 else "reduce"
+            groups.setdefault(p.variant(epi), {}).setdefault(f"{lin.name}+{epi}", []).extend(use)
     out = []
     for p in sorted(groups):
         names = groups[p]

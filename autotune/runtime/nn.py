@@ -1,4 +1,5 @@
-"""FP4 layers that dispatch on every forward: FP4Linear and FP4MoE.
+"""FP4 layers that dispatch on every forward: FP4Linear and FP4GroupedGEMM (one grouped expert
+GEMM); FP4MoE, the whole routed-expert block, lives in autotune.runtime.moe and is re-exported here.
 
 Each layer holds its FP4 weight as buffers and binds it once to its problem's table
 (`Dispatcher.bind` -> autotune.runtime.bound.BoundTable): the weight is checked against the problem,
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from autotune.runtime.bound import BoundTable
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
+from autotune.runtime.moe import FP4MoE  # noqa: F401  (re-export: the whole MoE block)
 from autotune.runtime.table import Table
 from autotune.core.formats import FP4Weight, quantize
 from autotune.core.operands import OperandError
@@ -90,7 +92,7 @@ class FP4Linear(_FP4Base):
 
     def __init__(self, weight: FP4Weight, bias: Tensor | None = None, *, dispatcher: Dispatcher | None = None):
         if weight.num_experts is not None:
-            raise ValueError(f"FP4Linear takes a 2-D weight [N, K]; got {weight.shape} (use FP4MoE)")
+            raise ValueError(f"FP4Linear takes a 2-D weight [N, K]; got {weight.shape} (use FP4GroupedGEMM)")
         super().__init__(weight, Problem.dense(weight.n, weight.k, w_fmt=weight.fmt), dispatcher)
         self.in_features, self.out_features = weight.k, weight.n
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
@@ -133,13 +135,14 @@ class FP4Linear(_FP4Base):
             _linear_impl(x, self.layer_id)
 
 
-class FP4MoE(_FP4Base):
-    """The grouped expert GEMM of an MoE block: for token i and slot j,
-    y[i, j] = x[i] · W[topk_ids[i, j]]ᵀ (× topk_weights[i, j]). Weight [E, N, K]."""
+class FP4GroupedGEMM(_FP4Base):
+    """One grouped expert GEMM of an MoE block: for token i and slot j,
+    y[i, j] = x[i] · W[topk_ids[i, j]]ᵀ (× topk_weights[i, j]). Weight [E, N, K]. The whole block
+    (w13, SiLU·up, w2, routing weights) is FP4MoE."""
 
     def __init__(self, weight: FP4Weight, top_k: int, *, dispatcher: Dispatcher | None = None):
         if weight.num_experts is None or weight.packed.ndim != 3:
-            raise ValueError(f"FP4MoE takes stacked experts [E, N, K]; got {weight.shape}")
+            raise ValueError(f"FP4GroupedGEMM takes stacked experts [E, N, K]; got {weight.shape}")
         e = weight.num_experts
         super().__init__(weight, Problem.moe(weight.n, weight.k, e, top_k, w_fmt=weight.fmt), dispatcher)
         self.num_experts, self.top_k = e, top_k
@@ -147,20 +150,20 @@ class FP4MoE(_FP4Base):
 
     @classmethod
     def from_linears(cls, experts: Sequence[nn.Linear] | Tensor, top_k: int, fmt: str = "nvfp4", *,
-                     dispatcher: Dispatcher | None = None) -> "FP4MoE":
+                     dispatcher: Dispatcher | None = None) -> "FP4GroupedGEMM":
         """From dense experts: a list of nn.Linear (bias-free) or one tensor [E, N, K]."""
         w = experts if isinstance(experts, Tensor) else torch.stack([lin.weight.detach() for lin in experts])
         return cls(quantize(w, fmt), top_k, dispatcher=dispatcher)
 
     @classmethod
     def from_modelopt(cls, source: str | Mapping[str, Tensor], prefixes: Sequence[str], top_k: int, *,
-                      device: str = "cpu", dispatcher: Dispatcher | None = None) -> "FP4MoE":
+                      device: str = "cpu", dispatcher: Dispatcher | None = None) -> "FP4GroupedGEMM":
         """From one ModelOpt NVFP4 linear per expert (`prefixes[e]`, e.g.
         'model.layers.3.mlp.experts.{e}.down_proj'), stacked in that order."""
         ws = [load_modelopt_safetensors(source, p, device) if isinstance(source, str)
               else from_modelopt(source, p).to(device) for p in prefixes]
         if not ws:
-            raise ValueError("FP4MoE.from_modelopt needs at least one expert prefix")
+            raise ValueError("FP4GroupedGEMM.from_modelopt needs at least one expert prefix")
         shapes = {w.shape for w in ws}
         if len(shapes) != 1:
             raise ValueError(f"experts differ in shape: {sorted(shapes)}")
@@ -196,7 +199,7 @@ def _linear_fake(x: Tensor, layer_id: int) -> Tensor:
     return x.new_empty((x.shape[0], _layer(layer_id).problem.n), dtype=torch.bfloat16)
 
 
-def _moe_launch(layer: "FP4MoE", x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None) -> Tensor:
+def _moe_launch(layer: "FP4GroupedGEMM", x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None) -> Tensor:
     launch = layer.bound.launcher(x.shape[0])
     if x.is_cuda and torch.cuda.is_current_stream_capturing() and not getattr(launch, "capture_safe", False):
         # the torch family's grouped kernel reads the routing on the host (unique/tolist): that

@@ -84,6 +84,8 @@ def problem_support(problem: Any) -> str | None:
         return f"cutlass family takes {' or '.join(ok_a)} activations with {problem.w_fmt} weights, not {problem.a_fmt}"
     if problem.out_dtype != "bf16":
         return f"cutlass family writes bf16, not {problem.out_dtype}"
+    if getattr(problem, "epilogue", "none") != "none":
+        return f"cutlass family has no {problem.epilogue} epilogue"
     return None
 
 

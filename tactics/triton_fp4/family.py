@@ -193,7 +193,10 @@ class TritonFamily(FamilyBase):
         nothing to compile ahead, dequant_cublas)."""
         m = self._checked(problem, tactic)
         shared = None
-        for src, options in m.sources(problem.w_fmt, tactic.params):
+        # only moe_decode runs fused-epilogue problems (the others' `supports` refuse them)
+        srcs = m.sources(problem.w_fmt, tactic.params) if problem.epilogue == "none" else \
+            m.sources(problem.w_fmt, tactic.params, problem.epilogue)
+        for src, options in srcs:
             shared = int(compile_kernel(src, options, arch, stop_at="cubin").metadata.shared)
         return shared
 

@@ -3,6 +3,7 @@ stacked experts; rows sorted by expert and padded to BLOCK_M per expert (MoELaun
 routing on the device, without a host sync)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
@@ -39,6 +40,8 @@ class MoEMember:
               "num_warps": WARPS_OK, "num_stages": STAGES_OK}
 
     def supports(self, problem: Problem) -> str | None:
+        if problem.epilogue != "none":
+            return f"triton {KERNEL} has no {problem.epilogue} epilogue (moe_decode has)"
         return w4a16_support(problem, KERNEL, "grouped_moe")
 
     def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> list[Tactic]:
@@ -130,6 +133,19 @@ class MoELauncher:
         from .kernel import moe_w4a16_kernel
 
         prob, p = self.problem, self.params
+        if x.dim() == 3:
+            # one row per (token, slot): the same kernel over the flattened pairs with top_k = 1
+            m, top_k = topk_ids.shape
+            if tuple(x.shape) != (m, top_k, prob.k) or top_k != prob.top_k:
+                raise ValueError(f"x {tuple(x.shape)} is not [M, top_k={prob.top_k}, K={prob.k}]")
+            if out is not None and (tuple(out.shape) != (m, top_k, prob.n) or not out.is_contiguous()):
+                raise ValueError(f"out must be a contiguous tensor of shape {(m, top_k, prob.n)}")
+            flat = self.__dict__.get("_flat") or MoELauncher(replace(prob, top_k=1), p)
+            self._flat = flat
+            y = flat(x.reshape(m * top_k, prob.k), w, topk_ids.reshape(-1, 1),
+                     None if topk_weights is None else topk_weights.reshape(-1, 1),
+                     None if out is None else out.view(m * top_k, 1, prob.n))
+            return y.view(m, top_k, prob.n)
         fmt = getattr(w, "fmt", prob.w_fmt)
         if fmt != prob.w_fmt:
             raise ValueError(f"weight format {fmt} does not match the problem's {prob.w_fmt}")

@@ -122,6 +122,22 @@ class Alignment:
     max_blocks: int
     launches: int               # 1 (one chunk) or 2
 
+    def regroup(self, block_m: int) -> "Alignment":
+        """This alignment for a smaller BLOCK_M that divides ours (one alignment serves a layer's
+        w13 and w2 when their tiles differ): the same sorted ids (runs padded to our BLOCK_M are
+        padded to theirs too), each block split in r, and a sub-block holding only padding gets
+        expert -1 (no work). Two small device ops, no host sync."""
+        import torch
+        if block_m == self.block_m:
+            return self
+        if block_m <= 0 or self.block_m % block_m:
+            raise ValueError(f"an alignment for BLOCK_M={self.block_m} cannot serve BLOCK_M={block_m}")
+        r = self.block_m // block_m
+        n = self.max_blocks * r
+        first = self.sorted_ids[: n * block_m].view(n, block_m)[:, 0]
+        experts = torch.where(first < self.pairs, self.expert_ids.repeat_interleave(r), -1)
+        return Alignment(self.sorted_ids, experts, self.npad, self.bad, self.pairs, block_m, n, self.launches)
+
     def raise_if_bad(self) -> None:
         """One 4-byte read (a host sync): skipped while a CUDA graph is being captured."""
         raise_if_bad(self.bad, "topk_ids")

@@ -165,7 +165,7 @@ def verdict(problem: Any, config: Mapping[str, Any], arch: Any) -> Verdict:
 
 def constexprs(problem: Any, config: Mapping[str, Any], epilogue: str = "none", routed: bool = False,
                interpret: bool = False, aligned: bool | None = None, split_k: int | None = None,
-               gs_per_expert: bool = False) -> dict[str, int]:
+               gs_per_expert: bool = False, x_pair: bool | None = None) -> dict[str, int]:
     from .moe_decode_kernel import SCAN
     fmt = problem.w_fmt
     return {"BLOCK_M": int(config["block_m"]), "BLOCK_N": int(config["block_n"]), "BLOCK_K": int(config["block_k"]),
@@ -173,6 +173,7 @@ def constexprs(problem: Any, config: Mapping[str, Any], epilogue: str = "none", 
             "NUM_EXPERTS": int(problem.experts), "SCALE_GROUP": 16 if fmt == "nvfp4" else 32,
             "SCALE_E4M3": 1 if fmt == "nvfp4" else 0, "GS_STRIDE": int(gs_per_expert),
             "ALIGNED": int(config["route"] == "aligned" if aligned is None else aligned),
+            "X_PAIR": int(epilogue == "reduce" if x_pair is None else x_pair),
             "SWIGLU": int(epilogue == "swiglu"), "REDUCE": int(epilogue == "reduce"), "ROUTED_WEIGHT": int(routed),
             "SCAN_W": SCAN,
             "DEQ_ASM": 0 if interpret else 1, "DOT_F32": 1 if interpret else 0}
@@ -180,6 +181,7 @@ def constexprs(problem: Any, config: Mapping[str, Any], epilogue: str = "none", 
 
 def source(problem: Any, config: Mapping[str, Any], epilogue: str = "none", routed: bool = True,
            gs_per_expert: bool = False) -> tuple[Any, dict[str, int]]:
+    # x one row per pair exactly for "reduce" (what the problem variant takes)
     """(ASTSource, options) of the kernel for `config`: pointers, N and K carry tt.divisibility 16,
     as the launcher's calls do. Imports Triton."""
     from . import moe_decode_kernel as K
@@ -206,9 +208,15 @@ def is_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str = "none",
+def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str | None = None,
                   check_ids: bool = True) -> "MoEDecodeLauncher":
+    """`epilogue` None: the problem's own (Problem.epilogue); a "none" problem may also be run with
+    another epilogue (the bench compares the forms on one problem)."""
+    own = getattr(problem, "epilogue", "none")
+    epilogue = own if epilogue is None else epilogue
     why = validate(config) or supported(problem)
+    if not why and own != "none" and epilogue != own:
+        why = f"the problem's epilogue is {own}, not {epilogue}"
     if not why and epilogue not in EPILOGUES:
         why = f"epilogue must be one of {EPILOGUES}, got {epilogue!r}"
     if not why and (problem.k % config["block_k"] or problem.n % config["block_n"]):
@@ -241,12 +249,15 @@ class MoEDecodeLauncher:
         self.n_out = problem.n // 2 if epilogue == "swiglu" else problem.n
 
     def check(self, x, w, topk_ids, topk_weights, out):
-        """Operand checks (one-line ValueError); returns (M, out)."""
+        """Operand checks (one-line ValueError); returns (M, out). x: [M, K] (a row per token) or
+        [M, top_k, K] (a row per pair)."""
         import torch
         prob = self.problem
         e, n, k = prob.experts, prob.n, prob.k
-        if not torch.is_tensor(x) or x.dim() != 2 or x.dtype != torch.bfloat16 or x.shape[1] != k:
-            raise ValueError(f"x must be a bf16 [M, {k}] tensor, got {tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}")
+        if (not torch.is_tensor(x) or x.dim() not in (2, 3) or x.dtype != torch.bfloat16 or x.shape[-1] != k
+                or (x.dim() == 3 and x.shape[1] != prob.top_k)):
+            raise ValueError(f"x must be a bf16 [M, {k}] tensor (or [M, {prob.top_k}, {k}], a row per pair), got "
+                             f"{tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}")
         if x.device.type != "cuda" and not self.interpret:
             raise ValueError(f"x is on {x.device}: the kernel needs a CUDA device")
         if getattr(w, "fmt", None) != prob.w_fmt:
@@ -345,7 +356,8 @@ class MoEDecodeLauncher:
         if gs.numel() not in (1, prob.experts):
             raise ValueError(f"global_scale has {gs.numel()} values, not 1 or E={prob.experts}")
         groups = g_main + triton.cdiv(pairs, p["block_m"])
-        consts = constexprs(prob, p, self.epilogue, routed, self.interpret, use_aligned, sk, gs.numel() > 1)
+        consts = constexprs(prob, p, self.epilogue, routed, self.interpret, use_aligned, sk, gs.numel() > 1,
+                            x.dim() == 3)
         ck = moe_decode_kernel[(groups * n_tiles, sk)](
             x.contiguous(), w.packed.contiguous(), scales_u8(w), gs, out, ids, sorted_ids, expert_ids, tw, ws,
             locks, bad, red, cnt, pairs, g_main, prob.n, prob.k, num_warps=p["num_warps"], num_stages=p["num_stages"],
@@ -392,8 +404,9 @@ class MoEDecodeMember:
     def check_axes(self, axes: Mapping[str, tuple]) -> None:
         check_axes(KERNEL, GRIDS["direct"], SCHEMA, axes)
 
-    def default(self, problem: Problem, arch: Arch) -> None:
-        return None
+    def default(self, problem: Problem, arch: Arch) -> Tactic | None:
+        # the only member with the fused epilogues: their default; for plain problems moe_w4a16's
+        return None if problem.epilogue == "none" else Tactic(FAMILY, **default(problem, arch))
 
     def rules(self, problem: Problem, params: Mapping[str, Any], arch: Arch) -> str | None:
         return rules(problem, params, arch)
@@ -412,14 +425,14 @@ class MoEDecodeMember:
             return f"the moe_decode smem model was checked on {', '.join(CHECKED_ARCHS)} only, not {arch.name}"
         return _smem.unchecked(params, fmt, arch)
 
-    def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
+    def sources(self, fmt: str, params: Mapping[str, Any], epilogue: str = "none") -> list[tuple[Any, dict]]:
         # a direct config runs the aligned route above DIRECT_MAX_PAIRS pairs: compile both, its own last
         prob = Problem.moe(256, 256, COMPILE_EXPERTS, COMPILE_TOP_K, fmt)
         routes = [dict(params, route="aligned")] if params["route"] == "direct" else []
-        return [source(prob, c, "none", routed=True, gs_per_expert=fmt == "nvfp4") for c in routes + [dict(params)]]
+        return [source(prob, c, epilogue, routed=True, gs_per_expert=fmt == "nvfp4") for c in routes + [dict(params)]]
 
     def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> MoEDecodeLauncher:
-        return make_launcher(problem, tactic.params, epilogue="none")
+        return make_launcher(problem, tactic.params)
 
 
 MEMBER = MoEDecodeMember()

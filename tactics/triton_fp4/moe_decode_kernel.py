@@ -1,5 +1,6 @@
 """Decode-shaped grouped MoE GEMM in Triton: bf16 x[M, K] · dequant(W_fp4[E, N, K])ᵀ over the routed
-(token, slot) pairs, output rows [P = M·top_k, N] (or [P, N/2] with the SwiGLU epilogue).
+(token, slot) pairs, output rows [P = M·top_k, N] (or [P, N/2] with the SwiGLU epilogue). x holds one row per token, or
+one per pair with X_PAIR (w2: each slot's own activation, [M, top_k, K]).
 
 Grid (G · N/BLOCK_N, SPLIT_K) over row groups G, N tiles and K splits. A row group is up to BLOCK_M
 pairs routed to one expert:
@@ -147,7 +148,7 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       SPLIT_K: tl.constexpr, TOP_K: tl.constexpr, NUM_EXPERTS: tl.constexpr,
                       SCALE_GROUP: tl.constexpr, SCALE_E4M3: tl.constexpr, GS_STRIDE: tl.constexpr,
-                      ALIGNED: tl.constexpr,
+                      ALIGNED: tl.constexpr, X_PAIR: tl.constexpr,
                       SWIGLU: tl.constexpr, REDUCE: tl.constexpr, ROUTED_WEIGHT: tl.constexpr, SCAN_W: tl.constexpr,
                       DEQ_ASM: tl.constexpr, DOT_F32: tl.constexpr = 0):
     pid = tl.program_id(0)
@@ -169,7 +170,9 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
             e, lead, pairs = _direct_group(ids_ptr, g, P, BLOCK_M, SCAN_W, NUM_EXPERTS)
         if lead:
             live = pairs < P
-            rows = tl.where(live, pairs // TOP_K, 0)      # padding rows read token 0, never stored
+            # x row: the token's (X_PAIR = 0) or the pair's own (X_PAIR = 1: w2 reads each slot's
+            # activation); padding rows read row 0, never stored
+            rows = tl.where(live, pairs // (1 if X_PAIR else TOP_K), 0)
             e64 = e.to(tl.int64)
             c = tl.arange(0, BLOCK_N)
             if SWIGLU:

@@ -1,0 +1,248 @@
+"""FP4MoE: the routed-expert part of an MoE block, as a serving engine calls it.
+
+    y[i] = Σ_j topk_weights[i, j] · W2_e · (silu(W_gate,e · x[i]) ⊙ (W_up,e · x[i])),  e = topk_ids[i, j]
+
+with vLLM's weight order (w13 = [gate; up] rows, [E, 2I, H]; w2 [E, H, I]), the routing weights
+applied once, and two GEMMs per forward, each through its problem's dispatched winner bound to
+the weight once (`Dispatcher.bind` → BoundTable):
+
+* fused (default): w13 with the SwiGLU epilogue ([M, top_k, I]) and w2 with the routing weights
+  applied and the top_k slots summed ([M, H]) — the `swiglu` and `reduce` problem variants;
+* unfused (`fused=False`, for comparison): the plain w13 and w2 problems, SiLU·up and the weighted
+  top_k sum in torch.
+
+Separate gate/up global scales (ModelOpt stores `weight_scale_2` per gate_proj and up_proj) are
+kept exact: w13 carries the gate scale on both halves, so its up half comes out × gate/up; that
+factor is linear through silu(gate)·up and through w2, so w2's per-expert global scale takes
+up/gate and the block's output is unchanged (an fp32 product per expert, no requantization).
+
+Expert parallelism: `expert_map` [E_global] gives each global expert id its local index or -1
+(not on this rank); such slots contribute nothing and cost no work (every MoE member treats -1
+so). One routing alignment per layer: when both GEMMs' moe_decode launchers take the aligned
+route, one `moe_align` launch (at the larger BLOCK_M, regrouped for the smaller) serves both.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from autotune.core.formats import FP4Weight, quantize
+from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors
+from autotune.core.operands import OperandError, check_routing
+from autotune.core.problem import Problem
+from autotune.runtime.bound import BoundTable
+from autotune.runtime.dispatch import Dispatcher, default_dispatcher
+
+_BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionary()
+_IDS = itertools.count(1)
+
+
+def _per_expert(g: Tensor, e: int) -> Tensor:
+    return g.float().reshape(-1).expand(e).contiguous() if g.numel() == 1 else g.float().reshape(e)
+
+
+class FP4MoE(nn.Module):
+    """forward(x [M, H], topk_ids [M, top_k], topk_weights [M, top_k]) → [M, H] in x's dtype.
+    topk_ids are global expert ids (or -1); with an expert_map they are mapped to this rank's."""
+
+    def __init__(self, w13: FP4Weight, w2: FP4Weight, top_k: int, *, up_scale: Tensor | None = None,
+                 expert_map: Tensor | None = None, fused: bool = True, dispatcher: Dispatcher | None = None):
+        super().__init__()
+        if w13.num_experts is None or w2.num_experts is None or w13.packed.ndim != 3 or w2.packed.ndim != 3:
+            raise ValueError(f"FP4MoE takes stacked experts w13 [E, 2I, H] and w2 [E, H, I]; got {w13.shape}, {w2.shape}")
+        e, two_i, h = w13.shape
+        if w2.shape != (e, h, two_i // 2) or two_i % 2 or w13.fmt != w2.fmt:
+            raise ValueError(f"w2 {w2.shape} ({w2.fmt}) does not fit w13 {w13.shape} ({w13.fmt}): expected "
+                             f"[{e}, {h}, {two_i // 2}] in one format")
+        self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = e, top_k, h, two_i // 2, fused
+        g2 = w2.global_scale
+        if up_scale is not None:            # exact: see the module docstring
+            gate = _per_expert(w13.global_scale, e).to(w2.packed.device)
+            g2 = _per_expert(g2, e) * (_per_expert(up_scale.to(gate.device), e) / gate)
+        self.w13_fmt = w13.fmt
+        for name, w, g in (("w13", w13, w13.global_scale), ("w2", w2, g2)):
+            self.register_buffer(f"{name}_packed", w.packed)
+            self.register_buffer(f"{name}_scales_u8", w.scales.contiguous().view(torch.uint8))
+            self.register_buffer(f"{name}_gs", g.float().contiguous())
+        self._scale_dtype = w13.scales.dtype
+        self.global_experts = e if expert_map is None else int(expert_map.numel())
+        if expert_map is not None:
+            self._check_map(expert_map, e)
+            self.register_buffer("expert_map", expert_map.to(torch.int32).contiguous())
+        else:
+            self.expert_map = None
+        fmt = w13.fmt
+        epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
+        self.problem13 = Problem.moe(two_i, h, e, top_k, w_fmt=fmt, epilogue=epi13)
+        self.problem2 = Problem.moe(h, two_i // 2, e, top_k, w_fmt=fmt, epilogue=epi2)
+        self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
+        d = dispatcher or default_dispatcher()
+        self.bound13 = d.bind(self.problem13, self.w13)
+        self.bound2 = d.bind(self.problem2, self.w2)
+        self._aligners: dict[int, object] = {}
+        self.layer_id = next(_IDS)
+        _BLOCKS[self.layer_id] = self
+
+    @staticmethod
+    def _check_map(expert_map: Tensor, local: int) -> None:
+        if expert_map.ndim != 1 or expert_map.dtype.is_floating_point or expert_map.dtype == torch.bool:
+            raise ValueError(f"expert_map must be a 1-D integer tensor [E_global], got {expert_map.dtype} "
+                             f"{tuple(expert_map.shape)}")
+        m = expert_map.cpu()
+        live = m[m >= 0]
+        if int((m < -1).sum()) or live.numel() != local or not torch.equal(live.sort().values, torch.arange(local)):
+            raise ValueError(f"expert_map must map each of this rank's {local} experts from exactly one global "
+                             "id and every other id to -1")
+
+    def _weight(self, name: str) -> FP4Weight:
+        return FP4Weight(getattr(self, f"{name}_packed"), getattr(self, f"{name}_scales_u8").view(self._scale_dtype),
+                         getattr(self, f"{name}_gs"), self.w13_fmt)
+
+    @property
+    def w13(self) -> FP4Weight:
+        return self._weight("w13")
+
+    @property
+    def w2(self) -> FP4Weight:
+        """w2 with up/gate folded into its global scale when the checkpoint's differ."""
+        return self._weight("w2")
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self.bound13.rebind(self.w13)
+        self.bound2.rebind(self.w2)
+        return out
+
+    # ---- constructors ---------------------------------------------------------------------------
+    @classmethod
+    def from_float(cls, gate: Tensor, up: Tensor, down: Tensor, top_k: int, fmt: str = "nvfp4", **kw) -> "FP4MoE":
+        """From dense experts gate/up [E, I, H] and down [E, H, I], each quantized on its own (as
+        ModelOpt does: separate gate and up global scales)."""
+        g, u, d = quantize(gate, fmt), quantize(up, fmt), quantize(down, fmt)
+        return cls(_stack13(g, u), d, top_k, up_scale=u.global_scale if fmt == "nvfp4" else None, **kw)
+
+    @classmethod
+    def from_modelopt(cls, source: str | Mapping[str, Tensor], prefix: str, experts: Sequence[int], top_k: int, *,
+                      device: str = "cpu", **kw) -> "FP4MoE":
+        """From a ModelOpt NVFP4 checkpoint (a .safetensors path or a dict): experts
+        `{prefix}.experts.{e}.{gate_proj,up_proj,down_proj}` for e in `experts` (this rank's, in
+        local order; pass `expert_map` for the global ids)."""
+        def load(name: str) -> FP4Weight:
+            ws = [load_modelopt_safetensors(source, f"{prefix}.experts.{e}.{name}", device) if isinstance(source, str)
+                  else from_modelopt(source, f"{prefix}.experts.{e}.{name}").to(device) for e in experts]
+            if not ws:
+                raise ValueError("FP4MoE.from_modelopt needs at least one expert")
+            return FP4Weight(torch.stack([w.packed for w in ws]), torch.stack([w.scales for w in ws]),
+                             torch.stack([w.global_scale for w in ws]), "nvfp4")
+        g, u = load("gate_proj"), load("up_proj")
+        return cls(_stack13(g, u), load("down_proj"), top_k, up_scale=u.global_scale, **kw)
+
+    # ---- forward --------------------------------------------------------------------------------
+    def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
+        if x.ndim != 2 or x.shape[1] != self.hidden:
+            raise OperandError(f"{self.problem13.key}: x is {'x'.join(map(str, x.shape))}, expected M x {self.hidden}")
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        if torch.compiler.is_compiling():
+            y = torch.ops.fp4_autotune.moe_block(xb, topk_ids, topk_weights, self.layer_id)
+        else:
+            y = self._run(xb, topk_ids, topk_weights)
+        return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+
+    def local_ids(self, topk_ids: Tensor) -> Tensor:
+        """Global ids → this rank's (−1 stays −1); ids are checked against E_global first."""
+        if self.expert_map is None:
+            return topk_ids
+        # index E_global + 1 entries: position 0 is -1 for id -1, so no negative index wraps
+        ext = getattr(self, "_map_ext", None)
+        if ext is None or ext.device != self.expert_map.device:
+            ext = self._map_ext = torch.cat([self.expert_map.new_full((1,), -1), self.expert_map])
+        return ext[(topk_ids + 1).long()]
+
+    def _run(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
+        m = x.shape[0]
+        l13, l2 = self.bound13.launcher(m), self.bound2.launcher(m)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing() and not (
+                getattr(l13, "capture_safe", False) and getattr(l2, "capture_safe", False)):
+            raise RuntimeError("fp4_autotune: a kernel of this MoE block reads routing on the host and cannot "
+                               "run under CUDA-graph capture")
+        if topk_weights is None:
+            raise OperandError(f"{self.problem2.key}: FP4MoE needs topk_weights [M, {self.top_k}]")
+        # once per layer: the ids' shape, dtype and range (on the CPU a host read, on a GPU an async
+        # device assert). Skipped on a GPU where only moe_decode kernels read unmapped ids: they set
+        # NaN rows and a bad-id word for ids outside [-1, E) themselves.
+        trusted = topk_ids.is_cuda and self.expert_map is None and _flags_bad_ids(l13) and _flags_bad_ids(l2)
+        check_routing(self._routing, x, topk_ids, topk_weights, values=not trusted)
+        ids = self.local_ids(topk_ids)
+        k13, k2 = self._shared_alignment(l13, l2, ids)
+        if self.fused:
+            h = l13(x, ids, None, routing_checked=True, **k13)
+            return l2(h, ids, topk_weights, routing_checked=True, **k2)
+        y13 = l13(x, ids, None, routing_checked=True, **k13)
+        h = torch.nn.functional.silu(y13[..., :self.intermediate]) * y13[..., self.intermediate:]
+        y2 = l2(h, ids, topk_weights, routing_checked=True, **k2)
+        return y2.sum(1, dtype=torch.float32).to(torch.bfloat16)
+
+    def _shared_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
+        """One moe_align per layer when both launchers take the aligned route; {} otherwise."""
+        need = [_aligned_block_m(getattr(launch, "kernel", None), ids.numel()) for launch in (l13, l2)]
+        if None in need:
+            return {}, {}
+        bm = max(need)
+        aligner = self._aligners.get(bm)
+        if aligner is None:
+            from tactics.triton_fp4.moe_align import Aligner
+            aligner = self._aligners[bm] = Aligner(self.num_experts, bm)
+        al = aligner(ids)
+        return {"aligned": al.regroup(need[0])}, {"aligned": al.regroup(need[1])}
+
+    def warmup(self, ms: Sequence[int]) -> None:
+        """Run every kernel these batch sizes reach (before CUDA-graph capture), largest first."""
+        dev = self.w13_packed.device
+        for m in sorted(set(ms), reverse=True):
+            x = torch.randn(m, self.hidden, device=dev).to(torch.bfloat16)
+            ids = (torch.arange(m * self.top_k, device=dev).reshape(m, self.top_k) % self.global_experts)
+            self._run(x, ids.to(torch.int32), torch.full((m, self.top_k), 1.0 / self.top_k, device=dev))
+
+    def extra_repr(self) -> str:
+        return f"{self.problem13.key} + {self.problem2.key}, experts {self.num_experts}/{self.global_experts}"
+
+
+def _stack13(gate: FP4Weight, up: FP4Weight) -> FP4Weight:
+    """vLLM's w13: [gate; up] rows per expert, carrying the gate's global scale."""
+    return FP4Weight(torch.cat([gate.packed, up.packed], -2), torch.cat([gate.scales, up.scales], -2),
+                     gate.global_scale, gate.fmt)
+
+
+def _aligned_block_m(kernel, pairs: int) -> int | None:
+    """BLOCK_M of a moe_decode launcher that will take the aligned route for `pairs`, else None."""
+    params = getattr(kernel, "params", None)
+    if not isinstance(params, dict) or params.get("kernel") != "moe_decode":
+        return None
+    from tactics.triton_fp4.moe_decode import DIRECT_MAX_PAIRS
+    return params["block_m"] if params["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS else None
+
+
+def _flags_bad_ids(launch) -> bool:
+    params = getattr(getattr(launch, "kernel", None), "params", None)
+    return isinstance(params, dict) and params.get("kernel") == "moe_decode"
+
+
+def _block(layer_id: int) -> FP4MoE:
+    try:
+        return _BLOCKS[layer_id]
+    except KeyError:
+        raise RuntimeError(f"fp4_autotune: MoE block {layer_id} no longer exists") from None
+
+
+@torch.library.custom_op("fp4_autotune::moe_block", mutates_args=())
+def _moe_block_impl(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, layer_id: int) -> Tensor:
+    return _block(layer_id)._run(x, topk_ids, topk_weights)
+
+
+@_moe_block_impl.register_fake
+def _moe_block_fake(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, layer_id: int) -> Tensor:
+    return x.new_empty((x.shape[0], _block(layer_id).hidden), dtype=torch.bfloat16)
