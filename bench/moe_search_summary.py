@@ -1,0 +1,48 @@
+"""The routed-MoE search on the H200 (issue #15) from its cache: trials, winners per problem and
+bucket, tuned vs the designated default (docs/moe-decode.md).
+
+    python3 bench/moe_search_summary.py docs/data/moe-search-h200.db
+"""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import sys
+from collections import defaultdict
+
+
+def short(p: dict) -> str:
+    if p.get("kernel") == "moe_decode":
+        return f"{p['route'][0]} {p['block_m']}×{p['block_n']}×{p['block_k']} s{p['split_k']} st{p['num_stages']}"
+    if p.get("kernel") == "moe_w4a16":
+        return f"moe_w4a16 {p['block_m']}×{p['block_n']}×{p['block_k']} st{p['num_stages']}"
+    return json.dumps(p)
+
+
+def summary(path: str) -> str:
+    c = sqlite3.connect(path)
+    params = {i: json.loads(j).get("params", {}) for i, j in c.execute("select id, params_json from tactics")}
+    out = []
+    st = dict(c.execute("select status, count(*) from trials group by status").fetchall())
+    errs = [r[0] for r in c.execute("select rel_err from trials where rel_err is not null")]
+    smem = c.execute("select count(*), sum(smem_model = smem_compiled) from trials "
+                     "where smem_compiled is not null and smem_model is not null").fetchone()
+    out.append(f"Trials: {st.get('ok', 0) + st.get('dropped', 0)} checked and timed ({st.get('dropped', 0)} dropped "
+               f"by successive halving), {st.get('failed', 0)} failed, {st.get('rejected', 0)} static rejections; "
+               f"float64 check {min(errs):.2e}–{max(errs):.2e}; smem model = compiled on {smem[1]} of {smem[0]}.")
+    rows = defaultdict(list)
+    for key, b, tid, us, dus, sp, did in c.execute("select problem_key, bucket, tactic_id, median_us, default_median_us, "
+                                                   "speedup, default_tactic_id from winners order by problem_key, bucket"):
+        rows[key].append((b, params[tid], us, dus, sp, did))
+    for key, rs in rows.items():
+        geo = math.exp(sum(math.log(r[4]) for r in rs) / len(rs))
+        out += ["", f"**{key}**: tuned vs default, geomean over {len(rs)} buckets {geo:.2f}× "
+                f"(min {min(r[4] for r in rs):.2f}, max {max(r[4] for r in rs):.2f})", "",
+                "| M | winner | µs | default µs | default |", "|---:|---|---:|---:|---|"]
+        out += [f"| {b} | {short(p)} | {us:.1f} | {dus:.1f} | {short(params[d])} |" for b, p, us, dus, _, d in rs]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(summary(sys.argv[1]))
