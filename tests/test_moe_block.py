@@ -108,6 +108,16 @@ def test_fp4moe_block_expert_map_and_gate_up_scales(disp, fused):
         FP4MoE.from_float(gate, up, down, top_k, expert_map=torch.tensor([0, 1, 1, 2, 3]), dispatcher=disp)
 
 
+def test_fp4moe_compiles_without_a_graph_break(disp):
+    torch.manual_seed(1)
+    blk = FP4MoE.from_float(torch.randn(4, 16, 64), torch.randn(4, 16, 64), torch.randn(4, 64, 16), 2, dispatcher=disp)
+    x, ids, tw = torch.randn(3, 64), torch.tensor([[0, 3], [2, -1], [1, 0]]), torch.rand(3, 2)
+    y = blk(x, ids, tw)
+    assert y.dtype == torch.float32 and y.shape == (3, 64)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(blk, fullgraph=True)(x, ids, tw), y)       # fp4_autotune::moe_block
+
+
 def test_fp4moe_from_modelopt_keeps_gate_and_up_scales(disp, tmp_path):
     from safetensors.torch import save_file
     from autotune.core.modelopt import to_modelopt
@@ -163,14 +173,16 @@ _INTERP = textwrap.dedent("""
     for p, t in [(Problem.moe(64, 256, 5, 2, epilogue="swiglu"), cfg("direct", 16, 2)),
                  (Problem.moe(64, 128, 5, 3, epilogue="reduce"), cfg("aligned", 16, 1)),
                  (Problem.moe(64, 128, 5, 3, epilogue="reduce"), cfg("direct", 16, 1)),
-                 (Problem.moe(64, 128, 5, 3), cfg("direct", 16, 1))]:
+                 (Problem.moe(64, 128, 5, 3), cfg("direct", 16, 1)),
+                 (Problem.moe(64, 128, 5, 3), Tactic("triton", kernel="moe_w4a16", block_m=16, block_n=32,
+                                                     block_k=128, num_warps=4, num_stages=2))]:
         s = inputs.make_inputs(p, 5, "cpu", seed=3)[0]
         s.topk_ids[0, 1] = -1
         if p.epilogue == "none":                               # a plain problem also takes a row per pair
             s.x = torch.randn(5, 3, 128).to(torch.bfloat16)
         launch = fam.bind(p, t, fam.pack(fam.layout(t), s.w), "cpu")
         err = inputs.check(p, lambda x, w, ids, tw, out: launch(x, ids, tw, out=out), s, inputs.reference(p, s))
-        out["variants"].append([p.key, t["route"], err])
+        out["variants"].append([p.key, t["kernel"], err])
     # FP4MoE with moe_decode winners from a real cache: aligned route at both GEMMs, BLOCK_M 32 and 16
     torch.manual_seed(5)
     e, h, i, top_k, m = 5, 256, 128, 2, 4
@@ -220,9 +232,9 @@ def interp():
 
 
 def test_moe_decode_variants_in_the_interpreter(interp):
-    assert len(interp["variants"]) == 4
-    for key, route, err in interp["variants"]:
-        assert err < 1e-2, (key, route, err)
+    assert len(interp["variants"]) == 5                 # the last two: x per pair on moe_decode, moe_w4a16
+    for key, kernel, err in interp["variants"]:
+        assert err < 1e-2, (key, kernel, err)
 
 
 def test_fp4moe_with_moe_decode_winners_shares_one_alignment(interp):
