@@ -97,6 +97,7 @@ def test_fp4moe_block_expert_map_and_gate_up_scales(disp, fused):
     ids = torch.tensor([[0, 1], [4, 1], [6, 2], [5, -1]])
     tw = torch.rand(4, top_k)
     y = blk(x, ids, tw)
+    assert torch.equal(blk.to(torch.bfloat16)(x, ids, tw), y)                 # no scale is cast
     local = blk.local_ids(ids)
     assert local.tolist() == [[3, -1], [-1, -1], [4, 0], [2, -1]]
     ref = _ref_block(x, gq, uq, dq, local, tw)

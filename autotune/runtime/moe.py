@@ -64,10 +64,14 @@ class FP4MoE(nn.Module):
             gate = _per_expert(w13.global_scale, e).to(w2.packed.device)
             g2 = _per_expert(g2, e) * (_per_expert(up_scale.to(gate.device), e) / gate)
         self.w13_fmt = w13.fmt
+        self._gs_shapes = {}
+        # every weight tensor as uint8 bytes: `model.to(torch.bfloat16)` must not cast the fp8 block
+        # scales or the fp32 global scales (as FP4Linear keeps them)
         for name, w, g in (("w13", w13, w13.global_scale), ("w2", w2, g2)):
             self.register_buffer(f"{name}_packed", w.packed)
             self.register_buffer(f"{name}_scales_u8", w.scales.contiguous().view(torch.uint8))
-            self.register_buffer(f"{name}_gs", g.float().contiguous())
+            self.register_buffer(f"{name}_gs_u8", g.float().reshape(-1).contiguous().view(torch.uint8))
+            self._gs_shapes[name] = tuple(g.shape)
         self._scale_dtype = w13.scales.dtype
         self.global_experts = e if expert_map is None else int(expert_map.numel())
         if expert_map is not None:
@@ -99,8 +103,9 @@ class FP4MoE(nn.Module):
                              "id and every other id to -1")
 
     def _weight(self, name: str) -> FP4Weight:
+        gs = getattr(self, f"{name}_gs_u8").view(torch.float32).reshape(self._gs_shapes[name])
         return FP4Weight(getattr(self, f"{name}_packed"), getattr(self, f"{name}_scales_u8").view(self._scale_dtype),
-                         getattr(self, f"{name}_gs"), self.w13_fmt)
+                         gs, self.w13_fmt)
 
     @property
     def w13(self) -> FP4Weight:
