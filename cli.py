@@ -31,7 +31,8 @@ def _call(fn, *a, **kw):
 
 
 def _keys(model, tp, ep):
-    return {u.problem.key for u in _call(api.model_problems, model, tp=tp, ep=ep, include_attention=True)} if model else None
+    return {u.problem.key for u in _call(api.model_problems, model, tp=tp, ep=ep, include_attention=True,
+                                         fused_moe=True)} if model else None
 
 
 def _open_store(url, readonly=False):
