@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
-from autotune.core.operands import check_out, check_routing, check_weight, check_x
+from autotune.core.operands import check_out, check_routing, check_weight, check_x, x_checker
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
@@ -113,8 +113,10 @@ class FamilyBase:
             launch_moe.weight = packed  # type: ignore[attr-defined]
             return launch_moe
 
+        check = x_checker(problem, packed)
+
         def launch(x, out=None):
-            check_x(problem, x, packed)
+            check(x)
             if out is not None:
                 check_out(problem, x, out)
             return kernel(x, packed, out=out)

@@ -63,6 +63,31 @@ def check_x(problem: Problem, x: Any, w: Any) -> None:
         raise OperandError(f"{problem.key}: x is on the meta device")
 
 
+def x_checker(problem: Problem, w: Any):
+    """`check(x)`: check_x for one bound weight, with the common case answered by four attribute
+    reads (dtype, ndim, K, device index) and check_x's one-line error for anything else."""
+    want = _DTYPES.get(problem.a_fmt)
+    k, dev = problem.k, w.packed.device
+    idx = dev.index if dev.type == "cuda" else None
+
+    if want is None or dev.type not in ("cpu", "cuda"):
+        def check(x: Any) -> None:
+            check_x(problem, x, w)
+        return check
+    if idx is None:
+        def check_cpu(x: Any) -> None:
+            if x.__class__ is not torch.Tensor or x.dtype is not want or x.ndim != 2 or x.shape[1] != k \
+                    or not x.is_cpu:
+                check_x(problem, x, w)
+        return check_cpu
+
+    def check_cuda(x: Any) -> None:
+        if x.__class__ is not torch.Tensor or x.dtype is not want or x.ndim != 2 or x.shape[1] != k \
+                or x.get_device() != idx:
+            check_x(problem, x, w)
+    return check_cuda
+
+
 def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights: Any = None) -> None:
     """topk_ids [M, top_k] integer ids in [-1, E); topk_weights [M, top_k] when given."""
     m = x.shape[0]

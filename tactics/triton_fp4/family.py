@@ -21,11 +21,13 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
+from autotune.core.operands import check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase, Kernel
 
-from .args import U8_LAYOUT, pack_u8
+from .args import U8_LAYOUT, U8Weight, pack_u8
+from .bound_dense import BoundDequantCublas, BoundW4A16
 from .compat import rejection
 from .compile import compile_kernel
 from .dequant_cublas import MEMBER as DEQUANT_CUBLAS
@@ -70,6 +72,9 @@ def cross_compile(fmt: str, params: Mapping[str, Any], arch: Arch | str | int, s
         raise ValueError(f"triton {params.get('kernel')} has no pipelined kernel to compile ahead of time")
     src, options = srcs[-1]
     return compile_kernel(src, options, arch, stop_at, cache_dir)
+
+
+_BOUND = {W4A16.kernel: BoundW4A16, DEQUANT_CUBLAS.kernel: BoundDequantCublas}
 
 
 class TritonFamily(FamilyBase):
@@ -196,6 +201,18 @@ class TritonFamily(FamilyBase):
         for src, options in m.sources(problem.w_fmt, tactic.params):
             shared = int(compile_kernel(src, options, arch, stop_at="cubin").metadata.shared)
         return shared
+
+    def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str) -> Any:
+        """Dense members: a bound launcher with everything fixed at bind (bound_dense.py: weight
+        pointers, constexprs, per-M launch plans, scratch owned per stream); MoE members: the
+        shared FamilyBase launcher."""
+        check_weight(problem, packed)
+        cls = _BOUND.get(tactic.get("kernel")) if problem.kind == "dense" else None
+        if cls is None:
+            return super().bind(problem, tactic, packed, device)
+        if not isinstance(packed, U8Weight):
+            packed = pack_u8(packed)
+        return cls(problem, self.build(problem, tactic, device), packed)
 
     # ---- weight layout ------------------------------------------------------------------------
     def layout(self, tactic: Tactic) -> str:

@@ -1,0 +1,84 @@
+"""Launching a compiled Triton kernel without Triton's per-call JIT work (issue #17).
+
+`kernel[grid](*args, **consts)` binds the arguments, computes the specialisation key, looks the
+kernel up, builds launch metadata and asks each tensor for its pointer, on every call (about
+16 µs on the H200 for an empty kernel). A bound launcher knows all of that after its first launch
+of a (kernel, specialisation): it keeps the CompiledKernel's own launcher (`CompiledKernel.run`,
+Triton's generated C `launch`), its CUfunction and packed metadata, and every argument that does
+not change between calls (weight pointers as ints, N, K, the constexprs). A call then passes the
+grid, the current stream, x's and out's pointers and M, and nothing else.
+
+The positional layout of `CompiledKernel.run` — (grid x, y, z, stream, function, packed metadata,
+launch metadata, enter hook, exit hook, *every kernel argument in declaration order, constexprs
+included) — is read from Triton's runtime/jit.py (3.6 on the H200, 3.9 here). Other versions are
+not trusted: `supported()` is False and the launchers keep Triton's normal launch. So is the
+interpreter (TRITON_INTERPRET=1), any launch hook (a profiler such as Proton installs one) and
+$AUTOTUNE_LAUNCH=triton. Pointers are passed as ints, so the specialisation the kernel was compiled
+for (16-byte aligned pointers) must hold for every call: callers check `ptr & 15 == 0` and take the
+normal launch otherwise.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+import autotune.core.settings as settings
+
+#: Triton (major, minor) versions whose CompiledKernel.run layout was read and checked bit for bit
+#: against Triton's own launch (bench/eager_h200.py): 3.6 on the H200; 3.9's source was read here
+VERSIONS = ((3, 6), (3, 9))
+
+
+@lru_cache(maxsize=1)
+def _version_ok() -> bool:
+    from .compat import installed_triton
+    return installed_triton() in VERSIONS
+
+
+def supported() -> bool:
+    """Whether launchers may take the direct route now (checked when a launch plan is made)."""
+    from .args import is_interpreting
+    if is_interpreting() or settings.launch_route() != "direct" or not _version_ok():
+        return False
+    from triton import knobs
+    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+
+
+def stream_getter():
+    """A function(device index) -> the current raw CUstream (what Triton's own launch uses)."""
+    import torch
+    return torch._C._cuda_getCurrentRawStream
+
+
+class Direct:
+    """One compiled kernel with its fixed arguments: `launch(g0, g1, stream, *head, *tail)` where
+    the caller supplies the per-call arguments between the fixed ones. Built from the
+    CompiledKernel a normal launch (or `fn.warmup`) returned."""
+
+    __slots__ = ("run", "function", "metadata", "g2")
+
+    def __init__(self, ck: Any):
+        self.run = ck.run                 # the property initialises the module and function handles
+        self.function = ck.function
+        self.metadata = ck.packed_metadata
+        self.g2 = 1
+
+
+def arg_values(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+    """Every argument of JIT function `fn` in declaration order (positional, then by name),
+    constexprs included: what `CompiledKernel.run` takes after the hooks."""
+    names = list(fn.arg_names)
+    vals = list(args)
+    for name in names[len(vals):]:
+        if name in kwargs:
+            vals.append(kwargs[name])
+        else:
+            default = fn.params[names.index(name)].default
+            vals.append(default.value if hasattr(default, "value") else default)
+    return vals
+
+
+def compiled(fn: Any, grid: tuple, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """The CompiledKernel `fn[grid](*args, **kwargs)` would launch, compiled (or found in Triton's
+    cache) without launching it."""
+    return fn.warmup(*args, grid=grid, **kwargs)
