@@ -72,6 +72,7 @@ class _BoundDense:
         self._stream = direct.stream_getter() if self.direct else None
         self._bf16 = torch.bfloat16
         self.launches = [0, 0]          # [direct, normal]: which route answered (tests, bench)
+        self.source = packed            # the weight object this was bound from (Remember)
 
     @property
     def smem_compiled(self):
@@ -79,7 +80,7 @@ class _BoundDense:
 
     def _fallback(self, x, out):
         self.launches[1] += 1
-        return self.inner(x, self.weight, out=out)
+        return self.inner.launch(x, self.weight, out=out)
 
     def _out(self, x, out):
         m = x.shape[0]
@@ -87,6 +88,27 @@ class _BoundDense:
             return x.new_empty((m, self.n))
         check_out(self.problem, x, out)
         return out
+
+
+class Remember:
+    """Mixin for the unbound launchers (`dispatch((M, N, K))(x, w)`): a weight object seen on two
+    calls in a row is bound (`bound_cls`), and its later calls take the bound launcher's route."""
+
+    bound_cls: Any = None
+    _seen: Any = None
+    _bound: Any = None
+
+    def __call__(self, x, w, out=None):
+        b = self._bound
+        if b is not None and b.source is w:
+            return b(x, out)
+        if self._seen is w and getattr(w, "packed", None) is not None and w.packed.is_cuda:
+            from .args import U8Weight, pack_u8
+            self._bound = b = self.bound_cls(self.problem, self, w if isinstance(w, U8Weight) else pack_u8(w))
+            b.source = w
+            return b(x, out)
+        self._seen = w
+        return self.launch(x, w, out=out)
 
 
 class BoundW4A16(_BoundDense):

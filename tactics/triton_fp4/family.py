@@ -27,7 +27,6 @@ from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase, Kernel
 
 from .args import U8_LAYOUT, U8Weight, pack_u8
-from .bound_dense import BoundDequantCublas, BoundW4A16
 from .compat import rejection
 from .compile import compile_kernel
 from .dequant_cublas import MEMBER as DEQUANT_CUBLAS
@@ -72,9 +71,6 @@ def cross_compile(fmt: str, params: Mapping[str, Any], arch: Arch | str | int, s
         raise ValueError(f"triton {params.get('kernel')} has no pipelined kernel to compile ahead of time")
     src, options = srcs[-1]
     return compile_kernel(src, options, arch, stop_at, cache_dir)
-
-
-_BOUND = {W4A16.kernel: BoundW4A16, DEQUANT_CUBLAS.kernel: BoundDequantCublas}
 
 
 class TritonFamily(FamilyBase):
@@ -207,12 +203,11 @@ class TritonFamily(FamilyBase):
         pointers, constexprs, per-M launch plans, scratch owned per stream); MoE members: the
         shared FamilyBase launcher."""
         check_weight(problem, packed)
-        cls = _BOUND.get(tactic.get("kernel")) if problem.kind == "dense" else None
+        launcher = self.build(problem, tactic, device)
+        cls = getattr(launcher, "bound_cls", None)
         if cls is None:
             return super().bind(problem, tactic, packed, device)
-        if not isinstance(packed, U8Weight):
-            packed = pack_u8(packed)
-        return cls(problem, self.build(problem, tactic, device), packed)
+        return cls(problem, launcher, packed if isinstance(packed, U8Weight) else pack_u8(packed))
 
     # ---- weight layout ------------------------------------------------------------------------
     def layout(self, tactic: Tactic) -> str:
