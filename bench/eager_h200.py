@@ -74,8 +74,9 @@ def wall_us(fn, n: int = CALLS) -> float:
     return _med(once)
 
 
-def issue_us(fn, n: int = CALLS) -> tuple[float, bool]:
-    """Host µs per call with the stream held behind a spin kernel; held=False if the GPU caught up."""
+def issue_us(fn, n: int = CALLS) -> tuple[float, bool, int]:
+    """Host µs per call with the stream held behind a spin kernel: (µs, held, calls). held=False:
+    the GPU caught up (the launch queue filled and blocked the host); then again with 256 calls."""
     import torch
     fn()
     torch.cuda.synchronize()
@@ -90,7 +91,10 @@ def issue_us(fn, n: int = CALLS) -> tuple[float, bool]:
         dt = time.perf_counter() - t0
         res.append((dt / n * 1e6, not ev.query()))
         torch.cuda.synchronize()
-    return statistics.median(r[0] for r in res), all(r[1] for r in res)
+    held = all(r[1] for r in res)
+    if not held and n > 256:
+        return issue_us(fn, 256)
+    return statistics.median(r[0] for r in res), held, n
 
 
 def graph_us(fns) -> float:
@@ -175,7 +179,7 @@ def shape_rows(d, name: str, n: int, k: int) -> dict:
     launch, slow_launch = bt.launcher(1), slow.launcher(1)
     out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
     r: dict = {"shape": name, "n": n, "k": k, "tactic": str(bt.table.rung_for(1)[1]),
-               "direct": bool(getattr(launch, "direct", False))}
+               "direct": bool(getattr(launch, "direct", False)), "why_not_direct": getattr(launch, "why", None)}
     # bit for bit: direct route == Triton's launch
     same = {}
     for m in (1, 5, 64, 300):
@@ -183,6 +187,7 @@ def shape_rows(d, name: str, n: int, k: int) -> dict:
         a, b = bt.launcher(m)(xm), slow.launcher(m)(xm)
         same[m] = bool(torch.equal(a, b))
     r["bit_identical"] = same
+    r["why_not_direct_after"] = getattr(launch, "why", None)
     r["launches_direct_vs_triton"] = [list(launch.launches), list(slow_launch.launches)]
     cols = {
         "dispatch((M,N,K))(x,w)": lambda: dispatch((1, n, k))(x, w),
@@ -287,7 +292,8 @@ def culaunch_experiment(launch, slow_launch, x) -> dict:
 def table_md(rows: list[dict], key: str) -> str:
     cols = list(rows[0][key])
     head = "| shape | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols) + "\n"
-    fmt = (lambda v: f"{v[0]:.1f}{'' if v[1] else ' (not held)'}") if key == "issue" else (lambda v: f"{v:.1f}")
+    fmt = (lambda v: f"{v[0]:.1f}{'' if v[1] else ' (not held)'}{'' if v[2] == CALLS else f' [{v[2]}]'}") \
+        if key == "issue" else (lambda v: f"{v:.1f}")
     return head + "".join(f"| {r['shape']} | " + " | ".join(fmt(r[key][c]) for c in cols) + " |\n" for r in rows)
 
 

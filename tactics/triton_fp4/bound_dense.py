@@ -66,8 +66,10 @@ class _BoundDense:
         self.check = x_checker(problem, packed)
         self.scratch = Scratch()
         self.plans: dict[int, tuple] = {}
-        self.direct = self.device.type == "cuda" and direct.supported() and \
-            _aligned(packed.packed, packed.scales, packed.global_scale)
+        why = "not a CUDA weight" if self.device.type != "cuda" else direct.why_not()
+        if why is None and not _aligned(packed.packed, packed.scales, packed.global_scale):
+            why = "weight tensors not 16-byte aligned"
+        self.direct, self.why = why is None, why
         self.w_ptrs = (packed.packed.data_ptr(), packed.scales.data_ptr(), packed.global_scale.data_ptr())
         self._stream = direct.stream_getter() if self.direct else None
         self._bf16 = torch.bfloat16
@@ -81,6 +83,10 @@ class _BoundDense:
     def _fallback(self, x, out):
         self.launches[1] += 1
         return self.inner.launch(x, self.weight, out=out)
+
+    def _give_up(self, e: Exception, x, out):
+        self.direct, self.why = False, f"planning failed: {type(e).__name__}: {e}"
+        return self._fallback(x, out)
 
     def _out(self, x, out):
         m = x.shape[0]
@@ -124,7 +130,10 @@ class BoundW4A16(_BoundDense):
         stream = self._stream(self.device.index)
         p = self.plans.get(m)
         if p is None or (p[0] != stream and p[0] != -1):       # -1: no scratch, any stream
-            p = self._plan(x, out, stream)
+            try:
+                p = self._plan(x, out, stream)
+            except Exception as e:  # noqa: BLE001 - a route that cannot plan falls back, once
+                return self._give_up(e, x, out)
         self.launches[0] += 1
         p[2](p[3], p[4], 1, stream, p[5], p[6], None, None, None, x.data_ptr(), *p[7], out.data_ptr(), *p[8], m, *p[9])
         return out
@@ -172,7 +181,10 @@ class BoundDequantCublas(_BoundDense):
         stream = self._stream(self.device.index)
         p = self.plans.get(stream)
         if p is None:
-            p = self._plan(stream)
+            try:
+                p = self._plan(stream)
+            except Exception as e:  # noqa: BLE001
+                return self._give_up(e, x, out)
         self.launches[0] += 1
         p[0](p[1], p[2], 1, stream, p[3], p[4], None, None, None, *p[5])
         torch.matmul(x, p[6], out=out)

@@ -10,9 +10,10 @@ grid, the current stream, x's and out's pointers and M, and nothing else.
 
 The positional layout of `CompiledKernel.run` — (grid x, y, z, stream, function, packed metadata,
 launch metadata, enter hook, exit hook, *every kernel argument in declaration order, constexprs
-included) — is read from Triton's runtime/jit.py (3.6 on the H200, 3.9 here). Other versions are
+included) — is read from Triton's runtime/jit.py and compiler.py (3.6 on the H200, 3.9 here). Other versions are
 not trusted: `supported()` is False and the launchers keep Triton's normal launch. So is the
-interpreter (TRITON_INTERPRET=1), any launch hook (a profiler such as Proton installs one) and
+interpreter (TRITON_INTERPRET=1), any launch hook (a profiler such as Proton installs one; the
+empty HookChain Triton starts with calls nothing, so the direct route passes None for it) and
 $AUTOTUNE_LAUNCH=triton. Pointers are passed as ints, so the specialisation the kernel was compiled
 for (16-byte aligned pointers) must hold for every call: callers check `ptr & 15 == 0` and take the
 normal launch otherwise.
@@ -35,13 +36,25 @@ def _version_ok() -> bool:
     return installed_triton() in VERSIONS
 
 
-def supported() -> bool:
-    """Whether launchers may take the direct route now (checked when a launch plan is made)."""
+def why_not() -> str | None:
+    """Why launchers may not take the direct route now (None: they may); checked at bind."""
     from .args import is_interpreting
-    if is_interpreting() or settings.launch_route() != "direct" or not _version_ok():
-        return False
+    if is_interpreting():
+        return "TRITON_INTERPRET=1"
+    if settings.launch_route() != "direct":
+        return "AUTOTUNE_LAUNCH=triton"
+    if not _version_ok():
+        from .compat import installed_triton
+        return f"Triton {installed_triton()} is not one of {VERSIONS}"
     from triton import knobs
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+    for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if h is not None and getattr(h, "calls", True):     # an empty HookChain (3.6+) calls nothing
+            return "a Triton launch hook is installed"
+    return None
+
+
+def supported() -> bool:
+    return why_not() is None
 
 
 def stream_getter():
