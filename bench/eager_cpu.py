@@ -44,6 +44,24 @@ def per_call(fn, reps: int, batch: int, calls_per: int = 1) -> dict:
     return {"p50": statistics.median(per), "p90": per[int(0.9 * (len(per) - 1))]}
 
 
+def triton_bound(p, w):
+    """The Triton family's bound W4A16 launcher with its direct route forced on and the launch
+    itself (Triton's compiled C launcher) replaced by a no-op: its Python part on this CPU."""
+    from tactics import registry
+    from tactics.triton_fp4.w4a16 import tactic
+    fam = registry.get("triton")
+    t = tactic(16, 64, 256, 1, 4, 3, 2)
+    b = fam.bind(p, t, fam.pack(fam.layout(t), w), "cpu")
+    b.direct, b._stream = True, lambda idx: 0
+
+    def plan(x, out, stream, _noop=lambda *args: None):
+        pl = (-1, None, _noop, 96, 2, 0, None, b.w_ptrs, (0, 0), (p.n, p.k) + (0,) * 9)
+        b.plans[x.shape[0]] = pl
+        return pl
+    b._plan = plan
+    return b
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
@@ -100,6 +118,10 @@ def main() -> None:
                      ("dispatch((M,N,K))(x, w)", lambda: dispatch((1, n, k))(x, w)),
                      ("x.new_empty((1, N)) alone", lambda: x.new_empty((1, n)))):
         rows[name] = per_call(fn, a.reps, a.batch)
+    tri = triton_bound(p, w)
+    tri(x)
+    rows["triton bound launcher(x), launch a no-op"] = per_call(lambda: tri(x), a.reps, a.batch)
+    rows["triton bound launcher(x, out=), launch a no-op"] = per_call(lambda: tri(x, out=out), a.reps, a.batch)
     head = (f"python {platform.python_version()}, torch {torch.__version__}, {platform.machine()}, "
             f"{a.reps} batches x {a.batch} calls, N={n} K={k} for the call rows")
     print(head)

@@ -88,6 +88,18 @@ def x_checker(problem: Problem, w: Any):
     return check_cuda
 
 
+def out_checker(problem: Problem):
+    """`check(x, out)`: check_out for a dense bound launcher, the common case answered by attribute
+    reads (class, dtype, shape, same device as x) and check_out's one-line error for anything else."""
+    want, n = _DTYPES[problem.out_dtype], problem.n
+
+    def check(x: Any, out: Any) -> None:
+        if out.__class__ is not torch.Tensor or out.dtype is not want or out.ndim != 2 or out.shape[1] != n \
+                or out.shape[0] != x.shape[0] or out.get_device() != x.get_device() or out.is_meta:
+            check_out(problem, x, out)
+    return check
+
+
 def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights: Any = None) -> None:
     """topk_ids [M, top_k] integer ids in [-1, E); topk_weights [M, top_k] when given."""
     m = x.shape[0]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.core.operands import check_out, x_checker
+from autotune.core.operands import out_checker, x_checker
 from autotune.core.problem import Problem
 
 from . import direct
@@ -63,7 +63,7 @@ class _BoundDense:
         self.problem, self.inner, self.weight = problem, launcher, packed
         self.n, self.k = problem.n, problem.k
         self.device = packed.packed.device
-        self.check = x_checker(problem, packed)
+        self.check, self.check_out = x_checker(problem, packed), out_checker(problem)
         self.scratch = Scratch()
         self.plans: dict[int, tuple] = {}
         why = "not a CUDA weight" if self.device.type != "cuda" else direct.why_not()
@@ -89,10 +89,9 @@ class _BoundDense:
         return self._fallback(x, out)
 
     def _out(self, x, out):
-        m = x.shape[0]
         if out is None:
-            return x.new_empty((m, self.n))
-        check_out(self.problem, x, out)
+            return x.new_empty((x.shape[0], self.n))
+        self.check_out(x, out)
         return out
 
 
@@ -122,10 +121,13 @@ class BoundW4A16(_BoundDense):
 
     def __call__(self, x, out=None):
         self.check(x)
-        out = self._out(x, out)
         m = x.shape[0]
-        if not self.direct or not m or x.data_ptr() & 15 or out.data_ptr() & 15 or not x.is_contiguous() \
-                or not out.is_contiguous():
+        if out is None:
+            out = x.new_empty((m, self.n))
+        else:
+            self.check_out(x, out)
+        xp, op = x.data_ptr(), out.data_ptr()
+        if not self.direct or not m or xp & 15 or op & 15 or not x.is_contiguous() or not out.is_contiguous():
             return self._fallback(x, out)
         stream = self._stream(self.device.index)
         p = self.plans.get(m)
@@ -135,7 +137,7 @@ class BoundW4A16(_BoundDense):
             except Exception as e:  # noqa: BLE001 - a route that cannot plan falls back, once
                 return self._give_up(e, x, out)
         self.launches[0] += 1
-        p[2](p[3], p[4], 1, stream, p[5], p[6], None, None, None, x.data_ptr(), *p[7], out.data_ptr(), *p[8], m, *p[9])
+        p[2](p[3], p[4], 1, stream, p[5], p[6], None, None, None, xp, *p[7], op, *p[8], m, *p[9])
         return out
 
     def _plan(self, x, out, stream):
