@@ -101,7 +101,10 @@ class FamilyBase:
         """A launcher for one weight: the kernel with its packed weight fixed. The weight is
         checked against the problem here, once; a call checks only what it brings."""
         check_weight(problem, packed)
-        kernel = self.build(problem, tactic, device)
+        return self.bind_kernel(problem, self.build(problem, tactic, device), packed)
+
+    def bind_kernel(self, problem: Problem, kernel: Kernel, packed: Any) -> Launcher:
+        """`bind` for an already built kernel(x, w, ...): the generic launcher around it."""
         if problem.kind == "grouped_moe":
             def launch_moe(x, topk_ids, topk_weights=None, out=None):
                 check_x(problem, x, packed)

@@ -175,6 +175,40 @@ def test_torch_bound_matches_the_unbound_kernel():
         assert torch.equal(_bind("torch", t, w, Problem.dense(1024, 256))(x), unbound)
 
 
+# ------------------------------------------------------------------------------ direct route
+
+def test_direct_route_guard(monkeypatch):
+    """Checked at bind: Triton version, $AUTOTUNE_LAUNCH, the interpreter, launch hooks."""
+    from triton import knobs
+
+    from tactics.triton_fp4 import direct
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("AUTOTUNE_LAUNCH", raising=False)
+    monkeypatch.setattr(direct, "_version_ok", lambda: True)
+    assert direct.why_not() is None                       # Triton's own empty hook chain is no hook
+    monkeypatch.setenv("AUTOTUNE_LAUNCH", "triton")
+    assert direct.why_not() == "AUTOTUNE_LAUNCH=triton"
+    monkeypatch.delenv("AUTOTUNE_LAUNCH")
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert direct.why_not() == "a Triton launch hook is installed"
+    monkeypatch.undo()
+    monkeypatch.setattr(direct, "_version_ok", lambda: False)
+    assert "is not one of" in direct.why_not()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert direct.why_not() == "TRITON_INTERPRET=1"
+    assert not _bind("triton", T_SPLIT, quantize(torch.randn(128, 256))).direct      # a CPU weight: never
+
+
+def test_constexpr_tail_in_declaration_order():
+    from tactics.triton_fp4 import direct
+    from tactics.triton_fp4.w4a16 import kernel_consts
+    consts = kernel_consts("nvfp4", T_SPLIT.params)
+    assert direct.constexprs(tkernel.w4a16_dequant_kernel, 10, consts) == \
+        [consts[c] for c in tkernel.CONSTEXPRS]
+    with pytest.raises(ValueError, match="no value for DOT_F32"):
+        direct.constexprs(tkernel.w4a16_dequant_kernel, 10, {k: v for k, v in consts.items() if k != "DOT_F32"})
+
+
 # ------------------------------------------------------------------------------------- H200
 
 def _direct_pair(problem: Problem, tactic: Tactic, m: int, seed: int = 0):
@@ -229,3 +263,18 @@ def test_direct_route_under_graphs_and_two_streams():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, slow(x))
+
+
+@pytest.mark.gpu
+def test_unbound_launcher_binds_a_weight_seen_twice():
+    """dispatch((M, N, K))(x, w): the second call with the same weight object binds it; the bound
+    route gives Triton's bits."""
+    p, fam = Problem.dense(256, 512), registry.get("triton")
+    x = torch.randn(3, 512, device="cuda").bfloat16()
+    w = quantize(torch.randn(256, 512)).to("cuda")
+    kernel = fam.build(p, T_SPLIT, "cuda")
+    ys = [kernel(x, w) for _ in range(3)]
+    assert kernel._bound is not None and kernel._bound.source is w and kernel._bound.launches[0] == 2
+    ref = fam.bind(p, T_SPLIT, fam.pack(fam.layout(T_SPLIT), w), "cuda")
+    ref.direct = False                                     # Triton's own launch
+    assert all(torch.equal(y, ref(x)) for y in ys)

@@ -50,6 +50,11 @@ class Scratch:
         return b
 
 
+def _capturing() -> bool:
+    import torch
+    return torch.cuda.is_current_stream_capturing()
+
+
 def _aligned(*ts) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 
@@ -107,7 +112,8 @@ class Remember:
         b = self._bound
         if b is not None and b.source is w:
             return b(x, out)
-        if self._seen is w and getattr(w, "packed", None) is not None and w.packed.is_cuda:
+        if self._seen is w and getattr(w, "packed", None) is not None and w.packed.is_cuda \
+                and not _capturing():                 # bind (and plan) outside any graph capture
             from .args import U8Weight, pack_u8
             self._bound = b = self.bound_cls(self.problem, self, w if isinstance(w, U8Weight) else pack_u8(w))
             b.source = w
@@ -162,7 +168,7 @@ class BoundW4A16(_BoundDense):
         from .smem import smem_bytes
         note_compiled(inner, ck, x.device, lambda arch: smem_bytes(prm, self.problem.w_fmt, arch))
         d = direct.Direct(ck)
-        tail = [consts[c] for c in fn.arg_names[10:]]
+        tail = direct.constexprs(fn, 10, consts)
         p = (stream if sk > 1 else -1, None, d.run, tiles, sk, d.function, d.metadata, self.w_ptrs,
              (ws.data_ptr(), locks.data_ptr()), (n, k, *tail))
         if len(self.plans) < MAX_PLANS or m in self.plans:
@@ -204,7 +210,7 @@ class BoundDequantCublas(_BoundDense):
         kw = {"num_warps": prm["num_warps"], **inner._consts}
         ck = direct.compiled(fn, grid, (w.packed, w.scales, w.global_scale, wbuf, n, k), kw)
         d = direct.Direct(ck)
-        tail = [inner._consts[c] for c in fn.arg_names[6:]]
+        tail = direct.constexprs(fn, 6, inner._consts)
         p = (d.run, grid[0], grid[1], d.function, d.metadata, (*self.w_ptrs, wbuf.data_ptr(), n, k, *tail), wbuf.T)
         self.plans[stream] = p
         return p

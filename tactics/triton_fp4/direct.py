@@ -64,31 +64,26 @@ def stream_getter():
 
 
 class Direct:
-    """One compiled kernel with its fixed arguments: `launch(g0, g1, stream, *head, *tail)` where
-    the caller supplies the per-call arguments between the fixed ones. Built from the
-    CompiledKernel a normal launch (or `fn.warmup`) returned."""
+    """The launch handles of one CompiledKernel (from `compiled`): its launcher (`CompiledKernel.run`),
+    CUfunction and packed metadata. A plan calls `run(gx, gy, gz, stream, function, metadata, None,
+    None, None, *every kernel argument)`."""
 
-    __slots__ = ("run", "function", "metadata", "g2")
+    __slots__ = ("run", "function", "metadata")
 
     def __init__(self, ck: Any):
         self.run = ck.run                 # the property initialises the module and function handles
         self.function = ck.function
         self.metadata = ck.packed_metadata
-        self.g2 = 1
 
 
-def arg_values(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
-    """Every argument of JIT function `fn` in declaration order (positional, then by name),
-    constexprs included: what `CompiledKernel.run` takes after the hooks."""
-    names = list(fn.arg_names)
-    vals = list(args)
-    for name in names[len(vals):]:
-        if name in kwargs:
-            vals.append(kwargs[name])
-        else:
-            default = fn.params[names.index(name)].default
-            vals.append(default.value if hasattr(default, "value") else default)
-    return vals
+def constexprs(fn: Any, first: int, consts: Mapping[str, Any]) -> list[Any]:
+    """The values of JIT function `fn`'s arguments from position `first` on (its constexprs), in
+    declaration order: the tail `CompiledKernel.run` takes, constexprs included."""
+    names = list(fn.arg_names)[first:]
+    missing = [n for n in names if n not in consts]
+    if missing:
+        raise ValueError(f"{fn.__name__}: no value for {', '.join(missing)}")
+    return [consts[n] for n in names]
 
 
 def compiled(fn: Any, grid: tuple, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:

@@ -204,9 +204,9 @@ class TritonFamily(FamilyBase):
         shared FamilyBase launcher."""
         check_weight(problem, packed)
         launcher = self.build(problem, tactic, device)
-        cls = getattr(launcher, "bound_cls", None)
+        cls = getattr(launcher, "bound_cls", None) if problem.kind == "dense" else None
         if cls is None:
-            return super().bind(problem, tactic, packed, device)
+            return self.bind_kernel(problem, launcher, packed)
         return cls(problem, launcher, packed if isinstance(packed, U8Weight) else pack_u8(packed))
 
     # ---- weight layout ------------------------------------------------------------------------
