@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
-from autotune.core.operands import check_out, check_routing, check_weight, check_x
+from autotune.core.operands import check_out, check_routing, check_weight, check_x, x_checker
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
@@ -101,7 +101,10 @@ class FamilyBase:
         """A launcher for one weight: the kernel with its packed weight fixed. The weight is
         checked against the problem here, once; a call checks only what it brings."""
         check_weight(problem, packed)
-        kernel = self.build(problem, tactic, device)
+        return self.bind_kernel(problem, self.build(problem, tactic, device), packed)
+
+    def bind_kernel(self, problem: Problem, kernel: Kernel, packed: Any) -> Launcher:
+        """`bind` for an already built kernel(x, w, ...): the generic launcher around it."""
         if problem.kind == "grouped_moe":
             def launch_moe(x, topk_ids, topk_weights=None, out=None, routing_checked=False, **extra):
                 # routing_checked: the caller (FP4MoE, once per layer) checked these ids already;
@@ -117,8 +120,10 @@ class FamilyBase:
             launch_moe.kernel = kernel  # type: ignore[attr-defined]
             return launch_moe
 
+        check = x_checker(problem, packed)
+
         def launch(x, out=None):
-            check_x(problem, x, packed)
+            check(x)
             if out is not None:
                 check_out(problem, x, out)
             return kernel(x, packed, out=out)

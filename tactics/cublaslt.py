@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
@@ -181,17 +181,33 @@ def _quantize_operands(problem: Any, x: Any, w: Any) -> tuple[Any, Any, dict, di
             xq = (x.float() / xs).to(torch.float8_e4m3fn)
         return xq, wq.T, {"result_type": "bf16"}, {"a": xs, "b": float(ws)}
     # NVFP4 x NVFP4 with VEC16_UE4M3 block scales in the 128x4 layout cuBLASLt reads: the
-    # weight's come packed (swizzled once at load); only the activation's are swizzled here
+    # weight's come packed (swizzled once at load) with their scalars read once (Nvfp4Weight);
+    # only the activation is quantized and its scales swizzled here
     from autotune.core import formats
-    if not isinstance(w, SwizzledWeight):
-        w = pack_swizzled(w)
-    in_scale = float(w.input_scale) if w.input_scale is not None else 1.0
-    xp, xs = formats.quantize_activation_nvfp4(x, in_scale)
+    ops = w if isinstance(w, Nvfp4Weight) else nvfp4_weight(w)
+    xp, xs = formats.quantize_activation_nvfp4(x, ops.in_scale)
     a = xp.view(torch.float4_e2m1fn_x2)
-    b = w.packed.view(torch.float4_e2m1fn_x2).T
-    scales = {"a": formats.swizzle_128x4(xs).view(torch.float8_e4m3fn), "b": w.scales.view(torch.float8_e4m3fn)}
-    alpha = in_scale * float(w.global_scale)
-    return a, b, {"block_scaling": True, "alpha": alpha}, scales
+    scales = {"a": formats.swizzle_128x4(xs).view(torch.float8_e4m3fn), "b": ops.b_scales}
+    return a, ops.b, {"block_scaling": True, "alpha": ops.alpha}, scales
+
+
+class Nvfp4Weight(NamedTuple):
+    """An NVFP4 weight as cuBLASLt's operands read it, made once per weight object (bind): B as a
+    [K, N] column-major fp4 view, its 128x4 scales as e4m3, and the two scalars read to the host
+    once (each `float()` of a device tensor is a sync, formerly paid on every call)."""
+    sw: Any
+    b: Any
+    b_scales: Any
+    in_scale: float
+    alpha: float
+
+
+def nvfp4_weight(w: Any) -> Nvfp4Weight:
+    import torch
+    sw = w if isinstance(w, SwizzledWeight) else pack_swizzled(w)
+    in_scale = float(sw.input_scale) if sw.input_scale is not None else 1.0
+    return Nvfp4Weight(sw, sw.packed.view(torch.float4_e2m1fn_x2).T, sw.scales.view(torch.float8_e4m3fn), in_scale,
+                       in_scale * float(sw.global_scale))
 
 
 def make_matmul(problem: Any, x: Any, w: Any) -> Any:
@@ -320,16 +336,16 @@ class Launcher:
         self._checked: Any = None
 
     def weight(self, w: Any) -> Any:
-        """The weight as the operands read it: an NVFP4 weight in the swizzled-128x4 layout
-        (a packed one passes through; a plain FP4Weight is swizzled and checked once per weight
-        object, never per call)."""
+        """The weight as the operands read it: for NVFP4 an `Nvfp4Weight` (the swizzled-128x4
+        layout, a packed one passing through, plus its scalars), made and checked once per weight
+        object, never per call."""
         if self.problem.w_fmt != "nvfp4":
             return w
         sw = self._swizzled(w)
-        if sw is not self._checked:
+        if self._checked is None or self._checked.sw is not sw:
             check_bound_weight(self.problem, sw, NAME)
-            self._checked = sw
-        return sw
+            self._checked = nvfp4_weight(sw)
+        return self._checked
 
     def _matmul(self, x: Any, w: Any) -> Any:
         m = x.shape[0]

@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 
 from autotune.core.arch import Arch
-from autotune.core.operands import out_shape
+from autotune.core.operands import check_out, check_weight, out_shape, x_checker
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
 
@@ -38,6 +38,44 @@ def _dense(x: torch.Tensor, w, dtype: torch.dtype, chunk: int, out: torch.Tensor
         n1 = min(n, n0 + step)
         out[:, n0:n1] = (xd @ _rows(w, n0, n1, dtype).T).to(out.dtype)
     return out
+
+
+def _slab(x: torch.Tensor, part, dtype: torch.dtype, dst: torch.Tensor) -> None:
+    """dst = x · dequant(part)ᵀ: the whole GPU/CPU work of a bound call (a no-op in the CPU bench)."""
+    w = part.dequantize(dtype)
+    if dst.dtype == dtype and dst.is_contiguous():
+        torch.matmul(x, w.T, out=dst)
+    else:
+        dst.copy_(x @ w.T)
+
+
+def bind_dense(problem, tactic: Tactic, packed) -> "callable":
+    """launch(x, out=None) for one dense weight: the dtypes and the weight's row slabs (views, one
+    per chunk) made once here; a call checks x, allocates y (not with out=) and runs the slabs."""
+    from autotune.core.formats import FP4Weight
+    check_weight(problem, packed)
+    dtype, chunk, odt, n = DTYPES[tactic["dequant_dtype"]], int(tactic["chunk_n"]), OUT[problem.out_dtype], problem.n
+    step = chunk or n
+    slabs = tuple((n0, min(n, n0 + step), FP4Weight(packed.packed[n0:n0 + step], packed.scales[n0:n0 + step],
+                                                     packed.global_scale, packed.fmt)) for n0 in range(0, n, step))
+    whole = slabs[0][2] if len(slabs) == 1 else None
+    check = x_checker(problem, packed)
+
+    def launch(x, out=None):
+        check(x)
+        if out is None:
+            out = x.new_empty((x.shape[0], n), dtype=odt)
+        else:
+            check_out(problem, x, out)
+        xd = x if x.dtype is dtype else x.to(dtype)
+        if whole is not None:
+            _slab(xd, whole, dtype, out)
+        else:
+            for n0, n1, part in slabs:
+                _slab(xd, part, dtype, out[:, n0:n1])
+        return out
+    launch.weight = packed  # type: ignore[attr-defined]
+    return launch
 
 
 class TorchFamily(FamilyBase):
@@ -70,6 +108,11 @@ class TorchFamily(FamilyBase):
 
     def default(self, problem, arch: Arch) -> Tactic:
         return Tactic(self.name, dequant_dtype="bf16" if arch.is_gpu else "fp32", chunk_n=0)
+
+    def bind(self, problem, tactic: Tactic, packed, device: str):
+        if problem.kind == "dense":
+            return bind_dense(problem, tactic, packed)
+        return super().bind(problem, tactic, packed, device)
 
     def build(self, problem, tactic: Tactic, device: str):
         dtype, chunk, odt = DTYPES[tactic["dequant_dtype"]], int(tactic["chunk_n"]), OUT[problem.out_dtype]

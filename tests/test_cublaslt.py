@@ -199,6 +199,19 @@ def test_launcher_does_not_swizzle_the_packed_weight_per_call(swizzle_calls):
     assert b.data_ptr() == w.packed.data_ptr() and opts["alpha"] == float(w.global_scale)
 
 
+def test_launcher_reads_the_weight_scalars_once_per_weight(monkeypatch):
+    """float() of the weight's global / input scale is a device sync: once per weight, not per call."""
+    import torch
+    made = []
+    real = cl.nvfp4_weight
+    monkeypatch.setattr(cl, "nvfp4_weight", lambda w: made.append(w) or real(w))
+    p, sw = Problem.dense(256, 256), FAM.pack("swizzled-128x4", _weight())
+    launcher, x = cl.Launcher(p, a_tactic()), torch.randn(128, 256).to(torch.bfloat16)
+    for _ in range(5):
+        cl._quantize_operands(p, x, launcher.weight(sw))
+    assert made == [sw]
+
+
 def test_launcher_swizzles_a_plain_weight_once(swizzle_calls):
     launcher, w = cl.Launcher(Problem.dense(256, 256), a_tactic()), _weight()
     for _ in range(5):

@@ -387,9 +387,12 @@ def test_flashinfer_weight_operands_are_views_of_the_packed_weight(swizzle_calls
     sw = FAM.pack("swizzled-128x4", w)
     swizzle_calls.clear()
     ops = WeightOperands(p)
+    first = ops(sw)
     for _ in range(5):
-        b, sf, in_scale, w_scale = ops(sw)
+        b, sf, in_scale, w_scale, gs, alpha = ops(sw)
     assert swizzle_calls == []                                 # packed form: never swizzled per call
+    assert gs is first.gs and alpha is first.alpha             # device scalars made once per weight, not per call
+    assert float(gs) == 1.0 and float(alpha) == float(w.global_scale) and gs.device == w.packed.device
     assert b.shape == (128, 200) and b.data_ptr() == w.packed.data_ptr()
     assert sf.data_ptr() == sw.scales.data_ptr()
     # what the launcher used to compute on each call, byte for byte

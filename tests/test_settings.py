@@ -25,13 +25,19 @@ def test_only_the_settings_module_names_autotune_variables():
     assert set(found) == {"autotune/core/settings.py"}, found
     assert sorted(found["autotune/core/settings.py"]) == sorted(
         [settings.CACHE, settings.MISSES, settings.PIN, settings.CACHE_IMMUTABLE, settings.SIGNING_KEY,
-         settings.SIGNING_KEY_FILE, settings.CLAIM_TTL_S])
+         settings.SIGNING_KEY_FILE, settings.CLAIM_TTL_S, settings.LAUNCH])
 
 
 @pytest.mark.parametrize("value, want", [("", None), ("  ", None), (" /x/c.db ", "/x/c.db")])
 def test_cache_url_is_read_at_call_time(monkeypatch, value, want):
     monkeypatch.setenv("AUTOTUNE_CACHE", value)
     assert settings.cache_url() == want
+
+
+def test_launch_route(monkeypatch):
+    for v, want in (("", "direct"), ("direct", "direct"), ("triton", "triton"), (" Triton ", "triton"), ("x", "direct")):
+        monkeypatch.setenv("AUTOTUNE_LAUNCH", v)
+        assert settings.launch_route() == want
 
 
 def test_immutable_and_pins_and_misses(monkeypatch):

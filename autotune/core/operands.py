@@ -75,6 +75,43 @@ def check_x(problem: Problem, x: Any, w: Any) -> None:
         raise OperandError(f"{problem.key}: x is on the meta device")
 
 
+def x_checker(problem: Problem, w: Any):
+    """`check(x)`: check_x for one bound weight, with the common case answered by four attribute
+    reads (dtype, ndim, K, device index) and check_x's one-line error for anything else."""
+    want = _DTYPES.get(problem.a_fmt)
+    k, dev = problem.k, w.packed.device
+    idx = dev.index if dev.type == "cuda" else None
+
+    if want is None or dev.type not in ("cpu", "cuda"):
+        def check(x: Any) -> None:
+            check_x(problem, x, w)
+        return check
+    if idx is None:
+        def check_cpu(x: Any) -> None:
+            if x.__class__ is not torch.Tensor or x.dtype is not want or x.ndim != 2 or x.shape[1] != k \
+                    or not x.is_cpu:
+                check_x(problem, x, w)
+        return check_cpu
+
+    def check_cuda(x: Any) -> None:
+        if x.__class__ is not torch.Tensor or x.dtype is not want or x.ndim != 2 or x.shape[1] != k \
+                or x.get_device() != idx:
+            check_x(problem, x, w)
+    return check_cuda
+
+
+def out_checker(problem: Problem):
+    """`check(x, out)`: check_out for a dense bound launcher, the common case answered by attribute
+    reads (class, dtype, shape, same device as x) and check_out's one-line error for anything else."""
+    want, n = _DTYPES[problem.out_dtype], problem.n
+
+    def check(x: Any, out: Any) -> None:
+        if out.__class__ is not torch.Tensor or out.dtype is not want or out.ndim != 2 or out.shape[1] != n \
+                or out.shape[0] != x.shape[0] or out.get_device() != x.get_device() or out.is_meta:
+            check_out(problem, x, out)
+    return check
+
+
 def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights: Any = None,
                   values: bool = True) -> None:
     """topk_ids [M, top_k] integer ids in [-1, E); topk_weights [M, top_k] when given. values=False:

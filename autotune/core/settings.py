@@ -8,6 +8,8 @@ serving process that sets one later is honoured).
     AUTOTUNE_SIGNING_KEY      an HMAC secret that signs exports and verifies files (cache.signing)
     AUTOTUNE_SIGNING_KEY_FILE a key file (Ed25519 PEM, or an HMAC secret) for the same
     AUTOTUNE_CLAIM_TTL_S      how long a search's claim on a (problem, bucket) job lives (engine.claims)
+    AUTOTUNE_LAUNCH           "triton": bound Triton launchers use Triton's own launch, never the
+                              direct route (tactics/triton_fp4/direct.py); default "direct"
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ CACHE_IMMUTABLE = "AUTOTUNE_CACHE_IMMUTABLE"
 SIGNING_KEY = "AUTOTUNE_SIGNING_KEY"
 SIGNING_KEY_FILE = "AUTOTUNE_SIGNING_KEY_FILE"
 CLAIM_TTL_S = "AUTOTUNE_CLAIM_TTL_S"
+LAUNCH = "AUTOTUNE_LAUNCH"
 
 
 def cache_url() -> str | None:
@@ -42,3 +45,8 @@ def cache_immutable() -> bool:
 def claim_ttl_s() -> str:
     """$AUTOTUNE_CLAIM_TTL_S as written (engine.claims parses and checks it)."""
     return os.environ.get(CLAIM_TTL_S, "").strip()
+
+
+def launch_route() -> str:
+    """$AUTOTUNE_LAUNCH: "triton" (Triton's own launch) or "direct" (the default)."""
+    return "triton" if os.environ.get(LAUNCH, "").strip().lower() == "triton" else "direct"

@@ -57,7 +57,8 @@ class Dispatcher:
         self._immutable = immutable if immutable is not None else settings.cache_immutable()
         self._tables: dict[Problem, Table] = {}
         self._by_id: dict[int, tuple[Problem, Table]] = {}    # id(problem) -> table, no hashing per call
-        self._dense: dict[int, dict[int, Table]] = {}         # N -> K -> table (bf16 x nvfp4 -> bf16)
+        # N -> K -> the table's bound __call__ (bf16 x nvfp4 -> bf16): the (M, N, K) form's fast path
+        self._dense: dict[int, dict[int, Callable]] = {}
         self._winners: dict[Problem, list[tuple[int, Tactic]]] = {}
         self._built: dict[tuple[Problem, Tactic], Callable] = {}
         self._pins: dict[str, Tactic] = {}
@@ -157,7 +158,7 @@ class Dispatcher:
                 t._set_pin(old.pinned, old.pinned_tactic)
         self._tables[p] = t
         if p.kind == "dense" and p.a_fmt == "bf16" and p.w_fmt == "nvfp4" and p.out_dtype == "bf16":
-            self._dense.setdefault(p.n, {})[p.k] = t
+            self._dense.setdefault(p.n, {})[p.k] = t.__call__
         if t.pinned is None and p.key in self._pins:
             self._pin_table(t, self._pins[p.key])          # an explicit pin must fit: raises if not
         elif t.pinned is None and "*" in self._pins:
@@ -291,15 +292,20 @@ def _writable(store) -> bool:
 _default: Dispatcher | None = None
 
 
+#: the default dispatcher's N -> K -> table lookup (the same dict object, so installs show up)
+_DENSE: dict[int, dict[int, Callable]] = {}
+
+
 def dispatch(shape, m: int | None = None):
     """`dispatch((M, N, K))` for a dense bf16 × NVFP4 → bf16 GEMM, or `dispatch(problem, m)`.
 
     Returns kernel(x, w) computing y[M, N] = x[M, K] · W[N, K]ᵀ with x bf16 and w an FP4Weight.
+    Engines that know their problem and weight at load should bind instead (`Dispatcher.bind`):
+    `bound.launcher(M)(x)` skips this lookup and the per-call weight check.
     """
-    d = _default
-    if d is not None and m is None:        # the README's form, inlined: one call less per GEMM
+    if m is None:                          # the README's form, inlined: module dict, table's bound call
         mm, n, k = shape
-        byk = d._dense.get(n)
+        byk = _DENSE.get(n)
         if byk is not None:
             t = byk.get(k)
             if t is not None and mm > 0:
@@ -308,13 +314,13 @@ def dispatch(shape, m: int | None = None):
 
 
 def default_dispatcher() -> Dispatcher:
-    global _default
     if _default is None:
-        _default = Dispatcher()
+        reset(Dispatcher())
     return _default
 
 
 def reset(dispatcher: Dispatcher | None = None) -> None:
     """Drop the process-wide table (tests, or after a new search in the same process)."""
-    global _default
+    global _default, _DENSE
     _default = dispatcher
+    _DENSE = dispatcher._dense if dispatcher is not None else {}

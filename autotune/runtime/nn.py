@@ -110,11 +110,15 @@ class FP4Linear(_FP4Base):
         return cls(w, bias, dispatcher=dispatcher)
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.ndim == 2 and x.dtype is torch.bfloat16 and x.shape[1] == self.in_features and self.bias is None \
+                and not torch.compiler.is_compiling():
+            # the engines' eager case: no reshape, no cast, straight to the bound launcher (issue #17)
+            return self.bound.launcher(x.shape[0])(x)
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise OperandError(f"{self.problem.key}: x is {'x'.join(map(str, x.shape))}, expected "
                                f"... x {self.in_features}")
         lead = x.shape[:-1]
-        xb = x.reshape(-1, self.in_features)
+        xb = x if x.ndim == 2 else x.reshape(-1, self.in_features)
         if xb.dtype != torch.bfloat16:
             xb = xb.to(torch.bfloat16)
         if torch.compiler.is_compiling():      # traced: one opaque op with a fake implementation
@@ -123,7 +127,8 @@ class FP4Linear(_FP4Base):
             y = self.bound.launcher(xb.shape[0])(xb)
         if self.bias is not None:
             y = y + self.bias
-        y = y.reshape(*lead, self.out_features)
+        if x.ndim != 2:
+            y = y.reshape(*lead, self.out_features)
         return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
 
     def warmup(self, ms: Iterable[int]) -> None:

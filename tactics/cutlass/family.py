@@ -16,7 +16,7 @@ bundles) but not executed: that runner computes a whole MoE block, not one group
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
@@ -254,31 +254,45 @@ class FlashInferMmFp4:
         import torch
         if x.ndim != 2 or x.shape[1] != self.problem.k:
             raise ValueError(f"cutlass: activation {tuple(x.shape)} does not match the problem's K={self.problem.k}")
-        b, b_sf, in_scale, w_scale = self._weight(w)
-        gs = torch.tensor([1.0 / in_scale], dtype=torch.float32, device=x.device)
-        a, a_sf = self.quantize(x, gs, 16, False, True)
-        alpha = torch.tensor([in_scale * w_scale], dtype=torch.float32, device=x.device)
+        ops = self._weight(w)                  # per weight object: views, scalars, their device tensors
+        a, a_sf = self.quantize(x, ops.gs, 16, False, True)
         if out is None:
             out = torch.empty(x.shape[0], self.problem.n, dtype=torch.bfloat16, device=x.device)
-        inputs = [a, b, a_sf, b_sf, alpha, torch.bfloat16, out, 16, True, self.workspace]
+        inputs = [a, ops.b, a_sf, ops.sf, ops.alpha, torch.bfloat16, out, 16, True, self.workspace]
         self.runner.forward(inputs, tactic=self.index)
         return out
 
 
+class FlashInferOperands(NamedTuple):
+    b: Any              # (K/2, N) column-major uint8 view of the packed codes
+    sf: Any             # (C, R) view of the 128x4 block scales
+    in_scale: float
+    w_scale: float
+    gs: Any             # fp32 [1] = 1 / in_scale on the weight's device (fp4_quantize's global scale)
+    alpha: Any          # fp32 [1] = in_scale * w_scale on the weight's device
+
+
 class WeightOperands:
     """w -> the runner's weight operands, prepared (and checked against the problem) once per
-    weight object: a bound launcher's packed weight is never swizzled again."""
+    weight object: a bound launcher's packed weight is never swizzled again, and its two scalars
+    are read to the host (a sync) and put back on the device as tensors once, not on every call
+    (which also kept the call out of CUDA-graph capture: torch.tensor(..., device=cuda) copies)."""
 
     def __init__(self, problem: Any):
         self.problem = problem
         self._swizzled = SwizzledCache()
         self._ops: Any = None
 
-    def __call__(self, w: Any) -> tuple[Any, Any, float, float]:
+    def __call__(self, w: Any) -> FlashInferOperands:
         sw = self._swizzled(w)
         if self._ops is None or self._ops[0] is not sw:
             check_bound_weight(self.problem, sw, NAME)
-            self._ops = (sw, flashinfer_weight(sw))
+            import torch
+            b, sf, in_scale, w_scale = flashinfer_weight(sw)
+            dev = sw.packed.device
+            self._ops = (sw, FlashInferOperands(
+                b, sf, in_scale, w_scale, torch.tensor([1.0 / in_scale], dtype=torch.float32, device=dev),
+                torch.tensor([in_scale * w_scale], dtype=torch.float32, device=dev)))
         return self._ops[1]
 
 

@@ -10,6 +10,7 @@ from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
+from .bound_dense import BoundDequantCublas, Remember
 from .args import is_interpreting, out_tensor, weight_args
 from .member import FAMILY, check_axes, grid, POW2_K, POW2_MN, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
 
@@ -57,7 +58,7 @@ class DequantCublasMember:
 MEMBER = DequantCublasMember()
 
 
-class DequantCublasLauncher:
+class DequantCublasLauncher(Remember):
     """kernel(x, w, out=None) -> y: a Triton kernel dequantizes W (FP4Weight or U8Weight) to a bf16
     [N, K] buffer the launcher owns (global scale folded in), then torch.matmul (cuBLAS)
     multiplies. Pays N·K·2 bytes written and read per call, so it only wins where the GEMM itself
@@ -66,6 +67,8 @@ class DequantCublasLauncher:
     smem_compiled = None        # no pipelined loop, nothing for the smem model to answer for
     smem_model = None
 
+    bound_cls = BoundDequantCublas
+
     def __init__(self, problem: Problem, params: Mapping[str, Any]):
         self.problem = problem
         self.params = dict(params)
@@ -73,7 +76,8 @@ class DequantCublasLauncher:
         self._consts = {"BLOCK_N": params["block_n"], "BLOCK_K": params["block_k"], **scale_consts(problem.w_fmt),
                         "DEQ_ASM": 0 if is_interpreting() else 1}
 
-    def __call__(self, x, w, out=None):
+    def launch(self, x, w, out=None):
+        """Triton's own launch (the route every call took before #17; bound launchers fall back to it)."""
         import torch
         import triton
 

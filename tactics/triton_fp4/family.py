@@ -21,11 +21,12 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
+from autotune.core.operands import check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase, Kernel
 
-from .args import U8_LAYOUT, pack_u8
+from .args import U8_LAYOUT, U8Weight, pack_u8
 from .compat import rejection
 from .compile import compile_kernel
 from .dequant_cublas import MEMBER as DEQUANT_CUBLAS
@@ -199,6 +200,17 @@ class TritonFamily(FamilyBase):
         for src, options in srcs:
             shared = int(compile_kernel(src, options, arch, stop_at="cubin").metadata.shared)
         return shared
+
+    def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str) -> Any:
+        """Dense members: a bound launcher with everything fixed at bind (bound_dense.py: weight
+        pointers, constexprs, per-M launch plans, scratch owned per stream); MoE members: the
+        shared FamilyBase launcher."""
+        check_weight(problem, packed)
+        launcher = self.build(problem, tactic, device)
+        cls = getattr(launcher, "bound_cls", None) if problem.kind == "dense" else None
+        if cls is None:
+            return self.bind_kernel(problem, launcher, packed)
+        return cls(problem, launcher, packed if isinstance(packed, U8Weight) else pack_u8(packed))
 
     # ---- weight layout ------------------------------------------------------------------------
     def layout(self, tactic: Tactic) -> str:

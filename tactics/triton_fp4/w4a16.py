@@ -10,6 +10,7 @@ from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
+from .bound_dense import BoundW4A16, Remember
 from .args import is_interpreting, note_compiled, out_tensor, weight_args
 from .compile import ast_source
 from .member import (FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
@@ -116,7 +117,7 @@ class W4A16Member:
 MEMBER = W4A16Member()
 
 
-class W4A16Launcher:
+class W4A16Launcher(Remember):
     """kernel(x, w, out=None) -> y. `w` is an FP4Weight or the family's U8Weight pack.
 
     After the first call, `smem_compiled` holds the compiled kernel's `metadata.shared` (None
@@ -125,6 +126,8 @@ class W4A16Launcher:
     int32 counter per output tile (the kernel leaves them zero): one launch at a time per launcher.
     The split is lowered for large M so the workspace stays under MAX_WORKSPACE_BYTES.
     """
+
+    bound_cls = BoundW4A16
 
     def __init__(self, problem: Problem, params: Mapping[str, Any]):
         self.problem = problem
@@ -157,7 +160,8 @@ class W4A16Launcher:
             self._ws = torch.empty(need, dtype=torch.float32, device=device)
         return self._ws, self._locks
 
-    def __call__(self, x, w, out=None):
+    def launch(self, x, w, out=None):
+        """Triton's own launch (the route every call took before #17; bound launchers fall back to it)."""
         import triton
 
         from .kernel import w4a16_dequant_kernel

@@ -1,0 +1,216 @@
+"""Bound launchers of the dense members (w4a16_dequant, dequant_cublas): one weight, everything
+that does not change between calls computed at bind (issue #17).
+
+At bind: the weight's pointers (ints), N, K, the constexprs and the cheap x check. Per M, on the
+first call with that M (and stream, for kernels that own scratch): the grid, the split, the
+scratch, and the compiled kernel with its launch handles (direct.py) — a `plan`, kept in a dict
+keyed by M. A call then does the x check, one dict lookup, the output allocation (none with
+`out=`), the current stream and one launch through Triton's compiled launcher.
+
+Scratch (split-K workspace and tile counters; dequant_cublas's bf16 weight buffer) is owned by the
+bound launcher, one set per CUDA stream, so launches on two streams never share it. A buffer that
+a larger M outgrows is kept alive (a CUDA graph captured earlier may still point at it).
+
+Where the direct route is not available (interpreter, CPU, other Triton versions, a launch hook,
+$AUTOTUNE_LAUNCH=triton, an x or out that is not 16-byte aligned and contiguous) the call goes
+through the member's normal launcher (Triton's own launch), with the same bound weight.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.core.operands import out_checker, x_checker
+from autotune.core.problem import Problem
+
+from . import direct
+
+#: plans kept per launcher (distinct M values); past this, a new M is planned on every call
+MAX_PLANS = 4096
+
+
+class Scratch:
+    """Per-stream buffers of one launcher: `get(stream, numel, dtype, device, zero)` returns a
+    buffer of at least `numel` elements, grown (never shrunk) on demand; outgrown ones are retired,
+    not freed."""
+
+    __slots__ = ("bufs", "retired")
+
+    def __init__(self) -> None:
+        self.bufs: dict[tuple[int, str], Any] = {}
+        self.retired: list[Any] = []
+
+    def get(self, stream: int, name: str, numel: int, dtype, device, zero: bool = False):
+        import torch
+        b = self.bufs.get((stream, name))
+        if b is None or b.numel() < numel or b.device != device:
+            if b is not None:
+                self.retired.append(b)
+            b = (torch.zeros if zero else torch.empty)(numel, dtype=dtype, device=device)
+            self.bufs[(stream, name)] = b
+        return b
+
+
+def _capturing() -> bool:
+    import torch
+    return torch.cuda.is_current_stream_capturing()
+
+
+def _aligned(*ts) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in ts)
+
+
+class _BoundDense:
+    """Shared part: weight, checks, plan cache, the fallback. Subclasses implement `_plan(x, out,
+    stream)` -> a plan tuple, or None when this call must take the normal launch."""
+
+    def __init__(self, problem: Problem, launcher: Any, packed: Any):
+        import torch
+        self.problem, self.inner, self.weight = problem, launcher, packed
+        self.n, self.k = problem.n, problem.k
+        self.device = packed.packed.device
+        self.check, self.check_out = x_checker(problem, packed), out_checker(problem)
+        self.scratch = Scratch()
+        self.plans: dict[int, tuple] = {}
+        why = "not a CUDA weight" if self.device.type != "cuda" else direct.why_not()
+        if why is None and not _aligned(packed.packed, packed.scales, packed.global_scale):
+            why = "weight tensors not 16-byte aligned"
+        self.direct, self.why = why is None, why
+        self.w_ptrs = (packed.packed.data_ptr(), packed.scales.data_ptr(), packed.global_scale.data_ptr())
+        self._stream = direct.stream_getter() if self.direct else None
+        self._bf16 = torch.bfloat16
+        self.launches = [0, 0]          # [direct, normal]: which route answered (tests, bench)
+        self.source = packed            # the weight object this was bound from (Remember)
+
+    @property
+    def smem_compiled(self):
+        return self.inner.smem_compiled
+
+    def _fallback(self, x, out):
+        self.launches[1] += 1
+        return self.inner.launch(x, self.weight, out=out)
+
+    def _give_up(self, e: Exception, x, out):
+        self.direct, self.why = False, f"planning failed: {type(e).__name__}: {e}"
+        return self._fallback(x, out)
+
+    def _out(self, x, out):
+        if out is None:
+            return x.new_empty((x.shape[0], self.n))
+        self.check_out(x, out)
+        return out
+
+
+class Remember:
+    """Mixin for the unbound launchers (`dispatch((M, N, K))(x, w)`): a weight object seen on two
+    calls in a row is bound (`bound_cls`), and its later calls take the bound launcher's route."""
+
+    bound_cls: Any = None
+    _seen: Any = None
+    _bound: Any = None
+
+    def __call__(self, x, w, out=None):
+        b = self._bound
+        if b is not None and b.source is w:
+            return b(x, out)
+        if self._seen is w and getattr(w, "packed", None) is not None and w.packed.is_cuda \
+                and not _capturing():                 # bind (and plan) outside any graph capture
+            from .args import U8Weight, pack_u8
+            self._bound = b = self.bound_cls(self.problem, self, w if isinstance(w, U8Weight) else pack_u8(w))
+            b.source = w
+            return b(x, out)
+        self._seen = w
+        return self.launch(x, w, out=out)
+
+
+class BoundW4A16(_BoundDense):
+    """launch(x, out=None) for the fused W4A16 kernel (split-K scratch per stream)."""
+
+    def __call__(self, x, out=None):
+        self.check(x)
+        m = x.shape[0]
+        if out is None:
+            out = x.new_empty((m, self.n))
+        else:
+            self.check_out(x, out)
+        xp, op = x.data_ptr(), out.data_ptr()
+        if not self.direct or not m or xp & 15 or op & 15 or not x.is_contiguous() or not out.is_contiguous():
+            return self._fallback(x, out)
+        stream = self._stream(self.device.index)
+        p = self.plans.get(m)
+        if p is None or (p[0] != stream and p[0] != -1):       # -1: no scratch, any stream
+            try:
+                p = self._plan(x, out, stream)
+            except Exception as e:  # noqa: BLE001 - a route that cannot plan falls back, once
+                return self._give_up(e, x, out)
+        self.launches[0] += 1
+        p[2](p[3], p[4], 1, stream, p[5], p[6], None, None, None, xp, *p[7], op, *p[8], m, *p[9])
+        return out
+
+    def _plan(self, x, out, stream):
+        import torch
+        import triton
+
+        from .kernel import w4a16_dequant_kernel as fn
+        inner, prm = self.inner, self.inner.params
+        m, n, k = x.shape[0], self.n, self.k
+        bm, bn = prm["block_m"], prm["block_n"]
+        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        sk = inner._split(tiles)
+        need = sk * tiles * bm * bn if sk > 1 else 4
+        ws = self.scratch.get(stream, "ws", need, torch.float32, x.device)
+        locks = self.scratch.get(stream, "locks", max(4, tiles), torch.int32, x.device, zero=True)
+        w = self.weight
+        consts = {**inner._consts, "SPLIT_K": sk}
+        kw = {"num_warps": prm["num_warps"], "num_stages": prm["num_stages"], **consts}
+        grid = (tiles, sk)
+        ck = direct.compiled(fn, grid, (x, w.packed, w.scales, w.global_scale, out, ws, locks, m, n, k), kw)
+        from .args import note_compiled
+        from .smem import smem_bytes
+        note_compiled(inner, ck, x.device, lambda arch: smem_bytes(prm, self.problem.w_fmt, arch))
+        d = direct.Direct(ck)
+        tail = direct.constexprs(fn, 10, consts)
+        p = (stream if sk > 1 else -1, None, d.run, tiles, sk, d.function, d.metadata, self.w_ptrs,
+             (ws.data_ptr(), locks.data_ptr()), (n, k, *tail))
+        if len(self.plans) < MAX_PLANS or m in self.plans:
+            self.plans[m] = p
+        return p
+
+
+class BoundDequantCublas(_BoundDense):
+    """launch(x, out=None): dequantize W into this launcher's bf16 buffer (one per stream), then
+    torch.matmul into out. The dequant launch does not depend on M: one plan per stream."""
+
+    def __call__(self, x, out=None):
+        import torch
+        self.check(x)
+        out = self._out(x, out)
+        if not self.direct or not x.shape[0]:
+            return self._fallback(x, out)
+        stream = self._stream(self.device.index)
+        p = self.plans.get(stream)
+        if p is None:
+            try:
+                p = self._plan(stream)
+            except Exception as e:  # noqa: BLE001
+                return self._give_up(e, x, out)
+        self.launches[0] += 1
+        p[0](p[1], p[2], 1, stream, p[3], p[4], None, None, None, *p[5])
+        torch.matmul(x, p[6], out=out)
+        return out
+
+    def _plan(self, stream):
+        import torch
+        import triton
+
+        from .kernel import dequant_bf16_kernel as fn
+        inner, prm, n, k = self.inner, self.inner.params, self.n, self.k
+        wbuf = self.scratch.get(stream, "wbuf", n * k, torch.bfloat16, self.device).view(-1)[:n * k].view(n, k)
+        grid = (triton.cdiv(n, prm["block_n"]), k // prm["block_k"])
+        w = self.weight
+        kw = {"num_warps": prm["num_warps"], **inner._consts}
+        ck = direct.compiled(fn, grid, (w.packed, w.scales, w.global_scale, wbuf, n, k), kw)
+        d = direct.Direct(ck)
+        tail = direct.constexprs(fn, 6, inner._consts)
+        p = (d.run, grid[0], grid[1], d.function, d.metadata, (*self.w_ptrs, wbuf.data_ptr(), n, k, *tail), wbuf.T)
+        self.plans[stream] = p
+        return p
