@@ -49,8 +49,8 @@ def replay(model, g, memo, default_id, extras, cfg):
     ids, feats, _ = memo[(g.problem.key, g.bucket, g.device_key)]
     kept = [(i, f) for i, f in zip(ids, feats) if i in g.timed or (i in g.negative and i not in g.rejected)]
     plan = ranked.plan_for([g.tactics[i] for i, _ in kept], model.predict([f for _, f in kept]),
-                           [g.tactics[i] for i in [default_id, *extras] if i in g.tactics])
-    measured, pick = ranked.simulate(plan, cfg, g.timed, default_id)
+                           [g.tactics[i] for i in [default_id, *extras] if i in g.tactics], cfg=cfg)
+    measured, pick = ranked.simulate(plan, g.timed, default_id)
     return len(kept), len(measured), pick
 
 

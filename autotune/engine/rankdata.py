@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from autotune.core.arch import Arch, arch_for_cc
+from autotune.core.arch import ARCHS, Arch, arch_for_cc
 from autotune.core.problem import Problem
 from autotune.core.records import Trial
 from autotune.core.tactic import Tactic
@@ -42,7 +42,10 @@ class Group:
 def device_arch(store, device_key: str) -> tuple[Arch, int, dict]:
     """(arch, SM count, device record) of a stored device."""
     d = store.device(device_key) or {}
-    major, _, minor = str(d.get("cc") or "0.0").partition(".")
+    cc = str(d.get("cc") or "cpu")
+    if d.get("device") == "cpu" or cc == "cpu":
+        return ARCHS["cpu"], int(d.get("sm_count") or 0), d
+    major, _, minor = cc.partition(".")
     arch = arch_for_cc(int(major), int(minor or 0))
     return arch, int(d.get("sm_count") or 0), d
 

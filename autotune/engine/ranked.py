@@ -3,10 +3,9 @@
 Per job the candidates are the kept tactics in the model's predicted order. The first batch is the
 top `first` (at least `min_first`, else `first_share` of the kept ones) plus the extras: the
 designated default and the winners of the neighbouring buckets (warm start). Each batch is measured
-by successive halving (autotune.engine.halving). Then the model's predictions are calibrated on
-what was measured (the median gap between measured log2 time and prediction) and the next `step`
-candidates are measured only if one of them is predicted faster than the best measured time
-times (1 + `stop_margin`): the adaptive stop. `max_share` caps what one job may measure.
+by successive halving (autotune.engine.halving). Then the next `step` candidates are measured only
+if the model predicts the first of them within `stop_margin` of the best measured tactic (its
+prediction relative to the best's own prediction): the adaptive stop. `max_share` caps what one job may measure.
 
 `Ranker.batches` is the one place that decides; the engine (`measure`) and the offline
 evaluation (bench/rank_eval.py, `simulate`) both drive it, with timings from the device or from a
@@ -15,7 +14,6 @@ store.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -52,13 +50,15 @@ class RankPlan:
     pred: tuple[float, ...]                 # predicted log2(time / best), same order
     extras: tuple[Tactic, ...] = ()         # the default and neighbouring buckets' winners
     known: Mapping[str, float] = field(default_factory=dict)   # tactic id -> time already stored (resume)
+    cfg: Ranked = Ranked()
 
 
 class Ranker:
     """Drives one job: `batches(measured)` yields what to measure next until the stop rule says no."""
 
-    def __init__(self, plan: RankPlan, cfg: Ranked):
-        self.plan, self.cfg = plan, cfg
+    def __init__(self, plan: RankPlan):
+        self.plan, self.cfg = plan, plan.cfg
+        cfg = plan.cfg
         n = len(plan.order)
         self.first = min(n, max(cfg.min_first, math.ceil(cfg.first_share * n)))
         self.cap = max(self.first, math.ceil(cfg.max_share * n))
@@ -86,23 +86,29 @@ class Ranker:
             yield [t for t, _ in nxt]
         self.stopped = self.stopped or f"measured the cap ({self.cap} of {len(plan.order)})"
 
-    def _stop(self, times: Mapping[str, float], best_pred: float) -> str:
+    def _stop(self, times: Mapping[str, float], next_pred: float) -> str:
+        """Stop when the model says the next candidate is slower than the best measured one by more
+        than the margin: predictions are read relative to the best's own prediction, so a model
+        that is off by a constant for this problem (a new shape) still ranks right."""
         pred = dict(zip((t.id for t in self.plan.order), self.plan.pred))
-        gaps = [math.log2(us) - pred[i] for i, us in times.items() if i in pred and us > 0]
-        if not gaps:
+        timed = [(us, i) for i, us in times.items() if us > 0]
+        if not timed:
             return ""
-        best = min(us for us in times.values() if us > 0)
-        expect = 2 ** (best_pred + statistics.median(gaps))
-        if expect > best * (1 + self.cfg.stop_margin):
-            return f"next predicted {expect:.3g} us > best {best:.3g} us + {self.cfg.stop_margin:.0%}"
+        best_us, best_id = min(timed)
+        base = pred.get(best_id)
+        if base is None:            # the best is an extra the model did not rank: compare with the top
+            base = self.plan.pred[0] if self.plan.pred else 0.0
+        ratio = 2 ** (next_pred - base)
+        if ratio > 1 + self.cfg.stop_margin:
+            return f"next predicted {ratio:.3f}x the best measured ({best_us:.3g} us), margin {self.cfg.stop_margin:.0%}"
         return ""
 
 
-def simulate(plan: RankPlan, cfg: Ranked, stored: Mapping[str, float], default_id: str,
+def simulate(plan: RankPlan, stored: Mapping[str, float], default_id: str,
              margin: float = winner_rule.DEFAULT_MARGIN) -> tuple[list[str], str | None]:
     """Offline: the ranked strategy with each measurement replaced by its stored time (a tactic
     without one counts as measured and failed). Returns (measured tactic ids, the winner's id)."""
-    r, times, measured = Ranker(plan, cfg), dict(plan.known), []
+    r, times, measured = Ranker(plan), dict(plan.known), []
     for batch in r.batches(times):
         for t in batch:
             measured.append(t.id)
@@ -114,18 +120,18 @@ def simulate(plan: RankPlan, cfg: Ranked, stored: Mapping[str, float], default_i
 
 
 def plan_for(kept: Sequence[Tactic], preds: Sequence[float], extras: Sequence[Tactic] = (),
-             known: Mapping[str, float] | None = None) -> RankPlan:
+             known: Mapping[str, float] | None = None, cfg: Ranked = Ranked()) -> RankPlan:
     """Candidates sorted by prediction (ties: tactic id, so two searches order alike)."""
     pairs = sorted(zip(kept, preds), key=lambda tp: (tp[1], tp[0].id))
     return RankPlan(tuple(t for t, _ in pairs), tuple(p for _, p in pairs), tuple(dict.fromkeys(extras)),
-                    dict(known or {}))
+                    dict(known or {}), cfg)
 
 
-def measure(run_batch: Callable[[list[Tactic], Callable], None], plan: RankPlan, cfg: Ranked,
-            emit: Callable, log: Callable[[str], None] = lambda s: None) -> None:
+def measure(run_batch: Callable[[list[Tactic], Callable], None], plan: RankPlan, emit: Callable,
+            log: Callable[[str], None] = lambda s: None) -> None:
     """Online: `run_batch(tactics, emit)` measures one batch (successive halving in a worker);
     every outcome is passed on to `emit` and its time feeds the stop rule."""
-    r, times = Ranker(plan, cfg), dict(plan.known)
+    r, times = Ranker(plan), dict(plan.known)
 
     def seen(o) -> None:
         if o.median_us is not None and o.status in ("ok", "dropped"):
