@@ -19,8 +19,6 @@ from autotune.engine.search import search
 from cache import Store
 from tactics import registry
 
-lgb = pytest.importorskip("lightgbm")
-
 ROOT = Path(__file__).resolve().parent.parent
 CPU = cpu()
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
@@ -56,6 +54,7 @@ def test_ranker_measures_on_while_the_model_was_too_optimistic():
 
 
 def test_model_json_roundtrip_tree_walk_matches_lightgbm(tmp_path):
+    lgb = pytest.importorskip("lightgbm")
     rows = [{"a": float(i % 7), "b": float(i % 3), "p.kernel=x": float(i % 2)} for i in range(300)]
     y = [r["a"] * 0.3 - r["b"] + 0.5 * r["p.kernel=x"] for r in rows]
     m = rankmodel.fit(rows, y, {"arch": "cpu"}, rounds=30)
@@ -84,6 +83,7 @@ def test_features_come_from_the_tactic_and_its_family():
 
 
 def test_ranked_search_on_the_cpu_measures_less_and_finds_every_winner(tmp_path):
+    pytest.importorskip("lightgbm")
     first = Store(tmp_path / "halving.db")
     full = _search(first)
     [(path, model)] = api.fit_rank(first)
@@ -111,6 +111,7 @@ def test_offline_evaluation_on_the_committed_h200_cache(tmp_path):
     """bench/rank_eval.py on docs/data/h200x2-glm5-tp8-full.db.xz. To stay near a minute on two
     busy cores: every leave-one-problem-out fold (6), leave-one-bucket-out on every 7th bucket
     (3 folds) and 150 boosting rounds instead of 300 (docs/search.md has the full run)."""
+    pytest.importorskip("lightgbm")
     sys.path.insert(0, str(ROOT / "bench"))
     import rank_eval
     out = tmp_path / "eval.json"

@@ -64,16 +64,26 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
           device_key: str, cfg: ranked.Ranked) -> dict[tuple[str, int], ranked.RankPlan]:
     """Per (problem, bucket): the kept tactics in predicted order, the default as an extra, and the
     times the cache already holds for them (a resumed search counts those as measured)."""
-    out = {}
+    out, names = {}, set(model.names)
     for w in work:
+        ids = {r.tactic.id for r in w.kept}
         for b in buckets:
             feats = [rankdata.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes) for r in w.kept]
+            preds = model.predict(feats)
             known = {t.tactic_id: t.median_us for t in store.get_trials(w.problem.key, b, device_key)
-                     if t.status in ("ok", "dropped") and t.median_us}
-            out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in w.kept], model.predict(feats), [w.default],
-                                                      {i: us for i, us in known.items()
-                                                       if any(r.tactic.id == i for r in w.kept)}, cfg)
+                     if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in ids}
+            out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in w.kept], preds,
+                                                      [w.default, *_novel(w.kept, feats, preds, names, cfg.min_first)],
+                                                      known, cfg)
     return out
+
+
+def _novel(kept, feats, preds, names: set, n: int) -> list[Tactic]:
+    """Up to n tactics (best predicted first) with a categorical feature the model never saw, e.g.
+    a member added after it was fitted: measured in the first batch, so a new kernel gets a chance."""
+    new = [(p, r.tactic.id, r.tactic) for r, f, p in zip(kept, feats, preds)
+           if any("=" in k and k not in names for k in f)]
+    return [t for _, _, t in sorted(new)[:n]]
 
 
 def first_batches(ranking: Ranking) -> set[tuple[str, str]]:
