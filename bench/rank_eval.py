@@ -15,6 +15,10 @@ gap between the stored time of the replay's winner and of the committed winner.
 
     python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz            # every fold
     python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz --lobo-every 5 --json out.json
+    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz --lobo-every 4 --learner sklearn
+
+`--learner sklearn` swaps LightGBM for scikit-learn's HistGradientBoostingRegressor with the same
+settings (the comparison that chose the library; the search itself only reads LightGBM models).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.engine import rankdata, ranked  # noqa: E402
+from autotune.engine import rankdata, rankmodel, ranked  # noqa: E402
 from cache.store import Store  # noqa: E402
 
 TARGET_SHARE, TARGET_GAP, TARGET_HITS = 0.10, 0.03, 0.95
@@ -104,6 +108,30 @@ def table(rows: list[dict]) -> tuple[str, dict]:
     return "\n".join(out), summary
 
 
+class _Sklearn:
+    """scikit-learn's histogram GBDT on the same features and labels, for the library comparison."""
+
+    def __init__(self, names, est):
+        self.names, self.est = names, est
+
+    def predict(self, rows):
+        import numpy as np
+        return self.est.predict(np.array([rankmodel.Model(self.names, "", {}).vector(r) for r in rows])).tolist()
+
+    @classmethod
+    def fit(cls, rows, labels, key, info=None, rounds=rankmodel.ROUNDS):
+        import numpy as np
+        from sklearn.ensemble import HistGradientBoostingRegressor
+        names = sorted({n for r in rows for n in r})
+        m = rankmodel.Model(names, "", key)
+        X = np.array([m.vector(r) for r in rows])
+        p = rankmodel.PARAMS
+        est = HistGradientBoostingRegressor(max_iter=rounds, learning_rate=p["learning_rate"],
+                                            max_leaf_nodes=p["num_leaves"], min_samples_leaf=p["min_data_in_leaf"],
+                                            l2_regularization=p["lambda_l2"], random_state=0)
+        return cls(names, est.fit(X, np.array(labels)))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("db", help="a cache file (SQLite, or .xz of one) holding a full search")
@@ -111,8 +139,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lobo-every", type=int, default=1, help="hold out every n-th bucket only (CI: fewer folds)")
     ap.add_argument("--folds", default="lopo,lobo")
     ap.add_argument("--json", help="write the per-group rows here")
+    ap.add_argument("--learner", choices=["lightgbm", "sklearn"], default="lightgbm")
     a = ap.parse_args(argv)
-    from autotune.engine import rankmodel
+    if a.learner == "sklearn":
+        rankmodel.fit = _Sklearn.fit      # this process only: rankdata.train fits through rankmodel.fit
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(a.db, tmp)
