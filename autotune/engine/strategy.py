@@ -50,7 +50,7 @@ def load_model(given, store, arch: Arch) -> tuple[rankmodel.Model | None, str]:
     else:
         path = Path(given) if given else model_path(store, arch)
         if path is None or not path.is_file():
-            return None, f"no rank model{f' at {path}' if path else ''} (autotune rank fit makes one)"
+            return None, f"no rank model{f' at {path}' if path else ''} (`autotune cache rank-fit` makes one)"
         try:
             m, where = rankmodel.load(path), str(path)
         except (OSError, ValueError, KeyError) as e:
