@@ -103,3 +103,25 @@ def test_one_per_problem_scores_by_the_geometric_mean_over_buckets():
     trials = [tr("a", 1, 10.0), tr("a", 8, 30.0), tr("b", 1, 10.5), tr("b", 8, 20.0), tr("c", 1, 9.0)]
     pick, cost = one_per_problem(trials, [1, 8], "none")
     assert pick.tactic_id == "b" and cost == pytest.approx(((10.5 / 9.0) * 1.0) ** 0.5)   # c has no M=8 time
+
+
+@pytest.mark.gpu
+def test_invariant_triton_tactics_give_bit_identical_rows_on_the_gpu():
+    """The same check compiled for the GPU, at GLM-5 TP8 shapes (gate_up 3072 x 6144, MoE w13)."""
+    import torch
+
+    from autotune.core import inputs
+    from tactics.triton_fp4.family import TritonFamily
+    fam = TritonFamily()
+    cases = [(Problem.dense(3072, 6144), _w4a16(16, 64, 128, 1)), (Problem.dense(3072, 6144), _w4a16(64, 128, 128, 1)),
+             (Problem.moe(512, 6144, 256, 8), Tactic("triton", kernel="moe_w4a16", block_m=16, block_n=64,
+                                                     block_k=128, num_warps=4, num_stages=3))]
+    for p, t in cases:
+        assert fam.batch_invariant(p, t)
+        s = inputs.make_inputs(p, 64, "cuda", seed=3)[0]
+        kern = fam.build(p, t, "cuda")
+        many = kern(*s.args()).clone()
+        for i in (0, 17, 63):
+            one = kern(s.x[i:i + 1], s.w) if p.kind == "dense" else kern(s.x[i:i + 1], s.w, s.topk_ids[i:i + 1],
+                                                                         s.topk_weights[i:i + 1])
+            assert torch.equal(one[0], many[i]), (str(t), i)
