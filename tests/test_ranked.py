@@ -123,3 +123,31 @@ def test_offline_evaluation_on_the_committed_h200_cache(tmp_path):
         assert s["share"] <= rank_eval.TARGET_SHARE and s["within"] >= rank_eval.TARGET_HITS
         assert not math.isnan(s["worst_gap"])
     assert rc == 0
+
+
+def test_plans_warm_start_from_neighbours_and_measure_never_seen_members(tmp_path):
+    from autotune.core.records import Winner
+    from autotune.core.tactic import Verdict
+    from autotune.engine import strategy
+    from autotune.engine.search import Planned, _Work
+    pytest.importorskip("lightgbm")
+    p, arch = Problem.dense(2048, 512), ARCHS["cpu"]
+    seen = [Tactic("torch", dequant_dtype="fp32", chunk_n=c) for c in (0, 512)]
+    new = [Tactic("torch", dequant_dtype="bf16", chunk_n=c) for c in (0, 512)]
+    rows = [rankdata.row(p, t, m, arch, 2, None) for t in seen for m in (1, 8, 64)] * 10
+    model = rankmodel.fit(rows, [0.5] * len(rows), {"arch": "cpu"}, rounds=5)
+    work = [_Work(p, [Planned(p, t, Verdict.keep()) for t in seen + new], seen[0])]
+    store = Store(tmp_path / "c.db")
+    cfg = ranked.Ranked(min_first=2, first_share=0.0, step=1)     # up to 2 never-seen extras
+    plans = strategy.plans(model, work, [1, 8, 64], arch, 2, store, CPU.device_key, cfg)
+    plan = plans[(p.key, 8)]
+    # the default, then both never-seen (bf16) tactics: the model has no feature for them
+    assert plan.extras[0] == seen[0] and set(plan.extras[1:]) == set(new)
+    # warm start: the winner stored for bucket 1 (a neighbour of 8) joins the extras, 64's too
+    store.put_environment(CPU, ("torch",))
+    lib = CPU.lib_key(("torch",))
+    for b, t in ((1, seen[1]), (64, new[1])):
+        store.put_winner(Winner(p.key, b, CPU.device_key, t.id, "torch", t.to_json(), lib, 1.0, seen[0].id, None, None))
+    warm = strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": lib})
+    assert seen[1] in warm.extras and new[1] in warm.extras
+    assert strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": "other"}).extras == plan.extras
