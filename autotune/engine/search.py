@@ -3,7 +3,9 @@
 A rejected tactic is never built, compiled or launched; its verdict is stored once (bucket 0
 stands for every bucket). Kept tactics are compiled ahead of time in parallel (families that
 compile), then each (problem, bucket) is a job for a worker process (autotune.engine.workers): checked
-against a float64 reference, then timed by successive halving (autotune.engine.halving). A failure —
+against a float64 reference, then timed by successive halving (autotune.engine.halving) — with
+`--strategy ranked` only the candidates a ranking model puts first (autotune.engine.strategy,
+autotune.engine.ranked). A failure —
 raised, wrong, crashed, hung — is stored with its reason. Every trial commits on its own, so an
 interrupted search resumes by measuring only what is missing. Winners are recomputed from the
 stored trials (autotune.core.winner), never from in-memory state.
@@ -298,7 +300,7 @@ class _Search:
                 out.append(Job(w.problem, b, todo, w.default.id, {r.tactic.id: r.verdict.smem_bytes for r in w.kept}, plan))
         return out
 
-    # 4b. ranked: a model's plan per (problem, bucket), or halving as before when there is none
+    # 2b. ranked: a model's plan per (problem, bucket), or halving as before when there is none
     def rank(self, work: list[_Work]) -> None:
         if self.o.strategy != "ranked":
             return
