@@ -61,7 +61,14 @@ def main():
 @click.option("--margin", default=0.03, show_default=True, help="a winner must beat the default by this fraction")
 @click.option("--budget-ms", default=250, show_default=True, help="with --exhaustive: timing budget per tactic and bucket (ms)")
 @click.option("--budget-s", default=2.0, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds")
-@click.option("--exhaustive", is_flag=True, help="time every kept tactic fully (no successive halving)")
+@click.option("--exhaustive", is_flag=True, help="time every kept tactic fully (no successive halving); same as --strategy exhaustive")
+@click.option("--strategy", type=click.Choice(["ranked", "halving", "exhaustive"]), default="halving", show_default=True,
+              help="ranked: only the rank model's top candidates, neighbouring buckets' winners and the default, "
+                   "with an adaptive stop (no model for the arch: halving); halving: every kept tactic, successive "
+                   "halving; exhaustive: every kept tactic fully timed")
+@click.option("--rank-model", default=None, help="rank model file for --strategy ranked [default: <cache>.rank-<arch>.json]")
+@click.option("--batch-invariant", is_flag=True,
+              help="one tactic per problem for every M, among tactics whose reduction order does not depend on M")
 @click.option("--gpus", default=None, help="shard the work over these devices, one worker each, e.g. 0,1,2,3")
 @click.option("--workers", default=1, show_default=True, type=int, help="worker processes when --gpus is not given")
 @click.option("--ray", "ray_address", default=None, help="run jobs on a Ray cluster at this address ('local' starts one)")
@@ -78,7 +85,8 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
-           max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False):
+           max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy="halving",
+           rank_model=None, batch_invariant=False):
     """Tune every FP4 GEMM of a model and store the winners."""
     ids: tuple[int, ...] = ()
     if gpus is not None:
@@ -97,7 +105,8 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                     compile_workers=compile_workers, timeout_s=timeout_s, isolate=not no_isolate, budget_s=budget_s,
                     exhaustive=exhaustive, budget_ms=budget_ms, margin=margin, retry_failed=retry_failed,
                     compile_check=compile_check, max_tactics=max_tactics, progress=progress,
-                    measure_unknown=measure_unknown)
+                    measure_unknown=measure_unknown, strategy=strategy, rank_model=rank_model,
+                    batch_invariant=batch_invariant)
     except (WorkerStartError, ClaimSettingError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
@@ -274,6 +283,22 @@ def cache_merge(paths, output, fmt, verify_key, sign_key):
     for p, r in rep.per_file.items():
         click.echo(f"{p}: {r.line()}")
     click.echo(f"wrote {rep.written} winners to {output} ({rep.replaced} replaced by a later file) [{rep.signature}]")
+
+
+@cache_group.command("rank-fit")
+@click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
+@click.option("-o", "--output", default=None, help="model file [default: <cache>.rank-<arch>.json, one per device]")
+@click.option("--device", default=None, help="only this device (device key or GPU name)")
+@click.option("--rounds", default=None, type=int, help="boosting rounds [default: 300]")
+def cache_rank_fit(cache, output, device, rounds):
+    """Fit the ranking model of --strategy ranked on the cache's trials (needs LightGBM)."""
+    try:
+        fitted = _call(api.fit_rank, cache, output=output, device=device, rounds=rounds)
+    except ImportError as e:
+        raise click.ClickException(str(e)) from None
+    for path, m in fitted:
+        click.echo(f"wrote {path}: {m.key['arch']} {m.key.get('gpu')}, {m.info['rows']} rows from "
+                   f"{m.info['groups']} (problem, bucket) groups, libs {m.key.get('libs')}")
 
 
 @cache_group.command("prune")

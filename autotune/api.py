@@ -205,6 +205,32 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     return SearchResult(report, uses, listed, store.url if store is not None else None, notes)
 
 
+def fit_rank(cache=None, *, output: str | os.PathLike | None = None, device: str | None = None,
+             rounds: int | None = None) -> list[tuple[str, object]]:
+    """Fit the ranking model of `--strategy ranked` on a cache's trials, one per device (or the
+    named device key / GPU name), saved as JSON next to the cache (`<cache>.rank-<arch>.json`) or
+    at `output`. Returns (path, model) pairs. Needs LightGBM (`pip install 'fp4-autotune[rank]'`)."""
+    from autotune.engine import rankdata, rankmodel, strategy
+    store = open_store(cache, readonly=True)
+    devs = [d for d in store.devices() if device in (None, d.get("device_key"), d.get("gpu_name"))]
+    if not devs:
+        raise BadInput(f"no device {device!r} in {store.url}" if device else f"no measured device in {store.url}")
+    if output is not None and len(devs) > 1:
+        raise BadInput(f"{len(devs)} devices in {store.url}: name one (--device) to write one --output file")
+    out = []
+    for d in devs:
+        try:
+            m = rankdata.train(store, d["device_key"], rounds=rounds or rankmodel.ROUNDS)
+        except ValueError as e:
+            raise BadInput(str(e)) from None
+        arch = rankdata.device_arch(store, d["device_key"])[0]
+        path = output or strategy.model_path(store, arch)
+        if path is None:
+            raise BadInput(f"{store.url} is not a file: give --output")
+        out.append((str(rankmodel.save(m, path)), m))
+    return out
+
+
 def _buckets_of(values: Sequence[int]) -> Buckets:
     try:
         b = Buckets(tuple(values))

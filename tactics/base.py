@@ -48,6 +48,8 @@ class Family(Protocol):
     def layout(self, tactic: Tactic) -> str: ...
     def pack(self, layout: str, weight: FP4Weight) -> Any: ...
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str) -> Launcher: ...
+    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]: ...
+    def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool: ...
 
 
 class FamilyBase:
@@ -90,6 +92,18 @@ class FamilyBase:
 
     def layout(self, tactic: Tactic) -> str:
         return PLAIN_LAYOUT
+
+    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+        """What the tactic's launch looks like at M rows on a GPU with `sms` SMs, for the search's
+        ranking model: `ctas` (programs launched), `threads` (per program), `m_util` (share of the
+        row tiles holding real rows). {} when the family cannot say (cuBLAS picks its own grid)."""
+        return {}
+
+    def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool:
+        """True when a row's result does not depend on how many rows share the call: the same
+        reduction order over K at every M (no split-K lowered by M, no library picking an
+        algorithm per shape). False unless the family knows (`--batch-invariant` uses only these)."""
+        return False
 
     def pack(self, layout: str, weight: FP4Weight) -> Any:
         """The weight in `layout`, produced once at load (never per call)."""

@@ -5,6 +5,10 @@ Every process that merges the same trials picks the same tactic, so ranks agree 
 (problem, bucket, GPU). Ties within noise go to the smaller shared-memory footprint, then the
 smaller tactic id; a challenger must beat the designated default by `margin` (FlashInfer draft
 PR #3555's never-slower-than-default rule) or the default stays.
+
+"Within noise" is 1 %, widened to the two timings' spread (half the sum of their interquartile
+ranges, relative to the best) where that is larger, up to `NOISE_CAP`: two runs whose timings of
+near-equal tactics swap order inside their own spread pick the same one (issue #18).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from autotune.core.records import Trial
 
 DEFAULT_MARGIN = 0.03
 TIE_TOLERANCE = 0.01
+NOISE_CAP = 0.03
 
 
 def choose(trials: Iterable[Trial], default_id: str, margin: float = DEFAULT_MARGIN,
@@ -21,8 +26,13 @@ def choose(trials: Iterable[Trial], default_id: str, margin: float = DEFAULT_MAR
     ok = [t for t in trials if t.status == "ok" and t.median_us is not None]
     if not ok:
         return None
-    best = min(t.median_us for t in ok)
-    tied = [t for t in ok if t.median_us <= best * (1 + tie_tol)]
+    first = min(ok, key=lambda t: (t.median_us, t.tactic_id))
+    best = first.median_us
+
+    def band(t: Trial) -> float:
+        spread = ((first.iqr_us or 0.0) + (t.iqr_us or 0.0)) / (2 * best) if best > 0 else 0.0
+        return max(tie_tol, min(spread, NOISE_CAP))
+    tied = [t for t in ok if t.median_us <= best * (1 + band(t))]
     pick = min(tied, key=lambda t: (t.smem_model or 0, t.tactic_id))
     default = next((t for t in ok if t.tactic_id == default_id), None)
     if default is not None and pick.tactic_id != default_id and pick.median_us > default.median_us * (1 - margin):

@@ -3,7 +3,9 @@
 A rejected tactic is never built, compiled or launched; its verdict is stored once (bucket 0
 stands for every bucket). Kept tactics are compiled ahead of time in parallel (families that
 compile), then each (problem, bucket) is a job for a worker process (autotune.engine.workers): checked
-against a float64 reference, then timed by successive halving (autotune.engine.halving). A failure —
+against a float64 reference, then timed by successive halving (autotune.engine.halving) — with
+`--strategy ranked` only the candidates a ranking model puts first (autotune.engine.strategy,
+autotune.engine.ranked). A failure —
 raised, wrong, crashed, hung — is stored with its reason. Every trial commits on its own, so an
 interrupted search resumes by measuring only what is missing. Winners are recomputed from the
 stored trials (autotune.core.winner), never from in-memory state.
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from autotune.core import winner as winner_rule
-from autotune.engine import claims as job_claims, workers as workers_mod
+from autotune.engine import claims as job_claims, strategy, workers as workers_mod
 from autotune.engine.executor import Outcome
 from autotune.engine.progress import Bar, Progress
 from autotune.engine.timing import TimerConfig
@@ -26,6 +28,7 @@ from autotune.engine.workers import Runner, Stages
 from autotune.core.buckets import Buckets
 from autotune.core.env import Env, current
 from autotune.engine.halving import Halving
+from autotune.engine.ranked import RankPlan, Ranked
 from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.arch import ARCHS, Arch, detect
@@ -130,6 +133,7 @@ class Job:
     tactics: tuple[Tactic, ...]
     default_id: str
     smem_model: dict = field(default_factory=dict, compare=False, hash=False)   # tactic id -> verdict's figure
+    rank: RankPlan | None = field(default=None, compare=False, hash=False)     # --strategy ranked: the plan
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,10 @@ class SearchOptions:
     seed: int = 0
     max_tactics: int | None = None        # at most this many kept tactics per family and problem
     measure_unknown: bool = False         # also measure tactics whose verdict is unchecked ("unknown: ...")
+    strategy: str = "halving"             # ranked | halving | exhaustive (autotune/engine/strategy.py)
+    ranked: Ranked = Ranked()             # the ranked strategy's knobs
+    rank_model: object = None             # a rankmodel.Model or its path; None: the file next to the cache
+    batch_invariant: bool = False         # one batch-invariant tactic per problem for every M
     progress: Progress | bool = False     # True: a bar on the terminal; or a Progress (plain lines, tests)
     log: Callable[[str], None] = lambda s: None
 
@@ -167,7 +175,12 @@ class _Search:
     def __init__(self, problems: Sequence[Problem], families: Sequence[Family], store, buckets: Buckets,
                  o: SearchOptions):
         self.env = o.env or current()
+        if o.strategy not in strategy.STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(strategy.STRATEGIES)}, got {o.strategy!r}")
+        if o.strategy == "exhaustive" or o.halving.exhaustive:     # --exhaustive is --strategy exhaustive
+            o = replace(o, strategy="exhaustive", halving=replace(o.halving, exhaustive=True))
         self.o = replace(o, runner=replace(o.runner, families={**registry.extra(), **o.runner.families}))
+        self.ranking: strategy.Ranking | None = None
         self.live = detect() if self.env.device == "cuda" else ARCHS["cpu"]
         self.target = o.arch or self.live
         self.problems, self.families, self.store, self.buckets = problems, families, store, buckets
@@ -222,12 +235,15 @@ class _Search:
                                            smem_model=r.verdict.smem_bytes))
             runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names
                     and (self.o.measure_unknown or not r.verdict.unchecked)]
+            if self.o.batch_invariant:
+                runs = [r for r in runs if strategy.invariant(p, r.tactic)]
             unchecked = sum(r.verdict.unchecked for r in rows if r.tactic.family in names)
             if unchecked and not self.o.measure_unknown:
                 self.report.notes.append(f"{p.key}: {unchecked} tactics with an unchecked verdict (unknown) not "
                                          "measured; --measure-unknown measures them")
             kept = self._sampled(runs)
-            if not any(r.tactic == default for r in kept):
+            if not any(r.tactic == default for r in kept) and (not self.o.batch_invariant
+                                                                or strategy.invariant(p, default)):
                 kept.insert(0, Planned(p, default, dfam.verdict(p, default, self.target)))
             self._count_unsampled(p, runs, kept)
             # a compile failure (bucket 0) is final for every bucket unless --retry-failed
@@ -242,6 +258,9 @@ class _Search:
         `runner.compile_workers` processes; the compiler's on-disk cache then serves the workers.
         A compile failure is a failed trial for every bucket (stored at bucket 0)."""
         items = _compilable([r for w in work for r in w.kept])
+        if self.ranking is not None:        # ranked: what the first batches measure; the rest JIT at launch
+            first = strategy.first_batches(self.ranking)
+            items = [r for r in items if (r.problem.key, r.tactic.id) in first]
         if not items:
             return
         bad = set()
@@ -269,11 +288,30 @@ class _Search:
     def jobs(self, work: list[_Work]) -> list[Job]:
         out = []
         for w in work:
+            ids = {r.tactic.id for r in w.kept}
             for b in self.buckets:
                 todo = self.remaining(w.problem, b, [r.tactic for r in w.kept])
-                self.report.resumed += len(w.kept) - len(todo)
-                out.append(Job(w.problem, b, todo, w.default.id, {r.tactic.id: r.verdict.smem_bytes for r in w.kept}))
+                plan = self.ranking.plans.get((w.problem.key, b)) if self.ranking else None
+                if plan is not None:    # compile failures since planning are out
+                    keep = [i for i, t in enumerate(plan.order) if t.id in ids]
+                    plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
+                else:
+                    self.report.resumed += len(w.kept) - len(todo)
+                out.append(Job(w.problem, b, todo, w.default.id, {r.tactic.id: r.verdict.smem_bytes for r in w.kept}, plan))
         return out
+
+    # 2b. ranked: a model's plan per (problem, bucket), or halving as before when there is none
+    def rank(self, work: list[_Work]) -> None:
+        if self.o.strategy != "ranked":
+            return
+        model, note = strategy.load_model(self.o.rank_model, self.store, self.target)
+        if model is None:
+            self.report.notes.append(f"--strategy ranked: {note}; measuring by successive halving")
+            return
+        self.report.notes.append(f"--strategy ranked: {note}")
+        self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(self.buckets), self.target,
+                                                              self.env.sm_count or 0, self.store, self.env.device_key,
+                                                              self.o.ranked))
 
     # 5. run: measure the jobs; each trial is stored as it is decided
     def run(self, jobs: list[Job]) -> None:
@@ -283,6 +321,13 @@ class _Search:
         # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
         claims = job_claims.JobClaims(store, env.device_key, self.lib_keys.values(),
                                       lambda j: self.remaining(j.problem, j.bucket, j.tactics), self.ttl)
+
+        def start(job: Job) -> Job | None:   # claim it; a ranked job is warm-started by its neighbours' winners
+            job = claims.start(job)
+            if job is not None and job.rank is not None:
+                job = replace(job, rank=strategy.with_neighbours(job.rank, store, job.problem, job.bucket,
+                                                                 list(self.buckets), env.device_key, self.lib_keys))
+            return job
 
         def record(job: Job, o: Outcome) -> None:
             t0 = time.perf_counter()
@@ -317,7 +362,7 @@ class _Search:
             o = self.o
             run = workers_mod.run_ray if o.runner.ray else workers_mod.run_local
             run(todo, o.runner, env.device, o.timer, o.halving, o.seed, record, finish, report.shards,
-                claims.beating(report.stages), start=claims.start)
+                claims.beating(report.stages), start=start)
             for j in claims.settled():     # skipped, and finished by their search meanwhile: read the winners
                 finish(j)
         finally:
@@ -332,6 +377,16 @@ class _Search:
         if w:
             with lock:
                 self.report.winners.append(w)
+
+    # 7. --batch-invariant: one tactic per problem for every bucket
+    def invariant_winners(self, work: list[_Work]) -> None:
+        keys = {w.problem.key for w in work}
+        self.report.winners = [w for w in self.report.winners if w.problem_key not in keys]
+        for w in work:
+            ws, note = strategy.invariant_winners(self.store, w.problem, list(self.buckets), self.env, w.default.id,
+                                                  self.lib_keys, self.o.margin)
+            self.report.winners += ws
+            self.report.notes.append(note)
 
     def _count_unsampled(self, p: Problem, runs: list[Planned], kept: list[Planned]) -> None:
         """Kept tactics left out of the sample are not stored: count them apart, as `show` does."""
@@ -355,8 +410,11 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         return s.plan_only(planned)
     s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
     work = s.store_static(planned, s.runnable())
+    s.rank(work)
     s.precompile(work)
     s.run(s.jobs(work))
+    if s.o.batch_invariant:
+        s.invariant_winners(work)
     s.report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
     return s.report
 

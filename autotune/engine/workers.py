@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autotune.engine import timing
+from autotune.engine import ranked, timing
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
 from autotune.engine.halving import measure
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
@@ -265,6 +265,11 @@ def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, em
         why = e.reason if isinstance(e, WorkerLost) else str(e)
         for t in job.tactics:
             emit(Outcome(t, "failed", f"input setup failed: {why}", exit_signal=getattr(e, "exit_signal", None)))
+        return
+    if getattr(job, "rank", None) is not None:     # --strategy ranked: batches of the plan, each halved
+        todo = {t.id for t in job.tactics}
+        ranked.measure(lambda batch, em: measure(ex, [t for t in batch if t.id in todo], job.default_id, timer,
+                                                 halving, em), job.rank, emit)
     else:
         measure(ex, job.tactics, job.default_id, timer, halving, emit)
 

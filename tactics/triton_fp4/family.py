@@ -212,6 +212,29 @@ class TritonFamily(FamilyBase):
             return self.bind_kernel(problem, launcher, packed)
         return cls(problem, launcher, packed if isinstance(packed, U8Weight) else pack_u8(packed))
 
+    # ---- self-description for the search's ranking and --batch-invariant ---------------------
+    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+        """Programs, threads and row-tile use of the tactic's launch at M rows (grouped MoE: each
+        expert's rows padded to BLOCK_M, the launcher's bound of ceil(P/BM) + min(E, P) row blocks
+        for P = M·top_k routed pairs); {} for a member without a row tile (dequant_cublas)."""
+        p = tactic.params
+        bm, bn, warps = p.get("block_m"), p.get("block_n"), p.get("num_warps")
+        if not (isinstance(bm, int) and isinstance(bn, int) and isinstance(warps, int)):
+            return {}
+        pairs = m * problem.top_k
+        row_tiles = -(-pairs // bm) + (min(problem.experts, pairs) if problem.kind == "grouped_moe" else 0)
+        ctas = row_tiles * -(-problem.n // bn) * int(p.get("split_k", 1))
+        return {"ctas": float(ctas), "threads": float(32 * warps), "m_util": pairs / (row_tiles * bm)}
+
+    def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool:
+        """The member's own answer (`batch_invariant(params)`); a member that does not say is not."""
+        try:
+            m = member_of(tactic.get("kernel"))
+        except ValueError:
+            return False
+        says = getattr(m, "batch_invariant", None)
+        return bool(says(tactic.params)) if callable(says) else False
+
     # ---- weight layout ------------------------------------------------------------------------
     def layout(self, tactic: Tactic) -> str:
         return U8_LAYOUT

@@ -58,6 +58,10 @@ class MoEMember:
     def rules(self, problem: Problem, params: Mapping[str, Any], arch: Arch) -> str | None:
         return w4a16_rules(problem, params, arch, pipelined=True)
 
+    def batch_invariant(self, params: Mapping[str, Any]) -> bool:
+        """No split-K: a routed row's K loop is one program's, in one order, whatever the batch."""
+        return True
+
     def smem(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> int:
         return smem_bytes(params, fmt, arch)        # the dense main loop: the same rule
 

@@ -96,6 +96,11 @@ class W4A16Member:
     def rules(self, problem: Problem, params: Mapping[str, Any], arch: Arch) -> str | None:
         return w4a16_rules(problem, params, arch, pipelined=True)
 
+    def batch_invariant(self, params: Mapping[str, Any]) -> bool:
+        """Without split-K each row's K loop runs in one program in the same order at every M; a
+        split-K launcher lowers its split with M (the workspace cap), which changes the order."""
+        return params["split_k"] == 1
+
     def smem(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> int:
         return smem_bytes(params, fmt, arch)
 

@@ -1,0 +1,216 @@
+"""The ranking model of `--strategy ranked`: predicted slowness of a tactic at one (problem, bucket).
+
+Features come from what tactics and problems say about themselves, never from family names
+written here: every Tactic parameter (numbers as log2, strings one-hot), the family name one-hot,
+the verdict's shared-memory bytes, and the family's launch figures (`Family.figures`: programs,
+threads, row-tile use) turned into waves and occupancy for the arch; problem features are N, K,
+M, the kind, expert count, top_k, formats and the arch.
+
+The label is log2(time / best time of that (problem, bucket)), clipped at `CLIP`; failed and
+statically rejected tactics get `CLIP` (negatives). A LightGBM regressor is fitted on it
+(`fit`, the only part that imports LightGBM) and saved as JSON: metadata, the key (arch, GPU,
+library versions) and LightGBM's own text model. `Model.predict` walks those trees in plain
+Python, so a search that uses a model needs no LightGBM (and never unpickles anything).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from autotune.core.arch import Arch
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
+
+FORMAT = "fp4-autotune-rank-model"
+VERSION = 1
+#: label ceiling: log2 of "8x slower than the best" (and of failed/rejected tactics)
+CLIP = 3.0
+#: LightGBM settings (measured in bench/rank_eval.py; small trees, the data is a few 10k rows)
+PARAMS = {"objective": "regression", "learning_rate": 0.08, "num_leaves": 31, "min_data_in_leaf": 10,
+          "feature_fraction": 0.9, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0,
+          "verbosity": -1, "seed": 0, "deterministic": True, "num_threads": 2}
+ROUNDS = 300
+MISSING = -1.0     # a feature the tactic does not have (log2 of a positive parameter is >= 0)
+
+
+def _log2(v: float) -> float:
+    return math.log2(v) if v > 0 else MISSING
+
+
+def features(problem: Problem, tactic: Tactic, m: int, arch: Arch, sms: int, smem: int | None,
+             figures: Mapping[str, float]) -> dict[str, float]:
+    """One row of named features for (problem, tactic) at M = m on `arch` with `sms` SMs."""
+    f = {"n": _log2(problem.n), "k": _log2(problem.k), "m": _log2(m), "pairs": _log2(m * problem.top_k),
+         "moe": float(problem.kind == "grouped_moe"), "experts": _log2(problem.experts),
+         "top_k": float(problem.top_k), f"w_fmt={problem.w_fmt}": 1.0, f"a_fmt={problem.a_fmt}": 1.0,
+         "cc": float(arch.cc_int), "sms": float(sms), f"family={tactic.family}": 1.0,
+         "smem_kib": smem / 1024 if smem else MISSING}
+    for k, v in tactic.items:
+        if isinstance(v, bool):
+            f[f"p.{k}"] = float(v)
+        elif isinstance(v, (int, float)):
+            f[f"p.{k}"] = _log2(v) if v > 0 else float(v)
+        elif v is not None:
+            f[f"p.{k}={v}"] = 1.0
+    ctas, threads = figures.get("ctas"), figures.get("threads")
+    if ctas:
+        f["waves"] = ctas / max(sms, 1)
+        f["log_ctas"] = math.log2(ctas)
+        f["m_util"] = float(figures.get("m_util", MISSING))
+        if threads and arch.is_gpu:
+            by_threads = arch.max_threads_per_sm // int(threads)
+            by_smem = arch.smem_per_sm // smem if smem else arch.max_blocks_per_sm
+            occ = max(1, min(arch.max_blocks_per_sm, by_threads, by_smem))
+            f["occupancy"] = float(occ)
+            f["full_waves"] = ctas / (max(sms, 1) * occ)
+    return f
+
+
+def label(median_us: float | None, best_us: float) -> float:
+    if median_us is None or not best_us > 0:
+        return CLIP
+    return min(CLIP, max(0.0, math.log2(median_us / best_us)))
+
+
+# -- the model -------------------------------------------------------------------------------
+
+@dataclass
+class _Tree:
+    feature: list[int]
+    threshold: list[float]
+    decision: list[int]
+    left: list[int]
+    right: list[int]
+    leaf: list[float]
+
+    def values(self, X):
+        """Leaf values for every row of X (numpy [rows, features]), all rows walked level by level.
+        LightGBM's rule: a NaN is 0 unless missing values are NaN-typed; the missing-type bits
+        (2-3 of decision_type: 1 zero, 2 NaN) send such values to the default side (bit 1)."""
+        import numpy as np
+        if not self.feature:
+            return np.full(X.shape[0], self.leaf[0])
+        feat, thr, dt = np.array(self.feature), np.array(self.threshold), np.array(self.decision)
+        left, right, leaf = np.array(self.left), np.array(self.right), np.array(self.leaf)
+        node = np.zeros(X.shape[0], dtype=np.int64)
+        live = np.ones(X.shape[0], dtype=bool)
+        while live.any():
+            idx = np.nonzero(live)[0]
+            nd = node[idx]
+            v, d = X[idx, feat[nd]], dt[nd]
+            missing = (d >> 2) & 3
+            v = np.where(np.isnan(v) & (missing != 2), 0.0, v)
+            default = ((missing == 1) & (np.abs(v) <= 1e-35)) | ((missing == 2) & np.isnan(v))
+            go_left = np.where(default, (d & 2) != 0, v <= thr[nd])
+            node[idx] = np.where(go_left, left[nd], right[nd])
+            live[idx] = node[idx] >= 0
+        return leaf[~node]
+
+
+def _parse_trees(text: str) -> list[_Tree]:
+    """The trees of a LightGBM text model (numerical splits only: our features are numbers)."""
+    trees, cur = [], None
+    for line in text.splitlines():
+        if line.startswith("Tree="):
+            cur = {}
+            trees.append(cur)
+        elif line.startswith("end of trees"):
+            break
+        elif cur is not None and "=" in line:
+            k, _, v = line.partition("=")
+            cur[k] = v
+    out = []
+    for t in trees:
+        if int(t.get("num_cat", "0")):
+            raise ValueError("rank model: categorical splits are not supported")
+        ints = lambda k: [int(x) for x in t.get(k, "").split()]        # noqa: E731
+        floats = lambda k: [float(x) for x in t.get(k, "").split()]    # noqa: E731
+        out.append(_Tree(ints("split_feature"), floats("threshold"), ints("decision_type"),
+                         ints("left_child"), ints("right_child"), floats("leaf_value")))
+    return out
+
+
+@dataclass
+class Model:
+    """A fitted ranking model: feature names, the key it was trained under, LightGBM's trees."""
+
+    names: list[str]
+    booster: str                          # LightGBM's text model (Booster.model_to_string())
+    key: dict                             # {"arch", "gpu", "sms", "libs": {dist: version}}
+    info: dict = field(default_factory=dict)   # rows, groups, problems, rounds: what it saw
+    _trees: list[_Tree] | None = field(default=None, repr=False)
+
+    def vector(self, f: Mapping[str, float]) -> list[float]:
+        return [float(f.get(n, 0.0 if "=" in n else MISSING)) for n in self.names]
+
+    def predict(self, rows: Iterable[Mapping[str, float]]) -> list[float]:
+        """Predicted log2(time / best) per feature row (numpy only; no LightGBM needed)."""
+        import numpy as np
+        if self._trees is None:
+            self._trees = _parse_trees(self.booster)
+        X = np.array([self.vector(r) for r in rows], dtype=np.float64).reshape(-1, len(self.names))
+        out = np.zeros(X.shape[0])
+        for t in self._trees:
+            out += t.values(X)
+        return out.tolist()
+
+    def covers(self, arch: Arch) -> bool:
+        return self.key.get("arch") == arch.name
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "version": VERSION, "key": self.key, "info": self.info,
+                           "features": self.names, "lightgbm": self.booster}, sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Model":
+        d = json.loads(text)
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError("not a rank model file")
+        if d.get("version") != VERSION:
+            raise ValueError(f"rank model version {d.get('version')!r}; this build reads {VERSION}")
+        return cls(list(d["features"]), str(d["lightgbm"]), dict(d["key"]), dict(d.get("info", {})))
+
+
+def fit(rows: Sequence[Mapping[str, float]], labels: Sequence[float], key: dict, info: dict | None = None,
+        rounds: int = ROUNDS) -> Model:
+    """Fit the regressor (imports LightGBM: `pip install 'fp4-autotune[rank]'`)."""
+    try:
+        import lightgbm as lgb
+        import numpy as np
+    except ImportError:
+        raise ImportError("fitting a rank model needs LightGBM: pip install 'fp4-autotune[rank]'") from None
+    names = sorted({n for r in rows for n in r})
+    m = Model(names, "", key, dict(info or {}, rounds=rounds))
+    data = lgb.Dataset(np.array([m.vector(r) for r in rows]), label=np.array(labels), feature_name=[_safe(n) for n in names],
+                       params={"verbosity": -1}, free_raw_data=True)
+    m.booster = lgb.train(PARAMS, data, num_boost_round=rounds).model_to_string()
+    return m
+
+
+def _safe(name: str) -> str:
+    """LightGBM refuses some characters in feature names; the JSON keeps the real names."""
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)
+
+
+# -- where models live ------------------------------------------------------------------------
+
+def path_for(cache_path: str | os.PathLike, arch: Arch) -> Path:
+    """The model file next to a SQLite cache file: `<cache>.rank-<arch>.json`."""
+    p = Path(cache_path)
+    return p.with_name(f"{p.name}.rank-{arch.name}.json")
+
+
+def load(path: str | os.PathLike) -> Model:
+    return Model.from_json(Path(path).read_text())
+
+
+def save(model: Model, path: str | os.PathLike) -> Path:
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(model.to_json())
+    os.replace(tmp, p)
+    return p

@@ -1,0 +1,164 @@
+"""Offline evaluation of `--strategy ranked` on a stored full search (the committed H200 data).
+
+For each fold a ranking model is fitted without the held-out data, then the ranked strategy
+(autotune/engine/ranked.py: Ranker, the same code the search runs) is replayed on every held-out
+(problem, bucket) with each measurement replaced by the stored time:
+
+* leave-one-problem-out (lopo): train on the other problems; the buckets of the held-out problem
+  are replayed in ascending order, each warm-started by the winner the replay picked one bucket
+  below (as a one-worker search does);
+* leave-one-bucket-out (lobo): train on every other bucket of every problem; the extras are the
+  committed winners of the neighbouring buckets.
+
+Per held-out (problem, bucket): the share of its kept tactics measured (extras counted) and the
+gap between the stored time of the replay's winner and of the committed winner.
+
+    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz            # every fold
+    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz --lobo-every 5 --json out.json
+    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz --lobo-every 4 --learner sklearn
+
+`--learner sklearn` swaps LightGBM for scikit-learn's HistGradientBoostingRegressor with the same
+settings (the comparison that chose the library; the search itself only reads LightGBM models).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autotune.engine import rankdata, rankmodel, ranked  # noqa: E402
+from cache.store import Store  # noqa: E402
+
+TARGET_SHARE, TARGET_GAP, TARGET_HITS = 0.10, 0.03, 0.95
+
+
+def open_store(db: str, tmp: str) -> Store:
+    if db.endswith(".xz"):
+        out = Path(tmp) / "cache.db"
+        with lzma.open(db) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        db = str(out)
+    return Store(db)
+
+
+def replay(model, g, memo, default_id, extras, cfg):
+    """(kept, measured, winner id) of the ranked strategy on one stored group."""
+    ids, feats, _ = memo[(g.problem.key, g.bucket, g.device_key)]
+    kept = [(i, f) for i, f in zip(ids, feats) if i in g.timed or (i in g.negative and i not in g.rejected)]
+    plan = ranked.plan_for([g.tactics[i] for i, _ in kept], model.predict([f for _, f in kept]),
+                           [g.tactics[i] for i in [default_id, *extras] if i in g.tactics], cfg=cfg)
+    measured, pick = ranked.simulate(plan, g.timed, default_id)
+    return len(kept), len(measured), pick
+
+
+def evaluate(store, rounds: int, lobo_every: int, cfg: ranked.Ranked, folds=("lopo", "lobo")) -> list[dict]:
+    dev = store.devices()[0]["device_key"]
+    arch, sms, _ = rankdata.device_arch(store, dev)
+    gs = rankdata.groups(store, dev)
+    win = {(w.problem_key, w.bucket): w for w in store.winners(dev)}
+    rows, memo = [], {}
+    problems = sorted({g.problem.key for g in gs})
+    buckets = sorted({g.bucket for g in gs})
+    for fold in folds:
+        held_sets = ([[g for g in gs if g.problem.key == p] for p in problems] if fold == "lopo" else
+                     [[g for g in gs if g.bucket == b] for b in buckets[::lobo_every]])
+        for held in held_sets:
+            train = [g for g in gs if g not in held]
+            model = rankdata.train(store, dev, train, rounds, memo)
+            for g in held:
+                memo.setdefault((g.problem.key, g.bucket, g.device_key), rankdata.rows(g, arch, sms))
+            prev: dict[str, str] = {}
+            for g in sorted(held, key=lambda g: (g.problem.key, g.bucket)):
+                w = win[(g.problem.key, g.bucket)]
+                if fold == "lopo":
+                    extras = [prev[g.problem.key]] if g.problem.key in prev else []
+                else:
+                    bs = sorted(b for p, b in win if p == g.problem.key)
+                    i = bs.index(g.bucket)
+                    extras = [win[(g.problem.key, b)].tactic_id for b in bs[max(0, i - 1):i + 2] if b != g.bucket]
+                n, m, pick = replay(model, g, memo, w.default_tactic_id, extras, cfg)
+                prev[g.problem.key] = pick
+                gap = g.timed[pick] / g.timed[w.tactic_id] - 1 if pick in g.timed and w.tactic_id in g.timed else None
+                rows.append({"fold": fold, "problem": g.problem.key, "bucket": g.bucket, "kept": n, "measured": m,
+                             "winner": pick, "committed": w.tactic_id, "gap": gap})
+    return rows
+
+
+def table(rows: list[dict]) -> tuple[str, dict]:
+    out = ["| fold | held-out (problem, bucket) | kept | measured (extras counted) | share | same winner "
+           "| within 3 % | worst gap |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    summary = {}
+    for fold in dict.fromkeys(r["fold"] for r in rows):
+        rs = [r for r in rows if r["fold"] == fold]
+        kept, meas = sum(r["kept"] for r in rs), sum(r["measured"] for r in rs)
+        same = sum(r["winner"] == r["committed"] for r in rs)
+        close = sum(r["gap"] is not None and r["gap"] <= TARGET_GAP for r in rs)
+        worst = max((r["gap"] for r in rs if r["gap"] is not None), default=float("nan"))
+        summary[fold] = {"groups": len(rs), "kept": kept, "measured": meas, "share": meas / kept,
+                         "same": same, "within": close / len(rs), "worst_gap": worst}
+        out.append(f"| {fold} | {len(rs)} | {kept} | {meas} | {meas / kept:.1%} | {same} | {close} ({close / len(rs):.1%}) "
+                   f"| {worst:+.1%} |")
+    return "\n".join(out), summary
+
+
+class _Sklearn:
+    """scikit-learn's histogram GBDT on the same features and labels, for the library comparison."""
+
+    def __init__(self, names, est):
+        self.names, self.est = names, est
+
+    def predict(self, rows):
+        import numpy as np
+        return self.est.predict(np.array([rankmodel.Model(self.names, "", {}).vector(r) for r in rows])).tolist()
+
+    @classmethod
+    def fit(cls, rows, labels, key, info=None, rounds=rankmodel.ROUNDS):
+        import numpy as np
+        from sklearn.ensemble import HistGradientBoostingRegressor
+        names = sorted({n for r in rows for n in r})
+        m = rankmodel.Model(names, "", key)
+        X = np.array([m.vector(r) for r in rows])
+        p = rankmodel.PARAMS
+        est = HistGradientBoostingRegressor(max_iter=rounds, learning_rate=p["learning_rate"],
+                                            max_leaf_nodes=p["num_leaves"], min_samples_leaf=p["min_data_in_leaf"],
+                                            l2_regularization=p["lambda_l2"], random_state=0)
+        return cls(names, est.fit(X, np.array(labels)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("db", help="a cache file (SQLite, or .xz of one) holding a full search")
+    ap.add_argument("--rounds", type=int, default=None, help="boosting rounds (default: the model's)")
+    ap.add_argument("--lobo-every", type=int, default=1, help="hold out every n-th bucket only (CI: fewer folds)")
+    ap.add_argument("--folds", default="lopo,lobo")
+    ap.add_argument("--json", help="write the per-group rows here")
+    ap.add_argument("--learner", choices=["lightgbm", "sklearn"], default="lightgbm")
+    a = ap.parse_args(argv)
+    if a.learner == "sklearn":
+        rankmodel.fit = _Sklearn.fit      # this process only: rankdata.train fits through rankmodel.fit
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store(a.db, tmp)
+        try:
+            rows = evaluate(store, a.rounds or rankmodel.ROUNDS, a.lobo_every, ranked.Ranked(), a.folds.split(","))
+        finally:
+            store.close()
+    text, summary = table(rows)
+    print(text)
+    print(f"\n{time.perf_counter() - t0:.1f} s; targets: share <= {TARGET_SHARE:.0%}, within {TARGET_GAP:.0%} "
+          f"on >= {TARGET_HITS:.0%}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    met = all(s["share"] <= TARGET_SHARE and s["within"] >= TARGET_HITS for s in summary.values())
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

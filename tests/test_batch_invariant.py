@@ -1,0 +1,127 @@
+"""--batch-invariant: tactics say themselves whether a row's result depends on the batch
+(Family.batch_invariant); those that say so give bit-identical rows at batch 1 and batch 64 (the
+Triton family under TRITON_INTERPRET=1 at a small shape); the search keeps only them and stores
+one tactic per problem for every bucket."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotune.core.buckets import Buckets
+from autotune.core.env import cpu
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
+from autotune.engine import timing
+from autotune.engine.search import search
+from cache import Store
+from tactics import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+
+
+def _w4a16(bm, bn, bk, sk):
+    return Tactic("triton", kernel="w4a16_dequant", block_m=bm, block_n=bn, block_k=bk, group_m=1, num_warps=4,
+                  num_stages=2, split_k=sk)
+
+
+def test_families_say_which_tactics_are_batch_invariant():
+    fam, dense, moe = registry.get("triton"), Problem.dense(3072, 6144), Problem.moe(512, 6144, 256, 8)
+    assert fam.batch_invariant(dense, _w4a16(64, 64, 128, 1))
+    assert not fam.batch_invariant(dense, _w4a16(16, 64, 256, 8))           # split-K: lowered with M
+    assert not fam.batch_invariant(dense, Tactic("triton", kernel="dequant_cublas", block_n=32, block_k=256,
+                                                 num_warps=4))               # cuBLAS picks per shape
+    assert fam.batch_invariant(moe, Tactic("triton", kernel="moe_w4a16", block_m=32, block_n=64, block_k=128,
+                                           num_warps=4, num_stages=3))
+    torch_fam = registry.get("torch")                                        # torch.matmul picks per shape
+    assert not any(torch_fam.batch_invariant(dense, t) for t in torch_fam.enumerate(dense, None))
+
+
+_ROWS = textwrap.dedent("""
+    import json, sys, torch
+    from autotune.core import inputs
+    from autotune.core.problem import Problem
+    from autotune.core.tactic import Tactic
+    from tactics.triton_fp4.family import TritonFamily
+    fam, out = TritonFamily(), []
+    for kind, params in json.loads(sys.argv[1]):
+        p = Problem.dense(64, 256) if kind == "dense" else Problem.moe(64, 256, 4, 2)
+        t = Tactic("triton", params)
+        s = inputs.make_inputs(p, 64, "cpu", seed=3)[0]
+        kern = fam.build(p, t, "cpu")
+        many = kern(*s.args())
+        same = True
+        for i in (0, 17, 63):
+            one = kern(s.x[i:i + 1], s.w) if kind == "dense" else kern(s.x[i:i + 1], s.w, s.topk_ids[i:i + 1],
+                                                                      s.topk_weights[i:i + 1])
+            same = same and torch.equal(one[0], many[i])
+        out.append([params, fam.batch_invariant(p, t), bool(same)])
+    print(json.dumps(out))
+""")
+
+
+def test_invariant_triton_tactics_give_bit_identical_rows_at_batch_1_and_64():
+    cases = [["dense", dict(_w4a16(16, 32, 128, 1).params)], ["dense", dict(_w4a16(32, 64, 64, 1).params)],
+             ["moe", {"kernel": "moe_w4a16", "block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4,
+                      "num_stages": 2}]]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", _ROWS, json.dumps(cases)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(rows) == 3
+    for params, says, same in rows:
+        assert says and same, params
+
+
+def test_batch_invariant_search_keeps_only_invariant_tactics_and_one_per_problem(tmp_path, register_family):
+    fam = register_family("rowwise", "tests.families.rowwise:RowwiseFamily")
+    store, p = Store(tmp_path / "c.db"), Problem.dense(1024, 256)
+    rep = search([p], families=[fam, registry.get("torch")], store=store, buckets=Buckets.of((1, 4, 16)),
+                 timer=FAST, env=cpu(), batch_invariant=True)
+    winners = store.winners()
+    assert sorted(w.bucket for w in winners) == [1, 4, 16] and len({w.tactic_id for w in winners}) == 1
+    assert winners[0].family == "rowwise"
+    timed = [t for t in store.trials() if t.status in ("ok", "dropped")]
+    assert timed and all(t.family == "rowwise" for t in timed)       # torch's tactics never measured
+    assert any("--batch-invariant: torch" not in n and "--batch-invariant: rowwise[" in n for n in rep.notes)
+    assert [(w.bucket, w.tactic_id) for w in rep.winners] == [(w.bucket, w.tactic_id) for w in winners]
+
+
+def test_one_per_problem_scores_by_the_geometric_mean_over_buckets():
+    from autotune.core.records import Trial
+    from autotune.engine.strategy import one_per_problem
+
+    def tr(tid, b, us):
+        return Trial("p", b, tid, "f", "{}", "d", "l", "ok", median_us=us)
+    # a is best at M=1 only; b is 5 % off at M=1 and best elsewhere: b is the one tactic
+    trials = [tr("a", 1, 10.0), tr("a", 8, 30.0), tr("b", 1, 10.5), tr("b", 8, 20.0), tr("c", 1, 9.0)]
+    pick, cost = one_per_problem(trials, [1, 8], "none")
+    assert pick.tactic_id == "b" and cost == pytest.approx(((10.5 / 9.0) * 1.0) ** 0.5)   # c has no M=8 time
+
+
+@pytest.mark.gpu
+def test_invariant_triton_tactics_give_bit_identical_rows_on_the_gpu():
+    """The same check compiled for the GPU, at GLM-5 TP8 shapes (gate_up 3072 x 6144, MoE w13)."""
+    import torch
+
+    from autotune.core import inputs
+    from tactics.triton_fp4.family import TritonFamily
+    fam = TritonFamily()
+    cases = [(Problem.dense(3072, 6144), _w4a16(16, 64, 128, 1)), (Problem.dense(3072, 6144), _w4a16(64, 128, 128, 1)),
+             (Problem.moe(512, 6144, 256, 8), Tactic("triton", kernel="moe_w4a16", block_m=16, block_n=64,
+                                                     block_k=128, num_warps=4, num_stages=3))]
+    for p, t in cases:
+        assert fam.batch_invariant(p, t)
+        s = inputs.make_inputs(p, 64, "cuda", seed=3)[0]
+        kern = fam.build(p, t, "cuda")
+        many = kern(*s.args()).clone()
+        for i in (0, 17, 63):
+            one = kern(s.x[i:i + 1], s.w) if p.kind == "dense" else kern(s.x[i:i + 1], s.w, s.topk_ids[i:i + 1],
+                                                                         s.topk_weights[i:i + 1])
+            assert torch.equal(one[0], many[i]), (str(t), i)
