@@ -57,7 +57,9 @@ def main():
 @click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
 @click.option("--include-attention", is_flag=True, help="also tune the layers the checkpoint keeps in BF16")
 @click.option("--only", default=None, help="only problems whose key or layer names contain one of these comma-separated strings, e.g. grouped_moe or down_proj")
-@click.option("--fused-moe", is_flag=True, help="also the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) as their own problems")
+@click.option("--fused-moe/--no-fused-moe", default=None,
+              help="the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) as their own problems; "
+                   "default: on with --only (they match grouped_moe), off for a whole-model search")
 @click.option("--margin", default=0.03, show_default=True, help="a winner must beat the default by this fraction")
 @click.option("--budget-ms", default=250, show_default=True, help="with --exhaustive: timing budget per tactic and bucket (ms)")
 @click.option("--budget-s", default=2.0, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds")

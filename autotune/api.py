@@ -138,11 +138,16 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
         families: str | Sequence = "triton,torch", buckets: Buckets | Sequence[int] | str | None = None,
         max_tokens: int | None = None, cache=None, arch: str | None = None, include_attention: bool = False,
         only: str | None = None, misses: bool = False, list_tactics: str | None = None, dry_run: bool = False,
-        fused_moe: bool = False,
+        fused_moe: bool | None = None,
         gpus: Sequence[int] = (), workers: int = 1, ray: str | None = None, compile_workers: int | None = None,
         timeout_s: float | None = None, isolate: bool = True, budget_s: float | None = None,
         exhaustive: bool = False, budget_ms: float | None = None, **options) -> SearchResult:
-    """One search as the CLI runs it; `options` are SearchOptions fields (margin, retry_failed, …)."""
+    """One search as the CLI runs it; `options` are SearchOptions fields (margin, retry_failed, …).
+    fused_moe=None: the routed experts' fused forms are candidates when `only` narrows the search
+    (they match `grouped_moe` like the plain ones) and left out of a whole-model search, which keeps
+    the default job's problem set."""
+    if fused_moe is None:
+        fused_moe = bool(only)
     from autotune.engine.halving import Halving
     from autotune.engine.search import Runner, SearchOptions, plan, search as engine_search   # torch: see above
     from autotune.engine.timing import TimerConfig

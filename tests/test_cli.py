@@ -72,7 +72,13 @@ def test_only_narrows_the_problems(tmp_path):
     r = autotune("search", "--model", "glm5", "--tp", "8", "--only", "grouped_moe", "--dry-run", cache=tmp_path / "c.db")
     assert r.returncode == 0, r.stderr
     keys = [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(("dense:", "grouped_moe:"))]
-    assert len(keys) == 2 and all(k.startswith("grouped_moe:") for k in keys)
+    # with --only the fused forms (what FP4MoE runs) are candidates too; --no-fused-moe drops them
+    assert len(keys) == 4 and all(k.startswith("grouped_moe:") for k in keys)
+    assert sorted(k.rsplit(":", 1)[1] for k in keys) == ["reduce", "swiglu", "top8", "top8"]
+    r = autotune("search", "--model", "glm5", "--tp", "8", "--only", "grouped_moe", "--no-fused-moe", "--dry-run",
+                 cache=tmp_path / "c.db")
+    assert r.returncode == 0 and [ln.split()[0] for ln in r.stdout.splitlines()
+                                  if ln.startswith("grouped_moe:")] == [k for k in keys if k.endswith("top8")]
     r = autotune("search", "--model", "glm5", "--tp", "8", "--only", "down_proj", "--dry-run", cache=tmp_path / "c.db")
     assert r.returncode == 0 and "mlp.down_proj" in r.stdout and "grouped_moe:" not in r.stdout
 
