@@ -156,6 +156,28 @@ def check_phase(res: dict, deadline: float) -> None:
 
 # -- table ------------------------------------------------------------------------------------
 
+def _pre_one(args):
+    fam_name, key, tj, arch = args
+    from autotune.core.arch import get_arch
+    from tactics import registry
+    t0 = time.perf_counter()
+    try:
+        registry.get(fam_name).precompile(Problem.from_key(key), Tactic.from_json(tj), get_arch(arch))
+        return None, time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - reported
+        return f"{fam_name} {tj}: {type(e).__name__}: {str(e)[:160]}", time.perf_counter() - t0
+
+
+def precompile(items: list, arch: str, procs: int = 16) -> dict:
+    """Compile (family, problem key, tactic json) items in spawned processes before timing."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(procs, mp_context=mp.get_context("spawn")) as ex:
+        res = list(ex.map(_pre_one, [(f, k, tj, arch) for f, k, tj in items]))
+    return {"items": len(items), "wall_s": time.perf_counter() - t0, "errors": [r[0] for r in res if r[0]][:5]}
+
+
 def _time(fn, n_sets: int, timer) -> float:
     from autotune.engine import timing
     return timing.time_calls(fn, n_sets, "cuda", timer).median_us
@@ -169,11 +191,16 @@ def table_phase(res: dict, deadline: float) -> None:
     from tactics.triton_fp4.family import TritonFamily
     import torch
     cuda, tri, arch = CudaFamily(), TritonFamily(), detect()
-    timer = timing.TimerConfig(budget_s=0.03, max_reps=20)
+    timer = timing.TimerConfig(budget_s=0.02, max_reps=15)
     ttac = triton_tactics()
     res["triton_tactics"] = [t.params for t in ttac]
+    probs = glm5_dense(1) + glm5_dense(8)
+    items = {("cuda", probs[0][1].key, t.to_json()) for t in cuda.enumerate(probs[0][1], arch)}
+    items |= {("triton", p.key, t.to_json()) for _, p in probs for t in ttac if tri.verdict(p, t, arch).ok}
+    res["precompile"] = precompile(sorted(items), arch.name)
+    print("precompile", res["precompile"], flush=True)
     rows = res.setdefault("table", [])
-    for pi, (label, p) in enumerate(glm5_dense(1) + glm5_dense(8)):
+    for pi, (label, p) in enumerate(probs):
         inp = Inputs(p, seed=200 + pi)
         copy_us = _time(lambda i: inp.dst[i].copy_(inp.blobs[i]), inp.n_sets, timer)
         kernels = {("cuda", t.id): (t, cuda.build(p, t, "cuda")) for t in kept(cuda, p, arch)}

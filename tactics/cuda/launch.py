@@ -25,18 +25,32 @@ class Launch:
         self.problem, self.tactic, self.config = problem, tactic, config
         self.device = torch.device(device)
         self._streams: dict[int, Any] = {}
+        self._fns: dict[tuple[int, int], tuple[int, Any]] = {}
 
     def _stream(self, dev: torch.device) -> Any:
         ptr = torch.cuda.current_stream(dev).cuda_stream
         s = self._streams.get(ptr)
         if s is None:
-            s = self._streams[ptr] = self._cupy.cuda.ExternalStream(ptr, dev.index or 0)
+            s = self._streams[ptr] = self._cupy.cuda.ExternalStream(ptr, dev.index or 0)  # Stream.from_external needs CuPy 14
         return s
 
-    def function(self, m_tiles: int, dev: torch.device) -> Any:
+    def function(self, m_tiles: int, dev: torch.device) -> tuple[int, Any]:
+        """(M tile, function): the wanted tile, or the largest smaller one when the wanted variant
+        is refused for spilling (e.g. 64 rows at one warp on sm_90): grid.y then covers M."""
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        key = (m_tiles, idx)
+        hit = self._fns.get(key)
+        if hit is not None:
+            return hit
         major, minor = torch.cuda.get_device_capability(idx)
-        return B.load(self.config(self.tactic, m_tiles), f"sm_{major}{minor}", idx)
+        err: Exception | None = None
+        for mt in [t for t in B.M_TILES if t <= m_tiles][::-1]:
+            try:
+                hit = self._fns[key] = (mt, B.load(self.config(self.tactic, mt), f"sm_{major}{minor}", idx))
+                return hit
+            except B.SpillError as e:
+                err = err or e
+        raise err if err else RuntimeError("no M tile")
 
     def __call__(self, x: torch.Tensor, w: L.CudaPacked, out: torch.Tensor | None) -> torch.Tensor:
         p = self.problem
@@ -57,8 +71,7 @@ class Launch:
         if m == 0:
             return out
         from .family import m_tiles_for
-        mt = m_tiles_for(m)
-        fn = self.function(mt, x.device)
+        mt, fn = self.function(m_tiles_for(m), x.device)
         c = self.config(self.tactic, mt)
         grid = (p.n // L.ROWS, -(-m // (8 * mt)), 1)
         args = (np.uint64(w.packed.data_ptr()), np.uint64(w.scales.data_ptr()), np.uint64(x.data_ptr()),
