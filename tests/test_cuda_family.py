@@ -32,19 +32,21 @@ def test_registered_and_absent_cleanly_without_cupy():
 def test_space_and_verdicts():
     sm90 = get_arch("sm90")
     space = FAM.enumerate(TP8_GATE_UP, sm90)
-    assert len(space) == 16
+    assert len(space) == 32
     kept = [t for t in space if FAM.verdict(TP8_GATE_UP, t, sm90).ok]
     rejected = {t.id: FAM.verdict(TP8_GATE_UP, t, sm90) for t in space if t not in kept}
     assert kept and rejected
     for v in rejected.values():
         assert "static shared memory" in v.reason and v.smem_bytes > STATIC_SMEM_LIMIT
     # K = 1536 is 12 k-pairs: warps_k 8 cannot split it evenly
-    v = FAM.verdict(TP8_DOWN, Tactic("cuda", warps_k=8, stages=2), sm90)
+    v = FAM.verdict(TP8_DOWN, Tactic("cuda", warps_k=8, stages=2, tiles_n=1), sm90)
     assert v.rejected and "128*warps_k=1024" in v.reason
-    assert FAM.verdict(TP8_GATE_UP, Tactic("cuda", warps_k=4, stages=4), get_arch("sm120")).ok
-    assert FAM.verdict(TP8_GATE_UP, Tactic("cuda", warps_k=4, stages=5), sm90).rejected   # not in schema
+    assert FAM.verdict(TP8_GATE_UP, Tactic("cuda", warps_k=4, stages=4, tiles_n=2), get_arch("sm120")).ok
+    assert FAM.verdict(TP8_GATE_UP, Tactic("cuda", warps_k=4, stages=5, tiles_n=1), sm90).rejected   # not in schema
     assert FAM.supports(Problem.dense(3072, 6144, w_fmt="mxfp4"))
     assert FAM.supports(Problem.dense(3000, 6144))                                       # N % 16
+    v = FAM.verdict(Problem.dense(16 * 3, 6144), Tactic("cuda", warps_k=1, stages=2, tiles_n=2), sm90)
+    assert v.rejected and "tiles_n" in v.reason
     assert FAM.enumerate(Problem.dense(3072, 6144, w_fmt="mxfp4"), sm90) == []
     assert FAM.verdict(TP8_GATE_UP, FAM.default(TP8_GATE_UP, sm90), sm90).ok
     assert FAM.verdict(TP8_DOWN, FAM.default(TP8_DOWN, sm90), sm90).ok
@@ -55,12 +57,13 @@ def test_m_tiles():
 
 
 # a handful of configs: extremes of the space (largest smem kept, most registers, smallest ring)
-_CONFIGS = [B.Config(1, 1, 2), B.Config(8, 8, 4), B.Config(2, 4, 6), B.Config(4, 2, 3)]
+_CONFIGS = [B.Config(1, 1, 2, 1), B.Config(8, 8, 4, 1), B.Config(2, 4, 6, 1), B.Config(4, 2, 3, 2),
+            B.Config(1, 8, 2, 2)]
 
 
 @NO_NVCC
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
-@pytest.mark.parametrize("cfg", _CONFIGS, ids=lambda c: f"mt{c.m_tiles}-wk{c.warps_k}-st{c.stages}")
+@pytest.mark.parametrize("cfg", _CONFIGS, ids=lambda c: f"mt{c.m_tiles}-wk{c.warps_k}-st{c.stages}-tn{c.tiles_n}")
 def test_ptxas_agrees_with_the_verdict(arch, cfg):
     res = B.nvcc_resources(cfg, arch)
     assert res.smem == B.smem_bytes(cfg)
@@ -79,8 +82,9 @@ def test_parse_ptxas_spills():
 def test_cubin_key_changes_with_everything_that_matters():
     c = B.Config(1, 4, 4)
     keys = {B.cubin_key(c, "sm_90", (13, 0)), B.cubin_key(c, "sm_120", (13, 0)),
-            B.cubin_key(c, "sm_90", (12, 8)), B.cubin_key(B.Config(2, 4, 4), "sm_90", (13, 0))}
-    assert len(keys) == 4
+            B.cubin_key(c, "sm_90", (12, 8)), B.cubin_key(B.Config(2, 4, 4), "sm_90", (13, 0)),
+            B.cubin_key(B.Config(1, 4, 4, 2), "sm_90", (13, 0))}
+    assert len(keys) == 5
 
 
 @NO_NVCC

@@ -1,6 +1,6 @@
 """SASS instructions per weight element in the cuda family's main loop (nvcc + cuobjdump, no GPU).
 
-    python3 -m tools.cuda_sass [--arch sm_90 sm_120] [--m-tiles 1 2] [--warps-k 4] [--stages 4]
+    python3 -m tools.cuda_sass [--arch sm_90 sm_120] [--m-tiles 1 2] [--warps-k 4] [--stages 4] [--tiles-n 1 2]
 
 Compiles w4a16_mma.cu with nvcc for each arch and M tile, disassembles the cubin with the
 cuobjdump that Triton's wheel carries, finds the innermost loop that holds the HMMAs and prints
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tactics.cuda import build as B
 
-ELEMENTS_PER_KPAIR = 64        # per thread: two k-groups of 4 words of 8 e2m1 codes
+ELEMENTS_PER_KPAIR = 64        # per thread and row tile: two k-groups of 4 words of 8 e2m1 codes
 DECODE_OPS = ("LOP3.LUT", "SHF.R.W.U32", "HMUL2.BF16_V2", "HFMA2.BF16_V2", "PRMT", "IMAD.U32")
 
 
@@ -56,8 +56,8 @@ def measure(c: B.Config, arch: str, tool: str) -> dict:
         cubin = Path(d) / "k.cubin"
         res = B.parse_ptxas(B.nvcc_compile(c, arch, cubin))
         mix = loop_mix(cubin, tool)
-    kpairs = mix["HMMA.16816.F32.BF16"] // (8 * c.m_tiles)        # the loop may be unrolled
-    elems = kpairs * ELEMENTS_PER_KPAIR
+    kpairs = mix["HMMA.16816.F32.BF16"] // (8 * c.m_tiles * c.tiles_n)   # the loop may be unrolled
+    elems = kpairs * ELEMENTS_PER_KPAIR * c.tiles_n
     decode = sum(mix[k] for k in DECODE_OPS)
     return {"arch": arch, "config": c, "registers": res.registers, "smem": res.smem,
             "loop_instructions": sum(mix.values()), "elements": elems,
@@ -71,17 +71,23 @@ def main() -> int:
     ap.add_argument("--m-tiles", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--warps-k", type=int, default=4)
     ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--tiles-n", nargs="+", type=int, default=[1, 2])
     a = ap.parse_args()
     tool = cuobjdump()
     if tool is None or B.nvcc() is None:
         raise SystemExit("needs nvcc on PATH and Triton's cuobjdump")
-    print("| arch | M tile | regs | loop instr | elements | instr/element | decode/element | HMMA/element |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| arch | M tile | tiles_n | regs | loop instr | elements | instr/element | decode/element | HMMA/element |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for arch in a.arch:
         for mt in a.m_tiles:
-            r = measure(B.Config(mt, a.warps_k, a.stages), arch, tool)
-            print(f"| {arch} | {8 * mt} | {r['registers']} | {r['loop_instructions']} | {r['elements']} | "
-                  f"{r['per_element']:.2f} | {r['decode_per_element']:.2f} | {r['hmma_per_element']:.3f} |")
+            for tn in a.tiles_n:
+                try:
+                    r = measure(B.Config(mt, a.warps_k, a.stages, tn), arch, tool)
+                except ValueError as e:     # e.g. a fully unrolled loop
+                    print(f"| {arch} | {8 * mt} | {tn} | {e} |")
+                    continue
+                print(f"| {arch} | {8 * mt} | {tn} | {r['registers']} | {r['loop_instructions']} | {r['elements']} | "
+                      f"{r['per_element']:.2f} | {r['decode_per_element']:.2f} | {r['hmma_per_element']:.3f} |")
     return 0
 
 

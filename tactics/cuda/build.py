@@ -35,6 +35,7 @@ class Config:
     m_tiles: int
     warps_k: int
     stages: int
+    tiles_n: int = 1     # 16-row weight tiles per CTA (each warp covers all of them)
 
     @property
     def threads(self) -> int:
@@ -43,13 +44,13 @@ class Config:
 
 def smem_bytes(c: Config) -> int:
     """The static array the source declares: max(cp.async ring, cross-warp reduction)."""
-    pipe = c.stages * c.threads * 36               # per thread per stage: 2 x 16 B words + 4 B scales
-    red = c.warps_k * c.m_tiles * 4 * 32 * 4
+    pipe = c.stages * c.threads * 36 * c.tiles_n   # per thread, stage and tile: 2 x 16 B words + 4 B scales
+    red = c.warps_k * c.tiles_n * c.m_tiles * 4 * 32 * 4
     return max(pipe, red)
 
 
 def defines(c: Config) -> dict[str, str]:
-    d = {"MT": str(c.m_tiles), "WK": str(c.warps_k), "STAGES": str(c.stages),
+    d = {"MT": str(c.m_tiles), "WK": str(c.warps_k), "STAGES": str(c.stages), "TN": str(c.tiles_n),
          "EPI_SCALE": f"{float(2 ** L.EPI_SHIFT)!r}f"}
     names = ("0", "1", "2", "3A", "3B")
     parts = [p for reg in L.ROTATIONS for p in reg]

@@ -1,8 +1,9 @@
 """The `cuda` family: a hand-written NVFP4 W4A16 decode GEMM (w4a16_mma.cu) compiled at run time by
 NVRTC through CuPy, reading the weight in its own prepacked layout (layout.py).
 
-Tactic parameters: `warps_k` (warps splitting K inside a CTA, reduced in a fixed order) and
-`stages` (depth of each thread's cp.async ring). The M tile (8, 16, 32 or 64 rows of x per CTA)
+Tactic parameters: `warps_k` (warps splitting K inside a CTA, reduced in a fixed order),
+`stages` (depth of each thread's cp.async ring) and `tiles_n` (16-row weight tiles per CTA: more
+bytes per thread and per CTA, the activation loads and loop overhead shared). The M tile (8, 16, 32 or 64 rows of x per CTA)
 is picked per call from M; each is its own compiled variant. Verdicts are exact by construction:
 the shared memory is the static array the source declares (`build.smem_bytes`, checked against
 `ptxas -v` in CI); registers and spills are only known from a compile, so `precompile` and the
@@ -25,13 +26,14 @@ from . import layout as L
 
 WARPS_K = (1, 2, 4, 8)
 STAGES = (2, 3, 4, 6)
-_SCHEMA = {"warps_k": WARPS_K, "stages": STAGES}
+TILES_N = (1, 2)
+_SCHEMA = {"warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
 STATIC_SMEM_LIMIT = 48 * 1024          # a static __shared__ array can not opt in beyond 48 KiB
 _NO_CUPY = "CuPy is not installed (pip install fp4-autotune[cuda13] or [cuda12])"
 
 
 def config(tactic: Tactic, m_tiles: int) -> B.Config:
-    return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]))
+    return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]))
 
 
 def m_tiles_for(m: int) -> int:
@@ -95,7 +97,7 @@ class CudaFamily(FamilyBase):
     def enumerate(self, problem: Problem, arch: Arch) -> list[Tactic]:
         if self.supports(problem):
             return []
-        return [Tactic(self.name, warps_k=w, stages=s) for w in WARPS_K for s in STAGES]
+        return [Tactic(self.name, warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in TILES_N]
 
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         if arch.cc_int < 80:
@@ -103,6 +105,9 @@ class CudaFamily(FamilyBase):
         wk = int(tactic["warps_k"])
         if problem.k % (L.KPAIR * wk):
             return Verdict.reject(f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k={L.KPAIR * wk}")
+        tn = int(tactic["tiles_n"])
+        if problem.n % (L.ROWS * tn):
+            return Verdict.reject(f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}")
         # the largest M tile is the worst case; every variant's figure is exact (the source's array)
         smem = max(B.smem_bytes(config(tactic, t)) for t in B.M_TILES)
         limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
@@ -111,7 +116,7 @@ class CudaFamily(FamilyBase):
         return Verdict.keep(smem, limit, int(tactic["stages"]))
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
-        return Tactic(self.name, warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4)
+        return Tactic(self.name, warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4, tiles_n=1)
 
     def precompile(self, problem: Problem, tactic: Tactic, arch: Arch) -> int | None:
         """NVRTC-compile every M variant into the cubin cache (no GPU needed); refuse spills."""

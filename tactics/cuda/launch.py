@@ -73,7 +73,7 @@ class Launch:
         from .family import m_tiles_for
         mt, fn = self.function(m_tiles_for(m), x.device)
         c = self.config(self.tactic, mt)
-        grid = (p.n // L.ROWS, -(-m // (8 * mt)), 1)
+        grid = (p.n // (L.ROWS * c.tiles_n), -(-m // (8 * mt)), 1)
         args = (np.uint64(w.packed.data_ptr()), np.uint64(w.scales.data_ptr()), np.uint64(x.data_ptr()),
                 np.uint64(out.data_ptr()), np.uint64(w.global_scale.data_ptr()),
                 np.int32(m), np.int32(p.n), np.int32(p.k))
