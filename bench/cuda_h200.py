@@ -4,8 +4,8 @@
     python3 bench/cuda_h200.py render DIR/cuda_h200.json          # markdown tables, anywhere
 
 `run` (one device command):
-  check  every kept config of the cuda family at GLM-5's TP8 dense shapes, at M = 1, 3, 8, 13, 16,
-         31, 64, 100 (every M tile, ragged M, M > 64 on grid.y): NaN-poisoned output against the
+  check  every kept config of the cuda family at GLM-5's TP8 dense shapes, at M = 1, 13, 31, 64,
+         100 (every M tile, ragged M, M > 64 on grid.y): NaN-poisoned output against the
          float64 reference (autotune.core.inputs.check); the NVRTC compile time, a second load from
          the disk cache, the loaded function's registers / local memory / shared memory; the bound
          (prepacked, `bind`) launcher and a CUDA-graph replay of it compared with the eager call.
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
 
-CHECK_M = (1, 3, 8, 13, 16, 31, 64, 100)
+CHECK_M = (1, 13, 31, 64, 100)
 TABLE_M = (1, 2, 4, 8, 16, 32, 64)
 TRITON_DB = ROOT / "docs" / "data" / "h200-glm5-tp8.db"
 
@@ -191,7 +191,7 @@ def table_phase(res: dict, deadline: float) -> None:
     from tactics.triton_fp4.family import TritonFamily
     import torch
     cuda, tri, arch = CudaFamily(), TritonFamily(), detect()
-    timer = timing.TimerConfig(budget_s=0.02, max_reps=15)
+    timer = timing.TimerConfig(budget_s=0.01, max_reps=10)
     ttac = triton_tactics()
     res["triton_tactics"] = [t.params for t in ttac]
     probs = glm5_dense(1) + glm5_dense(8)
