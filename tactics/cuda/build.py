@@ -30,6 +30,12 @@ M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 
 CACHE_ENV = "AUTOTUNE_CUDA_CUBINS"
 
 
+def m_tiles_for(m: int) -> int:
+    """Smallest n8-tile count covering min(M, 64) rows of x; larger M loops over grid.y."""
+    need = -(-min(max(m, 1), 64) // 8)
+    return next(t for t in M_TILES if t >= need)
+
+
 @dataclass(frozen=True)
 class Config:
     m_tiles: int

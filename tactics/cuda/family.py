@@ -12,6 +12,7 @@ CuPy is imported only when a kernel is built: without it the family is unavailab
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from autotune.core.arch import Arch
@@ -22,6 +23,7 @@ from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
 
 from . import build as B
+from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
 from . import layout as L
 
 WARPS_K = (1, 2, 4, 8)
@@ -36,36 +38,25 @@ def config(tactic: Tactic, m_tiles: int) -> B.Config:
     return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]))
 
 
-def m_tiles_for(m: int) -> int:
-    """Smallest n8-tile count covering min(M, 64) rows of x; larger M loops over grid.y."""
-    need = -(-min(max(m, 1), 64) // 8)
-    return next(t for t in B.M_TILES if t >= need)
-
-
 def arch_target(arch: Arch) -> str:
     return f"sm_{arch.cc_int}"
 
 
 class _PackCache:
-    """Plain FP4Weights (the `kernel(x, w)` form the search times) packed once per weight object;
-    the search rotates among a few weights for a cold L2, so a few are kept."""
+    """Plain FP4Weights given to `kernel(x, w)` packed once per weight object (held weakly); the
+    search passes the packed form itself (engine.worker packs each input set once per bucket)."""
 
-    def __init__(self, size: int = 32) -> None:
-        self.size = size
-        self._items: dict[int, tuple[Any, L.CudaPacked]] = {}
+    def __init__(self) -> None:
+        self._items: "weakref.WeakKeyDictionary[Any, L.CudaPacked]" = weakref.WeakKeyDictionary()
 
     def __call__(self, w: Any) -> L.CudaPacked:
         if isinstance(w, L.CudaPacked):
             return w
         if not isinstance(w, FP4Weight):
             raise OperandError(f"cuda family: expected an FP4Weight or its {L.LAYOUT} pack, got {type(w).__name__}")
-        hit = self._items.get(id(w))
-        if hit is not None and hit[0] is w:
-            return hit[1]
-        if len(self._items) >= self.size:
-            self._items.pop(next(iter(self._items)))
-        p = L.pack(w)
-        self._items[id(w)] = (w, p)
+        p = self._items.get(w)
+        if p is None:
+            p = self._items[w] = L.pack(w)
         return p
 
 

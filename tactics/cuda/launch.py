@@ -70,8 +70,7 @@ class Launch:
             raise ValueError(f"{p.key}: out must be contiguous bf16 [{m}, {p.n}], got {out.dtype} {tuple(out.shape)}")
         if m == 0:
             return out
-        from .family import m_tiles_for
-        mt, fn = self.function(m_tiles_for(m), x.device)
+        mt, fn = self.function(B.m_tiles_for(m), x.device)
         c = self.config(self.tactic, mt)
         grid = (p.n // (L.ROWS * c.tiles_n), -(-m // (8 * mt)), 1)
         args = (np.uint64(w.packed.data_ptr()), np.uint64(w.scales.data_ptr()), np.uint64(x.data_ptr()),
