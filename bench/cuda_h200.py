@@ -244,11 +244,12 @@ def _line(r: dict) -> str:
     f = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
     pct = f"{100 * cp / (2 * cu):.0f} %" if cu else "-"      # bytes/cuda over copy's (read+write)/time
     tac = r.get("cuda_tactic") or {}
-    return (f"| {r['problem']} | {r['m']} | {f(cu)} | {tac.get('warps_k', '-')}/{tac.get('stages', '-')} | {f(tr)} | "
+    cfg = f"{tac.get('warps_k', '-')}/{tac.get('stages', '-')}/{tac.get('tiles_n', '-')}"
+    return (f"| {r['problem']} | {r['m']} | {f(cu)} | {cfg} | {f(tr)} | "
             f"{f(cb)} | {f(cp)} | {pct} | {f(cb / cu) if cu and cb else '-'}x | {f(tr / cu) if cu and tr else '-'}x |")
 
 
-HEADER = ("| problem | M | cuda µs | warps_k/stages | triton µs | cuBLAS bf16 µs | copy µs | cuda % of copy BW | "
+HEADER = ("| problem | M | cuda µs | warps_k/stages/tiles_n | triton µs | cuBLAS bf16 µs | copy µs | cuda % of copy BW | "
           "cuBLAS/cuda | triton/cuda |\n|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
 
 
