@@ -100,3 +100,18 @@ def test_decode_instruction_mix():
     assert r["hmma_per_element"] == 1 / 8
     assert r["decode_per_element"] <= 1.8
     assert r["per_element"] < 3.0
+
+
+def test_cupy_version_found_under_its_wheel_name(monkeypatch):
+    from importlib import metadata
+
+    from autotune.core import env
+
+    def fake(name):
+        if name == "cupy-cuda13x":
+            return "14.2.0"
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(env.metadata, "version", fake)
+    assert env._version("cupy") == "14.2.0"
+    assert env._version("torch") is None
+    assert "cupy" in FAM.depends_on

@@ -62,7 +62,7 @@ class _PackCache:
 
 class CudaFamily(FamilyBase):
     name = "cuda"
-    depends_on = ("cupy",)
+    depends_on = ("cupy", "torch")       # CuPy brings NVRTC (the cubin cache also keys its version)
     default_rank = None
     compiles = True
 
