@@ -115,3 +115,10 @@ def test_cupy_version_found_under_its_wheel_name(monkeypatch):
     assert env._version("cupy") == "14.2.0"
     assert env._version("torch") is None
     assert "cupy" in FAM.depends_on
+
+
+def test_cubin_cache_dir_from_settings(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOTUNE_CUDA_CUBINS", str(tmp_path))
+    assert B.cache_dir() == tmp_path
+    monkeypatch.setenv("AUTOTUNE_CUDA_CUBINS", " ")
+    assert B.cache_dir().name == "cuda-cubins"

@@ -8,6 +8,7 @@ serving process that sets one later is honoured).
     AUTOTUNE_SIGNING_KEY      an HMAC secret that signs exports and verifies files (cache.signing)
     AUTOTUNE_SIGNING_KEY_FILE a key file (Ed25519 PEM, or an HMAC secret) for the same
     AUTOTUNE_CLAIM_TTL_S      how long a search's claim on a (problem, bucket) job lives (engine.claims)
+    AUTOTUNE_CUDA_CUBINS      where the cuda family caches its NVRTC cubins (default: the user cache dir)
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ CACHE_IMMUTABLE = "AUTOTUNE_CACHE_IMMUTABLE"
 SIGNING_KEY = "AUTOTUNE_SIGNING_KEY"
 SIGNING_KEY_FILE = "AUTOTUNE_SIGNING_KEY_FILE"
 CLAIM_TTL_S = "AUTOTUNE_CLAIM_TTL_S"
+CUDA_CUBINS = "AUTOTUNE_CUDA_CUBINS"
 
 
 def cache_url() -> str | None:
@@ -42,3 +44,8 @@ def cache_immutable() -> bool:
 def claim_ttl_s() -> str:
     """$AUTOTUNE_CLAIM_TTL_S as written (engine.claims parses and checks it)."""
     return os.environ.get(CLAIM_TTL_S, "").strip()
+
+
+def cuda_cubins() -> str | None:
+    """$AUTOTUNE_CUDA_CUBINS stripped, or None when unset or empty."""
+    return os.environ.get(CUDA_CUBINS, "").strip() or None

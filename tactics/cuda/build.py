@@ -27,7 +27,6 @@ from . import layout as L
 SOURCE = Path(__file__).with_name("w4a16_mma.cu")
 KERNEL = "w4a16_mma"
 M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 64 per CTA row
-CACHE_ENV = "AUTOTUNE_CUDA_CUBINS"
 
 
 def m_tiles_for(m: int) -> int:
@@ -124,7 +123,8 @@ def nvcc_resources(c: Config, arch: str) -> Resources:
 
 # --------------------------------------------------------------------------- NVRTC (run time)
 def cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV, "").strip()
+    from autotune.core import settings
+    env = settings.cuda_cubins()
     if env:
         return Path(env)
     import platformdirs
