@@ -19,6 +19,7 @@ FAMILIES: dict[str, str] = {
     "triton": "tactics.triton_fp4.family:TritonFamily",
     "cutlass": "tactics.cutlass.family:CutlassFamily",
     "cublaslt": "tactics.cublaslt:CublasLtFamily",
+    "cuda": "tactics.cuda.family:CudaFamily",      # CuPy imported lazily: unavailable without it
 }
 
 

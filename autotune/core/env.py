@@ -17,11 +17,17 @@ from autotune.core.tactic import canonical_json
 KNOWN_LIBS = ("torch", "triton", "flashinfer-python", "nvidia-cutlass", "nvmath-python", "cupy")
 
 
+#: a distribution published under several names (CuPy's wheels carry the CUDA major in theirs)
+_ALIASES = {"cupy": ("cupy-cuda13x", "cupy-cuda12x", "cupy")}
+
+
 def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+    for name in _ALIASES.get(dist, (dist,)):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _h(obj) -> str:

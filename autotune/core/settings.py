@@ -10,6 +10,7 @@ serving process that sets one later is honoured).
     AUTOTUNE_CLAIM_TTL_S      how long a search's claim on a (problem, bucket) job lives (engine.claims)
     AUTOTUNE_LAUNCH           "triton": bound Triton launchers use Triton's own launch, never the
                               direct route (tactics/triton_fp4/direct.py); default "direct"
+    AUTOTUNE_CUDA_CUBINS      where the cuda family caches its NVRTC cubins (default: the user cache dir)
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ SIGNING_KEY = "AUTOTUNE_SIGNING_KEY"
 SIGNING_KEY_FILE = "AUTOTUNE_SIGNING_KEY_FILE"
 CLAIM_TTL_S = "AUTOTUNE_CLAIM_TTL_S"
 LAUNCH = "AUTOTUNE_LAUNCH"
+CUDA_CUBINS = "AUTOTUNE_CUDA_CUBINS"
 
 
 def cache_url() -> str | None:
@@ -50,3 +52,8 @@ def claim_ttl_s() -> str:
 def launch_route() -> str:
     """$AUTOTUNE_LAUNCH: "triton" (Triton's own launch) or "direct" (the default)."""
     return "triton" if os.environ.get(LAUNCH, "").strip().lower() == "triton" else "direct"
+
+
+def cuda_cubins() -> str | None:
+    """$AUTOTUNE_CUDA_CUBINS stripped, or None when unset or empty."""
+    return os.environ.get(CUDA_CUBINS, "").strip() or None

@@ -19,6 +19,7 @@ from autotune.engine import timing
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from tactics import registry
+from tactics.base import PLAIN_LAYOUT
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 
@@ -33,6 +34,7 @@ class Bench:
         self._kernels: dict[str, object] = {}   # tactic id -> kernel, kept across buckets of a problem
         self._weights: list = []                # the problem's random weights, kept across its buckets
         self._graphs: dict[str, dict] = {}      # tactic id -> time_calls memo (its captured graph), this bucket
+        self._packs: dict[tuple[str, int], object] = {}  # (layout, set) -> the set's weight packed, this bucket
         self._sets: list = []
         self._outs: list = []
         self._ref = None
@@ -43,6 +45,7 @@ class Bench:
             self._kernels.clear()
             self._weights = []
         self._graphs.clear()
+        self._packs.clear()
         self._sets = self._outs = []    # drop the last bucket's tensors before drawing the next
         self._ref = None
         self.problem, self.bucket = p, bucket
@@ -62,17 +65,33 @@ class Bench:
             k = self._kernels[tactic.id] = registry.get(tactic.family).build(self.problem, tactic, self.device)
         return k
 
+    def _args(self, tactic: Tactic, i: int) -> tuple:
+        """Set i's arguments with the weight in the tactic's layout, packed once per bucket as a bound
+        layer packs it at load: a layout's packing never runs inside a timed call (or a captured graph)."""
+        args = self._sets[i].args()
+        fam = registry.get(tactic.family)
+        lay = fam.layout(tactic)
+        if lay == PLAIN_LAYOUT:
+            return args
+        w = self._packs.get((lay, i))
+        if w is None:
+            w = self._packs[(lay, i)] = fam.pack(lay, args[1])
+        return (args[0], w, *args[2:])
+
     def check(self, tactic: Tactic) -> dict:
         """Build (compiling if needed) and compare one call against the float64 reference."""
         kernel = self._kernel(tactic)
-        err = inputs.check(self.problem, kernel, self._sets[0], self._ref)
+        packed = self._args(tactic, 0)[1]
+        err = inputs.check(self.problem, lambda x, w, *r, out=None: kernel(x, packed, *r, out=out),
+                           self._sets[0], self._ref)
         return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None)}
 
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         kernel = self._kernel(tactic)
         sets, outs = self._sets, self._outs
         memo = self._graphs.setdefault(tactic.id, {})   # later rounds replay the first round's graph
-        t = timing.time_calls(lambda i: kernel(*sets[i].args(), out=outs[i]), len(sets), self.device, timer, memo)
+        args = [self._args(tactic, i) for i in range(len(sets))]   # packed before any timing or capture
+        t = timing.time_calls(lambda i: kernel(*args[i], out=outs[i]), len(sets), self.device, timer, memo)
         return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
 
 

@@ -1,0 +1,194 @@
+"""Source text, compilation and resources of the cuda family's kernels.
+
+One .cu text (w4a16_mma.cu) plus -D macros per config: the layout's bit constants come from
+layout.py (one source of truth for the packer and the decoder). Two compilers read it:
+
+* **NVRTC through CuPy** at run time (`load`): the cubin is cached on disk keyed by the source
+  hash, the options, the NVRTC version and the arch, so a serving host needs no nvcc and compiles
+  once. The loaded function's resources come from cuFuncGetAttribute (CuPy exposes them).
+* **nvcc** (`nvcc_resources`), for CI on a machine without a GPU: `ptxas -v` figures per arch.
+
+Shared memory is what the source declares: one static array of `smem_bytes(cfg)` bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import layout as L
+
+SOURCE = Path(__file__).with_name("w4a16_mma.cu")
+KERNEL = "w4a16_mma"
+M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 64 per CTA row
+
+
+def m_tiles_for(m: int) -> int:
+    """Smallest n8-tile count covering min(M, 64) rows of x; larger M loops over grid.y."""
+    need = -(-min(max(m, 1), 64) // 8)
+    return next(t for t in M_TILES if t >= need)
+
+
+@dataclass(frozen=True)
+class Config:
+    m_tiles: int
+    warps_k: int
+    stages: int
+    tiles_n: int = 1     # 16-row weight tiles per CTA (each warp covers all of them)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_k
+
+
+def smem_bytes(c: Config) -> int:
+    """The static array the source declares: max(cp.async ring, cross-warp reduction)."""
+    pipe = c.stages * c.threads * 36 * c.tiles_n   # per thread, stage and tile: 2 x 16 B words + 4 B scales
+    red = c.warps_k * c.tiles_n * c.m_tiles * 4 * 32 * 4
+    return max(pipe, red)
+
+
+def defines(c: Config) -> dict[str, str]:
+    d = {"MT": str(c.m_tiles), "WK": str(c.warps_k), "STAGES": str(c.stages), "TN": str(c.tiles_n),
+         "EPI_SCALE": f"{float(2 ** L.EPI_SHIFT)!r}f"}
+    names = ("0", "1", "2", "3A", "3B")
+    parts = [p for reg in L.ROTATIONS for p in reg]
+    for name, (rot, mask) in zip(names, parts):
+        d[f"ROT{name}"] = f"{rot}u"
+        d[f"MASK{name}"] = f"0x{mask:08x}u"
+    return d
+
+
+def options(c: Config) -> list[str]:
+    return [f"-D{k}={v}" for k, v in defines(c).items()]
+
+
+def text() -> str:
+    return SOURCE.read_text()
+
+
+# --------------------------------------------------------------------------- nvcc (CI, tools)
+@dataclass(frozen=True)
+class Resources:
+    registers: int
+    smem: int          # static shared bytes
+    local: int         # local memory per thread (stack frame: spills and arrays)
+    spill_stores: int
+    spill_loads: int
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0 or self.local > 0
+
+
+def nvcc() -> str | None:
+    return shutil.which("nvcc")
+
+
+def nvcc_compile(c: Config, arch: str, out: Path) -> str:
+    """Compile to a cubin for `arch` ("sm_90"); returns ptxas -v output (stderr)."""
+    exe = nvcc()
+    if exe is None:
+        raise FileNotFoundError("nvcc not on PATH")
+    src = out.with_suffix(".cu")
+    src.write_text(text())
+    cmd = [exe, "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", *options(c), "-o", str(out), str(src)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        raise RuntimeError(f"nvcc failed for {c} on {arch}: {r.stderr.strip()[-2000:]}")
+    return r.stderr
+
+
+def parse_ptxas(log: str) -> Resources:
+    def num(pat: str) -> int:
+        m = re.search(pat, log)
+        return int(m.group(1)) if m else 0
+    if "Used" not in log:
+        raise ValueError(f"no ptxas resource line in: {log[:500]}")
+    return Resources(num(r"Used (\d+) registers"), num(r"(\d+) bytes smem"),
+                     num(r"(\d+) bytes stack frame"), num(r"(\d+) bytes spill stores"),
+                     num(r"(\d+) bytes spill loads"))
+
+
+def nvcc_resources(c: Config, arch: str) -> Resources:
+    with tempfile.TemporaryDirectory() as d:
+        return parse_ptxas(nvcc_compile(c, arch, Path(d) / "k.cubin"))
+
+
+# --------------------------------------------------------------------------- NVRTC (run time)
+def cache_dir() -> Path:
+    from autotune.core import settings
+    env = settings.cuda_cubins()
+    if env:
+        return Path(env)
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("fp4-autotune")) / "cuda-cubins"
+
+
+def cubin_key(c: Config, arch: str, nvrtc_version: tuple[int, int]) -> str:
+    h = hashlib.sha256()
+    for part in (text(), " ".join(options(c)), arch, f"nvrtc{nvrtc_version[0]}.{nvrtc_version[1]}"):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def nvrtc_cubin(c: Config, arch: str) -> Path:
+    """The cubin file for `arch` ("sm_90"), from the disk cache or compiled by NVRTC (then stored)."""
+    from cupy.cuda import nvrtc
+    ver = nvrtc.getVersion()
+    path = cache_dir() / f"{KERNEL}-{arch}-{cubin_key(c, arch, ver)}.cubin"
+    if path.exists():
+        return path
+    prog = nvrtc.createProgram(text(), f"{KERNEL}.cu", [], [])
+    try:
+        opts = [f"--gpu-architecture={arch}", "-default-device", *options(c)]
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"NVRTC failed for {c} on {arch}: {e}\n{nvrtc.getProgramLog(prog)}") from e
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, path)                          # atomic: concurrent workers never read half a file
+    return path
+
+
+class SpillError(RuntimeError):
+    pass
+
+
+_LOADED: dict[tuple[Config, str, int], Any] = {}
+
+
+def load(c: Config, arch: str, device_index: int) -> Any:
+    """The CuPy Function on `device_index`; a config that spills is refused with its numbers."""
+    key = (c, arch, device_index)
+    fn = _LOADED.get(key)
+    if fn is None:
+        import cupy
+        with cupy.cuda.Device(device_index):
+            fn = cupy.RawModule(path=str(nvrtc_cubin(c, arch))).get_function(KERNEL)
+            res = runtime_resources(fn)             # cuFuncGetAttribute, loads the module here
+        if res["local_size_bytes"] > 0:
+            raise SpillError(f"cuda {c} on {arch}: {res['local_size_bytes']} bytes of local memory per "
+                             f"thread (spills or a stack array), {res['num_regs']} registers: refused")
+        if res["shared_size_bytes"] != smem_bytes(c):
+            raise RuntimeError(f"cuda {c} on {arch}: the cubin declares {res['shared_size_bytes']} B of "
+                               f"shared memory, the verdict counted {smem_bytes(c)} B")
+        _LOADED[key] = fn
+    return fn
+
+
+def runtime_resources(fn: Any) -> Mapping[str, int]:
+    return {k: int(getattr(fn, k)) for k in ("num_regs", "local_size_bytes", "shared_size_bytes",
+                                             "max_threads_per_block")}

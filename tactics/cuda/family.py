@@ -1,0 +1,158 @@
+"""The `cuda` family: a hand-written NVFP4 W4A16 decode GEMM (w4a16_mma.cu) compiled at run time by
+NVRTC through CuPy, reading the weight in its own prepacked layout (layout.py).
+
+Tactic parameters: `warps_k` (warps splitting K inside a CTA, reduced in a fixed order),
+`stages` (depth of each thread's cp.async ring) and `tiles_n` (16-row weight tiles per CTA: more
+bytes per thread and per CTA, the activation loads and loop overhead shared). The M tile (8, 16, 32 or 64 rows of x per CTA)
+is picked per call from M; each is its own compiled variant. Verdicts are exact by construction:
+the shared memory is the static array the source declares (`build.smem_bytes`, checked against
+`ptxas -v` in CI); registers and spills are only known from a compile, so `precompile` and the
+first launch compile every M variant and refuse one that uses local memory, with its numbers.
+CuPy is imported only when a kernel is built: without it the family is unavailable, not broken.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from autotune.core.arch import Arch
+from autotune.core.formats import FP4Weight
+from autotune.core.operands import OperandError, check_out, check_weight, check_x
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic, Verdict, check_params
+from tactics.base import FamilyBase
+
+from . import build as B
+from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
+from . import layout as L
+
+WARPS_K = (1, 2, 4, 8)
+STAGES = (2, 3, 4, 6)
+TILES_N = (1, 2)
+_SCHEMA = {"warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
+STATIC_SMEM_LIMIT = 48 * 1024          # a static __shared__ array can not opt in beyond 48 KiB
+_NO_CUPY = "CuPy is not installed (pip install fp4-autotune[cuda13] or [cuda12])"
+
+
+def config(tactic: Tactic, m_tiles: int) -> B.Config:
+    return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]))
+
+
+def arch_target(arch: Arch) -> str:
+    return f"sm_{arch.cc_int}"
+
+
+class _PackCache:
+    """Plain FP4Weights given to `kernel(x, w)` packed once per weight object (held weakly); the
+    search passes the packed form itself (engine.worker packs each input set once per bucket)."""
+
+    def __init__(self) -> None:
+        self._items: "weakref.WeakKeyDictionary[Any, L.CudaPacked]" = weakref.WeakKeyDictionary()
+
+    def __call__(self, w: Any) -> L.CudaPacked:
+        if isinstance(w, L.CudaPacked):
+            return w
+        if not isinstance(w, FP4Weight):
+            raise OperandError(f"cuda family: expected an FP4Weight or its {L.LAYOUT} pack, got {type(w).__name__}")
+        p = self._items.get(w)
+        if p is None:
+            p = self._items[w] = L.pack(w)
+        return p
+
+
+class CudaFamily(FamilyBase):
+    name = "cuda"
+    depends_on = ("cupy", "torch")       # CuPy brings NVRTC (the cubin cache also keys its version)
+    default_rank = None
+    compiles = True
+
+    def available(self, device: str) -> tuple[bool, str]:
+        if not str(device).startswith("cuda"):
+            return False, "the cuda family runs on CUDA devices only"
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            return False, _NO_CUPY
+        return True, ""
+
+    def supports(self, problem: Problem) -> str | None:
+        if problem.kind != "dense":
+            return "cuda family: dense problems only (no grouped MoE kernel yet)"
+        if problem.w_fmt != "nvfp4" or problem.a_fmt != "bf16" or problem.out_dtype != "bf16":
+            return f"cuda family: nvfp4 weights, bf16 x and y only, not {problem.w_fmt}/{problem.a_fmt}/{problem.out_dtype}"
+        return L.check_shape(problem.n, problem.k)
+
+    def validate(self, tactic: Tactic) -> str | None:
+        return check_params(tactic, _SCHEMA, "cuda")
+
+    def enumerate(self, problem: Problem, arch: Arch) -> list[Tactic]:
+        if self.supports(problem):
+            return []
+        return [Tactic(self.name, warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in TILES_N]
+
+    def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+        if arch.cc_int < 80:
+            return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
+        wk = int(tactic["warps_k"])
+        if problem.k % (L.KPAIR * wk):
+            return Verdict.reject(f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k={L.KPAIR * wk}")
+        tn = int(tactic["tiles_n"])
+        if problem.n % (L.ROWS * tn):
+            return Verdict.reject(f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}")
+        # the largest M tile is the worst case; every variant's figure is exact (the source's array)
+        smem = max(B.smem_bytes(config(tactic, t)) for t in B.M_TILES)
+        limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
+        if smem > limit:
+            return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
+        return Verdict.keep(smem, limit, int(tactic["stages"]))
+
+    def default(self, problem: Problem, arch: Arch) -> Tactic:
+        return Tactic(self.name, warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4, tiles_n=1)
+
+    def precompile(self, problem: Problem, tactic: Tactic, arch: Arch) -> int | None:
+        """NVRTC-compile every M variant into the cubin cache (no GPU needed); refuse spills."""
+        from cupy.cuda import function  # noqa: F401  (import error = not available)
+        smem = 0
+        for t in B.M_TILES:
+            B.nvrtc_cubin(config(tactic, t), arch_target(arch))
+            smem = max(smem, B.smem_bytes(config(tactic, t)))
+        return smem
+
+    # ---- layout ---------------------------------------------------------------------------------
+    def layout(self, tactic: Tactic) -> str:
+        return L.LAYOUT
+
+    def pack(self, layout: str, weight: FP4Weight) -> Any:
+        if layout != L.LAYOUT:
+            return super().pack(layout, weight)
+        return L.pack(weight.contiguous())
+
+    # ---- kernels --------------------------------------------------------------------------------
+    def build(self, problem: Problem, tactic: Tactic, device: str):
+        from .launch import Launch
+        why = self.validate(tactic) or self.supports(problem)
+        if why:
+            raise ValueError(why)
+        run = Launch(problem, tactic, device, config)
+        cache = _PackCache()
+
+        def kernel(x, w, out=None):
+            return run(x, cache(w), out)
+        kernel.capture_safe = True  # type: ignore[attr-defined]
+        return kernel
+
+    def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str):
+        if not isinstance(packed, L.CudaPacked):
+            raise TypeError(f"cuda: bind needs the {L.LAYOUT} packed weight, got {type(packed).__name__}")
+        check_weight(problem, packed)
+        from .launch import Launch
+        run = Launch(problem, tactic, device, config)
+
+        def launch(x, out=None):
+            check_x(problem, x, packed)
+            if out is not None:
+                check_out(problem, x, out)
+            return run(x, packed, out)
+        launch.weight = packed  # type: ignore[attr-defined]
+        launch.capture_safe = True  # type: ignore[attr-defined]
+        return launch
