@@ -164,6 +164,23 @@ def _scales_to_float(scales: Tensor, fmt: str) -> Tensor:
 
 # --------------------------------------------------------------------------- FP4Weight
 
+#: set on a weight's `packed` tensor once a one-copy layer (autotune.runtime.bound) overwrote the
+#: checkpoint bytes in place with a family's layout; the value is that layout's name. The bytes
+#: are then no checkpoint-layout weight: `check_weight`, `dequantize` and `to` see the mark.
+HELD_LAYOUT = "fp4_autotune_held_layout"
+
+
+def held_layout(t: Tensor) -> str | None:
+    """The layout written in place over `t` (None: the checkpoint's bytes)."""
+    return getattr(t, HELD_LAYOUT, None)
+
+
+def refuse_held(w: "FP4Weight", what: str) -> None:
+    lay = held_layout(w.packed)
+    if lay is not None:
+        raise ValueError(f"{what}: the weight's bytes were overwritten in place by the {lay} layout "
+                         f"(a one-copy layer), they are not a checkpoint-layout FP4Weight any more")
+
 
 @dataclass(eq=False, repr=False)
 class FP4Weight:
@@ -256,6 +273,7 @@ class FP4Weight:
         Both lookups go through 256-entry tables (byte → two values, scale byte → float): on
         the CPU that is several times faster than unpacking nibbles and converting fp8.
         """
+        refuse_held(self, "dequantize")
         pair = _lut("pair", self.packed.device)
         vals = pair.index_select(0, self.packed.reshape(-1).int()).view(*self.scales.shape, self.block)
         sbytes = self.scales.reshape(-1).view(torch.uint8).int()
@@ -267,7 +285,11 @@ class FP4Weight:
 
     def to(self, device: Union[str, torch.device]) -> "FP4Weight":
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return FP4Weight(mv(self.packed), mv(self.scales), mv(self.global_scale), self.fmt, mv(self.input_scale))
+        out = FP4Weight(mv(self.packed), mv(self.scales), mv(self.global_scale), self.fmt, mv(self.input_scale))
+        lay = held_layout(self.packed)
+        if lay is not None:                     # the moved bytes hold the same layout: keep the mark
+            setattr(out.packed, HELD_LAYOUT, lay)
+        return out
 
     def expert(self, e: int) -> "FP4Weight":
         """2-D view of expert ``e`` (leading dims flattened, row-major)."""

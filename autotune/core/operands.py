@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from autotune.core.formats import held_layout
 from autotune.core.problem import Problem
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -45,6 +46,10 @@ def check_weight(problem: Problem, w: Any) -> None:
                            f"{'x'.join(map(str, want))} ({lead}N x K/2)")
     if packed.device.type == "meta":
         raise OperandError(f"{problem.key}: the weight is on the meta device")
+    held = held_layout(packed)
+    if held is not None and getattr(w, "layout", None) != held:
+        raise OperandError(f"{problem.key}: the weight's bytes hold the {held} layout (packed in place by a "
+                           f"one-copy layer), not the checkpoint's; only that layout's pack can be bound")
 
 
 def x_per_pair(problem: Problem, x: Any) -> bool:

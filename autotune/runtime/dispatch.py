@@ -176,10 +176,13 @@ class Dispatcher:
             t = self._install(problem, [])
         return t
 
-    def bind(self, problem: Problem, weight: FP4Weight) -> BoundTable:
+    def bind(self, problem: Problem, weight: FP4Weight, *, one_copy: bool = False) -> BoundTable:
         """The problem's table with `weight` bound (checked once, packed once per layout): what a
-        layer keeps at load and calls per forward. `.rebind(weight)` after moving the weight."""
-        return BoundTable(self.table(problem), weight, self.env.device)
+        layer keeps at load and calls per forward. `.rebind(weight)` after moving the weight.
+        one_copy=True: one layout for every M, written over `weight`'s own storage where its
+        family can (the weight is then no checkpoint-layout weight); `.substituted` lists the
+        rungs that run another tactic for it (autotune.runtime.onecopy)."""
+        return BoundTable(self.table(problem), weight, self.env.device, one_copy=one_copy, arch=self.arch)
 
     def __call__(self, shape, m: int | None = None):
         if m is None:

@@ -38,7 +38,7 @@ _IDS = itertools.count(1)
 class _FP4Base(nn.Module):
     problem: Problem
 
-    def __init__(self, weight: FP4Weight, problem: Problem, dispatcher: Dispatcher | None):
+    def __init__(self, weight: FP4Weight, problem: Problem, dispatcher: Dispatcher | None, one_copy: bool = False):
         super().__init__()
         self.problem = problem
         self.fmt = weight.fmt
@@ -53,7 +53,10 @@ class _FP4Base(nn.Module):
         self.table: Table = self._dispatcher.table(problem)
         self.layer_id = next(_IDS)
         _LAYERS[self.layer_id] = self
-        self.bound = BoundTable(self.table, self.weight, self.packed.device.type)
+        self.bound = BoundTable(self.table, self._stored(), self.packed.device.type, one_copy=one_copy,
+                                arch=self._dispatcher.arch)
+        self._register_state_dict_hook(_refuse_held)
+        self._register_load_state_dict_pre_hook(self._refuse_load)
 
     @property
     def scales(self) -> Tensor:
@@ -63,13 +66,26 @@ class _FP4Base(nn.Module):
     def global_scale(self) -> Tensor:
         return self.global_scale_u8.view(torch.float32).reshape(self._gs_shape)
 
+    def _stored(self) -> FP4Weight:
+        return FP4Weight(self.packed, self.scales, self.global_scale, self.fmt)
+
     @property
     def weight(self) -> FP4Weight:
-        return FP4Weight(self.packed, self.scales, self.global_scale, self.fmt)
+        """The checkpoint-layout weight (refused once a one-copy binding packed it in place)."""
+        self._check_checkpoint("weight")
+        return self._stored()
+
+    def _check_checkpoint(self, what: str) -> None:
+        if self.bound.held is not None:
+            raise RuntimeError(f"{self.problem.key}: {what}: the layer's bytes hold the {self.bound.held} layout "
+                               f"(one_copy packed them in place); the checkpoint layout is gone")
+
+    def _refuse_load(self, *args) -> None:
+        self._check_checkpoint("load_state_dict")   # copying checkpoint bytes over the layout: wrong numbers
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
-        self.bound.rebind(self.weight)      # .to()/.cuda(): check, pack and bind again
+        self.bound.rebind(self._stored())   # .to()/.cuda(): check, pack (or re-wrap a held layout), bind
         return out
 
     @property
@@ -90,24 +106,30 @@ class FP4Linear(_FP4Base):
     """y = x · Wᵀ (+ bias) with W an FP4 weight [N, K]; x [..., K] in any float dtype (computed in
     bf16, returned in x's dtype)."""
 
-    def __init__(self, weight: FP4Weight, bias: Tensor | None = None, *, dispatcher: Dispatcher | None = None):
+    def __init__(self, weight: FP4Weight, bias: Tensor | None = None, *, dispatcher: Dispatcher | None = None,
+                 one_copy: bool = False):
+        """one_copy=True: the layer holds one copy of the weight: every M is served from one layout,
+        written over `weight`'s storage where its family can (`Dispatcher.bind`'s one_copy); the
+        checkpoint layout is gone then (`weight`, `state_dict` and `load_state_dict` refuse)."""
         if weight.num_experts is not None:
             raise ValueError(f"FP4Linear takes a 2-D weight [N, K]; got {weight.shape} (use FP4GroupedGEMM)")
-        super().__init__(weight, Problem.dense(weight.n, weight.k, w_fmt=weight.fmt), dispatcher)
+        super().__init__(weight, Problem.dense(weight.n, weight.k, w_fmt=weight.fmt), dispatcher, one_copy)
         self.in_features, self.out_features = weight.k, weight.n
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, fmt: str = "nvfp4", *, dispatcher: Dispatcher | None = None) -> "FP4Linear":
-        return cls(quantize(linear.weight.detach(), fmt), linear.bias, dispatcher=dispatcher)
+    def from_linear(cls, linear: nn.Linear, fmt: str = "nvfp4", *, dispatcher: Dispatcher | None = None,
+                    one_copy: bool = False) -> "FP4Linear":
+        return cls(quantize(linear.weight.detach(), fmt), linear.bias, dispatcher=dispatcher, one_copy=one_copy)
 
     @classmethod
     def from_modelopt(cls, source: str | Mapping[str, Tensor], prefix: str = "", *, device: str = "cpu",
-                      bias: Tensor | None = None, dispatcher: Dispatcher | None = None) -> "FP4Linear":
+                      bias: Tensor | None = None, dispatcher: Dispatcher | None = None,
+                      one_copy: bool = False) -> "FP4Linear":
         """From a ModelOpt NVFP4 `.safetensors` path (only this layer's tensors are read) or a dict."""
         w = load_modelopt_safetensors(source, prefix, device) if isinstance(source, str) \
             else from_modelopt(source, prefix).to(device)
-        return cls(w, bias, dispatcher=dispatcher)
+        return cls(w, bias, dispatcher=dispatcher, one_copy=one_copy)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim == 2 and x.dtype is torch.bfloat16 and x.shape[1] == self.in_features and self.bias is None \
@@ -183,6 +205,10 @@ class FP4GroupedGEMM(_FP4Base):
         else:
             y = _moe_launch(self, xb, topk_ids, topk_weights)
         return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+
+
+def _refuse_held(module: _FP4Base, state_dict, prefix, local_metadata) -> None:
+    module._check_checkpoint("state_dict")    # the saved bytes would read as a checkpoint elsewhere
 
 
 # ----------------------------------------------------------------------------------- custom ops

@@ -127,6 +127,11 @@ class CudaFamily(FamilyBase):
             return super().pack(layout, weight)
         return L.pack(weight.contiguous())
 
+    def pack_inplace(self, layout: str, weight: FP4Weight, *, already_packed: bool = False) -> Any | None:
+        if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()):
+            return None                       # a strided weight gets its own packed copy
+        return L.wrap(weight) if already_packed else L.pack(weight, inplace=True)
+
     # ---- kernels --------------------------------------------------------------------------------
     def build(self, problem: Problem, tactic: Tactic, device: str):
         from .launch import Launch

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from autotune.core.formats import FP4Weight, pack_fp4, unpack_fp4
+from autotune.core.formats import FP4Weight, pack_fp4, refuse_held, unpack_fp4
 
 LAYOUT = "cuda-mma-a-frag-v1"
 ROWS = 16          # weight rows per MMA tile (the A operand's m16)
@@ -139,6 +139,7 @@ def _scale_order(u: torch.Tensor, n: int, k: int) -> torch.Tensor:
 def pack(w: FP4Weight, inplace: bool = False) -> CudaPacked:
     """The layout of a 2-D NVFP4 weight. inplace=True overwrites w's own packed/scales storage
     (the checkpoint layout is then gone; `unpack` brings it back)."""
+    refuse_held(w, "cuda layout pack")      # bytes packed in place already: packing again is garbage
     if w.fmt != "nvfp4" or w.packed.ndim != 2:
         raise ValueError(f"cuda layout takes a 2-D nvfp4 weight, got {w.fmt} {tuple(w.packed.shape)}")
     n, k = w.n, w.k
@@ -158,6 +159,16 @@ def pack(w: FP4Weight, inplace: bool = False) -> CudaPacked:
         w.scales.view(torch.uint8).copy_(u)
         raw, u = w.packed, w.scales.view(torch.uint8)
     return CudaPacked(raw, u.contiguous(), g, "nvfp4", n, k, w.input_scale)
+
+
+def wrap(w: FP4Weight) -> CudaPacked:
+    """The layout over storage that holds it already (written by `pack(inplace=True)`, then moved
+    with the layer): no packing. Only the shapes are checked; the bytes are taken as they are."""
+    why = check_shape(w.n, w.k) if w.fmt == "nvfp4" and w.packed.ndim == 2 else "not a 2-D nvfp4 weight"
+    if why:
+        raise ValueError(f"cuda layout: {why}")
+    g = w.global_scale.to(torch.float32).reshape(1).contiguous()
+    return CudaPacked(w.packed, w.scales.view(torch.uint8), g, "nvfp4", w.n, w.k, w.input_scale)
 
 
 def words(p: CudaPacked) -> torch.Tensor:
