@@ -199,3 +199,15 @@ def test_cuda_family_packs_in_place_and_wraps_moved_bytes():
     strided = FP4Weight(w0.packed.t().contiguous().t(), w0.scales, w0.global_scale, w0.fmt)
     assert fam.pack_inplace(L.LAYOUT, strided) is None                 # gets its own copy instead
     assert fam.pack_inplace(PLAIN_LAYOUT, w0) is None and registry.get("torch").pack_inplace(PLAIN_LAYOUT, w0) is None
+
+
+def test_load_state_dict_rebinds_a_copied_layout(tmp_path, fam):
+    """Default mode keeps the cuda layout as a copy beside the checkpoint bytes: loading another
+    weight's state must re-pack it, never leave the old weight's numbers in the cuda launchers."""
+    d = disp(tmp_path, MIXED)
+    w, _ = weight(0)
+    w2, w20 = weight(1)
+    layer = FP4Linear(w, dispatcher=d)
+    assert layer.prepacked_extra_bytes > 0            # the cuda layout is a second copy here
+    layer.load_state_dict(FP4Linear(w2, dispatcher=d).state_dict())
+    check_numbers(layer, w20)

@@ -87,6 +87,8 @@ class FP4MoE(nn.Module):
         d = dispatcher or default_dispatcher()
         self.bound13 = d.bind(self.problem13, self.w13)
         self.bound2 = d.bind(self.problem2, self.w2)
+        # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
+        self.register_load_state_dict_post_hook(lambda mod, _keys: mod._rebind())
         self._aligners: dict[int, object] = {}
         self.layer_id = next(_IDS)
         _BLOCKS[self.layer_id] = self
@@ -118,9 +120,12 @@ class FP4MoE(nn.Module):
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
+        self._rebind()
+        return out
+
+    def _rebind(self) -> None:
         self.bound13.rebind(self.w13)
         self.bound2.rebind(self.w2)
-        return out
 
     # ---- constructors ---------------------------------------------------------------------------
     @classmethod

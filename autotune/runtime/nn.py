@@ -57,6 +57,9 @@ class _FP4Base(nn.Module):
                                 arch=self._dispatcher.arch)
         self._register_state_dict_hook(_refuse_held)
         self._register_load_state_dict_pre_hook(self._refuse_load)
+        # loading copies bytes into the buffers in place: a layout packed as a copy (cuda) would keep
+        # the old weight's numbers, so every load binds again
+        self.register_load_state_dict_post_hook(lambda mod, _keys: mod.bound.rebind(mod._stored()))
 
     @property
     def scales(self) -> Tensor:
