@@ -3,10 +3,11 @@ GEMM); FP4MoE, the whole routed-expert block, lives in autotune.runtime.moe and 
 
 Each layer holds its FP4 weight as buffers and binds it once to its problem's table
 (`Dispatcher.bind` -> autotune.runtime.bound.BoundTable): the weight is checked against the problem,
-packed once per layout its launchers read, and each reachable tactic becomes a launcher. A forward
-is one call of a `torch.library` custom op (`fp4_autotune::linear` / `fp4_autotune::moe`):
-torch.compile sees an opaque op with a fake (shape-only) implementation, so there is no graph
-break, and inside the op the table picks the launcher for the live M on the host.
+packed once per layout its launchers read, and each reachable tactic becomes a launcher. An eager
+forward calls the bound launcher for the live M directly (no op dispatcher: issue #17); while
+torch.compile traces (`torch.compiler.is_compiling()`) it is one call of a `torch.library` custom
+op (`fp4_autotune::linear` / `fp4_autotune::moe`) with a fake (shape-only) implementation, so there
+is no graph break, and inside the op the table picks the launcher for the live M on the host.
 
 CUDA graphs: the kernel is chosen on the host when the op runs, i.e. when a graph is captured; the
 captured graph replays that kernel for that batch size and never calls back into Python (so the
