@@ -14,7 +14,7 @@ import pytest
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
-from autotune.core.tactic import Tactic
+from autotune.core.tactic import Tactic, parse_tactic
 from autotune.engine import timing
 from autotune.engine.search import search
 from cache import Store
@@ -125,3 +125,21 @@ def test_invariant_triton_tactics_give_bit_identical_rows_on_the_gpu():
             one = kern(s.x[i:i + 1], s.w) if p.kind == "dense" else kern(s.x[i:i + 1], s.w, s.topk_ids[i:i + 1],
                                                                          s.topk_weights[i:i + 1])
             assert torch.equal(one[0], many[i]), (str(t), i)
+
+
+def test_invariant_cost_on_the_committed_h200_search(tmp_path):
+    """bench/batch_invariant_cost.py on the committed full search: every problem gets one tactic
+    that its family calls batch-invariant and that has a time in all 21 buckets; where the stored
+    per-bucket winners are all invariant already (the grouped MoE ones), the pick is one of them."""
+    out = subprocess.run([sys.executable, "bench/batch_invariant_cost.py",
+                          "docs/data/h200x2-glm5-tp8-full.db.xz", "--json", str(tmp_path / "cost.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "cost.json").read_text())
+    assert len(rows) == 6 and all(r["pick"] and r["buckets"] == 21 for r in rows)
+    for r in rows:
+        p, t = Problem.from_key(r["problem"]), parse_tactic(r["pick"])
+        assert registry.get(t.family).batch_invariant(p, t)
+        assert r["geomean_vs_winners"] > 0 and r["worst_vs_winners"] >= r["geomean_vs_winners"]
+    moe = [r for r in rows if r["problem"].startswith("grouped_moe")]
+    assert len(moe) == 2 and all(r["winners_invariant"] == 21 for r in moe)
