@@ -20,6 +20,12 @@ Expert parallelism: `expert_map` [E_global] gives each global expert id its loca
 (not on this rank); such slots contribute nothing and cost no work (every MoE member treats -1
 so). One routing alignment per layer: when both GEMMs' moe_decode launchers take the aligned
 route, one `moe_align` launch (at the larger BLOCK_M, regrouped for the smaller) serves both.
+
+Shared expert folded in (opt-in, `shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I, H] and [H, I]):
+stacked once at construction as local expert E (E+1 experts; the stacked tensors replace the
+separate ones), and every token's routing gains one slot (id E, weight 1.0), so the same two
+calls do routed + shared work: problems moe(…, E+1, top_k+1). Always local under an expert_map.
+Issue #15 asks for it "where that wins": not measured yet (docs/moe-decode.md).
 """
 from __future__ import annotations
 
@@ -50,7 +56,8 @@ class FP4MoE(nn.Module):
     topk_ids are global expert ids (or -1); with an expert_map they are mapped to this rank's."""
 
     def __init__(self, w13: FP4Weight, w2: FP4Weight, top_k: int, *, up_scale: Tensor | None = None,
-                 expert_map: Tensor | None = None, fused: bool = True, dispatcher: Dispatcher | None = None):
+                 expert_map: Tensor | None = None, fused: bool = True, dispatcher: Dispatcher | None = None,
+                 shared: tuple | None = None):
         super().__init__()
         if w13.num_experts is None or w2.num_experts is None or w13.packed.ndim != 3 or w2.packed.ndim != 3:
             raise ValueError(f"FP4MoE takes stacked experts w13 [E, 2I, H] and w2 [E, H, I]; got {w13.shape}, {w2.shape}")
@@ -59,10 +66,12 @@ class FP4MoE(nn.Module):
             raise ValueError(f"w2 {w2.shape} ({w2.fmt}) does not fit w13 {w13.shape} ({w13.fmt}): expected "
                              f"[{e}, {h}, {two_i // 2}] in one format")
         self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = e, top_k, h, two_i // 2, fused
-        g2 = w2.global_scale
-        if up_scale is not None:            # exact: see the module docstring
-            gate = _per_expert(w13.global_scale, e).to(w2.packed.device)
-            g2 = _per_expert(g2, e) * (_per_expert(up_scale.to(gate.device), e) / gate)
+        self.routed_experts, self.has_shared = e, shared is not None
+        g2 = _fold_up(w13.global_scale, w2.global_scale, up_scale, e)
+        if shared is not None:              # local expert E; the stacked copy replaces the inputs
+            w13, w2, g2 = _fold_shared(w13, w2, g2, shared)
+            self.num_experts = e = e + 1
+        slots = top_k + self.has_shared
         self.w13_fmt = w13.fmt
         self._gs_shapes = {}
         # every weight tensor as uint8 bytes: `model.to(torch.bfloat16)` must not cast the fp8 block
@@ -73,16 +82,16 @@ class FP4MoE(nn.Module):
             self.register_buffer(f"{name}_gs_u8", g.float().reshape(-1).contiguous().view(torch.uint8))
             self._gs_shapes[name] = tuple(g.shape)
         self._scale_dtype = w13.scales.dtype
-        self.global_experts = e if expert_map is None else int(expert_map.numel())
+        self.global_experts = self.routed_experts if expert_map is None else int(expert_map.numel())
         if expert_map is not None:
-            self._check_map(expert_map, e)
+            self._check_map(expert_map, self.routed_experts)
             self.register_buffer("expert_map", expert_map.to(torch.int32).contiguous())
         else:
             self.expert_map = None
         fmt = w13.fmt
         epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
-        self.problem13 = Problem.moe(two_i, h, e, top_k, w_fmt=fmt, epilogue=epi13)
-        self.problem2 = Problem.moe(h, two_i // 2, e, top_k, w_fmt=fmt, epilogue=epi2)
+        self.problem13 = Problem.moe(two_i, h, e, slots, w_fmt=fmt, epilogue=epi13)
+        self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
         d = dispatcher or default_dispatcher()
         self.bound13 = d.bind(self.problem13, self.w13)
@@ -187,6 +196,9 @@ class FP4MoE(nn.Module):
         trusted = topk_ids.is_cuda and self.expert_map is None and _flags_bad_ids(l13) and _flags_bad_ids(l2)
         check_routing(self._routing, x, topk_ids, topk_weights, values=not trusted)
         ids = self.local_ids(topk_ids)
+        if self.has_shared:                 # every token also routed to local expert E, weight 1
+            ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
+            topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
         k13, k2 = self._shared_alignment(l13, l2, ids)
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
@@ -218,7 +230,48 @@ class FP4MoE(nn.Module):
             self._run(x, ids.to(torch.int32), torch.full((m, self.top_k), 1.0 / self.top_k, device=dev))
 
     def extra_repr(self) -> str:
-        return f"{self.problem13.key} + {self.problem2.key}, experts {self.num_experts}/{self.global_experts}"
+        shared = " + shared folded in" if self.has_shared else ""
+        return (f"{self.problem13.key} + {self.problem2.key}, experts {self.routed_experts}/{self.global_experts}"
+                f"{shared}")
+
+    @staticmethod
+    def shared_from_float(gate: Tensor, up: Tensor, down: Tensor, fmt: str = "nvfp4") -> tuple:
+        """`shared=` from a dense shared expert gate/up [I, H], down [H, I], quantized like from_float."""
+        g, u, d = quantize(gate, fmt), quantize(up, fmt), quantize(down, fmt)
+        return _stack13(g, u), d, (u.global_scale if fmt == "nvfp4" else None)
+
+
+def _fold_up(g13: Tensor, g2: Tensor, up_scale: Tensor | None, e: int | None) -> Tensor:
+    """w2's global scale × up/gate (exact: see the module docstring); e=None: one 2-D expert."""
+    if up_scale is None:
+        return g2
+    if e is None:
+        return g2.float() * (up_scale.float().to(g13.device) / g13.float())
+    gate = _per_expert(g13, e).to(g2.device)
+    return _per_expert(g2, e) * (_per_expert(up_scale.to(gate.device), e) / gate)
+
+
+def _fold_shared(w13: FP4Weight, w2: FP4Weight, g2: Tensor, shared: tuple) -> tuple[FP4Weight, FP4Weight, Tensor]:
+    """The routed stacks with the shared expert appended as expert E, per-expert global scales [E+1]."""
+    if not isinstance(shared, (tuple, list)) or len(shared) not in (2, 3):
+        raise ValueError("shared takes (w13 [2I, H], w2 [H, I]) or (w13, w2, up_scale)")
+    s13, s2, s_up = (*shared, None)[:3]
+    e, two_i, h = w13.shape
+    for name, w, want in (("w13", s13, (two_i, h)), ("w2", s2, (h, two_i // 2))):
+        if not isinstance(w, FP4Weight) or w.packed.ndim != 2 or w.shape != want or w.fmt != w13.fmt \
+                or w.global_scale.numel() != 1 or w.device != w13.device:
+            raise ValueError(f"shared {name} must be a 2-D {w13.fmt} FP4Weight {list(want)} with one global scale "
+                             f"on {w13.device}, got {getattr(w, 'shape', type(w).__name__)} "
+                             f"({getattr(w, 'fmt', '?')}, {getattr(w, 'device', '?')})")
+    if s_up is not None and (not isinstance(s_up, Tensor) or s_up.numel() != 1):
+        raise ValueError(f"shared up_scale must be one global scale, got {getattr(s_up, 'shape', type(s_up).__name__)}")
+    sg2 = _fold_up(s13.global_scale, s2.global_scale, s_up, None).reshape(1)
+
+    def stack(w: FP4Weight, s: FP4Weight, g: Tensor, sg: Tensor) -> FP4Weight:
+        return FP4Weight(torch.cat([w.packed, s.packed[None]]), torch.cat([w.scales, s.scales[None]]),
+                         torch.cat([_per_expert(g, e).to(sg.device), sg.float().reshape(1)]), w.fmt)
+    w2s = stack(w2, s2, g2, sg2)
+    return stack(w13, s13, w13.global_scale, s13.global_scale), w2s, w2s.global_scale
 
 
 def _stack13(gate: FP4Weight, up: FP4Weight) -> FP4Weight:

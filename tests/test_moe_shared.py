@@ -1,0 +1,143 @@
+"""Issue #15, build item 3's last clause: the shared expert folded into FP4MoE's two calls as local
+expert E with one always-routed slot (weight 1.0), and the folded problems listed on request.
+
+On the CPU: the folded block (fused and unfused, expert_map with -1, gate ≠ up global scales on the
+routed and the shared expert) against a float64 reference of the routed block plus the shared
+expert's MLP; shared inputs of the wrong shape / format / scale refused in one line; one copy of the
+stacked weights; `problems_for(..., fold_shared=True)` adds moe(n, k, E+1, top_k+1) forms only
+when asked. In Triton's interpreter (one subprocess): the folded block on moe_decode winners.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.core.arch import ARCHS
+from autotune.core.env import cpu
+from autotune.core.formats import quantize
+from autotune.core.problem import Problem
+from autotune.models import problems_for
+from autotune.runtime.dispatch import Dispatcher
+from autotune.runtime.moe import FP4MoE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def disp(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Dispatcher(tmp_path / "none.db", env=cpu(), arch=ARCHS["cpu"], record_misses=False, warn=False)
+
+
+def _mlp(g, u, d, x):
+    return d @ (torch.nn.functional.silu(g @ x) * (u @ x))
+
+
+def _ref(x, routed, shared, ids_local, tw):
+    """float64: Σ_j tw · expert(ids[j]) + the shared expert, each from its own quantized weights."""
+    g, u, d = (w.dequantize(torch.float64) for w in routed)
+    sg, su, sd = (w.dequantize(torch.float64) for w in shared)
+    y = torch.zeros(x.shape[0], d.shape[1], dtype=torch.float64)
+    for i in range(x.shape[0]):
+        xi = x[i].double()
+        y[i] = _mlp(sg, su, sd, xi)
+        for j in range(ids_local.shape[1]):
+            e = int(ids_local[i, j])
+            if e >= 0:
+                y[i] += float(tw[i, j]) * _mlp(g[e], u[e], d[e], xi)
+    return y
+
+
+def _weights(e=5, h=64, i=32, seed=0):
+    torch.manual_seed(seed)
+    routed = torch.randn(e, i, h), torch.randn(e, i, h) * 4, torch.randn(e, h, i)
+    shared = torch.randn(i, h) * 0.5, torch.randn(i, h) * 3, torch.randn(h, i)
+    return routed, shared
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_folded_block_matches_routed_plus_shared_float64(disp, fused):
+    (gate, up, down), (sg, su, sd) = _weights()
+    top_k, emap = 2, torch.tensor([3, -1, 0, 1, -1, 2, 4])
+    sh = FP4MoE.shared_from_float(sg, su, sd)
+    assert not torch.equal(sh[0].global_scale, sh[2])                           # shared gate ≠ up scale
+    blk = FP4MoE.from_float(gate, up, down, top_k, fused=fused, expert_map=emap, dispatcher=disp, shared=sh)
+    assert blk.problem13 == Problem.moe(64, 64, 6, 3, epilogue="swiglu" if fused else "none")
+    assert blk.problem2 == Problem.moe(64, 32, 6, 3, epilogue="reduce" if fused else "none")
+    assert blk.w13.shape == (6, 64, 64) and blk.w2.global_scale.shape == (6,) and "shared folded" in repr(blk)
+    assert torch.equal(blk.w13_packed[5], sh[0].packed)                          # expert E is the shared one
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [4, 1], [6, 2], [5, -1]])                        # token 1: no routed expert here
+    tw = torch.rand(4, top_k)
+    y = blk(x, ids, tw)
+    ref = _ref(x, [quantize(w) for w in (gate, up, down)], [quantize(w) for w in (sg, su, sd)],
+               blk.local_ids(ids), tw)
+    assert y.shape == (4, 64) and y[1].abs().sum() > 0                           # the shared expert still runs
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+    assert float((y[1].double() - ref[1]).norm() / ref[1].norm()) < 1e-2
+    assert torch.equal(blk.to(torch.bfloat16)(x, ids, tw), y)
+    plain = FP4MoE.from_float(gate, up, down, top_k, fused=fused, expert_map=emap, dispatcher=disp)
+    assert plain.problem13.top_k == 2 and plain.w13.shape == (5, 64, 64)          # default unchanged
+
+
+def test_folded_block_keeps_one_copy_and_checks_routing(disp):
+    (gate, up, down), (sg, su, sd) = _weights(seed=1)
+    blk = FP4MoE.from_float(gate, up, down, 2, dispatcher=disp, shared=FP4MoE.shared_from_float(sg, su, sd))
+    names = {n for n, _ in blk.named_buffers()}
+    assert names == {f"{w}_{p}" for w in ("w13", "w2") for p in ("packed", "scales_u8", "gs_u8")}
+    from autotune.core.operands import OperandError
+    with pytest.raises(OperandError, match=r"expert id 5 outside \[-1, 5\)"):      # E is not a routable id
+        blk(torch.randn(2, 64), torch.tensor([[0, 5], [1, 2]]), torch.rand(2, 2))
+    y = blk(torch.randn(2, 64), torch.tensor([[-1, -1], [-1, -1]]), torch.rand(2, 2))
+    assert y.abs().sum() > 0                                                     # shared only
+
+
+def test_wrong_shared_inputs_are_refused(disp):
+    (gate, up, down), (sg, su, sd) = _weights(seed=2)
+    w13s, w2s, ups = FP4MoE.shared_from_float(sg, su, sd)
+    bad = [((w2s, w13s), r"shared w13 must be a 2-D nvfp4 FP4Weight \[64, 64\]"),
+           ((w13s, quantize(torch.randn(64, 64))), r"shared w2 must be a 2-D nvfp4 FP4Weight \[64, 32\]"),
+           ((w13s, quantize(torch.randn(1, 64, 32))), r"shared w2 must be a 2-D"),
+           ((w13s, quantize(sd, "mxfp4")), r"got \(64, 32\) \(mxfp4"),
+           ((w13s,), "shared takes"),
+           ((w13s, w2s, torch.ones(3)), "shared up_scale must be one global scale")]
+    for shared, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            FP4MoE.from_float(gate, up, down, 2, dispatcher=disp, shared=shared)
+
+
+def test_mxfp4_folded_block(disp):
+    (gate, up, down), (sg, su, sd) = _weights(h=64, i=64, seed=3)
+    sh = FP4MoE.shared_from_float(sg, su, sd, "mxfp4")
+    blk = FP4MoE.from_float(gate, up, down, 2, fmt="mxfp4", dispatcher=disp, shared=sh)
+    x, ids, tw = torch.randn(3, 64).to(torch.bfloat16), torch.tensor([[0, 4], [2, -1], [1, 3]]), torch.rand(3, 2)
+    ref = _ref(x, [quantize(w, "mxfp4") for w in (gate, up, down)], [quantize(w, "mxfp4") for w in (sg, su, sd)],
+               ids, tw)
+    assert float((blk(x, ids, tw).double() - ref).norm() / ref.norm()) < 2e-2
+
+
+def test_folded_problems_listed_only_when_asked():
+    base = problems_for("glm5", tp=8, fused_moe=True)
+    assert problems_for("glm5", tp=8, fused_moe=True, fold_shared=False) == base
+    folded = problems_for("glm5", tp=8, fused_moe=True, fold_shared=True)
+    extra = {u.problem.key for u in folded} - {u.problem.key for u in base}
+    assert extra == {Problem.moe(512, 6144, 257, 9, epilogue=epi).key for epi in ("none", "swiglu")} | \
+        {Problem.moe(6144, 256, 257, 9, epilogue=epi).key for epi in ("none", "reduce")}
+    assert {u.problem.key for u in base} <= {u.problem.key for u in folded}
+    names = {layer for u in folded if u.problem.experts == 257 for layer in u.layers}
+    assert names == {"mlp.experts.w13+shared[3-77]", "mlp.experts.w13+shared+swiglu[3-77]",
+                     "mlp.experts.w2+shared[3-77]", "mlp.experts.w2+shared+reduce[3-77]"}
+    plain = problems_for("glm5", tp=8, fold_shared=True)
+    assert {u.problem.key for u in plain} - {u.problem.key for u in problems_for("glm5", tp=8)} == \
+        {Problem.moe(512, 6144, 257, 9).key, Problem.moe(6144, 256, 257, 9).key}
+    # EP8: the routed experts keep their whole I (2048) but the shared expert is TP-sharded (256): no fold
+    assert problems_for("glm5", tp=8, ep=8, fold_shared=True) == problems_for("glm5", tp=8, ep=8)
