@@ -32,7 +32,7 @@ def _call(fn, *a, **kw):
 
 def _keys(model, tp, ep):
     return {u.problem.key for u in _call(api.model_problems, model, tp=tp, ep=ep, include_attention=True,
-                                         fused_moe=True)} if model else None
+                                         fused_moe=True, fold_shared=True)} if model else None
 
 
 def _open_store(url, readonly=False):
@@ -60,6 +60,9 @@ def main():
 @click.option("--fused-moe/--no-fused-moe", default=None,
               help="the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) as their own problems; "
                    "default: on with --only (they match grouped_moe), off for a whole-model search")
+@click.option("--fold-shared", is_flag=True,
+              help="also the routed experts' problems with the shared expert folded in as one more, always routed "
+                   "expert (E+1, top_k+1: what FP4MoE(shared=...) runs)")
 @click.option("--margin", default=0.03, show_default=True, help="a winner must beat the default by this fraction")
 @click.option("--budget-ms", default=250, show_default=True, help="with --exhaustive: timing budget per tactic and bucket (ms)")
 @click.option("--budget-s", default=2.0, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds")
@@ -85,7 +88,7 @@ def main():
 @click.option("--dry-run", is_flag=True, help="print the tactic space and verdicts; measure nothing")
 @click.option("--list-tactics", default=None, help="also print every tactic of these families (comma-separated) with its verdict and reason")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, margin, budget_ms,
+def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, fold_shared, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
            max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy="halving",
            rank_model=None, batch_invariant=False):
@@ -102,7 +105,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
     try:
         res = _call(api.run, model, tp=tp, ep=ep, families=families, buckets=buckets, max_tokens=max_tokens,
                     cache=cache, arch=arch, include_attention=include_attention, only=only, misses=from_misses,
-                    fused_moe=fused_moe,
+                    fused_moe=fused_moe, fold_shared=fold_shared,
                     list_tactics=list_tactics, dry_run=dry_run, gpus=ids, workers=workers, ray=ray_address,
                     compile_workers=compile_workers, timeout_s=timeout_s, isolate=not no_isolate, budget_s=budget_s,
                     exhaustive=exhaustive, budget_ms=budget_ms, margin=margin, retry_failed=retry_failed,

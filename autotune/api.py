@@ -39,11 +39,13 @@ class BadInput(ValueError):
 
 
 def model_problems(model: str | os.PathLike, *, tp: int = 1, ep: int = 1, include_attention: bool = False,
-             only: str | None = None, fused_moe: bool = False) -> list[ProblemUse]:
-    """The model's problems (fused_moe: with the routed experts' fused forms), narrowed to those
-    whose key or a layer name contains one of the comma-separated strings in `only`."""
+             only: str | None = None, fused_moe: bool = False, fold_shared: bool = False) -> list[ProblemUse]:
+    """The model's problems (fused_moe: with the routed experts' fused forms; fold_shared: with the
+    shared expert folded into the routed ones), narrowed to those whose key or a layer name
+    contains one of the comma-separated strings in `only`."""
     try:
-        uses = problems_for(model, tp=tp, ep=ep, include_attention=include_attention, fused_moe=fused_moe)
+        uses = problems_for(model, tp=tp, ep=ep, include_attention=include_attention, fused_moe=fused_moe,
+                            fold_shared=fold_shared)
     except (ModelError, ValueError) as e:
         raise BadInput(str(e)) from None
     for u in uses:
@@ -138,14 +140,15 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
         families: str | Sequence = "triton,torch", buckets: Buckets | Sequence[int] | str | None = None,
         max_tokens: int | None = None, cache=None, arch: str | None = None, include_attention: bool = False,
         only: str | None = None, misses: bool = False, list_tactics: str | None = None, dry_run: bool = False,
-        fused_moe: bool | None = None,
+        fused_moe: bool | None = None, fold_shared: bool = False,
         gpus: Sequence[int] = (), workers: int = 1, ray: str | None = None, compile_workers: int | None = None,
         timeout_s: float | None = None, isolate: bool = True, budget_s: float | None = None,
         exhaustive: bool = False, budget_ms: float | None = None, **options) -> SearchResult:
     """One search as the CLI runs it; `options` are SearchOptions fields (margin, retry_failed, …).
     fused_moe=None: the routed experts' fused forms are candidates when `only` narrows the search
     (they match `grouped_moe` like the plain ones) and left out of a whole-model search, which keeps
-    the default job's problem set."""
+    the default job's problem set. fold_shared: also the routed problems with the shared expert
+    folded in (FP4MoE(shared=...)), off by default."""
     if fused_moe is None:
         fused_moe = bool(only)
     from autotune.engine.halving import Halving
@@ -155,7 +158,7 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     notes: list[str] = []
     if misses:
         keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=include_attention,
-                                                      fused_moe=fused_moe)} if model else None
+                                                      fused_moe=fused_moe, fold_shared=fold_shared)} if model else None
         uses, b = from_misses(cache, keys)
         uses = _only(uses, only) if only else uses
     elif model is None:
@@ -163,7 +166,7 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     else:
         if isinstance(model, (str, os.PathLike)):
             uses = model_problems(model, tp=tp, ep=ep, include_attention=include_attention, only=only,
-                                  fused_moe=fused_moe)
+                                  fused_moe=fused_moe, fold_shared=fold_shared)
         else:
             uses = [ProblemUse(p, (), 1) for p in model]
         if isinstance(buckets, Buckets) or (buckets is not None and not isinstance(buckets, str)):
@@ -288,7 +291,8 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
     if misses and cache is None and settings.misses_url():
         cache = settings.misses_url()
     store = open_store(cache, readonly=True)
-    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True)} if model else None
+    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True,
+                                                  fold_shared=True)} if model else None
     names = {k: r.get("gpu_name") for k, r in store.device_records().items()}
     if misses:
         rows, notes = show_misses(store, keys)
@@ -325,7 +329,8 @@ def write_report(output: str | os.PathLike, *, cache=None, model: str | None = N
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise BadInput(f"output {out} exists and is not a directory")
-    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True)} if model else None
+    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True,
+                                                  fold_shared=True)} if model else None
     archs = [target_arch(a) for a in plan_arch.split(",") if a.strip()] if plan_arch else []
     fams = parse_families(families) if archs else []
     store = open_store(cache, readonly=True)

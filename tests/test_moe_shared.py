@@ -141,3 +141,68 @@ def test_folded_problems_listed_only_when_asked():
         {Problem.moe(512, 6144, 257, 9).key, Problem.moe(6144, 256, 257, 9).key}
     # EP8: the routed experts keep their whole I (2048) but the shared expert is TP-sharded (256): no fold
     assert problems_for("glm5", tp=8, ep=8, fold_shared=True) == problems_for("glm5", tp=8, ep=8)
+
+
+def test_cli_search_lists_the_folded_problems_only_with_fold_shared(tmp_path):
+    from helpers import run_cli
+    args = ("search", "--model", "glm5", "--tp", "8", "--only", "grouped_moe", "--dry-run")
+    keys = lambda r: sorted(ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith("grouped_moe:"))  # noqa: E731
+    r0, r1 = run_cli(*args, cache=tmp_path / "c.db"), run_cli(*args, "--fold-shared", cache=tmp_path / "c.db")
+    assert r0.returncode == 0 and r1.returncode == 0, r0.stderr + r1.stderr
+    assert [k for k in keys(r0) if ":e257:" in k] == []
+    assert sorted(set(keys(r1)) - set(keys(r0))) == sorted(
+        [Problem.moe(512, 6144, 257, 9, epilogue=e).key for e in ("none", "swiglu")]
+        + [Problem.moe(6144, 256, 257, 9, epilogue=e).key for e in ("none", "reduce")])
+
+
+_INTERP = textwrap.dedent("""
+    import json, os, tempfile, torch
+    from autotune.core.arch import ARCHS
+    from autotune.core.env import cpu
+    from autotune.core.formats import quantize
+    from autotune.core.problem import Problem
+    from autotune.core.records import Winner
+    from autotune.core.tactic import Tactic
+    from autotune.runtime.dispatch import Dispatcher
+    from autotune.runtime.moe import FP4MoE
+    from cache import Store
+    from tactics.triton_fp4.family import TritonFamily
+    TritonFamily.available = lambda self, device: (True, "")     # the interpreter runs it on the CPU
+    cfg = lambda route, bm: Tactic("triton", kernel="moe_decode", route=route, block_m=bm, block_n=32,
+                                   block_k=128, split_k=1, num_warps=4, num_stages=2)
+    torch.manual_seed(7)
+    e, h, i, top_k, m = 4, 256, 128, 2, 3
+    gate, up, down = torch.randn(e, i, h), torch.randn(e, i, h) * 3, torch.randn(e, h, i)
+    sg, su, sd = torch.randn(i, h), torch.randn(i, h) * 2, torch.randn(h, i)
+    env, db = cpu(), os.path.join(tempfile.mkdtemp(), "c.db")
+    lib = env.lib_key(("triton",))
+    with Store(db) as st:          # folded problems: E+1 experts, top_k+1 slots
+        for p, t in [(Problem.moe(2 * i, h, e + 1, top_k + 1, epilogue="swiglu"), cfg("aligned", 16)),
+                     (Problem.moe(h, i, e + 1, top_k + 1, epilogue="reduce"), cfg("direct", 16))]:
+            st.put_winner(Winner(p.key, m, env.device_key, t.id, t.family, t.to_json(), lib, 1.0, t.id, 1.0, 1.0))
+    d = Dispatcher(db, env=env, arch=ARCHS["cpu"], record_misses=False, warn=False)
+    emap = torch.tensor([3, -1, 2, 1, -1, 0])
+    blk = FP4MoE.from_float(gate, up, down, top_k, expert_map=emap, dispatcher=d,
+                            shared=FP4MoE.shared_from_float(sg, su, sd))
+    x, ids, tw = torch.randn(m, h).to(torch.bfloat16), torch.tensor([[0, 2], [1, 4], [5, 3]]), torch.rand(m, 2)
+    y = blk(x, ids, tw)
+    g, u, dn = (quantize(w).dequantize(torch.float64) for w in (gate, up, down))
+    g2, u2, d2 = (quantize(w).dequantize(torch.float64) for w in (sg, su, sd))
+    mlp = lambda g, u, d, v: d @ (torch.nn.functional.silu(g @ v) * (u @ v))
+    local, ref = blk.local_ids(ids), torch.zeros(m, h, dtype=torch.float64)
+    for r in range(m):
+        xr = x[r].double()
+        ref[r] = mlp(g2, u2, d2, xr) + sum(float(tw[r, j]) * mlp(g[k], u[k], dn[k], xr)
+                                           for j, k in enumerate(local[r].tolist()) if k >= 0)
+    rungs = [d.rung_for(p, m)[1].params.get("kernel") for p in (blk.problem13, blk.problem2)]
+    print(json.dumps(dict(err=float((y.double() - ref).norm() / ref.norm()), rungs=rungs)))
+""")
+
+
+def test_folded_block_on_moe_decode_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", _INTERP], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["rungs"] == ["moe_decode", "moe_decode"] and out["err"] < 1e-2, out

@@ -10,11 +10,12 @@ Sharding implemented (tp = tensor-parallel size, ep = expert-parallel size):
     ep=tp → E/tp whole experts at full I_e (vLLM --enable-expert-parallel, SGLang DeepEP).
     Requires ep | E and ep | tp. gpt-oss (MXFP4) shards I_e in whole 32-element blocks.
   * shared experts and dense MLPs stay tensor-parallel over tp even with EP (vLLM).
-Shared experts are separate dense problems (SGLang's shared-expert fusion is not modelled).
+Shared experts are separate dense problems; with fold_shared also, where the shared expert has the
+routed experts' per-expert shape, the folded forms FP4MoE(shared=...) runs (issue #15).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from autotune.core.problem import BLOCK, Problem
@@ -164,11 +165,15 @@ def _ranges(idx: list[int]) -> str:
 
 
 def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
-                   include_attention: bool = False, fused_moe: bool = False) -> list[ProblemUse]:
+                   include_attention: bool = False, fused_moe: bool = False,
+                   fold_shared: bool = False) -> list[ProblemUse]:
     """Deduplicated per-GPU problems, sorted by Problem (kind, formats, n, k, experts, top_k).
     fused_moe: also the fused forms of the routed experts (w13 with the SwiGLU epilogue, w2 with
     the routing weights applied and top_k summed: what FP4MoE runs by default), as their own
-    problems beside the plain ones (alternatives, not extra GEMMs per forward)."""
+    problems beside the plain ones (alternatives, not extra GEMMs per forward).
+    fold_shared: also the routed problems with the shared expert folded in as one more, always
+    routed expert, moe(n, k, E+1, top_k+1) (and their fused forms with fused_moe), in the layers
+    where the shared expert is quantized and has the routed experts' per-expert (N, K)."""
     _check_par(tp, ep)
     if ep > 1:
         if not a.moe_layers or not a.experts:
@@ -177,6 +182,7 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
             raise ModelError(f"tp={tp} is not a multiple of ep={ep} (MoE TP size = tp / ep)")
         _div(a, "mlp.experts", "routed experts", a.experts, "ep", ep)
     groups: dict[Problem, dict[str, list[int]]] = {}
+    shared: dict[str, tuple[Problem, set[int]]] = {}
     for lin in _linears(a):
         use = [i for i in lin.layers
                if rule.quantized(lin.role, tuple(f"model.layers.{i}.{p}" for p in lin.parts),
@@ -189,9 +195,20 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
             continue
         p = _shape(a, lin, tp, ep, rule.fmt)
         groups.setdefault(p, {}).setdefault(lin.name, []).extend(use)
-        if fused_moe and lin.role in (EXPERTS_W13, EXPERTS_W2):
-            epi = "swiglu" if lin.role == EXPERTS_W13 else "reduce"
+        if lin.role in (SHARED_GATE_UP, SHARED_DOWN):
+            shared[lin.role] = (p, set(use))
+        if lin.role not in (EXPERTS_W13, EXPERTS_W2):
+            continue
+        epi = "swiglu" if lin.role == EXPERTS_W13 else "reduce"
+        if fused_moe:
             groups.setdefault(p.variant(epi), {}).setdefault(f"{lin.name}+{epi}", []).extend(use)
+        sp, s_use = shared.get(SHARED_GATE_UP if lin.role == EXPERTS_W13 else SHARED_DOWN, (None, set()))
+        both = [i for i in use if i in s_use]
+        if fold_shared and sp is not None and (sp.n, sp.k) == (p.n, p.k) and both:
+            f = replace(p, experts=p.experts + 1, top_k=p.top_k + 1)
+            groups.setdefault(f, {}).setdefault(f"{lin.name}+shared", []).extend(both)
+            if fused_moe:
+                groups.setdefault(f.variant(epi), {}).setdefault(f"{lin.name}+shared+{epi}", []).extend(both)
     out = []
     for p in sorted(groups):
         names = groups[p]
