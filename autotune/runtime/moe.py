@@ -40,7 +40,6 @@ from autotune.core.formats import FP4Weight, quantize
 from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors
 from autotune.core.operands import OperandError, check_routing
 from autotune.core.problem import Problem
-from autotune.runtime.bound import BoundTable
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 
 _BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionary()
@@ -199,7 +198,7 @@ class FP4MoE(nn.Module):
         if self.has_shared:                 # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
-        k13, k2 = self._shared_alignment(l13, l2, ids)
+        k13, k2 = self._one_alignment(l13, l2, ids)
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             return l2(h, ids, topk_weights, routing_checked=True, **k2)
@@ -208,7 +207,7 @@ class FP4MoE(nn.Module):
         y2 = l2(h, ids, topk_weights, routing_checked=True, **k2)
         return y2.sum(1, dtype=torch.float32).to(torch.bfloat16)
 
-    def _shared_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
+    def _one_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
         """One moe_align per layer when both launchers take the aligned route; {} otherwise."""
         need = [_aligned_block_m(getattr(launch, "kernel", None), ids.numel()) for launch in (l13, l2)]
         if None in need:
