@@ -107,6 +107,30 @@ def acc_scale(gs_ptr, SCALE_E4M3: tl.constexpr):
         return tl.load(gs_ptr) * 1073741824.0
 
 
+@triton.jit
+def k_steps(x_ptrs, w_ptrs, s_ptrs, k0, k1, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            SCALE_GROUP: tl.constexpr, SCALE_E4M3: tl.constexpr, DEQ_ASM: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc[BLOCK_M, BLOCK_N] (fp32) = Σ over K steps k0..k1 of x-tile · dequant(W-tile)ᵀ, the pointers
+    at step k0: the main loop every W4A16 kernel shares (inlined by Triton, so each kernel still
+    pipelines it with its own num_stages)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(k0, k1):
+        a = tl.load(x_ptrs)
+        p = tl.load(w_ptrs)
+        s = tl.load(s_ptrs)
+        w = dequant_tile(p, scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
+        if DOT_F32:
+            # TRITON_INTERPRET=1 only: Triton 3.9's interpreter computes bf16 tl.dot (and bf16
+            # arithmetic) on the raw uint16 bits; the bf16 operands are widened exactly to fp32
+            acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K // 2
+        s_ptrs += BLOCK_K // SCALE_GROUP
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def w4a16_dequant_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ws_ptr, lock_ptr, M, N, K,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -145,21 +169,8 @@ def w4a16_dequant_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ws_ptr, lock_ptr, M
     w_ptrs = w_ptr + offs_bn[:, None] * KP + (k0 * (BLOCK_K // 2) + offs_kp)[None, :]
     s_ptrs = s_ptr + offs_bn[:, None] * KS + (k0 * (BLOCK_K // SCALE_GROUP) + offs_ks)[None, :]
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(k0, k1):
-        a = tl.load(x_ptrs)
-        p = tl.load(w_ptrs)
-        s = tl.load(s_ptrs)
-        w = dequant_tile(p, scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
-        if DOT_F32:
-            # TRITON_INTERPRET=1 only: Triton 3.9's interpreter computes bf16 tl.dot (and bf16
-            # arithmetic) on the raw uint16 bits; the bf16 operands are widened exactly to fp32
-            acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(w), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 2
-        s_ptrs += BLOCK_K // SCALE_GROUP
+    acc = k_steps(x_ptrs, w_ptrs, s_ptrs, k0, k1, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_GROUP, SCALE_E4M3, DEQ_ASM,
+                  DOT_F32)
 
     y_ptrs = y_ptr + offs_m[:, None] * N + offs_n[None, :]
     y_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -240,19 +251,9 @@ def moe_w4a16_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, sorted_ptr, expert_ptr,
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :]
     w_ptrs = (w_ptr + e * N * KP) + offs_bn[:, None] * KP + tl.arange(0, BLOCK_K // 2)[None, :]
     s_ptrs = (s_ptr + e * N * KS) + offs_bn[:, None] * KS + tl.arange(0, BLOCK_K // SCALE_GROUP)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K // BLOCK_K):
-        a = tl.load(x_ptrs)        # padding rows read token 0: valid memory, never stored
-        p = tl.load(w_ptrs)
-        s = tl.load(s_ptrs)
-        w = dequant_tile(p, scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
-        if DOT_F32:
-            acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(w), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K // 2
-        s_ptrs += BLOCK_K // SCALE_GROUP
+    # padding rows read token 0: valid memory, never stored
+    acc = k_steps(x_ptrs, w_ptrs, s_ptrs, 0, K // BLOCK_K, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_GROUP, SCALE_E4M3,
+                  DEQ_ASM, DOT_F32)
     acc = acc * acc_scale(gs_ptr + e, SCALE_E4M3)     # one global scale per expert
     if ROUTED_WEIGHT:
         acc = acc * tl.load(tw_ptr + pairs, mask=live, other=0.0)[:, None]

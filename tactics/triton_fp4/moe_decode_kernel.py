@@ -36,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel import acc_scale, dequant_tile, scales_bf16
+from .kernel import acc_scale, k_steps
 
 #: positional arguments of the JIT kernel, in order (the cross-compile signature is built from them)
 ARG_NAMES = ("x_ptr", "w_ptr", "s_ptr", "gs_ptr", "y_ptr", "ids_ptr", "sorted_ptr", "expert_ptr", "tw_ptr",
@@ -192,19 +192,8 @@ def moe_decode_kernel(x_ptr, w_ptr, s_ptr, gs_ptr, y_ptr, ids_ptr, sorted_ptr, e
                 (k0 * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2))[None, :]
             s_ptrs = (s_ptr + e64 * N * KS) + offs_bn[:, None] * KS + \
                 (k0 * (BLOCK_K // SCALE_GROUP) + tl.arange(0, BLOCK_K // SCALE_GROUP))[None, :]
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for _ in range(k0, k1):
-                a = tl.load(x_ptrs)
-                p = tl.load(w_ptrs)
-                s = tl.load(s_ptrs)
-                w = dequant_tile(p, scales_bf16(s, SCALE_E4M3), BLOCK_N, BLOCK_K, SCALE_GROUP, DEQ_ASM)
-                if DOT_F32:
-                    acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, tl.trans(w), acc)
-                x_ptrs += BLOCK_K
-                w_ptrs += BLOCK_K // 2
-                s_ptrs += BLOCK_K // SCALE_GROUP
+            acc = k_steps(x_ptrs, w_ptrs, s_ptrs, k0, k1, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_GROUP, SCALE_E4M3,
+                          DEQ_ASM, DOT_F32)
             scale = acc_scale(gs_ptr + e64 * GS_STRIDE, SCALE_E4M3)    # GS_STRIDE 0: one global scale
             if SPLIT_K == 1:
                 _epilogue(acc * scale, y_ptr, tw_ptr, red_ptr, cnt_ptr, pairs, live, pid_n, num_pid_n, N, N_OUT,
