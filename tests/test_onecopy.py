@@ -211,3 +211,17 @@ def test_load_state_dict_rebinds_a_copied_layout(tmp_path, fam):
     assert layer.prepacked_extra_bytes > 0            # the cuda layout is a second copy here
     layer.load_state_dict(FP4Linear(w2, dispatcher=d).state_dict())
     check_numbers(layer, w20)
+
+
+def test_cuda_layout_launcher_checks_x_and_out(fam):
+    """The cuda family's bound launcher (mirrored by cudacpu) checks x and out in one line each."""
+    w, w0 = weight()
+    lay = fam.layout(C1)
+    launch = fam.bind(P, C1, fam.pack(lay, w), "cpu")
+    with pytest.raises(OperandError, match=r"x is 2x255, expected M x 256"):
+        launch(torch.zeros(2, P.k - 1, dtype=torch.bfloat16))
+    with pytest.raises(OperandError, match="x is torch.float32"):
+        launch(torch.zeros(2, P.k))
+    with pytest.raises(OperandError, match="out"):
+        launch(torch.zeros(2, P.k, dtype=torch.bfloat16), out=torch.empty(3, P.n, dtype=torch.bfloat16))
+    check_numbers(launch, w0, ms=(1, 3))

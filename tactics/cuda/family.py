@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
-from autotune.core.operands import OperandError, check_out, check_weight, check_x
+from autotune.core.operands import OperandError, check_weight, out_checker, x_checker
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
@@ -153,10 +153,12 @@ class CudaFamily(FamilyBase):
         from .launch import Launch
         run = Launch(problem, tactic, device, config)
 
+        check, check_o = x_checker(problem, packed), out_checker(problem)   # issue #17: cheap per-call form
+
         def launch(x, out=None):
-            check_x(problem, x, packed)
+            check(x)
             if out is not None:
-                check_out(problem, x, out)
+                check_o(x, out)
             return run(x, packed, out)
         launch.weight = packed  # type: ignore[attr-defined]
         launch.capture_safe = True  # type: ignore[attr-defined]

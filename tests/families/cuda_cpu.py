@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from autotune.core.operands import check_out, check_weight, check_x
+from autotune.core.operands import check_weight, out_checker, x_checker
 from tactics.cuda import layout as L
 from tactics.cuda.family import CudaFamily
 
@@ -36,10 +36,12 @@ class CudaCpu(CudaFamily):
         check_weight(problem, packed)
         BINDS.append(id(packed))
 
+        check, check_o = x_checker(problem, packed), out_checker(problem)   # as the cuda family binds
+
         def launch(x, out=None):
-            check_x(problem, x, packed)
+            check(x)
             if out is not None:
-                check_out(problem, x, out)
+                check_o(x, out)
             return _mm(x, packed, out)
         launch.weight = packed  # type: ignore[attr-defined]
         return launch
