@@ -25,6 +25,7 @@ from cache import Store
 from tactics import registry
 from autotune.core.arch import ARCHS
 from autotune.core.tactic import Tactic
+from autotune.core import winner as winner_rule
 from tests.families.crashing import BUILD_LOG, SLEEP_MS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +87,10 @@ def test_faults_cost_only_their_worker(tmp_path, crashing):
     (w,) = rep.winners
     wt = Tactic.from_json(w.params_json)
     assert w.tactic_id not in {tr.tactic_id for tr in mode.values()}
-    assert wt.family == "torch" or wt["sleep_ms"] <= SLEEP_MS[1]     # a fast good one, never a faulty one
+    # a good one, never a faulty one; which good one is the winner rule over the stored timings (a
+    # "fast" claim would depend on this machine's load: the sleeps are wall-clock)
+    assert wt.family == "torch" or wt["mode"] == "good"
+    assert w.tactic_id == winner_rule.choose(store.get_trials(DENSE.key, 4, CPU.device_key), w.default_tactic_id).tactic_id
     # failures are final unless --retry-failed
     again = search([DENSE], families=fams, store=store, buckets=Buckets.of((4,)), timer=FAST, env=CPU,
                    halving=Halving(budget_s=0.5), runner=Runner(timeout_s=4))
