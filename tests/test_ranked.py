@@ -53,6 +53,30 @@ def test_ranker_measures_on_while_the_model_was_too_optimistic():
     assert win == plan.order[5].id
 
 
+def test_a_resumed_job_walks_the_same_batches_and_measures_nothing_twice():
+    """Resume = the fresh job's batches with the stored times: over random plans (sizes, knobs,
+    extras, times), a job resumed from what a fresh run measured measures nothing and picks the
+    same winner; resumed from half of it, it measures only what the fresh run measured."""
+    import random
+    for seed in range(3000):
+        r = random.Random(seed)
+        n = r.randint(1, 12)
+        ts = [Tactic("t", i=i) for i in range(n)]
+        preds = [r.uniform(0, 0.2) for _ in ts]
+        cfg = ranked.Ranked(min_first=r.randint(1, 3), first_share=0.0, step=r.randint(1, 3),
+                            stop_margin=r.choice([0.0, 0.03, 0.1]), max_share=r.choice([0.3, 0.6, 1.0]))
+        extras = r.sample(ts, r.randint(0, min(2, n)))
+        stored = {t.id: r.uniform(1, 2) for t in ts}
+        fresh, win = ranked.simulate(ranked.plan_for(ts, preds, extras, cfg=cfg), stored, ts[0].id)
+        again, win2 = ranked.simulate(ranked.plan_for(ts, preds, extras, {i: stored[i] for i in fresh}, cfg),
+                                      stored, ts[0].id)
+        assert (again, win2) == ([], win), seed
+        half = fresh[:len(fresh) // 2]        # interrupted: the first half of the fresh run is stored
+        rest, win3 = ranked.simulate(ranked.plan_for(ts, preds, extras, {i: stored[i] for i in half}, cfg),
+                                     stored, ts[0].id)
+        assert sorted(half + rest) == sorted(fresh) and win3 == win, seed
+
+
 def test_model_json_roundtrip_tree_walk_matches_lightgbm(tmp_path):
     lgb = pytest.importorskip("lightgbm")
     rows = [{"a": float(i % 7), "b": float(i % 3), "p.kernel=x": float(i % 2)} for i in range(300)]
@@ -89,12 +113,28 @@ def test_ranked_search_on_the_cpu_measures_less_and_finds_every_winner(tmp_path)
     [(path, model)] = api.fit_rank(first)
     assert path.endswith("halving.db.rank-cpu.json") and model.key["arch"] == "cpu"
     again = Store(tmp_path / "ranked.db")
-    rep = _search(again, strategy="ranked", rank_model=path, ranked=TINY)
+    # one = the model's top, the default and the neighbours' winners: at most 3 of the 4 kept
+    # tactics at m=1 and m=32 (one neighbour each), whatever the CPU's timings are
+    one = ranked.Ranked(min_first=1, first_share=0.0, step=1, max_share=0.25)
+    rep = _search(again, strategy="ranked", rank_model=path, ranked=one)
     assert any("--strategy ranked: rank model" in n for n in rep.notes)
     assert {(w.problem_key, w.bucket) for w in rep.winners} == {(w.problem_key, w.bucket) for w in full.winners}
     assert 0 < rep.measured < full.measured
-    resumed = _search(again, strategy="ranked", rank_model=path, ranked=TINY)      # nothing new to measure
+    assert all(len(again.get_trials(p.key, b, CPU.device_key)) <= 3 for p in PROBLEMS for b in (1, 32))
+    resumed = _search(again, strategy="ranked", rank_model=path, ranked=one)      # nothing new to measure
     assert resumed.measured == 0
+    # the warm starts of a finished job changed (a neighbour's winner is now a tactic never timed
+    # at m=1): the job is still finished, its winner stays
+    from autotune.core.records import Winner
+    lib = CPU.lib_key(("torch",))
+    p = PROBLEMS[0]
+    timed = {t.tactic_id for t in again.get_trials(p.key, 1, CPU.device_key)}
+    other = next(t for t in registry.get("torch").enumerate(p, ARCHS["cpu"]) if t.id not in timed)
+    before = {(w.problem_key, w.bucket): w.tactic_id for w in again.winners(CPU.device_key)}
+    again.put_winner(Winner(p.key, 8, CPU.device_key, other.id, "torch", other.to_json(), lib, 1.0, other.id, None, None))
+    resumed = _search(again, strategy="ranked", rank_model=path, ranked=one)
+    assert resumed.measured == 0
+    assert {(w.problem_key, w.bucket): w.tactic_id for w in resumed.winners} == before
 
 
 def test_ranked_without_a_model_for_the_arch_halves_as_before(tmp_path):

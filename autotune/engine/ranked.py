@@ -66,12 +66,14 @@ class Ranker:
 
     def batches(self, times: Mapping[str, float]) -> Iterator[list[Tactic]]:
         """Batches to measure; `times` (tactic id -> median us) is read again before each decision,
-        so the caller fills it as outcomes arrive."""
-        plan, seen = self.plan, set(self.plan.known)
-        first = [t for t in (*plan.order[:self.first], *plan.extras) if t.id not in seen]
-        seen.update(t.id for t in first)
+        so the caller fills it as outcomes arrive. The batches do not depend on `plan.known`: a
+        resumed job walks the same batches as a fresh one and the caller skips what is stored, so
+        with the same times it takes the same decisions and measures nothing twice."""
+        plan = self.plan
+        first = list(dict.fromkeys((*plan.order[:self.first], *plan.extras)))
+        seen = {t.id for t in first}
         if first:
-            yield list(dict.fromkeys(first))
+            yield first
         pos = self.first
         while pos < min(self.cap, len(plan.order)):
             nxt = [(t, p) for t, p in zip(plan.order[pos:], plan.pred[pos:]) if t.id not in seen][:self.cfg.step]
@@ -110,7 +112,7 @@ def simulate(plan: RankPlan, stored: Mapping[str, float], default_id: str,
     without one counts as measured and failed). Returns (measured tactic ids, the winner's id)."""
     r, times, measured = Ranker(plan), dict(plan.known), []
     for batch in r.batches(times):
-        for t in batch:
+        for t in (t for t in batch if t.id not in plan.known):
             measured.append(t.id)
             if t.id in stored:
                 times[t.id] = stored[t.id]
@@ -129,8 +131,9 @@ def plan_for(kept: Sequence[Tactic], preds: Sequence[float], extras: Sequence[Ta
 
 def measure(run_batch: Callable[[list[Tactic], Callable], None], plan: RankPlan, emit: Callable,
             log: Callable[[str], None] = lambda s: None) -> None:
-    """Online: `run_batch(tactics, emit)` measures one batch (successive halving in a worker);
-    every outcome is passed on to `emit` and its time feeds the stop rule."""
+    """Online: `run_batch(tactics, emit)` measures one batch (successive halving in a worker) and
+    skips what the cache holds (the job's todo); every outcome is passed on to `emit` and its time
+    feeds the stop rule, as the stored times of `plan.known` do."""
     r, times = Ranker(plan), dict(plan.known)
 
     def seen(o) -> None:

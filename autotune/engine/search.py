@@ -287,6 +287,8 @@ class _Search:
 
     def jobs(self, work: list[_Work]) -> list[Job]:
         out = []
+        won = ({(x.problem_key, x.bucket) for x in self.store.winners(self.env.device_key)
+                if self.lib_keys.get(x.family) == x.lib_key} if self.ranking else set())
         for w in work:
             ids = {r.tactic.id for r in w.kept}
             for b in self.buckets:
@@ -295,6 +297,8 @@ class _Search:
                 if plan is not None:    # compile failures since planning are out
                     keep = [i for i, t in enumerate(plan.order) if t.id in ids]
                     plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
+                    if (w.problem.key, b) in won and not set(strategy.first_ids(plan)) & {t.id for t in todo}:
+                        todo = ()       # finished before: its winner is stored and its first batch measured
                 else:
                     self.report.resumed += len(w.kept) - len(todo)
                 out.append(Job(w.problem, b, todo, w.default.id, {r.tactic.id: r.verdict.smem_bytes for r in w.kept}, plan))

@@ -86,13 +86,17 @@ def _novel(kept, feats, preds, names: set, n: int) -> list[Tactic]:
     return [t for _, _, t in sorted(new)[:n]]
 
 
+def first_ids(plan: ranked.RankPlan) -> list[str]:
+    """The tactic ids a job measures first whatever its neighbours did: the model's top and the
+    static extras (the default, novel members). A (problem, bucket) whose winner is stored and
+    whose first batch is in the cache is finished: a resumed search measures nothing there, even
+    though its neighbours' winners (the warm starts) may have changed since it ran."""
+    return [t.id for t in (*plan.order[:ranked.Ranker(plan).first], *plan.extras)]
+
+
 def first_batches(ranking: Ranking) -> set[tuple[str, str]]:
     """(problem key, tactic id) of every tactic some job measures first (what to compile ahead)."""
-    out = set()
-    for (pk, _), plan in ranking.plans.items():
-        r = ranked.Ranker(plan)
-        out.update((pk, t.id) for t in (*plan.order[:r.first], *plan.extras))
-    return out
+    return {(pk, i) for (pk, _), plan in ranking.plans.items() for i in first_ids(plan)}
 
 
 def with_neighbours(plan: ranked.RankPlan, store, problem: Problem, bucket: int, buckets: Sequence[int],
