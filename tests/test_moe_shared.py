@@ -115,6 +115,36 @@ def test_wrong_shared_inputs_are_refused(disp):
             FP4MoE.from_float(gate, up, down, 2, dispatcher=disp, shared=shared)
 
 
+def test_from_modelopt_folds_the_checkpoints_shared_experts(disp, tmp_path):
+    """`{prefix}.shared_experts.*` of a ModelOpt checkpoint (GLM-5 / DeepSeek-V3 naming), read from
+    a .safetensors file and from a dict, gives the float64 block of routed + shared experts."""
+    from safetensors.torch import save_file
+    from autotune.core.modelopt import to_modelopt
+    (gate, up, down), (sg, su, sd) = _weights(e=3, seed=4)
+    routed, shared = [quantize(w) for w in (gate, up, down)], [quantize(w) for w in (sg, su, sd)]
+    t = {}
+    for e in range(3):
+        for name, w in zip(("gate_proj", "up_proj", "down_proj"), routed):
+            t.update(to_modelopt(quantize(w.dequantize(torch.float32)[e]), f"model.layers.5.mlp.experts.{e}.{name}"))
+    for name, w in zip(("gate_proj", "up_proj", "down_proj"), shared):
+        t.update(to_modelopt(w, f"model.layers.5.mlp.shared_experts.{name}"))
+    save_file(t, str(tmp_path / "m.safetensors"))
+    x, ids, tw = torch.randn(3, 64).to(torch.bfloat16), torch.tensor([[0, 2], [-1, 1], [2, 1]]), torch.rand(3, 2)
+    per = [[quantize(w.dequantize(torch.float32)[e]) for e in range(3)] for w in routed]
+    ref_routed = [type(w)(torch.stack([p.packed for p in ps]), torch.stack([p.scales for p in ps]),
+                          torch.stack([p.global_scale for p in ps]), w.fmt) for w, ps in zip(routed, per)]
+    ref = _ref(x, ref_routed, shared, ids, tw)
+    for source in (str(tmp_path / "m.safetensors"), t):
+        blk = FP4MoE.from_modelopt(source, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts=True)
+        assert blk.has_shared and blk.problem13.top_k == 3 and blk.w13.shape == (4, 64, 64)
+        assert float((blk(x, ids, tw).double() - ref).norm() / ref.norm()) < 1e-2
+    with pytest.raises(KeyError, match="model.layers.5.mlp.shared_expert.gate_proj"):
+        FP4MoE.from_modelopt(t, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts="shared_expert")
+    with pytest.raises(ValueError, match="shared_experts= or shared=, not both"):
+        FP4MoE.from_modelopt(t, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts=True,
+                             shared=FP4MoE.shared_from_float(sg, su, sd))
+
+
 def test_mxfp4_folded_block(disp):
     (gate, up, down), (sg, su, sd) = _weights(h=64, i=64, seed=3)
     sh = FP4MoE.shared_from_float(sg, su, sd, "mxfp4")

@@ -145,17 +145,28 @@ class FP4MoE(nn.Module):
 
     @classmethod
     def from_modelopt(cls, source: str | Mapping[str, Tensor], prefix: str, experts: Sequence[int], top_k: int, *,
-                      device: str = "cpu", **kw) -> "FP4MoE":
+                      device: str = "cpu", shared_experts: bool | str = False, **kw) -> "FP4MoE":
         """From a ModelOpt NVFP4 checkpoint (a .safetensors path or a dict): experts
         `{prefix}.experts.{e}.{gate_proj,up_proj,down_proj}` for e in `experts` (this rank's, in
-        local order; pass `expert_map` for the global ids)."""
+        local order; pass `expert_map` for the global ids). `shared_experts=True` also folds in
+        `{prefix}.shared_experts.*` (DeepSeek-V3 / GLM-5 naming; a string names another module) as
+        `shared=` does, with its own gate and up global scales."""
+        def one(name: str) -> FP4Weight:
+            return (load_modelopt_safetensors(source, name, device) if isinstance(source, str)
+                    else from_modelopt(source, name).to(device))
+
         def load(name: str) -> FP4Weight:
-            ws = [load_modelopt_safetensors(source, f"{prefix}.experts.{e}.{name}", device) if isinstance(source, str)
-                  else from_modelopt(source, f"{prefix}.experts.{e}.{name}").to(device) for e in experts]
+            ws = [one(f"{prefix}.experts.{e}.{name}") for e in experts]
             if not ws:
                 raise ValueError("FP4MoE.from_modelopt needs at least one expert")
             return FP4Weight(torch.stack([w.packed for w in ws]), torch.stack([w.scales for w in ws]),
                              torch.stack([w.global_scale for w in ws]), "nvfp4")
+        if shared_experts:
+            if "shared" in kw:
+                raise ValueError("FP4MoE.from_modelopt: give shared_experts= or shared=, not both")
+            mod = f"{prefix}.{'shared_experts' if shared_experts is True else shared_experts}"
+            sg, su = one(f"{mod}.gate_proj"), one(f"{mod}.up_proj")
+            kw["shared"] = (_stack13(sg, su), one(f"{mod}.down_proj"), su.global_scale)
         g, u = load("gate_proj"), load("up_proj")
         return cls(_stack13(g, u), load("down_proj"), top_k, up_scale=u.global_scale, **kw)
 
