@@ -2,6 +2,8 @@
 # Issue #15 on the H200 in one device call: the routed-MoE search with the fused variants (resumed
 # from docs/data/moe-search-h200.db when that exists), then bench/moe_mlp_step_h200.py on its winners.
 #   SEARCH_S=360 BENCH_S=170 bash bench/moe_h200.sh        (writes $OUT/moe-search-h200.db, logs, JSON)
+# --fold-shared adds the shared-expert-folded problems (e257:top9): resumed from the committed cache,
+# only those are new. STRATEGY=ranked measures fewer tactics per job (docs/search.md).
 set -u
 export PYTHONUNBUFFERED=1
 DB=$OUT/work.db
@@ -9,7 +11,8 @@ DB=$OUT/work.db
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 start=$(date +%s)
 timeout "${SEARCH_S:-360}" python3 -m cli search --model glm5 --tp 8 --only grouped_moe --max-tokens 1024 \
-    --fused-moe --cache "$DB" --compile-workers 16 > "$OUT/search.log" 2>&1
+    --fused-moe --fold-shared ${STRATEGY:+--strategy "$STRATEGY"} --cache "$DB" --compile-workers 16 \
+    > "$OUT/search.log" 2>&1
 rc=$?
 echo "search exit $rc after $(( $(date +%s) - start )) s" | tee -a "$OUT/search.log"
 tail -25 "$OUT/search.log"

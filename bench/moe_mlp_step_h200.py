@@ -21,6 +21,10 @@ dispatch and FP4MoE, and the MLP decode step — every FP4 GEMM of the 78 layers
    torch ops, SiLU·up and the weighted top_k sum; the floor: FP4 weight + scale bytes of what is
    touched (the experts hit, averaged over the sets) + activations + outputs, at the copy rate
    measured in the same run. Shared-expert SiLU is not a GEMM and is in no column.
+4. In the same run: the shared expert folded into the routed calls (FP4MoE(shared=...), the
+   `e257:top9` problems of `--fold-shared`) against routed + shared gate_up + shared down, and
+   the fused block under uniform routing beside bf16 and its floor (issue #15 item 5). The folded
+   forwards are also checked against float64 (routed block + the shared MLP).
 """
 from __future__ import annotations
 
@@ -101,10 +105,29 @@ def random_block(seed: int):
     return gate, FP4Weight(up.packed, up.scales, us.float(), "nvfp4"), FP4Weight(down.packed, down.scales, ds.float(), "nvfp4")
 
 
-def make_block(gate, up, down, d, fused: bool, expert_map=None):
+def random_shared(seed: int):
+    """The shared expert as 2-D FP4 weights gate [I, H], up [I, H], down [H, I]; up's scale ≠ gate's."""
+    import torch
+    from autotune.core import inputs
+    from autotune.core.formats import FP4Weight
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    gate, up = (inputs.random_weight(Problem.dense(I, H), DEV, g) for _ in range(2))
+    down = inputs.random_weight(Problem.dense(H, I), DEV, g)
+    return gate, FP4Weight(up.packed, up.scales, up.global_scale * 2.5, "nvfp4"), down
+
+
+def make_block(gate, up, down, d, fused: bool, expert_map=None, shared=None):
     from autotune.runtime.moe import FP4MoE, _stack13
+    fold = None if shared is None else (_stack13(shared[0], shared[1]), shared[2], shared[1].global_scale)
     return FP4MoE(_stack13(gate, up), down, TOP_K, up_scale=up.global_scale, expert_map=expert_map,
-                  fused=fused, dispatcher=d)
+                  fused=fused, dispatcher=d, shared=fold)
+
+
+def shared_reference(x, gate, up, down):
+    import torch
+    xd = x.double()
+    h = torch.nn.functional.silu(xd @ gate.dequantize(torch.float64).T) * (xd @ up.dequantize(torch.float64).T)
+    return h @ down.dequantize(torch.float64).T
 
 
 def block_reference(x, ids_local, tw, gate, up, down):
@@ -122,10 +145,10 @@ def block_reference(x, ids_local, tw, gate, up, down):
     return y
 
 
-def routing(m, experts, seed):
+def routing(m, experts, seed, skew=SKEW):
     import torch
     from autotune.core.inputs import routing as draw
-    ids, tw = draw(m, experts, TOP_K, torch.Generator().manual_seed(seed), skew=SKEW)
+    ids, tw = draw(m, experts, TOP_K, torch.Generator().manual_seed(seed), skew=skew)
     return ids.to(DEV), tw.to(DEV)
 
 
@@ -140,9 +163,10 @@ def check_block(d) -> list[dict]:
     real = moe_align.Aligner.__call__
     moe_align.Aligner.__call__ = lambda self, ids: (calls.append(1), real(self, ids))[1]
     rows = []
+    shared = random_shared(8)
     try:
-        for fused in (True, False):
-            blk = make_block(gate, up, down, d, fused, emap.to(DEV))
+        for fused, folded in ((True, False), (False, False), (True, True)):
+            blk = make_block(gate, up, down, d, fused, emap.to(DEV), shared if folded else None)
             for m in BUCKETS:
                 ids, tw = routing(m, E_GLOBAL, 500 + m)
                 x = torch.randn(m, H, device=DEV).to(torch.bfloat16)
@@ -151,8 +175,11 @@ def check_block(d) -> list[dict]:
                 aligns = len(calls)
                 local = blk.local_ids(ids)
                 ref = block_reference(x, local, tw, gate, up, down)
+                if folded:
+                    ref += shared_reference(x, *shared)
                 err = float((y.double() - ref).norm() / ref.norm())
-                rows.append(dict(fused=fused, m=m, err=err, aligns=aligns, off_rank=int((local < 0).sum()),
+                rows.append(dict(fused=fused, folded=folded, m=m, err=err, aligns=aligns,
+                                 off_rank=int((local < 0).sum()),
                                  nan=int(torch.isnan(y).sum()), w13=_rung(d, blk.problem13, m),
                                  w2=_rung(d, blk.problem2, m)))
             del blk
@@ -185,6 +212,7 @@ def step(dd, dm, rate: float) -> list[dict]:
     weights = [random_block(40 + i) for i in range(6 if not SMOKE else 1)]     # ≥ 2× L2 of touched experts at M = 1
     blocks = [make_block(*w, dm, True) for w in weights]
     unfused = [make_block(*w, dm, False) for w in weights]
+    folded = [make_block(*w, dm, True, shared=random_shared(60 + i)) for i, w in enumerate(weights)]
     bf = [(b.w13.dequantize(torch.bfloat16), b.w2.dequantize(torch.bfloat16)) for b in blocks[:3]]
     for m in STEP_M:
         r = {"m": m}
@@ -203,14 +231,26 @@ def step(dd, dm, rate: float) -> list[dict]:
         n_sets = 12
         rt = [routing(m, E, 900 + 31 * m + i) for i in range(n_sets)]
         xs = [torch.randn(m, H, device=DEV).to(torch.bfloat16) for _ in range(n_sets)]
-        for b in blocks + unfused:
+        for b in blocks + unfused + folded:
             b.warmup([m])
         r["routed_fp4"] = time_calls(lambda i: blocks[i % len(blocks)](xs[i], *rt[i]), n_sets, DEV, cfg).median_us
         r["routed_fp4_unfused"] = time_calls(lambda i: unfused[i % len(unfused)](xs[i], *rt[i]), n_sets, DEV,
                                              cfg).median_us
+        r["routed_fp4_folded"] = time_calls(lambda i: folded[i % len(folded)](xs[i], *rt[i]), n_sets, DEV,
+                                            cfg).median_us
         r["routed_tactics"] = {"w13": _rung(dm, blocks[0].problem13, m), "w2": _rung(dm, blocks[0].problem2, m),
                                "w13_unfused": _rung(dm, unfused[0].problem13, m),
-                               "w2_unfused": _rung(dm, unfused[0].problem2, m)}
+                               "w2_unfused": _rung(dm, unfused[0].problem2, m),
+                               "w13_folded": _rung(dm, folded[0].problem13, m),
+                               "w2_folded": _rung(dm, folded[0].problem2, m)}
+        ru = [routing(m, E, 1900 + 31 * m + i, skew=0.0) for i in range(n_sets)]     # uniform over the experts
+        r["routed_fp4_uniform"] = time_calls(lambda i: blocks[i % len(blocks)](xs[i], *ru[i]), n_sets, DEV,
+                                             cfg).median_us
+        r["routed_bf16_uniform"] = time_calls(lambda i: bf16_block(xs[i], *bf[i % len(bf)], *ru[i]), n_sets, DEV,
+                                              cfg).median_us
+        touched_u = sum(len(torch.unique(ids)) for ids, _ in ru) / n_sets
+        r["experts_touched_uniform"] = touched_u
+        r["routed_floor_uniform"] = (fp4_bytes(W13, touched_u) + fp4_bytes(W2, touched_u) + 2 * m * 2 * H) / rate * 1e6
         r["routed_bf16"] = time_calls(lambda i: bf16_block(xs[i], *bf[i % len(bf)], *rt[i]), n_sets, DEV, cfg).median_us
         touched = sum(len(torch.unique(ids)) for ids, _ in rt) / n_sets
         r["experts_touched"] = touched
@@ -219,6 +259,8 @@ def step(dd, dm, rate: float) -> list[dict]:
             r[f"step_{col}_us"] = (LAYERS["dense"] * (r[f"gate_up_{col}"] + r[f"down_{col}"])
                                    + LAYERS["moe"] * (r[f"shared_gate_up_{col}"] + r[f"shared_down_{col}"]
                                                       + r[f"routed_{col}"]))
+        r["step_fp4_folded_us"] = r["step_fp4_us"] + LAYERS["moe"] * (
+            r["routed_fp4_folded"] - r["routed_fp4"] - r["shared_gate_up_fp4"] - r["shared_down_fp4"])
         rows.append(r)
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("tactic") and k != "routed_tactics"}), flush=True)
     return rows
@@ -259,7 +301,8 @@ def render(path: Path) -> str:
     b = r["block"]
     bad = [x for x in b if x["err"] > 1e-2 or x["nan"]]
     out.append(f"**FP4MoE vs float64** (expert_map {E_GLOBAL} → {E}, gate ≠ up scales): {len(b)} forwards "
-               f"(fused and unfused, M = {BUCKETS[0]}…{BUCKETS[-1]}), {len(bad)} failed, relative error "
+               f"({'fused, unfused and shared folded' if any(x.get('folded') for x in b) else 'fused and unfused'}, "
+               f"M = {BUCKETS[0]}…{BUCKETS[-1]}), {len(bad)} failed, relative error "
                f"{min(x['err'] for x in b):.2e}–{max(x['err'] for x in b):.2e}; moe_align launches per forward: "
                f"{sorted({x['aligns'] for x in b})}; off-rank slots per forward up to {max(x['off_rank'] for x in b)}.")
     out += ["", "| M | dense gate_up | dense down | shared gate_up | shared down | routed FP4MoE (fused) | "
@@ -275,6 +318,16 @@ def render(path: Path) -> str:
         f"M = {x['m']}: gate_up {x['gate_up_bf16']:.1f}, down {x['down_bf16']:.1f}, shared gate_up "
         f"{x['shared_gate_up_bf16']:.1f}, shared down {x['shared_down_bf16']:.1f}, routed {x['routed_bf16']:.1f} "
         f"(floor {x['routed_floor']:.1f}, {x['experts_touched']:.1f} experts)" for x in r["step"])]
+    if "routed_fp4_folded" in r["step"][0]:
+        out += ["", "| M | routed + shared gate_up + shared down | routed, shared folded in | **step FP4** | "
+                "**step FP4, folded** | routed FP4, uniform routing | bf16, uniform | floor, uniform (experts) |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for x in r["step"]:
+            apart = x["routed_fp4"] + x["shared_gate_up_fp4"] + x["shared_down_fp4"]
+            out.append(f"| {x['m']} | {apart:.1f} | {x['routed_fp4_folded']:.1f} | {x['step_fp4_us'] / 1e3:.2f} ms | "
+                       f"{x['step_fp4_folded_us'] / 1e3:.2f} ms | {x['routed_fp4_uniform']:.1f} | "
+                       f"{x['routed_bf16_uniform']:.1f} | {x['routed_floor_uniform']:.1f} "
+                       f"({x['experts_touched_uniform']:.1f}) |")
     return "\n".join(out)
 
 
