@@ -6,6 +6,11 @@ batch-invariant) against the stored per-bucket winner. Times are the cache's own
 cut by halving in round 1 has a round-1 median (fewer reps) there, so the figures are estimates of
 what a `--batch-invariant` search on that machine would store, not a re-measurement.
 
+Split-K W4A16 tactics are batch-invariant since 2026-12-01 (a fixed split, large M cut into row
+chunks: tactics/triton_fp4/splitk.chunk_rows). The committed search predates that: at an M past
+chunk_rows its launcher lowered the split instead, so such a stored time is not what the tactic
+does now and is left out (the tactic then lacks that bucket and cannot be the pick).
+
     python3 bench/batch_invariant_cost.py docs/data/h200x2-glm5-tp8-full.db.xz [--json out.json]
 """
 from __future__ import annotations
@@ -21,8 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.core.tactic import Tactic  # noqa: E402
+from tactics.triton_fp4.splitk import chunk_rows  # noqa: E402
 from autotune.engine.strategy import invariant, one_per_problem  # noqa: E402
 from bench.rank_eval import open_store  # noqa: E402
+
+
+def as_run_now(p, trial) -> bool:
+    """False for a split-K W4A16 time stored at an M its launcher now cuts into chunks (lowered then)."""
+    t = Tactic.from_json(trial.params_json)
+    if t.family != "triton" or t.get("kernel") != "w4a16_dequant":
+        return True
+    rows = chunk_rows(t.params, p.n)
+    return rows is None or trial.bucket <= rows
 
 
 def rows(store) -> list[dict]:
@@ -36,7 +51,7 @@ def rows(store) -> list[dict]:
             buckets = sorted(mine)
             default_id = next(iter(mine.values())).default_tactic_id
             trials = [t for b in buckets for t in store.get_trials(p.key, b, w_dev)
-                      if invariant(p, Tactic.from_json(t.params_json))]
+                      if invariant(p, Tactic.from_json(t.params_json)) and as_run_now(p, t)]
             pick, mean_vs_inv = one_per_problem(trials, buckets, default_id)
             if pick is None:
                 out.append({"problem": p.key, "device": w_dev, "pick": None})

@@ -32,7 +32,7 @@ def _w4a16(bm, bn, bk, sk):
 def test_families_say_which_tactics_are_batch_invariant():
     fam, dense, moe = registry.get("triton"), Problem.dense(3072, 6144), Problem.moe(512, 6144, 256, 8)
     assert fam.batch_invariant(dense, _w4a16(64, 64, 128, 1))
-    assert not fam.batch_invariant(dense, _w4a16(16, 64, 256, 8))           # split-K: lowered with M
+    assert fam.batch_invariant(dense, _w4a16(16, 64, 256, 8))               # split-K: fixed split, M chunked
     assert not fam.batch_invariant(dense, Tactic("triton", kernel="dequant_cublas", block_n=32, block_k=256,
                                                  num_warps=4))               # cuBLAS picks per shape
     assert fam.batch_invariant(moe, Tactic("triton", kernel="moe_w4a16", block_m=32, block_n=64, block_k=128,
@@ -47,19 +47,26 @@ _ROWS = textwrap.dedent("""
     from autotune.core.problem import Problem
     from autotune.core.tactic import Tactic
     from tactics.triton_fp4.family import TritonFamily
+    from tactics.triton_fp4 import splitk
     fam, out = TritonFamily(), []
+    if len(sys.argv) > 2:                   # a small workspace cap: M=64 is cut into row chunks
+        splitk.MAX_WORKSPACE_BYTES = int(sys.argv[2])
     for kind, params in json.loads(sys.argv[1]):
-        p = Problem.dense(64, 256) if kind == "dense" else Problem.moe(64, 256, 4, 2)
+        p = (Problem.dense(64, 256) if kind == "dense" else Problem.dense(64, 1024) if kind == "dense_k1024"
+             else Problem.moe(64, 256, 4, 2))
         t = Tactic("triton", params)
         s = inputs.make_inputs(p, 64, "cpu", seed=3)[0]
         kern = fam.build(p, t, "cpu")
         many = kern(*s.args())
         same = True
         for i in (0, 17, 63):
-            one = kern(s.x[i:i + 1], s.w) if kind == "dense" else kern(s.x[i:i + 1], s.w, s.topk_ids[i:i + 1],
+            one = kern(s.x[i:i + 1], s.w) if kind != "moe" else kern(s.x[i:i + 1], s.w, s.topk_ids[i:i + 1],
                                                                       s.topk_weights[i:i + 1])
             same = same and torch.equal(one[0], many[i])
-        out.append([params, fam.batch_invariant(p, t), bool(same)])
+        ref = inputs.reference(p, s)
+        err = float((many.double() - ref).norm() / ref.norm())
+        rows = splitk.chunk_rows(params, p.n) if kind != "moe" else None
+        out.append([params, fam.batch_invariant(p, t), bool(same), err, rows])
     print(json.dumps(out))
 """)
 
@@ -75,8 +82,26 @@ def test_invariant_triton_tactics_give_bit_identical_rows_at_batch_1_and_64():
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(rows) == 3
-    for params, says, same in rows:
-        assert says and same, params
+    for params, says, same, err, _ in rows:
+        assert says and same and err < 1e-2, params
+
+
+def test_split_k_cut_into_row_chunks_gives_the_same_rows_at_every_m():
+    """A split-K tactic keeps its split at every M: where the workspace cap would be passed
+    (made small here) the call is cut into row chunks, each with the whole split. Rows at batch 64
+    (2 and 4 chunks) are bit-identical to batch 1 and within NVFP4 error of float64. K = 1024 is
+    8 K-steps: a different split sums them in another order and is not bit-identical in the
+    interpreter (checked: split 1 vs 4 differ by 1e-6), so a launcher that lowered the split for
+    large M, as before 2026-12-01, fails here."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for cap, want_rows in ((32768, 32), (1, 16)):      # 4 x 2 N-tiles x 16x32 fp32 = 16 KiB per M tile
+        cases = [["dense_k1024", dict(_w4a16(16, 32, 128, 4).params)]]
+        r = subprocess.run([sys.executable, "-c", _ROWS, json.dumps(cases), str(cap)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        [(params, says, same, err, rows)] = json.loads(r.stdout.strip().splitlines()[-1])
+        assert rows == want_rows and says and same and err < 1e-2, (cap, rows, same, err)
 
 
 def test_batch_invariant_search_keeps_only_invariant_tactics_and_one_per_problem(tmp_path, register_family):
@@ -106,14 +131,21 @@ def test_one_per_problem_scores_by_the_geometric_mean_over_buckets():
 
 
 @pytest.mark.gpu
-def test_invariant_triton_tactics_give_bit_identical_rows_on_the_gpu():
-    """The same check compiled for the GPU, at GLM-5 TP8 shapes (gate_up 3072 x 6144, MoE w13)."""
+def test_invariant_triton_tactics_give_bit_identical_rows_on_the_gpu(monkeypatch):
+    """The same check compiled for the GPU, at GLM-5 TP8 shapes (gate_up 3072 x 6144, MoE w13),
+    with a split-K tactic whose batch of 64 is cut into 4 row chunks (a small workspace cap): M = 1
+    takes the bound launcher's direct route, M = 64 the chunked launch."""
     import torch
 
     from autotune.core import inputs
+    from tactics.triton_fp4 import splitk
     from tactics.triton_fp4.family import TritonFamily
     fam = TritonFamily()
+    split = _w4a16(16, 64, 256, 8)
+    monkeypatch.setattr(splitk, "MAX_WORKSPACE_BYTES", 8 * 48 * 16 * 64 * 4)      # 16 rows per launch at N = 3072
+    assert splitk.chunk_rows(split.params, 3072) == 16
     cases = [(Problem.dense(3072, 6144), _w4a16(16, 64, 128, 1)), (Problem.dense(3072, 6144), _w4a16(64, 128, 128, 1)),
+             (Problem.dense(3072, 6144), split),
              (Problem.moe(512, 6144, 256, 8), Tactic("triton", kernel="moe_w4a16", block_m=16, block_n=64,
                                                      block_k=128, num_warps=4, num_stages=3))]
     for p, t in cases:

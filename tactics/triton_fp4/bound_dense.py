@@ -23,6 +23,7 @@ from autotune.core.operands import out_checker, x_checker
 from autotune.core.problem import Problem
 
 from . import direct
+from .splitk import chunk_rows
 
 #: plans kept per launcher (distinct M values); past this, a new M is planned on every call
 MAX_PLANS = 4096
@@ -142,6 +143,8 @@ class BoundW4A16(_BoundDense):
                 p = self._plan(x, out, stream)
             except Exception as e:  # noqa: BLE001 - a route that cannot plan falls back, once
                 return self._give_up(e, x, out)
+            if p is None:           # split-K cut into row chunks (large M): the launcher's loop
+                return self._fallback(x, out)
         self.launches[0] += 1
         p[2](p[3], p[4], 1, stream, p[5], p[6], None, None, None, xp, *p[7], op, *p[8], m, *p[9])
         return out
@@ -153,9 +156,11 @@ class BoundW4A16(_BoundDense):
         from .kernel import w4a16_dequant_kernel as fn
         inner, prm = self.inner, self.inner.params
         m, n, k = x.shape[0], self.n, self.k
-        bm, bn = prm["block_m"], prm["block_n"]
+        bm, bn, sk = prm["block_m"], prm["block_n"], prm["split_k"]
+        rows = chunk_rows(prm, n)
+        if rows is not None and m > rows:       # not planned: more than one launch (splitk.chunk_rows)
+            return None
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-        sk = inner._split(tiles)
         need = sk * tiles * bm * bn if sk > 1 else 4
         ws = self.scratch.get(stream, "ws", need, torch.float32, x.device)
         locks = self.scratch.get(stream, "locks", max(4, tiles), torch.int32, x.device, zero=True)

@@ -11,6 +11,7 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .bound_dense import BoundW4A16, Remember
+from .splitk import chunk_rows
 from .args import is_interpreting, note_compiled, out_tensor, weight_args
 from .compile import ast_source
 from .member import (FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
@@ -34,8 +35,6 @@ SPLIT_BLOCK_N = (32, 64, 128)
 SPLIT_BLOCK_K = (128, 256)
 SPLIT_STAGES = (3, 4)
 SPLITS_OK = (1, 2, 4, 8, 16, 32)
-#: a split-K workspace larger than this is refused at call time (M too large for that tactic)
-MAX_WORKSPACE_BYTES = 256 << 20
 
 
 def silly(bm: int, bn: int, bk: int, warps: int) -> bool:
@@ -97,9 +96,10 @@ class W4A16Member:
         return w4a16_rules(problem, params, arch, pipelined=True)
 
     def batch_invariant(self, params: Mapping[str, Any]) -> bool:
-        """Without split-K each row's K loop runs in one program in the same order at every M; a
-        split-K launcher lowers its split with M (the workspace cap), which changes the order."""
-        return params["split_k"] == 1
+        """Each row's K loop runs in the same order at every M: in one program without split-K;
+        with it, in the tactic's fixed split summed in split order (chunk_rows: large M is cut
+        into launches, never given a smaller split)."""
+        return True
 
     def smem(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> int:
         return smem_bytes(params, fmt, arch)
@@ -129,7 +129,7 @@ class W4A16Launcher(Remember):
     under TRITON_INTERPRET=1, where nothing is compiled) and `smem_model` the static model's value
     for the device's arch. With split_k > 1 the launcher owns an fp32 workspace and a zeroed
     int32 counter per output tile (the kernel leaves them zero): one launch at a time per launcher.
-    The split is lowered for large M so the workspace stays under MAX_WORKSPACE_BYTES.
+    Large M is cut into row chunks (chunk_rows) so the workspace stays under MAX_WORKSPACE_BYTES.
     """
 
     bound_cls = BoundW4A16
@@ -145,14 +145,6 @@ class W4A16Launcher(Remember):
         self._retired: list = []   # outgrown workspaces: a CUDA graph captured earlier still points at them
         # resolved once per launcher, not per call: dispatch calls this on every GEMM
         self._consts = kernel_consts(problem.w_fmt, self.params, is_interpreting())
-
-    def _split(self, tiles: int) -> int:
-        """split_k is an upper bound: halved until the workspace fits MAX_WORKSPACE_BYTES (large M
-        needs no split; the same tactic stays usable at every M)."""
-        sk, tile = self.params["split_k"], self.params["block_m"] * self.params["block_n"] * 4
-        while sk > 1 and sk * tiles * tile > MAX_WORKSPACE_BYTES:
-            sk //= 2
-        return sk
 
     def _scratch(self, sk: int, tiles: int, device):
         """Workspace [sk, tiles, BM·BN] fp32 and `tiles` zeroed counters (grown on demand)."""
@@ -177,13 +169,16 @@ class W4A16Launcher(Remember):
         out = out_tensor(out, (m, n), x)
         if m == 0:
             return out
-        bm, bn = p["block_m"], p["block_n"]
-        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-        sk = self._split(tiles)
-        ws, locks = self._scratch(sk, tiles, x.device)
-        ck = w4a16_dequant_kernel[(tiles, sk)](x, packed, scales, gs, out, ws, locks, m, n, k,
-                                               num_warps=p["num_warps"], num_stages=p["num_stages"],
-                                               **{**self._consts, "SPLIT_K": sk})
+        bm, bn, sk = p["block_m"], p["block_n"], p["split_k"]
+        rows = chunk_rows(p, n) or m
+        for r0 in range(0, m, rows):          # one launch unless split-K's workspace would pass the cap
+            mc = min(rows, m - r0)
+            xc, oc = (x, out) if mc == m else (x[r0:r0 + mc], out[r0:r0 + mc])
+            tiles = triton.cdiv(mc, bm) * triton.cdiv(n, bn)
+            ws, locks = self._scratch(sk, tiles, x.device)
+            ck = w4a16_dequant_kernel[(tiles, sk)](xc, packed, scales, gs, oc, ws, locks, mc, n, k,
+                                                   num_warps=p["num_warps"], num_stages=p["num_stages"],
+                                                   **{**self._consts, "SPLIT_K": sk})
         note_compiled(self, ck, x.device, lambda arch: smem_bytes(p, prob.w_fmt, arch))
         return out
 
