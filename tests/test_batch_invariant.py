@@ -47,25 +47,29 @@ _ROWS = textwrap.dedent("""
     from autotune.core.problem import Problem
     from autotune.core.tactic import Tactic
     from tactics.triton_fp4.family import TritonFamily
-    from tactics.triton_fp4 import splitk
+    from tactics.triton_fp4 import moe_decode, splitk
     fam, out = TritonFamily(), []
-    if len(sys.argv) > 2:                   # a small workspace cap: M=64 is cut into row chunks
-        splitk.MAX_WORKSPACE_BYTES = int(sys.argv[2])
+    cap = int(sys.argv[2]) if len(sys.argv) > 2 else splitk.MAX_WORKSPACE_BYTES
+    splitk.MAX_WORKSPACE_BYTES = moe_decode.MAX_WORKSPACE_BYTES = cap      # small: M=64 is cut into chunks
+    kinds = {"dense": Problem.dense(64, 256), "dense_k1024": Problem.dense(64, 1024), "moe": Problem.moe(64, 256, 4, 2),
+             "moe_k1024": Problem.moe(64, 1024, 4, 2), "moe_k1024_reduce": Problem.moe(64, 1024, 4, 2, epilogue="reduce")}
     for kind, params in json.loads(sys.argv[1]):
-        p = (Problem.dense(64, 256) if kind == "dense" else Problem.dense(64, 1024) if kind == "dense_k1024"
-             else Problem.moe(64, 256, 4, 2))
+        p = kinds[kind]
         t = Tactic("triton", params)
         s = inputs.make_inputs(p, 64, "cpu", seed=3)[0]
         kern = fam.build(p, t, "cpu")
         many = kern(*s.args())
         same = True
         for i in (0, 17, 63):
-            one = kern(s.x[i:i + 1], s.w) if kind != "moe" else kern(s.x[i:i + 1], s.w, s.topk_ids[i:i + 1],
-                                                                      s.topk_weights[i:i + 1])
+            one = kern(s.x[i:i + 1], s.w) if p.kind == "dense" else kern(s.x[i:i + 1], s.w, s.topk_ids[i:i + 1],
+                                                                          s.topk_weights[i:i + 1])
             same = same and torch.equal(one[0], many[i])
+        splitk.MAX_WORKSPACE_BYTES = moe_decode.MAX_WORKSPACE_BYTES = 1 << 40        # one launch, whole split
+        same = same and torch.equal(kern(*s.args()), many)
+        splitk.MAX_WORKSPACE_BYTES = moe_decode.MAX_WORKSPACE_BYTES = cap
         ref = inputs.reference(p, s)
         err = float((many.double() - ref).norm() / ref.norm())
-        rows = splitk.chunk_rows(params, p.n) if kind != "moe" else None
+        rows = splitk.chunk_rows(params, p.n) if p.kind == "dense" else getattr(kern, "chunk_tokens", lambda: None)()
         out.append([params, fam.batch_invariant(p, t), bool(same), err, rows])
     print(json.dumps(out))
 """)
@@ -83,13 +87,14 @@ def test_invariant_triton_tactics_give_bit_identical_rows_at_batch_1_and_64():
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(rows) == 3
     for params, says, same, err, _ in rows:
-        assert says and same and err < 1e-2, params
+        assert says and same and err < 1e-2, params       # same: rows 0, 17, 63 alone, and one launch
 
 
 def test_split_k_cut_into_row_chunks_gives_the_same_rows_at_every_m():
     """A split-K tactic keeps its split at every M: where the workspace cap would be passed
     (made small here) the call is cut into row chunks, each with the whole split. Rows at batch 64
-    (2 and 4 chunks) are bit-identical to batch 1 and within NVFP4 error of float64. K = 1024 is
+    (2 and 4 chunks) are bit-identical to batch 1 and to one launch with the whole split, and within
+    NVFP4 error of float64. K = 1024 is
     8 K-steps: a different split sums them in another order and is not bit-identical in the
     interpreter (checked: split 1 vs 4 differ by 1e-6), so a launcher that lowered the split for
     large M, as before 2026-12-01, fails here."""
@@ -102,6 +107,25 @@ def test_split_k_cut_into_row_chunks_gives_the_same_rows_at_every_m():
         assert r.returncode == 0, r.stderr[-3000:]
         [(params, says, same, err, rows)] = json.loads(r.stdout.strip().splitlines()[-1])
         assert rows == want_rows and says and same and err < 1e-2, (cap, rows, same, err)
+
+
+def test_moe_decode_split_k_cut_into_token_chunks_gives_the_same_rows_at_every_m():
+    """moe_decode keeps its split at every M too: a 64-token batch cut into 16-token chunks (each
+    aligned on its own) gives rows bit-identical to the tokens alone, for the direct and the
+    aligned route and the routing-reduce epilogue, and the whole batch bit-identical to one launch
+    with the whole split. K = 1024 (8 K-steps, split 4): the old launcher lowered the split to 1
+    here, and at this seed split 1 gives other bits than split 4 (checked), so it would fail."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    base = {"kernel": "moe_decode", "route": "direct", "block_m": 16, "block_n": 32, "block_k": 128, "split_k": 4,
+            "num_warps": 4, "num_stages": 2}
+    cases = [["moe_k1024", base], ["moe_k1024", {**base, "route": "aligned"}], ["moe_k1024_reduce", base]]
+    for cap, want in ((16 * 4 * 2 * 64 * 4, 16),):        # split x top_k x N x 4 B per token
+        r = subprocess.run([sys.executable, "-c", _ROWS, json.dumps(cases), str(cap)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        for params, says, same, err, rows in json.loads(r.stdout.strip().splitlines()[-1]):
+            assert rows == want and says and same and err < 1e-2, (cap, params, rows, same, err)
 
 
 def test_batch_invariant_search_keeps_only_invariant_tactics_and_one_per_problem(tmp_path, register_family):

@@ -291,11 +291,15 @@ def _stack13(gate: FP4Weight, up: FP4Weight) -> FP4Weight:
 
 
 def _aligned_block_m(kernel, pairs: int) -> int | None:
-    """BLOCK_M of a moe_decode launcher that will take the aligned route for `pairs`, else None."""
+    """BLOCK_M of a moe_decode launcher that will take the aligned route for `pairs` in one launch,
+    else None (a split-K launcher cuts a large M into token chunks, each aligned on its own)."""
     params = getattr(kernel, "params", None)
     if not isinstance(params, dict) or params.get("kernel") != "moe_decode":
         return None
     from tactics.triton_fp4.moe_decode import DIRECT_MAX_PAIRS
+    rows = kernel.chunk_tokens()
+    if rows is not None and pairs > rows * kernel.problem.top_k:
+        return None
     return params["block_m"] if params["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS else None
 
 

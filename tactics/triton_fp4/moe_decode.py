@@ -39,7 +39,7 @@ ROUTES = ("direct", "aligned")
 EPILOGUES = ("none", "swiglu", "reduce")
 #: direct route above this many (token, slot) pairs: the aligned route instead
 DIRECT_MAX_PAIRS = 256
-#: a split-K workspace larger than this lowers the split at call time (large M)
+#: a split-K launch never takes a workspace larger than this: larger M is cut into token chunks
 MAX_WORKSPACE_BYTES = 256 << 20
 MIN_BLOCK_K = {"nvfp4": 64, "mxfp4": 128}
 _SPLITS = (1, 2, 4, 8, 16)
@@ -282,11 +282,15 @@ class MoEDecodeLauncher:
             raise ValueError(f"out must be a contiguous bf16 tensor of shape {shape}")
         return m, out
 
-    def _split(self, pairs: int) -> int:
+    def chunk_tokens(self) -> int | None:
+        """Tokens per launch with split-K (None without: one launch takes any M). The workspace
+        [SPLIT_K, P, N] fp32 grows with M; past MAX_WORKSPACE_BYTES the call is cut into token
+        chunks, each with the tactic's whole split and its own alignment. The split is never
+        lowered (it was until 2026-12-01), so a row's K order is the same at every M."""
         sk = self.params["split_k"]
-        while sk > 1 and sk * pairs * self.problem.n * 4 > MAX_WORKSPACE_BYTES:
-            sk //= 2
-        return sk
+        if sk == 1:
+            return None
+        return max(1, MAX_WORKSPACE_BYTES // (sk * self.problem.top_k * self.problem.n * 4))
 
     def _scratch(self, sk: int, pairs: int, locks: int, device):
         import torch
@@ -331,6 +335,12 @@ class MoEDecodeLauncher:
         pairs = m * prob.top_k
         if pairs == 0:
             return out
+        rows = self.chunk_tokens()
+        if rows is not None and m > rows:      # token chunks; a whole-batch alignment does not apply
+            for t0 in range(0, m, rows):
+                sl = slice(t0, min(m, t0 + rows))
+                self(x[sl], w, topk_ids[sl], None if topk_weights is None else topk_weights[sl], out=out[sl])
+            return out
         ids = topk_ids.contiguous()
         use_aligned = p["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS or aligned is not None
         if use_aligned:
@@ -345,7 +355,7 @@ class MoEDecodeLauncher:
         else:
             g_main, sorted_ids, expert_ids = pairs, ids, ids       # unused by the direct route
         n_tiles = prob.n // p["block_n"]
-        sk = self._split(pairs)
+        sk = p["split_k"]
         ws, locks, bad = self._scratch(sk, pairs, g_main * n_tiles, x.device)
         red, cnt = self._reduce_scratch(m, x.device)
         routed = topk_weights is not None
@@ -388,6 +398,12 @@ CHECKED_ARCHS = ("sm89", "sm90", "sm100", "sm120")
 class MoEDecodeMember:
     """moe_decode as a member of the `triton` family (member.Member). It offers no default:
     moe_w4a16 stays the family's designated default for grouped_moe problems."""
+
+    def batch_invariant(self, params: Mapping[str, Any]) -> bool:
+        """A pair's K loop is the same at every M: one tile shape whichever route gathers its rows,
+        the tactic's fixed split summed in split order (large M cut into token chunks, never a
+        smaller split), the SwiGLU epilogue per element, the top_k slots summed in slot order."""
+        return True
 
     kernel = KERNEL
     compat_kernel = KERNEL
