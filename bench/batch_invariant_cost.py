@@ -6,8 +6,8 @@ batch-invariant) against the stored per-bucket winner. Times are the cache's own
 cut by halving in round 1 has a round-1 median (fewer reps) there, so the figures are estimates of
 what a `--batch-invariant` search on that machine would store, not a re-measurement.
 
-Split-K W4A16 tactics are batch-invariant since 2026-12-01 (a fixed split, large M cut into row
-chunks: tactics/triton_fp4/splitk.chunk_rows). The committed search predates that: at an M past
+Split-K W4A16 and moe_decode tactics are batch-invariant since 2026-12-01 (a fixed split, large M
+cut into row or token chunks: tactics/triton_fp4/splitk.chunk_rows, MoEDecodeLauncher.chunk_tokens). The committed search predates that: at an M past
 chunk_rows its launcher lowered the split instead, so such a stored time is not what the tactic
 does now and is left out (the tactic then lacks that bucket and cannot be the pick).
 
@@ -26,18 +26,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.core.tactic import Tactic  # noqa: E402
+from tactics.triton_fp4.moe_decode import MAX_WORKSPACE_BYTES as MOE_MAX_WORKSPACE_BYTES  # noqa: E402
 from tactics.triton_fp4.splitk import chunk_rows  # noqa: E402
 from autotune.engine.strategy import invariant, one_per_problem  # noqa: E402
 from bench.rank_eval import open_store  # noqa: E402
 
 
 def as_run_now(p, trial) -> bool:
-    """False for a split-K W4A16 time stored at an M its launcher now cuts into chunks (lowered then)."""
+    """False for a split-K time (w4a16_dequant, moe_decode) stored at an M its launcher now cuts
+    into chunks (the split was lowered then)."""
     t = Tactic.from_json(trial.params_json)
-    if t.family != "triton" or t.get("kernel") != "w4a16_dequant":
+    if t.family != "triton" or t.get("split_k", 1) == 1:
         return True
-    rows = chunk_rows(t.params, p.n)
-    return rows is None or trial.bucket <= rows
+    if t.get("kernel") == "w4a16_dequant":
+        rows = chunk_rows(t.params, p.n)
+        return rows is None or trial.bucket <= rows
+    if t.get("kernel") == "moe_decode":
+        return t["split_k"] * trial.bucket * p.top_k * p.n * 4 <= MOE_MAX_WORKSPACE_BYTES
+    return True
 
 
 def rows(store) -> list[dict]:

@@ -229,8 +229,10 @@ class Store:
         return Tactic.from_json(row.params_json) if row else None
 
     def problems(self) -> list[Problem]:
+        """Every stored problem. The epilogue (`:swiglu` / `:reduce`) is in the key only (the row's
+        columns predate it), so it is read from there."""
         rows = self._read(lambda s: s.scalars(select(ProblemRow).order_by(ProblemRow.key)).all())
-        return [Problem(r.kind, r.a_fmt, r.w_fmt, r.out_dtype, r.n, r.k, r.experts, r.top_k) for r in rows]
+        return [_problem_of(r) for r in rows]
 
     def device(self, device_key: str) -> dict | None:
         row = self._read(lambda s: s.get(DeviceRow, device_key))
@@ -433,3 +435,10 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self._where!r}{', readonly=True' if self.readonly else ''})"
+
+
+def _problem_of(r) -> Problem:
+    try:
+        return Problem.from_key(r.key)
+    except ValueError:          # a key this version does not parse: the columns (no epilogue)
+        return Problem(r.kind, r.a_fmt, r.w_fmt, r.out_dtype, r.n, r.k, r.experts, r.top_k)

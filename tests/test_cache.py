@@ -68,6 +68,10 @@ def test_environment_problem_tactic_round_trip(store):
     store.put_problem(P2)
     store.put_problem(P1)
     assert store.problems() == sorted([P1, P2], key=lambda p: p.key)
+    fused = [Problem.moe(512, 6144, 256, 8, epilogue="swiglu"), Problem.moe(6144, 256, 256, 8, epilogue="reduce")]
+    for p in fused:                  # the epilogue lives in the key only: read back from it
+        store.put_problem(p)
+    assert store.problems() == sorted([P1, P2, *fused], key=lambda p: p.key)
     store.put_tactic(T2)
     assert store.tactic(T2.id) == T2 and store.tactic("missing") is None
     assert {d["device_key"] for d in store.devices()} == {ENV_A.device_key, ENV_B.device_key}
