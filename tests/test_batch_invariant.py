@@ -158,20 +158,26 @@ def test_one_per_problem_scores_by_the_geometric_mean_over_buckets():
 def test_invariant_triton_tactics_give_bit_identical_rows_on_the_gpu(monkeypatch):
     """The same check compiled for the GPU, at GLM-5 TP8 shapes (gate_up 3072 x 6144, MoE w13),
     with a split-K tactic whose batch of 64 is cut into 4 row chunks (a small workspace cap): M = 1
-    takes the bound launcher's direct route, M = 64 the chunked launch."""
+    takes the bound launcher's direct route, M = 64 the chunked launch; and a split-8 moe_decode
+    tactic whose 64 tokens are cut into 4 chunks of 16 (128 pairs each: the direct route, where the
+    whole batch's 512 pairs would take the aligned one)."""
     import torch
 
     from autotune.core import inputs
-    from tactics.triton_fp4 import splitk
+    from tactics.triton_fp4 import moe_decode, splitk
     from tactics.triton_fp4.family import TritonFamily
     fam = TritonFamily()
     split = _w4a16(16, 64, 256, 8)
     monkeypatch.setattr(splitk, "MAX_WORKSPACE_BYTES", 8 * 48 * 16 * 64 * 4)      # 16 rows per launch at N = 3072
+    monkeypatch.setattr(moe_decode, "MAX_WORKSPACE_BYTES", 8 * 8 * 512 * 4 * 16)  # 16 tokens per launch
     assert splitk.chunk_rows(split.params, 3072) == 16
+    md_split = Tactic("triton", kernel="moe_decode", route="direct", block_m=16, block_n=64, block_k=128, split_k=8,
+                      num_warps=4, num_stages=3)
     cases = [(Problem.dense(3072, 6144), _w4a16(16, 64, 128, 1)), (Problem.dense(3072, 6144), _w4a16(64, 128, 128, 1)),
              (Problem.dense(3072, 6144), split),
              (Problem.moe(512, 6144, 256, 8), Tactic("triton", kernel="moe_w4a16", block_m=16, block_n=64,
-                                                     block_k=128, num_warps=4, num_stages=3))]
+                                                     block_k=128, num_warps=4, num_stages=3)),
+             (Problem.moe(512, 6144, 256, 8), md_split)]
     for p, t in cases:
         assert fam.batch_invariant(p, t)
         s = inputs.make_inputs(p, 64, "cuda", seed=3)[0]
@@ -199,3 +205,20 @@ def test_invariant_cost_on_the_committed_h200_search(tmp_path):
         assert r["geomean_vs_winners"] > 0 and r["worst_vs_winners"] >= r["geomean_vs_winners"]
     moe = [r for r in rows if r["problem"].startswith("grouped_moe")]
     assert len(moe) == 2 and all(r["winners_invariant"] == 21 for r in moe)
+
+
+def test_invariant_cost_on_the_committed_moe_search(tmp_path):
+    """The same on the committed MoE search (moe_decode winners, fused variants): moe_decode says
+    it is batch-invariant (its split is fixed since 2026-12-01), so every per-bucket winner is, and
+    each of the four problems (w13, w13:swiglu, w2, w2:reduce) gets one moe_decode tactic."""
+    import shutil
+    db = tmp_path / "moe.db"
+    shutil.copy(ROOT / "docs/data/moe-search-h200.db", db)          # opening a cache may touch it
+    out = subprocess.run([sys.executable, "bench/batch_invariant_cost.py", str(db), "--json", str(tmp_path / "c.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "c.json").read_text())
+    assert sorted(r["problem"].split(":")[-1] for r in rows) == ["reduce", "swiglu", "top8", "top8"]
+    for r in rows:
+        assert r["buckets"] == 12 and r["winners_invariant"] == 12 and "kernel=moe_decode" in r["pick"]
+        assert 1.0 <= r["geomean_vs_winners"] <= r["worst_vs_winners"]
