@@ -21,7 +21,7 @@ def short(p: dict) -> str:
 
 
 def summary(path: str) -> str:
-    c = sqlite3.connect(path)
+    c = sqlite3.connect(f"file:{path}?mode=ro", uri=True)      # a committed cache: read, never written
     params = {i: json.loads(j).get("params", {}) for i, j in c.execute("select id, params_json from tactics")}
     out = []
     st = dict(c.execute("select status, count(*) from trials group by status").fetchall())

@@ -44,8 +44,8 @@ def open_store(db: str, tmp: str) -> Store:
         out = Path(tmp) / "cache.db"
         with lzma.open(db) as src, open(out, "wb") as dst:
             shutil.copyfileobj(src, dst)
-        db = str(out)
-    return Store(db)
+        return Store(str(out))
+    return Store(db, readonly=True)         # a committed or user cache is only read: never written
 
 
 def replay(model, g, memo, default_id, extras, cfg):
