@@ -25,7 +25,8 @@ def test_only_the_settings_module_names_autotune_variables():
     assert set(found) == {"autotune/core/settings.py"}, found
     assert sorted(found["autotune/core/settings.py"]) == sorted(
         [settings.CACHE, settings.MISSES, settings.PIN, settings.CACHE_IMMUTABLE, settings.SIGNING_KEY,
-         settings.SIGNING_KEY_FILE, settings.CLAIM_TTL_S, settings.LAUNCH, settings.CUDA_CUBINS])
+         settings.SIGNING_KEY_FILE, settings.CLAIM_TTL_S, settings.LAUNCH, settings.CUDA_CUBINS,
+         settings.BATCH_INVARIANT])
 
 
 @pytest.mark.parametrize("value, want", [("", None), ("  ", None), (" /x/c.db ", "/x/c.db")])
@@ -49,3 +50,17 @@ def test_immutable_and_pins_and_misses(monkeypatch):
     assert settings.pins() == "" and settings.misses_url() is None
     monkeypatch.setenv("AUTOTUNE_MISSES", "/m.db")
     assert settings.misses_url() == "/m.db"
+
+
+def test_batch_invariant_switch(monkeypatch):
+    monkeypatch.delenv("AUTOTUNE_BATCH_INVARIANT", raising=False)
+    for v, want in (("", False), ("0", False), ("1", True), ("2", True), ("x", False)):
+        monkeypatch.setenv("VLLM_BATCH_INVARIANT", v)               # vLLM's own switch, read as vLLM does
+        assert settings.batch_invariant() is want, v
+    for v, want in (("1", True), ("true", True), ("0", False), (" FALSE ", False)):
+        monkeypatch.setenv("AUTOTUNE_BATCH_INVARIANT", v)           # ours wins either way
+        monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0" if want else "1")
+        assert settings.batch_invariant() is want, v
+    monkeypatch.setenv("AUTOTUNE_BATCH_INVARIANT", "yes")
+    with pytest.raises(ValueError, match="AUTOTUNE_BATCH_INVARIANT must be 1, true, 0 or false"):
+        settings.batch_invariant()

@@ -11,6 +11,9 @@ serving process that sets one later is honoured).
     AUTOTUNE_LAUNCH           "triton": bound Triton launchers use Triton's own launch, never the
                               direct route (tactics/triton_fp4/direct.py); default "direct"
     AUTOTUNE_CUDA_CUBINS      where the cuda family caches its NVRTC cubins (default: the user cache dir)
+    AUTOTUNE_BATCH_INVARIANT  1/true: dispatch serves one batch-invariant tactic per problem for
+                              every M (runtime/dispatch.py); 0/false: off. Unset: vLLM's
+                              VLLM_BATCH_INVARIANT (an integer, non-zero = on), else off
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ SIGNING_KEY_FILE = "AUTOTUNE_SIGNING_KEY_FILE"
 CLAIM_TTL_S = "AUTOTUNE_CLAIM_TTL_S"
 LAUNCH = "AUTOTUNE_LAUNCH"
 CUDA_CUBINS = "AUTOTUNE_CUDA_CUBINS"
+BATCH_INVARIANT = "AUTOTUNE_BATCH_INVARIANT"
+VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 
 
 def cache_url() -> str | None:
@@ -57,3 +62,19 @@ def launch_route() -> str:
 def cuda_cubins() -> str | None:
     """$AUTOTUNE_CUDA_CUBINS stripped, or None when unset or empty."""
     return os.environ.get(CUDA_CUBINS, "").strip() or None
+
+
+def batch_invariant() -> bool:
+    """$AUTOTUNE_BATCH_INVARIANT when set (1/true on, 0/false off), else vLLM's switch, read as
+    vLLM reads it (an integer, non-zero = on; anything else off)."""
+    ours = os.environ.get(BATCH_INVARIANT, "").strip().lower()
+    if ours:
+        if ours in ("1", "true"):
+            return True
+        if ours in ("0", "false"):
+            return False
+        raise ValueError(f"{BATCH_INVARIANT} must be 1, true, 0 or false, got {ours!r}")
+    try:
+        return int(os.environ.get(VLLM_BATCH_INVARIANT, "0").strip() or "0") != 0
+    except ValueError:
+        return False

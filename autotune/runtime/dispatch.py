@@ -9,6 +9,13 @@ Every stored winner is checked before it is used: known family, parameters valid
 tactic id matching its parameters, library versions equal to the live ones, verdict not rejected
 on the live arch, kernel builds. Anything else is skipped with a counted reason (`skipped`), so the
 problem falls through to the next rung; a damaged cache never takes the serving process down.
+
+Batch-invariant mode (`batch_invariant=True`, $AUTOTUNE_BATCH_INVARIANT, or vLLM's
+$VLLM_BATCH_INVARIANT): a row's result must not depend on the batch, so each problem serves ONE
+tactic for every M (through the pinned rung), and only one its family calls batch-invariant: the
+stored winners' one (a `--batch-invariant` search stores one per problem), else the invariant
+winner covering the most buckets (warned: per-M tuning is lost), else the designated default if
+invariant; with none, using the problem raises a one-line error — never a silent mix of tactics.
 """
 from __future__ import annotations
 
@@ -50,8 +57,12 @@ class Dispatcher:
 
     def __init__(self, cache=None, *, env: Env | None = None, arch: Arch | None = None,
                  record_misses: bool = True, misses: str | os.PathLike | None = None,
-                 pins: dict[str, Any] | None = None, immutable: bool | None = None, warn: bool = True):
+                 pins: dict[str, Any] | None = None, immutable: bool | None = None, warn: bool = True,
+                 batch_invariant: bool | None = None):
         self.env = env or current()
+        self.batch_invariant = settings.batch_invariant() if batch_invariant is None else bool(batch_invariant)
+        self.invariant_notes: dict[str, str] = {}              # problem key -> what batch-invariant mode serves
+        self._refused: dict[Problem, str] = {}                 # batch-invariant: no invariant tactic
         self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
         self._cache = cache
         self._immutable = immutable if immutable is not None else settings.cache_immutable()
@@ -157,8 +168,6 @@ class Dispatcher:
             if old.pinned is not None:
                 t._set_pin(old.pinned, old.pinned_tactic)
         self._tables[p] = t
-        if p.kind == "dense" and p.a_fmt == "bf16" and p.w_fmt == "nvfp4" and p.out_dtype == "bf16":
-            self._dense.setdefault(p.n, {})[p.k] = t.__call__
         if t.pinned is None and p.key in self._pins:
             self._pin_table(t, self._pins[p.key])          # an explicit pin must fit: raises if not
         elif t.pinned is None and "*" in self._pins:
@@ -166,14 +175,55 @@ class Dispatcher:
                 self._pin_table(t, self._pins["*"])
             except ValueError:
                 self.skipped[f"pin * does not fit {p.kind}"] += 1
+        if t.pinned is None and self.batch_invariant and not self._pin_invariant(t, items):
+            return t                         # refused: not on the (M, N, K) fast path; table() raises
+        if p.kind == "dense" and p.a_fmt == "bf16" and p.w_fmt == "nvfp4" and p.out_dtype == "bf16":
+            self._dense.setdefault(p.n, {})[p.k] = t.__call__
         return t
+
+    def _pin_invariant(self, t: Table, items: list[tuple[int, Tactic]]) -> bool:
+        """Batch-invariant mode: pin the problem's one invariant tactic; False (and refused) if none."""
+        p = t.problem
+        pick, note = self._invariant_pick(p, items, t.default_tactic)
+        if pick is None:
+            self._refused[p] = note
+            self._dense.get(p.n, {}).pop(p.k, None)
+            return False
+        t._set_pin(self._kernel(p, pick), pick)
+        self.invariant_notes[p.key] = note or f"one tactic for every M: {pick}"
+        if note and self._warn:
+            warnings.warn(f"fp4-autotune: batch-invariant: {p.key}: {note}", stacklevel=5)
+        return True
+
+    def _invariant(self, p: Problem, t: Tactic) -> bool:
+        try:
+            return bool(registry.get(t.family).batch_invariant(p, t))
+        except (ValueError, ImportError):
+            return False
+
+    def _invariant_pick(self, p: Problem, items: list[tuple[int, Tactic]], dt: Tactic) -> tuple[Tactic | None, str]:
+        """(the one tactic for every M, a note when it is not simply the stored one) or (None, why)."""
+        ok = [x for _, x in items if self._invariant(p, x)]
+        if ok and len({x for _, x in items}) == 1:
+            return ok[0], ""
+        if ok:
+            pick = max(set(ok), key=lambda x: (ok.count(x), x.id))
+            return pick, (f"the stored winners name {len({x for _, x in items})} tactics; serving {pick} for every M "
+                          f"(the winner of {ok.count(pick)} of {len(items)} buckets): `autotune search "
+                          "--batch-invariant` tunes one tactic for every M")
+        if self._invariant(p, dt):
+            return dt, (f"no stored winner is batch-invariant; serving the designated default {dt} for every M"
+                        if items else "")
+        return None, (f"{p.key}: no batch-invariant tactic (stored winners: {len(items)}; the designated default "
+                      f"{dt} is not batch-invariant on {self.arch.name}); run `autotune search --batch-invariant` "
+                      "or turn batch-invariant mode off")
 
     # --- lookups -------------------------------------------------------------------------------
     def table(self, problem: Problem) -> Table:
         """The problem's table (created on first use: then it answers from the default rung)."""
-        t = self._tables.get(problem)
-        if t is None:
-            t = self._install(problem, [])
+        t = self._tables.get(problem) or self._install(problem, [])
+        if self._refused and problem in self._refused:
+            raise ValueError(self._refused[problem])
         return t
 
     def bind(self, problem: Problem, weight: FP4Weight, *, one_copy: bool = False) -> BoundTable:
@@ -231,13 +281,16 @@ class Dispatcher:
         """Force `tactic` for every M of `problem` (debugging, A/B runs). Raises ValueError when
         the tactic is not valid for its family or is rejected for this problem on this arch."""
         t = parse_tactic(tactic)
-        self._pins[problem.key] = t
-        self._pin_table(self.table(problem), t)
+        self._pin_table(self._tables.get(problem) or self._install(problem, []), t)
+        self._pins[problem.key] = t         # recorded once it fits (a re-install pins it again)
 
     def _pin_table(self, table: Table, t: Tactic) -> None:
         why = registry.usable(table.problem, t, self.arch, self.env.device)
+        if not why and self.batch_invariant and not self._invariant(table.problem, t):
+            why = "not batch-invariant (batch-invariant mode is on)"
         if why:
             raise ValueError(f"cannot pin {t} for {table.problem.key}: {why}")
+        self._refused.pop(table.problem, None)
         table._set_pin(self._kernel(table.problem, t), t)
 
     def unpin(self, problem: Problem) -> None:
@@ -245,6 +298,8 @@ class Dispatcher:
         t = self._tables.get(problem)
         if t is not None:
             t._set_pin(None, None)
+            if self.batch_invariant:         # back to the one invariant tactic, never the per-M ladder
+                self._pin_invariant(t, self._winners.get(problem, []))
 
     # --- misses --------------------------------------------------------------------------------
     def _misses_store(self):
