@@ -92,3 +92,11 @@ def test_the_switch_comes_from_the_environment(tmp_path, rowwise, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_BATCH_INVARIANT", "0")
     d, _ = _disp(path)
     assert not d.batch_invariant and d.tactic_for(P, 64)[1] == TA
+
+
+def test_fp4moe_unfused_is_refused_in_batch_invariant_mode(tmp_path):
+    from autotune.runtime.moe import FP4MoE
+    d, _ = _disp(tmp_path / "none.db", batch_invariant=True)
+    g, u, dn = torch.randn(4, 16, 64), torch.randn(4, 16, 64), torch.randn(4, 64, 16)
+    with pytest.raises(ValueError, match="batch-invariant mode needs fused=True"):
+        FP4MoE.from_float(g, u, dn, 2, fused=False, dispatcher=d)

@@ -93,6 +93,9 @@ class FP4MoE(nn.Module):
         self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
         d = dispatcher or default_dispatcher()
+        if not fused and d.batch_invariant:
+            raise ValueError("FP4MoE(fused=False) sums the top_k slots in torch, whose order is not guaranteed "
+                             "the same at every M: batch-invariant mode needs fused=True")
         self.bound13 = d.bind(self.problem13, self.w13)
         self.bound2 = d.bind(self.problem2, self.w2)
         # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
