@@ -100,3 +100,12 @@ def test_fp4moe_unfused_is_refused_in_batch_invariant_mode(tmp_path):
     g, u, dn = torch.randn(4, 16, 64), torch.randn(4, 16, 64), torch.randn(4, 64, 16)
     with pytest.raises(ValueError, match="batch-invariant mode needs fused=True"):
         FP4MoE.from_float(g, u, dn, 2, fused=False, dispatcher=d)
+
+
+def test_unpin_without_an_invariant_tactic_is_refused_and_the_pin_stays(tmp_path, rowwise):
+    d, _ = _disp(_cache(tmp_path / "c.db", [(P, 1, TA)]), batch_invariant=True)
+    d.pin(P, R2)
+    bt = d.bind(P, inputs.seeded_weight(P, "cpu", 0))
+    with pytest.raises(ValueError, match="cannot unpin: .*no batch-invariant tactic"):
+        d.unpin(P)
+    assert bt.table.rung_for(4) == ("pinned", R2) and d.tactic_for(P, 4)[1] == R2   # bound layers too

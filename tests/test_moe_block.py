@@ -256,3 +256,29 @@ def test_committed_h200_tables_render():
     s = summary.summary(str(ROOT / "docs" / "data" / "moe-search-h200.db"))
     assert "0 failed" in s and s.count("geomean over 12 buckets") == 4
     assert text in doc and s in doc
+
+
+def test_expert_map_loaded_by_state_dict_is_used_and_checked(disp):
+    """load_state_dict copies a new expert_map in place: the block maps with it (not a cached copy
+    of the old one) and refuses a map that is not one-to-one, in one line."""
+    torch.manual_seed(3)
+    g, u, d = torch.randn(2, 16, 64), torch.randn(2, 16, 64), torch.randn(2, 64, 16)
+    a = FP4MoE.from_float(g, u, d, 1, expert_map=torch.tensor([0, 1, -1, -1]), dispatcher=disp)
+    b = FP4MoE.from_float(g, u, d, 1, expert_map=torch.tensor([-1, -1, 0, 1]), dispatcher=disp)
+    ids = torch.tensor([[0], [2]])
+    assert a.local_ids(ids).tolist() == [[0], [-1]]
+    a.load_state_dict(b.state_dict())
+    assert a.local_ids(ids).tolist() == b.local_ids(ids).tolist() == [[-1], [0]]
+    bad = {**b.state_dict(), "expert_map": torch.tensor([0, 0, 0, 0], dtype=torch.int32)}
+    with pytest.raises(ValueError, match="expert_map must map each"):
+        a.load_state_dict(bad)
+
+
+def test_routing_weights_and_x_must_be_floating_point(disp):
+    torch.manual_seed(4)
+    blk = FP4MoE.from_float(torch.randn(2, 16, 64), torch.randn(2, 16, 64), torch.randn(2, 64, 16), 1, dispatcher=disp)
+    x, ids = torch.randn(2, 64), torch.tensor([[0], [1]])
+    with pytest.raises(OperandError, match="topk_weights must be floating point"):
+        blk(x, ids, torch.ones(2, 1, dtype=torch.int64))
+    with pytest.raises(OperandError, match="expected a floating-point M x 64"):
+        blk(torch.ones(2, 64, dtype=torch.int64), ids, torch.rand(2, 1))

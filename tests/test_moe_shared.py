@@ -225,7 +225,13 @@ _INTERP = textwrap.dedent("""
         ref[r] = mlp(g2, u2, d2, xr) + sum(float(tw[r, j]) * mlp(g[k], u[k], dn[k], xr)
                                            for j, k in enumerate(local[r].tolist()) if k >= 0)
     rungs = [d.rung_for(p, m)[1].params.get("kernel") for p in (blk.problem13, blk.problem2)]
-    print(json.dumps(dict(err=float((y.double() - ref).norm() / ref.norm()), rungs=rungs)))
+    # without an expert_map both launchers are moe_decode, which flags bad ids itself; folded, the
+    # block must still check the ids (the kernels count the shared expert's E as valid)
+    nomap = FP4MoE.from_float(gate, up, down, top_k, dispatcher=d, shared=FP4MoE.shared_from_float(sg, su, sd))
+    from autotune.runtime.moe import _flags_bad_ids
+    ls = (nomap.bound13.launcher(m), nomap.bound2.launcher(m))
+    print(json.dumps(dict(err=float((y.double() - ref).norm() / ref.norm()), rungs=rungs,
+                          flags=[_flags_bad_ids(l) for l in ls], trusted=nomap._kernels_check_ids(*ls))))
 """)
 
 
@@ -236,6 +242,7 @@ def test_folded_block_on_moe_decode_in_the_interpreter():
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["rungs"] == ["moe_decode", "moe_decode"] and out["err"] < 1e-2, out
+    assert out["flags"] == [True, True] and out["trusted"] is False, out
 
 
 def test_mlp_step_bench_has_the_folded_and_uniform_columns(tmp_path):

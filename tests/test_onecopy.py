@@ -170,8 +170,8 @@ def test_a_pin_to_another_layout_is_refused(tmp_path, fam):
     x = torch.randn(3, P.k, dtype=torch.bfloat16)
     y = f(x)
     d.pin(P, T64)
-    with pytest.raises(ValueError, match="reads the fp4-linear layout, this one-copy binding holds only "
-                                         "cuda-mma-a-frag-v1") as e:
+    with pytest.raises(ValueError, match="holds the cuda-mma-a-frag-v1 layout in place; the table now wants "
+                                         "fp4-linear") as e:
         f(x)
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError):                      # refused on every call, never a wrong number

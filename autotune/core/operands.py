@@ -135,6 +135,8 @@ def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights
                                f"{m}x{problem.top_k}")
         if topk_weights.device != x.device:
             raise OperandError(f"{problem.key}: topk_weights is on {topk_weights.device}, x on {x.device}")
+        if not topk_weights.is_floating_point():
+            raise OperandError(f"{problem.key}: topk_weights must be floating point, got {topk_weights.dtype}")
     if topk_ids.numel() == 0 or not values:
         return
     if topk_ids.device.type == "cpu":

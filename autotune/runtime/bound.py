@@ -63,8 +63,9 @@ class BoundTable:
         if weight is not None:
             check_weight(self.table.problem, weight)
         w, t, packs = self._weight if weight is None else weight, self.table, {}
-        launchers = tuple(self._bind(x, w, packs) for x in t.tactics)
+        # a pin answers every M: only its launcher (and its layout's pack) is made
         pinned = self._bind(t.pinned_tactic, w, packs) if t.pinned_tactic is not None else None
+        launchers = () if pinned is not None else tuple(self._bind(x, w, packs) for x in t.tactics)
         self._commit(w, packs, launchers, pinned, t.default_tactic)
 
     def _rebind_one(self, w: FP4Weight) -> None:
@@ -72,10 +73,8 @@ class BoundTable:
         plan = onecopy.plan(t, self.arch, self.device)
         lay = plan.layout
         if self.held is not None and lay != self.held:
-            raise ValueError(f"{p.key}: the weight holds the {self.held} layout in place; the table now wants {lay}")
-        if t.pinned_tactic is not None and onecopy.layout_of(t.pinned_tactic) != lay:
-            raise ValueError(f"{p.key}: pinned {t.pinned_tactic} reads the {onecopy.layout_of(t.pinned_tactic)} "
-                             f"layout, this one-copy binding holds only {lay} (unpin, or bind without one_copy)")
+            raise ValueError(f"{p.key}: the weight holds the {self.held} layout in place; the table now wants {lay} "
+                             "(unpin, or bind without one_copy)")
         fam = registry.get(plan.family)
         if self.held is not None:               # moved (or rebound) bytes in the layout: wrap, never pack twice
             pk = fam.pack_inplace(lay, w, already_packed=True)

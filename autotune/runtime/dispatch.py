@@ -294,12 +294,20 @@ class Dispatcher:
         table._set_pin(self._kernel(table.problem, t), t)
 
     def unpin(self, problem: Problem) -> None:
-        self._pins.pop(problem.key, None)
+        """Back to the stored winners; in batch-invariant mode to the one invariant tactic, and
+        refused (ValueError, the pin stays) when there is none: bound layers would otherwise fall
+        back to the per-M ladder."""
         t = self._tables.get(problem)
+        if t is not None and self.batch_invariant:
+            items = self._winners.get(problem, [])
+            pick, note = self._invariant_pick(problem, items, t.default_tactic)
+            if pick is None:
+                raise ValueError(f"cannot unpin: {note}")
+        self._pins.pop(problem.key, None)
         if t is not None:
             t._set_pin(None, None)
             if self.batch_invariant:         # back to the one invariant tactic, never the per-M ladder
-                self._pin_invariant(t, self._winners.get(problem, []))
+                self._pin_invariant(t, items)
 
     # --- misses --------------------------------------------------------------------------------
     def _misses_store(self):

@@ -87,6 +87,7 @@ class FP4MoE(nn.Module):
             self.register_buffer("expert_map", expert_map.to(torch.int32).contiguous())
         else:
             self.expert_map = None
+        self._map_ext = self._extended_map()
         fmt = w13.fmt
         epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
         self.problem13 = Problem.moe(two_i, h, e, slots, w_fmt=fmt, epilogue=epi13)
@@ -135,8 +136,18 @@ class FP4MoE(nn.Module):
         return out
 
     def _rebind(self) -> None:
+        """After `.to()` or `load_state_dict` (bytes copied in place, an expert_map included):
+        check the map again and bind again, so nothing keeps the old numbers."""
+        if self.expert_map is not None:
+            self._check_map(self.expert_map, self.routed_experts)
+        self._map_ext = self._extended_map()
         self.bound13.rebind(self.w13)
         self.bound2.rebind(self.w2)
+
+    def _extended_map(self) -> Tensor | None:
+        """expert_map with -1 prepended: indexed by id + 1, so id -1 maps to -1 and no index wraps."""
+        m = self.expert_map
+        return None if m is None else torch.cat([m.new_full((1,), -1), m])
 
     # ---- constructors ---------------------------------------------------------------------------
     @classmethod
@@ -175,8 +186,9 @@ class FP4MoE(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------------
     def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
-        if x.ndim != 2 or x.shape[1] != self.hidden:
-            raise OperandError(f"{self.problem13.key}: x is {'x'.join(map(str, x.shape))}, expected M x {self.hidden}")
+        if x.ndim != 2 or x.shape[1] != self.hidden or not x.is_floating_point():
+            raise OperandError(f"{self.problem13.key}: x is {x.dtype} {'x'.join(map(str, x.shape))}, expected a "
+                               f"floating-point M x {self.hidden}")
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         if torch.compiler.is_compiling():
             y = torch.ops.fp4_autotune.moe_block(xb, topk_ids, topk_weights, self.layer_id)
@@ -186,13 +198,9 @@ class FP4MoE(nn.Module):
 
     def local_ids(self, topk_ids: Tensor) -> Tensor:
         """Global ids → this rank's (−1 stays −1); ids are checked against E_global first."""
-        if self.expert_map is None:
+        if self._map_ext is None:
             return topk_ids
-        # index E_global + 1 entries: position 0 is -1 for id -1, so no negative index wraps
-        ext = getattr(self, "_map_ext", None)
-        if ext is None or ext.device != self.expert_map.device:
-            ext = self._map_ext = torch.cat([self.expert_map.new_full((1,), -1), self.expert_map])
-        return ext[(topk_ids + 1).long()]
+        return self._map_ext[(topk_ids + 1).long()]
 
     def _run(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
         m = x.shape[0]
@@ -205,8 +213,9 @@ class FP4MoE(nn.Module):
             raise OperandError(f"{self.problem2.key}: FP4MoE needs topk_weights [M, {self.top_k}]")
         # once per layer: the ids' shape, dtype and range (on the CPU a host read, on a GPU an async
         # device assert). Skipped on a GPU where only moe_decode kernels read unmapped ids: they set
-        # NaN rows and a bad-id word for ids outside [-1, E) themselves.
-        trusted = topk_ids.is_cuda and self.expert_map is None and _flags_bad_ids(l13) and _flags_bad_ids(l2)
+        # NaN rows and a bad-id word for ids outside [-1, E) themselves. Not with the shared expert
+        # folded in: the kernels' E counts it, so a caller's id E would pass them as the shared one.
+        trusted = topk_ids.is_cuda and self._kernels_check_ids(l13, l2)
         check_routing(self._routing, x, topk_ids, topk_weights, values=not trusted)
         ids = self.local_ids(topk_ids)
         if self.has_shared:                 # every token also routed to local expert E, weight 1
@@ -220,6 +229,12 @@ class FP4MoE(nn.Module):
         h = torch.nn.functional.silu(y13[..., :self.intermediate]) * y13[..., self.intermediate:]
         y2 = l2(h, ids, topk_weights, routing_checked=True, **k2)
         return y2.sum(1, dtype=torch.float32).to(torch.bfloat16)
+
+    def _kernels_check_ids(self, l13, l2) -> bool:
+        """Both launchers check the caller's ids themselves (moe_decode: NaN rows and a bad-id word
+        for ids outside [-1, E)): only without an expert_map and without the folded shared expert,
+        whose E the kernels count as a valid id."""
+        return self.expert_map is None and not self.has_shared and _flags_bad_ids(l13) and _flags_bad_ids(l2)
 
     def _one_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
         """One moe_align per layer when both launchers take the aligned route; {} otherwise."""

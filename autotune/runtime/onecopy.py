@@ -44,6 +44,9 @@ def _most(items: Sequence, key=lambda x: x):
 
 def plan(table: Table, arch: Arch, device: str) -> Plan:
     p, dt = table.problem, table.default_tactic
+    if table.pinned_tactic is not None:      # a pin answers every M: its layout is the one, no rungs
+        pt = table.pinned_tactic
+        return Plan(layout_of(pt), pt.family, (), pt, ())
     lays = [layout_of(x) for x in table.tactics]
     dlay = layout_of(dt)
     layout = dlay
