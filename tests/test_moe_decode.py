@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import re
+
 import pytest
 
 from autotune.core.arch import ARCHS, get_arch
@@ -65,6 +67,21 @@ def test_make_launcher_refuses_bad_configs():
         md.make_launcher(Problem.moe(48, 256, 4, 2), _cfg(block_n=32))
     with pytest.raises(ValueError, match="moe_decode runs grouped_moe"):
         md.make_launcher(Problem.dense(512, 6144), _cfg())
+
+
+def test_x_must_have_the_rows_its_epilogue_reads():
+    """reduce reads a row per (token, slot) [M, top_k, K], SwiGLU a row per token [M, K]: the other
+    shape is refused in one line before anything runs (a 2-D x under reduce would give every slot
+    the token's row and sum them, a plausible wrong answer)."""
+    import torch
+    from autotune.core import inputs
+    p = Problem.moe(256, 256, 4, 2)
+    w = inputs.seeded_weight(p, "cpu", 0)
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    for epi, x in (("reduce", torch.zeros(3, 256)), ("swiglu", torch.zeros(3, 2, 256))):
+        with pytest.raises(ValueError, match="x must be a bf16 .* tensor for " + re.escape(p.variant(epi).key)) as e:
+            md.make_launcher(p.variant(epi), _cfg(), epi).check(x.to(torch.bfloat16), w, ids, None, None)
+        assert "\n" not in str(e.value)
 
 
 def _key(params) -> tuple:

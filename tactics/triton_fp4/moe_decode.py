@@ -26,6 +26,7 @@ import os
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
+from autotune.core.operands import x_per_pair
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
@@ -254,9 +255,12 @@ class MoEDecodeLauncher:
         import torch
         prob = self.problem
         e, n, k = prob.experts, prob.n, prob.k
-        if (not torch.is_tensor(x) or x.dim() not in (2, 3) or x.dtype != torch.bfloat16 or x.shape[-1] != k
-                or (x.dim() == 3 and x.shape[1] != prob.top_k)):
-            raise ValueError(f"x must be a bf16 [M, {k}] tensor (or [M, {prob.top_k}, {k}], a row per pair), got "
+        # the reduce epilogue reads a row per pair, SwiGLU a row per token, a plain problem either
+        dims = 3 if x_per_pair(prob, x) else 2
+        if (not torch.is_tensor(x) or x.dim() != dims or x.dtype != torch.bfloat16 or x.shape[-1] != k
+                or (dims == 3 and x.shape[1] != prob.top_k)):
+            want = f"[M, {prob.top_k}, {k}] (a row per pair)" if dims == 3 else f"[M, {k}]"
+            raise ValueError(f"x must be a bf16 {want} tensor for {prob.key}, got "
                              f"{tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', type(x))}")
         if x.device.type != "cuda" and not self.interpret:
             raise ValueError(f"x is on {x.device}: the kernel needs a CUDA device")
