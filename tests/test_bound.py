@@ -192,6 +192,8 @@ def test_direct_route_guard(monkeypatch):
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
     assert direct.why_not() == "a Triton launch hook is installed"
     monkeypatch.undo()
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)      # undo restored the caller's environment
+    monkeypatch.delenv("AUTOTUNE_LAUNCH", raising=False)
     monkeypatch.setattr(direct, "_version_ok", lambda: False)
     assert "is not one of" in direct.why_not()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
