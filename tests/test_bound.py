@@ -280,3 +280,19 @@ def test_unbound_launcher_binds_a_weight_seen_twice():
     ref = fam.bind(p, T_SPLIT, fam.pack(fam.layout(T_SPLIT), w), "cuda")
     ref.direct = False                                     # Triton's own launch
     assert all(torch.equal(y, ref(x)) for y in ys)
+
+
+def test_scratch_retires_less_than_it_keeps():
+    """Buffers a larger M outgrows are kept (a captured graph may point at them), so growth at least
+    doubles: over 100 ascending sizes the retired ones add up to less than the live buffer, and a
+    launcher without split-K keeps 4-element scratch whatever M is."""
+    from tactics.triton_fp4.bound_dense import Scratch
+    s = Scratch()
+    for n in range(10, 1010, 10):
+        b = s.get(0, "ws", n, torch.float32, torch.device("cpu"))
+        assert b.numel() >= n
+    assert len(s.retired) < 10 and sum(r.numel() for r in s.retired) < b.numel()
+    launcher = registry.get("triton").build(Problem.dense(256, 1024), T_SPLIT, "cpu")
+    for tiles in (2, 40, 400):
+        ws, locks = launcher._scratch(1, tiles, torch.device("cpu"))
+        assert ws.numel() == 4 and locks.numel() == 4

@@ -31,8 +31,8 @@ MAX_PLANS = 4096
 
 class Scratch:
     """Per-stream buffers of one launcher: `get(stream, numel, dtype, device, zero)` returns a
-    buffer of at least `numel` elements, grown (never shrunk) on demand; outgrown ones are retired,
-    not freed."""
+    buffer of at least `numel` elements, grown (never shrunk) on demand, at least doubling, so the
+    retired buffers (kept, not freed) stay under the live one's size."""
 
     __slots__ = ("bufs", "retired")
 
@@ -46,6 +46,8 @@ class Scratch:
         if b is None or b.numel() < numel or b.device != device:
             if b is not None:
                 self.retired.append(b)
+                if b.device == device:
+                    numel = max(numel, 2 * b.numel())
             b = (torch.zeros if zero else torch.empty)(numel, dtype=dtype, device=device)
             self.bufs[(stream, name)] = b
         return b
@@ -163,7 +165,7 @@ class BoundW4A16(_BoundDense):
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         need = sk * tiles * bm * bn if sk > 1 else 4
         ws = self.scratch.get(stream, "ws", need, torch.float32, x.device)
-        locks = self.scratch.get(stream, "locks", max(4, tiles), torch.int32, x.device, zero=True)
+        locks = self.scratch.get(stream, "locks", max(4, tiles) if sk > 1 else 4, torch.int32, x.device, zero=True)
         w = self.weight
         consts = {**inner._consts, "SPLIT_K": sk}
         kw = {"num_warps": prm["num_warps"], "num_stages": prm["num_stages"], **consts}

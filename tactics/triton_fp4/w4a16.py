@@ -147,13 +147,18 @@ class W4A16Launcher(Remember):
         self._consts = kernel_consts(problem.w_fmt, self.params, is_interpreting())
 
     def _scratch(self, sk: int, tiles: int, device):
-        """Workspace [sk, tiles, BM·BN] fp32 and `tiles` zeroed counters (grown on demand)."""
+        """Workspace [sk, tiles, BM·BN] fp32 and `tiles` zeroed counters (grown on demand, at least
+        doubling, so the retired buffers stay under the live one's size; without split-K the kernel
+        touches neither and they stay at 4 elements)."""
         import torch
         need = sk * tiles * self.params["block_m"] * self.params["block_n"] if sk > 1 else 4
-        if self._ws is None or self._ws.numel() < need or self._locks.numel() < tiles or self._ws.device != device:
+        nlocks = max(4, tiles) if sk > 1 else 4
+        if self._ws is None or self._ws.numel() < need or self._locks.numel() < nlocks or self._ws.device != device:
             if self._ws is not None:
                 self._retired.append((self._ws, self._locks))
-            self._locks = torch.zeros(max(4, tiles), dtype=torch.int32, device=device)
+                if self._ws.device == device:
+                    need, nlocks = max(need, 2 * self._ws.numel()), max(nlocks, 2 * self._locks.numel())
+            self._locks = torch.zeros(nlocks, dtype=torch.int32, device=device)
             self._ws = torch.empty(need, dtype=torch.float32, device=device)
         return self._ws, self._locks
 
