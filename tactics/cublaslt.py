@@ -331,7 +331,7 @@ class Launcher:
 
     def __init__(self, problem: Any, tactic: Tactic):
         self.problem, self.tactic = problem, tactic
-        self._mm: dict[int, Any] = {}
+        self._mm: dict[tuple[int, Any], Any] = {}
         self._swizzled = SwizzledCache()
         self._checked: Any = None
 
@@ -348,8 +348,12 @@ class Launcher:
         return self._checked
 
     def _matmul(self, x: Any, w: Any) -> Any:
-        m = x.shape[0]
-        mm = self._mm.get(m)
+        # alpha (the NVFP4 weight's global scale times the activation's) is fixed when the Matmul is
+        # made, and reset_operands leaves it: one Matmul per (M, alpha), so a second weight of the
+        # problem (another layer, unbound dispatch) is never scaled by the first one's alpha
+        key = (x.shape[0], getattr(w, "alpha", None))
+        m = key[0]
+        mm = self._mm.get(key)
         if mm is None:
             mm = make_matmul(self.problem, x, w)
             try:
@@ -360,7 +364,7 @@ class Launcher:
             except Exception as e:     # nvmath raises cuBLASLtError for an unsupported algorithm
                 raise RuntimeError(f"cuBLASLt rejects algorithm {self.tactic['algo_id']} "
                                    f"(tile {self.tactic['tile']}) for M={m}: {e}") from e
-            self._mm[m] = mm
+            self._mm[key] = mm
         else:
             a, b, _, scales = _quantize_operands(self.problem, x, w)
             mm.reset_operands(a=a, b=b, quantization_scales=scales or None)
