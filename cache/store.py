@@ -229,10 +229,18 @@ class Store:
         return Tactic.from_json(row.params_json) if row else None
 
     def problems(self) -> list[Problem]:
-        """Every stored problem. The epilogue (`:swiglu` / `:reduce`) is in the key only (the row's
-        columns predate it), so it is read from there."""
-        rows = self._read(lambda s: s.scalars(select(ProblemRow).order_by(ProblemRow.key)).all())
-        return [_problem_of(r) for r in rows]
+        """Every stored problem this version can read. The epilogue (`:swiglu` / `:reduce`) is in
+        the key only (the row's columns predate it), so problems are read from their keys; a key
+        this version does not parse (a newer kind or epilogue) is left out, never misread as the
+        plain problem of its columns."""
+        rows = self._read(lambda s: s.scalars(select(ProblemRow.key).order_by(ProblemRow.key)).all())
+        out = []
+        for key in rows:
+            try:
+                out.append(Problem.from_key(key))
+            except ValueError:
+                continue
+        return out
 
     def device(self, device_key: str) -> dict | None:
         row = self._read(lambda s: s.get(DeviceRow, device_key))
@@ -436,9 +444,3 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self._where!r}{', readonly=True' if self.readonly else ''})"
 
-
-def _problem_of(r) -> Problem:
-    try:
-        return Problem.from_key(r.key)
-    except ValueError:          # a key this version does not parse: the columns (no epilogue)
-        return Problem(r.kind, r.a_fmt, r.w_fmt, r.out_dtype, r.n, r.k, r.experts, r.top_k)

@@ -72,6 +72,12 @@ def test_environment_problem_tactic_round_trip(store):
     for p in fused:                  # the epilogue lives in the key only: read back from it
         store.put_problem(p)
     assert store.problems() == sorted([P1, P2, *fused], key=lambda p: p.key)
+    from cache.schema import ProblemRow                 # a newer version's key: left out, not misread
+    store._write(lambda s: s.add(ProblemRow(key=P1.key + ":gelu", kind="grouped_moe", a_fmt="bf16", w_fmt="nvfp4",
+                                            out_dtype="bf16", n=P1.n, k=P1.k, experts=P1.experts, top_k=P1.top_k)))
+    from sqlalchemy import func, select
+    assert store._read(lambda s: s.scalar(select(func.count()).select_from(ProblemRow))) == 5
+    assert store.problems() == sorted([P1, P2, *fused], key=lambda p: p.key)
     store.put_tactic(T2)
     assert store.tactic(T2.id) == T2 and store.tactic("missing") is None
     assert {d["device_key"] for d in store.devices()} == {ENV_A.device_key, ENV_B.device_key}

@@ -78,7 +78,7 @@ def test_no_invariant_tactic_is_a_one_line_error_never_a_silent_mix(tmp_path, ro
     with pytest.raises(ValueError, match="not batch-invariant"):      # a pin must be invariant too
         d.pin(Q, TA)
     d.pin(P, R2)                                                     # an invariant pin serves P
-    assert d.tactic_for(P, 3)[1] == R2
+    assert d.tactic_for(P, 3)[1] == R2 and d._dense[P.n][P.k] == d.table(P).__call__   # fast path again
     d.unpin(Q)                                                       # back to its one tactic
     assert d.tactic_for(Q, 3)[1] == R1
 

@@ -177,9 +177,14 @@ class Dispatcher:
                 self.skipped[f"pin * does not fit {p.kind}"] += 1
         if t.pinned is None and self.batch_invariant and not self._pin_invariant(t, items):
             return t                         # refused: not on the (M, N, K) fast path; table() raises
+        self._fast_path(t)
+        return t
+
+    def _fast_path(self, t: Table) -> None:
+        """The (M, N, K) form's dict for bf16 x nvfp4 -> bf16 dense tables."""
+        p = t.problem
         if p.kind == "dense" and p.a_fmt == "bf16" and p.w_fmt == "nvfp4" and p.out_dtype == "bf16":
             self._dense.setdefault(p.n, {})[p.k] = t.__call__
-        return t
 
     def _pin_invariant(self, t: Table, items: list[tuple[int, Tactic]]) -> bool:
         """Batch-invariant mode: pin the problem's one invariant tactic; False (and refused) if none."""
@@ -290,8 +295,9 @@ class Dispatcher:
             why = "not batch-invariant (batch-invariant mode is on)"
         if why:
             raise ValueError(f"cannot pin {t} for {table.problem.key}: {why}")
-        self._refused.pop(table.problem, None)
         table._set_pin(self._kernel(table.problem, t), t)
+        if self._refused.pop(table.problem, None) is not None:
+            self._fast_path(table)           # a refused problem, now served by the pin
 
     def unpin(self, problem: Problem) -> None:
         """Back to the stored winners; in batch-invariant mode to the one invariant tactic, and
