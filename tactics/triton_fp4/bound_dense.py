@@ -67,7 +67,6 @@ class _BoundDense:
     stream)` -> a plan tuple, or None when this call must take the normal launch."""
 
     def __init__(self, problem: Problem, launcher: Any, packed: Any):
-        import torch
         self.problem, self.inner, self.weight = problem, launcher, packed
         self.n, self.k = problem.n, problem.k
         self.device = packed.packed.device
@@ -80,7 +79,6 @@ class _BoundDense:
         self.direct, self.why = why is None, why
         self.w_ptrs = (packed.packed.data_ptr(), packed.scales.data_ptr(), packed.global_scale.data_ptr())
         self._stream = direct.stream_getter() if self.direct else None
-        self._bf16 = torch.bfloat16
         self.launches = [0, 0]          # [direct, normal]: which route answered (tests, bench)
         self.source = packed            # the weight object this was bound from (Remember)
 

@@ -11,7 +11,7 @@ grid, the current stream, x's and out's pointers and M, and nothing else.
 The positional layout of `CompiledKernel.run` — (grid x, y, z, stream, function, packed metadata,
 launch metadata, enter hook, exit hook, *every kernel argument in declaration order, constexprs
 included) — is read from Triton's runtime/jit.py and compiler.py (3.6 on the H200, 3.9 here). Other versions are
-not trusted: `supported()` is False and the launchers keep Triton's normal launch. So is the
+not trusted: `why_not()` says why and the launchers keep Triton's normal launch. So is the
 interpreter (TRITON_INTERPRET=1), any launch hook (a profiler such as Proton installs one; the
 empty HookChain Triton starts with calls nothing, so the direct route passes None for it) and
 $AUTOTUNE_LAUNCH=triton. Pointers are passed as ints, so the specialisation the kernel was compiled
@@ -51,10 +51,6 @@ def why_not() -> str | None:
         if h is not None and getattr(h, "calls", True):     # an empty HookChain (3.6+) calls nothing
             return "a Triton launch hook is installed"
     return None
-
-
-def supported() -> bool:
-    return why_not() is None
 
 
 def stream_getter():
