@@ -191,3 +191,35 @@ def test_plans_warm_start_from_neighbours_and_measure_never_seen_members(tmp_pat
     warm = strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": lib})
     assert seen[1] in warm.extras and new[1] in warm.extras
     assert strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": "other"}).extras == plan.extras
+
+
+def _jobs(store, path, cfg, **kw):
+    """The jobs a ranked search would run on `store` (plan, static rejections, plans, jobs)."""
+    from autotune.engine.search import SearchOptions, _Search
+    s = _Search(PROBLEMS, [registry.get("torch")], store, Buckets.of((1, 8, 32)),
+                SearchOptions(timer=FAST, env=CPU, strategy="ranked", rank_model=path, ranked=cfg, **kw))
+    work = s.store_static(s.plan(), s.runnable())
+    s.rank(work)
+    return s, {(j.problem.key, j.bucket): j for j in s.jobs(work)}
+
+
+def test_retry_failed_reopens_a_finished_ranked_job_with_a_failure_outside_its_first_batch(tmp_path):
+    pytest.importorskip("lightgbm")
+    from autotune.engine import strategy
+    from autotune.engine.search import _trial
+    first = Store(tmp_path / "halving.db")
+    _search(first)
+    [(path, _)] = api.fit_rank(first)
+    store = Store(tmp_path / "ranked.db")
+    one = ranked.Ranked(min_first=1, first_share=0.0, step=1, max_share=0.25)
+    _search(store, strategy="ranked", rank_model=path, ranked=one)
+    s, jobs = _jobs(store, path, one)
+    p = PROBLEMS[0]
+    job = jobs[(p.key, 1)]
+    assert job.tactics == ()                   # finished: nothing to do without --retry-failed
+    first_ids = set(strategy.first_ids(job.rank))
+    bad = next(t for t in job.rank.order if t.id not in first_ids)
+    store.put_trial(_trial(p, 1, bad, CPU, s.lib_keys, "failed", "boom"))
+    assert _jobs(store, path, one)[1][(p.key, 1)].tactics == ()
+    retry = _jobs(store, path, one, retry_failed=True)[1][(p.key, 1)].tactics
+    assert bad.id in {t.id for t in retry}     # the failure is measured again
