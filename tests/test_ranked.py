@@ -129,7 +129,13 @@ def test_ranked_search_on_the_cpu_measures_less_and_finds_every_winner(tmp_path)
     lib = CPU.lib_key(("torch",))
     p = PROBLEMS[0]
     timed = {t.tactic_id for t in again.get_trials(p.key, 1, CPU.device_key)}
-    other = next(t for t in registry.get("torch").enumerate(p, ARCHS["cpu"]) if t.id not in timed)
+    # a kept tactic (with_neighbours ignores a rejected one: chunk_n=2048 here); p has 4 kept torch
+    # tactics and `one` times at most 3 at m=1 (top 1, the default, one neighbour's winner)
+    torch_ = registry.get("torch")
+    kept = [t for t in torch_.enumerate(p, ARCHS["cpu"]) if torch_.verdict(p, t, ARCHS["cpu"]).ok is True]
+    assert len(kept) == 4 and len(timed) <= 3
+    other = next((t for t in kept if t.id not in timed), None)
+    assert other is not None
     before = {(w.problem_key, w.bucket): w.tactic_id for w in again.winners(CPU.device_key)}
     again.put_winner(Winner(p.key, 8, CPU.device_key, other.id, "torch", other.to_json(), lib, 1.0, other.id, None, None))
     resumed = _search(again, strategy="ranked", rank_model=path, ranked=one)
