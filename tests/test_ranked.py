@@ -229,3 +229,33 @@ def test_retry_failed_reopens_a_finished_ranked_job_with_a_failure_outside_its_f
     assert _jobs(store, path, one)[1][(p.key, 1)].tactics == ()
     retry = _jobs(store, path, one, retry_failed=True)[1][(p.key, 1)].tactics
     assert bad.id in {t.id for t in retry}     # the failure is measured again
+
+
+def test_with_neighbours_rereads_the_stored_times(tmp_path):
+    """A job taken over from another search: the times that search stored after `plans` ran are in
+    the plan the job starts with (its stop rule counts them), under this search's library keys."""
+    from autotune.core.records import Trial
+    from autotune.core.tactic import Verdict
+    from autotune.engine import strategy
+    from autotune.engine.search import Planned, _Work
+    pytest.importorskip("lightgbm")
+    p, arch = Problem.dense(2048, 512), ARCHS["cpu"]
+    ts = [Tactic("torch", dequant_dtype=d, chunk_n=c) for d in ("fp32", "bf16") for c in (0, 512)]
+    rows = [rankdata.row(p, t, m, arch, 2, None) for t in ts for m in (1, 8)] * 10
+    model = rankmodel.fit(rows, [0.5] * len(rows), {"arch": "cpu"}, rounds=5)
+    work = [_Work(p, [Planned(p, t, Verdict.keep()) for t in ts], ts[0])]
+    store = Store(tmp_path / "c.db")
+    store.put_environment(CPU, ("torch",))
+    lib = CPU.lib_key(("torch",))
+    plan = strategy.plans(model, work, [1, 8], arch, 2, store, CPU.device_key, ranked.Ranked())[(p.key, 8)]
+    assert plan.known == {}
+
+    def put(t, status, us, lib_key=lib):
+        store.put_trial(Trial(p.key, 8, t.id, "torch", t.to_json(), CPU.device_key, lib_key, status, "",
+                              median_us=us))
+    put(ts[1], "ok", 3.0)           # stored meanwhile by another search
+    put(ts[2], "dropped", 5.0)
+    put(ts[3], "failed", None)
+    put(ts[0], "ok", 1.0, "other-libs")
+    warm = strategy.with_neighbours(plan, store, p, 8, [1, 8], CPU.device_key, {"torch": lib})
+    assert warm.known == {ts[1].id: 3.0, ts[2].id: 5.0}
