@@ -259,3 +259,20 @@ def test_with_neighbours_rereads_the_stored_times(tmp_path):
     put(ts[0], "ok", 1.0, "other-libs")
     warm = strategy.with_neighbours(plan, store, p, 8, [1, 8], CPU.device_key, {"torch": lib})
     assert warm.known == {ts[1].id: 3.0, ts[2].id: 5.0}
+
+
+def test_rank_eval_sklearn_learner_restores_rankmodel_fit(tmp_path, monkeypatch):
+    """bench/rank_eval.py --learner sklearn swaps rankmodel.fit for its own call only (CI runs
+    main() in-process): the LightGBM fit is back afterwards, also when the evaluation raises."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import rank_eval
+    fit, seen = rankmodel.fit, []
+
+    def boom(*a, **k):
+        seen.append(rankmodel.fit)
+        raise RuntimeError("boom")
+    monkeypatch.setattr(rank_eval, "evaluate", boom)
+    Store(tmp_path / "c.db").close()
+    with pytest.raises(RuntimeError, match="boom"):
+        rank_eval.main([str(tmp_path / "c.db"), "--learner", "sklearn"])
+    assert seen == [rank_eval._Sklearn.fit] and rankmodel.fit is fit
