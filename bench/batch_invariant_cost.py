@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics.triton_fp4.moe_decode import MAX_WORKSPACE_BYTES as MOE_MAX_WORKSPACE_BYTES  # noqa: E402
+from tactics.triton_fp4.moe_decode import chunk_tokens  # noqa: E402
 from tactics.triton_fp4.splitk import chunk_rows  # noqa: E402
 from autotune.engine.strategy import invariant, one_per_problem  # noqa: E402
 from bench.rank_eval import open_store  # noqa: E402
@@ -42,7 +42,8 @@ def as_run_now(p, trial) -> bool:
         rows = chunk_rows(t.params, p.n)
         return rows is None or trial.bucket <= rows
     if t.get("kernel") == "moe_decode":
-        return t["split_k"] * trial.bucket * p.top_k * p.n * 4 <= MOE_MAX_WORKSPACE_BYTES
+        tokens = chunk_tokens(t.params, p)
+        return tokens is None or trial.bucket <= tokens
     return True
 
 

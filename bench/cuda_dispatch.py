@@ -20,7 +20,6 @@ def main() -> int:
 
     from autotune.core import inputs
     from autotune.runtime.nn import FP4Linear
-    from autotune.runtime.table import PIN_SLOT  # noqa: F401  (the table's slots)
     from autotune.models import problems_for
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)

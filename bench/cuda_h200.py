@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -269,7 +270,7 @@ def render(res: dict) -> str:
             lines.append(f"  REFUSED {r['config']}: {r['error']}")
         nv = [r["nvrtc_s"] for r in c["compile"]]
         if nv:
-            lines.append(f"  NVRTC per variant: median {sorted(nv)[len(nv) // 2]:.2f} s, max {max(nv):.2f} s; "
+            lines.append(f"  NVRTC per variant: median {statistics.median(nv):.2f} s, max {max(nv):.2f} s; "
                          f"cache reload max {max(r['cached_s'] for r in c['compile']) * 1e3:.1f} ms")
             regs = {json.dumps(r['config']): r.get('resources', {}).get('num_regs') for r in c['compile']}
             lines.append(f"  registers: {regs}")

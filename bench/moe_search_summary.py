@@ -28,19 +28,28 @@ def summary(path: str) -> str:
     errs = [r[0] for r in c.execute("select rel_err from trials where rel_err is not null")]
     smem = c.execute("select count(*), sum(smem_model = smem_compiled) from trials "
                      "where smem_compiled is not null and smem_model is not null").fetchone()
+    check = f"float64 check {min(errs):.2e}–{max(errs):.2e}" if errs else "no rel_err stored"
     out.append(f"Trials: {st.get('ok', 0) + st.get('dropped', 0)} checked and timed ({st.get('dropped', 0)} dropped "
                f"by successive halving), {st.get('failed', 0)} failed, {st.get('rejected', 0)} static rejections; "
-               f"float64 check {min(errs):.2e}–{max(errs):.2e}; smem model = compiled on {smem[1]} of {smem[0]}.")
+               f"{check}; smem model = compiled on {smem[1]} of {smem[0]}.")
     rows = defaultdict(list)
     for key, b, tid, us, dus, sp, did in c.execute("select problem_key, bucket, tactic_id, median_us, default_median_us, "
                                                    "speedup, default_tactic_id from winners order by problem_key, bucket"):
         rows[key].append((b, params[tid], us, dus, sp, did))
     for key, rs in rows.items():
-        geo = math.exp(sum(math.log(r[4]) for r in rs) / len(rs))
-        out += ["", f"**{key}**: tuned vs default, geomean over {len(rs)} buckets {geo:.2f}× "
-                f"(min {min(r[4] for r in rs):.2f}, max {max(r[4] for r in rs):.2f})", "",
-                "| M | winner | µs | default µs | default |", "|---:|---|---:|---:|---|"]
-        out += [f"| {b} | {short(p)} | {us:.1f} | {dus:.1f} | {short(params[d])} |" for b, p, us, dus, _, d in rs]
+        sps = [r[4] for r in rs if r[4] is not None]     # None: the default has no time in that bucket
+        missing = len(rs) - len(sps)
+        if sps:
+            geo = math.exp(sum(math.log(x) for x in sps) / len(sps))
+            head = (f"**{key}**: tuned vs default, geomean over {len(sps)} buckets {geo:.2f}× "
+                    f"(min {min(sps):.2f}, max {max(sps):.2f})")
+            if missing:
+                head += f"; {missing} bucket{'s' if missing > 1 else ''} without a speedup (no default time) left out"
+        else:
+            head = f"**{key}**: no speedup in any of its {len(rs)} buckets (no default time)"
+        out += ["", head, "", "| M | winner | µs | default µs | default |", "|---:|---|---:|---:|---|"]
+        out += [f"| {b} | {short(p)} | {us:.1f} | {'—' if dus is None else f'{dus:.1f}'} | {short(params[d])} |"
+                for b, p, us, dus, _, d in rs]
     return "\n".join(out)
 
 

@@ -141,15 +141,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the per-group rows here")
     ap.add_argument("--learner", choices=["lightgbm", "sklearn"], default="lightgbm")
     a = ap.parse_args(argv)
+    fit = rankmodel.fit
     if a.learner == "sklearn":
-        rankmodel.fit = _Sklearn.fit      # this process only: rankdata.train fits through rankmodel.fit
+        rankmodel.fit = _Sklearn.fit      # this call only: rankdata.train fits through rankmodel.fit
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = open_store(a.db, tmp)
-        try:
-            rows = evaluate(store, a.rounds or rankmodel.ROUNDS, a.lobo_every, ranked.Ranked(), a.folds.split(","))
-        finally:
-            store.close()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = open_store(a.db, tmp)
+            try:
+                rows = evaluate(store, a.rounds or rankmodel.ROUNDS, a.lobo_every, ranked.Ranked(), a.folds.split(","))
+            finally:
+                store.close()
+    finally:
+        rankmodel.fit = fit               # callers in this process (CI runs main() in-process) get LightGBM back
     text, summary = table(rows)
     print(text)
     print(f"\n{time.perf_counter() - t0:.1f} s; targets: share <= {TARGET_SHARE:.0%}, within {TARGET_GAP:.0%} "

@@ -222,3 +222,19 @@ def test_invariant_cost_on_the_committed_moe_search(tmp_path):
     for r in rows:
         assert r["buckets"] == 12 and r["winners_invariant"] == 12 and "kernel=moe_decode" in r["pick"]
         assert 1.0 <= r["geomean_vs_winners"] <= r["worst_vs_winners"]
+
+
+def test_moe_decode_chunk_rule_has_one_home():
+    """moe_decode's token chunk (split-K workspace cap) is tactics.triton_fp4.moe_decode.chunk_tokens:
+    the launcher and bench/batch_invariant_cost.py both use it."""
+    from tactics.triton_fp4 import moe_decode
+    p = Problem.moe(512, 6144, 256, 8)
+    for sk in (1, 2, 8):
+        params = {**moe_decode.default(p), "split_k": sk}
+        tokens = moe_decode.chunk_tokens(params, p)
+        assert moe_decode.MoEDecodeLauncher(p, params, "none").chunk_tokens() == tokens
+        assert (tokens is None) == (sk == 1)
+        if tokens:
+            assert tokens * sk * p.top_k * p.n * 4 <= moe_decode.MAX_WORKSPACE_BYTES
+    src = (ROOT / "bench" / "batch_invariant_cost.py").read_text()
+    assert "chunk_tokens(" in src and "MAX_WORKSPACE_BYTES" not in src

@@ -129,7 +129,13 @@ def test_ranked_search_on_the_cpu_measures_less_and_finds_every_winner(tmp_path)
     lib = CPU.lib_key(("torch",))
     p = PROBLEMS[0]
     timed = {t.tactic_id for t in again.get_trials(p.key, 1, CPU.device_key)}
-    other = next(t for t in registry.get("torch").enumerate(p, ARCHS["cpu"]) if t.id not in timed)
+    # a kept tactic (with_neighbours ignores a rejected one: chunk_n=2048 here); p has 4 kept torch
+    # tactics and `one` times at most 3 at m=1 (top 1, the default, one neighbour's winner)
+    torch_ = registry.get("torch")
+    kept = [t for t in torch_.enumerate(p, ARCHS["cpu"]) if torch_.verdict(p, t, ARCHS["cpu"]).ok is True]
+    assert len(kept) == 4 and len(timed) <= 3
+    other = next((t for t in kept if t.id not in timed), None)
+    assert other is not None
     before = {(w.problem_key, w.bucket): w.tactic_id for w in again.winners(CPU.device_key)}
     again.put_winner(Winner(p.key, 8, CPU.device_key, other.id, "torch", other.to_json(), lib, 1.0, other.id, None, None))
     resumed = _search(again, strategy="ranked", rank_model=path, ranked=one)
@@ -191,3 +197,82 @@ def test_plans_warm_start_from_neighbours_and_measure_never_seen_members(tmp_pat
     warm = strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": lib})
     assert seen[1] in warm.extras and new[1] in warm.extras
     assert strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": "other"}).extras == plan.extras
+
+
+def _jobs(store, path, cfg, **kw):
+    """The jobs a ranked search would run on `store` (plan, static rejections, plans, jobs)."""
+    from autotune.engine.search import SearchOptions, _Search
+    s = _Search(PROBLEMS, [registry.get("torch")], store, Buckets.of((1, 8, 32)),
+                SearchOptions(timer=FAST, env=CPU, strategy="ranked", rank_model=path, ranked=cfg, **kw))
+    work = s.store_static(s.plan(), s.runnable())
+    s.rank(work)
+    return s, {(j.problem.key, j.bucket): j for j in s.jobs(work)}
+
+
+def test_retry_failed_reopens_a_finished_ranked_job_with_a_failure_outside_its_first_batch(tmp_path):
+    pytest.importorskip("lightgbm")
+    from autotune.engine import strategy
+    from autotune.engine.search import _trial
+    first = Store(tmp_path / "halving.db")
+    _search(first)
+    [(path, _)] = api.fit_rank(first)
+    store = Store(tmp_path / "ranked.db")
+    one = ranked.Ranked(min_first=1, first_share=0.0, step=1, max_share=0.25)
+    _search(store, strategy="ranked", rank_model=path, ranked=one)
+    s, jobs = _jobs(store, path, one)
+    p = PROBLEMS[0]
+    job = jobs[(p.key, 1)]
+    assert job.tactics == ()                   # finished: nothing to do without --retry-failed
+    first_ids = set(strategy.first_ids(job.rank))
+    bad = next(t for t in job.rank.order if t.id not in first_ids)
+    store.put_trial(_trial(p, 1, bad, CPU, s.lib_keys, "failed", "boom"))
+    assert _jobs(store, path, one)[1][(p.key, 1)].tactics == ()
+    retry = _jobs(store, path, one, retry_failed=True)[1][(p.key, 1)].tactics
+    assert bad.id in {t.id for t in retry}     # the failure is measured again
+
+
+def test_with_neighbours_rereads_the_stored_times(tmp_path):
+    """A job taken over from another search: the times that search stored after `plans` ran are in
+    the plan the job starts with (its stop rule counts them), under this search's library keys."""
+    from autotune.core.records import Trial
+    from autotune.core.tactic import Verdict
+    from autotune.engine import strategy
+    from autotune.engine.search import Planned, _Work
+    pytest.importorskip("lightgbm")
+    p, arch = Problem.dense(2048, 512), ARCHS["cpu"]
+    ts = [Tactic("torch", dequant_dtype=d, chunk_n=c) for d in ("fp32", "bf16") for c in (0, 512)]
+    rows = [rankdata.row(p, t, m, arch, 2, None) for t in ts for m in (1, 8)] * 10
+    model = rankmodel.fit(rows, [0.5] * len(rows), {"arch": "cpu"}, rounds=5)
+    work = [_Work(p, [Planned(p, t, Verdict.keep()) for t in ts], ts[0])]
+    store = Store(tmp_path / "c.db")
+    store.put_environment(CPU, ("torch",))
+    lib = CPU.lib_key(("torch",))
+    plan = strategy.plans(model, work, [1, 8], arch, 2, store, CPU.device_key, ranked.Ranked())[(p.key, 8)]
+    assert plan.known == {}
+
+    def put(t, status, us, lib_key=lib):
+        store.put_trial(Trial(p.key, 8, t.id, "torch", t.to_json(), CPU.device_key, lib_key, status, "",
+                              median_us=us))
+    put(ts[1], "ok", 3.0)           # stored meanwhile by another search
+    put(ts[2], "dropped", 5.0)
+    put(ts[3], "failed", None)
+    put(ts[0], "ok", 1.0, "other-libs")
+    warm = strategy.with_neighbours(plan, store, p, 8, [1, 8], CPU.device_key, {"torch": lib})
+    assert warm.known == {ts[1].id: 3.0, ts[2].id: 5.0}
+
+
+def test_rank_eval_sklearn_learner_restores_rankmodel_fit(tmp_path, monkeypatch):
+    """bench/rank_eval.py --learner sklearn swaps rankmodel.fit for its own call only (CI runs
+    main() in-process): the LightGBM fit is back afterwards, also when the evaluation raises."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import rank_eval
+    fit, seen = rankmodel.fit, []
+
+    def boom(*a, **k):
+        seen.append(rankmodel.fit)
+        raise RuntimeError("boom")
+    monkeypatch.setattr(rank_eval, "evaluate", boom)
+    Store(tmp_path / "c.db").close()
+    with pytest.raises(RuntimeError, match="boom"):
+        rank_eval.main([str(tmp_path / "c.db"), "--learner", "sklearn"])
+    assert seen == [rank_eval._Sklearn.fit] and rankmodel.fit is fit

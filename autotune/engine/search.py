@@ -297,8 +297,10 @@ class _Search:
                 if plan is not None:    # compile failures since planning are out
                     keep = [i for i, t in enumerate(plan.order) if t.id in ids]
                     plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
-                    if (w.problem.key, b) in won and not set(strategy.first_ids(plan)) & {t.id for t in todo}:
+                    if ((w.problem.key, b) in won and not self.o.retry_failed
+                            and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
                         todo = ()       # finished before: its winner is stored and its first batch measured
+                        # (--retry-failed reopens it: a failure past the first batch is in todo)
                 else:
                     self.report.resumed += len(w.kept) - len(todo)
                 out.append(Job(w.problem, b, todo, w.default.id, {r.tactic.id: r.verdict.smem_bytes for r in w.kept}, plan))

@@ -102,14 +102,20 @@ def first_batches(ranking: Ranking) -> set[tuple[str, str]]:
 def with_neighbours(plan: ranked.RankPlan, store, problem: Problem, bucket: int, buckets: Sequence[int],
                     device_key: str, lib_keys: dict) -> ranked.RankPlan:
     """The plan warm-started by the winners stored for the neighbouring buckets (this search's,
-    when they finished first, or an earlier search's), where they are candidates here."""
+    when they finished first, or an earlier search's), where they are candidates here; its stored
+    times re-read as the job starts, so the stop rule counts what another search (whose claim this
+    one took over) stored after `plans` ran."""
+    ids_here = {t.id for t in plan.order}
+    known = {t.tactic_id: t.median_us for t in store.get_trials(problem.key, bucket, device_key)
+             if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in ids_here
+             and lib_keys.get(t.family) == t.lib_key}
     bs = sorted(buckets)
     i = bs.index(bucket)
     near = set(bs[max(0, i - 1):i + 2]) - {bucket}
     ids = {w.tactic_id for w in store.winners(device_key) if w.problem_key == problem.key and w.bucket in near
            and lib_keys.get(w.family) == w.lib_key}
     extra = [t for t in plan.order if t.id in ids]
-    return ranked.RankPlan(plan.order, plan.pred, tuple(dict.fromkeys((*plan.extras, *extra))), plan.known, plan.cfg)
+    return ranked.RankPlan(plan.order, plan.pred, tuple(dict.fromkeys((*plan.extras, *extra))), known, plan.cfg)
 
 
 # -- --batch-invariant ------------------------------------------------------------------------

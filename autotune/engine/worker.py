@@ -34,7 +34,7 @@ class Bench:
         self._kernels: dict[str, object] = {}   # tactic id -> kernel, kept across buckets of a problem
         self._weights: list = []                # the problem's random weights, kept across its buckets
         self._graphs: dict[str, dict] = {}      # tactic id -> time_calls memo (its captured graph), this bucket
-        self._packs: dict[tuple[str, int], object] = {}  # (layout, set) -> the set's weight packed, this bucket
+        self._packs: dict[tuple[str, int], object] = {}  # (layout, set) -> the set's weight packed, this problem
         self._sets: list = []
         self._outs: list = []
         self._ref = None
@@ -44,8 +44,8 @@ class Bench:
         if p != self.problem:
             self._kernels.clear()
             self._weights = []
+            self._packs.clear()         # packs of the weights just dropped; set i keeps weight i across buckets
         self._graphs.clear()
-        self._packs.clear()
         self._sets = self._outs = []    # drop the last bucket's tensors before drawing the next
         self._ref = None
         self.problem, self.bucket = p, bucket
@@ -66,8 +66,9 @@ class Bench:
         return k
 
     def _args(self, tactic: Tactic, i: int) -> tuple:
-        """Set i's arguments with the weight in the tactic's layout, packed once per bucket as a bound
-        layer packs it at load: a layout's packing never runs inside a timed call (or a captured graph)."""
+        """Set i's arguments with the weight in the tactic's layout, packed once per problem (set i
+        uses the problem's weight i in every bucket) as a bound layer packs it at load: a layout's
+        packing never runs inside a timed call (or a captured graph)."""
         args = self._sets[i].args()
         fam = registry.get(tactic.family)
         lay = fam.layout(tactic)

@@ -227,6 +227,17 @@ def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str | None 
     return MoEDecodeLauncher(problem, dict(config), epilogue, check_ids)
 
 
+def chunk_tokens(params: Mapping[str, Any], problem: Any) -> int | None:
+    """Tokens per launch of a split-K tactic (None without split-K: one launch takes any M). The
+    workspace [SPLIT_K, P, N] fp32 grows with M; past MAX_WORKSPACE_BYTES the call is cut into token
+    chunks, each with the tactic's whole split and its own alignment. The split is never lowered
+    (it was until 2026-12-01), so a row's K order is the same at every M."""
+    sk = params["split_k"]
+    if sk == 1:
+        return None
+    return max(1, MAX_WORKSPACE_BYTES // (sk * problem.top_k * problem.n * 4))
+
+
 class MoEDecodeLauncher:
     """(x, w, topk_ids, topk_weights=None, out=None, aligned=None) → bf16 [M, top_k, N] (or N/2 with
     the SwiGLU epilogue). Owns the split-K workspace and counters (one launch at a time) and a
@@ -287,14 +298,8 @@ class MoEDecodeLauncher:
         return m, out
 
     def chunk_tokens(self) -> int | None:
-        """Tokens per launch with split-K (None without: one launch takes any M). The workspace
-        [SPLIT_K, P, N] fp32 grows with M; past MAX_WORKSPACE_BYTES the call is cut into token
-        chunks, each with the tactic's whole split and its own alignment. The split is never
-        lowered (it was until 2026-12-01), so a row's K order is the same at every M."""
-        sk = self.params["split_k"]
-        if sk == 1:
-            return None
-        return max(1, MAX_WORKSPACE_BYTES // (sk * self.problem.top_k * self.problem.n * 4))
+        """Tokens per launch: `chunk_tokens(self.params, self.problem)`."""
+        return chunk_tokens(self.params, self.problem)
 
     def _scratch(self, sk: int, pairs: int, locks: int, device):
         import torch
