@@ -238,7 +238,7 @@ class FP4MoE(nn.Module):
 
     def _one_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
         """One moe_align per layer when both launchers take the aligned route; {} otherwise."""
-        need = [_aligned_block_m(getattr(launch, "kernel", None), ids.numel()) for launch in (l13, l2)]
+        need = [_aligned_block_m(launch, ids.shape[0]) for launch in (l13, l2)]
         if None in need:
             return {}, {}
         bm = max(need)
@@ -308,22 +308,16 @@ def _stack13(gate: FP4Weight, up: FP4Weight) -> FP4Weight:
                      gate.global_scale, gate.fmt)
 
 
-def _aligned_block_m(kernel, pairs: int) -> int | None:
-    """BLOCK_M of a moe_decode launcher that will take the aligned route for `pairs` in one launch,
-    else None (a split-K launcher cuts a large M into token chunks, each aligned on its own)."""
-    params = getattr(kernel, "params", None)
-    if not isinstance(params, dict) or params.get("kernel") != "moe_decode":
-        return None
-    from tactics.triton_fp4.moe_decode import DIRECT_MAX_PAIRS
-    rows = kernel.chunk_tokens()
-    if rows is not None and pairs > rows * kernel.problem.top_k:
-        return None
-    return params["block_m"] if params["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS else None
+def _aligned_block_m(launch, m: int) -> int | None:
+    """The launcher's own answer (moe_decode: `aligned_block_m`): the BLOCK_M of the alignment it
+    takes for M tokens in one launch; None for a kernel that aligns nothing or itself."""
+    ask = getattr(getattr(launch, "kernel", None), "aligned_block_m", None)
+    return ask(m) if ask is not None else None
 
 
 def _flags_bad_ids(launch) -> bool:
-    params = getattr(getattr(launch, "kernel", None), "params", None)
-    return isinstance(params, dict) and params.get("kernel") == "moe_decode"
+    """The launcher's kernel sets NaN rows and a bad-id word for ids outside [-1, E) itself."""
+    return bool(getattr(getattr(launch, "kernel", None), "checks_ids", False))
 
 
 def _block(layer_id: int) -> FP4MoE:

@@ -297,9 +297,23 @@ class MoEDecodeLauncher:
             raise ValueError(f"out must be a contiguous bf16 tensor of shape {shape}")
         return m, out
 
+    #: rows of ids outside [-1, E) come out NaN and set `bad`: a caller may leave the range check to it
+    checks_ids = True
+
     def chunk_tokens(self) -> int | None:
         """Tokens per launch: `chunk_tokens(self.params, self.problem)`."""
         return chunk_tokens(self.params, self.problem)
+
+    def aligned_block_m(self, m: int) -> int | None:
+        """BLOCK_M of the alignment a call with M tokens takes in one launch (one a caller may make
+        and pass as `aligned=`), or None: the direct route, or token chunks aligned each on their own."""
+        rows = self.chunk_tokens()
+        if rows is not None and m > rows:
+            return None
+        return self.params["block_m"] if self._aligned_route(m * self.problem.top_k) else None
+
+    def _aligned_route(self, pairs: int) -> bool:
+        return self.params["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS
 
     def _scratch(self, sk: int, pairs: int, locks: int, device):
         import torch
@@ -351,7 +365,7 @@ class MoEDecodeLauncher:
                 self(x[sl], w, topk_ids[sl], None if topk_weights is None else topk_weights[sl], out=out[sl])
             return out
         ids = topk_ids.contiguous()
-        use_aligned = p["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS or aligned is not None
+        use_aligned = self._aligned_route(pairs) or aligned is not None
         if use_aligned:
             if aligned is None:
                 if self._aligner is None:
