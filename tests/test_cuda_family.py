@@ -2,6 +2,7 @@
 resources (nvcc 13 on the CPU: shared memory equals the verdict's figure, no spills) and the
 SASS instruction mix of the decode loop. Compiles a handful of configs (~0.4 s each)."""
 import importlib.util
+import re
 
 import pytest
 
@@ -122,3 +123,22 @@ def test_cubin_cache_dir_from_settings(monkeypatch, tmp_path):
     assert B.cache_dir() == tmp_path
     monkeypatch.setenv("AUTOTUNE_CUDA_CUBINS", " ")
     assert B.cache_dir().name == "cuda-cubins"
+
+
+@pytest.mark.parametrize("problem, tactic", [
+    (Problem.dense(128, 1536), Tactic("cuda", warps_k=8, stages=2, tiles_n=1)),   # K: 12 k-pairs over 8 warps
+    (Problem.dense(16 * 3, 256), Tactic("cuda", warps_k=1, stages=2, tiles_n=2)),  # N: 3 row tiles over pairs
+])
+def test_build_and_bind_refuse_what_the_verdict_refuses(problem, tactic):
+    """The kernel trusts the tiling (a K or N tail would be dropped silently): build and bind refuse
+    it with the verdict's reason, before anything needs CuPy."""
+    import torch
+    from autotune.core.formats import quantize
+    from tactics.cuda import layout as L
+    v = FAM.verdict(problem, tactic, get_arch("sm90"))
+    assert v.rejected
+    with pytest.raises(ValueError, match=re.escape(v.reason)):
+        FAM.build(problem, tactic, "cuda")
+    packed = L.pack(quantize(torch.randn(problem.n, problem.k)))
+    with pytest.raises(ValueError, match=re.escape(v.reason)):
+        FAM.bind(problem, tactic, packed, "cuda")

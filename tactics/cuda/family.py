@@ -42,6 +42,19 @@ def arch_target(arch: Arch) -> str:
     return f"sm_{arch.cc_int}"
 
 
+def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
+    """The tactic's tiles divide the problem: the kernel assumes it (`kpairs = K / 128 / WK` drops
+    a K tail; the grid's N / (16 * tiles_n) CTAs leave a row tail unwritten), so the verdict, build
+    and bind all refuse a problem that breaks it."""
+    wk = int(tactic["warps_k"])
+    if problem.k % (L.KPAIR * wk):
+        return f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k={L.KPAIR * wk}"
+    tn = int(tactic["tiles_n"])
+    if problem.n % (L.ROWS * tn):
+        return f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}"
+    return None
+
+
 class _PackCache:
     """Plain FP4Weights given to `kernel(x, w)` packed once per weight object (held weakly); the
     search passes the packed form itself (engine.worker packs each input set once per bucket)."""
@@ -93,12 +106,9 @@ class CudaFamily(FamilyBase):
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         if arch.cc_int < 80:
             return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
-        wk = int(tactic["warps_k"])
-        if problem.k % (L.KPAIR * wk):
-            return Verdict.reject(f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k={L.KPAIR * wk}")
-        tn = int(tactic["tiles_n"])
-        if problem.n % (L.ROWS * tn):
-            return Verdict.reject(f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}")
+        why = check_tiling(problem, tactic)
+        if why:
+            return Verdict.reject(why)
         # the largest M tile is the worst case; every variant's figure is exact (the source's array)
         smem = max(B.smem_bytes(config(tactic, t)) for t in B.M_TILES)
         limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
@@ -134,10 +144,10 @@ class CudaFamily(FamilyBase):
 
     # ---- kernels --------------------------------------------------------------------------------
     def build(self, problem: Problem, tactic: Tactic, device: str):
-        from .launch import Launch
-        why = self.validate(tactic) or self.supports(problem)
+        why = self.validate(tactic) or self.supports(problem) or check_tiling(problem, tactic)
         if why:
-            raise ValueError(why)
+            raise ValueError(f"{problem.key} {tactic}: {why}")
+        from .launch import Launch
         run = Launch(problem, tactic, device, config)
         cache = _PackCache()
 
@@ -150,6 +160,9 @@ class CudaFamily(FamilyBase):
         if not isinstance(packed, L.CudaPacked):
             raise TypeError(f"cuda: bind needs the {L.LAYOUT} packed weight, got {type(packed).__name__}")
         check_weight(problem, packed)
+        why = self.validate(tactic) or check_tiling(problem, tactic)
+        if why:
+            raise ValueError(f"{problem.key} {tactic}: {why}")
         from .launch import Launch
         run = Launch(problem, tactic, device, config)
 
