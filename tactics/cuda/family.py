@@ -55,6 +55,19 @@ def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
     return None
 
 
+def check_aligned(p: L.CudaPacked) -> str | None:
+    """The pack's storage is what the kernel reads: contiguous fragment words at a 16-byte address
+    (cp.async.cg 16 B), scale words at 4 bytes (cp.async.ca 4 B), the fp32 global scale at 4. A
+    pack wrapped over checkpoint storage (pack_inplace, wrap) is not guaranteed any of it."""
+    if not (p.packed.is_contiguous() and p.scales.is_contiguous()):
+        return f"the {L.LAYOUT} pack is not contiguous"
+    for what, t, a in (("packed", p.packed, 16), ("scales", p.scales, 4), ("global_scale", p.global_scale, 4)):
+        if t.data_ptr() % a:
+            return f"the {L.LAYOUT} pack's {what} is at address {t.data_ptr():#x}, not {a}-byte aligned " \
+                   "(the kernel's cp.async needs it); pack a copy"
+    return None
+
+
 class _PackCache:
     """Plain FP4Weights given to `kernel(x, w)` packed once per weight object (held weakly); the
     search passes the packed form itself (engine.worker packs each input set once per bucket)."""
@@ -64,6 +77,9 @@ class _PackCache:
 
     def __call__(self, w: Any) -> L.CudaPacked:
         if isinstance(w, L.CudaPacked):
+            why = check_aligned(w)
+            if why:
+                raise OperandError(f"cuda family: {why}")
             return w
         if not isinstance(w, FP4Weight):
             raise OperandError(f"cuda family: expected an FP4Weight or its {L.LAYOUT} pack, got {type(w).__name__}")
@@ -160,7 +176,7 @@ class CudaFamily(FamilyBase):
         if not isinstance(packed, L.CudaPacked):
             raise TypeError(f"cuda: bind needs the {L.LAYOUT} packed weight, got {type(packed).__name__}")
         check_weight(problem, packed)
-        why = self.validate(tactic) or check_tiling(problem, tactic)
+        why = self.validate(tactic) or check_tiling(problem, tactic) or check_aligned(packed)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
         from .launch import Launch
