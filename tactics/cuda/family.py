@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
-from autotune.core.operands import OperandError, check_weight, out_checker, x_checker
+from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
@@ -159,36 +159,33 @@ class CudaFamily(FamilyBase):
         return L.wrap(weight) if already_packed else L.pack(weight, inplace=True)
 
     # ---- kernels --------------------------------------------------------------------------------
+    def _runner(self, problem: Problem, tactic: Tactic, device: str):
+        """`run(x, packed, out=None)`: the kernel on a checked, aligned CudaPacked (the one thing a
+        test family replaces). CuPy is imported here, after every check of build and bind."""
+        from .launch import Launch
+        run = Launch(problem, tactic, device, config)
+        run.capture_safe = True  # type: ignore[attr-defined]  (current stream, no host sync)
+        return run
+
     def build(self, problem: Problem, tactic: Tactic, device: str):
         why = self.validate(tactic) or self.supports(problem) or check_tiling(problem, tactic)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
-        from .launch import Launch
-        run = Launch(problem, tactic, device, config)
+        run = self._runner(problem, tactic, device)
         cache = _PackCache()
 
         def kernel(x, w, out=None):
             return run(x, cache(w), out)
-        kernel.capture_safe = True  # type: ignore[attr-defined]
+        kernel.capture_safe = getattr(run, "capture_safe", False)  # type: ignore[attr-defined]
         return kernel
 
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str):
+        """The weight checked once (its layout, shape, tiling, alignment), then the shared bound
+        launcher (FamilyBase.bind_kernel) around the runner: no pack cache on the hot path."""
         if not isinstance(packed, L.CudaPacked):
             raise TypeError(f"cuda: bind needs the {L.LAYOUT} packed weight, got {type(packed).__name__}")
         check_weight(problem, packed)
         why = self.validate(tactic) or check_tiling(problem, tactic) or check_aligned(packed)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
-        from .launch import Launch
-        run = Launch(problem, tactic, device, config)
-
-        check, check_o = x_checker(problem, packed), out_checker(problem)   # issue #17: cheap per-call form
-
-        def launch(x, out=None):
-            check(x)
-            if out is not None:
-                check_o(x, out)
-            return run(x, packed, out)
-        launch.weight = packed  # type: ignore[attr-defined]
-        launch.capture_safe = True  # type: ignore[attr-defined]
-        return launch
+        return self.bind_kernel(problem, self._runner(problem, tactic, device), packed)
