@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
-from autotune.core.operands import check_out, check_routing, check_weight, check_x, x_checker
+from autotune.core.operands import check_out, check_routing, check_weight, check_x, out_checker, x_checker
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
@@ -142,12 +142,13 @@ class FamilyBase:
             launch_moe.kernel = kernel  # type: ignore[attr-defined]
             return launch_moe
 
-        check = x_checker(problem, packed)
+        check, check_o = x_checker(problem, packed), out_checker(problem)   # issue #17: cheap per-call form
 
         def launch(x, out=None):
             check(x)
             if out is not None:
-                check_out(problem, x, out)
+                check_o(x, out)
             return kernel(x, packed, out=out)
+        launch.capture_safe = getattr(kernel, "capture_safe", False)  # type: ignore[attr-defined]
         launch.weight = packed  # type: ignore[attr-defined]
         return launch

@@ -2,6 +2,7 @@
 resources (nvcc 13 on the CPU: shared memory equals the verdict's figure, no spills) and the
 SASS instruction mix of the decode loop. Compiles a handful of configs (~0.4 s each)."""
 import importlib.util
+import re
 
 import pytest
 
@@ -122,3 +123,55 @@ def test_cubin_cache_dir_from_settings(monkeypatch, tmp_path):
     assert B.cache_dir() == tmp_path
     monkeypatch.setenv("AUTOTUNE_CUDA_CUBINS", " ")
     assert B.cache_dir().name == "cuda-cubins"
+
+
+@pytest.mark.parametrize("problem, tactic", [
+    (Problem.dense(128, 1536), Tactic("cuda", warps_k=8, stages=2, tiles_n=1)),   # K: 12 k-pairs over 8 warps
+    (Problem.dense(16 * 3, 256), Tactic("cuda", warps_k=1, stages=2, tiles_n=2)),  # N: 3 row tiles over pairs
+])
+def test_build_and_bind_refuse_what_the_verdict_refuses(problem, tactic):
+    """The kernel trusts the tiling (a K or N tail would be dropped silently): build and bind refuse
+    it with the verdict's reason, before anything needs CuPy."""
+    import torch
+    from autotune.core.formats import quantize
+    from tactics.cuda import layout as L
+    v = FAM.verdict(problem, tactic, get_arch("sm90"))
+    assert v.rejected
+    with pytest.raises(ValueError, match=re.escape(v.reason)):
+        FAM.build(problem, tactic, "cuda")
+    packed = L.pack(quantize(torch.randn(problem.n, problem.k)))
+    with pytest.raises(ValueError, match=re.escape(v.reason)):
+        FAM.bind(problem, tactic, packed, "cuda")
+
+
+def _shifted(t, by: int):
+    """t's bytes copied to an address `by` bytes past an aligned allocation."""
+    import torch
+    flat = t.contiguous().view(torch.uint8).flatten()
+    buf = torch.zeros(flat.numel() + 64, dtype=torch.uint8)
+    v = buf[by:by + flat.numel()]
+    v.copy_(flat)
+    return v.view(t.shape)
+
+
+@pytest.mark.parametrize("field, by", [("packed", 8), ("packed", 3), ("scales", 2)])
+def test_misaligned_pack_refused(field, by):
+    """The kernel's cp.async reads the words at 16 B and the scales at 4 B: a pack whose storage
+    (e.g. wrapped over checkpoint tensors) sits elsewhere is refused in one line, bound or not."""
+    import dataclasses
+
+    import torch
+    from autotune.core.formats import quantize
+    from autotune.core.operands import OperandError
+    from tactics.cuda import layout as L
+    from tactics.cuda.family import _PackCache
+    problem, tactic = Problem.dense(32, 256), Tactic("cuda", warps_k=1, stages=2, tiles_n=1)
+    good = L.pack(quantize(torch.randn(problem.n, problem.k)))
+    bad = dataclasses.replace(good, **{field: _shifted(getattr(good, field), by)})
+    assert getattr(bad, field).data_ptr() % (16 if field == "packed" else 4)
+    assert torch.equal(getattr(bad, field), getattr(good, field))                # same bytes, wrong address
+    with pytest.raises(ValueError, match=f"{field} is at address .* not {16 if field == 'packed' else 4}-byte"):
+        FAM.bind(problem, tactic, bad, "cuda")
+    with pytest.raises(OperandError, match="aligned"):
+        _PackCache()(bad)
+    assert _PackCache()(good) is good

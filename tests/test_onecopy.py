@@ -214,7 +214,7 @@ def test_load_state_dict_rebinds_a_copied_layout(tmp_path, fam):
 
 
 def test_cuda_layout_launcher_checks_x_and_out(fam):
-    """The cuda family's bound launcher (mirrored by cudacpu) checks x and out in one line each."""
+    """The cuda family's own bind (cudacpu replaces only the runner) checks x and out in one line each."""
     w, w0 = weight()
     lay = fam.layout(C1)
     launch = fam.bind(P, C1, fam.pack(lay, w), "cpu")
@@ -225,3 +225,18 @@ def test_cuda_layout_launcher_checks_x_and_out(fam):
     with pytest.raises(OperandError, match="out"):
         launch(torch.zeros(2, P.k, dtype=torch.bfloat16), out=torch.empty(3, P.n, dtype=torch.bfloat16))
     check_numbers(launch, w0, ms=(1, 3))
+    # the real bind's weight checks run too: a tiling the kernel can't cover is refused at bind
+    with pytest.raises(ValueError, match=r"K=256 is not a multiple of 128\*warps_k=512"):
+        fam.bind(P, Tactic("cudacpu", warps_k=4, stages=2, tiles_n=1), fam.pack(lay, w), "cpu")
+
+
+def test_dense_bound_launcher_carries_capture_safe(fam):
+    """FamilyBase's dense bound launcher keeps the built kernel's capture_safe (the cuda runner's)."""
+    w, _ = weight()
+    packed = fam.pack(fam.layout(C1), w)
+
+    def kernel(x, w, out=None):
+        return out
+    assert fam.bind_kernel(P, kernel, packed).capture_safe is False
+    kernel.capture_safe = True
+    assert fam.bind_kernel(P, kernel, packed).capture_safe is True

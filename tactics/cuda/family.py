@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
-from autotune.core.operands import OperandError, check_weight, out_checker, x_checker
+from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 from tactics.base import FamilyBase
@@ -42,6 +42,32 @@ def arch_target(arch: Arch) -> str:
     return f"sm_{arch.cc_int}"
 
 
+def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
+    """The tactic's tiles divide the problem: the kernel assumes it (`kpairs = K / 128 / WK` drops
+    a K tail; the grid's N / (16 * tiles_n) CTAs leave a row tail unwritten), so the verdict, build
+    and bind all refuse a problem that breaks it."""
+    wk = int(tactic["warps_k"])
+    if problem.k % (L.KPAIR * wk):
+        return f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k={L.KPAIR * wk}"
+    tn = int(tactic["tiles_n"])
+    if problem.n % (L.ROWS * tn):
+        return f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}"
+    return None
+
+
+def check_aligned(p: L.CudaPacked) -> str | None:
+    """The pack's storage is what the kernel reads: contiguous fragment words at a 16-byte address
+    (cp.async.cg 16 B), scale words at 4 bytes (cp.async.ca 4 B), the fp32 global scale at 4. A
+    pack wrapped over checkpoint storage (pack_inplace, wrap) is not guaranteed any of it."""
+    if not (p.packed.is_contiguous() and p.scales.is_contiguous()):
+        return f"the {L.LAYOUT} pack is not contiguous"
+    for what, t, a in (("packed", p.packed, 16), ("scales", p.scales, 4), ("global_scale", p.global_scale, 4)):
+        if t.data_ptr() % a:
+            return f"the {L.LAYOUT} pack's {what} is at address {t.data_ptr():#x}, not {a}-byte aligned " \
+                   "(the kernel's cp.async needs it); pack a copy"
+    return None
+
+
 class _PackCache:
     """Plain FP4Weights given to `kernel(x, w)` packed once per weight object (held weakly); the
     search passes the packed form itself (engine.worker packs each input set once per bucket)."""
@@ -51,6 +77,9 @@ class _PackCache:
 
     def __call__(self, w: Any) -> L.CudaPacked:
         if isinstance(w, L.CudaPacked):
+            why = check_aligned(w)
+            if why:
+                raise OperandError(f"cuda family: {why}")
             return w
         if not isinstance(w, FP4Weight):
             raise OperandError(f"cuda family: expected an FP4Weight or its {L.LAYOUT} pack, got {type(w).__name__}")
@@ -93,12 +122,9 @@ class CudaFamily(FamilyBase):
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         if arch.cc_int < 80:
             return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
-        wk = int(tactic["warps_k"])
-        if problem.k % (L.KPAIR * wk):
-            return Verdict.reject(f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k={L.KPAIR * wk}")
-        tn = int(tactic["tiles_n"])
-        if problem.n % (L.ROWS * tn):
-            return Verdict.reject(f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}")
+        why = check_tiling(problem, tactic)
+        if why:
+            return Verdict.reject(why)
         # the largest M tile is the worst case; every variant's figure is exact (the source's array)
         smem = max(B.smem_bytes(config(tactic, t)) for t in B.M_TILES)
         limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
@@ -133,33 +159,33 @@ class CudaFamily(FamilyBase):
         return L.wrap(weight) if already_packed else L.pack(weight, inplace=True)
 
     # ---- kernels --------------------------------------------------------------------------------
-    def build(self, problem: Problem, tactic: Tactic, device: str):
+    def _runner(self, problem: Problem, tactic: Tactic, device: str):
+        """`run(x, packed, out=None)`: the kernel on a checked, aligned CudaPacked (the one thing a
+        test family replaces). CuPy is imported here, after every check of build and bind."""
         from .launch import Launch
-        why = self.validate(tactic) or self.supports(problem)
-        if why:
-            raise ValueError(why)
         run = Launch(problem, tactic, device, config)
+        run.capture_safe = True  # type: ignore[attr-defined]  (current stream, no host sync)
+        return run
+
+    def build(self, problem: Problem, tactic: Tactic, device: str):
+        why = self.validate(tactic) or self.supports(problem) or check_tiling(problem, tactic)
+        if why:
+            raise ValueError(f"{problem.key} {tactic}: {why}")
+        run = self._runner(problem, tactic, device)
         cache = _PackCache()
 
         def kernel(x, w, out=None):
             return run(x, cache(w), out)
-        kernel.capture_safe = True  # type: ignore[attr-defined]
+        kernel.capture_safe = getattr(run, "capture_safe", False)  # type: ignore[attr-defined]
         return kernel
 
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str):
+        """The weight checked once (its layout, shape, tiling, alignment), then the shared bound
+        launcher (FamilyBase.bind_kernel) around the runner: no pack cache on the hot path."""
         if not isinstance(packed, L.CudaPacked):
             raise TypeError(f"cuda: bind needs the {L.LAYOUT} packed weight, got {type(packed).__name__}")
         check_weight(problem, packed)
-        from .launch import Launch
-        run = Launch(problem, tactic, device, config)
-
-        check, check_o = x_checker(problem, packed), out_checker(problem)   # issue #17: cheap per-call form
-
-        def launch(x, out=None):
-            check(x)
-            if out is not None:
-                check_o(x, out)
-            return run(x, packed, out)
-        launch.weight = packed  # type: ignore[attr-defined]
-        launch.capture_safe = True  # type: ignore[attr-defined]
-        return launch
+        why = self.validate(tactic) or check_tiling(problem, tactic) or check_aligned(packed)
+        if why:
+            raise ValueError(f"{problem.key} {tactic}: {why}")
+        return self.bind_kernel(problem, self._runner(problem, tactic, device), packed)
