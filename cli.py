@@ -53,28 +53,29 @@ def main():
 @click.option("--arch", default=None, help="target arch (sm120, …); default: the live device")
 @click.option("--buckets", default=None, help="M buckets: '1,2,4,…', 'hybrid:8192', 'vllm:512' or 'sglang:256'")
 @click.option("--max-tokens", default=None, type=int, help="largest M: the hybrid buckets up to it [default: 8192]; with --buckets, values above it are dropped (and named)")
-@click.option("--families", default="triton,torch", show_default=True, help="tactic families, comma-separated")
+@click.option("--families", default=None,
+              help="tactic families, comma-separated [default: every family the device and its installed libraries run]")
 @click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
 @click.option("--include-attention", is_flag=True, help="also tune the layers the checkpoint keeps in BF16")
 @click.option("--only", default=None, help="only problems whose key or layer names contain one of these comma-separated strings, e.g. grouped_moe or down_proj")
-@click.option("--fused-moe/--no-fused-moe", default=None,
-              help="the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) as their own problems; "
-                   "default: on with --only (they match grouped_moe), off for a whole-model search")
+@click.option("--fused-moe/--no-fused-moe", default=True, show_default=True,
+              help="the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) that FP4MoE serves, as their "
+                   "own problems")
 @click.option("--fold-shared", is_flag=True,
               help="also the routed experts' problems with the shared expert folded in as one more, always routed "
                    "expert (E+1, top_k+1: what FP4MoE(shared=...) runs)")
 @click.option("--margin", default=0.03, show_default=True, help="a winner must beat the default by this fraction")
 @click.option("--budget-ms", default=250, show_default=True, help="with --exhaustive: timing budget per tactic and bucket (ms)")
-@click.option("--budget-s", default=2.0, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds")
+@click.option("--budget-s", default=0.5, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds (per batch with --strategy ranked)")
 @click.option("--exhaustive", is_flag=True, help="time every kept tactic fully (no successive halving); same as --strategy exhaustive")
-@click.option("--strategy", type=click.Choice(["ranked", "halving", "exhaustive"]), default="halving", show_default=True,
+@click.option("--strategy", type=click.Choice(["ranked", "halving", "exhaustive"]), default="ranked", show_default=True,
               help="ranked: only the rank model's top candidates, neighbouring buckets' winners and the default, "
                    "with an adaptive stop (no model for the arch: halving); halving: every kept tactic, successive "
                    "halving; exhaustive: every kept tactic fully timed")
 @click.option("--rank-model", default=None, help="rank model file for --strategy ranked [default: <cache>.rank-<arch>.json]")
 @click.option("--batch-invariant", is_flag=True,
               help="one tactic per problem for every M, among tactics whose reduction order does not depend on M")
-@click.option("--gpus", default=None, help="shard the work over these devices, one worker each, e.g. 0,1,2,3")
+@click.option("--gpus", default=None, help="shard the work over these devices, one worker each, e.g. 0,1,2,3 [default: every visible GPU]")
 @click.option("--workers", default=1, show_default=True, type=int, help="worker processes when --gpus is not given")
 @click.option("--ray", "ray_address", default=None, help="run jobs on a Ray cluster at this address ('local' starts one)")
 @click.option("--compile-workers", default=None, type=int, help="processes compiling ahead of timing [default: CPU cores]")
@@ -90,7 +91,7 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, fold_shared, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
-           max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy="halving",
+           max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy="ranked",
            rank_model=None, batch_invariant=False):
     """Tune every FP4 GEMM of a model and store the winners."""
     ids: tuple[int, ...] = ()
@@ -101,7 +102,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
             raise BadInput(f"--gpus takes device indices like 0,1,2, got {gpus!r}") from None
         if not ids:
             raise BadInput(f"--gpus takes device indices like 0,1,2, got {gpus!r}")
-    progress = Progress() if not as_json and not sys.stderr.isatty() else not as_json
+    progress = Progress() if not sys.stderr.isatty() else True     # on stderr: --json output stays clean
     try:
         res = _call(api.run, model, tp=tp, ep=ep, families=families, buckets=buckets, max_tokens=max_tokens,
                     cache=cache, arch=arch, include_attention=include_attention, only=only, misses=from_misses,
@@ -114,6 +115,13 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                     batch_invariant=batch_invariant)
     except (WorkerStartError, ClaimSettingError) as e:
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt as e:        # what was measured is stored; say where the time went
+        rep, uses = getattr(e, "report", None), getattr(e, "uses", None)
+        if rep is not None and as_json:
+            click.echo(json.dumps({**text.search_json(rep, uses or []), "interrupted": True}, indent=2))
+        elif rep is not None and rep.stages.data:
+            click.echo("interrupted; time per stage (summed over workers): " + rep.stages.line(), err=True)
+        sys.exit(130)
     if as_json:
         click.echo(json.dumps(text.search_json(res.report, res.uses), indent=2))
         return

@@ -92,8 +92,18 @@ def target_arch(name: str | None) -> Arch:
         raise BadInput(str(e)) from None
 
 
-def parse_families(spec: str | Sequence) -> list:
+def parse_families(spec: str | Sequence | None) -> list:
+    """Family objects for a comma-separated spec; None: every registered family that imports here
+    (the search then measures those available on the device and says why each other is left out)."""
     from tactics import registry      # loads torch
+    if spec is None:
+        out = []
+        for name in registry.names():
+            try:
+                out.append(registry.get(name))
+            except ImportError:
+                continue          # its note comes from the family list the search prints
+        return out
     if not isinstance(spec, str):
         return list(spec)
     try:
@@ -137,20 +147,21 @@ class SearchResult:
 
 
 def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int = 1, ep: int = 1,
-        families: str | Sequence = "triton,torch", buckets: Buckets | Sequence[int] | str | None = None,
+        families: str | Sequence | None = None, buckets: Buckets | Sequence[int] | str | None = None,
         max_tokens: int | None = None, cache=None, arch: str | None = None, include_attention: bool = False,
         only: str | None = None, misses: bool = False, list_tactics: str | None = None, dry_run: bool = False,
-        fused_moe: bool | None = None, fold_shared: bool = False,
+        fused_moe: bool = True, fold_shared: bool = False,
         gpus: Sequence[int] = (), workers: int = 1, ray: str | None = None, compile_workers: int | None = None,
         timeout_s: float | None = None, isolate: bool = True, budget_s: float | None = None,
         exhaustive: bool = False, budget_ms: float | None = None, **options) -> SearchResult:
     """One search as the CLI runs it; `options` are SearchOptions fields (margin, retry_failed, …).
-    fused_moe=None: the routed experts' fused forms are candidates when `only` narrows the search
-    (they match `grouped_moe` like the plain ones) and left out of a whole-model search, which keeps
-    the default job's problem set. fold_shared: also the routed problems with the shared expert
-    folded in (FP4MoE(shared=...)), off by default."""
-    if fused_moe is None:
-        fused_moe = bool(only)
+
+    The defaults tune what the runtime serves with its defaults: every family that imports (those
+    the device cannot run are left out with the reason), the routed experts' fused forms FP4MoE
+    runs (fused_moe; `only` narrows), one worker per visible GPU, and the ranked strategy where a
+    rank model covers the arch (else successive halving, and the notes say which).
+    fold_shared: also the routed problems with the shared expert folded in (FP4MoE(shared=...))."""
+    options.setdefault("strategy", "ranked")
     from autotune.engine.halving import Halving
     from autotune.engine.search import Runner, SearchOptions, plan, search as engine_search   # torch: see above
     from autotune.engine.timing import TimerConfig
@@ -188,6 +199,9 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     measuring = not dry_run and target == live
     if gpus and not dry_run and env.device != "cuda":
         raise BadInput(f"--gpus {','.join(map(str, gpus))}: this machine has no CUDA GPU")
+    if measuring and not gpus and not ray and isolate and workers == 1 and env.device == "cuda":
+        import torch
+        gpus = tuple(range(torch.cuda.device_count()))     # one worker per visible GPU
     try:     # a caller's own Runner / Halving / TimerConfig (library use) wins over the flags
         runner = options.pop("runner", None) or Runner(
             isolate=isolate, gpus=tuple(gpus), workers=workers, ray=ray,
@@ -201,9 +215,13 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     except ValueError as e:
         raise BadInput(_flag_message(str(e))) from None
     store = open_store(cache) if measuring else None
-    report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b,
-                           options=SearchOptions(arch=target, runner=runner, halving=halving, timer=timer,
-                                                 dry_run=not measuring, **options))
+    try:
+        report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b,
+                               options=SearchOptions(arch=target, runner=runner, halving=halving, timer=timer,
+                                                     dry_run=not measuring, **options))
+    except KeyboardInterrupt as e:
+        e.uses = uses              # type: ignore[attr-defined]  (the CLI prints the partial report)
+        raise
     report.notes[:0] = notes
     listed = {}
     if list_tactics:
@@ -259,7 +277,7 @@ def _flag_message(msg: str) -> str:
 
 
 def search(model_or_problems: str | Sequence[Problem], *, tp: int = 1, ep: int = 1,
-           families: str | Sequence = "triton,torch", buckets: Buckets | Sequence[int] | None = None,
+           families: str | Sequence | None = None, buckets: Buckets | Sequence[int] | None = None,
            max_tokens: int = DEFAULT_MAX_TOKENS, cache=None, arch: str | None = None, include_attention: bool = False,
            dry_run: bool = False, **options):
     """Tune a model preset / config.json path, or an explicit list of Problems.

@@ -2,6 +2,12 @@
 one-GPU vs several-GPU runs and for a merged cache against the run it should reproduce.
 
     python3 bench/compare_winners.py A.db B.db [--json OUT]
+    python3 bench/compare_winners.py NEW.db OLD.db --retime [--max-bucket 64]   # on a GPU
+
+--retime re-times, per (problem, bucket) both caches hold (up to --max-bucket), A's and B's winner
+interleaved in ONE worker (the search's own interleaved final round: same inputs, cold L2, CUDA-graph
+replays), so two caches measured on different days and code compare on one clock: A's winner is
+"within" when its time is at most (1 + --within) x B's winner's.
 
 A pair counts as the same when the tactic is the same, or, failing that, as a tie when each
 cache's own winner and the other's are within the winner rule's tie tolerance in the cache that
@@ -66,12 +72,66 @@ def compare(a: str, b: str) -> dict:
             "rows": rows}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def retime(a: str, b: str, max_bucket: int, within: float, device: str = "cuda") -> dict:
+    """A's and B's winners timed interleaved, per common (problem, bucket <= max_bucket)."""
+    from autotune.core.problem import Problem
+    from autotune.core.tactic import Tactic
+    from autotune.engine.halving import Halving
+    from autotune.engine.search import Job
+    from autotune.engine.timing import TimerConfig
+    from autotune.engine.workers import InlineExecutor, ProcessExecutor, run_job
+
+    def tactics(path):
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        return {(pk, bk): Tactic.from_json(pj) for pk, bk, pj in
+                con.execute("select w.problem_key, w.bucket, t.params_json from winners w join tactics t on t.id = w.tactic_id")}
+    ta, tb = tactics(a), tactics(b)
+    keys = sorted(k for k in set(ta) & set(tb) if k[1] <= max_bucket)
+    ex = ProcessExecutor(device, timeout_s=120) if device == "cuda" else InlineExecutor(device)
+    rows = []
+    try:
+        for pk, bk in keys:
+            pair = tuple(dict.fromkeys((ta[pk, bk], tb[pk, bk])))
+            outs = []
+            failure = run_job(ex, Job(Problem.from_key(pk), bk, pair, tb[pk, bk].id), TimerConfig(), Halving(), 0,
+                              outs.append)
+            us = {o.tactic.id: (o.median_us if o.status == "ok" else None, o.reason) for o in outs}
+            ua, ub = us.get(ta[pk, bk].id, (None, failure))[0], us.get(tb[pk, bk].id, (None, failure))[0]
+            ok = ua is not None and ub is not None and ua <= ub * (1 + within)
+            rows.append({"problem": pk, "bucket": bk, "a_tactic": str(ta[pk, bk]), "b_tactic": str(tb[pk, bk]),
+                         "a_us": ua, "b_us": ub, "ratio": (ua / ub) if ua and ub else None, "within": ok,
+                         "why": None if ok else failure or "; ".join(r for _, r in us.values() if r)})
+    finally:
+        ex.close()
+    return {"a": a, "b": b, "pairs": len(rows), "within": sum(r["within"] for r in rows), "margin": within,
+            "rows": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="compare the winners of two caches per (problem, bucket)")
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--json")
-    args = ap.parse_args()
+    ap.add_argument("--retime", action="store_true", help="re-time both winners interleaved in one worker (GPU)")
+    ap.add_argument("--max-bucket", type=int, default=64, help="--retime: buckets up to this M")
+    ap.add_argument("--within", type=float, default=0.03, help="--retime: A's winner may be this much slower")
+    ap.add_argument("--device", default="cuda", help="--retime: where to time (cpu for a smoke run)")
+    args = ap.parse_args(argv)
+    for path in (args.a, args.b):
+        if not Path(path).is_file():
+            print(f"compare_winners: no such cache {path}", file=sys.stderr)
+            return 2
+    if args.retime:
+        r = retime(args.a, args.b, args.max_bucket, args.within, args.device)
+        for row in r["rows"]:
+            f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+            print(f"{row['problem']} m={row['bucket']}: A {row['a_tactic']} {f(row['a_us'])} us, B {row['b_tactic']} "
+                  f"{f(row['b_us'])} us, ratio {f(row['ratio'])}{'' if row['within'] else '  NOT WITHIN: ' + str(row['why'])}")
+        print(f"{r['pairs']} (problem, bucket) pairs re-timed interleaved: A's winner within {args.within:.0%} of "
+              f"B's on {r['within']}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(r, indent=1))
+        return 0
     r = compare(args.a, args.b)
     for row in r["rows"]:
         if "only_in" in row:

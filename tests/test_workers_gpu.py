@@ -32,3 +32,37 @@ def test_illegal_address_poisons_only_its_worker(tmp_path, cuda_faults):
     after = got[Tactic("cuda_faults", mode="good_b")]            # measured in the restarted worker
     assert after.status in ("ok", "dropped") and after.rel_err < 1e-2
     assert rep.failed == 1 and rep.winners
+
+
+#: tensors a worker may still hold after a job past the problem's weights and packs (a family's small
+#: module-level buffers); anything tactic-sized (a split-K workspace, moe_decode's reduce buffer of
+#: M·top_k·N fp32, a captured graph's pool) is far larger
+AFTER_JOB_BOUND = 256 << 20
+
+
+def test_memory_returns_to_the_weights_after_every_job_of_a_real_moe_problem():
+    """Several buckets of GLM-5 TP8's w2 with the reduce epilogue in ONE worker, the Triton moe_decode
+    tactics whose launchers keep M·top_k·N fp32 reduce buffers: after every job the worker's
+    allocated memory is back at its weights and packs (plus the bound), and nothing failed."""
+    from autotune.core.arch import detect
+    from autotune.engine.workers import ProcessExecutor, Stages, run_job
+    from autotune.engine.search import Job
+
+    p = Problem.moe(6144, 256, 256, 8, epilogue="reduce")
+    fam, arch = registry.get("triton"), detect()
+    kept = [t for t in fam.enumerate(p, arch) if fam.verdict(p, t, arch).ok is True][:6]
+    assert kept
+    ex = ProcessExecutor("cuda", timeout_s=240)
+    try:
+        for m in (1, 1024, 8192, 64):
+            stages, outs = Stages(), []
+            failure = run_job(ex, Job(p, m, tuple(kept), kept[0].id), timing.TimerConfig(budget_s=0.01),
+                              Halving(budget_s=0.2), 0, outs.append, stages)
+            assert failure is None
+            assert all(o.status != "failed" for o in outs), [o.reason for o in outs if o.status == "failed"]
+            mem = stages.memory
+            assert mem["after_job"] <= mem["kept_after_job"] + AFTER_JOB_BOUND, (m, mem)
+            if m == 8192:      # the reduce buffers alone: 6 tactics x 1.6 GB would have stayed before
+                assert mem["peak"] < mem["kept_after_job"] + (8 << 30), mem
+    finally:
+        ex.close()

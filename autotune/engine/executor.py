@@ -22,6 +22,11 @@ class WorkerStartError(RuntimeError):
     """A fresh worker could not start (broken environment): abort the search, fail no tactic."""
 
 
+class JobFailed(Exception):
+    """The job could not be measured for a reason outside every tactic (its inputs could not be
+    set up, twice): its tactics stay unmeasured, none is failed."""
+
+
 class WorkerLost(Exception):
     """The worker died or was killed while serving a request."""
 
@@ -36,6 +41,8 @@ class Executor(Protocol):
     def setup(self, problem_key: str, bucket: int, seed: int) -> None: ...
     def check(self, tactic: Tactic) -> dict: ...
     def time(self, tactic: Tactic, timer: TimerConfig) -> dict: ...
+    def forget(self, tactic: Tactic) -> None: ...       # done with this tactic in this job: free its memory
+    def end_job(self) -> dict: ...                      # the job is over: free it all; memory figures
     def close(self) -> None: ...
 
 

@@ -29,6 +29,10 @@ class Progress:
             self._left[j.problem.key] = self._left.get(j.problem.key, 0) + 1
         self._last = self._clock()
 
+    def note(self, line: str) -> None:
+        """A line of its own (what the search is about to measure), written at once."""
+        self._write(line)
+
     def _line(self, what: str) -> None:
         self._last = self._clock()
         self._write(f"progress: {self.done}/{self.total} trials, {self.jobs_done}/{self._jobs} (problem, bucket) jobs{what}")
@@ -54,6 +58,10 @@ class Bar(Progress):
     def __init__(self, enabled: bool):
         super().__init__(write=lambda s: None)
         self._enabled, self._p = enabled, None
+
+    def note(self, line: str) -> None:
+        if self._enabled:
+            print(line, file=sys.stderr, flush=True)
 
     def start(self, jobs, resumed: int) -> None:
         super().start(jobs, resumed)

@@ -80,6 +80,7 @@ class SearchReport:
     dropped: int = 0
     resumed: int = 0
     failed: int = 0
+    job_failures: list[str] = field(default_factory=list)   # (problem, bucket) jobs not measured, with the reason
     compiled: int = 0          # tactics compiled ahead of timing (or by --compile-check)
     compile_failures: list[str] = field(default_factory=list)
     shards: dict = field(default_factory=dict)   # worker label -> (problem, bucket) jobs it ran
@@ -204,10 +205,15 @@ class _Search:
         return self.report
 
     def runnable(self) -> set[str]:
-        names = set()
+        names, out = set(), []
         for fam in self.families:
             ok, why = fam.available(self.env.device)
-            (names.add(fam.name) if ok else self.report.notes.append(f"{fam.name}: skipped, {why}"))
+            (names.add(fam.name) if ok else out.append(f"{fam.name} ({why})"))
+            if not ok:
+                self.report.notes.append(f"{fam.name}: skipped, {why}")
+        _announce(self.o.progress, f"families measured on {self.env.device}: "
+                  + (", ".join(f.name for f in self.families if f.name in names) or "none")
+                  + ("; left out: " + "; ".join(out) if out else ""))
         for fp in (fp for fps in self.report.plans.values() for fp in fps if fp.family not in names):
             fp.kept, fp.skipped = 0, fp.kept + fp.unknown    # as `show` counts them: nothing stored as kept
             fp.unknown = 0
@@ -355,7 +361,11 @@ class _Search:
             bar.advance(1)
             report.stages.add("store", time.perf_counter() - t0)
 
-        def finish(job: Job) -> None:
+        def finish(job: Job, failure: str | None = None) -> None:
+            if failure is not None:        # the job's own condition: nothing stored, its tactics stay unmeasured
+                with lock:
+                    report.job_failures.append(f"{job.problem.key} m={job.bucket}: {failure}")
+                self.o.log(f"{job.problem.key} m={job.bucket}: not measured: {failure}")
             self.winner(job, lock)
             bar.job_done(job)
             claims.done(job)
@@ -417,12 +427,25 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
     work = s.store_static(planned, s.runnable())
     s.rank(work)
-    s.precompile(work)
-    s.run(s.jobs(work))
+    try:
+        s.precompile(work)
+        s.run(s.jobs(work))
+    except KeyboardInterrupt as e:     # the caller still prints where the time went
+        e.report = s.report            # type: ignore[attr-defined]
+        raise
     if s.o.batch_invariant:
         s.invariant_winners(work)
     s.report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
     return s.report
+
+
+def _announce(progress, line: str) -> None:
+    """A line the user sees as the search starts (not only in the closing summary)."""
+    if isinstance(progress, Progress):
+        progress.note(line)
+    elif progress:
+        import sys
+        print(line, file=sys.stderr, flush=True)
 
 
 def _compilable(rows) -> list:

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import zlib
+from typing import Callable, Iterable
 
 from autotune.core import inputs
 from autotune.engine import timing
@@ -23,40 +24,140 @@ from tactics.base import PLAIN_LAYOUT
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 
+#: device bytes a worker may hold past its inputs for kernels it is still timing (their scratch and
+#: captured graphs); past it, a tactic's kernel and graph are dropped after each request and rebuilt
+#: when it is timed again, so memory stays bounded whatever a tactic's launcher keeps
+KEEP_BYTES = 4 << 30
+
+
+def _allocated_fn(device: str) -> Callable[[], int]:
+    if device != "cuda":
+        return lambda: 0      # host memory is not the limit on the CPU machine
+    import torch
+    return torch.cuda.memory_allocated
+
+
+def _nbytes(objs: Iterable) -> int:
+    """Bytes of the distinct tensors reachable from `objs` (FP4Weights, packed layouts, tuples)."""
+    import torch
+    seen: dict[int, int] = {}
+
+    def walk(o, depth: int) -> None:
+        if torch.is_tensor(o):
+            seen.setdefault(o.data_ptr(), o.untyped_storage().nbytes())
+        elif depth < 4 and isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v, depth + 1)
+        elif depth < 4 and (hasattr(o, "__dict__") or hasattr(o, "__slots__")):
+            names = list(getattr(o, "__dict__", {})) + list(getattr(o, "__slots__", ()))
+            for n in names:
+                walk(getattr(o, n, None), depth + 1)
+
+    for o in objs:
+        walk(o, 0)
+    return sum(seen.values())
+
+
+def is_oom(e: BaseException) -> bool:
+    import torch
+    return isinstance(e, torch.OutOfMemoryError)
+
 
 class Bench:
-    """Inputs, reference and kernels of the current (problem, bucket)."""
+    """Inputs, reference and kernels of the current (problem, bucket).
 
-    def __init__(self, device: str):
+    What it keeps on purpose across the buckets of a problem: the random weights and their packed
+    layouts (a bound layer packs once at load). Everything tactic-sized — built kernels with their
+    scratch, captured graphs — lives at most until the end of its job (`end_job`), is dropped as soon
+    as the search drops the tactic (`forget`), and while more than `keep_bytes` are held past the
+    inputs it is dropped after every request."""
+
+    def __init__(self, device: str, keep_bytes: int = KEEP_BYTES, allocated: Callable[[], int] | None = None):
         self.device = device
+        self.keep_bytes = keep_bytes
+        self._allocated = allocated or _allocated_fn(device)
         self.problem: Problem | None = None
         self.bucket = 0
-        self._kernels: dict[str, object] = {}   # tactic id -> kernel, kept across buckets of a problem
+        self._kernels: dict[str, object] = {}   # tactic id -> kernel, this job
         self._weights: list = []                # the problem's random weights, kept across its buckets
-        self._graphs: dict[str, dict] = {}      # tactic id -> time_calls memo (its captured graph), this bucket
+        self._graphs: dict[str, dict] = {}      # tactic id -> time_calls memo (its captured graph), this job
         self._packs: dict[tuple[str, int], object] = {}  # (layout, set) -> the set's weight packed, this problem
         self._sets: list = []
         self._outs: list = []
         self._ref = None
+        self._base = 0                          # bytes held once the job's inputs are drawn
 
+    # -- memory
+    def forget(self, tactic_id: str) -> None:
+        """Drop a tactic's kernel (its launcher's scratch with it) and captured graph."""
+        self._graphs.pop(tactic_id, None)
+        k = self._kernels.pop(tactic_id, None)
+        release = getattr(k, "release", None)
+        if callable(release):
+            release()
+
+    def _forget_all(self) -> None:
+        for tid in list(self._kernels) + list(self._graphs):
+            self.forget(tid)
+
+    def _free(self) -> None:
+        """Return freed blocks to the device, so the next allocation (another size) finds room."""
+        if self.device == "cuda":
+            import gc
+            import torch
+            gc.collect()      # a launcher in a reference cycle would keep its scratch until the next collection
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    def _trim(self, tactic_id: str) -> None:
+        if self._allocated() - self._base > self.keep_bytes:
+            self.forget(tactic_id)
+
+    def kept_bytes(self) -> int:
+        """What the worker keeps on purpose between jobs: the problem's weights and packs."""
+        return _nbytes(self._weights) + _nbytes(self._packs.values())
+
+    def end_job(self) -> dict:
+        """The job is over: drop every kernel, graph and input of it. Returns the device bytes still
+        allocated (should be about `kept` — the problem's weights and packs), what is kept on purpose,
+        and the job's peak."""
+        self._forget_all()
+        self._sets = self._outs = []
+        self._ref = None
+        self._free()
+        out = {"allocated": self._allocated(), "kept": self.kept_bytes(), "peak": 0}
+        if self.device == "cuda":
+            import torch
+            out["peak"] = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        return out
+
+    # -- requests
     def setup(self, problem_key: str, bucket: int, seed: int) -> dict:
         p = Problem.from_key(problem_key)
+        self._forget_all()                  # nothing of the last job outlives it, whatever the caller did
         if p != self.problem:
-            self._kernels.clear()
             self._weights = []
             self._packs.clear()         # packs of the weights just dropped; set i keeps weight i across buckets
-        self._graphs.clear()
         self._sets = self._outs = []    # drop the last bucket's tensors before drawing the next
         self._ref = None
         self.problem, self.bucket = p, bucket
-        # seeds from crc32: stable across processes, unlike hash()
-        n_sets = timing.sets_for_cold_l2(inputs.set_bytes(p, bucket), self.device)
-        for i in range(len(self._weights), n_sets):
-            self._weights.append(inputs.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
-        s0 = zlib.crc32(f"{seed}:{p.key}:{bucket}".encode())
-        self._sets = inputs.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
-        self._ref = inputs.reference(p, self._sets[0])
-        self._outs = [inputs.torch_empty_out(p, bucket, s) for s in self._sets]
+        try:
+            # seeds from crc32: stable across processes, unlike hash()
+            n_sets = timing.sets_for_cold_l2(inputs.set_bytes(p, bucket), self.device)
+            for i in range(len(self._weights), n_sets):
+                self._weights.append(inputs.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
+            s0 = zlib.crc32(f"{seed}:{p.key}:{bucket}".encode())
+            self._sets = inputs.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
+            self._ref = inputs.reference(p, self._sets[0])
+            self._outs = [inputs.torch_empty_out(p, bucket, s) for s in self._sets]
+        except BaseException:
+            # the caller retries with the same seeds: give it the whole device back first
+            self.problem, self._weights, self._sets, self._outs, self._ref = None, [], [], [], None
+            self._packs.clear()
+            self._free()
+            raise
+        self._base = self._allocated()
         return {"sets": len(self._sets)}
 
     def _kernel(self, tactic: Tactic):
@@ -79,21 +180,46 @@ class Bench:
             w = self._packs[(lay, i)] = fam.pack(lay, args[1])
         return (args[0], w, *args[2:])
 
+    def _retry_oom(self, tactic: Tactic, fn: Callable[[], dict]) -> dict:
+        """One request; out of device memory, every other tactic's kernel and graph is dropped and it
+        runs once more, so an OOM is the tactic's own only when it happens with the job's inputs alone."""
+        try:
+            out = fn()
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            self._forget_all()
+            self._free()
+            try:
+                out = fn()
+            except Exception as e2:
+                if is_oom(e2):
+                    self.forget(tactic.id)
+                    self._free()
+                    raise RuntimeError(f"{error_text(e2)} (with every other tactic's memory freed)") from e2
+                raise
+        self._trim(tactic.id)
+        return out
+
     def check(self, tactic: Tactic) -> dict:
         """Build (compiling if needed) and compare one call against the float64 reference."""
-        kernel = self._kernel(tactic)
-        packed = self._args(tactic, 0)[1]
-        err = inputs.check(self.problem, lambda x, w, *r, out=None: kernel(x, packed, *r, out=out),
-                           self._sets[0], self._ref)
-        return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None)}
+        def run() -> dict:
+            kernel = self._kernel(tactic)
+            packed = self._args(tactic, 0)[1]
+            err = inputs.check(self.problem, lambda x, w, *r, out=None: kernel(x, packed, *r, out=out),
+                               self._sets[0], self._ref)
+            return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None)}
+        return self._retry_oom(tactic, run)
 
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
-        kernel = self._kernel(tactic)
-        sets, outs = self._sets, self._outs
-        memo = self._graphs.setdefault(tactic.id, {})   # later rounds replay the first round's graph
-        args = [self._args(tactic, i) for i in range(len(sets))]   # packed before any timing or capture
-        t = timing.time_calls(lambda i: kernel(*args[i], out=outs[i]), len(sets), self.device, timer, memo)
-        return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
+        def run() -> dict:
+            kernel = self._kernel(tactic)
+            sets, outs = self._sets, self._outs
+            memo = self._graphs.setdefault(tactic.id, {})   # later rounds replay the first round's graph
+            args = [self._args(tactic, i) for i in range(len(sets))]   # packed before any timing or capture
+            t = timing.time_calls(lambda i: kernel(*args[i], out=outs[i]), len(sets), self.device, timer, memo)
+            return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
+        return self._retry_oom(tactic, run)
 
 
 def context_usable(device: str) -> bool:
@@ -117,6 +243,12 @@ def handle(b: Bench, msg: dict) -> dict:
         return b.check(Tactic.from_json(msg["tactic"]))
     if op == "time":
         return b.time(Tactic.from_json(msg["tactic"]), timing.TimerConfig(**msg["timer"]))
+    if op == "forget":
+        for tid in msg["tactics"]:
+            b.forget(tid)
+        return {}
+    if op == "end_job":
+        return b.end_job()
     if op == "ping":
         return {"pid": os.getpid()}
     raise ValueError(f"unknown request {op!r}")

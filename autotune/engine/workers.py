@@ -65,7 +65,7 @@ class InlineExecutor:
         self._b = Bench(device)
 
     def setup(self, problem_key: str, bucket: int, seed: int) -> None:
-        self._b.setup(problem_key, bucket, seed)
+        self._call(self._b.setup, problem_key, bucket, seed)
 
     def _call(self, fn, *a):
         try:
@@ -78,6 +78,12 @@ class InlineExecutor:
 
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         return self._call(self._b.time, tactic, timer)
+
+    def forget(self, tactic: Tactic) -> None:
+        self._b.forget(tactic.id)
+
+    def end_job(self) -> dict:
+        return self._b.end_job()
 
     def close(self) -> None:
         pass
@@ -106,8 +112,9 @@ class ProcessExecutor:
     # -- process management
     def _start(self) -> None:
         env = dict(os.environ)
-        if self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        if self.gpu is not None:     # index g of the devices this process sees, not physical device g
+            visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = visible[self.gpu] if self.gpu < len(visible) else str(self.gpu)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self._p = subprocess.Popen([sys.executable, "-m", "autotune.engine.worker"], stdin=subprocess.PIPE,
@@ -189,6 +196,16 @@ class ProcessExecutor:
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         return self._request({"op": "time", "tactic": tactic.to_json(), "timer": asdict(timer)}, self.timeout_s)
 
+    def forget(self, tactic: Tactic) -> None:
+        if self._p is not None:       # a restarted worker holds nothing of the tactic
+            self._request({"op": "forget", "tactics": [tactic.id]}, self.timeout_s)
+
+    def end_job(self) -> dict:
+        if self._p is None:
+            return {}
+        reply = self._request({"op": "end_job"}, self.timeout_s)
+        return {k: reply[k] for k in ("allocated", "kept", "peak") if k in reply}
+
     def close(self) -> None:
         if self._p is not None:
             try:
@@ -207,11 +224,14 @@ class ProcessExecutor:
 
 class Stages:
     """Where a search's wall time went: seconds and count per stage (setup, check, time as seen
-    by the search, IPC included; store), summed over workers. A plain dict inside, so a Ray task
-    can send its share back."""
+    by the search, IPC included; store), summed over workers; and the workers' device memory
+    (largest peak of a job, largest allocation left after a job, what was kept on purpose then).
+    Plain dicts inside, so a Ray task can send its share back (`state` / `merge`)."""
 
     def __init__(self):
         self.data: dict[str, list] = {}       # stage -> [count, seconds]
+        self.memory: dict[str, int] = {}      # peak | after_job | kept_after_job -> largest bytes seen
+        self.worst_job = ""                   # the job that left the most past what it keeps on purpose
         self._lock = threading.Lock()
 
     def add(self, stage: str, seconds: float, n: int = 1) -> None:
@@ -220,9 +240,30 @@ class Stages:
             row[0] += n
             row[1] += seconds
 
+    def job_memory(self, figures: dict, job: str = "") -> None:
+        """A worker's memory figures at the end of one job (Executor.end_job)."""
+        with self._lock:
+            if job and isinstance(figures.get("allocated"), int) and isinstance(figures.get("kept"), int):
+                over = figures["allocated"] - figures["kept"]
+                if over > self.memory.get("over_kept", -1 << 62):
+                    self.worst_job = f"{job}: {over} B allocated past its weights and packs"
+            for name, key in (("peak", "peak"), ("after_job", "allocated"), ("kept_after_job", "kept")):
+                if isinstance(figures.get(key), int):
+                    self.memory[name] = max(self.memory.get(name, 0), figures[key])
+            if isinstance(figures.get("allocated"), int) and isinstance(figures.get("kept"), int):
+                over = figures["allocated"] - figures["kept"]
+                self.memory["over_kept"] = max(self.memory.get("over_kept", 0), over)
+
+    def state(self) -> dict:
+        return {"data": self.data, "memory": self.memory, "worst_job": self.worst_job}
+
     def merge(self, other: dict) -> None:
-        for stage, (n, sec) in other.items():
+        data = other.get("data", other) if "memory" in other or "data" in other else other
+        for stage, (n, sec) in data.items():
             self.add(stage, sec, n)
+        with self._lock:
+            for k, v in other.get("memory", {}).items() if "memory" in other else ():
+                self.memory[k] = max(self.memory.get(k, 0), v)
 
     def line(self) -> str:
         return ", ".join(f"{k} {sec:.1f} s ({n}, {1e3 * sec / max(n, 1):.1f} ms each)"
@@ -251,27 +292,64 @@ class _Clocked:
     def time(self, *a):
         return self._timed("time", self._ex.time, *a)
 
+    def forget(self, *a):
+        return self._timed("free", self._ex.forget, *a)
+
+    def end_job(self):
+        return self._timed("free", self._ex.end_job)
+
     def close(self) -> None:
         self._ex.close()
 
 
-def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> None:
-    """One (problem, bucket) on one executor; `emit(outcome)` gets each trial as it is decided."""
+def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> str | None:
+    """One (problem, bucket) on one executor; `emit(outcome)` gets each trial as it is decided.
+
+    A tactic dropped or failed is forgotten by the worker at once, and everything of the job when it
+    ends, so no tactic-sized memory outlives its job. Input setup that fails (out of memory, the
+    worker lost while drawing inputs) is the job's condition, not its tactics': it is retried once
+    with the same inputs (same seeds, never fewer sets), then returned as the job's reason — the
+    tactics stay unmeasured, none is stored as failed. Returns None when the job was measured."""
     if stages is not None:
         ex = _Clocked(ex, stages)
+    why = None
+    for _attempt in range(2):
+        try:
+            ex.setup(job.problem.key, job.bucket, seed)
+            why = None
+            break
+        except (TacticError, WorkerLost) as e:
+            why = e.reason if isinstance(e, WorkerLost) else str(e)
+    if why is not None:
+        _end(ex, job, stages)
+        return f"input setup failed twice: {why}"
+
+    def em(o: Outcome) -> None:
+        emit(o)
+        if o.status != "ok":
+            try:
+                ex.forget(o.tactic)
+            except (TacticError, WorkerLost):
+                pass           # a lost worker holds nothing; the next request restarts it
     try:
-        ex.setup(job.problem.key, job.bucket, seed)
-    except (TacticError, WorkerLost) as e:
-        why = e.reason if isinstance(e, WorkerLost) else str(e)
-        for t in job.tactics:
-            emit(Outcome(t, "failed", f"input setup failed: {why}", exit_signal=getattr(e, "exit_signal", None)))
+        if getattr(job, "rank", None) is not None:     # --strategy ranked: batches of the plan, each halved
+            todo = {t.id for t in job.tactics}
+            ranked.measure(lambda batch, e: measure(ex, [t for t in batch if t.id in todo], job.default_id, timer,
+                                                    halving, e), job.rank, em)
+        else:
+            measure(ex, job.tactics, job.default_id, timer, halving, em)
+    finally:
+        _end(ex, job, stages)
+    return None
+
+
+def _end(ex: Executor, job, stages: Stages | None) -> None:
+    try:
+        figures = ex.end_job()
+    except (TacticError, WorkerLost):
         return
-    if getattr(job, "rank", None) is not None:     # --strategy ranked: batches of the plan, each halved
-        todo = {t.id for t in job.tactics}
-        ranked.measure(lambda batch, em: measure(ex, [t for t in batch if t.id in todo], job.default_id, timer,
-                                                 halving, em), job.rank, emit)
-    else:
-        measure(ex, job.tactics, job.default_id, timer, halving, emit)
+    if stages is not None:
+        stages.job_memory(figures or {}, f"{job.problem.key} m={job.bucket}")
 
 
 def _executors(runner, device: str) -> list[tuple[str, Executor]]:
@@ -304,11 +382,12 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, record, fini
                     job = queue.pop()
                 if start is not None and (job := start(job)) is None:
                     continue
+                failure = None
                 if job.tactics:
-                    run_job(ex, job, timer, halving, seed, lambda o, job=job: record(job, o), stages)
+                    failure = run_job(ex, job, timer, halving, seed, lambda o, job=job: record(job, o), stages)
                     with lock:
                         shards[label] = shards.get(label, 0) + 1
-                finish(job)
+                finish(job, failure)
         except BaseException as e:   # a store error etc.: stop every worker, re-raise in the caller
             with lock:
                 errors.append(e)
@@ -338,7 +417,7 @@ _RAY_EXECUTORS: dict[tuple, ProcessExecutor] = {}   # per Ray worker process, re
 
 
 def _ray_job(job, device: str, timer: timing.TimerConfig, halving, seed: int, families: dict,
-             timeout_s: float) -> tuple[str, list, dict]:
+             timeout_s: float) -> tuple[str, list, dict, str | None]:
     """One job inside a Ray task: the same isolated worker and `run_job` as on one host."""
     import socket
     vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -348,8 +427,8 @@ def _ray_job(job, device: str, timer: timing.TimerConfig, halving, seed: int, fa
         ex = _RAY_EXECUTORS[key] = ProcessExecutor(device, None, timeout_s, families)  # inherits Ray's GPU
     out: list = []
     stages = Stages()
-    run_job(ex, job, timer, halving, seed, out.append, stages)
-    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{vis}" if vis else ""), out, stages.data
+    failure = run_job(ex, job, timer, halving, seed, out.append, stages)
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{vis}" if vis else ""), out, stages.state(), failure
 
 
 def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict,
@@ -388,15 +467,14 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
             for ref in done:
                 job = pending.pop(ref)
                 try:
-                    label, outs, spent = ray.get(ref)
-                except Exception as e:   # the Ray worker itself died: the whole job failed
-                    label, outs, spent = "ray", [Outcome(t, "failed", f"Ray task failed: {error_text(e)}")
-                                                 for t in job.tactics], {}
+                    label, outs, spent, failure = ray.get(ref)
+                except Exception as e:   # the Ray task itself died: the job's condition, no tactic's
+                    label, outs, spent, failure = "ray", [], {}, f"Ray task failed: {error_text(e)}"
                 if stages is not None:
                     stages.merge(spent)
                 for o in outs:
                     record(job, o)
-                finish(job)
+                finish(job, failure)
                 shards[label] = shards.get(label, 0) + 1
     finally:
         if started:

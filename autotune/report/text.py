@@ -36,6 +36,11 @@ def search_lines(report, uses, listed: dict | None = None, cache_url: str | None
         yield (f"measured {report.measured} trials ({report.dropped} dropped by successive halving, "
                f"{report.failed} failed), {report.resumed} already in the cache; "
                f"{len(report.winners)} winners in {cache_url}")
+        failures = getattr(report, "job_failures", [])
+        if failures:
+            yield (f"{len(failures)} (problem, bucket) jobs not measured (their tactics stay unmeasured; "
+                   "a rerun measures them):")
+            yield from (f"  {f}" for f in failures)
         if len(report.shards) > 1:
             yield "jobs per worker: " + ", ".join(f"{k} {v}" for k, v in sorted(report.shards.items()))
         if report.stages.data:
@@ -55,6 +60,9 @@ def search_json(report, uses) -> dict:
         "measured": report.measured, "dropped": report.dropped, "failed": report.failed, "resumed": report.resumed,
         "compiled": report.compiled, "compile_failures": report.compile_failures, "shards": report.shards,
         "stages": {k: {"count": n, "seconds": sec} for k, (n, sec) in report.stages.data.items()},
+        "job_failures": list(getattr(report, "job_failures", [])),
+        "worker_memory": {**getattr(report.stages, "memory", {}),
+                          "worst_job": getattr(report.stages, "worst_job", "")},
         "model_errors": report.model_errors,
         "winners": [{"problem": w.problem_key, "bucket": w.bucket, "tactic": json.loads(w.params_json),
                      "tactic_id": w.tactic_id, "median_us": w.median_us, "speedup_over_default": w.speedup}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The README's main job as a GPU check (issue #28), in one device call on the H200:
+#   0. (GPU_TESTS=1) the worker-memory GPU test: several buckets of a real MoE problem in one worker;
+#   1. `autotune search --model glm5 --tp 8` on a fresh cache (fresh Triton and cubin caches too:
+#      compile time counts), default flags, cut with SIGINT at SEARCH_S seconds (the CLI then still
+#      prints what it measured and where the time went);
+#   2. `autotune show`, and bench/main_job_summary.py → $OUT/main-job-h200.json (wall time, stages,
+#      trials by cause, jobs not measured, winners/jobs, defaults among the served GLM-5 layers,
+#      peak worker memory, date, commit, versions);
+#   3. (MAX64=1) the same with --max-tokens 64 on another fresh cache → $OUT/main-job-h200-64.json;
+#   4. (COMPARE=1) bench/compare_winners.py --retime: its winners at M <= 64 against the committed
+#      full-search winners, both re-timed interleaved in one worker.
+# Run from the repo root with the wheels of ../shared/tools/device-wheels.sh (plus platformdirs) in .whl/:
+#   OUT=DIR bash bench/h200_main_job.sh            (the device tool sets OUT)
+set -uo pipefail
+S=$(mktemp -d) && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$S" .whl/*.whl && export PYTHONPATH=$S:$PWD || exit 1
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$(mktemp -d) AUTOTUNE_CUDA_CUBINS=$(mktemp -d)
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=$(mktemp -d)
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; git rev-parse --short HEAD 2>/dev/null
+  python3 -c "import torch, triton, cupy, sqlalchemy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__, 'sqlalchemy', sqlalchemy.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+
+if [ "${GPU_TESTS:-0}" = 1 ]; then
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_workers_gpu.py 2>&1 | tail -5 | tee "$OUT/gpu-tests.txt"
+fi
+
+run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then show and the summary
+  local name=$1 secs=$2; shift 2
+  local db=$W/$name.db cmd="autotune search --model glm5 --tp 8 $*"
+  local t0 t1 rc
+  t0=$(date +%s.%N)
+  timeout -s INT -k 30 "$secs" python3 -m cli search --model glm5 --tp 8 "$@" --cache "$db" --json \
+      > "$W/$name.json" 2> "$W/$name.err"
+  rc=$?; t1=$(date +%s.%N)
+  local wall; wall=$(python3 -c "print(round($t1 - $t0, 1))")
+  echo "$name: search exit $rc, wall $wall s" | tee -a "$OUT/summary.txt"
+  grep -v '^progress:' "$W/$name.err" | tail -5
+  tail -2 "$W/$name.err" | tee -a "$OUT/summary.txt"
+  python3 -m cli show --model glm5 --tp 8 --cache "$db" > "$OUT/$name-show.txt" 2>&1
+  [ -s "$W/$name.json" ] || echo '{}' > "$W/$name.json"
+  python3 bench/main_job_summary.py "$db" --search-json "$W/$name.json" --wall-s "$wall" --command "$cmd" \
+      --max-tokens "${MAXT:-8192}" -o "$OUT/$name.json" 2>&1 | tail -1 | tee -a "$OUT/summary.txt"
+  xz -T0 -c "$db" > "$OUT/$name.db.xz"
+}
+
+MAXT=8192 run main-job-h200 "${SEARCH_S:-360}" ${EXTRA:-}
+if [ "${MAX64:-0}" = 1 ]; then
+  MAXT=64 run main-job-h200-64 "${SEARCH64_S:-120}" --max-tokens 64
+fi
+if [ "${COMPARE:-0}" = 1 ]; then
+  xz -dc docs/data/h200x2-glm5-tp8-full.db.xz > "$W/full.db"
+  timeout "${COMPARE_S:-120}" python3 bench/compare_winners.py "$W/main-job-h200.db" "$W/full.db" --retime \
+      --max-bucket 64 --json "$OUT/compare.json" 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
+fi
+ls -la "$OUT"

@@ -1,0 +1,177 @@
+"""One summary of the README's main job (`autotune search --model glm5 --tp 8` on a fresh cache):
+wall time, time per stage, trials measured and failed by cause, jobs not measured, winners per
+(problem, bucket), the defaults among the layers the runtime builds for the model, the workers'
+peak device memory, with date, commit and versions.
+
+    python3 bench/main_job_summary.py CACHE.db --search-json search.json --wall-s 312 -o summary.json
+
+"Defaults among the served layers" builds what an engine builds for the model with the runtime's
+defaults — FP4Linear for every dense GEMM (dense MLP, shared expert), FP4MoE (fused) for the routed
+experts — on random weights, over a Dispatcher reading the cache, and asks each bound table which
+rung answers every tuned M: a problem the runtime serves that the search did not tune shows up here
+as defaults, whatever the search's own problem list says. bench/h200_main_job.sh runs it on the
+H200; tests/test_main_job.py runs it on the CPU main job in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: reasons of trials the framework caused (inputs, memory it held), never a tactic's own failure
+FRAMEWORK = ("input setup failed", "Ray task failed")
+
+
+def cause(reason: str) -> str:
+    """A failure reason's class: the framework's, a timeout, a lost worker (signal), a wrong
+    result, a compile failure, else the exception type the tactic raised."""
+    r = reason or ""
+    if r.startswith(FRAMEWORK):
+        return "framework: " + r.split(":")[0]
+    if "timed out" in r:
+        return "tactic: timed out"
+    if "worker died" in r or "worker exited" in r:
+        return "tactic: lost its worker"
+    if r.startswith("compile failed"):
+        return "tactic: compile failed"
+    if "relative error" in r or "outputs not written" in r:
+        return "tactic: wrong result"
+    m = re.search(r"(\w+(?:Error|Exception|Failed))\b", r)
+    return "tactic: " + (m.group(1) if m else "other")
+
+
+def trial_counts(cache: str) -> dict:
+    con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
+    status = Counter(dict(con.execute("select status, count(*) from trials group by status")))
+    failed = Counter(cause(r) for (r,) in con.execute("select reason from trials where status = 'failed'"))
+    winners = con.execute("select count(*) from winners").fetchone()[0]
+    con.close()
+    return {"ok": status.get("ok", 0), "dropped": status.get("dropped", 0), "rejected": status.get("rejected", 0),
+            "failed": status.get("failed", 0), "failed_by_cause": dict(failed.most_common()),
+            "framework_failures": sum(n for c, n in failed.items() if c.startswith("framework")),
+            "winners": winners}
+
+
+def served_layers(cache: str, model: str, tp: int, ep: int, buckets, device: str) -> dict:
+    """Build one runtime module per distinct layer kind of the model with the runtime's defaults
+    and count, per module problem and tuned M, the rung that answers (winner / pinned / default)."""
+    import torch
+
+    from autotune.core import inputs
+    from autotune.models import problems_for
+    from autotune.runtime.dispatch import Dispatcher
+    from autotune.runtime.moe import FP4MoE
+    from autotune.runtime.nn import FP4Linear
+    from cache import Store
+
+    d = Dispatcher(Store(cache, readonly=True), record_misses=False)
+    uses = problems_for(model, tp=tp, ep=ep, fused_moe=False)
+    gen = torch.Generator(device=device).manual_seed(0)
+    modules: list[tuple[str, list]] = []
+    for u in uses:
+        if u.problem.kind == "dense":
+            lin = FP4Linear(inputs.random_weight(u.problem, device, gen), dispatcher=d)
+            modules.append((", ".join(u.layers), [lin.problem]))
+    moe = [u for u in uses if u.problem.kind == "grouped_moe"]
+    w13 = next((u for u in moe if any(".w13" in layer for layer in u.layers)), None)
+    w2 = next((u for u in moe if any(".w2" in layer for layer in u.layers)), None)
+    if w13 is not None and w2 is not None:
+        block = FP4MoE(inputs.random_weight(w13.problem, device, gen), inputs.random_weight(w2.problem, device, gen),
+                       w13.problem.top_k, dispatcher=d)
+        modules.append((", ".join(w13.layers + w2.layers) + " (FP4MoE)", [block.problem13, block.problem2]))
+    rows, rungs = [], Counter()
+    for name, problems in modules:
+        for p in problems:
+            per = Counter(d.tactic_for(p, m)[0] for m in buckets)
+            rungs.update(per)
+            rows.append({"layers": name, "problem": p.key, **dict(per)})
+    return {"modules": rows, "by_rung": dict(rungs), "defaults": rungs.get("default", 0)}
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "triton", "cupy", "sqlalchemy"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    try:
+        import torch
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return out
+
+
+def commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[1], timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def summarize(cache: str, *, search: dict | None = None, wall_s: float | None = None, model: str = "glm5",
+              tp: int = 8, ep: int = 1, max_tokens: int = 8192, device: str = "cpu", command: str = "") -> dict:
+    from autotune.core.buckets import hybrid
+    buckets = hybrid(max_tokens)
+    search = search or {}
+    trials = trial_counts(cache)
+    problems = [p["key"] for p in search.get("problems", [])]
+    jobs = len(problems) * len(buckets) if problems else None
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(), "versions": versions(),
+        "command": command, "wall_s": wall_s,
+        "stages": search.get("stages", {}), "notes": search.get("notes", []),
+        "trials": trials, "jobs": jobs, "winners": trials["winners"],
+        "jobs_not_measured": search.get("job_failures", []),
+        "served": served_layers(cache, model, tp, ep, buckets, device),
+        "worker_memory_bytes": search.get("worker_memory", {}),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cache", help="the main job's cache (SQLite file), opened read-only")
+    ap.add_argument("--search-json", help="`autotune search --json` output of the run")
+    ap.add_argument("--wall-s", type=float, help="the search's wall time")
+    ap.add_argument("--model", default="glm5")
+    ap.add_argument("--tp", type=int, default=8)
+    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--device", default=None, help="where the served modules are built [default: cuda if present]")
+    ap.add_argument("--command", default="", help="the command the summary is of (recorded)")
+    ap.add_argument("-o", "--output", help="write the JSON here (default: stdout)")
+    a = ap.parse_args(argv)
+    if not Path(a.cache).is_file():
+        print(f"main_job_summary: no cache file {a.cache}", file=sys.stderr)
+        return 2
+    search = json.loads(Path(a.search_json).read_text()) if a.search_json else None
+    import torch
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    s = summarize(a.cache, search=search, wall_s=a.wall_s, model=a.model, tp=a.tp, ep=a.ep,
+                  max_tokens=a.max_tokens, device=device, command=a.command)
+    text = json.dumps(s, indent=2)
+    if a.output:
+        Path(a.output).write_text(text + "\n")
+    else:
+        print(text)
+    t = s["trials"]
+    print(f"wall {s['wall_s']} s; trials ok {t['ok']} dropped {t['dropped']} failed {t['failed']} "
+          f"(framework {t['framework_failures']}); jobs not measured {len(s['jobs_not_measured'])}; "
+          f"winners {s['winners']}/{s['jobs']}; served-layer defaults {s['served']['defaults']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The worker's memory across a search (issue #28): nothing tactic-sized outlives its job, a tactic
+the search drops is freed at once, held scratch stays under a bound, and an out-of-memory caused by
+the framework (inputs, other tactics' memory) never becomes a tactic's failure. CPU, in-process,
+with a test family whose kernels keep scratch the way real launchers do."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from autotune.core import inputs
+from autotune.core.buckets import Buckets
+from autotune.core.env import current
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
+from autotune.engine import timing
+from autotune.engine.halving import Halving
+from autotune.engine.search import Runner, search
+from autotune.engine.worker import Bench
+from cache import Store
+from tests.families import scratchy
+
+P = Problem.dense(256, 512)
+FAST = dict(timer=timing.TimerConfig(budget_s=0.002, max_reps=3), halving=Halving(budget_s=0.02))
+
+
+@pytest.fixture
+def fam(register_family):
+    scratchy.LIVE.clear()
+    f = register_family("scratchy", "tests.families.scratchy:ScratchyFamily")
+    yield f
+    gc.collect()
+
+
+def _tactic(mode: str, kb: int) -> Tactic:
+    return Tactic("scratchy", mode=mode, kb=kb)
+
+
+def test_forget_and_end_job_free_every_tactics_scratch(fam):
+    b = Bench("cpu")
+    b.setup(P.key, 4, 0)
+    ts = [_tactic("keep", kb) for kb in (64, 128, 256)]
+    for t in ts:
+        b.check(t)
+    assert len(scratchy.LIVE) == 3
+    b.forget(ts[0].id)           # the search dropped it: its scratch goes at once
+    gc.collect()
+    assert {t for t, _, _ in scratchy.LIVE.values()} == {ts[1].id, ts[2].id}
+    out = b.end_job()
+    gc.collect()
+    assert scratchy.LIVE == {} and out["kept"] > 0     # the weights stay on purpose, nothing else
+
+
+def test_held_scratch_stays_under_the_bound(fam):
+    """With `keep_bytes` below what the kernels would keep, each request's kernel is dropped after it:
+    never more than the bound plus one tactic's scratch is alive."""
+    one = 256 * 1024 * 8           # the largest tactic's scratch at M=8 (kb 256 x 256 x 8 floats of 4 B)
+    b = Bench("cpu", keep_bytes=one, allocated=scratchy.live_bytes)
+    b.setup(P.key, 8, 0)
+    peak = 0
+    for kb in (64, 128, 256, 64, 128, 256):
+        t = _tactic("keep", kb)
+        b.check(t)
+        b.time(t, timing.TimerConfig(budget_s=0.001, min_reps=1, max_reps=1))
+        gc.collect()
+        peak = max(peak, scratchy.live_bytes())
+    assert peak <= 2 * one
+
+
+def test_a_search_leaves_no_scratch_of_a_job_in_the_next(fam, tmp_path, monkeypatch):
+    """Every kernel call checks what is alive: scratch of another M (an earlier job) is a leak."""
+    leaks = []
+    real = scratchy._track
+
+    def track(t, tid, m):
+        leaks.extend((tid, mm) for _, mm, _ in [v for v in scratchy.LIVE.values()] if mm != m)
+        real(t, tid, m)
+    monkeypatch.setattr(scratchy, "_track", track)
+    store = Store(tmp_path / "c.db")
+    env = current()
+    rep = search([P], families=[fam], store=store, buckets=Buckets.of((1, 2, 4, 8)), env=env,
+                 runner=Runner(isolate=False), **FAST)
+    gc.collect()
+    assert leaks == [] and scratchy.LIVE == {}
+    assert rep.job_failures == [] and len(rep.winners) == 4
+
+
+def test_out_of_memory_caused_by_other_tactics_is_retried_and_an_own_one_fails(fam, tmp_path):
+    store = Store(tmp_path / "c.db")
+    env = current()
+    search([P], families=[fam], store=store, buckets=Buckets.of((4,)), env=env,
+           runner=Runner(isolate=False), **FAST)
+    got = {t.tactic_id: t for t in store.get_trials(P.key, 4, env.device_key)}
+    crowded = [got[_tactic("crowded", kb).id] for kb in (64, 128, 256)]
+    assert all(t.status in ("ok", "dropped") for t in crowded), [t.reason for t in crowded]
+    own = [got[_tactic("oom", kb).id] for kb in (64, 128, 256)]
+    assert all(t.status == "failed" and "with every other tactic's memory freed" in t.reason for t in own)
+
+
+def test_input_setup_out_of_memory_is_the_jobs_condition_not_its_tactics(fam, tmp_path, monkeypatch):
+    """Setup is retried once with the same inputs; failing twice, the job is reported with its reason
+    and its tactics stay unmeasured (no failed trial), so a rerun measures them."""
+    real, calls = inputs.make_inputs, {"n": 0}
+
+    def flaky(*a, **kw):      # out of memory once per job: the retry succeeds
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*a, **kw)
+    monkeypatch.setattr(inputs, "make_inputs", flaky)
+    store, env = Store(tmp_path / "c.db"), current()
+    rep = search([P], families=[fam], store=store, buckets=Buckets.of((1, 2)), env=env,
+                 runner=Runner(isolate=False), **FAST)
+    assert rep.job_failures == [] and len(rep.winners) == 2 and calls["n"] == 4
+
+    def broken(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+    monkeypatch.setattr(inputs, "make_inputs", broken)
+    store2 = Store(tmp_path / "d.db")
+    rep = search([P], families=[fam], store=store2, buckets=Buckets.of((1, 2)), env=env,
+                 runner=Runner(isolate=False), **FAST)
+    assert len(rep.job_failures) == 2 and all("input setup failed twice: OutOfMemoryError" in f
+                                              for f in rep.job_failures)
+    assert rep.failed == 0 and rep.winners == []
+    assert [t for t in store2.get_trials(P.key, 1, env.device_key) if t.status == "failed"] == []
+    monkeypatch.setattr(inputs, "make_inputs", real)
+    rep = search([P], families=[fam], store=store2, buckets=Buckets.of((1, 2)), env=env,
+                 runner=Runner(isolate=False), **FAST)
+    assert rep.job_failures == [] and len(rep.winners) == 2 and rep.measured > 0
