@@ -31,14 +31,14 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
   local db=$W/$name.db cmd="autotune search --model glm5 --tp 8 $*"
   local t0 t1 rc
   t0=$(date +%s.%N)
-  timeout -s INT -k 30 "$secs" python3 -m cli search --model glm5 --tp 8 "$@" --cache "$db" --json \
+  timeout -s INT -k 30 "$secs" python3 -m autotune.cli search --model glm5 --tp 8 "$@" --cache "$db" --json \
       > "$W/$name.json" 2> "$W/$name.err"
   rc=$?; t1=$(date +%s.%N)
   local wall; wall=$(python3 -c "print(round($t1 - $t0, 1))")
   echo "$name: search exit $rc, wall $wall s" | tee -a "$OUT/summary.txt"
   grep -v '^progress:' "$W/$name.err" | tail -5
   tail -2 "$W/$name.err" | tee -a "$OUT/summary.txt"
-  python3 -m cli show --model glm5 --tp 8 --cache "$db" > "$OUT/$name-show.txt" 2>&1
+  python3 -m autotune.cli show --model glm5 --tp 8 --cache "$db" > "$OUT/$name-show.txt" 2>&1
   [ -s "$W/$name.json" ] || echo '{}' > "$W/$name.json"
   python3 bench/main_job_summary.py "$db" --search-json "$W/$name.json" --wall-s "$wall" --command "$cmd" \
       --max-tokens "${MAXT:-8192}" -o "$OUT/$name.json" 2>&1 | tail -1 | tee -a "$OUT/summary.txt"

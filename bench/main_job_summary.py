@@ -71,7 +71,7 @@ def served_layers(cache: str, model: str, tp: int, ep: int, buckets, device: str
     from autotune.runtime.dispatch import Dispatcher
     from autotune.runtime.moe import FP4MoE
     from autotune.runtime.nn import FP4Linear
-    from cache import Store
+    from autotune.cache import Store
 
     d = Dispatcher(Store(cache, readonly=True), record_misses=False)
     uses = problems_for(model, tp=tp, ep=ep, fused_moe=False)

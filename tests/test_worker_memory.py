@@ -18,7 +18,7 @@ from autotune.engine import timing
 from autotune.engine.halving import Halving
 from autotune.engine.search import Runner, search
 from autotune.engine.worker import Bench
-from cache import Store
+from autotune.cache import Store
 from tests.families import scratchy
 
 P = Problem.dense(256, 512)

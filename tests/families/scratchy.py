@@ -10,8 +10,8 @@ import weakref
 import torch
 
 from autotune.core.tactic import Tactic, Verdict
-from tactics.base import FamilyBase
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.base import FamilyBase
+from autotune.tactics.torch_ref import TorchFamily
 
 MODES = ("keep", "crowded", "oom")
 #: id(scratch) -> (tactic id, M, bytes) of every scratch tensor still alive
