@@ -100,14 +100,17 @@ class Bench:
         for tid in list(self._kernels) + list(self._graphs):
             self.forget(tid)
 
-    def _free(self) -> None:
-        """Return freed blocks to the device, so the next allocation (another size) finds room."""
+    def _free(self, release_cache: bool = True) -> None:
+        """Collect what was dropped; with release_cache, also hand the allocator's cached blocks back
+        to the device (after an out-of-memory: the retry may need another size). Between jobs the
+        allocator's cache is left alone: it reuses those blocks and empties itself before failing."""
         if self.device == "cuda":
             import gc
             import torch
             gc.collect()      # a launcher in a reference cycle would keep its scratch until the next collection
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+            if release_cache:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
 
     def _trim(self, tactic_id: str) -> None:
         if self._allocated() - self._base > self.keep_bytes:
@@ -124,7 +127,7 @@ class Bench:
         self._forget_all()
         self._sets = self._outs = []
         self._ref = None
-        self._free()
+        self._free(release_cache=False)
         out = {"allocated": self._allocated(), "kept": self.kept_bytes(), "peak": 0}
         if self.device == "cuda":
             import torch
