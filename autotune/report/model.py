@@ -73,7 +73,6 @@ class Point:
 
     bucket: int
     winner: str
-    winner_json: str
     winner_family: str
     winner_us: float
     default: str
@@ -99,6 +98,10 @@ class ProblemView:
     layers: tuple[str, ...] = ()         # the model's layers running it, when the report knows the model
     per_forward: int | None = None       # runs per forward pass on one GPU
     arch: str = ""                       # the device's arch (the family defaults of `short`)
+    winner_params: dict[int, str] = field(default_factory=dict)   # bucket -> the winner's tactic JSON
+
+    def winner_json(self, p: Point) -> str:
+        return self.winner_params[p.bucket]
 
     @property
     def buckets(self) -> list[int]:
@@ -268,7 +271,7 @@ def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines:
         roof = ceil.bandwidth_gbs * ai / 1e3
         if peak:
             roof = min(roof, peak)
-    return Point(m, tactic_label(w.params_json), w.params_json, w.family, w.median_us, default_label, w.default_median_us, w.speedup,
+    return Point(m, tactic_label(w.params_json), w.family, w.median_us, default_label, w.default_median_us, w.speedup,
                  {f: us for f, (us, _) in sorted(fam_best.items())}, baselines, flops, nbytes, ai, tfl, gbs, kind,
                  roof, (tfl / roof) if roof else None)
 
@@ -347,7 +350,7 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
                                   best.get((key, w.bucket), {}), base, ceil, fp4_native))
             u = by_key.get(key)
             pviews.append(ProblemView(key, pts, bkeys, tuple(u.layers) if u else (), u.per_forward if u else None,
-                                      arch))
+                                      arch, {w.bucket: w.params_json for w in wins if w.problem_key == key}))
         # baseline problems with no FP4 counterpart here are problems of their own
         pviews = [v for v in pviews if v.key not in folded]
         libs = {}

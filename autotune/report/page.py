@@ -82,7 +82,7 @@ def _time_table(v) -> str:
             + "".join(f"<th>best {escape(f)} µs</th>" for f in fams) + "</tr>")
     rows = []
     for p in v.points:
-        rows.append(f"<tr><td class=num>{p.bucket}</td><td>{escape(v.short(p.winner_json))}<br>"
+        rows.append(f"<tr><td class=num>{p.bucket}</td><td>{escape(v.short(v.winner_json(p)))}<br>"
                     f"<code class=key>{escape(p.winner)}</code></td><td class=num>{_f(p.winner_us)}</td>"
                     f"<td class=num>{_f(p.default_us)}</td><td class=num>{_f(p.speedup, '{:.2f}')}</td>"
                     + "".join(f"<td class=num>{_f(p.best_by_family.get(f))}</td>" for f in fams) + "</tr>")

@@ -242,16 +242,16 @@ def time_figure(view: ProblemView) -> Figure:
     (line,) = ax.plot(xs, [p.winner_us for p in view.points], "-", lw=2.2, color="#333333", zorder=4)
     counts: dict[str, int] = {}
     for p in view.points:
-        counts[p.winner_json] = counts.get(p.winner_json, 0) + 1
+        counts[view.winner_json(p)] = counts.get(view.winner_json(p), 0) + 1
     named = sorted(counts, key=lambda k: (-counts[k], k))[:MAX_WINNER_ENTRIES]
     markers = "oDs^v<>"
     for i, tj in enumerate(named):
-        pts = [(p.bucket, p.winner_us) for p in view.points if p.winner_json == tj]
+        pts = [(p.bucket, p.winner_us) for p in view.points if view.winner_json(p) == tj]
         h = ax.scatter(*zip(*pts), s=34, color=f"C{i}", marker=markers[i % len(markers)], zorder=6,
                        edgecolors="black", linewidths=0.4)
         handles.append(h)
         labels.append(f"winner {view.short(tj)} ({counts[tj]} of {len(xs)} M)")
-    rest = [(p.bucket, p.winner_us) for p in view.points if p.winner_json not in named]
+    rest = [(p.bucket, p.winner_us) for p in view.points if view.winner_json(p) not in named]
     if rest:
         handles.append(ax.scatter(*zip(*rest), s=22, color="white", edgecolors="black", zorder=6))
         labels.append(f"other winners ({len(rest)} M)")
