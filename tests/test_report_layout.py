@@ -283,3 +283,17 @@ def test_page_has_no_horizontal_scroll_at_1280_and_800(tmp_path, syn_summary):
         assert a["data-images-ok"] == a["data-images"] == str(len(imgs))
         assert int(a["data-client-width"]) <= width
         assert int(a["data-scroll-width"]) <= int(a["data-client-width"]), (width, a)
+
+
+def test_cli_report_options_refuse_in_one_line(tmp_path, synthetic):
+    from helpers import run_cli
+    r = run_cli("report", "-o", tmp_path / "o", "--step-json", STEP_JSON, cache=synthetic)
+    assert r.returncode == 2 and "--step-json needs --model" in r.stderr
+    r = run_cli("report", "-o", tmp_path / "o", "--cache", synthetic, "--cache", synthetic, "--measure-ceilings")
+    assert r.returncode == 2 and "give one --cache" in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    r = run_cli("report", "-o", tmp_path / "o", "--cache", synthetic, "--model", "glm5", "--tp", "8",
+                "--step-json", bad)
+    assert r.returncode == 2 and "is not JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o" / "index.html").exists()

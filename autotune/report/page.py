@@ -18,7 +18,7 @@ CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1180px;padding:0 16px;color:#222}
 h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:36px}h3{font-size:15px}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:12.5px;max-width:100%}
-th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}td{overflow-wrap:anywhere}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;overflow-wrap:normal}
 code{font-size:12px}.banner{background:#fff4d6;border:1px solid #e0c060;padding:8px 12px;margin:12px 0}
 .note{color:#555}.bad{color:#a00}.good{color:#070}img{max-width:100%;height:auto;border:1px solid #eee;display:block}
@@ -270,7 +270,8 @@ def write(summary: Summary, outdir: Path) -> Path:
             png = plots.speedup(dev, outdir / f"speedup-{i}.png").name
             body.append(_figure(_img(png, f"Winner speedup over the family default against M (log2) for each "
                                           f"problem on {dev.gpu_name}; numbers in the table below."),
-                                "Winner over the family default, per M (1× = the default won).", _winners_table(dev)))
+                                "Winner over the family default, per M (1× = the default won).", _winners_table(dev),
+                                fold=f"data: the {sum(len(v.points) for v in dev.problems)} winners"))
             body.append("<h3>Roofline</h3>" + _ceilings(dev))
             png = plots.roofline(dev, outdir / f"roofline-{i}.png").name
             body.append(_figure(_img(png, f"Roofline of {dev.gpu_name}: achieved TFLOP/s of each winner against "
