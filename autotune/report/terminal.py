@@ -28,7 +28,7 @@ def print_summary(summary: Summary, console: Console | None = None, verbose: boo
         if not dev.problems:
             con.print("no winners")
         for v in dev.problems:
-            t = Table(title=Text(v.key), title_justify="left", box=box.SIMPLE_HEAD,
+            t = Table(title=Text(f"{v.title}  {v.key}" if v.layers else v.key), title_justify="left", box=box.SIMPLE_HEAD,
                       pad_edge=False, collapse_padding=True)
             t.add_column("M", justify="right", no_wrap=True)
             t.add_column("winner", overflow="fold", min_width=20)
