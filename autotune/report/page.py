@@ -79,7 +79,7 @@ def _name(v) -> str:
 def _time_table(v) -> str:
     fams = sorted({f for p in v.points for f in p.best_by_family})
     head = ("<tr><th>M</th><th>winner (legend name, then in full)</th><th>µs</th><th>default µs</th><th>×</th>"
-            + "".join(f"<th>best {escape(f)} µs</th>" for f in fams) + "</tr>")
+            + "".join(f"<th>best {_breakable(f)} µs</th>" for f in fams) + "</tr>")
     rows = []
     for p in v.points:
         rows.append(f"<tr><td class=num>{p.bucket}</td><td>{escape(v.short(v.winner_json(p)))}<br>"
