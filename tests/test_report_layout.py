@@ -46,8 +46,8 @@ def _ro(name: str) -> Store:
     return s
 
 
-def _figures(dev):
-    figs = [(f"time {v.key}", plots.time_figure(v)) for v in dev.problems]
+def _figures(dev, times: bool = True):
+    figs = [(f"time {v.key}", plots.time_figure(v)) for v in dev.problems] if times else []
     figs += [("speedup", plots.speedup_figure(dev)), ("roofline", plots.roofline_figure(dev))]
     if dev.step is not None and dev.step.buckets:
         figs.append(("step", plots.step_figure(dev.step, dev.gpu_name)))
@@ -64,10 +64,25 @@ def _check(figs) -> None:
 
 @pytest.mark.parametrize("name", H200_CACHES)
 def test_no_text_overlaps_on_the_committed_h200_caches(name):
+    """Each cache's device pictures; its time pictures where its M range is its own (the cuda
+    search's 1…64). The other time pictures are those of the example report, checked below."""
     s = collect(_ro(name), {u.problem.key for u in GLM5}, GLM5)
     (dev,) = s.devices
     assert dev.problems and all(v.layers and v.per_forward for v in dev.problems)   # layer names known
-    _check(_figures(dev))
+    _check(_figures(dev, times=name.startswith("cuda")))
+
+
+def test_no_text_overlaps_in_the_example_report():
+    """docs/report-example/'s pictures: the three caches read as one, the measured step beside."""
+    s = collect(StoreUnion([_ro(n) for n in H200_CACHES]), {u.problem.key for u in GLM5}, GLM5)
+    attach_measured(s, load_measured(STEP_JSON, GLM5))
+    (dev,) = s.devices
+    assert len(dev.problems) == 8 and dev.step.buckets and dev.step.measured
+    figs = _figures(dev)
+    assert len(figs) == 8 + 3
+    _check(figs)
+    made = sorted(p.name for p in (ROOT / "docs/report-example").glob("*.png"))
+    assert made == sorted(["roofline-0.png", "speedup-0.png", "step-0.png"] + [f"time-0-{j}.png" for j in range(8)])
 
 
 # ---------------------------------------------------------------------------------- synthetic cache
@@ -202,7 +217,6 @@ def test_step_from_two_caches_beside_the_measured_json():
     for r in raw:
         assert sum(ms.kinds[r["m"]].values()) == pytest.approx(r["step_fp4_us"])
         assert ms.floor_us[r["m"]] == r["step_floor_us"]
-    _check([("step", plots.step_figure(sv, dev.gpu_name))])
     # only one cache: the routed w2 has no winner at all, so no estimate, and the page says why
     (one,) = collect(_ro("h200-glm5-tp8.db"), {u.problem.key for u in GLM5}, GLM5).devices
     assert one.step.missing and not one.step.buckets
@@ -283,6 +297,15 @@ def test_page_has_no_horizontal_scroll_at_1280_and_800(tmp_path, syn_summary):
         assert a["data-images-ok"] == a["data-images"] == str(len(imgs))
         assert int(a["data-client-width"]) <= width
         assert int(a["data-scroll-width"]) <= int(a["data-client-width"]), (width, a)
+
+
+@pytest.mark.skipif(_browser() is None, reason="no chromium on PATH (.ci/run installs Debian's chromium)")
+def test_the_committed_example_has_no_horizontal_scroll_at_800(tmp_path):
+    index = ROOT / "docs/report-example/index.html"
+    r = _chromium(["--window-size=800,1600", "--dump-dom", index.as_uri()], tmp_path / "p")
+    a = dict(re.findall(r'([\w-]+)="([^"]*)"', re.search(r'<p id="report-status"([^>]*)>', r.stdout).group(1)))
+    assert a["data-images-ok"] == a["data-images"] == "11"
+    assert int(a["data-scroll-width"]) <= int(a["data-client-width"]) <= 800, a
 
 
 def test_cli_report_options_refuse_in_one_line(tmp_path, synthetic):
