@@ -27,6 +27,7 @@ figure{margin:12px 0 24px}figcaption{font-size:13px;margin:4px 0}figcaption .key
 .pair{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}.pair>img{flex:1 1 520px;min-width:0}
 .pair>.data{flex:1 1 300px;min-width:0}.pair table{width:100%}
 details>summary{cursor:pointer;color:#335;font-size:12.5px}
+table.compact th,table.compact td{padding:2px 4px;font-size:11.5px}table.compact th{overflow-wrap:anywhere}
 """
 
 SCRIPT = """
@@ -120,7 +121,7 @@ def _step_table(sv) -> str:
                     f"<td class=num>{_f(ms.floor_us.get(m) and ms.floor_us[m] / 1e3, '{:.3f}')}</td>")
         rows.append(f"<tr><td class=num>{m}</td>{cells}<td class=num>{_f(sv.total_us(m) / 1e3 if est else None, '{:.3f}')}"
                     f"</td><td class=num>{_f(fl and fl / 1e3, '{:.3f}')}</td>{meas}</tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f"<table class=compact>{head}{''.join(rows)}</table>"
 
 
 def _step(dev: DeviceView, outdir: Path, i: int) -> str:
