@@ -320,3 +320,15 @@ def test_cli_report_options_refuse_in_one_line(tmp_path, synthetic):
                 "--step-json", bad)
     assert r.returncode == 2 and "is not JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o" / "index.html").exists()
+
+
+def test_fused_forms_move_their_epilogues_rows():
+    """SwiGLU writes N/2 per (token, slot); the top_k reduce reads K per (token, slot), writes N per token."""
+    from autotune.report.traffic import call_bytes, experts_touched
+    m, n, k, e, top = 4, 512, 256, 8, 2
+    w = experts_touched(e, top, m) * (n * k / 2 + n * k / 16)
+    assert call_bytes(Problem.moe(n, k, experts=e, top_k=top), m) == pytest.approx(w + m * k * 2 + m * top * n * 2)
+    assert call_bytes(Problem.moe(n, k, experts=e, top_k=top, epilogue="swiglu"), m) == \
+        pytest.approx(w + m * k * 2 + m * top * (n // 2) * 2)
+    assert call_bytes(Problem.moe(n, k, experts=e, top_k=top, epilogue="reduce"), m) == \
+        pytest.approx(w + m * top * k * 2 + m * n * 2)
