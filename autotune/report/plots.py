@@ -132,14 +132,17 @@ def _legend_below(fig: Figure, handles, labels, base_h: float, fontsize: float =
     return lg
 
 
-def _place_labels(fig: Figure, ax, items, fontsize: float = 7.0) -> int:
+def _place_labels(fig: Figure, ax, items, points=(), fontsize: float = 7.0, marker_px: float = 3.5) -> int:
     """Label points one at a time, each at the first offset where it overlaps no text already in the
-    figure and stays inside the axes; a label with no free place is left out. Freezes the layout.
-    items: (x, y, text, color). Returns how many were placed."""
+    figure and no marker of `points` (data coordinates), and stays inside the axes; a label with no
+    free place is left out. Freezes the layout. items: (x, y, text, color). Returns how many were placed."""
+    from matplotlib.transforms import Bbox
     fig.canvas.draw()
     fig.set_layout_engine("none")
     r = fig.canvas.get_renderer()
     taken = [b for _, b in text_boxes(fig)]
+    marks = [Bbox.from_extents(px - marker_px, py - marker_px, px + marker_px, py + marker_px)
+             for px, py in (ax.transData.transform(pt) for pt in points)]
     box = ax.get_window_extent(r)
     offsets = [(4, 4), (4, -10), (-6, 4), (-6, -10), (8, -3), (-10, -3), (0, 9), (0, -14),
                (10, 10), (10, -16), (-14, 10), (-14, -16)]
@@ -151,7 +154,7 @@ def _place_labels(fig: Figure, ax, items, fontsize: float = 7.0) -> int:
             ann.set_in_layout(False)
             b = ann.get_window_extent(r)
             inside = b.x0 >= box.x0 and b.x1 <= box.x1 and b.y0 >= box.y0 and b.y1 <= box.y1
-            if inside and not any(_overlap(b, t) for t in taken):
+            if inside and not any(_overlap(b, t) for t in taken) and not any(_overlap(b, mk) for mk in marks):
                 taken.append(b)
                 placed += 1
                 break
@@ -382,7 +385,7 @@ def roofline_figure(dev: DeviceView) -> Figure:
     _legend_below(fig, handles, labels, base_h)
     items = [(p.intensity, p.tflops, f"{p.bucket}", f"C{i % 10}")
              for i, v in enumerate(dev.problems) for p in roofline_labels(v)]
-    _place_labels(fig, ax, items)
+    _place_labels(fig, ax, items, [(p.intensity, p.tflops) for v in dev.problems for p in v.points])
     return fig
 
 
