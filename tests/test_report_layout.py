@@ -332,3 +332,21 @@ def test_fused_forms_move_their_epilogues_rows():
         pytest.approx(w + m * k * 2 + m * top * (n // 2) * 2)
     assert call_bytes(Problem.moe(n, k, experts=e, top_k=top, epilogue="reduce"), m) == \
         pytest.approx(w + m * top * k * 2 + m * n * 2)
+
+
+def test_store_union_later_cache_wins_and_misses_add_up(tmp_path):
+    from autotune.core.records import Miss
+    dk = "d" * 16
+    a, b = Store(tmp_path / "a.db"), Store(tmp_path / "b.db")
+    t1, t2 = Tactic("torch", chunk_n=0), Tactic("torch", chunk_n=64)
+    p = Problem.dense(256, 512)
+    for s, t, us in ((a, t1, 10.0), (b, t2, 8.0)):
+        s.put_winner(Winner(p.key, 4, dk, t.id, t.family, t.to_json(), "0" * 16, us, t1.id, 10.0, 10.0 / us))
+        s.record_misses([Miss(p.key, 7, dk, 2)])
+    a.put_winner(Winner(p.key, 8, dk, t1.id, t1.family, t1.to_json(), "0" * 16, 20.0, t1.id, 20.0, 1.0))
+    u = StoreUnion([a, b])
+    got = {(w.bucket, w.tactic_id) for w in u.winners()}
+    assert got == {(4, t2.id), (8, t1.id)}
+    assert any("b.db replaced 1" in n for n in u.notes)
+    assert [(m.m, m.count) for m in u.misses()] == [(7, 4)]
+    assert u.tactic(t2.id).params == t2.params and u.url.count(" + ") == 1
