@@ -26,7 +26,7 @@ from autotune.report.model import Summary, static_plans
 from autotune.report.sources import StoreUnion
 from autotune.report.step import StepJsonError, attach_measured, load_measured
 from autotune.runtime.misses import search_input_from_misses
-from cache import CacheError, Store, check_winner
+from autotune.cache import CacheError, Store, check_winner
 # after `cache`: importing portable first would run cache/__init__, which imports portable half-made
 from autotune.integrations.prune import prune as prune_store, select_devices
 
@@ -95,7 +95,7 @@ def target_arch(name: str | None) -> Arch:
 
 
 def parse_families(spec: str | Sequence) -> list:
-    from tactics import registry      # loads torch
+    from autotune.tactics import registry      # loads torch
     if not isinstance(spec, str):
         return list(spec)
     try:
@@ -283,7 +283,7 @@ class Shown:
     winners: list = field(default_factory=list)
     summary: Summary | None = None
     misses: list | None = None
-    notes: list = field(default_factory=list)     # rows left out by cache.rows' checks, counted
+    notes: list = field(default_factory=list)     # rows left out by autotune.cache.rows' checks, counted
 
 
 def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, misses: bool = False) -> Shown:

@@ -21,7 +21,7 @@ from autotune.report import collect, plots, write_html
 from autotune.report.model import reason_class, short_reason
 from autotune.report.sources import StoreUnion
 from autotune.report.step import StepJsonError, attach_measured, load_measured
-from cache import Store
+from autotune.cache import Store
 from tests.test_report import _browser, _chromium
 
 ROOT = Path(__file__).resolve().parent.parent

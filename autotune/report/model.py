@@ -21,7 +21,7 @@ from autotune.report.step import StepView, step_view, with_ceilings
 from autotune.report.names import family_default, layer_label, layer_title, short_tactic
 from autotune.report.traffic import call_bytes, intensity
 from autotune.core.arch import ARCHS, arch_for_cc
-from cache.rows import check_miss, check_trial, check_winner
+from autotune.cache.rows import check_miss, check_trial, check_winner
 
 
 def tactic_label(params_json: str) -> str:
@@ -262,7 +262,7 @@ def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines:
     flops = float(p.flops(m))
     nbytes = call_bytes(p, m)
     ai = intensity(p, m)
-    secs = w.median_us * 1e-6              # > 0: cache.rows.check_winner passed
+    secs = w.median_us * 1e-6              # > 0: autotune.cache.rows.check_winner passed
     tfl = flops / secs / 1e12
     gbs = nbytes / secs / 1e9
     kind, peak = ceil.compute_for(p.a_fmt, p.w_fmt, fp4_native) if ceil else ("bf16", None)
@@ -277,7 +277,7 @@ def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines:
 
 
 def checked(rows: list, check) -> tuple[list, dict[str, int]]:
-    """The rows that pass `check` (a cache.rows validator) and the count of the others by reason."""
+    """The rows that pass `check` (a autotune.cache.rows validator) and the count of the others by reason."""
     good, skipped = [], Counter()
     for r in rows:
         why = check(r)
@@ -296,7 +296,7 @@ def skip_notes(skipped: dict[str, dict[str, int]]) -> list[str]:
 
 def collect(store, problem_keys: set[str] | None = None, uses: list | None = None) -> Summary:
     """Everything the report and `autotune show` print, read from `store` (read-only use; a
-    report.sources.StoreUnion reads several caches as one). Rows that fail cache.rows' checks are
+    report.sources.StoreUnion reads several caches as one). Rows that fail autotune.cache.rows' checks are
     left out and counted (Summary.skipped, and a note each). `uses` (autotune.models.ProblemUse of
     the model asked for) names each problem's layers and runs per forward."""
     by_key = {u.problem.key: u for u in uses or ()}

@@ -34,7 +34,7 @@ def family_default(family: str, problem_key: str, arch_name: str) -> dict | None
     (and torch) are imported on the first call only: `autotune show` never asks."""
     try:
         from autotune.core.arch import get_arch
-        from tactics import registry
+        from autotune.tactics import registry
         return dict(registry.get(family).default(Problem.from_key(problem_key), get_arch(arch_name)).params)
     except Exception:            # noqa: BLE001 - any family failure only costs the shorter name
         return None
