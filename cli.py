@@ -154,7 +154,10 @@ def archs():
 @click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
 @click.option("--misses", is_flag=True, help="list recorded dispatch misses instead of winners")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output: one object per winner (or miss)")
-def show(model, tp, ep, cache, misses, as_json):
+@click.option("-v", "--verbose", is_flag=True,
+              help="the full text of each failure / rejection reason (the table cuts long ones to one line); "
+                   "with --json: an object {winners, verdicts} with every reason group in full")
+def show(model, tp, ep, cache, misses, as_json, verbose=False):
     """Show the winners stored in the cache."""
     shown = _call(api.show, cache, model=model, tp=tp, ep=ep, misses=misses)
     if as_json or misses or not shown.winners:       # the text summary prints its own notes
@@ -167,11 +170,14 @@ def show(model, tp, ep, cache, misses, as_json):
             for line in text.miss_lines(shown.misses, shown.gpu_names, shown.url):
                 click.echo(line)
     elif as_json:
-        click.echo(json.dumps(text.winners_json(shown.winners, shown.gpu_names, shown.summary), indent=2))
+        rows = text.winners_json(shown.winners, shown.gpu_names, shown.summary)
+        if verbose:
+            rows = {"winners": rows, "verdicts": text.verdicts_json(shown.summary) if shown.summary else []}
+        click.echo(json.dumps(rows, indent=2))
     elif not shown.winners:
         click.echo(f"no winners in {shown.url}")
     else:
-        print_summary(shown.summary)
+        print_summary(shown.summary, verbose=verbose)
 
 
 @main.command()
@@ -179,20 +185,27 @@ def show(model, tp, ep, cache, misses, as_json):
 @click.option("--model", default=None, help="only this model's problems")
 @click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")
 @click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
-@click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
+@click.option("--cache", multiple=True,
+              help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir); repeat it to "
+                   "read several caches as one, a later one winning on the same row")
 @click.option("--measure-ceilings", is_flag=True,
               help="first measure this machine's copy bandwidth and bf16 matmul rate and store them in the cache")
 @click.option("--plan-arch", default=None, help="also show static verdicts for these archs, e.g. sm100,sm120 (nothing measured)")
 @click.option("--families", default="triton,torch", show_default=True, help="families whose verdicts --plan-arch shows")
-def report(output, model, tp, ep, cache, measure_ceilings, plan_arch, families):
+@click.option("--step-json", default=None,
+              help="the MLP-step benchmark's JSON (bench/moe_mlp_step_h200.py): its measured step beside the "
+                   "estimate (needs --model)")
+def report(output, model, tp, ep, cache, measure_ceilings, plan_arch, families, step_json=None):
     """Write a self-contained HTML report (PNG plots) of what the search stored."""
+    if measure_ceilings and len(cache) > 1:
+        raise BadInput("--measure-ceilings stores into one cache: give one --cache")
     if measure_ceilings:
-        dk, c, known = _call(api.measure_ceilings, cache)
+        dk, c, known = _call(api.measure_ceilings, cache[0] if cache else None)
         click.echo(f"ceilings of device {dk}: {c.bandwidth_gbs:,.1f} GB/s, bf16 {c.tflops['bf16']:,.2f} TFLOP/s (stored)")
         if not known:
             click.echo(f"note: this machine (device {dk}) has no results in the cache; its ceilings are unused", err=True)
-    index, n, devices = _call(api.write_report, output, cache=cache, model=model, tp=tp, ep=ep, plan_arch=plan_arch,
-                              families=families)
+    index, n, devices = _call(api.write_report, output, cache=list(cache) if len(cache) > 1 else (cache[0] if cache else None),
+                              model=model, tp=tp, ep=ep, plan_arch=plan_arch, families=families, step_json=step_json)
     click.echo(f"report of {n} winners on {devices} device(s): {index}")
 
 

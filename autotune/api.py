@@ -23,6 +23,8 @@ from autotune.core.problem import Problem
 from autotune.models import ModelError, ProblemUse, problems_for
 from autotune.report import collect, measure_ceilings as report_ceilings, show_misses, write_html
 from autotune.report.model import Summary, static_plans
+from autotune.report.sources import StoreUnion
+from autotune.report.step import StepJsonError, attach_measured, load_measured
 from autotune.runtime.misses import search_input_from_misses
 from autotune.cache import CacheError, Store, check_winner
 # after `cache`: importing portable first would run cache/__init__, which imports portable half-made
@@ -309,8 +311,9 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
     if misses and cache is None and settings.misses_url():
         cache = settings.misses_url()
     store = open_store(cache, readonly=True)
-    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True,
-                                                  fold_shared=True)} if model else None
+    uses = model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True,
+                          fold_shared=True) if model else None
+    keys = {u.problem.key for u in uses} if uses else None
     names = {k: r.get("gpu_name") for k, r in store.device_records().items()}
     if misses:
         rows, notes = show_misses(store, keys)
@@ -318,13 +321,13 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
     every = [w for w in store.winners() if keys is None or w.problem_key in keys]
     rows = [w for w in every if check_winner(w) is None]     # the damaged ones are counted in the summary
     rows.sort(key=lambda w: (w.problem_key, w.device_key, w.bucket))
-    s = summary(store, keys) if every else None
+    s = summary(store, keys, uses) if every else None
     return Shown(store.url, names, rows, s, notes=list(s.notes) if s else [])
 
 
-def summary(store: Store, keys: set[str] | None = None) -> Summary:
+def summary(store: Store, keys: set[str] | None = None, uses: list[ProblemUse] | None = None) -> Summary:
     try:
-        return collect(store, keys)
+        return collect(store, keys, uses)
     except CacheError as e:
         raise BadInput(str(e)) from None
 
@@ -341,18 +344,31 @@ def measure_ceilings(cache=None):
 
 
 def write_report(output: str | os.PathLike, *, cache=None, model: str | None = None, tp: int = 1, ep: int = 1,
-                 plan_arch: str | None = None, families: str = "triton,torch") -> tuple[Path, int, int]:
+                 plan_arch: str | None = None, families: str = "triton,torch",
+                 step_json: str | os.PathLike | None = None) -> tuple[Path, int, int]:
     """The HTML report of what the cache holds (with static verdicts for `plan_arch`, e.g.
-    "sm100,sm120"). Returns (index.html, winners shown, devices)."""
+    "sm100,sm120"). `cache` may be a list: several caches read as one, a later one winning on the
+    same row (autotune.report.sources). `step_json`: the MLP-step benchmark's measured step, shown
+    beside the estimate (needs `model`). Returns (index.html, winners shown, devices)."""
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise BadInput(f"output {out} exists and is not a directory")
-    keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True,
-                                                  fold_shared=True)} if model else None
+    uses = model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True,
+                          fold_shared=True) if model else None
+    keys = {u.problem.key for u in uses} if uses else None
+    if step_json is not None and not model:
+        raise BadInput("--step-json needs --model (the layer counts of the step)")
     archs = [target_arch(a) for a in plan_arch.split(",") if a.strip()] if plan_arch else []
     fams = parse_families(families) if archs else []
-    store = open_store(cache, readonly=True)
-    s = summary(store, keys)
+    caches = list(cache) if isinstance(cache, (list, tuple)) else [cache]
+    stores = [open_store(c, readonly=True) for c in caches or [None]]
+    store = stores[0] if len(stores) == 1 else StoreUnion(stores)
+    s = summary(store, keys, uses)
+    if step_json is not None:
+        try:
+            attach_measured(s, load_measured(step_json, uses))
+        except StepJsonError as e:
+            raise BadInput(str(e)) from None
     if archs:
         pkeys = sorted(keys) if keys else [p.key for p in store.problems()]
         s.plans = static_plans([Problem.from_key(k) for k in pkeys], fams, archs)

@@ -22,9 +22,9 @@ def write_html(summary: Summary, outdir: str | Path) -> Path:
     return write(summary, Path(outdir))
 
 
-def print_summary(summary: Summary, console=None) -> None:
+def print_summary(summary: Summary, console=None, verbose: bool = False) -> None:
     from autotune.report.terminal import print_summary as p
-    p(summary, console)
+    p(summary, console, verbose)
 
 
 def show_json(store, problem_keys: set[str] | None = None) -> tuple[list[dict], Summary]:

@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from autotune.core.problem import BLOCK, Problem
 from autotune.core.records import Trial, Winner
 from autotune.report import ceilings as ceil_mod
+from autotune.report.step import StepView, step_view, with_ceilings
+from autotune.report.names import family_default, layer_label, layer_title, short_tactic
 from autotune.report.traffic import call_bytes, intensity
 from autotune.core.arch import ARCHS, arch_for_cc
 from autotune.cache.rows import check_miss, check_trial, check_winner
@@ -28,9 +30,41 @@ def tactic_label(params_json: str) -> str:
     return f"{d['family']}[{prm}]"
 
 
+#: a reason longer than this (or of several lines) is shown cut in tables; the full text stays in
+#: ReasonGroup.reason (`show --verbose`, `show --json --verbose`, the report's summary.json)
+SHORT = 80
+_EXC = re.compile(r"\b[A-Z][A-Za-z0-9_]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Lost)\b:?")
+_NUM = re.compile(r"\d+(?:\.\d+)?(?:e[+-]?\d+)?")
+
+
+def short_reason(reason: str, width: int = SHORT) -> str:
+    """One line: a reason as it is when it fits, else its text up to the exception's type and the
+    first sentence of the message, cut to `width` characters (…). E.g. a CUDA out-of-memory
+    reason -> 'input setup failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.…'"""
+    text = reason.strip()
+    if len(text) <= width and "\n" not in text:
+        return text
+    first = text.splitlines()[0].rstrip() if text else ""
+    m = _EXC.search(first)
+    head, msg = (first[:m.end()], first[m.end():].strip()) if m else ("", first)
+    parts = re.split(r"(?<=[.;]) ", msg)              # whole sentences of the message while they fit
+    kept = parts[0]
+    for nxt in parts[1:]:
+        if len(head) + len(kept) + len(nxt) + 2 > width - 1:
+            break
+        kept += " " + nxt
+    out = f"{head} {kept}".strip() if head else kept
+    if len(out) > width - 1:
+        out = out[:width - 1].rstrip()
+    return out + "…"
+
+
 def reason_class(reason: str) -> str:
-    """Reasons that differ only in numbers are one group (as the search's summary does)."""
-    return re.sub(r"\d+", "#", reason)
+    """Reasons that differ only in numbers are one group (as the search's summary does); a reason
+    too long for one table line is grouped by its short form, every number alike."""
+    if len(reason.strip()) <= SHORT and "\n" not in reason.strip():
+        return re.sub(r"\d+", "#", reason)
+    return _NUM.sub("#", short_reason(reason))
 
 
 @dataclass
@@ -61,10 +95,32 @@ class ProblemView:
     key: str
     points: list[Point]
     baseline_keys: list[str]
+    layers: tuple[str, ...] = ()         # the model's layers running it, when the report knows the model
+    per_forward: int | None = None       # runs per forward pass on one GPU
+    arch: str = ""                       # the device's arch (the family defaults of `short`)
+    winner_params: dict[int, str] = field(default_factory=dict)   # bucket -> the winner's tactic JSON
+
+    def winner_json(self, p: Point) -> str:
+        return self.winner_params[p.bucket]
 
     @property
     def buckets(self) -> list[int]:
         return [p.bucket for p in self.points]
+
+    @property
+    def title(self) -> str:
+        """'mlp.experts.w13 [3–77], 75× per forward', or the key when the model is unknown."""
+        return layer_title(self.layers, self.per_forward) if self.layers else self.key
+
+    @property
+    def label(self) -> str:
+        """The legend form: 'mlp.experts.w13 [3–77] ×75', or the key."""
+        return layer_label(self.layers, self.per_forward, self.key)
+
+    def short(self, params_json: str) -> str:
+        """A tactic's name cut to its family and the parameters that differ from its default."""
+        fam = json.loads(params_json)["family"]
+        return short_tactic(params_json, family_default(fam, self.key, self.arch))   # asked only by the page
 
 
 @dataclass
@@ -72,6 +128,11 @@ class ReasonGroup:
     status: str            # "rejected" | "failed" | "note"
     reason: str            # one full example
     count: int
+
+    @property
+    def short(self) -> str:
+        """The example on one table line (short_reason)."""
+        return short_reason(self.reason)
 
 
 @dataclass
@@ -97,6 +158,7 @@ class DeviceView:
     verdicts: list[FamilyVerdicts]
     misses: list[dict]
     libsets: dict[str, dict]
+    step: StepView | None = None         # the MLP decode step, when the report knows the model
 
     @property
     def gpu_name(self) -> str:
@@ -232,9 +294,12 @@ def skip_notes(skipped: dict[str, dict[str, int]]) -> list[str]:
             + ", ".join(f"{r} {n}" for r, n in c.items()) for kind, c in skipped.items() if c]
 
 
-def collect(store, problem_keys: set[str] | None = None) -> Summary:
-    """Everything the report and `autotune show` print, read from `store` (read-only use). Rows
-    that fail autotune.cache.rows' checks are left out and counted (Summary.skipped, and a note each)."""
+def collect(store, problem_keys: set[str] | None = None, uses: list | None = None) -> Summary:
+    """Everything the report and `autotune show` print, read from `store` (read-only use; a
+    report.sources.StoreUnion reads several caches as one). Rows that fail autotune.cache.rows' checks are
+    left out and counted (Summary.skipped, and a note each). `uses` (autotune.models.ProblemUse of
+    the model asked for) names each problem's layers and runs per forward."""
+    by_key = {u.problem.key: u for u in uses or ()}
     meta = store.meta()
     devices = store.device_records()
     winners, skip_w = checked(store.winners(), check_winner)
@@ -283,7 +348,9 @@ def collect(store, problem_keys: set[str] | None = None) -> Summary:
                         base[f"{q.a_fmt}×{q.w_fmt} {fam}"] = us
                 pts.append(_point(p, w, tactic_label(dflt.to_json()) if dflt else w.default_tactic_id,
                                   best.get((key, w.bucket), {}), base, ceil, fp4_native))
-            pviews.append(ProblemView(key, pts, bkeys))
+            u = by_key.get(key)
+            pviews.append(ProblemView(key, pts, bkeys, tuple(u.layers) if u else (), u.per_forward if u else None,
+                                      arch, {w.bucket: w.params_json for w in wins if w.problem_key == key}))
         # baseline problems with no FP4 counterpart here are problems of their own
         pviews = [v for v in pviews if v.key not in folded]
         libs = {}
@@ -292,8 +359,11 @@ def collect(store, problem_keys: set[str] | None = None) -> Summary:
                 libs[t.lib_key] = _libset(store, t.lib_key)
         dmiss = [{"problem": m.problem_key, "m": m.m, "count": m.count} for m in misses
                  if m.device_key == dk and (problem_keys is None or m.problem_key in problem_keys)]
+        sv = step_view(pviews, uses) if uses else None
         views.append(DeviceView(dk, rec, arch, rec.get("cc") == "cpu", ceil.to_dict() if ceil else None,
-                                pviews, _verdicts(dtrials), dmiss, libs))
+                                pviews, _verdicts(dtrials), dmiss, libs,
+                                with_ceilings(sv, ceil.to_dict() if ceil else None) if sv else None))
+    notes += list(getattr(store, "notes", ()))        # a StoreUnion's word on rows replaced
     if not views:
         notes.append("the cache holds no trials or winners" + (" for the selected problems" if problem_keys else ""))
     schema = meta.get("schema")

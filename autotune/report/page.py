@@ -17,12 +17,17 @@ from autotune.report.model import ArchPlan, DeviceView, Summary
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1180px;padding:0 16px;color:#222}
 h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:36px}h3{font-size:15px}
-table{border-collapse:collapse;margin:8px 0 16px;font-size:12.5px}th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
+table{border-collapse:collapse;margin:8px 0 16px;font-size:12.5px;max-width:100%}
+th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}td{overflow-wrap:anywhere}
+th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums;overflow-wrap:normal}
 code{font-size:12px}.banner{background:#fff4d6;border:1px solid #e0c060;padding:8px 12px;margin:12px 0}
-.note{color:#555}.bad{color:#a00}.good{color:#070}img{max-width:100%;height:auto;border:1px solid #eee}
-#report-status{font-size:12px;color:#555}.figs{display:flex;flex-wrap:wrap;gap:12px}.figs figure{margin:0;width:560px}
-figcaption{font:12px monospace;margin-bottom:4px}
+.note{color:#555}.bad{color:#a00}.good{color:#070}img{max-width:100%;height:auto;border:1px solid #eee;display:block}
+#report-status{font-size:12px;color:#555}
+figure{margin:12px 0 24px}figcaption{font-size:13px;margin:4px 0}figcaption .key{font:11px monospace;color:#666}
+.pair{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}.pair>img{flex:1 1 520px;min-width:0}
+.pair>.data{flex:1 1 300px;min-width:0}.pair table{width:100%}
+details>summary{cursor:pointer;color:#335;font-size:12.5px}
+table.compact th,table.compact td{padding:2px 4px;font-size:11.5px}table.compact th{overflow-wrap:anywhere}
 """
 
 SCRIPT = """
@@ -35,6 +40,9 @@ window.addEventListener('load', function () {
   s.setAttribute('data-images-ok', String(imgs.length - bad.length));
   s.textContent = bad.length ? (bad.length + ' of ' + imgs.length + ' images failed to load')
                              : ('all ' + imgs.length + ' images loaded');
+  var d = document.documentElement;
+  s.setAttribute('data-scroll-width', String(d.scrollWidth));
+  s.setAttribute('data-client-width', String(d.clientWidth));
 });
 """
 
@@ -50,7 +58,97 @@ def _kv_table(d: dict) -> str:
 
 
 def _img(src: str, alt: str) -> str:
-    return f'<p><img src="{escape(src)}" alt="{escape(alt)}" width="1000"></p>'
+    """The figure at its own size or the window's width, whichever is smaller (the PNG is 800 px)."""
+    return f'<img src="{escape(src)}" alt="{escape(alt)}" width="800">'
+
+
+def _figure(img: str, caption: str, data: str, beside: bool = False, fold: str | None = None) -> str:
+    """A picture, its caption and the table of its numbers: beside it (wrapping under it in a narrow
+    window) or under it, folded behind `fold` (a summary line) when long."""
+    table = f"<details><summary>{escape(fold)}</summary>{data}</details>" if fold else data
+    body = f'<div class="pair">{img}<div class="data">{table}</div></div>' if beside else img + table
+    return f"<figure><figcaption>{caption}</figcaption>{body}</figure>"
+
+
+def _name(v) -> str:
+    """A problem's layer names with its key in small type under them (the key alone without a model)."""
+    if not v.layers:
+        return f"<code>{escape(v.key)}</code>"
+    return f"{escape(v.title)}<br><span class=key>{escape(v.key)}</span>"
+
+
+def _time_table(v) -> str:
+    fams = sorted({f for p in v.points for f in p.best_by_family})
+    head = ("<tr><th>M</th><th>winner (legend name, then in full)</th><th>µs</th><th>default µs</th><th>×</th>"
+            + "".join(f"<th>best {_breakable(f)} µs</th>" for f in fams) + "</tr>")
+    rows = []
+    for p in v.points:
+        rows.append(f"<tr><td class=num>{p.bucket}</td><td>{escape(v.short(v.winner_json(p)))}<br>"
+                    f"<code class=key>{escape(p.winner)}</code></td><td class=num>{_f(p.winner_us)}</td>"
+                    f"<td class=num>{_f(p.default_us)}</td><td class=num>{_f(p.speedup, '{:.2f}')}</td>"
+                    + "".join(f"<td class=num>{_f(p.best_by_family.get(f))}</td>" for f in fams) + "</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _roof_table(dev: DeviceView) -> str:
+    head = "<tr><th>layer / problem</th><th>M</th><th>FLOP/B</th><th>TFLOP/s</th><th>GB/s</th><th>of roof</th></tr>"
+    rows = [f"<tr><td>{escape(v.label)}</td><td class=num>{p.bucket}</td><td class=num>{_f(p.intensity, '{:.3g}')}</td>"
+            f"<td class=num>{_f(p.tflops, '{:.3g}')}</td><td class=num>{_f(p.gbps, '{:.3g}')}</td>"
+            f"<td class=num>{_f(p.roof_fraction and 100 * p.roof_fraction, '{:.1f}%')}</td></tr>"
+            for v in dev.problems for p in v.points]
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _breakable(name: str) -> str:
+    """A layer name that may wrap after its dots and underscores (narrow table headers)."""
+    return escape(name).replace(".", ".<wbr>").replace("_", "_<wbr>")
+
+
+def _step_table(sv) -> str:
+    ms = sv.measured
+    head = ("<tr><th>M</th>" + "".join(f"<th>{_breakable(p.label)} (ms)</th>" for p in sv.parts)
+            + "<th>estimate (ms)</th><th>byte floor (ms)</th>"
+            + ("<th>measured (ms)</th><th>measured floor (ms)</th>" if ms else "") + "</tr>")
+    rows = []
+    for m in sorted(set(sv.buckets) | (set(ms.total_us) if ms else set())):
+        est = m in sv.buckets
+        cells = "".join(f"<td class=num>{_f(p.count * p.us[m] / 1e3 if est else None, '{:.3f}')}</td>"
+                        for p in sv.parts)
+        fl = sv.floor_us(m) if est else None
+        meas = ""
+        if ms:
+            meas = (f"<td class=num>{_f(ms.total_us.get(m) and ms.total_us[m] / 1e3, '{:.3f}')}</td>"
+                    f"<td class=num>{_f(ms.floor_us.get(m) and ms.floor_us[m] / 1e3, '{:.3f}')}</td>")
+        rows.append(f"<tr><td class=num>{m}</td>{cells}<td class=num>{_f(sv.total_us(m) / 1e3 if est else None, '{:.3f}')}"
+                    f"</td><td class=num>{_f(fl and fl / 1e3, '{:.3f}')}</td>{meas}</tr>")
+    return f"<table class=compact>{head}{''.join(rows)}</table>"
+
+
+def _step(dev: DeviceView, outdir: Path, i: int) -> str:
+    sv = dev.step
+    if sv.missing:
+        return ("<p class=note>No step picture: no winner at a decode M (≤ 256) for "
+                + ", ".join(f"<code>{escape(m)}</code>" for m in sv.missing)
+                + ". It needs winners for every MLP layer of the model (search them, or give the caches "
+                  "that hold them as several <code>--cache</code>).</p>")
+    if not sv.buckets:
+        return "<p class=note>No step picture: no decode M (≤ 256) at which every MLP layer has a winner.</p>"
+    png = plots.step(sv, dev.gpu_name, outdir / f"step-{i}.png").name
+    floor = (f"the black tick is the byte floor (each layer's minimum traffic at {sv.bandwidth_gbs:,.0f} GB/s, "
+             + ("stored in the cache" if sv.ceiling_stored else "from the hardware table, not measured here") + ")"
+             if sv.bandwidth_gbs else "no byte floor: no bandwidth ceiling known for this device")
+    ms = sv.measured
+    meas = ""
+    if ms:
+        meas = (f" Hatched bars: measured by <code>{escape(ms.source)}</code> ({escape(ms.gpu)}, {escape(ms.when)}): "
+                "each layer kind timed as CUDA-graph replays, summed with the layer counts; the dotted tick is "
+                "that run's floor at its own copy rate." + (f" Note: {escape(ms.note)}." if ms.note else ""))
+    cap = (f"<b>The MLP decode step per M</b>: every MLP layer of the model, its stored winner's time × its "
+           f"layer count, one segment per layer; {floor}.{meas} Routed experts in their fused forms where the "
+           "cache has them (what FP4MoE serves); the plain grouped GEMMs leave their SwiGLU and top_k sum out.")
+    alt = (f"Stacked horizontal bars of the estimated MLP decode step per M on {dev.gpu_name}, by layer, "
+           "beside the byte floor" + (" and the measured step" if ms else "") + "; numbers in the table below.")
+    return _figure(_img(png, alt), cap, _step_table(sv))
 
 
 def _winners_table(dev: DeviceView) -> str:
@@ -62,7 +160,7 @@ def _winners_table(dev: DeviceView) -> str:
             base = min(p.baselines.items(), key=lambda kv: kv[1]) if p.baselines else None
             sp = "" if p.speedup is None else (" class=\"num good\"" if p.speedup > 1.0 else " class=\"num\"")
             rows.append(
-                f"<tr><td><code>{escape(v.key)}</code></td><td class=num>{p.bucket}</td><td><code>{escape(p.winner)}</code></td>"
+                f"<tr><td>{_name(v)}</td><td class=num>{p.bucket}</td><td><code>{escape(p.winner)}</code></td>"
                 f"<td class=num>{_f(p.winner_us)}</td><td class=num>{_f(p.default_us)}</td>"
                 f"<td{sp or ' class=num'}>{_f(p.speedup, '{:.2f}')}</td>"
                 f"<td class=num>{escape(f'{base[1]:.1f} ({base[0]})') if base else '–'}</td>"
@@ -78,8 +176,10 @@ def _reason_table(verdicts) -> str:
     rows = ["<table><tr><th>family</th><th>status</th><th>count</th><th>reason (one example per group)</th></tr>"]
     for fam, g in groups:
         cls = " class=bad" if g.status == "failed" else ""
+        why = escape(g.short) if g.short == g.reason.strip() else \
+            f"<details><summary>{escape(g.short)}</summary><code>{escape(g.reason)}</code></details>"
         rows.append(f"<tr><td>{escape(fam)}</td><td{cls}>{escape(g.status)}</td><td class=num>{g.count}</td>"
-                    f"<td>{escape(g.reason)}</td></tr>")
+                    f"<td>{why}</td></tr>")
     return "".join(rows) + "</table>"
 
 
@@ -144,7 +244,7 @@ def _misses(dev: DeviceView) -> str:
 def write(summary: Summary, outdir: Path) -> Path:
     """Write index.html, its PNGs and summary.json into outdir; return the index path."""
     outdir.mkdir(parents=True, exist_ok=True)
-    for pattern in ("speedup-*.png", "roofline-*.png", "time-*-*.png"):  # an older report's figures
+    for pattern in ("speedup-*.png", "roofline-*.png", "time-*-*.png", "step-*.png"):  # an older report's figures
         for old in outdir.glob(pattern):
             old.unlink()
     import matplotlib
@@ -165,21 +265,33 @@ def write(summary: Summary, outdir: Path) -> Path:
         body.append(f'<h2 id="dev{i}">{escape(dev.gpu_name)} — {escape(dev.arch)} '
                     f'<span class=note>(device {escape(dev.device_key)})</span></h2>')
         if dev.problems:
-            body.append("<h3>Winners per bucket</h3>" + _winners_table(dev))
-            body.append(_img(plots.speedup(dev, outdir / f"speedup-{i}.png").name, f"speedup over default, {dev.gpu_name}"))
+            if dev.step is not None:
+                body.append("<h3>MLP decode step</h3>" + _step(dev, outdir, i))
+            body.append("<h3>Winners per bucket</h3>")
+            png = plots.speedup(dev, outdir / f"speedup-{i}.png").name
+            body.append(_figure(_img(png, f"Winner speedup over the family default against M (log2) for each "
+                                          f"problem on {dev.gpu_name}; numbers in the table below."),
+                                "Winner over the family default, per M (1× = the default won).", _winners_table(dev),
+                                fold=f"data: the {sum(len(v.points) for v in dev.problems)} winners"))
             body.append("<h3>Roofline</h3>" + _ceilings(dev))
-            body.append(_img(plots.roofline(dev, outdir / f"roofline-{i}.png").name, f"roofline, {dev.gpu_name}"))
+            png = plots.roofline(dev, outdir / f"roofline-{i}.png").name
+            body.append(_figure(_img(png, f"Roofline of {dev.gpu_name}: achieved TFLOP/s of each winner against "
+                                          "its arithmetic intensity, log-log, with the memory and compute roofs; "
+                                          "numbers in the table below."),
+                                "Each point is one (problem, M) winner; labelled: the first and last M of each "
+                                "problem and its best and worst fraction of the roof (where the labels fit).",
+                                _roof_table(dev), fold=f"data: {sum(len(v.points) for v in dev.problems)} points"))
             body.append("<h3>Time per problem</h3>")
             if not any(p.baselines for v in dev.problems for p in v.points):
                 body.append("<p class=note>No baseline rows in this cache (a non-FP4 problem of the same shape, "
                             "e.g. bf16×bf16 through cuBLAS): each plot shows the winner, the family default and "
                             "the best tactic of every family that was timed.</p>")
-            body.append('<div class="figs">')
             for j, v in enumerate(dev.problems):
                 png = plots.time_vs_bucket(v, outdir / f"time-{i}-{j}.png").name
-                body.append(f'<figure><figcaption>{escape(v.key)}</figcaption><img src="{escape(png)}" '
-                            f'alt="time vs bucket, {escape(v.key)}" width="560"></figure>')
-            body.append("</div>")
+                alt = (f"Median time per call against M, both log scale, for {v.title} ({v.key}) on {dev.gpu_name}: "
+                       "the winner (markers by tactic), the family default and the best tactic of each family; "
+                       "numbers in the table beside.")
+                body.append(_figure(_img(png, alt), _name(v), _time_table(v), beside=True))
         else:
             body.append("<p class=note>No winners for this device.</p>")
         body.append(f"<h3>Verdicts on {escape(dev.arch)}</h3>" + _verdicts(dev))

@@ -13,8 +13,10 @@ def _f(v, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def print_summary(summary: Summary, console: Console | None = None) -> None:
+def print_summary(summary: Summary, console: Console | None = None, verbose: bool = False) -> None:
+    """verbose: every reason group's full example text instead of its one-line form."""
     con = console or Console()
+    why = (lambda g: g.reason) if verbose else (lambda g: g.short)
     for n in summary.notes:
         con.print(n, markup=False)
     for dev in summary.devices:
@@ -26,7 +28,7 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
         if not dev.problems:
             con.print("no winners")
         for v in dev.problems:
-            t = Table(title=Text(v.key), title_justify="left", box=box.SIMPLE_HEAD,
+            t = Table(title=Text(f"{v.title}  {v.key}" if v.layers else v.key), title_justify="left", box=box.SIMPLE_HEAD,
                       pad_edge=False, collapse_padding=True)
             t.add_column("M", justify="right", no_wrap=True)
             t.add_column("winner", overflow="fold", min_width=20)
@@ -48,8 +50,8 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
         vt = Table("family", "kept", "rejected", "ok", "dropped", "failed", "reasons (count × example)",
                    title=f"verdicts on {dev.arch}", title_justify="left")
         for fv in dev.verdicts:
-            reasons = "\n".join(f"{g.status}: {g.count}× {g.reason}" for g in fv.reasons) or "-"
-            vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.ok), str(fv.dropped), str(fv.failed), Text(reasons))
+            reasons = "\n".join(f"{g.status}: {g.count}× {why(g)}" for g in fv.reasons) or "-"
+            vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.ok), str(fv.dropped), str(fv.failed), Text(reasons, overflow="fold" if verbose else None))
         con.print(vt)
         env = ", ".join(f"{k}={r.get(k)}" for k in ("cc", "sm_count", "driver", "cuda_runtime", "cublas", "package")
                         if r.get(k) is not None)
@@ -61,6 +63,6 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
         vt = Table("family", "kept", "rejected", "unknown", "reasons (count × example)",
                    title=f"static verdicts on {ap.arch} ({ap.problems} problems, not measured)", title_justify="left")
         for fv in ap.verdicts:
-            reasons = "\n".join(f"{g.count}× {g.reason}" for g in fv.reasons) or "-"
-            vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.unknown), Text(reasons))
+            reasons = "\n".join(f"{g.count}× {why(g)}" for g in fv.reasons) or "-"
+            vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.unknown), Text(reasons, overflow="fold" if verbose else None))
         con.print(vt)

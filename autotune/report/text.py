@@ -83,6 +83,17 @@ def winners_json(winners, gpu_names: dict, summary: Summary) -> list[dict]:
              "report": extra.get((w.device_key, w.problem_key, w.bucket))} for w in winners]
 
 
+def verdicts_json(summary: Summary) -> list[dict]:
+    """`show --json --verbose`: per device and family the verdict counts and every reason group,
+    its one-line form and its full example text."""
+    return [{"device_key": d.device_key, "gpu": d.gpu_name, "arch": d.arch,
+             "families": [{"family": fv.family, "kept": fv.kept, "rejected": fv.rejected, "ok": fv.ok,
+                           "dropped": fv.dropped, "failed": fv.failed,
+                           "reasons": [{"status": g.status, "count": g.count, "short": g.short, "reason": g.reason}
+                                       for g in fv.reasons]} for fv in d.verdicts]}
+            for d in summary.devices]
+
+
 def miss_lines(misses, gpu_names: dict, url: str) -> Iterator[str]:
     if not misses:
         yield f"no misses in {url}"

@@ -37,9 +37,13 @@ def experts_touched(experts: int, top_k: int, m: int) -> float:
 
 
 def call_bytes(p: Problem, m: int) -> float:
+    """The fused forms move what their kernel reads and writes: SwiGLU writes N/2 per (token, slot);
+    the top_k reduce reads one activation row per (token, slot) and writes one output row per token."""
     w = experts_touched(p.experts, p.top_k, m) * _operand_bytes(p.w_fmt, p.n * p.k)
-    x = _operand_bytes(p.a_fmt, m * p.k)
-    y = m * p.top_k * p.n * BITS[p.out_dtype] / 8
+    x_rows = m * p.top_k if p.epilogue == "reduce" else m
+    y_rows = m if p.epilogue == "reduce" else m * p.top_k
+    x = _operand_bytes(p.a_fmt, x_rows * p.k)
+    y = y_rows * p.out_n * BITS[p.out_dtype] / 8
     return w + x + y
 
 
