@@ -75,6 +75,9 @@ class FamilyBase:
     def validate(self, tactic: Tactic) -> str | None:
         raise NotImplementedError
 
+    def build(self, problem: Problem, tactic: Tactic, device: str) -> Kernel:
+        raise NotImplementedError
+
     def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         if tactic.family != self.name:
             return Verdict.reject(f"tactic of family {tactic.family!r}, not {self.name!r}")
