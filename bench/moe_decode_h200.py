@@ -308,8 +308,8 @@ def main() -> int:
     fam, old = TritonFamily(), {}
     for name, (prob, epi, routed) in VARIANTS.items():
         if epi == "none":
-            t = fam.default(prob, arch)
-            old[name] = (t.params, fam.build(prob, t, DEV))
+            dflt = fam.default(prob, arch)
+            old[name] = (dflt.params, fam.build(prob, dflt, DEV))
     ebytes = {p: p.n * (p.k // 2 + p.k // p.block) + 4 for p in (W13, W2)}
     for rname, skew in ROUTINGS.items():
         for m in BUCKETS:

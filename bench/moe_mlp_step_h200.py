@@ -210,9 +210,9 @@ def step(dd, dm, rate: float) -> list[dict]:
                for k, p in DENSE.items()}
     dense_b = {k: [dd.bind(DENSE[k], w) for w in ws] for k, ws in dense_w.items()}
     weights = [random_block(40 + i) for i in range(6 if not SMOKE else 1)]     # ≥ 2× L2 of touched experts at M = 1
-    blocks = [make_block(*w, dm, True) for w in weights]
-    unfused = [make_block(*w, dm, False) for w in weights]
-    folded = [make_block(*w, dm, True, shared=random_shared(60 + i)) for i, w in enumerate(weights)]
+    blocks = [make_block(g, u, dn, dm, True) for g, u, dn in weights]
+    unfused = [make_block(g, u, dn, dm, False) for g, u, dn in weights]
+    folded = [make_block(g, u, dn, dm, True, shared=random_shared(60 + i)) for i, (g, u, dn) in enumerate(weights)]
     bf = [(b.w13.dequantize(torch.bfloat16), b.w2.dequantize(torch.bfloat16)) for b in blocks[:3]]
     for m in STEP_M:
         r = {"m": m}

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,7 +47,7 @@ def run(out: Path) -> int:
     fam, arch = registry.get("triton"), (ARCHS["cpu"] if SMOKE else detect())
     timer = timing.TimerConfig(budget_s=0.05, max_reps=30)
     quick = timing.TimerConfig(budget_s=0.01, max_reps=10)
-    res = {"gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
+    res: dict[str, Any] = {"gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "arch": arch.name, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "rows": []}
     for n, k in SHAPES:
@@ -60,8 +61,8 @@ def run(out: Path) -> int:
             sets = inputs.make_inputs(p, m, DEV, seed=m + n, n_sets=n_sets)
             ref = inputs.reference(p, sets[0])
             outs = [inputs.torch_empty_out(p, m, s) for s in sets]
-            row = {"n": n, "k": k, "m": m, "sets": n_sets, "configs": {}, "errors": {}}
-            kernels = {}
+            row: dict[str, Any] = {"n": n, "k": k, "m": m, "sets": n_sets, "configs": {}, "errors": {}}
+            kernels: dict[str, Any] = {}    # W4A4 launchers: a call, plus .quantize and .gemm
             for t in cands:
                 try:
                     kern = fam.build(p, t, DEV)
