@@ -38,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.core.problem import Problem  # noqa: E402
 
-SMOKE = os.environ.get("MOE_DECODE_SMOKE") == "1"
+SMOKE = os.environ.get("MOE_DECODE_SMOKE") == "1"     # tiny shapes on the CPU, in Triton's interpreter
+if SMOKE:
+    os.environ.setdefault("TRITON_INTERPRET", "1")      # before anything imports Triton
 E, TOP_K = (256, 8) if not SMOKE else (6, 2)
 W13 = Problem.moe(512, 6144, E, TOP_K) if not SMOKE else Problem.moe(64, 256, E, TOP_K)
 W2 = Problem.moe(6144, 256, E, TOP_K) if not SMOKE else Problem.moe(64, 128, E, TOP_K)

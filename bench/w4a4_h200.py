@@ -33,6 +33,7 @@ SAMPLE = 12
 SMOKE = os.environ.get("W4A4_SMOKE") == "1"
 if SMOKE:
     SHAPES, BUCKETS, SAMPLE = [(64, 256)], [1, 8], 2
+    os.environ.setdefault("TRITON_INTERPRET", "1")      # before anything imports Triton
 DEV = "cpu" if SMOKE else "cuda"
 
 
