@@ -1,4 +1,4 @@
-"""The cuda family on a CUDA GPU (issue #16): correctness of every config, then the decode table.
+"""The cuda family on a CUDA GPU: correctness of every config, then the decode table.
 
     python3 bench/cuda_h200.py run --out DIR [--phases check,table] [--budget-s 400]
     python3 bench/cuda_h200.py render DIR/cuda_h200.json          # markdown tables, anywhere

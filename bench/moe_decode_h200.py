@@ -1,4 +1,4 @@
-"""GLM-5 TP8 routed MoE at decode sizes (issue #15): the `moe_decode` member against the existing
+"""GLM-5 TP8 routed MoE at decode sizes: the `moe_decode` member against the existing
 `moe_w4a16` default, the byte floor of the experts touched, torch's bf16 `_grouped_mm` and a bf16 GEMV.
 
     python3 bench/moe_decode_h200.py --out DIR [--budget-s 480]          # on the GPU machine

@@ -1,4 +1,4 @@
-"""GLM-5 TP8 on the H200 (issue #15): the searched MoE winners checked against float64 through
+"""GLM-5 TP8 on the H200: the searched MoE winners checked against float64 through
 dispatch and FP4MoE, and the MLP decode step — every FP4 GEMM of the 78 layers — beside bf16.
 
     python3 bench/moe_mlp_step_h200.py --moe-cache MOE.db --dense-cache DENSE.db[.xz] --out DIR
@@ -23,7 +23,7 @@ dispatch and FP4MoE, and the MLP decode step — every FP4 GEMM of the 78 layers
    measured in the same run. Shared-expert SiLU is not a GEMM and is in no column.
 4. In the same run: the shared expert folded into the routed calls (FP4MoE(shared=...), the
    `e257:top9` problems of `--fold-shared`) against routed + shared gate_up + shared down, and
-   the fused block under uniform routing beside bf16 and its floor (issue #15 item 5). The folded
+   the fused block under uniform routing beside bf16 and its floor. The folded
    forwards are also checked against float64 (routed block + the shared MLP).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two ranked searches on the H200 compared, and a triton.autotune sample (issue #18).
+"""Two ranked searches on the H200 compared, and a triton.autotune sample.
 
     python3 bench/rank_h200.py compare A.db B.db --json out.json    # winners that differ, re-timed interleaved
     python3 bench/rank_h200.py autotune --json out.json              # triton.autotune sample, extrapolated

@@ -1,4 +1,4 @@
-"""One-call exploration of the Triton W4A16 family on a CUDA GPU (issue #4), before the full bench.
+"""One-call exploration of the Triton W4A16 family on a CUDA GPU, before the full bench.
 
     python3 bench/triton_explore.py [--out DIR]
 

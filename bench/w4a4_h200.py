@@ -1,4 +1,4 @@
-"""W4A4 (`w4a4_dot_scaled`) timings on a CUDA GPU, issue #4 item 3: quantize + GEMM and GEMM alone.
+"""W4A4 (`w4a4_dot_scaled`) timings on a CUDA GPU: quantize + GEMM and GEMM alone.
 
     python3 bench/w4a4_h200.py run --out DIR                          # on the GPU machine
     python3 bench/w4a4_h200.py render DIR/w4a4.json docs/triton-w4a4-h200.md   # anywhere

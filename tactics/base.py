@@ -145,7 +145,7 @@ class FamilyBase:
             launch_moe.kernel = kernel  # type: ignore[attr-defined]
             return launch_moe
 
-        check, check_o = x_checker(problem, packed), out_checker(problem)   # issue #17: cheap per-call form
+        check, check_o = x_checker(problem, packed), out_checker(problem)   # built once: a call pays only the cheap checks
 
         def launch(x, out=None):
             check(x)

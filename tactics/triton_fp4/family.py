@@ -81,8 +81,8 @@ class TritonFamily(FamilyBase):
       (a subclass registered with `tactics.registry.register("triton", "module:Class")` widens the
       space for the search and its workers). Configs outside the region the smem model was
       checked on get the compiler's figure, or an unknown verdict (never an extrapolated "fits").
-    * `compiler`: a compiler-figure provider (figures.CompiledFigures) the engine passes in
-      (`TritonFamily(compiler=...)` or `family.with_compiler(...)`); without one, configs outside
+    * `compiler`: a compiler-figure provider (figures.CompiledFigures) a caller passes in
+      (`TritonFamily(compiler=...)` or `family.with_compiler(...)`; the engine passes none); without one, configs outside
       the checked region are `Verdict(ok=None, "unknown: ...")`.
     """
 
