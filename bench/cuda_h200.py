@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
@@ -310,7 +311,7 @@ def main() -> int:
     r.add_argument("--phases", default="check,table")
     r.add_argument("--budget-s", type=float, default=400.0)
     d = sub.add_parser("render")
-    d.add_argument("json")
+    d.add_argument("json", type=existing)
     a = ap.parse_args()
     if a.cmd == "render":
         print(render(json.loads(Path(a.json).read_text())))

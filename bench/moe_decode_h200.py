@@ -35,6 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 
@@ -219,7 +220,7 @@ def render(path: Path) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--render", type=Path, help="print the markdown tables of a result JSON and exit")
+    ap.add_argument("--render", type=lambda s: Path(existing(s)), help="print the markdown tables of a result JSON and exit")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     a = ap.parse_args()
@@ -307,6 +308,8 @@ def main() -> int:
 
     # ---- 3. timings ---------------------------------------------------------------------------------
     quick = timing.TimerConfig(min_reps=5, max_reps=15, budget_s=0.02)
+    if SMOKE:     # each interpreted launch takes about a second: the code paths, not the figures
+        quick = timing.TimerConfig(min_reps=1, max_reps=1, budget_s=0.0)
     fam, old = TritonFamily(), {}
     for name, (prob, epi, routed) in VARIANTS.items():
         if epi == "none":

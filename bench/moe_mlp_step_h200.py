@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 
@@ -336,7 +337,7 @@ def main() -> int:
     ap.add_argument("--moe-cache")
     ap.add_argument("--dense-cache")
     ap.add_argument("--out")
-    ap.add_argument("--render")
+    ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
     a = ap.parse_args()
     if a.render:
         print(render(Path(a.render)))

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import existing  # noqa: E402
 
 SAMPLE = 16
 PROBLEM = (3072, 6144)
@@ -105,7 +106,7 @@ def autotune_sample() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["compare", "autotune"])
-    ap.add_argument("dbs", nargs="*")
+    ap.add_argument("dbs", nargs="*", type=existing, help="compare: the two caches")
     ap.add_argument("--json", required=True)
     ap.add_argument("--device", default="cuda", help="compare: where to re-time (cpu for a dry run)")
     a = ap.parse_args(argv)

@@ -40,6 +40,7 @@ from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
 from tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL, TILE as DQ_TILE  # noqa: E402
 from tactics.triton_fp4.w4a16 import tactic  # noqa: E402
+from bench.common import existing  # noqa: E402
 from bench.triton_h200_render import FAM, SEARCH_BUCKETS, SEARCH_PROBLEMS, render  # noqa: E402
 
 BUCKETS = [1 << i for i in range(14)]          # 1 … 8192
@@ -460,7 +461,7 @@ def main() -> int:
     r.add_argument("--phases", default="table,search")
     r.add_argument("--table-budget-s", type=float, default=330.0)
     d = sub.add_parser("render")
-    d.add_argument("src")
+    d.add_argument("src", type=existing)
     d.add_argument("dst")
     a = ap.parse_args()
     if a.cmd == "run":

@@ -85,7 +85,7 @@ def render(src: str, dst: str) -> int:
         summary.append((name, rs))
     # targets
     if rows:
-        L += ["## Targets (issue #4)", ""]
+        L += ["## Targets", ""]
         # shapes whose FP4 weight + scale bytes take at least 10 µs at the copy rate
         big = [r for r in rows if r["m"] <= 16 and (r["n"] * r["k"] // 2 + r["n"] * r["k"] // 16) / bw >= 10e-6]
         for r in big:

@@ -23,6 +23,7 @@ from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 
@@ -163,7 +164,7 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("--out", default=os.environ.get("OUT", "."))
     d = sub.add_parser("render")
-    d.add_argument("src")
+    d.add_argument("src", type=existing)
     d.add_argument("dst")
     a = ap.parse_args()
     return run(Path(a.out)) if a.cmd == "run" else render(a.src, a.dst)
