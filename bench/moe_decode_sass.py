@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from autotune.core.arch import get_arch
     from autotune.core.problem import Problem
-    from tactics.triton_fp4.w4a16 import W4A16Member
-    from tactics.triton_fp4 import moe_decode as md
-    from tactics.triton_fp4 import moe_decode_kernel as K
+    from autotune.tactics.triton_fp4.w4a16 import W4A16Member
+    from autotune.tactics.triton_fp4 import moe_decode as md
+    from autotune.tactics.triton_fp4 import moe_decode_kernel as K
 
     target = GPUTarget("cuda", get_arch(arch).cc_int, 32)
     opts = {"num_warps": TILE["num_warps"], "num_stages": TILE["num_stages"]}

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import existing  # noqa: E402
 
 from autotune.engine import rankdata, rankmodel, ranked  # noqa: E402
-from cache.store import Store  # noqa: E402
+from autotune.cache.store import Store  # noqa: E402
 
 TARGET_SHARE, TARGET_GAP, TARGET_HITS = 0.10, 0.03, 0.95
 

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL  # noqa: E402
-from tactics.triton_fp4.family import TritonFamily  # noqa: E402
+from autotune.tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL  # noqa: E402
+from autotune.tactics.triton_fp4.family import TritonFamily  # noqa: E402
 from bench.common import existing, parser  # noqa: E402
 
 FAM = TritonFamily()

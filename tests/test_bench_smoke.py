@@ -262,7 +262,7 @@ def _triton_h200_result(th) -> dict:
 def test_triton_h200_parts(tmp_path):
     """Every candidate of the table (each bucket) and of the search sample is a valid triton
     tactic; the render module (which the run script imports, never the other way) renders."""
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4.family import TritonFamily
     th = _load("triton_h200")
     fam = TritonFamily()
     for m in th.BUCKETS:
@@ -281,14 +281,14 @@ def test_triton_h200_parts(tmp_path):
 
 
 def test_triton_explore_candidates_are_valid():
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4.family import TritonFamily
     te = _load("triton_explore")
     fam = TritonFamily()
     assert [t for t in [*te.DECODE, *te.PREFILL, te.DQ] if fam.validate(t)] == []
 
 
 def test_cuda_h200_tactics_are_the_families():
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4.family import TritonFamily
     ch = _load("cuda_h200")
     fam = TritonFamily()
     ts = ch.triton_tactics()
