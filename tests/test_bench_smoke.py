@@ -3,7 +3,7 @@ scripts' syntax and the python they call, and mypy over bench/ and the package (
 that no longer exists fails here, not on the next GPU session).
 
 SMOKE below names, for each bench script, what CI runs of it: a command on tiny fixture data (a
-CPU search of a 4-problem model made once per session, or a small committed cache opened
+CPU search of a 4-problem model made once per run, or a small committed cache opened
 read-only), a test elsewhere that runs it, or, for the GPU-only scripts, the CPU parts a test here
 calls (the GPU parts — CUDA events and graphs, device memory — are left to the device runs).
 """
@@ -59,12 +59,13 @@ SMOKE: dict[str, tuple[str, str]] = {
     "common.py": ("parts", "used by the others' --help (test_help_creates_nothing)"),
 }
 
-SLOW = {"search_cost.py", "w4a4_h200.py", "moe_decode_h200.py"}     # a minute or so of CPU each
-
-
 def test_every_bench_script_has_a_smoke_entry():
     scripts = {p.name for p in BENCH.glob("*.py")}
     assert scripts == set(SMOKE), (scripts - set(SMOKE), set(SMOKE) - scripts)
+    for script, (how, note) in SMOKE.items():
+        if how == "elsewhere":      # the test named runs the script
+            test = ROOT / note.split()[0]
+            assert script.removesuffix(".py") in test.read_text(), (script, test)
 
 
 def _load(name: str):
@@ -107,8 +108,6 @@ RUN = sorted(s for s, (how, _) in SMOKE.items() if how == "run" or how.startswit
 @pytest.mark.parametrize("script", RUN)
 def test_smoke_run(script, fixtures, tmp_path):
     how, args = SMOKE[script]
-    if script in SLOW and os.environ.get("BENCH_SMOKE_SLOW", "1") == "0":
-        pytest.skip("BENCH_SMOKE_SLOW=0")
     # what serves by default (FP4Linear's dispatcher, misses) reads and writes a copy of the fixture,
     # never the user's cache
     import sqlite3
