@@ -214,7 +214,7 @@ def cache_group():
     """Export and import caches (for deployment images)."""
 
 
-# ---- begin: --format flashinfer (issue 19) -----------------------------------------------------
+# ---- begin: --format flashinfer ----------------------------------------------------------------
 def _flashinfer_options(f):
     f = click.option("--blocklist", default=None, help="flashinfer: blocklist file (default: OUTPUT stem + .blocklist.json)")(f)
     f = click.option("--meta", "meta", multiple=True, metavar="FIELD=VALUE",

@@ -29,6 +29,7 @@ from autotune.core.tactic import Tactic  # noqa: E402
 from autotune.tactics.triton_fp4.moe_decode import chunk_tokens  # noqa: E402
 from autotune.tactics.triton_fp4.splitk import chunk_rows  # noqa: E402
 from autotune.engine.strategy import invariant, one_per_problem  # noqa: E402
+from bench.common import existing  # noqa: E402
 from bench.rank_eval import open_store  # noqa: E402
 
 
@@ -77,7 +78,7 @@ def rows(store) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("db", help="a cache file (SQLite, or .xz of one) holding a full search")
+    ap.add_argument("db", type=existing, help="a cache file (SQLite, or .xz of one) holding a full search")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

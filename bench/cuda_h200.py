@@ -1,4 +1,4 @@
-"""The cuda family on a CUDA GPU (issue #16): correctness of every config, then the decode table.
+"""The cuda family on a CUDA GPU: correctness of every config, then the decode table.
 
     python3 bench/cuda_h200.py run --out DIR [--phases check,table] [--budget-s 400]
     python3 bench/cuda_h200.py render DIR/cuda_h200.json          # markdown tables, anywhere
@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
@@ -310,7 +311,7 @@ def main() -> int:
     r.add_argument("--phases", default="check,table")
     r.add_argument("--budget-s", type=float, default=400.0)
     d = sub.add_parser("render")
-    d.add_argument("json")
+    d.add_argument("json", type=existing)
     a = ap.parse_args()
     if a.cmd == "render":
         print(render(json.loads(Path(a.json).read_text())))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #16's done-condition on the H200 in one device call, plus the GPU tests of the merged bound,
+# The cuda family's search on the H200 in one device call, plus the GPU tests of the merged bound,
 # batch-invariant, cuda and FP4MoE work (results: docs/cuda-family.md):
 #   1. autotune search --model glm5 --tp 8 --families cuda,triton,torch --only dense --max-tokens 64
 #      with --strategy ranked (the committed sm90 rank model; the cuda family is new to it, so its

@@ -1,4 +1,4 @@
-"""The Python part of the eager call path, on the CPU (issue #17): the torch family's GPU work
+"""The Python part of the eager call path, on the CPU: the torch family's GPU work
 (dequantize + matmul) replaced by a no-op, so what is timed is what a call costs the host beyond
 its kernel: the lookup, the checks, the output allocation and the calls in between.
 
@@ -9,7 +9,7 @@ FlashInfer hybrid bucket up to 8192) in a temporary SQLite cache. Figures are µ
 p90 over batches (per-call mean of each batch), the Python loop included.
 
   dispatch((M,N,K))               the module-level lookup of the README, `[dispatch(s) for s in
-                                  shapes]` (the form issue #17 item 5 measures)
+                                  shapes]` (the form a serving engine calls)
   table(m) / bt.launcher(m)       the lookup bound to one problem / with one weight bound
   bound launcher(m)(x)[, out=]    lookup + x check + output allocation + (no-op) kernel
   FP4Linear(x)                    nn.Module call + forward's checks + the above

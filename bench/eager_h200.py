@@ -1,4 +1,4 @@
-"""Host cost of the eager call path on a CUDA GPU (issue #17), all columns in one run.
+"""Host cost of the eager call path on a CUDA GPU, all columns in one run.
 
     python3 bench/eager_h200.py --out DIR          # on the H200; DIR/eager_h200.json + tables on stdout
 

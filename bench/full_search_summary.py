@@ -17,6 +17,11 @@ import shutil
 import sqlite3
 import sys
 import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import existing, parser  # noqa: E402
 
 
 def main(db: str, w4a4_json: str | None = None) -> int:
@@ -73,5 +78,13 @@ def _summary(c: sqlite3.Connection, w4a4_json: str | None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("cache", type=existing, help="the full search's cache (SQLite, or .xz of one)")
+    ap.add_argument("w4a4_json", type=existing, nargs="?", help="bench/w4a4_h200.py's JSON of the same session")
+    a = ap.parse_args(argv)
+    return main(a.cache, a.w4a4_json)
+
+
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(cli())

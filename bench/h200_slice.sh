@@ -2,7 +2,7 @@
 # The vertical slice on a real GPU, in one device call (see docs/h200-slice.md for the results):
 #   1. the GPU-marked tests (kernels at GLM-5 shapes against float64, the CUDA timer);
 #   2. `autotune search --model glm5 --tp 8 --families triton,torch` on a bucket sample with a
-#      tactic budget (serial compilation: the full space waits for issue #3's compile pool);
+#      tactic budget (serial compilation: the full space needs the compile pool, --compile-workers);
 #   3. `autotune show` of what it stored, and dispatch of every dense winner checked again.
 # Run from the repo root with the wheels from ../shared/tools/device-wheels.sh in .whl/.
 set -uo pipefail

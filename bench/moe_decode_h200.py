@@ -1,4 +1,4 @@
-"""GLM-5 TP8 routed MoE at decode sizes (issue #15): the `moe_decode` member against the existing
+"""GLM-5 TP8 routed MoE at decode sizes: the `moe_decode` member against the existing
 `moe_w4a16` default, the byte floor of the experts touched, torch's bf16 `_grouped_mm` and a bf16 GEMV.
 
     python3 bench/moe_decode_h200.py --out DIR [--budget-s 480]          # on the GPU machine
@@ -35,10 +35,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 
-SMOKE = os.environ.get("MOE_DECODE_SMOKE") == "1"
+SMOKE = os.environ.get("MOE_DECODE_SMOKE") == "1"     # tiny shapes on the CPU, in Triton's interpreter
+if SMOKE:
+    os.environ.setdefault("TRITON_INTERPRET", "1")      # before anything imports Triton
 E, TOP_K = (256, 8) if not SMOKE else (6, 2)
 W13 = Problem.moe(512, 6144, E, TOP_K) if not SMOKE else Problem.moe(64, 256, E, TOP_K)
 W2 = Problem.moe(6144, 256, E, TOP_K) if not SMOKE else Problem.moe(64, 128, E, TOP_K)
@@ -217,7 +220,7 @@ def render(path: Path) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--render", type=Path, help="print the markdown tables of a result JSON and exit")
+    ap.add_argument("--render", type=lambda s: Path(existing(s)), help="print the markdown tables of a result JSON and exit")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     a = ap.parse_args()
@@ -305,11 +308,13 @@ def main() -> int:
 
     # ---- 3. timings ---------------------------------------------------------------------------------
     quick = timing.TimerConfig(min_reps=5, max_reps=15, budget_s=0.02)
+    if SMOKE:     # each interpreted launch takes about a second: the code paths, not the figures
+        quick = timing.TimerConfig(min_reps=1, max_reps=1, budget_s=0.0)
     fam, old = TritonFamily(), {}
     for name, (prob, epi, routed) in VARIANTS.items():
         if epi == "none":
-            t = fam.default(prob, arch)
-            old[name] = (t.params, fam.build(prob, t, DEV))
+            dflt = fam.default(prob, arch)
+            old[name] = (dflt.params, fam.build(prob, dflt, DEV))
     ebytes = {p: p.n * (p.k // 2 + p.k // p.block) + 4 for p in (W13, W2)}
     for rname, skew in ROUTINGS.items():
         for m in BUCKETS:

@@ -1,6 +1,6 @@
 """Instruction count of the moe_decode main loop against the dense W4A16 kernel's, same tile (no GPU).
 
-    TRITON_DEFAULT_FP_FUSION=1 python3 bench/moe_decode_sass.py [ARCH]      # default sm90
+    TRITON_DEFAULT_FP_FUSION=1 python3 bench/moe_decode_sass.py [--arch sm90]
 
 Cross-compiles both kernels to a cubin with the installed Triton (the launchers' specialization),
 disassembles them with the cuobjdump Triton bundles, and counts the instructions of the innermost
@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import parser  # noqa: E402
 
 TILE = dict(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=4)
 
@@ -44,14 +46,17 @@ def _loop(cubin: bytes) -> list[str]:
     return min(loops, key=len) if loops else []
 
 
-def main(arch: str = "sm90") -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("--arch", default="sm90", help="the target Triton cross-compiles for (no GPU needed)")
+    arch = ap.parse_args(argv).arch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from autotune.core.arch import get_arch
     from autotune.core.problem import Problem
-    from autotune.tactics.triton_fp4 import compile as C
+    from autotune.tactics.triton_fp4.w4a16 import W4A16Member
     from autotune.tactics.triton_fp4 import moe_decode as md
     from autotune.tactics.triton_fp4 import moe_decode_kernel as K
 
@@ -62,7 +67,7 @@ def main(arch: str = "sm90") -> int:
     sig = {n: K.ARG_TYPES[n] for n in K.ARG_NAMES}
     sig.update({c: "constexpr" for c in consts})
     moe = ASTSource(K.moe_decode_kernel, sig, constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in K.DIVISIBLE})
-    dense, _, _ = C._source("nvfp4", dict(TILE, group_m=1, kernel="w4a16_dequant"))
+    (dense, _), = W4A16Member().sources("nvfp4", dict(TILE, group_m=1, kernel="w4a16_dequant"))
     elems = TILE["block_n"] * TILE["block_k"]
     for name, src in (("moe_decode", moe), ("w4a16_dequant", dense)):
         body = _loop(triton.compile(src, target=target, options=opts).asm["cubin"])
@@ -74,4 +79,4 @@ def main(arch: str = "sm90") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:2]))
+    sys.exit(main())

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue #15 on the H200 in one device call: the routed-MoE search with the fused variants (resumed
+# The routed-MoE search on the H200 in one device call: the routed-MoE search with the fused variants (resumed
 # from docs/data/moe-search-h200.db when that exists), then bench/moe_mlp_step_h200.py on its winners.
 #   SEARCH_S=360 BENCH_S=170 bash bench/moe_h200.sh        (writes $OUT/moe-search-h200.db, logs, JSON)
 # --fold-shared adds the shared-expert-folded problems (e257:top9): resumed from the committed cache,

@@ -1,4 +1,4 @@
-"""GLM-5 TP8 on the H200 (issue #15): the searched MoE winners checked against float64 through
+"""GLM-5 TP8 on the H200: the searched MoE winners checked against float64 through
 dispatch and FP4MoE, and the MLP decode step — every FP4 GEMM of the 78 layers — beside bf16.
 
     python3 bench/moe_mlp_step_h200.py --moe-cache MOE.db --dense-cache DENSE.db[.xz] --out DIR
@@ -23,7 +23,7 @@ dispatch and FP4MoE, and the MLP decode step — every FP4 GEMM of the 78 layers
    measured in the same run. Shared-expert SiLU is not a GEMM and is in no column.
 4. In the same run: the shared expert folded into the routed calls (FP4MoE(shared=...), the
    `e257:top9` problems of `--fold-shared`) against routed + shared gate_up + shared down, and
-   the fused block under uniform routing beside bf16 and its floor (issue #15 item 5). The folded
+   the fused block under uniform routing beside bf16 and its floor. The folded
    forwards are also checked against float64 (routed block + the shared MLP).
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 
@@ -210,9 +211,9 @@ def step(dd, dm, rate: float) -> list[dict]:
                for k, p in DENSE.items()}
     dense_b = {k: [dd.bind(DENSE[k], w) for w in ws] for k, ws in dense_w.items()}
     weights = [random_block(40 + i) for i in range(6 if not SMOKE else 1)]     # ≥ 2× L2 of touched experts at M = 1
-    blocks = [make_block(*w, dm, True) for w in weights]
-    unfused = [make_block(*w, dm, False) for w in weights]
-    folded = [make_block(*w, dm, True, shared=random_shared(60 + i)) for i, w in enumerate(weights)]
+    blocks = [make_block(g, u, dn, dm, True) for g, u, dn in weights]
+    unfused = [make_block(g, u, dn, dm, False) for g, u, dn in weights]
+    folded = [make_block(g, u, dn, dm, True, shared=random_shared(60 + i)) for i, (g, u, dn) in enumerate(weights)]
     bf = [(b.w13.dequantize(torch.bfloat16), b.w2.dequantize(torch.bfloat16)) for b in blocks[:3]]
     for m in STEP_M:
         r = {"m": m}
@@ -336,7 +337,7 @@ def main() -> int:
     ap.add_argument("--moe-cache")
     ap.add_argument("--dense-cache")
     ap.add_argument("--out")
-    ap.add_argument("--render")
+    ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
     a = ap.parse_args()
     if a.render:
         print(render(Path(a.render)))

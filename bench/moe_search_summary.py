@@ -1,5 +1,5 @@
-"""The routed-MoE search on the H200 (issue #15) from its cache: trials, winners per problem and
-bucket, tuned vs the designated default (docs/moe-decode.md).
+"""The routed-MoE search on the H200 from its cache: trials, winners per problem and bucket, tuned
+vs the designated default (docs/moe-decode.md).
 
     python3 bench/moe_search_summary.py docs/data/moe-search-h200.db
 """
@@ -10,6 +10,11 @@ import math
 import sqlite3
 import sys
 from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import existing, parser  # noqa: E402
 
 
 def short(p: dict) -> str:
@@ -53,5 +58,12 @@ def summary(path: str) -> str:
     return "\n".join(out)
 
 
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("cache", type=existing, help="the routed-MoE search's cache (SQLite, opened read-only)")
+    print(summary(ap.parse_args(argv).cache))
+    return 0
+
+
 if __name__ == "__main__":
-    print(summary(sys.argv[1]))
+    sys.exit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #8 (and #4's done-condition) on a machine with two H200s, in one device call:
+# Multi-GPU search and cache merging on a machine with two H200s, in one device call:
 #   1. the GPU timer tests (graph memo, cold-L2 rotation, lead spin);
 #   2. one sampled search (GLM-5 TP8, triton+torch, --max-tactics $MAXT, buckets $SAMPLE) on one
 #      GPU, then the same on two (--gpus 0,1), each with an empty Triton cache and a fresh cache

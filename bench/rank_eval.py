@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import existing  # noqa: E402
 
 from autotune.engine import rankdata, rankmodel, ranked  # noqa: E402
 from autotune.cache.store import Store  # noqa: E402
@@ -134,7 +135,7 @@ class _Sklearn:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("db", help="a cache file (SQLite, or .xz of one) holding a full search")
+    ap.add_argument("db", type=existing, help="a cache file (SQLite, or .xz of one) holding a full search")
     ap.add_argument("--rounds", type=int, default=None, help="boosting rounds (default: the model's)")
     ap.add_argument("--lobo-every", type=int, default=1, help="hold out every n-th bucket only (CI: fewer folds)")
     ap.add_argument("--folds", default="lopo,lobo")

@@ -1,4 +1,4 @@
-"""Two ranked searches on the H200 compared, and a triton.autotune sample (issue #18).
+"""Two ranked searches on the H200 compared, and a triton.autotune sample.
 
     python3 bench/rank_h200.py compare A.db B.db --json out.json    # winners that differ, re-timed interleaved
     python3 bench/rank_h200.py autotune --json out.json              # triton.autotune sample, extrapolated
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import existing  # noqa: E402
 
 SAMPLE = 16
 PROBLEM = (3072, 6144)
@@ -105,7 +106,7 @@ def autotune_sample() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["compare", "autotune"])
-    ap.add_argument("dbs", nargs="*")
+    ap.add_argument("dbs", nargs="*", type=existing, help="compare: the two caches")
     ap.add_argument("--json", required=True)
     ap.add_argument("--device", default="cuda", help="compare: where to re-time (cpu for a dry run)")
     a = ap.parse_args(argv)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #18 on the H200 in one device call (results: docs/search.md):
+# The ranked search on the H200 in one device call (results: docs/search.md):
 #   1. `autotune search --model glm5 --tp 8 --strategy ranked` twice, each into an empty cache (run a
 #      with an empty Triton cache, run b reusing a's compiled kernels), every hybrid bucket to 8192,
 #      with the committed rank model (docs/data/h200x2-glm5-tp8-full.rank-sm90.json);

@@ -5,10 +5,10 @@
     python3 bench/search_cost.py --families triton,torch --buckets 1,16,256,4096 --max-tactics 0   # on a GPU
 
 Each search runs as the real CLI in a fresh process with a fresh cache; prints a markdown table.
+Smoke (CI): `--only dense:bf16*nvfp4->bf16:n6144:k256 --buckets 1 --max-tactics 2 --compile-tactics 1`, one small problem.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sqlite3
@@ -18,9 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from trial_timeline import spent_on_rejected   # bench/ is on sys.path when run as a script
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import parser  # noqa: E402
+from bench.trial_timeline import spent_on_rejected  # noqa: E402
 
 
 def run(args: list[str]) -> tuple[float, dict]:
@@ -37,7 +39,7 @@ def run(args: list[str]) -> tuple[float, dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", default="8")
     ap.add_argument("--buckets", default="1,2,4")
@@ -45,8 +47,10 @@ def main() -> None:
     ap.add_argument("--compile-arch", default="sm90", help="arch for the compile-stage rows (Triton cross-compiles)")
     ap.add_argument("--compile-tactics", type=int, default=24, help="Triton configs per problem in the compile rows")
     ap.add_argument("--max-tactics", type=int, default=0, help="0: every kept tactic")
+    ap.add_argument("--only", default=None, help="only problems matching this (autotune search --only)")
     a = ap.parse_args()
-    base = ["--model", a.model, "--tp", a.tp, "--buckets", a.buckets, "--families", a.families]
+    only = ["--only", a.only] if a.only else []
+    base = ["--model", a.model, "--tp", a.tp, "--buckets", a.buckets, "--families", a.families, *only]
     if a.max_tactics:
         base += ["--max-tactics", str(a.max_tactics)]
     rows = []
@@ -58,7 +62,7 @@ def main() -> None:
             rows.append((label, wall, f"{rep['measured']} timed ({rep['dropped']} dropped), {rep['failed']} failed, "
                          f"{len(rep['winners'])} winners", rejected, spent_on_rejected(sqlite3.connect(db))))
         cbase = ["--model", a.model, "--tp", a.tp, "--families", "triton", "--arch", a.compile_arch,
-                 "--compile-check", "--max-tactics", str(a.compile_tactics)]
+                 "--compile-check", "--max-tactics", str(a.compile_tactics), *only]
         for n in (1, 2):
             wall, rep = run(cbase + ["--compile-workers", str(n)])
             rejected = sum(f["rejected"] for p in rep["problems"] for f in p["families"])

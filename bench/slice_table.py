@@ -6,6 +6,11 @@ import json
 import sqlite3
 import sys
 from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import existing, parser  # noqa: E402
 
 
 def main(path: str) -> None:
@@ -40,5 +45,12 @@ def main(path: str) -> None:
         print(f"- {prm}: model {sm}, compiler {sc}")
 
 
+def cli(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("cache", type=existing, help="a cache written by bench/h200_slice.sh (opened read-only)")
+    main(ap.parse_args(argv).cache)
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(cli())

@@ -9,6 +9,11 @@ from __future__ import annotations
 import sqlite3
 import sys
 from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import existing, parser  # noqa: E402
 
 
 def spent_on_rejected(con: sqlite3.Connection) -> int:
@@ -39,5 +44,12 @@ def main(path: str) -> None:
     print("most common failure reasons:", fails)
 
 
+def cli(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("cache", type=existing, help="a search's cache (SQLite, opened read-only)")
+    main(ap.parse_args(argv).cache)
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(cli())

@@ -1,4 +1,4 @@
-"""One-call exploration of the Triton W4A16 family on a CUDA GPU (issue #4), before the full bench.
+"""One-call exploration of the Triton W4A16 family on a CUDA GPU, before the full bench.
 
     python3 bench/triton_explore.py [--out DIR]
 
@@ -27,6 +27,7 @@ from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
 from autotune.tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL, TILE as DQ_TILE  # noqa: E402
 from autotune.tactics.triton_fp4.family import TritonFamily  # noqa: E402
+from autotune.tactics.triton_fp4.w4a16 import tactic  # noqa: E402
 
 FAM = TritonFamily()
 SHAPES = {"tp1_gate_up": (24576, 6144), "tp1_down": (6144, 12288), "tp8_gate_up": (3072, 6144),
@@ -34,7 +35,7 @@ SHAPES = {"tp1_gate_up": (24576, 6144), "tp1_down": (6144, 12288), "tp8_gate_up"
 
 
 def t(bm, bn, bk, w, s, sk=1, gm=1):
-    return FAM._tactic(bm, bn, bk, gm, w, s, sk)
+    return tactic(bm, bn, bk, gm, w, s, sk)
 
 
 DECODE = [t(16, bn, bk, 4, s, sk) for bn in (32, 64, 128) for bk in (128, 256) for s in (3, 4)

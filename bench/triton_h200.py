@@ -1,4 +1,4 @@
-"""Triton FP4 family on a CUDA GPU (issue #4): tuned vs default vs cuBLAS bf16, ceilings, search cost.
+"""Triton FP4 family on a CUDA GPU: tuned vs default vs cuBLAS bf16, ceilings, search cost.
 
     python3 bench/triton_h200.py run --out DIR [--phases table,search]   # on the GPU machine
     python3 bench/triton_h200.py render DIR/triton_h200.json docs/triton-h200.md   # anywhere
@@ -39,17 +39,16 @@ sys.path.insert(0, str(ROOT))
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
 from autotune.tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL, TILE as DQ_TILE  # noqa: E402
-from autotune.tactics.triton_fp4.family import TritonFamily  # noqa: E402
+from autotune.tactics.triton_fp4.w4a16 import tactic  # noqa: E402
+from bench.common import existing  # noqa: E402
+from bench.triton_h200_render import FAM, SEARCH_BUCKETS, SEARCH_PROBLEMS, render  # noqa: E402
 
-FAM = TritonFamily()
 BUCKETS = [1 << i for i in range(14)]          # 1 … 8192
-SEARCH_PROBLEMS = [(3072, 6144), (6144, 1536)]  # GLM-5 TP8 gate_up and down_proj
-SEARCH_BUCKETS = [1, 16, 128, 1024, 4096]
 SEARCH_SAMPLE = 40
 
 
 def _t(bm, bn, bk, w, s, sk=1, gm=1) -> Tactic:
-    return FAM._tactic(bm, bn, bk, gm, w, s, sk)
+    return tactic(bm, bn, bk, gm, w, s, sk)
 
 
 def candidates(m: int) -> list[Tactic]:
@@ -147,7 +146,7 @@ class Inputs:
         gen = torch.Generator().manual_seed(seed)
         w0 = inputs.random_weight(p, "cuda", gen)
         per = w0.packed.numel() + w0.scales.numel()
-        self.n_sets = bench.sets_for_cold_l2(per, "cuda", cap=16)
+        self.n_sets = timing.sets_for_cold_l2(per, "cuda", cap=16)
         self.w = [w0] + [inputs.random_weight(p, "cuda", gen) for _ in range(self.n_sets - 1)]
         self.wbf16 = [w.dequantize(torch.bfloat16) for w in self.w]
 
@@ -302,7 +301,7 @@ def _ours_child(out_json: str) -> None:
         for m in SEARCH_BUCKETS:
             t0 = time.perf_counter()
             s1 = inputs.make_inputs(p, m, "cuda", seed=m)[0]
-            n_sets = bench.sets_for_cold_l2(s1.nbytes(), "cuda", cap=16)
+            n_sets = timing.sets_for_cold_l2(s1.nbytes(), "cuda", cap=16)
             sets = [s1] + (inputs.make_inputs(p, m, "cuda", seed=m + 7, n_sets=n_sets - 1) if n_sets > 1 else [])
             ref = inputs.reference(p, sets[0])
             outs = [inputs.torch_empty_out(p, m, s) for s in sets]
@@ -333,7 +332,7 @@ def _exhaustive(ours: dict, theirs: dict) -> list[dict]:
         p = Problem.dense(n, k)
         for m in SEARCH_BUCKETS:
             s1 = inputs.make_inputs(p, m, "cuda", seed=m + 99)[0]
-            n_sets = bench.sets_for_cold_l2(s1.nbytes(), "cuda", cap=16)
+            n_sets = timing.sets_for_cold_l2(s1.nbytes(), "cuda", cap=16)
             sets = [s1] + (inputs.make_inputs(p, m, "cuda", seed=m + 98, n_sets=n_sets - 1) if n_sets > 1 else [])
             ref = inputs.reference(p, sets[0])
             outs = [inputs.torch_empty_out(p, m, s) for s in sets]
@@ -462,12 +461,11 @@ def main() -> int:
     r.add_argument("--phases", default="table,search")
     r.add_argument("--table-budget-s", type=float, default=330.0)
     d = sub.add_parser("render")
-    d.add_argument("src")
+    d.add_argument("src", type=existing)
     d.add_argument("dst")
     a = ap.parse_args()
     if a.cmd == "run":
         return run(a)
-    from triton_h200_render import render     # bench/ is on sys.path when run as a script
     return render(a.src, a.dst)
 
 

@@ -9,11 +9,17 @@ import math
 import sys
 from pathlib import Path
 
-from triton_h200 import FAM, SEARCH_BUCKETS, SEARCH_PROBLEMS  # noqa: E402  (bench/ is the script's folder)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
-from autotune.tactics.triton_fp4.family import DQ_KERNEL  # noqa: E402
+from autotune.tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL  # noqa: E402
+from autotune.tactics.triton_fp4.family import TritonFamily  # noqa: E402
+from bench.common import existing, parser  # noqa: E402
+
+FAM = TritonFamily()
+SEARCH_PROBLEMS = [(3072, 6144), (6144, 1536)]  # GLM-5 TP8 gate_up and down_proj
+SEARCH_BUCKETS = [1, 16, 128, 1024, 4096]
 
 
 def _g(xs):
@@ -79,7 +85,7 @@ def render(src: str, dst: str) -> int:
         summary.append((name, rs))
     # targets
     if rows:
-        L += ["## Targets (issue #4)", ""]
+        L += ["## Targets", ""]
         # shapes whose FP4 weight + scale bytes take at least 10 µs at the copy rate
         big = [r for r in rows if r["m"] <= 16 and (r["n"] * r["k"] // 2 + r["n"] * r["k"] // 16) / bw >= 10e-6]
         for r in big:
@@ -140,5 +146,13 @@ def render(src: str, dst: str) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__)
+    ap.add_argument("src", type=existing, help="bench/triton_h200.py run's JSON")
+    ap.add_argument("dst", help="the markdown file to write")
+    a = ap.parse_args(argv)
+    return render(a.src, a.dst)
+
+
 if __name__ == "__main__":
-    sys.exit(render(sys.argv[1], sys.argv[2]))
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""W4A4 (`w4a4_dot_scaled`) timings on a CUDA GPU, issue #4 item 3: quantize + GEMM and GEMM alone.
+"""W4A4 (`w4a4_dot_scaled`) timings on a CUDA GPU: quantize + GEMM and GEMM alone.
 
     python3 bench/w4a4_h200.py run --out DIR                          # on the GPU machine
     python3 bench/w4a4_h200.py render DIR/w4a4.json docs/triton-w4a4-h200.md   # anywhere
@@ -19,9 +19,11 @@ import json
 import os
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 
@@ -32,6 +34,7 @@ SAMPLE = 12
 SMOKE = os.environ.get("W4A4_SMOKE") == "1"
 if SMOKE:
     SHAPES, BUCKETS, SAMPLE = [(64, 256)], [1, 8], 2
+    os.environ.setdefault("TRITON_INTERPRET", "1")      # before anything imports Triton
 DEV = "cpu" if SMOKE else "cuda"
 
 
@@ -46,7 +49,7 @@ def run(out: Path) -> int:
     fam, arch = registry.get("triton"), (ARCHS["cpu"] if SMOKE else detect())
     timer = timing.TimerConfig(budget_s=0.05, max_reps=30)
     quick = timing.TimerConfig(budget_s=0.01, max_reps=10)
-    res = {"gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
+    res: dict[str, Any] = {"gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "arch": arch.name, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "rows": []}
     for n, k in SHAPES:
@@ -60,8 +63,8 @@ def run(out: Path) -> int:
             sets = inputs.make_inputs(p, m, DEV, seed=m + n, n_sets=n_sets)
             ref = inputs.reference(p, sets[0])
             outs = [inputs.torch_empty_out(p, m, s) for s in sets]
-            row = {"n": n, "k": k, "m": m, "sets": n_sets, "configs": {}, "errors": {}}
-            kernels = {}
+            row: dict[str, Any] = {"n": n, "k": k, "m": m, "sets": n_sets, "configs": {}, "errors": {}}
+            kernels: dict[str, Any] = {}    # W4A4 launchers: a call, plus .quantize and .gemm
             for t in cands:
                 try:
                     kern = fam.build(p, t, DEV)
@@ -161,7 +164,7 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("--out", default=os.environ.get("OUT", "."))
     d = sub.add_parser("render")
-    d.add_argument("src")
+    d.add_argument("src", type=existing)
     d.add_argument("dst")
     a = ap.parse_args()
     return run(Path(a.out)) if a.cmd == "run" else render(a.src, a.dst)

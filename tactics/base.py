@@ -75,6 +75,9 @@ class FamilyBase:
     def validate(self, tactic: Tactic) -> str | None:
         raise NotImplementedError
 
+    def build(self, problem: Problem, tactic: Tactic, device: str) -> Kernel:
+        raise NotImplementedError
+
     def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         if tactic.family != self.name:
             return Verdict.reject(f"tactic of family {tactic.family!r}, not {self.name!r}")
@@ -142,7 +145,7 @@ class FamilyBase:
             launch_moe.kernel = kernel  # type: ignore[attr-defined]
             return launch_moe
 
-        check, check_o = x_checker(problem, packed), out_checker(problem)   # issue #17: cheap per-call form
+        check, check_o = x_checker(problem, packed), out_checker(problem)   # built once: a call pays only the cheap checks
 
         def launch(x, out=None):
             check(x)

@@ -8,7 +8,7 @@ FP4Weight (the `dispatch((M, N, K))(x, w)` form), which is swizzled once per wei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from autotune.core import formats
 from autotune.core.formats import FP4Weight, unswizzle_128x4
@@ -78,7 +78,7 @@ class SwizzledLayout:
     """Mixin (before FamilyBase) for families whose kernels read this layout: declares it, packs
     it once at bind, and refuses a packed weight of another layout or problem."""
 
-    name: str
+    name: ClassVar[str]
 
     def layout(self, tactic: Any) -> str:
         return SWIZZLED_LAYOUT

@@ -91,7 +91,7 @@ def current(device_index: int = 0) -> Env:
         import torch
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(device_index)
-            cublas = None  # filled in by the cuBLASLt family (issue #5), which can ask the library
+            cublas = None  # torch does not report cuBLAS's version: the cuBLASLt family's lib key holds None for it
             drv = None
             try:
                 drv = str(torch.cuda.driver_version()) if hasattr(torch.cuda, "driver_version") else None

@@ -29,7 +29,7 @@ class CheckFailed(Exception):
 @dataclass
 class InputSet:
     x: torch.Tensor
-    w: object                   # FP4Weight
+    w: FP4Weight
     topk_ids: torch.Tensor | None = None
     topk_weights: torch.Tensor | None = None
 

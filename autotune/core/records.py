@@ -26,7 +26,7 @@ class Trial:
     rel_err: float | None = None
     smem_model: int | None = None     # verdict's figure
     smem_compiled: int | None = None  # the compiler's figure, where it compiled for the live GPU
-    exit_signal: int | None = None    # set when an isolated worker died (issue #3)
+    exit_signal: int | None = None    # set when an isolated worker died (its signal says why)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ PR #3555's never-slower-than-default rule) or the default stays.
 
 "Within noise" is 1 %, widened to the two timings' spread (half the sum of their interquartile
 ranges, relative to the best) where that is larger, up to `NOISE_CAP`: two runs whose timings of
-near-equal tactics swap order inside their own spread pick the same one (issue #18).
+near-equal tactics swap order inside their own spread pick the same one.
 """
 from __future__ import annotations
 

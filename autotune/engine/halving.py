@@ -8,7 +8,7 @@ interleaved final round.
 3. final: the last few are re-timed interleaved (A B C A B C …) so drift (clocks, heat, other
    load) hits all of them alike; each one's median over the cycles is its stored time.
 
-`exhaustive` skips 2 and 3 and times every survivor with the full timer, as #2's loop did.
+`exhaustive` skips 2 and 3 and times every survivor with the full timer (the reference the halving is checked against).
 Trials are handed to `emit` as soon as they are decided, so each commits on its own.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 
 class Progress:
@@ -57,7 +57,8 @@ class Bar(Progress):
 
     def __init__(self, enabled: bool):
         super().__init__(write=lambda s: None)
-        self._enabled, self._p = enabled, None
+        self._enabled = enabled
+        self._p: Any = None          # a rich Progress once started on a terminal
 
     def note(self, line: str) -> None:
         if self._enabled:

@@ -173,6 +173,8 @@ class _Work:
 class _Search:
     """One search's state; each method is one named step of `search`."""
 
+    ttl: float      # the claims' time to live; search() sets it from the runner's timeout
+
     def __init__(self, problems: Sequence[Problem], families: Sequence[Family], store, buckets: Buckets,
                  o: SearchOptions):
         self.env = o.env or current()

@@ -11,7 +11,7 @@ Sharding implemented (tp = tensor-parallel size, ep = expert-parallel size):
     Requires ep | E and ep | tp. gpt-oss (MXFP4) shards I_e in whole 32-element blocks.
   * shared experts and dense MLPs stay tensor-parallel over tp even with EP (vLLM).
 Shared experts are separate dense problems; with fold_shared also, where the shared expert has the
-routed experts' per-expert shape, the folded forms FP4MoE(shared=...) runs (issue #15).
+routed experts' per-expert shape, the folded forms FP4MoE(shared=...) runs.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ Shared expert folded in (opt-in, `shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I, 
 stacked once at construction as local expert E (E+1 experts; the stacked tensors replace the
 separate ones), and every token's routing gains one slot (id E, weight 1.0), so the same two
 calls do routed + shared work: problems moe(…, E+1, top_k+1). Always local under an expert_map.
-Issue #15 asks for it "where that wins": not measured yet (docs/moe-decode.md).
+Whether folding wins over two calls is not measured yet (docs/moe-decode.md).
 """
 from __future__ import annotations
 

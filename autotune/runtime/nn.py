@@ -4,7 +4,7 @@ GEMM); FP4MoE, the whole routed-expert block, lives in autotune.runtime.moe and 
 Each layer holds its FP4 weight as buffers and binds it once to its problem's table
 (`Dispatcher.bind` -> autotune.runtime.bound.BoundTable): the weight is checked against the problem,
 packed once per layout its launchers read, and each reachable tactic becomes a launcher. An eager
-forward calls the bound launcher for the live M directly (no op dispatcher: issue #17); while
+forward calls the bound launcher for the live M directly (no op dispatcher: host cost per call); while
 torch.compile traces (`torch.compiler.is_compiling()`) it is one call of a `torch.library` custom
 op (`fp4_autotune::linear` / `fp4_autotune::moe`) with a fake (shape-only) implementation, so there
 is no graph break, and inside the op the table picks the launcher for the live M on the host.
@@ -138,7 +138,7 @@ class FP4Linear(_FP4Base):
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim == 2 and x.dtype is torch.bfloat16 and x.shape[1] == self.in_features and self.bias is None \
                 and not torch.compiler.is_compiling():
-            # the engines' eager case: no reshape, no cast, straight to the bound launcher (issue #17)
+            # the engines' eager case: no reshape, no cast, straight to the bound launcher (each costs host time per call)
             return self.bound.launcher(x.shape[0])(x)
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise OperandError(f"{self.problem.key}: x is {'x'.join(map(str, x.shape))}, expected "

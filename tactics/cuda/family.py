@@ -164,7 +164,7 @@ class CudaFamily(FamilyBase):
         test family replaces). CuPy is imported here, after every check of build and bind."""
         from .launch import Launch
         run = Launch(problem, tactic, device, config)
-        run.capture_safe = True  # type: ignore[attr-defined]  (current stream, no host sync)
+        run.capture_safe = True  # type: ignore[attr-defined]  # current stream, no host sync
         return run
 
     def build(self, problem: Problem, tactic: Tactic, device: str):

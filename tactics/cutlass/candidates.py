@@ -168,7 +168,7 @@ def truth_extras() -> list[Kernel]:
 
 def offlist_neighbours() -> list[Kernel]:
     """22 kernels just outside the lists, compiled so that their verdicts are exact rather than
-    unknown (issue #14's adversarial pass named each group):
+    unknown (an adversarial review named each group):
     - SM120 bf16 C with swap_ab (column-major C/D): NVFP4 at 4 FlashInfer tiles, MXFP4 at the
       128x128x128 tile that lands exactly on the limit without swap;
     - SM120 tile N not a multiple of 128 (the SFB scale tile is not N rounded up): NVFP4 160, 192,

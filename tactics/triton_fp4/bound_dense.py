@@ -1,5 +1,5 @@
 """Bound launchers of the dense members (w4a16_dequant, dequant_cublas): one weight, everything
-that does not change between calls computed at bind (issue #17).
+that does not change between calls computed at bind (a call pays only what varies).
 
 At bind: the weight's pointers (ints), N, K, the constexprs and the cheap x check. Per M, on the
 first call with that M (and stream, for kernels that own scratch): the grid, the split, the

@@ -22,7 +22,7 @@ class Known:
 
 
 KNOWN: tuple[Known, ...] = (
-    # Probe on the H200 (Triton 3.6.0, 2026-11-29; issue #4): tl.dot_scaled with e4m3 scales and
+    # Probe on the H200 (Triton 3.6.0, 2026-11-29): tl.dot_scaled with e4m3 scales and
     # group 16 fails in TritonGPUAccelerateMatmul on sm90, MXFP4 compiles and is exact.
     Known("dot_scaled", "nvfp4", (9,), (3, 7),
           "tl.dot_scaled with NVFP4 (e4m3 scales, group 16) does not compile on sm90 with Triton < 3.7 "

@@ -1,4 +1,4 @@
-"""Launching a compiled Triton kernel without Triton's per-call JIT work (issue #17).
+"""Launching a compiled Triton kernel without Triton's per-call JIT work (its host cost per call).
 
 `kernel[grid](*args, **consts)` binds the arguments, computes the specialisation key, looks the
 kernel up, builds launch metadata and asks each tensor for its pointer, on every call (about

@@ -81,8 +81,8 @@ class TritonFamily(FamilyBase):
       (a subclass registered with `autotune.tactics.registry.register("triton", "module:Class")` widens the
       space for the search and its workers). Configs outside the region the smem model was
       checked on get the compiler's figure, or an unknown verdict (never an extrapolated "fits").
-    * `compiler`: a compiler-figure provider (figures.CompiledFigures) the engine passes in
-      (`TritonFamily(compiler=...)` or `family.with_compiler(...)`); without one, configs outside
+    * `compiler`: a compiler-figure provider (figures.CompiledFigures) a caller passes in
+      (`TritonFamily(compiler=...)` or `family.with_compiler(...)`; the engine passes none); without one, configs outside
       the checked region are `Verdict(ok=None, "unknown: ...")`.
     """
 
@@ -196,7 +196,7 @@ class TritonFamily(FamilyBase):
         shared = None
         # only moe_decode runs fused-epilogue problems (the others' `supports` refuse them)
         srcs = m.sources(problem.w_fmt, tactic.params) if problem.epilogue == "none" else \
-            m.sources(problem.w_fmt, tactic.params, problem.epilogue)
+            m.sources(problem.w_fmt, tactic.params, problem.epilogue)  # type: ignore[call-arg]  # moe_decode's only
         for src, options in srcs:
             shared = int(compile_kernel(src, options, arch, stop_at="cubin").metadata.shared)
         return shared

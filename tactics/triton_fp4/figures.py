@@ -4,8 +4,9 @@ checked on: cross-compile the config to LLVM IR (compile.py, no GPU needed) and 
 
 Figures are cached per (Triton version, arch, weight format, tactic) in memory and, when a path is
 given, in a JSON file (one process writes it at a time; a damaged file is ignored and rewritten).
-The engine creates one and passes it to the family (`TritonFamily(compiler=...)` or
-`family.with_compiler(...)`); the family never creates one itself.
+A caller that wants these figures creates one and passes it to the family
+(`TritonFamily(compiler=...)` or `family.with_compiler(...)`); the engine passes none, so its
+verdicts outside the region stay unknown; the family never creates one itself.
 """
 from __future__ import annotations
 

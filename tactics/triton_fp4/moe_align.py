@@ -26,9 +26,13 @@ map and the padding. With one chunk the scatter kernel counts for itself (ONE_PA
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    import torch
 
 #: pairs per program; the [CHUNK, E_PAD] match matrix lives in registers (8 warps)
 MAX_CHUNK = 64
@@ -113,10 +117,10 @@ def _moe_scatter_kernel(ids_ptr, hist_ptr, sorted_ptr, expert_ptr, npad_ptr, bad
 class Alignment:
     """What `align` returns (device tensors, plus the host-known sizes the kernels need)."""
 
-    sorted_ids: object
-    expert_ids: object
-    npad: object
-    bad: object
+    sorted_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    npad: torch.Tensor
+    bad: torch.Tensor
     pairs: int                  # P = M · top_k
     block_m: int
     max_blocks: int

@@ -156,7 +156,7 @@ def tmem_columns(params: Mapping[str, Any], w_fmt: str, arch: Any) -> int:
 
 #: where the model was checked against Triton 3.9.0 cross-compiles (the default space exhaustively,
 #: docs/triton-smem-table.md; beyond it the samples of tests/test_triton_crosscompile.py and
-#: issue #14's sweep); a config outside needs the compiler's figure or its verdict is unknown
+#: the adversarial sweep); a config outside needs the compiler's figure or its verdict is unknown
 REGION = {"block_m": (16, 32, 64, 128, 256), "block_n": (32, 64, 128, 256), "block_k": (64, 128, 256, 512),
           "num_warps": (1, 2, 4, 8, 16), "num_stages": (2, 3, 4, 5, 6, 7, 8)}
 #: arch majors the model was checked on (sm80/86/89, sm90, sm100/103, sm120/121)

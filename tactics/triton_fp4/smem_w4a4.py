@@ -2,7 +2,7 @@
 (w4a4_kernels.w4a4_gemm_kernel: tl.dot_scaled with two packed e2m1 operands).
 
 Fitted on Triton 3.9.0 by cross-compiling the member's whole default space (126 configs × 2
-formats) for sm89, sm90, sm100, sm120 and sm121 (issue #4, 2026-11-29; docs/triton-fp4.md, W4A4;
+formats) for sm89, sm90, sm100, sm120 and sm121 (2026-11-29; docs/triton-fp4.md, W4A4;
 re-checked by `python3 -m tools.triton_smem.w4a4_sweep`).
 Tiles (bytes), G = 16 (NVFP4) or 32 (MXFP4), T = 32·num_warps threads:
     X = BM·BK/2, W = BN·BK/2 (packed e2m1), SA = BM·BK/G, SB = BN·BK/G (scales)

@@ -34,7 +34,7 @@ from autotune.tactics.cutlass.candidates import Kernel, all_kernels, offlist_nei
 from autotune.tactics.cutlass.smem import MIN_STAGES  # noqa: E402
 
 #: the kernel sets a run can compile: the enumerated lists with their model-pinning extras, and the
-#: off-list neighbours whose verdicts would otherwise be unknown (issue #14)
+#: off-list neighbours whose verdicts would otherwise be unknown
 SETS = {"lists": lambda: all_kernels() + truth_extras(), "offlist": offlist_neighbours}
 
 NV = "cutlass::nv_float4_t<cutlass::float_e2m1_t>"

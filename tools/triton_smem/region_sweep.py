@@ -1,4 +1,4 @@
-"""The W4A16 smem/tmem model against the compiler outside the default space (issue #14).
+"""The W4A16 smem/tmem model against the compiler outside the default space.
 
     python3 -m tools.triton_smem.region_sweep [--jobs 2]
 
