@@ -39,6 +39,7 @@ from autotune.cache import CacheError, Store, check_winner, verify_for_serving
 from autotune.runtime.pins import PIN_ENV, parse_pins
 from autotune.runtime.table import RUNGS, LazyDefault, Table
 from autotune.tactics import registry
+from autotune.tactics.base import as_launcher
 
 log = logging.getLogger("autotune.runtime.dispatch")
 
@@ -151,7 +152,7 @@ class Dispatcher:
         """The unbound kernel(x, w, ...), every operand checked against `p` on each call."""
         k = self._built.get((p, t))
         if k is None:
-            k = self._built[(p, t)] = checked(p, registry.get(t.family).build(p, t, self.env.device))
+            k = self._built[(p, t)] = checked(p, as_launcher(registry.get(t.family).build(p, t, self.env.device)))
         return k
 
     def _default_tactic(self, problem: Problem) -> Tactic:
