@@ -1,5 +1,6 @@
-"""Compare the winners of two caches (or exports) per (problem, bucket), for issue #8's
-one-GPU vs several-GPU runs and for a merged cache against the run it should reproduce.
+"""Compare the winners of two caches (or exports) per (problem, bucket): a one-GPU against a
+several-GPU run, a merged cache against the run it should reproduce, the main job against the
+committed full search.
 
     python3 bench/compare_winners.py A.db B.db [--json OUT]
     python3 bench/compare_winners.py NEW.db OLD.db --retime [--max-bucket 64]   # on a GPU

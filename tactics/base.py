@@ -16,10 +16,144 @@ from autotune.core.operands import check_out, check_routing, check_weight, check
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
-#: kernel(x, w, ...) -> y: the weight comes with every call (the `dispatch((M,N,K))(x, w)` form)
-Kernel = Callable[..., Any]
-#: launcher(x, ...) -> y: one weight bound once (FP4Linear, FP4MoE, bound tables)
-Launcher = Callable[..., Any]
+@runtime_checkable
+class Launcher(Protocol):
+    """What build and bind return, and all the engine and runtime may ask of it.
+
+    `kernel(x, w, ...)` (build: the weight comes with every call, the `dispatch((M,N,K))(x, w)`
+    form) and `launcher(x, ...)` (bind: one weight fixed and checked once; FP4Linear, FP4MoE,
+    bound tables) differ only in the call. Subclass `LauncherBase` for the defaults."""
+
+    #: no host sync and no allocation that a graph could not replay: may run under CUDA-graph capture
+    capture_safe: bool
+    #: a row's result does not depend on how many rows share the call (`Family.batch_invariant`)
+    batch_invariant: bool
+    #: grouped MoE: ids outside [-1, E) come out as NaN rows and a flag, so a caller may leave the
+    #: range check (a host read) to the kernel
+    checks_ids: bool
+    #: launches with programmatic dependent launch (overlaps the previous kernel's tail); no
+    #: launcher here does yet
+    pdl: bool
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def aligned_block_m(self, m: int) -> int | None:
+        """Grouped MoE: BLOCK_M of the routing alignment a call with M tokens takes as `aligned=`
+        (one a caller may make once and share), or None: it aligns nothing, or itself."""
+
+    def aligner(self, experts: int, block_m: int) -> Callable[[Any], Any]:
+        """`aligner(topk_ids) -> alignment` at `block_m` (asked only after `aligned_block_m`
+        named one); `alignment.regroup(bm)` gives it at a smaller BLOCK_M that divides it."""
+
+    def release(self) -> None:
+        """Free the scratch it owns (workspaces, retired buffers, cached plans): the caller is done
+        with it. A later call makes what it needs again."""
+
+
+#: the two call forms of one protocol (names kept for what a signature takes)
+Kernel = Launcher
+
+
+class LauncherBase:
+    """Defaults for `Launcher`: not capture-safe, not batch-invariant, no routing of its own, no
+    PDL, nothing to release. Subclasses set what they have."""
+
+    capture_safe: bool = False
+    batch_invariant: bool = False
+    checks_ids: bool = False
+    pdl: bool = False
+
+    def aligned_block_m(self, m: int) -> int | None:
+        return None
+
+    def aligner(self, experts: int, block_m: int) -> Callable[[Any], Any]:
+        raise NotImplementedError(f"{type(self).__name__} takes no shared routing alignment")
+
+    def release(self) -> None:
+        pass
+
+
+class FunctionKernel(LauncherBase):
+    """A plain function as a Launcher (a family's simple kernels, or one from a family that returns
+    a function): the call, its capture safety, and an optional `release` of what it holds."""
+
+    __slots__ = ("fn", "capture_safe", "_release", "weight", "batch_invariant")
+
+    def __init__(self, fn: Callable[..., Any], *, capture_safe: bool = False,
+                 release: Callable[[], None] | None = None, weight: Any = None):
+        self.fn, self.capture_safe, self._release, self.weight = fn, capture_safe, release, weight
+        self.batch_invariant = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def release(self) -> None:
+        if self._release is not None:
+            self._release()
+
+
+def as_launcher(obj: Any) -> Launcher:
+    """`obj` if it is a Launcher already, else a plain callable wrapped (capture-unsafe)."""
+    if isinstance(obj, LauncherBase) or isinstance(obj, Launcher):
+        return obj
+    if not callable(obj):
+        raise TypeError(f"a family returned {type(obj).__name__}, not a kernel")
+    return FunctionKernel(obj)
+
+
+class BoundKernel(LauncherBase):
+    """`launch(x, out=None)`: a dense kernel(x, w, out=) with its weight fixed (checked at bind);
+    a call checks x (and out) only. Capture safety, routing and release are the kernel's."""
+
+    __slots__ = ("problem", "kernel", "weight", "_call", "_check", "_check_out", "batch_invariant")
+
+    def __init__(self, problem: Problem, kernel: Kernel, packed: Any, batch_invariant: bool = False):
+        self.problem, self.kernel, self.weight = problem, kernel, packed
+        self._call = kernel.fn if isinstance(kernel, FunctionKernel) else kernel    # one call less per launch
+        self._check, self._check_out = x_checker(problem, packed), out_checker(problem)
+        self.batch_invariant = batch_invariant
+
+    @property
+    def capture_safe(self) -> bool:  # type: ignore[override]
+        return self.kernel.capture_safe
+
+    def __call__(self, x: Any, out: Any = None) -> Any:
+        self._check(x)
+        if out is not None:
+            self._check_out(x, out)
+        return self._call(x, self.weight, out=out)
+
+    def release(self) -> None:
+        self.kernel.release()
+
+
+class BoundMoEKernel(BoundKernel):
+    """`launch(x, topk_ids, topk_weights=None, out=None, routing_checked=False, **extra)`: a
+    grouped kernel with its weight fixed. routing_checked: the caller (FP4MoE, once per layer)
+    checked these ids already; extra: kernel options such as a shared alignment (`aligned=`)."""
+
+    __slots__ = ()
+
+    @property
+    def checks_ids(self) -> bool:  # type: ignore[override]
+        return self.kernel.checks_ids
+
+    def aligned_block_m(self, m: int) -> int | None:
+        return self.kernel.aligned_block_m(m)
+
+    def aligner(self, experts: int, block_m: int) -> Callable[[Any], Any]:
+        return self.kernel.aligner(experts, block_m)
+
+    def __call__(self, x: Any, topk_ids: Any, topk_weights: Any = None, out: Any = None,  # type: ignore[override]
+                 routing_checked: bool = False, **extra: Any) -> Any:
+        problem, packed = self.problem, self.weight
+        check_x(problem, x, packed)
+        if not routing_checked:
+            check_routing(problem, x, topk_ids, topk_weights)
+        if out is not None:
+            check_out(problem, x, out)
+        return self._call(x, packed, topk_ids, topk_weights, out=out, **extra)
+
 
 #: the layout every family reads unless it declares another: the FP4Weight as it is, contiguous
 PLAIN_LAYOUT = "fp4-linear"
@@ -126,32 +260,10 @@ class FamilyBase:
         """A launcher for one weight: the kernel with its packed weight fixed. The weight is
         checked against the problem here, once; a call checks only what it brings."""
         check_weight(problem, packed)
-        return self.bind_kernel(problem, self.build(problem, tactic, device), packed)
+        return self.bind_kernel(problem, self.build(problem, tactic, device), packed,
+                                batch_invariant=self.batch_invariant(problem, tactic))
 
-    def bind_kernel(self, problem: Problem, kernel: Kernel, packed: Any) -> Launcher:
+    def bind_kernel(self, problem: Problem, kernel: Kernel, packed: Any, batch_invariant: bool = False) -> Launcher:
         """`bind` for an already built kernel(x, w, ...): the generic launcher around it."""
-        if problem.kind == "grouped_moe":
-            def launch_moe(x, topk_ids, topk_weights=None, out=None, routing_checked=False, **extra):
-                # routing_checked: the caller (FP4MoE, once per layer) checked these ids already;
-                # extra: kernel options such as a shared alignment (`aligned=`, moe_decode)
-                check_x(problem, x, packed)
-                if not routing_checked:
-                    check_routing(problem, x, topk_ids, topk_weights)
-                if out is not None:
-                    check_out(problem, x, out)
-                return kernel(x, packed, topk_ids, topk_weights, out=out, **extra)
-            launch_moe.capture_safe = getattr(kernel, "capture_safe", False)  # type: ignore[attr-defined]
-            launch_moe.weight = packed  # type: ignore[attr-defined]
-            launch_moe.kernel = kernel  # type: ignore[attr-defined]
-            return launch_moe
-
-        check, check_o = x_checker(problem, packed), out_checker(problem)   # built once: a call pays only the cheap checks
-
-        def launch(x, out=None):
-            check(x)
-            if out is not None:
-                check_o(x, out)
-            return kernel(x, packed, out=out)
-        launch.capture_safe = getattr(kernel, "capture_safe", False)  # type: ignore[attr-defined]
-        launch.weight = packed  # type: ignore[attr-defined]
-        return launch
+        cls = BoundMoEKernel if problem.kind == "grouped_moe" else BoundKernel
+        return cls(problem, as_launcher(kernel), packed, batch_invariant)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from autotune.core.tactic import Tactic, Verdict, check_params
-from autotune.tactics.base import FamilyBase
+from autotune.tactics.base import FamilyBase, LauncherBase
 from autotune.tactics.swizzled import SwizzledCache, SwizzledLayout, SwizzledWeight, check_bound_weight, pack_swizzled
 
 NAME = "cublaslt"
@@ -326,7 +326,7 @@ class CublasLtFamily(SwizzledLayout, FamilyBase):
         return Launcher(problem, tactic)
 
 
-class Launcher:
+class Launcher(LauncherBase):
     """kernel(x, w, out=None): one planned nvmath Matmul per M, replaying the tactic's algorithm."""
 
     def __init__(self, problem: Any, tactic: Tactic):
@@ -334,6 +334,16 @@ class Launcher:
         self._mm: dict[tuple[int, Any], Any] = {}
         self._swizzled = SwizzledCache()
         self._checked: Any = None
+
+    def release(self) -> None:
+        """The planned Matmuls (each holds its cuBLASLt workspace) and the swizzled weights."""
+        mms, self._mm = list(self._mm.values()), {}
+        for mm in mms:
+            free = getattr(mm, "free", None)          # nvmath's Matmul.free(): its workspace and handles
+            if free is not None:
+                free()
+        self._swizzled = SwizzledCache()
+        self._checked = None
 
     def weight(self, w: Any) -> Any:
         """The weight as the operands read it: for NVFP4 an `Nvfp4Weight` (the swizzled-128x4

@@ -7,6 +7,8 @@ without naming one: which tactic is the designated default, and may a stored tac
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import warnings
 from functools import lru_cache
 
 from autotune.core.arch import Arch
@@ -22,7 +24,28 @@ FAMILIES: dict[str, str] = {
     "cuda": "autotune.tactics.cuda.family:CudaFamily",      # CuPy imported lazily: unavailable without it
 }
 
+#: the entry-point group a third-party distribution declares its families in, one per name:
+#:     [options.entry_points]
+#:     fp4_autotune.families =
+#:         mykernels = mypkg.family:MyFamily
+ENTRY_POINTS = "fp4_autotune.families"
 
+
+def _installed() -> dict[str, str]:
+    """Families declared by installed distributions (read once, at import; a name the project
+    already has is refused: the built-ins cannot be replaced by installing a package)."""
+    out: dict[str, str] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        if ep.name in FAMILIES or ":" not in ep.value:
+            warnings.warn(f"fp4_autotune: family entry point {ep.name} = {ep.value} ignored "
+                          f"({'a built-in name' if ep.name in FAMILIES else 'not module:Class'})", stacklevel=2)
+            continue
+        out.setdefault(ep.name, ep.value)
+    return out
+
+
+FAMILIES.update(_installed())
+#: the built-ins and the installed families (every process sees the same); `register` adds others
 _BUILTIN = dict(FAMILIES)
 
 

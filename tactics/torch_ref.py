@@ -15,7 +15,7 @@ import torch
 from autotune.core.arch import Arch
 from autotune.core.operands import check_out, check_weight, out_shape, x_checker
 from autotune.core.tactic import Tactic, Verdict, check_params
-from autotune.tactics.base import FamilyBase
+from autotune.tactics.base import FamilyBase, FunctionKernel
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CHUNKS = (0, 512, 2048)
@@ -74,8 +74,7 @@ def bind_dense(problem, tactic: Tactic, packed) -> "callable":
             for n0, n1, part in slabs:
                 _slab(xd, part, dtype, out[:, n0:n1])
         return out
-    launch.weight = packed  # type: ignore[attr-defined]
-    return launch
+    return FunctionKernel(launch, weight=packed)
 
 
 class TorchFamily(FamilyBase):
@@ -111,7 +110,9 @@ class TorchFamily(FamilyBase):
 
     def bind(self, problem, tactic: Tactic, packed, device: str):
         if problem.kind == "dense":
-            return bind_dense(problem, tactic, packed)
+            bound = bind_dense(problem, tactic, packed)
+            bound.batch_invariant = self.batch_invariant(problem, tactic)
+            return bound
         return super().bind(problem, tactic, packed, device)
 
     def build(self, problem, tactic: Tactic, device: str):
@@ -122,7 +123,7 @@ class TorchFamily(FamilyBase):
                 if out is None:
                     out = torch.empty(x.shape[0], problem.n, dtype=odt, device=x.device)
                 return _dense(x, w, dtype, chunk, out)
-            return kernel
+            return FunctionKernel(kernel)
 
         def moe_kernel(x, w, topk_ids, topk_weights=None, out=None):
             m, top_k = topk_ids.shape
@@ -151,4 +152,4 @@ class TorchFamily(FamilyBase):
                 y = y * topk_weights.float()[..., None]
             out.copy_(y.sum(1) if problem.epilogue == "reduce" else y)
             return out
-        return moe_kernel
+        return FunctionKernel(moe_kernel)

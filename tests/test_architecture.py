@@ -19,6 +19,8 @@ def test_import_contracts_hold():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
+    # the CLI is inside the contracts: on top of the layers, and kept off families and the runtime
+    assert "the CLI on top" in r.stdout and "The CLI parses" in r.stdout
 
 
 def _sccs(graph) -> list[list[str]]:
@@ -131,3 +133,21 @@ def test_no_module_exceeds_500_lines():
     long = {str(p.relative_to(ROOT)): n for p in _modules()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_walks_in_architecture_md_point_at_real_functions():
+    """Each `file:line` pointer of docs/architecture.md names a file of the tree, a line inside it,
+    and follows a name (`Class.method` or `function`) that the file defines."""
+    import re
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    pointers = list(re.finditer(r"`([\w/]+\.py):(\d+)`", doc))
+    assert len(pointers) >= 30
+    for m in pointers:
+        path, line = ROOT / m[1], int(m[2])
+        lines = path.read_text().splitlines()
+        assert 1 <= line <= len(lines), m[0]
+        names = [n for n in re.findall(r"`([\w.]+)(?:\([^`]*\))?`", doc[max(0, m.start() - 200):m.start()])
+                 if not n.endswith(".py")]
+        assert names, f"no name before {m[0]}"
+        name = names[-1].split(".")[-1]
+        assert re.search(rf"^\s*(def|class) {re.escape(name)}\b", path.read_text(), re.M), (m[0], name)

@@ -228,10 +228,9 @@ _INTERP = textwrap.dedent("""
     # without an expert_map both launchers are moe_decode, which flags bad ids itself; folded, the
     # block must still check the ids (the kernels count the shared expert's E as valid)
     nomap = FP4MoE.from_float(gate, up, down, top_k, dispatcher=d, shared=FP4MoE.shared_from_float(sg, su, sd))
-    from autotune.runtime.moe import _flags_bad_ids
     ls = (nomap.bound13.launcher(m), nomap.bound2.launcher(m))
     print(json.dumps(dict(err=float((y.double() - ref).norm() / ref.norm()), rungs=rungs,
-                          flags=[_flags_bad_ids(l) for l in ls], trusted=nomap._kernels_check_ids(*ls))))
+                          flags=[l.checks_ids for l in ls], trusted=nomap._kernels_check_ids(*ls))))
 """)
 
 

@@ -231,12 +231,13 @@ def test_cuda_layout_launcher_checks_x_and_out(fam):
 
 
 def test_dense_bound_launcher_carries_capture_safe(fam):
-    """FamilyBase's dense bound launcher keeps the built kernel's capture_safe (the cuda runner's)."""
+    """FamilyBase's dense bound launcher keeps the built kernel's capture_safe (the cuda runner's);
+    a plain function is not capture-safe."""
+    from autotune.tactics.base import FunctionKernel
     w, _ = weight()
     packed = fam.pack(fam.layout(C1), w)
 
     def kernel(x, w, out=None):
         return out
     assert fam.bind_kernel(P, kernel, packed).capture_safe is False
-    kernel.capture_safe = True
-    assert fam.bind_kernel(P, kernel, packed).capture_safe is True
+    assert fam.bind_kernel(P, FunctionKernel(kernel, capture_safe=True), packed).capture_safe is True

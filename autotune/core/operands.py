@@ -177,19 +177,58 @@ def check_out(problem: Problem, x: torch.Tensor, out: Any) -> None:
                            f"{_DTYPES[problem.out_dtype]} on {x.device}")
 
 
-def checked(problem: Problem, kernel: Any) -> Any:
+class Checked:
     """`kernel(x, w, ...)` with every operand checked on each call (the unbound form, where the
-    weight arrives per call). Bound launchers check the weight once instead (autotune.tactics.base)."""
-    if problem.kind == "grouped_moe":
-        def moe(x, w, topk_ids, topk_weights=None, out=None):
-            check_operands(problem, x, w, topk_ids, topk_weights, out)
-            return kernel(x, w, topk_ids, topk_weights, out=out)
-        moe.capture_safe = getattr(kernel, "capture_safe", False)  # type: ignore[attr-defined]
-        moe.inner = kernel  # type: ignore[attr-defined]
-        return moe
+    weight arrives per call). Bound launchers check the weight once instead (autotune.tactics.base).
+    The kernel is a Launcher (autotune.tactics.base): its capabilities and release() pass through."""
 
-    def dense(x, w, out=None):
-        check_operands(problem, x, w, out=out)
-        return kernel(x, w, out=out)
-    dense.inner = kernel  # type: ignore[attr-defined]
-    return dense
+    __slots__ = ("problem", "inner")
+
+    def __init__(self, problem: Problem, kernel: Any):
+        self.problem, self.inner = problem, kernel
+
+    @property
+    def capture_safe(self) -> bool:
+        return self.inner.capture_safe
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.inner.batch_invariant
+
+    @property
+    def checks_ids(self) -> bool:
+        return self.inner.checks_ids
+
+    @property
+    def pdl(self) -> bool:
+        return self.inner.pdl
+
+    def aligned_block_m(self, m: int) -> int | None:
+        return self.inner.aligned_block_m(m)
+
+    def aligner(self, experts: int, block_m: int) -> Any:
+        return self.inner.aligner(experts, block_m)
+
+    def release(self) -> None:
+        self.inner.release()
+
+
+
+class _CheckedDense(Checked):
+    __slots__ = ()
+
+    def __call__(self, x, w, out=None):
+        check_operands(self.problem, x, w, out=out)
+        return self.inner(x, w, out=out)
+
+
+class _CheckedMoE(Checked):
+    __slots__ = ()
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None):
+        check_operands(self.problem, x, w, topk_ids, topk_weights, out)
+        return self.inner(x, w, topk_ids, topk_weights, out=out)
+
+
+def checked(problem: Problem, kernel: Any) -> Checked:
+    return (_CheckedMoE if problem.kind == "grouped_moe" else _CheckedDense)(problem, kernel)

@@ -5,10 +5,13 @@ ladder pinned → exact → nearest → default, counted per rung). Engines that
 weight at load time call `dispatcher.bind(problem, weight)` once and keep the `BoundTable`: a call
 then picks by M and launches a launcher bound at load (autotune.runtime.bound).
 
-Every stored winner is checked before it is used: known family, parameters valid for the family,
-tactic id matching its parameters, library versions equal to the live ones, verdict not rejected
-on the live arch, kernel builds. Anything else is skipped with a counted reason (`skipped`), so the
-problem falls through to the next rung; a damaged cache never takes the serving process down.
+`Dispatcher` is a façade over single-purpose parts, each its own module: the loader opens,
+verifies and vets the cache (autotune.runtime.loader: every stored winner is checked — known
+family, valid parameters, id matching them, library versions equal to the live ones, verdict not
+rejected on the live arch, kernel builds — or skipped with a counted reason, `skipped`), the table
+builder makes each problem's Table (autotune.runtime.builder), the serving policy is data (pins,
+batch-invariant, one-copy: autotune.runtime.policy), and the miss recorder writes what the default
+rung answered (autotune.runtime.misses), at exit through a finalizer that holds no dispatcher.
 
 Batch-invariant mode (`batch_invariant=True`, $AUTOTUNE_BATCH_INVARIANT, or vLLM's
 $VLLM_BATCH_INVARIANT): a row's result must not depend on the batch, so each problem serves ONE
@@ -19,28 +22,25 @@ invariant; with none, using the problem raises a one-line error — never a sile
 """
 from __future__ import annotations
 
-import atexit
-import logging
 import os
 import warnings
+import weakref
 from collections import Counter
 from typing import Any, Callable
 
-from autotune.core.env import Env, current
-from autotune.core.problem import Problem, check_m
-from autotune.core.records import Miss
-from autotune.core import settings
 from autotune.core.arch import ARCHS, Arch, detect
+from autotune.core.env import Env, current
 from autotune.core.formats import FP4Weight
-from autotune.core.operands import checked
+from autotune.core.problem import Problem, check_m
+from autotune.core import settings
 from autotune.core.tactic import Tactic, parse_tactic
+from autotune.runtime import loader
 from autotune.runtime.bound import BoundTable
-from autotune.cache import CacheError, Store, check_winner, verify_for_serving
-from autotune.runtime.pins import PIN_ENV, parse_pins
-from autotune.runtime.table import RUNGS, LazyDefault, Table
+from autotune.runtime.builder import TableBuilder
+from autotune.runtime.misses import MissRecorder, counted, flush_at_exit
+from autotune.runtime.policy import ServingPolicy, invariant_pick
+from autotune.runtime.table import RUNGS, Table
 from autotune.tactics import registry
-
-log = logging.getLogger("autotune.runtime.dispatch")
 
 MISSES_ENV, IMMUTABLE_ENV = settings.MISSES, settings.CACHE_IMMUTABLE
 
@@ -53,127 +53,70 @@ class Dispatcher:
     misses: where counted misses go at exit: "memory" (nowhere), a path/URL of a writable cache,
     or None = $AUTOTUNE_MISSES, else the cache itself if it is writable, else memory.
     pins: {problem key or "*": tactic} forced tactics; $AUTOTUNE_PIN adds to them.
+    one_copy: what `bind` does unless told (one layout per bound weight).
     """
 
     def __init__(self, cache=None, *, env: Env | None = None, arch: Arch | None = None,
                  record_misses: bool = True, misses: str | os.PathLike | None = None,
                  pins: dict[str, Any] | None = None, immutable: bool | None = None, warn: bool = True,
-                 batch_invariant: bool | None = None):
+                 batch_invariant: bool | None = None, one_copy: bool = False):
         self.env = env or current()
-        self.batch_invariant = settings.batch_invariant() if batch_invariant is None else bool(batch_invariant)
+        self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
+        self.policy = ServingPolicy.from_settings(pins, batch_invariant, one_copy)
+        self.builder = TableBuilder(self.env, self.arch, warn)
+        self._warn = warn
+        immutable = immutable if immutable is not None else settings.cache_immutable()
+        loaded = loader.load(cache, self.env, self.arch, self.builder.kernel, immutable=immutable)
+        self.skipped: Counter = loaded.skipped               # why stored winners were not used
+        self.cache_error, self.cache_url = loaded.error, loaded.url
+        if loaded.error:
+            warnings.warn(f"fp4-autotune: cache not used ({loaded.error}); every problem takes its default",
+                          stacklevel=2)
+        self._winners = loaded.winners
+        self.recorder = MissRecorder(self.env.device_key, record=record_misses, to=misses, cache=cache,
+                                     cache_url=loaded.url, cache_writable=loaded.writable)
         self.invariant_notes: dict[str, str] = {}              # problem key -> what batch-invariant mode serves
         self._refused: dict[Problem, str] = {}                 # batch-invariant: no invariant tactic
-        self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
-        self._cache = cache
-        self._immutable = immutable if immutable is not None else settings.cache_immutable()
         self._tables: dict[Problem, Table] = {}
         self._by_id: dict[int, tuple[Problem, Table]] = {}    # id(problem) -> table, no hashing per call
         # N -> K -> the table's bound __call__ (bf16 x nvfp4 -> bf16): the (M, N, K) form's fast path
         self._dense: dict[int, dict[int, Callable]] = {}
-        self._winners: dict[Problem, list[tuple[int, Tactic]]] = {}
-        self._built: dict[tuple[Problem, Tactic], Callable] = {}
-        self._pins: dict[str, Tactic] = {}
-        self._warn = warn
-        self.skipped: Counter = Counter()                     # why stored winners were not used
-        self.cache_error: str | None = None
-        self._record = record_misses
-        self._misses_to = misses
-        self._flushed: dict[tuple[str, int], int] = {}
-        for key, t in {**parse_pins(settings.pins()), **(pins or {})}.items():
-            self._pins[key] = parse_tactic(t)
-        self._load()
-        for key in self._pins:
-            if key != "*":
-                self.table(Problem.from_key(key))      # installs the table with its pin
-        if record_misses:
-            atexit.register(self.flush_misses)
-
-    # --- loading -------------------------------------------------------------------------------
-    def _open(self):
-        if hasattr(self._cache, "winners"):
-            return self._cache, False
-        return Store(self._cache, readonly=True, immutable=self._immutable or None), True
-
-    def _load(self) -> None:
-        try:
-            store, owned = self._open()
-            try:
-                ok, why = verify_for_serving(store)     # a configured signing key must vouch for the file
-                if not ok:
-                    raise CacheError(why)
-                winners = store.winners(self.env.device_key)
-                self.cache_url = store.url
-                self._cache_writable = _writable(store)
-            finally:
-                if owned:
-                    store.close()
-        except Exception as e:  # a broken cache must never take the serving process down
-            self.cache_error = str(e).splitlines()[0] if str(e) else type(e).__name__
-            self.cache_url, self._cache_writable = None, False
-            warnings.warn(f"fp4-autotune: cache not used ({self.cache_error}); every problem takes its default",
-                          stacklevel=3)
-            return
-        for w in winners:
-            why = self._check(w)
-            if why:
-                self.skipped[why] += 1
-                log.debug("winner %s bucket %s skipped: %s", w.problem_key, w.bucket, why)
         for p, items in self._winners.items():
-            items.sort(key=lambda r: r[0])
             self._install(p, items)
+        for p in self.policy.explicit():
+            self.table(p)                                      # installs the table with its pin
+        if record_misses:
+            weakref.finalize(self, flush_at_exit, self.recorder, self._tables)
 
-    def _check(self, w) -> str | None:
-        """Why a stored winner cannot be used here (None: it was accepted into _winners). The
-        structural half is autotune.cache.rows (shared with import and show), the family half
-        autotune.tactics.registry.usable (shared with pins); the reason's head before ':' is what counts."""
-        why = check_winner(w)
-        if why:
-            return why
-        t, p = Tactic.from_json(w.params_json), Problem.from_key(w.problem_key)
-        try:
-            fam = registry.get(t.family)
-        except (ValueError, ImportError):
-            return "unknown family"
-        if w.lib_key != self.env.lib_key(fam.depends_on):
-            return f"{t.family} library version differs"
-        why = registry.usable(p, t, self.arch, self.env.device)
-        if why:
-            log.debug("winner %s bucket %s: %s", w.problem_key, w.bucket, why)
-            return why.split(":", 1)[0]
-        try:
-            self._kernel(p, t)
-        except Exception as e:  # noqa: BLE001 - a kernel that cannot be built is a skip, not a crash
-            return f"{t.family} build failed: {type(e).__name__}"
-        self._winners.setdefault(p, []).append((w.bucket, t))
-        return None
+    # --- the parts' answers, under the names callers and tests use --------------------------
+    @property
+    def batch_invariant(self) -> bool:
+        return self.policy.batch_invariant
+
+    @property
+    def _record(self) -> bool:
+        return self.recorder.record
+
+    @_record.setter
+    def _record(self, on: bool) -> None:
+        self.recorder.record = on
 
     def _kernel(self, p: Problem, t: Tactic) -> Callable:
-        """The unbound kernel(x, w, ...), every operand checked against `p` on each call."""
-        k = self._built.get((p, t))
-        if k is None:
-            k = self._built[(p, t)] = checked(p, registry.get(t.family).build(p, t, self.env.device))
-        return k
+        return self.builder.kernel(p, t)
 
     def _default_tactic(self, problem: Problem) -> Tactic:
-        return registry.designated_default(problem, self.arch, self.env.device)
+        return self.builder.default_tactic(problem)
 
+    # --- tables under the policy ---------------------------------------------------------------
     def _install(self, p: Problem, items: list[tuple[int, Tactic]]) -> Table:
-        dt = self._default_tactic(p)
-        old = self._tables.get(p)
-        t = Table(p, tuple(b for b, _ in items), tuple(self._kernel(p, x) for _, x in items),
-                  tuple(x for _, x in items),
-                  LazyDefault(self._kernel, p, dt, self.env.gpu_name if self._warn else None), dt)
-        if old is not None:      # keep counts and pins across a re-install
-            t.counts, t.misses = old.counts, old.misses
-            if old.pinned is not None:
-                t._set_pin(old.pinned, old.pinned_tactic)
-        self._tables[p] = t
-        if t.pinned is None and p.key in self._pins:
-            self._pin_table(t, self._pins[p.key])          # an explicit pin must fit: raises if not
-        elif t.pinned is None and "*" in self._pins:
+        t = self._tables[p] = self.builder.table(p, items, self._tables.get(p))
+        pin, explicit = self.policy.pin_for(p)
+        if t.pinned is None and pin is not None:
             try:
-                self._pin_table(t, self._pins["*"])
+                self._pin_table(t, pin)                # an explicit pin must fit: raises if not
             except ValueError:
+                if explicit:
+                    raise
                 self.skipped[f"pin * does not fit {p.kind}"] += 1
         if t.pinned is None and self.batch_invariant and not self._pin_invariant(t, items):
             return t                         # refused: not on the (M, N, K) fast path; table() raises
@@ -186,10 +129,16 @@ class Dispatcher:
         if p.kind == "dense" and p.a_fmt == "bf16" and p.w_fmt == "nvfp4" and p.out_dtype == "bf16":
             self._dense.setdefault(p.n, {})[p.k] = t.__call__
 
+    def _invariant(self, p: Problem, t: Tactic) -> bool:
+        try:
+            return bool(registry.get(t.family).batch_invariant(p, t))
+        except (ValueError, ImportError):
+            return False
+
     def _pin_invariant(self, t: Table, items: list[tuple[int, Tactic]]) -> bool:
         """Batch-invariant mode: pin the problem's one invariant tactic; False (and refused) if none."""
         p = t.problem
-        pick, note = self._invariant_pick(p, items, t.default_tactic)
+        pick, note = invariant_pick(p, items, t.default_tactic, self._invariant, self.arch.name)
         if pick is None:
             self._refused[p] = note
             self._dense.get(p.n, {}).pop(p.k, None)
@@ -200,29 +149,6 @@ class Dispatcher:
             warnings.warn(f"fp4-autotune: batch-invariant: {p.key}: {note}", stacklevel=5)
         return True
 
-    def _invariant(self, p: Problem, t: Tactic) -> bool:
-        try:
-            return bool(registry.get(t.family).batch_invariant(p, t))
-        except (ValueError, ImportError):
-            return False
-
-    def _invariant_pick(self, p: Problem, items: list[tuple[int, Tactic]], dt: Tactic) -> tuple[Tactic | None, str]:
-        """(the one tactic for every M, a note when it is not simply the stored one) or (None, why)."""
-        ok = [x for _, x in items if self._invariant(p, x)]
-        if ok and len({x for _, x in items}) == 1:
-            return ok[0], ""
-        if ok:
-            pick = max(set(ok), key=lambda x: (ok.count(x), x.id))
-            return pick, (f"the stored winners name {len({x for _, x in items})} tactics; serving {pick} for every M "
-                          f"(the winner of {ok.count(pick)} of {len(items)} buckets): `autotune search "
-                          "--batch-invariant` tunes one tactic for every M")
-        if self._invariant(p, dt):
-            return dt, (f"no stored winner is batch-invariant; serving the designated default {dt} for every M"
-                        if items else "")
-        return None, (f"{p.key}: no batch-invariant tactic (stored winners: {len(items)}; the designated default "
-                      f"{dt} is not batch-invariant on {self.arch.name}); run `autotune search --batch-invariant` "
-                      "or turn batch-invariant mode off")
-
     # --- lookups -------------------------------------------------------------------------------
     def table(self, problem: Problem) -> Table:
         """The problem's table (created on first use: then it answers from the default rung)."""
@@ -231,12 +157,13 @@ class Dispatcher:
             raise ValueError(self._refused[problem])
         return t
 
-    def bind(self, problem: Problem, weight: FP4Weight, *, one_copy: bool = False) -> BoundTable:
+    def bind(self, problem: Problem, weight: FP4Weight, *, one_copy: bool | None = None) -> BoundTable:
         """The problem's table with `weight` bound (checked once, packed once per layout): what a
         layer keeps at load and calls per forward. `.rebind(weight)` after moving the weight.
         one_copy=True: one layout for every M, written over `weight`'s own storage where its
         family can (the weight is then no checkpoint-layout weight); `.substituted` lists the
         rungs that run another tactic for it (autotune.runtime.onecopy)."""
+        one_copy = self.policy.one_copy if one_copy is None else one_copy
         return BoundTable(self.table(problem), weight, self.env.device, one_copy=one_copy, arch=self.arch)
 
     def __call__(self, shape, m: int | None = None):
@@ -279,7 +206,7 @@ class Dispatcher:
     @property
     def misses(self) -> Counter:
         """(problem key, M) -> calls answered by the default rung."""
-        return Counter({(p.key, m): n for p, t in self._tables.items() for m, n in t.misses.items()})
+        return counted(self._tables)
 
     # --- pinning -------------------------------------------------------------------------------
     def pin(self, problem: Problem, tactic: Tactic | str | dict) -> None:
@@ -287,7 +214,7 @@ class Dispatcher:
         the tactic is not valid for its family or is rejected for this problem on this arch."""
         t = parse_tactic(tactic)
         self._pin_table(self._tables.get(problem) or self._install(problem, []), t)
-        self._pins[problem.key] = t         # recorded once it fits (a re-install pins it again)
+        self.policy.pins[problem.key] = t   # recorded once it fits (a re-install pins it again)
 
     def _pin_table(self, table: Table, t: Tactic) -> None:
         why = registry.usable(table.problem, t, self.arch, self.env.device)
@@ -306,57 +233,20 @@ class Dispatcher:
         t = self._tables.get(problem)
         if t is not None and self.batch_invariant:
             items = self._winners.get(problem, [])
-            pick, note = self._invariant_pick(problem, items, t.default_tactic)
+            pick, note = invariant_pick(problem, items, t.default_tactic, self._invariant, self.arch.name)
             if pick is None:
                 raise ValueError(f"cannot unpin: {note}")
-        self._pins.pop(problem.key, None)
+        self.policy.pins.pop(problem.key, None)
         if t is not None:
             t._set_pin(None, None)
             if self.batch_invariant:         # back to the one invariant tactic, never the per-M ladder
                 self._pin_invariant(t, items)
 
     # --- misses --------------------------------------------------------------------------------
-    def _misses_store(self):
-        target = self._misses_to if self._misses_to is not None else settings.misses_url()
-        if target == "memory":
-            return None
-        if target is None:
-            if hasattr(self._cache, "record_misses") and not getattr(self._cache, "readonly", False):
-                return self._cache
-            if not self._cache_writable or self.cache_url is None:
-                return None            # a read-only image: misses stay in memory (Dispatcher.misses)
-            target = self.cache_url
-        if hasattr(target, "record_misses"):
-            return target
-        Store.check_writable(target)
-        return Store(target)
-
     def flush_misses(self) -> int:
         """Write the misses counted since the last flush; returns how many (problem, M) rows.
         Best effort: never raises (a serving process must not die at exit over a log)."""
-        if not self._record:
-            return 0
-        now = self.misses
-        delta = {k: n - self._flushed.get(k, 0) for k, n in now.items() if n > self._flushed.get(k, 0)}
-        if not delta:
-            return 0
-        try:
-            store = self._misses_store()
-            if store is None:
-                return 0
-            store.record_misses(Miss(pk, m, self.env.device_key, c) for (pk, m), c in delta.items())
-            self._flushed.update({k: now[k] for k in delta})
-            return len(delta)
-        except Exception as e:  # noqa: BLE001
-            log.debug("could not record misses: %s", e)
-            return 0
-
-
-def _writable(store) -> bool:
-    p = getattr(store, "path", None)
-    if p is None:
-        return False
-    return os.access(p, os.W_OK) and os.access(p.parent, os.W_OK | os.X_OK)
+        return self.recorder.flush(self.misses)
 
 
 # ------------------------------------------------------------------------------ process-wide

@@ -205,8 +205,7 @@ class FP4MoE(nn.Module):
     def _run(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
         m = x.shape[0]
         l13, l2 = self.bound13.launcher(m), self.bound2.launcher(m)
-        if x.is_cuda and torch.cuda.is_current_stream_capturing() and not (
-                getattr(l13, "capture_safe", False) and getattr(l2, "capture_safe", False)):
+        if x.is_cuda and torch.cuda.is_current_stream_capturing() and not (l13.capture_safe and l2.capture_safe):
             raise RuntimeError("fp4_autotune: a kernel of this MoE block reads routing on the host and cannot "
                                "run under CUDA-graph capture")
         if topk_weights is None:
@@ -234,18 +233,19 @@ class FP4MoE(nn.Module):
         """Both launchers check the caller's ids themselves (moe_decode: NaN rows and a bad-id word
         for ids outside [-1, E)): only without an expert_map and without the folded shared expert,
         whose E the kernels count as a valid id."""
-        return self.expert_map is None and not self.has_shared and _flags_bad_ids(l13) and _flags_bad_ids(l2)
+        return self.expert_map is None and not self.has_shared and l13.checks_ids and l2.checks_ids
 
     def _one_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
-        """One moe_align per layer when both launchers take the aligned route; {} otherwise."""
-        need = [_aligned_block_m(launch, ids.shape[0]) for launch in (l13, l2)]
+        """One routing alignment per layer when both launchers take one as `aligned=` (made by the
+        launcher that needs the larger BLOCK_M, regrouped for the other); {} otherwise."""
+        need = [launch.aligned_block_m(ids.shape[0]) for launch in (l13, l2)]
         if None in need:
             return {}, {}
         bm = max(need)
         aligner = self._aligners.get(bm)
         if aligner is None:
-            from autotune.tactics.triton_fp4.moe_align import Aligner
-            aligner = self._aligners[bm] = Aligner(self.num_experts, bm)
+            owner = l13 if need[0] == bm else l2
+            aligner = self._aligners[bm] = owner.aligner(self.num_experts, bm)
         al = aligner(ids)
         return {"aligned": al.regroup(need[0])}, {"aligned": al.regroup(need[1])}
 
@@ -306,18 +306,6 @@ def _stack13(gate: FP4Weight, up: FP4Weight) -> FP4Weight:
     """vLLM's w13: [gate; up] rows per expert, carrying the gate's global scale."""
     return FP4Weight(torch.cat([gate.packed, up.packed], -2), torch.cat([gate.scales, up.scales], -2),
                      gate.global_scale, gate.fmt)
-
-
-def _aligned_block_m(launch, m: int) -> int | None:
-    """The launcher's own answer (moe_decode: `aligned_block_m`): the BLOCK_M of the alignment it
-    takes for M tokens in one launch; None for a kernel that aligns nothing or itself."""
-    ask = getattr(getattr(launch, "kernel", None), "aligned_block_m", None)
-    return ask(m) if ask is not None else None
-
-
-def _flags_bad_ids(launch) -> bool:
-    """The launcher's kernel sets NaN rows and a bad-id word for ids outside [-1, E) itself."""
-    return bool(getattr(getattr(launch, "kernel", None), "checks_ids", False))
 
 
 def _block(layer_id: int) -> FP4MoE:

@@ -20,7 +20,7 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
-from autotune.tactics.base import FamilyBase
+from autotune.tactics.base import FamilyBase, FunctionKernel, as_launcher
 
 from . import build as B
 from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
@@ -87,6 +87,9 @@ class _PackCache:
         if p is None:
             p = self._items[w] = L.pack(w)
         return p
+
+    def clear(self) -> None:
+        self._items.clear()
 
 
 class CudaFamily(FamilyBase):
@@ -163,21 +166,22 @@ class CudaFamily(FamilyBase):
         """`run(x, packed, out=None)`: the kernel on a checked, aligned CudaPacked (the one thing a
         test family replaces). CuPy is imported here, after every check of build and bind."""
         from .launch import Launch
-        run = Launch(problem, tactic, device, config)
-        run.capture_safe = True  # type: ignore[attr-defined]  # current stream, no host sync
-        return run
+        return Launch(problem, tactic, device, config)
 
     def build(self, problem: Problem, tactic: Tactic, device: str):
         why = self.validate(tactic) or self.supports(problem) or check_tiling(problem, tactic)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
-        run = self._runner(problem, tactic, device)
+        run = as_launcher(self._runner(problem, tactic, device))
         cache = _PackCache()
 
         def kernel(x, w, out=None):
             return run(x, cache(w), out)
-        kernel.capture_safe = getattr(run, "capture_safe", False)  # type: ignore[attr-defined]
-        return kernel
+
+        def release() -> None:
+            run.release()
+            cache.clear()
+        return FunctionKernel(kernel, capture_safe=run.capture_safe, release=release)
 
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str):
         """The weight checked once (its layout, shape, tiling, alignment), then the shared bound
@@ -188,4 +192,5 @@ class CudaFamily(FamilyBase):
         why = self.validate(tactic) or check_tiling(problem, tactic) or check_aligned(packed)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
-        return self.bind_kernel(problem, self._runner(problem, tactic, device), packed)
+        return self.bind_kernel(problem, self._runner(problem, tactic, device), packed,
+                                batch_invariant=self.batch_invariant(problem, tactic))

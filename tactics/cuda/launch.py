@@ -13,12 +13,18 @@ import torch
 
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
+from autotune.tactics.base import LauncherBase
 
 from . import build as B
 from . import layout as L
 
 
-class Launch:
+class Launch(LauncherBase):
+    """run(x, packed, out): the kernel on PyTorch's current stream, no host sync; it owns no
+    scratch (the compiled functions stay cached in it)."""
+
+    capture_safe = True
+
     def __init__(self, problem: Problem, tactic: Tactic, device: str, config: Callable[[Tactic, int], B.Config]):
         import cupy
         self._cupy = cupy

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 from autotune.core.tactic import Tactic, Verdict, check_params
-from autotune.tactics.base import FamilyBase
+from autotune.tactics.base import FamilyBase, LauncherBase
 from autotune.tactics.cutlass import flashinfer_map as fim
 from autotune.tactics.cutlass import smem as sm
 from autotune.tactics.cutlass import truth
@@ -34,6 +34,8 @@ SCHEMA = {"kernel_arch": KERNEL_ARCHS, "op": OPS, "tile_m": int, "tile_n": int, 
           "mma": MMAS, "schedule": SCHEDULES, "scheduler": SCHEDULERS, "epilogue_c": EPILOGUE_C, "swap_ab": bool,
           "cluster": _CLUSTERS}
 
+#: the workspace FlashInfer's CUTLASS runner is handed (what mm_fp4 allocates)
+WORKSPACE_BYTES = 32 << 20
 _NO_CPU = "no CUDA GPU: CUTLASS FP4 kernels need an SM100 or SM120 GPU"
 _NO_FI = "flashinfer is not installed (pip install 'fp4-autotune[flashinfer]')"
 
@@ -227,7 +229,7 @@ def smem_verdict(k: Kernel, limit: int) -> Verdict:
     return Verdict.keep(smem, limit, stages)
 
 
-class FlashInferMmFp4:
+class FlashInferMmFp4(LauncherBase):
     """kernel(x, w, out=None) through FlashInfer's CUTLASS mm_fp4 runner with a fixed tactic.
 
     x (bf16 [M, K]) is quantized to NVFP4 with FlashInfer's fp4_quantize under the weight's
@@ -247,8 +249,13 @@ class FlashInferMmFp4:
                                f"{len(fim.configs(kernel.kernel_arch))}: index {index} would name another kernel")
         self.quantize = fp4_quantize
         self.problem, self.kernel, self.index = problem, kernel, index
-        self.workspace = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+        self.workspace: Any = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
         self._weight = WeightOperands(problem)
+
+    def release(self) -> None:
+        """The CUTLASS workspace and the per-weight operand views (made again by a later call)."""
+        self.workspace = None
+        self._weight = WeightOperands(self.problem)
 
     def __call__(self, x: Any, w: Any, out: Any = None) -> Any:
         import torch
@@ -258,6 +265,8 @@ class FlashInferMmFp4:
         a, a_sf = self.quantize(x, ops.gs, 16, False, True)
         if out is None:
             out = torch.empty(x.shape[0], self.problem.n, dtype=torch.bfloat16, device=x.device)
+        if self.workspace is None:
+            self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
         inputs = [a, ops.b, a_sf, ops.sf, ops.alpha, torch.bfloat16, out, 16, True, self.workspace]
         self.runner.forward(inputs, tactic=self.index)
         return out

@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.core.operands import out_checker, x_checker
 from autotune.core.problem import Problem
+from autotune.tactics.base import LauncherBase
 
 from . import direct
 from .splitk import chunk_rows
@@ -52,6 +53,10 @@ class Scratch:
             self.bufs[(stream, name)] = b
         return b
 
+    def clear(self) -> None:
+        self.bufs.clear()
+        self.retired.clear()
+
 
 def _capturing() -> bool:
     import torch
@@ -62,7 +67,7 @@ def _aligned(*ts) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 
 
-class _BoundDense:
+class _BoundDense(LauncherBase):
     """Shared part: weight, checks, plan cache, the fallback. Subclasses implement `_plan(x, out,
     stream)` -> a plan tuple, or None when this call must take the normal launch."""
 
@@ -86,6 +91,13 @@ class _BoundDense:
     def smem_compiled(self):
         return self.inner.smem_compiled
 
+    def release(self) -> None:
+        """The scratch and the plans that point into it (a later call plans again), and the inner
+        launcher's."""
+        self.scratch.clear()
+        self.plans.clear()
+        self.inner.release()
+
     def _fallback(self, x, out):
         self.launches[1] += 1
         return self.inner.launch(x, self.weight, out=out)
@@ -101,7 +113,7 @@ class _BoundDense:
         return out
 
 
-class Remember:
+class Remember(LauncherBase):
     """Mixin for the unbound launchers (`dispatch((M, N, K))(x, w)`): a weight object seen on two
     calls in a row is bound (`bound_cls`), and its later calls take the bound launcher's route."""
 
@@ -121,6 +133,13 @@ class Remember:
             return b(x, out)
         self._seen = w
         return self.launch(x, w, out=out)
+
+    def release(self) -> None:
+        """The bound form made for a remembered weight (and its scratch); subclasses add their own."""
+        if self._bound is not None:
+            self._bound.scratch.clear()
+            self._bound.plans.clear()
+        self._bound = self._seen = None
 
 
 class BoundW4A16(_BoundDense):

@@ -76,6 +76,11 @@ class DequantCublasLauncher(Remember):
         self._consts = {"BLOCK_N": params["block_n"], "BLOCK_K": params["block_k"], **scale_consts(problem.w_fmt),
                         "DEQ_ASM": 0 if is_interpreting() else 1}
 
+    def release(self) -> None:
+        """The bf16 weight buffer."""
+        super().release()
+        self._wbuf = None
+
     def launch(self, x, w, out=None):
         """Triton's own launch (the route every call took before #17; bound launchers fall back to it)."""
         import torch

@@ -207,10 +207,13 @@ class TritonFamily(FamilyBase):
         shared FamilyBase launcher."""
         check_weight(problem, packed)
         launcher = self.build(problem, tactic, device)
+        invariant = self.batch_invariant(problem, tactic)
         cls = getattr(launcher, "bound_cls", None) if problem.kind == "dense" else None
         if cls is None:
-            return self.bind_kernel(problem, launcher, packed)
-        return cls(problem, launcher, packed if isinstance(packed, U8Weight) else pack_u8(packed))
+            return self.bind_kernel(problem, launcher, packed, batch_invariant=invariant)
+        bound = cls(problem, launcher, packed if isinstance(packed, U8Weight) else pack_u8(packed))
+        bound.batch_invariant = invariant
+        return bound
 
     # ---- self-description for the search's ranking and --batch-invariant ---------------------
     def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:

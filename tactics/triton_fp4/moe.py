@@ -10,6 +10,8 @@ from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
+from autotune.tactics.base import LauncherBase
+
 from .args import fp32_scale, is_interpreting, note_compiled, scales_u8
 from .compile import ast_source
 from .member import (FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
@@ -88,7 +90,7 @@ class MoEMember:
 MEMBER = MoEMember()
 
 
-class MoELauncher:
+class MoELauncher(LauncherBase):
     """kernel(x, w, topk_ids, topk_weights=None, out=None) -> y[M, top_k, N] for a grouped-MoE
     problem: w is an FP4Weight (or the family's U8Weight pack) with packed [E, N, K/2], scales
     [E, N, K/G] and a global scale of shape () or [E]. The routing is aligned on the device without

@@ -32,6 +32,8 @@ from autotune.core.tactic import Tactic, Verdict
 
 from . import compat as _compat
 from . import smem as _smem
+from autotune.tactics.base import LauncherBase
+
 from .member import FAMILY, check_axes, grid
 
 KERNEL = "moe_decode"
@@ -238,7 +240,7 @@ def chunk_tokens(params: Mapping[str, Any], problem: Any) -> int | None:
     return max(1, MAX_WORKSPACE_BYTES // (sk * problem.top_k * problem.n * 4))
 
 
-class MoEDecodeLauncher:
+class MoEDecodeLauncher(LauncherBase):
     """(x, w, topk_ids, topk_weights=None, out=None, aligned=None) → bf16 [M, top_k, N] (or N/2 with
     the SwiGLU epilogue). Owns the split-K workspace and counters (one launch at a time) and a
     sticky bad-id word (`bad`): rows of pairs with ids outside [-1, E) are NaN, never a plausible
@@ -311,6 +313,17 @@ class MoEDecodeLauncher:
         if rows is not None and m > rows:
             return None
         return self.params["block_m"] if self._aligned_route(m * self.problem.top_k) else None
+
+    def aligner(self, experts: int, block_m: int):
+        """moe_align's Aligner: the alignment `aligned=` takes (shared by a layer's launchers)."""
+        from .moe_align import Aligner
+        return Aligner(experts, block_m)
+
+    def release(self) -> None:
+        """Workspace, counters, bad-id word, reduce buffers, own aligner and the outgrown buffers
+        (the compiled kernel stays)."""
+        self._ws = self._locks = self._bad = self._aligner = self._red = self._cnt = None
+        self._retired.clear()
 
     def _aligned_route(self, pairs: int) -> bool:
         return self.params["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS

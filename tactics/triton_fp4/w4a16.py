@@ -146,6 +146,12 @@ class W4A16Launcher(Remember):
         # resolved once per launcher, not per call: dispatch calls this on every GEMM
         self._consts = kernel_consts(problem.w_fmt, self.params, is_interpreting())
 
+    def release(self) -> None:
+        """The split-K workspace, its counters and the outgrown ones."""
+        super().release()
+        self._ws = self._locks = None
+        self._retired.clear()
+
     def _scratch(self, sk: int, tiles: int, device):
         """Workspace [sk, tiles, BM·BN] fp32 and `tiles` zeroed counters (grown on demand, at least
         doubling, so the retired buffers stay under the live one's size; without split-K the kernel

@@ -25,6 +25,8 @@ from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
+from autotune.tactics.base import LauncherBase
+
 from .args import fp32_scale, note_compiled, scales_u8
 from .compile import ast_source
 from .member import FAMILY, GROUP, check_axes, grid, tile_rules
@@ -136,7 +138,7 @@ class W4A4Member:
 MEMBER = W4A4Member()
 
 
-class W4A4Launcher:
+class W4A4Launcher(LauncherBase):
     """kernel(x, w, out=None) -> y: quantize x (bf16 [M, K]) with our Triton kernel, then the
     dot_scaled GEMM. `w` is an FP4Weight (or the family's U8Weight pack) in the problem's format; NVFP4 quantizes under
     `w.input_scale` (the checkpoint's static activation global scale), 1.0 when the weight has none
@@ -163,6 +165,11 @@ class W4A4Launcher:
         self._bufs = None
         self._retired: list = []    # outgrown buffers: a CUDA graph captured earlier still points at them
         self._one = None
+
+    def release(self) -> None:
+        """The quantized-activation buffers and the outgrown ones."""
+        self._bufs = self._one = None
+        self._retired.clear()
 
     def _check(self, x, w):
         import torch
