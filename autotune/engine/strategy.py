@@ -56,8 +56,8 @@ def shipped(arch: Arch, libs: Mapping[str, str | None] | None = None) -> Path | 
     """The shipped model file for `arch`: of several, the one whose key's library versions match
     the installed ones most often (then the newest name). None when the package has none."""
     paths = sorted(SHIPPED.glob(f"{arch.name}-*.json.gz")) + sorted(SHIPPED.glob(f"{arch.name}.json.gz"))
-    if not paths:
-        return None
+    if len(paths) < 2:
+        return paths[0] if paths else None
     have = {k: v for k, v in (libs or {}).items() if v}
 
     def matches(p: Path) -> int:
