@@ -14,8 +14,8 @@ from autotune.engine import rankmodel, ranked, strategy, timing
 from autotune.engine.search import SearchOptions, _Work, plan, search
 from autotune.engine.halving import Halving
 from autotune.engine.workers import Runner
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 SM90, CPU_ARCH = ARCHS["sm90"], ARCHS["cpu"]

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.engine import rankdata, rankmodel, strategy  # noqa: E402
-from cache.store import Store  # noqa: E402
+from autotune.cache.store import Store  # noqa: E402
 
 #: (name in the model's info, committed cache)
 CACHES = (("h200x2-glm5-tp8-full", "docs/data/h200x2-glm5-tp8-full.db.xz"),
