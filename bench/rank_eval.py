@@ -13,7 +13,13 @@ For each fold a ranking model is fitted without the held-out data, then the rank
 Per held-out (problem, bucket): the share of its kept tactics measured (extras counted) and the
 gap between the stored time of the replay's winner and of the committed winner.
 
+Several caches of one arch are evaluated together (the data of the shipped model,
+tools/fit_rank_models.py): a fold holds its problem or bucket out of every cache, each cache's
+groups keep their own labels and committed winners, and the table has a row per cache too.
+
     python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz            # every fold
+    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz docs/data/cuda-search-h200/cuda-search.db \
+        docs/data/moe-search-h200.db --lobo-every 3                              # the shipped model's data
     python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz --lobo-every 5 --json out.json
     python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz --lobo-every 4 --learner sklearn
 
@@ -42,7 +48,7 @@ TARGET_SHARE, TARGET_GAP, TARGET_HITS = 0.10, 0.03, 0.95
 
 def open_store(db: str, tmp: str) -> Store:
     if db.endswith(".xz"):
-        out = Path(tmp) / "cache.db"
+        out = Path(tmp) / (Path(db).name[:-3] or "cache.db")
         with lzma.open(db) as src, open(out, "wb") as dst:
             shutil.copyfileobj(src, dst)
         return Store(str(out))
@@ -51,7 +57,7 @@ def open_store(db: str, tmp: str) -> Store:
 
 def replay(model, g, memo, default_id, extras, cfg):
     """(kept, measured, winner id) of the ranked strategy on one stored group."""
-    ids, feats, _ = memo[(g.problem.key, g.bucket, g.device_key)]
+    ids, feats, _ = memo[g.key]
     kept = [(i, f) for i, f in zip(ids, feats) if i in g.timed or (i in g.negative and i not in g.rejected)]
     plan = ranked.plan_for([g.tactics[i] for i, _ in kept], model.predict([f for _, f in kept]),
                            [g.tactics[i] for i in [default_id, *extras] if i in g.tactics], cfg=cfg)
@@ -59,11 +65,22 @@ def replay(model, g, memo, default_id, extras, cfg):
     return len(kept), len(measured), pick
 
 
-def evaluate(store, rounds: int, lobo_every: int, cfg: ranked.Ranked, folds=("lopo", "lobo")) -> list[dict]:
-    dev = store.devices()[0]["device_key"]
-    arch, sms, _ = rankdata.device_arch(store, dev)
-    gs = rankdata.groups(store, dev)
-    win = {(w.problem_key, w.bucket): w for w in store.winners(dev)}
+def sources(stores, names=None) -> list[rankdata.Source]:
+    """One source per store: its (first) device, named by the given name or its position."""
+    return [rankdata.Source(st, st.devices()[0]["device_key"], (names or {}).get(i, str(i)))
+            for i, st in enumerate(stores)]
+
+
+def evaluate(stores, rounds: int, lobo_every: int, cfg: ranked.Ranked, folds=("lopo", "lobo"),
+             names=None) -> list[dict]:
+    """Per held-out group: kept, measured, the replay's and the committed winner, the gap. A group
+    without a committed winner (a search cut mid-job) is trained on but not replayed."""
+    if not isinstance(stores, (list, tuple)):
+        stores = [stores]
+    srcs = sources(stores, names)
+    dev = {s.name: rankdata.device_arch(s.store, s.device_key)[:2] for s in srcs}
+    gs = rankdata.source_groups(srcs)
+    win = {(s.name, w.problem_key, w.bucket): w for s in srcs for w in s.store.winners(s.device_key)}
     rows, memo = [], {}
     problems = sorted({g.problem.key for g in gs})
     buckets = sorted({g.bucket for g in gs})
@@ -71,41 +88,58 @@ def evaluate(store, rounds: int, lobo_every: int, cfg: ranked.Ranked, folds=("lo
         held_sets = ([[g for g in gs if g.problem.key == p] for p in problems] if fold == "lopo" else
                      [[g for g in gs if g.bucket == b] for b in buckets[::lobo_every]])
         for held in held_sets:
-            train = [g for g in gs if g not in held]
-            model = rankdata.train(store, dev, train, rounds, memo)
+            out = {g.key for g in held}
+            train = [g for g in gs if g.key not in out]
+            model = rankdata.train_many(srcs, train, rounds, memo)
             for g in held:
-                memo.setdefault((g.problem.key, g.bucket, g.device_key), rankdata.rows(g, arch, sms))
-            prev: dict[str, str] = {}
-            for g in sorted(held, key=lambda g: (g.problem.key, g.bucket)):
-                w = win[(g.problem.key, g.bucket)]
+                memo.setdefault(g.key, rankdata.rows(g, *dev[g.source]))
+            prev: dict[tuple, str] = {}
+            for g in sorted(held, key=lambda g: g.key):
+                w = win.get((g.source, g.problem.key, g.bucket))
+                if w is None:
+                    continue
+                pk = (g.source, g.problem.key)
                 if fold == "lopo":
-                    extras = [prev[g.problem.key]] if g.problem.key in prev else []
+                    extras = [prev[pk]] if pk in prev else []
                 else:
-                    bs = sorted(b for p, b in win if p == g.problem.key)
+                    bs = sorted(b for s, p, b in win if (s, p) == pk)
                     i = bs.index(g.bucket)
-                    extras = [win[(g.problem.key, b)].tactic_id for b in bs[max(0, i - 1):i + 2] if b != g.bucket]
+                    extras = [win[(*pk, b)].tactic_id for b in bs[max(0, i - 1):i + 2] if b != g.bucket]
                 n, m, pick = replay(model, g, memo, w.default_tactic_id, extras, cfg)
-                prev[g.problem.key] = pick
+                prev[pk] = pick
                 gap = g.timed[pick] / g.timed[w.tactic_id] - 1 if pick in g.timed and w.tactic_id in g.timed else None
-                rows.append({"fold": fold, "problem": g.problem.key, "bucket": g.bucket, "kept": n, "measured": m,
-                             "winner": pick, "committed": w.tactic_id, "gap": gap})
+                rows.append({"fold": fold, "source": g.source, "problem": g.problem.key, "bucket": g.bucket,
+                             "kept": n, "measured": m, "winner": pick, "committed": w.tactic_id, "gap": gap})
     return rows
 
 
+def _line(label: str, rs: list[dict]) -> tuple[str, dict]:
+    kept, meas = sum(r["kept"] for r in rs), sum(r["measured"] for r in rs)
+    same = sum(r["winner"] == r["committed"] for r in rs)
+    close = sum(r["gap"] is not None and r["gap"] <= TARGET_GAP for r in rs)
+    worst = max((r["gap"] for r in rs if r["gap"] is not None), default=float("nan"))
+    s = {"groups": len(rs), "kept": kept, "measured": meas, "share": meas / kept,
+         "same": same, "within": close / len(rs), "worst_gap": worst}
+    return (f"| {label} | {len(rs)} | {kept} | {meas} | {meas / kept:.1%} | {same} | {close} ({close / len(rs):.1%}) "
+            f"| {worst:+.1%} |"), s
+
+
 def table(rows: list[dict]) -> tuple[str, dict]:
+    """The table (a row per fold; with several caches also a row per fold and cache) and the
+    summary per fold (the targets are checked on these); per cache under summary["by_source"]."""
     out = ["| fold | held-out (problem, bucket) | kept | measured (extras counted) | share | same winner "
            "| within 3 % | worst gap |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    summary = {}
+    summary, by_source = {}, {}
+    srcs = list(dict.fromkeys(r.get("source", "") for r in rows))
     for fold in dict.fromkeys(r["fold"] for r in rows):
         rs = [r for r in rows if r["fold"] == fold]
-        kept, meas = sum(r["kept"] for r in rs), sum(r["measured"] for r in rs)
-        same = sum(r["winner"] == r["committed"] for r in rs)
-        close = sum(r["gap"] is not None and r["gap"] <= TARGET_GAP for r in rs)
-        worst = max((r["gap"] for r in rs if r["gap"] is not None), default=float("nan"))
-        summary[fold] = {"groups": len(rs), "kept": kept, "measured": meas, "share": meas / kept,
-                         "same": same, "within": close / len(rs), "worst_gap": worst}
-        out.append(f"| {fold} | {len(rs)} | {kept} | {meas} | {meas / kept:.1%} | {same} | {close} ({close / len(rs):.1%}) "
-                   f"| {worst:+.1%} |")
+        line, summary[fold] = _line(fold, rs)
+        out.append(line)
+        for src in srcs if len(srcs) > 1 else ():
+            line, by_source[f"{fold} {src}"] = _line(f"{fold}: {src}", [r for r in rs if r.get("source", "") == src])
+            out.append(line)
+    if by_source:
+        summary["by_source"] = by_source
     return "\n".join(out), summary
 
 
@@ -135,7 +169,7 @@ class _Sklearn:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("db", type=existing, help="a cache file (SQLite, or .xz of one) holding a full search")
+    ap.add_argument("db", nargs="+", type=existing, help="cache files of one arch (SQLite, or .xz of one) holding searches")
     ap.add_argument("--rounds", type=int, default=None, help="boosting rounds (default: the model's)")
     ap.add_argument("--lobo-every", type=int, default=1, help="hold out every n-th bucket only (CI: fewer folds)")
     ap.add_argument("--folds", default="lopo,lobo")
@@ -148,11 +182,17 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            store = open_store(a.db, tmp)
+            stores = []
             try:
-                rows = evaluate(store, a.rounds or rankmodel.ROUNDS, a.lobo_every, ranked.Ranked(), a.folds.split(","))
+                for i, db in enumerate(a.db):
+                    d = Path(tmp) / str(i)
+                    d.mkdir()
+                    stores.append(open_store(db, str(d)))
+                rows = evaluate(stores, a.rounds or rankmodel.ROUNDS, a.lobo_every, ranked.Ranked(),
+                                a.folds.split(","), {i: Path(db).name for i, db in enumerate(a.db)})
             finally:
-                store.close()
+                for st in stores:
+                    st.close()
     finally:
         rankmodel.fit = fit               # callers in this process (CI runs main() in-process) get LightGBM back
     text, summary = table(rows)
@@ -161,7 +201,7 @@ def main(argv=None) -> int:
           f"on >= {TARGET_HITS:.0%}")
     if a.json:
         Path(a.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
-    met = all(s["share"] <= TARGET_SHARE and s["within"] >= TARGET_HITS for s in summary.values())
+    met = all(s["share"] <= TARGET_SHARE and s["within"] >= TARGET_HITS for f, s in summary.items() if f != "by_source")
     return 0 if met else 1
 
 

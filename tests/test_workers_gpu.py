@@ -25,7 +25,7 @@ def test_illegal_address_poisons_only_its_worker(tmp_path, cuda_faults):
     store = Store(tmp_path / "c.db")
     rep = search([p], families=[registry.get("cuda_faults"), registry.get("torch")], store=store,
                  buckets=Buckets.of((16,)), env=env, timer=timing.TimerConfig(budget_s=0.02),
-                 halving=Halving(budget_s=0.3), runner=Runner(timeout_s=120))
+                 halving=Halving(budget_s=0.3), runner=Runner(timeout_s=120), strategy="halving")
     got = {Tactic.from_json(t.params_json): t for t in store.get_trials(p.key, 16, env.device_key)}
     bad = got[Tactic("cuda_faults", mode="illegal_address")]
     assert bad.status == "failed" and "CUDA context unusable" in bad.reason, bad.reason

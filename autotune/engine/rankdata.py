@@ -4,11 +4,16 @@ One group per (problem, bucket, device): every tactic timed there (ok, or droppe
 halving with the time that dropped it), every tactic that failed there or at bucket 0 (compile
 failures) and every statically rejected one (bucket 0) as negatives. Trials under several library
 versions of one device are grouped together (the model's key lists every version it saw).
+
+A model may be fitted on several stores of one arch (`train_many`: the committed H200 searches of
+different days, each with its own families and problems). Each store's groups stay its own: a
+label is relative to the best time of that run, so timings of two runs are never compared.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
 
 from autotune.core.arch import ARCHS, Arch, arch_for_cc
 from autotune.core.problem import Problem
@@ -33,6 +38,13 @@ class Group:
     smem: dict[str, int | None] = field(default_factory=dict)
     ok: set[str] = field(default_factory=set)                    # reached a final (status ok)
     rejected: set[str] = field(default_factory=set)              # statically rejected (never a candidate)
+    source: str = ""                                             # which store (train_many)
+    lib_keys: set[str] = field(default_factory=set)              # library sets of its trials
+
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        """Identity across stores (memo key): two stores may hold the same (problem, bucket, device)."""
+        return (self.source, self.problem.key, self.bucket, self.device_key)
 
     @property
     def best_us(self) -> float:
@@ -50,7 +62,15 @@ def device_arch(store, device_key: str) -> tuple[Arch, int, dict]:
     return arch, int(d.get("sm_count") or 0), d
 
 
-def groups(store, device_key: str | None = None) -> list[Group]:
+class Source(NamedTuple):
+    """One store's trials of one device, under a name (the model's info lists it)."""
+
+    store: object
+    device_key: str
+    name: str = ""
+
+
+def groups(store, device_key: str | None = None, source: str = "") -> list[Group]:
     """Every (problem, bucket) of the store (one device, or all) with at least one timed tactic."""
     by: dict[tuple, Group] = {}
     bucket0: dict[tuple, list[Trial]] = defaultdict(list)
@@ -63,7 +83,7 @@ def groups(store, device_key: str | None = None) -> list[Group]:
         g = by.get((t.problem_key, t.bucket, t.device_key))
         if g is None:
             g = by[(t.problem_key, t.bucket, t.device_key)] = Group(Problem.from_key(t.problem_key), t.bucket,
-                                                                    t.device_key)
+                                                                    t.device_key, source=source)
         _add(g, t)
     for g in by.values():
         for t in bucket0[(g.problem.key, g.device_key)]:
@@ -74,6 +94,7 @@ def groups(store, device_key: str | None = None) -> list[Group]:
 
 def _add(g: Group, t: Trial) -> None:
     g.tactics[t.tactic_id] = Tactic.from_json(t.params_json)
+    g.lib_keys.add(t.lib_key)
     g.smem[t.tactic_id] = t.smem_model
     if t.status in ("ok", "dropped") and t.median_us is not None and t.median_us > 0:
         g.timed[t.tactic_id] = t.median_us
@@ -108,20 +129,50 @@ def train(store, device_key: str, groups_: list[Group] | None = None, rounds: in
           memo: dict | None = None) -> rankmodel.Model:
     """Fit a model on one device's groups of `store` (or the given subset, for held-out evaluation;
     `memo` keeps each group's rows between folds)."""
-    arch, sms, rec = device_arch(store, device_key)
-    gs = groups(store, device_key) if groups_ is None else groups_
+    return train_many([Source(store, device_key)], groups_, rounds, memo)
+
+
+def source_groups(sources: Sequence[Source]) -> list[Group]:
+    """The groups of every source, each tagged with its source's name (or its index)."""
+    return [g for i, s in enumerate(sources) for g in groups(s.store, s.device_key, s.name or str(i))]
+
+
+def train_many(sources: Sequence[Source], groups_: list[Group] | None = None, rounds: int = rankmodel.ROUNDS,
+               memo: dict | None = None) -> rankmodel.Model:
+    """Fit one model on the groups of several sources of one arch (or the given subset of
+    `source_groups(sources)`). The key lists every GPU, SM count and library version the trials
+    were measured under."""
+    if not sources:
+        raise ValueError("no store to learn from")
+    dev = {(s.name or str(i)): (s, *device_arch(s.store, s.device_key)) for i, s in enumerate(sources)}
+    arches = sorted({a.name for _, a, _, _ in dev.values()})
+    if len(arches) != 1:
+        raise ValueError(f"one rank model is for one arch; the stores hold {', '.join(arches)}")
+    gs = source_groups(sources) if groups_ is None else groups_
     if not gs:
-        raise ValueError(f"no timed trials for device {device_key} in the store: nothing to learn from")
+        raise ValueError(f"no timed trials for device {', '.join(sorted({s.device_key for s in sources}))} "
+                         "in the store: nothing to learn from")
     memo = {} if memo is None else memo
     X, y = [], []
     for g in gs:
-        key = (g.problem.key, g.bucket, g.device_key)
-        if key not in memo:
-            memo[key] = rows(g, arch, sms)
-        _, f, lab = memo[key]
+        if g.key not in memo:
+            _, arch, sms, _ = dev[g.source]
+            memo[g.key] = rows(g, arch, sms)
+        _, f, lab = memo[g.key]
         X += f
         y += lab
-    key = {"arch": arch.name, "gpu": rec.get("gpu_name"), "sms": sms, "device_key": device_key,
-           "libs": {k: v for k, v in (rec.get("libs") or {}).items() if v}}
+    libs: dict[str, set[str]] = {}
+    for g in gs:
+        for lk in g.lib_keys:
+            for name, v in (dev[g.source][0].store.libset(lk) or {}).items():
+                if v:
+                    libs.setdefault(name, set()).add(str(v))
+    one = lambda vs: vs[0] if len(vs) == 1 else vs      # noqa: E731  (a list only where they differ)
+    key = {"arch": arches[0], "gpu": one(sorted({str(r.get("gpu_name")) for *_, r in dev.values()})),
+           "sms": one(sorted({sms for _, _, sms, _ in dev.values()})),
+           "device_key": one(sorted({s.device_key for s, *_ in dev.values()})),
+           "libs": {k: ",".join(sorted(v)) for k, v in sorted(libs.items())}}
     info = {"rows": len(X), "groups": len(gs), "problems": sorted({g.problem.key for g in gs})}
+    if len(sources) > 1:
+        info["sources"] = {name: sum(g.source == name for g in gs) for name in dev}
     return rankmodel.fit(X, y, key, info, rounds)

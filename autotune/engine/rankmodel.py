@@ -4,7 +4,7 @@ Features come from what tactics and problems say about themselves, never from fa
 written here: every Tactic parameter (numbers as log2, strings one-hot), the family name one-hot,
 the verdict's shared-memory bytes, and the family's launch figures (`Family.figures`: programs,
 threads, row-tile use) turned into waves and occupancy for the arch; problem features are N, K,
-M, the kind, expert count, top_k, formats and the arch.
+M, the kind, expert count, top_k, formats, the epilogue of a fused form and the arch.
 
 The label is log2(time / best time of that (problem, bucket)), clipped at `CLIP`; failed and
 statically rejected tactics get `CLIP` (negatives). A LightGBM regressor is fitted on it
@@ -49,6 +49,8 @@ def features(problem: Problem, tactic: Tactic, m: int, arch: Arch, sms: int, sme
          "top_k": float(problem.top_k), f"w_fmt={problem.w_fmt}": 1.0, f"a_fmt={problem.a_fmt}": 1.0,
          "cc": float(arch.cc_int), "sms": float(sms), f"family={tactic.family}": 1.0,
          "smem_kib": smem / 1024 if smem else MISSING}
+    if problem.epilogue != "none":      # a fused form (SwiGLU, the top_k sum); absent for a plain problem,
+        f[f"epilogue={problem.epilogue}"] = 1.0     # so models fitted before it existed see nothing new there
     for k, v in tactic.items:
         if isinstance(v, bool):
             f[f"p.{k}"] = float(v)
@@ -86,16 +88,27 @@ class _Tree:
     left: list[int]
     right: list[int]
     leaf: list[float]
+    _arrays: tuple | None = field(default=None, repr=False, compare=False)
 
-    def values(self, X):
-        """Leaf values for every row of X (numpy [rows, features]), all rows walked level by level.
+    def values(self, X, X0=None):
+        """Leaf values for every row of X (numpy [rows, features]); X0 is X with NaN read as 0.
         LightGBM's rule: a NaN is 0 unless missing values are NaN-typed; the missing-type bits
-        (2-3 of decision_type: 1 zero, 2 NaN) send such values to the default side (bit 1)."""
+        (2-3 of decision_type: 1 zero, 2 NaN) send such values to the default side (bit 1).
+        A tree without missing-typed splits (what our fits give: no feature is ever NaN) walks all
+        rows for its depth with leaves pointing at themselves: three array operations a level."""
         import numpy as np
         if not self.feature:
             return np.full(X.shape[0], self.leaf[0])
-        feat, thr, dt = np.array(self.feature), np.array(self.threshold), np.array(self.decision)
-        left, right, leaf = np.array(self.left), np.array(self.right), np.array(self.leaf)
+        if self._arrays is None:        # once per tree, not per call
+            self._arrays = _walk_arrays(self)
+        feat, thr, dt, left, right, leaf, plain = self._arrays
+        if plain:
+            X0 = np.ascontiguousarray(np.where(np.isnan(X), 0.0, X)) if X0 is None else X0
+            n, flat = len(dt), X0.ravel()
+            base, node = np.arange(X.shape[0]) * X.shape[1], np.zeros(X.shape[0], dtype=np.int64)
+            for _ in range(plain):
+                node = np.where(flat.take(base + feat.take(node)) <= thr.take(node), left.take(node), right.take(node))
+            return leaf.take(node - n)
         node = np.zeros(X.shape[0], dtype=np.int64)
         live = np.ones(X.shape[0], dtype=bool)
         while live.any():
@@ -109,6 +122,29 @@ class _Tree:
             node[idx] = np.where(go_left, left[nd], right[nd])
             live[idx] = node[idx] >= 0
         return leaf[~node]
+
+
+def _walk_arrays(t: _Tree) -> tuple:
+    """(feature, threshold, decision, left, right, leaf, depth or 0). Without missing-typed splits
+    the nodes are renumbered for the fixed-depth walk: leaf j is node n + j, its own child, with an
+    infinite threshold; `depth` is the longest root-to-leaf path. Otherwise LightGBM's numbering."""
+    import numpy as np
+    dt = np.array(t.decision)
+    if ((dt >> 2) & 3).any():
+        return (np.array(t.feature), np.array(t.threshold), dt, np.array(t.left), np.array(t.right),
+                np.array(t.leaf), 0)
+    n, nl = len(t.feature), len(t.leaf)
+    stay = np.arange(n, n + nl)
+    child = lambda c: np.concatenate([np.where(np.array(c) >= 0, c, n + ~np.array(c)), stay])   # noqa: E731
+    left, right = child(t.left), child(t.right)
+    depth, frontier = 0, np.array([0])
+    while frontier.size:
+        depth += 1
+        frontier = np.concatenate([left[frontier], right[frontier]])
+        frontier = frontier[frontier < n]
+    feat = np.concatenate([np.array(t.feature), np.zeros(nl, dtype=np.int64)])
+    thr = np.concatenate([np.array(t.threshold, dtype=np.float64), np.full(nl, np.inf)])
+    return feat, thr, dt, left, right, np.array(t.leaf), depth
 
 
 def _parse_trees(text: str) -> list[_Tree]:
@@ -143,9 +179,16 @@ class Model:
     key: dict                             # {"arch", "gpu", "sms", "libs": {dist: version}}
     info: dict = field(default_factory=dict)   # rows, groups, problems, rounds: what it saw
     _trees: list[_Tree] | None = field(default=None, repr=False)
+    _absent: list[float] | None = field(default=None, repr=False)
 
     def vector(self, f: Mapping[str, float]) -> list[float]:
-        return [float(f.get(n, 0.0 if "=" in n else MISSING)) for n in self.names]
+        """A row in the model's feature order: an absent one-hot feature is 0, an absent number MISSING."""
+        return [float(f.get(n, d)) for n, d in zip(self.names, self._defaults())]
+
+    def _defaults(self) -> list[float]:
+        if self._absent is None or len(self._absent) != len(self.names):
+            self._absent = [0.0 if "=" in n else MISSING for n in self.names]
+        return self._absent
 
     def predict(self, rows: Iterable[Mapping[str, float]]) -> list[float]:
         """Predicted log2(time / best) per feature row (numpy only; no LightGBM needed)."""
@@ -154,8 +197,9 @@ class Model:
             self._trees = _parse_trees(self.booster)
         X = np.array([self.vector(r) for r in rows], dtype=np.float64).reshape(-1, len(self.names))
         out = np.zeros(X.shape[0])
+        X0 = np.ascontiguousarray(np.where(np.isnan(X), 0.0, X))
         for t in self._trees:
-            out += t.values(X)
+            out += t.values(X, X0)
         return out.tolist()
 
     def covers(self, arch: Arch) -> bool:
@@ -205,12 +249,29 @@ def path_for(cache_path: str | os.PathLike, arch: Arch) -> Path:
 
 
 def load(path: str | os.PathLike) -> Model:
-    return Model.from_json(Path(path).read_text())
+    """A model file: JSON, or gzip'd JSON (`.json.gz`, the shipped models: a third of the size)."""
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        import gzip
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise ValueError(f"damaged gzip: {e}") from None
+    try:
+        return Model.from_json(raw.decode())
+    except UnicodeDecodeError:
+        raise ValueError("not a rank model file") from None
 
 
 def save(model: Model, path: str | os.PathLike) -> Path:
+    """Written whole or not at all (a temporary file, then renamed); `.gz`: gzip'd, byte-identical
+    for the same model (no timestamp)."""
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(model.to_json())
+    data = model.to_json().encode()
+    if p.suffix == ".gz":
+        import gzip
+        data = gzip.compress(data, 9, mtime=0)
+    tmp.write_bytes(data)
     os.replace(tmp, p)
     return p

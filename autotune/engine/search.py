@@ -153,9 +153,9 @@ class SearchOptions:
     seed: int = 0
     max_tactics: int | None = None        # at most this many kept tactics per family and problem
     measure_unknown: bool = False         # also measure tactics whose verdict is unchecked ("unknown: ...")
-    strategy: str = "halving"             # ranked | halving | exhaustive (autotune/engine/strategy.py)
+    strategy: str = "ranked"              # ranked (halving where no model covers the arch) | halving | exhaustive
     ranked: Ranked = Ranked()             # the ranked strategy's knobs
-    rank_model: object = None             # a rankmodel.Model or its path; None: the file next to the cache
+    rank_model: object = None             # a rankmodel.Model or its path; None: strategy.default_model
     batch_invariant: bool = False         # one batch-invariant tactic per problem for every M
     progress: Progress | bool = False     # True: a bar on the terminal; or a Progress (plain lines, tests)
     log: Callable[[str], None] = lambda s: None
@@ -318,7 +318,7 @@ class _Search:
     def rank(self, work: list[_Work]) -> None:
         if self.o.strategy != "ranked":
             return
-        model, note = strategy.load_model(self.o.rank_model, self.store, self.target)
+        model, note = strategy.load_model(self.o.rank_model, self.store, self.target, dict(self.env.libs))
         if model is None:
             self.report.notes.append(f"--strategy ranked: {note}; measuring by successive halving")
             return

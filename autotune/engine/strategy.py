@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from autotune.core import winner as winner_rule
 from autotune.core.arch import Arch
@@ -32,6 +32,10 @@ class Ranking:
     plans: dict[tuple[str, int], ranked.RankPlan]
 
 
+#: rank models shipped inside the package, `<arch>-<libs>.json.gz` (tools/fit_rank_models.py writes them)
+SHIPPED = Path(__file__).resolve().parent / "rank_models"
+
+
 def model_path(store, arch: Arch) -> Path | None:
     """The model file next to a SQLite cache (`<cache>.rank-<arch>.json`), if the cache is a file."""
     from autotune.cache.files import parse, sqlite_file
@@ -42,38 +46,106 @@ def model_path(store, arch: Arch) -> Path | None:
     return rankmodel.path_for(f, arch) if f is not None else None
 
 
-def load_model(given, store, arch: Arch) -> tuple[rankmodel.Model | None, str]:
-    """(model, note). `given` is a Model, a path, or None (the file next to the cache). No model,
-    a damaged one, or one without data for `arch`: (None, why), and the search halves as before."""
-    if isinstance(given, rankmodel.Model):
-        m, where = given, "the given model"
-    else:
-        path = Path(given) if given else model_path(store, arch)
-        if path is None or not path.is_file():
-            return None, f"no rank model{f' at {path}' if path else ''} (`autotune cache rank-fit` makes one)"
+def shipped_name(model: rankmodel.Model) -> str:
+    """`sm90-cupy14.2.0-torch2.11.0-triton3.6.0.json.gz`: the arch and the library versions of its key."""
+    libs = "-".join(f"{k}{v}".replace(",", "+") for k, v in sorted((model.key.get("libs") or {}).items()))
+    return f"{model.key['arch']}{'-' + libs if libs else ''}.json.gz"
+
+
+def shipped(arch: Arch, libs: Mapping[str, str | None] | None = None) -> Path | None:
+    """The shipped model file for `arch`: of several, the one whose key's library versions match
+    the installed ones most often (then the newest name). None when the package has none."""
+    paths = sorted(SHIPPED.glob(f"{arch.name}-*.json.gz")) + sorted(SHIPPED.glob(f"{arch.name}.json.gz"))
+    if len(paths) < 2:
+        return paths[0] if paths else None
+    have = {k: v for k, v in (libs or {}).items() if v}
+
+    def matches(p: Path) -> int:
         try:
-            m, where = rankmodel.load(path), str(path)
-        except (OSError, ValueError, KeyError) as e:
-            return None, f"rank model {path} unusable ({e})"
+            key = rankmodel.load(p).key
+        except (OSError, ValueError, KeyError):
+            return -1
+        return sum(have.get(k) in str(v).split(",") for k, v in (key.get("libs") or {}).items())
+    return max(paths, key=lambda p: (matches(p), p.name))
+
+
+def _usable(path: Path, arch: Arch) -> tuple[rankmodel.Model | None, str]:
+    try:
+        m = rankmodel.load(path)
+    except (OSError, ValueError, KeyError) as e:
+        return None, f"rank model {path} unusable ({e})"
     if not m.covers(arch):
-        return None, f"rank model {where} has no data for {arch.name} (trained on {m.key.get('arch')})"
-    return m, f"rank model {where} ({m.key.get('arch')}, {m.key.get('gpu')}, libs {m.key.get('libs')})"
+        return None, f"rank model {path} has no data for {arch.name} (trained on {m.key.get('arch')})"
+    return m, ""
+
+
+def _said(m: rankmodel.Model, where: str) -> str:
+    return f"rank model {where} ({m.key.get('arch')}, {m.key.get('gpu')}, libs {m.key.get('libs')})"
+
+
+def default_model(store, arch: Arch, libs: Mapping[str, str | None] | None = None
+                  ) -> tuple[rankmodel.Model | None, str]:
+    """(model, note) of a search given no `--rank-model`: the cache's own model
+    (`<cache>.rank-<arch>.json`, what `autotune cache rank-fit` writes from the user's trials) wins
+    over the model shipped for `arch` in the package (fitted on the committed H200 searches); with
+    neither, (None, why), and the search halves. A damaged or other-arch file next to the cache is
+    said in the note and the shipped model is used."""
+    own, why = model_path(store, arch), []
+    if own is not None and own.is_file():
+        m, bad = _usable(own, arch)
+        if m is not None:
+            return m, _said(m, f"{own} (the cache's own: it takes precedence over the shipped one)")
+        why.append(bad)
+    ship = shipped(arch, libs)
+    if ship is not None:
+        m, bad = _usable(ship, arch)
+        if m is not None:
+            return m, "; ".join([*why, _said(m, f"shipped for {arch.name} ({ship.name})")])
+        why.append(bad)
+    why.append(f"no rank model for {arch.name} (none shipped, none next to the cache"
+               f"{f' at {own}' if own else ''}; `autotune cache rank-fit` makes one)")
+    return None, "; ".join(why)
+
+
+def load_model(given, store, arch: Arch, libs: Mapping[str, str | None] | None = None
+               ) -> tuple[rankmodel.Model | None, str]:
+    """(model, note). `given` is a Model, a path (`--rank-model`: used whatever else exists), or None
+    (`default_model`). No model, a damaged one, or one without data for `arch`: (None, why), and the
+    search halves as before."""
+    if given is None:
+        return default_model(store, arch, libs)
+    if isinstance(given, rankmodel.Model):
+        if not given.covers(arch):
+            return None, f"rank model the given model has no data for {arch.name} (trained on {given.key.get('arch')})"
+        return given, _said(given, "the given model")
+    path = Path(given)
+    if not path.is_file():
+        return None, f"no rank model at {path}"
+    m, bad = _usable(path, arch)
+    return (m, _said(m, str(path))) if m is not None else (None, bad)
 
 
 def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: Arch, sms: int, store,
           device_key: str, cfg: ranked.Ranked) -> dict[tuple[str, int], ranked.RankPlan]:
     """Per (problem, bucket): the kept tactics in predicted order, the default as an extra, and the
-    times the cache already holds for them (a resumed search counts those as measured)."""
+    times the cache already holds for them (a resumed search counts those as measured). One
+    prediction over every (problem, bucket, tactic) row: the tree walk costs per call, not per row."""
     out, names = {}, set(model.names)
+    work = list(work)
+    feats = {(w.problem.key, b): [rankdata.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes) for r in w.kept]
+             for w in work for b in buckets}
+    flat = model.predict([f for fs in feats.values() for f in fs])
+    preds, i = {}, 0
+    for k, fs in feats.items():
+        preds[k], i = flat[i:i + len(fs)], i + len(fs)
     for w in work:
         ids = {r.tactic.id for r in w.kept}
         for b in buckets:
-            feats = [rankdata.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes) for r in w.kept]
-            preds = model.predict(feats)
+            f, p = feats[(w.problem.key, b)], preds[(w.problem.key, b)]
             known = {t.tactic_id: t.median_us for t in store.get_trials(w.problem.key, b, device_key)
                      if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in ids}
-            out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in w.kept], preds,
-                                                      [w.default, *_novel(w.kept, feats, preds, names, cfg.min_first)],
+            out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in w.kept], p,
+                                                      [w.default, *_novel(w.kept, f, p, names, cfg.min_first)],
                                                       known, cfg)
     return out
 

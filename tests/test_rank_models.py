@@ -1,0 +1,131 @@
+"""The rank models shipped inside the package and which model a search uses by default:
+`--rank-model PATH`, else the cache's own `<cache>.rank-<arch>.json` (a user's `rank-fit`), else the
+one shipped for the arch, else successive halving (said in the notes). CPU only, no LightGBM."""
+import configparser
+import fnmatch
+import json
+from pathlib import Path
+
+from autotune.core.arch import ARCHS
+from autotune.core.buckets import Buckets
+from autotune.core.env import cpu
+from autotune.core.problem import Problem
+from autotune.engine import rankmodel, ranked, strategy, timing
+from autotune.engine.search import SearchOptions, _Work, plan, search
+from autotune.engine.halving import Halving
+from autotune.engine.workers import Runner
+from autotune.cache import Store
+from autotune.tactics import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+SM90, CPU_ARCH = ARCHS["sm90"], ARCHS["cpu"]
+FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+FUSED = ("grouped_moe:bf16*nvfp4->bf16:n512:k6144:e256:top8:swiglu",
+         "grouped_moe:bf16*nvfp4->bf16:n6144:k256:e256:top8:reduce")
+
+
+def _tiny(arch: str, **libs) -> rankmodel.Model:
+    """A model without trees (predicts 0): what the precedence rule reads is its key."""
+    return rankmodel.Model(["n"], "", {"arch": arch, "gpu": "test", "libs": libs})
+
+
+def test_the_shipped_sm90_model_loads_knows_the_cuda_family_moe_decode_and_the_fused_problems():
+    path = strategy.shipped(SM90)
+    assert path is not None and path.parent == strategy.SHIPPED
+    assert path.stat().st_size < 400 * 1024                       # gzip'd JSON, no pickle
+    m = rankmodel.load(path)
+    assert m.covers(SM90) and not m.covers(CPU_ARCH) and strategy.shipped(CPU_ARCH) is None
+    assert path.name == strategy.shipped_name(m)                   # named by its key
+    assert {"family=cuda", "family=triton", "p.kernel=moe_decode", "epilogue=swiglu", "epilogue=reduce"} <= set(m.names)
+    assert set(FUSED) <= set(m.info["problems"]) and set(m.info["sources"]) == {
+        "h200x2-glm5-tp8-full", "cuda-search-h200", "moe-search-h200"}
+    assert {"torch", "triton", "cupy"} <= set(m.key["libs"])
+
+
+def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
+    """Every categorical feature of every kept cuda/triton/torch tactic of a dense and both fused
+    GLM-5 TP8 problems is one the shipped model was fitted on: no tactic enters as a never-seen
+    extra (the model of docs/data, fitted before cuda and the fused problems, has them all as new)."""
+    m = rankmodel.load(strategy.shipped(SM90))
+    probs = [Problem.from_key("dense:bf16*nvfp4->bf16:n3072:k6144"), *map(Problem.from_key, FUSED)]
+    fams = [registry.get(n) for n in ("cuda", "triton", "torch")]
+    work = []
+    for p, rows in plan(probs, fams, SM90).items():
+        kept = [r for r in rows if r.verdict.ok is True]
+        work.append(_Work(p, kept, kept[0].tactic))
+    assert any(r.tactic.family == "cuda" for w in work for r in w.kept)
+    plans = strategy.plans(m, work, [1, 64], SM90, 132, Store(), "dev", ranked.Ranked())
+    for w in work:
+        for b in (1, 64):
+            p = plans[(w.problem.key, b)]
+            assert p.extras == (w.default,), (w.problem.key, b, [str(t) for t in p.extras])
+            assert len(p.order) == len(w.kept) and all(abs(x) < 10 for x in p.pred)
+
+
+def test_setup_cfg_ships_every_rank_model_in_the_wheel():
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    globs = [g.strip() for g in cfg["options.package_data"]["autotune.engine"].split(",") if g.strip()]
+    files = [p.relative_to(ROOT / "autotune" / "engine").as_posix() for p in strategy.SHIPPED.iterdir()]
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
+    assert "autotune" in cfg["options.packages.find"]["include"].split()
+
+
+def test_precedence_rank_model_flag_then_the_caches_own_then_shipped_then_halving(tmp_path):
+    store = Store(tmp_path / "c.db")
+    m, note = strategy.default_model(store, SM90)                   # nothing next to the cache
+    assert m is not None and m.key == rankmodel.load(strategy.shipped(SM90)).key
+    assert f"shipped for sm90 ({strategy.shipped(SM90).name})" in note
+    own = rankmodel.path_for(tmp_path / "c.db", SM90)
+    rankmodel.save(_tiny("sm90"), own)                              # a user's rank-fit
+    m, note = strategy.default_model(store, SM90)
+    assert m.key["gpu"] == "test" and "the cache's own: it takes precedence over the shipped one" in note
+    assert strategy.load_model(None, store, SM90)[0].key == m.key
+    flag = rankmodel.save(_tiny("sm90", torch="9"), tmp_path / "flag.json")
+    m, note = strategy.load_model(str(flag), store, SM90)           # --rank-model wins over both
+    assert m.key["libs"] == {"torch": "9"} and str(flag) in note
+    own.write_text("{not json")                                     # a damaged own file: said, shipped used
+    m, note = strategy.default_model(store, SM90)
+    assert m is not None and "unusable" in note and "shipped for sm90" in note
+    rankmodel.save(_tiny("sm120"), own)                              # another arch's: said, shipped used
+    m, note = strategy.default_model(store, SM90)
+    assert m is not None and "no data for sm90" in note and "shipped for sm90" in note
+    m, note = strategy.default_model(store, CPU_ARCH)               # nothing for the arch: halving
+    assert m is None and "no rank model for cpu" in note
+    assert strategy.load_model(str(tmp_path / "none.json"), store, SM90)[0] is None
+
+
+def test_of_several_shipped_models_the_one_matching_the_installed_libraries(tmp_path, monkeypatch):
+    monkeypatch.setattr(strategy, "SHIPPED", tmp_path)
+    a, b = _tiny("sm90", torch="2.11.0", triton="3.6.0"), _tiny("sm90", torch="2.13.0", triton="3.6.0")
+    for m in (a, b):
+        rankmodel.save(m, tmp_path / strategy.shipped_name(m))
+    assert strategy.shipped(SM90, {"torch": "2.13.0", "triton": "3.6.0"}).name == strategy.shipped_name(b)
+    assert strategy.shipped(SM90, {"torch": "2.11.0", "triton": None}).name == strategy.shipped_name(a)
+    assert strategy.shipped(ARCHS["sm120"]) is None
+    m, note = strategy.default_model(Store(), SM90, {"torch": "2.11.0"})    # a store that is no file
+    assert m.key == a.key and "shipped for sm90" in note
+
+
+def test_gzip_model_files_round_trip_byte_identically(tmp_path):
+    m = rankmodel.Model(["a", "p.k=x"], "tree text", {"arch": "sm90"}, {"rows": 1})
+    one, two = rankmodel.save(m, tmp_path / "a.json.gz"), rankmodel.save(m, tmp_path / "b.json.gz")
+    assert one.read_bytes() == two.read_bytes() and one.read_bytes()[:2] == b"\x1f\x8b"
+    assert json.loads(rankmodel.load(one).to_json()) == json.loads(m.to_json())
+    (tmp_path / "bad.json.gz").write_bytes(b"\x1f\x8b broken")
+    import pytest
+    with pytest.raises(ValueError, match="damaged gzip"):
+        rankmodel.load(tmp_path / "bad.json.gz")
+
+
+def test_the_default_strategy_is_ranked_and_a_cpu_search_halves_and_says_so(tmp_path):
+    assert SearchOptions().strategy == "ranked"
+    probs = [Problem.dense(256, 128)]
+    kw = dict(families=[registry.get("torch")], buckets=Buckets.of((1, 8)), timer=FAST, env=cpu(),
+              runner=Runner(isolate=False), halving=Halving(budget_s=0.02, cycles=1))          # in-process: what is compared is the plan, not a worker
+    rep = search(probs, store=Store(tmp_path / "a.db"), **kw)
+    assert any("--strategy ranked: no rank model for cpu" in n and "measuring by successive halving" in n
+               for n in rep.notes), rep.notes
+    halved = search(probs, store=Store(tmp_path / "b.db"), strategy="halving", **kw)
+    assert rep.measured == halved.measured > 0
+    assert {(w.problem_key, w.bucket) for w in rep.winners} == {(p.key, b) for p in probs for b in (1, 8)}
