@@ -68,11 +68,11 @@ def main():
 @click.option("--budget-ms", default=250, show_default=True, help="with --exhaustive: timing budget per tactic and bucket (ms)")
 @click.option("--budget-s", default=0.5, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds (per batch with --strategy ranked)")
 @click.option("--exhaustive", is_flag=True, help="time every kept tactic fully (no successive halving); same as --strategy exhaustive")
-@click.option("--strategy", type=click.Choice(["ranked", "halving", "exhaustive"]), default="ranked", show_default=True,
+@click.option("--strategy", type=click.Choice(["ranked", "halving", "exhaustive"]), default=None,
               help="ranked: only the rank model's top candidates, neighbouring buckets' winners and the default, "
                    "with an adaptive stop (no model for the arch: halving); halving: every kept tactic, successive "
-                   "halving; exhaustive: every kept tactic fully timed")
-@click.option("--rank-model", default=None, help="rank model file for --strategy ranked [default: <cache>.rank-<arch>.json]")
+                   "halving; exhaustive: every kept tactic fully timed [default: ranked; halving with --batch-invariant]")
+@click.option("--rank-model", default=None, help="rank model file for --strategy ranked [default: <cache>.rank-<arch>.json, else the model shipped for the arch]")
 @click.option("--batch-invariant", is_flag=True,
               help="one tactic per problem for every M, among tactics whose reduction order does not depend on M")
 @click.option("--gpus", default=None, help="shard the work over these devices, one worker each, e.g. 0,1,2,3 [default: every visible GPU]")
@@ -91,7 +91,7 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, fold_shared, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
-           max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy="ranked",
+           max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy=None,
            rank_model=None, batch_invariant=False):
     """Tune every FP4 GEMM of a model and store the winners."""
     ids: tuple[int, ...] = ()

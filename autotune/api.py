@@ -163,7 +163,8 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     runs (fused_moe; `only` narrows), one worker per visible GPU, and the ranked strategy where a
     rank model covers the arch (else successive halving, and the notes say which).
     fold_shared: also the routed problems with the shared expert folded in (FP4MoE(shared=...))."""
-    options.setdefault("strategy", "ranked")
+    if options.get("strategy") is None:     # --batch-invariant needs every candidate timed in every bucket
+        options["strategy"] = "halving" if options.get("batch_invariant") else "ranked"
     from autotune.engine.halving import Halving
     from autotune.engine.search import Runner, SearchOptions, plan, search as engine_search   # torch: see above
     from autotune.engine.timing import TimerConfig

@@ -58,6 +58,28 @@ def _nbytes(objs: Iterable) -> int:
     return sum(seen.values())
 
 
+#: past this many bytes left after a job beyond its weights and packs, the job's reply names the
+#: largest live device tensors and what holds them (the summary reports the worst job)
+LEFT_BYTES = 256 << 20
+
+
+def live_tensors(n: int = 4) -> list[str]:
+    """The n largest device tensors alive, each with the types of the objects that refer to it."""
+    import gc
+    import torch
+    found = {}
+    for o in gc.get_objects():
+        try:
+            if torch.is_tensor(o) and o.is_cuda:
+                found.setdefault(o.untyped_storage().data_ptr(), o)
+        except Exception:
+            continue
+    big = sorted(found.values(), key=lambda t: -t.untyped_storage().nbytes())[:n]
+    return [f"{tuple(t.shape)} {t.dtype} {t.untyped_storage().nbytes()} B held by "
+            + ", ".join(sorted({type(r).__name__ for r in gc.get_referrers(t)} - {"list", "frame"}))[:200]
+            for t in big]
+
+
 def is_oom(e: BaseException) -> bool:
     import torch
     return isinstance(e, torch.OutOfMemoryError)
@@ -133,6 +155,8 @@ class Bench:
             import torch
             out["peak"] = torch.cuda.max_memory_allocated()
             torch.cuda.reset_peak_memory_stats()
+            if out["allocated"] - out["kept"] > LEFT_BYTES:
+                out["live"] = live_tensors()
         return out
 
     # -- requests
