@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from autotune.core import jsonread
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic, canonical_json
@@ -32,6 +33,8 @@ from cache.signing import SigningKey, describe, load_key
 from cache.store import Store
 
 FORMAT = "fp4-autotune-cache"
+#: a JSON export larger than this is refused before parsing (~1e6 winners)
+MAX_JSON_BYTES = 1 << 30
 KINDS = ("winners", "tactics", "problems", "devices", "libsets")
 
 
@@ -206,9 +209,9 @@ def read(path: str | os.PathLike) -> Export:
         with Store(path, readonly=True) as src:
             return read_store(src, str(path))
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CacheError(f"{path} is not an fp4-autotune export: {str(e).splitlines()[0]}") from None
+        doc = jsonread.read(path, max_bytes=MAX_JSON_BYTES)
+    except jsonread.JSONLimitError as e:
+        raise CacheError(f"{path} is not an fp4-autotune export: {str(e).removeprefix(f'{path}: ')}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CacheError(f"{path} is not an fp4-autotune export: no format {FORMAT!r}")
     schema = doc.get("schema")
@@ -234,7 +237,7 @@ def read_store(store: Store, where: str | None = None) -> Export:
     sig = meta.get("signature")
     if sig is not None:
         try:
-            sig = json.loads(sig)
+            sig = jsonread.loads(sig, f"{where}: meta signature", max_bytes=1 << 16)
         except ValueError:
             sig = "malformed"
     return Export(where, payload, want, sig)

@@ -53,7 +53,7 @@ def load_model(given, store, arch: Arch) -> tuple[rankmodel.Model | None, str]:
             return None, f"no rank model{f' at {path}' if path else ''} (`autotune cache rank-fit` makes one)"
         try:
             m, where = rankmodel.load(path), str(path)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
             return None, f"rank model {path} unusable ({e})"
     if not m.covers(arch):
         return None, f"rank model {where} has no data for {arch.name} (trained on {m.key.get('arch')})"
