@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import click
@@ -20,6 +21,18 @@ EXIT_BAD_INPUT = 2
 
 class BadInput(click.ClickException):
     exit_code = EXIT_BAD_INPUT
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where SIGINT raises KeyboardInterrupt, so the same cleanup runs (workers
+    stopped, claims released) instead of the process vanishing with its claims held for the TTL."""
+
+    signum = signal.SIGTERM
+
+
+def _terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)     # a second SIGTERM must not cut the cleanup short
+    raise Terminated()
 
 
 def _call(fn, *a, **kw):
@@ -102,6 +115,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
         if not ids:
             raise BadInput(f"--gpus takes device indices like 0,1,2, got {gpus!r}")
     progress = Progress() if not as_json and not sys.stderr.isatty() else not as_json
+    prev = signal.signal(signal.SIGTERM, _terminated)
     try:
         res = _call(api.run, model, tp=tp, ep=ep, families=families, buckets=buckets, max_tokens=max_tokens,
                     cache=cache, arch=arch, include_attention=include_attention, only=only, misses=from_misses,
@@ -114,6 +128,13 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                     batch_invariant=batch_invariant)
     except (WorkerStartError, ClaimSettingError) as e:
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt as e:      # SIGINT, or SIGTERM through _terminated: the same cleanup ran
+        sig = getattr(e, "signum", signal.SIGINT)
+        click.echo(f"autotune search: stopped by {signal.Signals(sig).name}; its claims are released and the "
+                   "trials stored so far are kept (run the same command to resume)", err=True)
+        sys.exit(128 + sig)
+    finally:
+        signal.signal(signal.SIGTERM, prev)
     if as_json:
         click.echo(json.dumps(text.search_json(res.report, res.uses), indent=2))
         return
@@ -236,6 +257,9 @@ def _cache_export_flashinfer(output, gpu, model, tp, ep, cache, version, from_en
 def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist, sign_key):
     """Write a self-contained file with the winners (flashinfer: FlashInfer's autotuner cache + blocklist)."""
     if fmt == "flashinfer":
+        if sign_key:
+            raise BadInput("--sign-key does not apply to --format flashinfer: FlashInfer's loader reads no "
+                           "signature (sign a sqlite or json export, and serve FlashInfer's file from the image)")
         return _cache_export_flashinfer(output, gpu, model, tp, ep, cache, flashinfer_version, metadata_from_env,
                                         meta, blocklist)
     if flashinfer_version or metadata_from_env or meta or blocklist:
@@ -260,9 +284,8 @@ def cache_import(path, cache, verify_key):
     from autotune.integrations.portable import import_cache
     from cache.signing import load_key
     from tactics import registry
-    store = _open_store(cache)
-    try:
-        rep = import_cache(store, path, validate=registry.validate, key=load_key(verify_key))
+    try:   # the target is opened once the file passed its checks: a refused import creates nothing
+        rep = import_cache(lambda: _open_store(cache), path, validate=registry.validate, key=load_key(verify_key))
     except CacheError as e:
         raise BadInput(str(e)) from None
     click.echo(rep.line())
