@@ -161,6 +161,7 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
     for w in winners:
         by_problem.setdefault(w.problem_key, {})[w.bucket] = w
 
+    failed_on = _failed_on(store, dev["device_key"], release.version)
     configs: dict[str, list] = {}
     for pkey, per_bucket in sorted(by_problem.items()):
         problem = Problem.from_key(pkey)
@@ -175,6 +176,10 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
             if idx is None:
                 rep.skipped.append(f"{pkey} bucket {b}: winner {w.tactic_id} is not in FlashInfer "
                                    f"{release.version}'s {kernel_arch} list")
+                continue
+            bad = failed_on.get(pkey, {}).get(idx)
+            if bad is not None:      # FlashInfer would serve it at every M of the bucket, its failed ones too
+                rep.skipped.append(f"{pkey} bucket {b}: winner tactic {idx} {bad}; not written")
                 continue
             picks[b] = idx
             mw = _measured_with(store, w.lib_key)
@@ -235,6 +240,22 @@ def _differences(pkey: str, picks: dict[int, int], ours: Buckets, top: int) -> l
     return out
 
 
+def _failed_on(store, device_key: str, version: str) -> dict[str, dict[int, str]]:
+    """problem key -> FlashInfer tactic -> why: the tactics a stored trial of this GPU rejected or
+    failed on that problem (any bucket). An entry never serves one of them for that problem."""
+    out: dict[str, dict[int, str]] = {}
+    for t in store.trials(device_key):
+        if t.family != FAMILY or t.status not in ("rejected", "failed"):
+            continue
+        try:
+            idx = fim.to_index(Kernel.from_params(Tactic.from_json(t.params_json).params), version)
+        except (ValueError, TypeError, KeyError):
+            continue
+        if idx is not None:
+            out.setdefault(t.problem_key, {}).setdefault(idx, f"{t.status} on this problem at bucket {t.bucket}")
+    return out
+
+
 def _blocked(store, device_key: str, arch, kernel_arch: str, version: str,
              problems: list[Problem]) -> dict[int, str]:
     """FlashInfer tactics to block: our static verdict rejects them for these problems on this GPU,
@@ -259,10 +280,21 @@ def _blocked(store, device_key: str, arch, kernel_arch: str, version: str,
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write through a temporary file linked into place once complete: a full disk (ENOSPC) or
+    any other write error leaves no file at `path` and is one ExportError line."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e}; nothing written") from None
+    try:
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise ExportError(f"cannot write {path}: {e.strerror or e}; nothing written (no partial file "
+                              "left)") from None
         try:
             os.link(tmp, path)        # never clobbers a file that appeared meanwhile
         except FileExistsError:
