@@ -35,6 +35,16 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
+def _on_sigterm(handler):
+    """Install a SIGTERM handler, returning the previous one (None off the main thread: no signals there)."""
+    if handler is None:
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
+
+
 def _call(fn, *a, **kw):
     """A library call; its one-line refusal (BadInput, a cache error) becomes exit 2."""
     try:
@@ -115,7 +125,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
         if not ids:
             raise BadInput(f"--gpus takes device indices like 0,1,2, got {gpus!r}")
     progress = Progress() if not as_json and not sys.stderr.isatty() else not as_json
-    prev = signal.signal(signal.SIGTERM, _terminated)
+    prev = _on_sigterm(_terminated)
     try:
         res = _call(api.run, model, tp=tp, ep=ep, families=families, buckets=buckets, max_tokens=max_tokens,
                     cache=cache, arch=arch, include_attention=include_attention, only=only, misses=from_misses,
@@ -134,7 +144,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                    "trials stored so far are kept (run the same command to resume)", err=True)
         sys.exit(128 + sig)
     finally:
-        signal.signal(signal.SIGTERM, prev)
+        _on_sigterm(prev)
     if as_json:
         click.echo(json.dumps(text.search_json(res.report, res.uses), indent=2))
         return
