@@ -46,7 +46,7 @@ def compile_one(problem_key: str, tactic_json: str, arch_name: str, families: di
         return error_text(e), None
 
 
-def _signal_name(sig: int) -> str:
+def signal_name(sig: int) -> str:
     try:
         return signal.Signals(sig).name
     except ValueError:
@@ -78,7 +78,7 @@ class _Worker:
     def died(self, what: str) -> Result:
         rc = self.p.wait()
         if rc < 0:
-            return f"compile worker died with {_signal_name(-rc)} while {what}", None, -rc
+            return f"compile worker died with {signal_name(-rc)} while {what}", None, -rc
         return f"compile worker exited with status {rc} while {what}", None, None
 
     def kill(self) -> None:
@@ -92,6 +92,10 @@ class _Worker:
             self.p.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self.kill()
+        try:
+            self.p.stdout.close()
+        except OSError:
+            pass
 
 
 def compile_all(items: list[tuple[str, str]], arch_name: str, n_jobs: int, families: dict, *,
@@ -112,6 +116,7 @@ def compile_all(items: list[tuple[str, str]], arch_name: str, n_jobs: int, famil
         while queue or any(w.item for w in workers):
             for k, w in enumerate(workers):
                 if w.p.poll() is not None and w.item is None:      # killed or died earlier: a fresh one
+                    w.close()
                     w = workers[k] = _Worker(families, log)
                 if w.ready and w.item is None and queue:
                     i = queue.popleft()

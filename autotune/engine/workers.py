@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autotune.engine import precompile, ranked, timing
+from autotune.engine.precompile import signal_name as _signal_name
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
 from autotune.engine.halving import measure
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
@@ -79,13 +80,6 @@ class InlineExecutor:
 
     def close(self) -> None:
         pass
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 class ProcessExecutor:
