@@ -171,3 +171,13 @@ def test_deep_json_in_a_cache_row_is_skipped(tmp_path):
         assert s.device_records() == {}             # the damaged record is left out, as a bad one is
         with pytest.raises(ValueError, match="nested deeper"):
             s.devices()
+
+
+def test_deep_tactic_parameters_in_a_row_are_a_counted_skip_not_a_traceback(tmp_path):
+    from autotune import api
+    from cache import check_winner
+    path = _alter(_cache(tmp_path / "c.db"), f"UPDATE tactics SET params_json = '{_deep(5000)}'")
+    with Store(path, readonly=True) as s:
+        assert [check_winner(w) for w in s.winners()] == ["malformed tactic"]
+    shown = api.show(str(path))
+    assert shown.winners == [] and any("malformed tactic 1" in n for n in shown.notes)
