@@ -8,7 +8,7 @@ read-only through the standard library with SQLite limits set low and a progress
 counting the virtual machine's steps, and requires:
 
   * no view, trigger or virtual table; no table or column an fp4-autotune schema never had
-    (`cache.schema`'s tables, each column of a file a subset of the current one: older schemas
+    (`autotune.cache.schema`'s tables, each column of a file a subset of the current one: older schemas
     only lack columns), no hidden or generated column;
   * at most MAX_ROWS rows per table (counted with a LIMIT, so the count itself is bounded).
 
@@ -21,7 +21,7 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import quote
 
-from cache.files import CacheError
+from autotune.cache.files import CacheError
 
 #: rows per table a cache file may hold (a large search stores ~1e5 trials; this is 50x that)
 MAX_ROWS = 5_000_000
@@ -46,8 +46,8 @@ _INTERNAL = {"sqlite_sequence", "sqlite_stat1", "sqlite_stat2", "sqlite_stat3", 
 
 
 def expected() -> dict[str, set[str]]:
-    """Table -> columns of the current schema (cache.schema): what a file may hold at most."""
-    from cache.schema import Base
+    """Table -> columns of the current schema (autotune.cache.schema): what a file may hold at most."""
+    from autotune.cache.schema import Base
     return {t.name: {c.name for c in t.columns} for t in Base.metadata.sorted_tables}
 
 
@@ -140,4 +140,4 @@ def _check(conn: sqlite3.Connection, path: Path, max_rows: int, budget: _Budget)
         n = conn.execute(f'SELECT count(*) FROM (SELECT 1 FROM "{name}" LIMIT ?)', (max_rows + 1,)).fetchone()[0]
         if n > max_rows:
             raise CacheError(f"{path} is not an fp4-autotune cache this build reads: table {name!r} has more than "
-                             f"{max_rows:,} rows (the limit is cache.guard.MAX_ROWS)")
+                             f"{max_rows:,} rows (the limit is autotune.cache.guard.MAX_ROWS)")

@@ -1,5 +1,5 @@
 """Readers that cannot be made to hang (#24 item 3): every SQLite file opened from outside is
-first checked for a plain schema (cache.guard: no view, trigger, virtual table, foreign table or
+first checked for a plain schema (autotune.cache.guard: no view, trigger, virtual table, foreign table or
 column, bounded row counts), and JSON readers are bounded in size and depth — each answered with
 one line. On f11bb21 a recursive VIEW named `winners` hung `cache import`, `show` and
 `Dispatcher()` forever, and deep JSON was a RecursionError traceback.
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from autotune.core import jsonread
-from cache import CacheError, Store, guard
-from tactics import registry
+from autotune.cache import CacheError, Store, guard
+from autotune.tactics import registry
 from tests.test_cache_bad import ENV, TOR, _w, one_line_error
 from tests.helpers import ROOT, run_cli
 
@@ -175,7 +175,7 @@ def test_deep_json_in_a_cache_row_is_skipped(tmp_path):
 
 def test_deep_tactic_parameters_in_a_row_are_a_counted_skip_not_a_traceback(tmp_path):
     from autotune import api
-    from cache import check_winner
+    from autotune.cache import check_winner
     path = _alter(_cache(tmp_path / "c.db"), f"UPDATE tactics SET params_json = '{_deep(5000)}'")
     with Store(path, readonly=True) as s:
         assert [check_winner(w) for w in s.winners()] == ["malformed tactic"]

@@ -27,8 +27,8 @@ from autotune.core.tactic import Tactic
 from autotune.engine import timing
 from autotune.engine.halving import Halving
 from autotune.engine.search import Runner, StoreFailed, search
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 from tests.helpers import ROOT
 
 CPU = cpu()
@@ -116,7 +116,7 @@ def test_sigterm_ends_a_search_like_sigint(tmp_path):
     SIGTERM once it holds its job's claim: one message, exit 143, the claim released."""
     db = tmp_path / "c.db"
     code = ("import sys\n"
-            "from tactics import registry\n"
+            "from autotune.tactics import registry\n"
             "registry.register('crashing', 'tests.families.crashing:CrashingFamily')\n"
             "import cli\n"
             f"sys.argv = ['autotune', 'search', '--model', {str(_tiny_llama(tmp_path))!r}, '--only', 'down_proj',\n"

@@ -17,9 +17,9 @@ from autotune.integrations import flashinfer as fi
 from autotune.integrations.portable import export_cache, import_cache
 from autotune.models import ModelError, load_model
 from autotune.runtime.dispatch import Dispatcher
-from cache import CacheError, Store, verify_for_serving
-from cache.signing import KEY_ENV, KEY_FILE_ENV
-from tactics import registry
+from autotune.cache import CacheError, Store, verify_for_serving
+from autotune.cache.signing import KEY_ENV, KEY_FILE_ENV
+from autotune.tactics import registry
 from tests.test_cache_bad import ENV, P, TOR, TRI, _w, one_line_error, resign
 from tests.helpers import run_cli
 from tests import test_flashinfer_export as fx

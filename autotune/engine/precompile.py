@@ -25,7 +25,7 @@ from autotune.core.arch import get_arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.engine.executor import WorkerStartError
-from tactics import registry
+from autotune.tactics import registry
 
 #: a new compile worker imports torch and the families first
 START_TIMEOUT_S = 180.0

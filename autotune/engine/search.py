@@ -34,9 +34,9 @@ from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.arch import ARCHS, Arch, detect
 from autotune.core.tactic import Tactic, Verdict
-from cache.files import CacheError
-from tactics import registry
-from tactics.base import Family
+from autotune.cache.files import CacheError
+from autotune.tactics import registry
+from autotune.tactics.base import Family
 
 ALL_BUCKETS = 0
 

@@ -26,7 +26,7 @@ from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost,
 from autotune.engine.halving import measure
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
 from autotune.core.tactic import Tactic
-from tactics import registry
+from autotune.tactics import registry
 
 #: first reply of a new worker (imports torch, Triton, CUDA init) may take this long
 START_TIMEOUT_S = 180.0

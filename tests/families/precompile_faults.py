@@ -7,8 +7,8 @@ import ctypes
 import time
 
 from autotune.core.tactic import Tactic, Verdict
-from tactics.base import FamilyBase
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.base import FamilyBase
+from autotune.tactics.torch_ref import TorchFamily
 
 MODES = ("good", "hang", "segfault")
 
