@@ -118,7 +118,7 @@ def test_sigterm_ends_a_search_like_sigint(tmp_path):
     code = ("import sys\n"
             "from autotune.tactics import registry\n"
             "registry.register('crashing', 'tests.families.crashing:CrashingFamily')\n"
-            "import cli\n"
+            "from autotune import cli\n"
             f"sys.argv = ['autotune', 'search', '--model', {str(_tiny_llama(tmp_path))!r}, '--only', 'down_proj',\n"
             f"            '--families', 'crashing', '--buckets', '4', '--timeout-s', '900', '--cache', {str(db)!r},\n"
             "            '--compile-workers', '1']\n"
