@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import threading
-from contextlib import contextmanager
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from typing import Callable, Iterable, Sequence
 
 from autotune.core import winner as winner_rule
 from autotune.engine import claims as job_claims, strategy, workers as workers_mod
-from autotune.engine.executor import Outcome
+from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
 from autotune.engine.timing import TimerConfig
 from autotune.engine.workers import Runner, Stages
@@ -34,7 +33,6 @@ from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.arch import ARCHS, Arch, detect
 from autotune.core.tactic import Tactic, Verdict
-from autotune.cache.files import CacheError
 from autotune.tactics import registry
 from autotune.tactics.base import Family
 
@@ -434,20 +432,6 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         s.invariant_winners(work)
     s.report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
     return s.report
-
-
-class StoreFailed(CacheError):
-    """A write the search cannot complete: it ends, naming the stage (one line, exit 2)."""
-
-
-@contextmanager
-def _store_stage(what: str):
-    try:
-        yield
-    except StoreFailed:
-        raise
-    except CacheError as e:
-        raise StoreFailed(f"search stopped at the store stage, {what}: {e}") from None
 
 
 def _compilable(rows) -> list:
