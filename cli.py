@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import click
@@ -20,6 +21,28 @@ EXIT_BAD_INPUT = 2
 
 class BadInput(click.ClickException):
     exit_code = EXIT_BAD_INPUT
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where SIGINT raises KeyboardInterrupt, so the same cleanup runs (workers
+    stopped, claims released) instead of the process vanishing with its claims held for the TTL."""
+
+    signum = signal.SIGTERM
+
+
+def _terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)     # a second SIGTERM must not cut the cleanup short
+    raise Terminated()
+
+
+def _on_sigterm(handler):
+    """Install a SIGTERM handler, returning the previous one (None off the main thread: no signals there)."""
+    if handler is None:
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return None
 
 
 def _call(fn, *a, **kw):
@@ -80,7 +103,7 @@ def main():
 @click.option("--ray", "ray_address", default=None, help="run jobs on a Ray cluster at this address ('local' starts one)")
 @click.option("--compile-workers", default=None, type=int, help="processes compiling ahead of timing [default: CPU cores]")
 @click.option("--compile-check", is_flag=True, help="with --arch: cross-compile kept tactics and compare smem with the verdicts")
-@click.option("--timeout-s", default=300.0, show_default=True, help="a tactic's build/check or timing past this is killed and failed")
+@click.option("--timeout-s", default=300.0, show_default=True, help="a tactic's precompile, build/check or timing past this is killed and failed")
 @click.option("--no-isolate", is_flag=True, help="measure in this process (debugging; a crashing tactic ends the search)")
 @click.option("--max-tactics", default=None, type=int, help="time at most this many kept tactics per family and problem (evenly spaced; the default is always timed)")
 @click.option("--retry-failed", is_flag=True, help="measure again tactics whose trials failed")
@@ -103,6 +126,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
         if not ids:
             raise BadInput(f"--gpus takes device indices like 0,1,2, got {gpus!r}")
     progress = Progress() if not sys.stderr.isatty() else True     # on stderr: --json output stays clean
+    prev = _on_sigterm(_terminated)
     try:
         res = _call(api.run, model, tp=tp, ep=ep, families=families, buckets=buckets, max_tokens=max_tokens,
                     cache=cache, arch=arch, include_attention=include_attention, only=only, misses=from_misses,
@@ -115,13 +139,18 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                     batch_invariant=batch_invariant)
     except (WorkerStartError, ClaimSettingError) as e:
         raise click.ClickException(str(e)) from None
-    except KeyboardInterrupt as e:        # what was measured is stored; say where the time went
+    except KeyboardInterrupt as e:      # SIGINT, or SIGTERM through _terminated: the same cleanup ran
+        sig = getattr(e, "signum", signal.SIGINT)
         rep, uses = getattr(e, "report", None), getattr(e, "uses", None)
-        if rep is not None and as_json:
+        if rep is not None and as_json:      # what was measured is stored; say what and where the time went
             click.echo(json.dumps({**text.search_json(rep, uses or []), "interrupted": True}, indent=2))
         elif rep is not None and rep.stages.data:
-            click.echo("interrupted; time per stage (summed over workers): " + rep.stages.line(), err=True)
-        sys.exit(130)
+            click.echo("time per stage (summed over workers): " + rep.stages.line(), err=True)
+        click.echo(f"autotune search: stopped by {signal.Signals(sig).name}; its claims are released and the "
+                   "trials stored so far are kept (run the same command to resume)", err=True)
+        sys.exit(128 + sig)
+    finally:
+        _on_sigterm(prev)
     if as_json:
         click.echo(json.dumps(text.search_json(res.report, res.uses), indent=2))
         return
@@ -257,6 +286,9 @@ def _cache_export_flashinfer(output, gpu, model, tp, ep, cache, version, from_en
 def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist, sign_key):
     """Write a self-contained file with the winners (flashinfer: FlashInfer's autotuner cache + blocklist)."""
     if fmt == "flashinfer":
+        if sign_key:
+            raise BadInput("--sign-key does not apply to --format flashinfer: FlashInfer's loader reads no "
+                           "signature (sign a sqlite or json export, and serve FlashInfer's file from the image)")
         return _cache_export_flashinfer(output, gpu, model, tp, ep, cache, flashinfer_version, metadata_from_env,
                                         meta, blocklist)
     if flashinfer_version or metadata_from_env or meta or blocklist:
@@ -281,9 +313,8 @@ def cache_import(path, cache, verify_key):
     from autotune.integrations.portable import import_cache
     from autotune.cache.signing import load_key
     from autotune.tactics import registry
-    store = _open_store(cache)
-    try:
-        rep = import_cache(store, path, validate=registry.validate, key=load_key(verify_key))
+    try:   # the target is opened once the file passed its checks: a refused import creates nothing
+        rep = import_cache(lambda: _open_store(cache), path, validate=registry.validate, key=load_key(verify_key))
     except CacheError as e:
         raise BadInput(str(e)) from None
     click.echo(rep.line())

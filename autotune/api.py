@@ -217,7 +217,9 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
             timer = replace(timer, budget_s=budget_ms / 1000)
     except ValueError as e:
         raise BadInput(_flag_message(str(e))) from None
-    store = open_store(cache) if measuring else None
+    if measuring:
+        _check_search_fits(uses, b, env)
+    store = _search_store(cache) if measuring else None
     try:
         report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b,
                                options=SearchOptions(arch=target, runner=runner, halving=halving, timer=timer,
@@ -232,6 +234,56 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
         shown = [f for f in fams if f.name in names]
         listed = {p.key: rows for p, rows in plan([u.problem for u in uses], shown, target).items()}
     return SearchResult(report, uses, listed, store.url if store is not None else None, notes)
+
+
+def _search_store(cache) -> Store:
+    """The cache a search writes; an in-memory database is refused (the search would keep nothing)."""
+    if not hasattr(cache, "put_trial"):
+        from autotune.cache.files import is_sqlite, parse, sqlite_file, to_url
+        try:
+            u = parse(to_url(cache))
+        except CacheError as e:
+            raise BadInput(str(e)) from None
+        if is_sqlite(u) and sqlite_file(u) is None:
+            raise BadInput(f"--cache {to_url(cache)} is an in-memory database: a search would measure and keep "
+                           "nothing; give a cache file")
+    return open_store(cache)
+
+
+def _check_search_fits(uses: Sequence[ProblemUse], b: Buckets, env) -> None:
+    """Refuse up front a problem whose inputs at the largest bucket cannot fit in the measuring
+    device's memory (every tactic would fail at setup and be stored failed)."""
+    from autotune.core.inputs import set_bytes
+    from autotune.core.operands import out_shape
+    avail = _device_bytes(env.device)
+    if avail is None:
+        return
+    m = max(b.values)
+    for u in uses:
+        p = u.problem
+        need = set_bytes(p, m) + 10 * _prod(out_shape(p, m))     # + the output and its float64 reference
+        if need > avail:
+            raise BadInput(f"{p.key}: its inputs at M={m} take {need / 2**30:,.1f} GiB, more than the "
+                           f"{avail / 2**30:,.1f} GiB of {env.device} memory here: nothing could be measured")
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _device_bytes(device: str) -> int | None:
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def fit_rank(cache=None, *, output: str | os.PathLike | None = None, device: str | None = None,

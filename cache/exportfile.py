@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from autotune.core import jsonread
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic, canonical_json
@@ -32,6 +33,8 @@ from autotune.cache.signing import SigningKey, describe, load_key
 from autotune.cache.store import Store
 
 FORMAT = "fp4-autotune-cache"
+#: a JSON export larger than this is refused before parsing (~1e6 winners)
+MAX_JSON_BYTES = 1 << 30
 KINDS = ("winners", "tactics", "problems", "devices", "libsets")
 
 
@@ -206,9 +209,9 @@ def read(path: str | os.PathLike) -> Export:
         with Store(path, readonly=True) as src:
             return read_store(src, str(path))
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CacheError(f"{path} is not an fp4-autotune export: {str(e).splitlines()[0]}") from None
+        doc = jsonread.read(path, max_bytes=MAX_JSON_BYTES)
+    except jsonread.JSONLimitError as e:
+        raise CacheError(f"{path} is not an fp4-autotune export: {str(e).removeprefix(f'{path}: ')}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CacheError(f"{path} is not an fp4-autotune export: no format {FORMAT!r}")
     schema = doc.get("schema")
@@ -234,7 +237,7 @@ def read_store(store: Store, where: str | None = None) -> Export:
     sig = meta.get("signature")
     if sig is not None:
         try:
-            sig = json.loads(sig)
+            sig = jsonread.loads(sig, f"{where}: meta signature", max_bytes=1 << 16)
         except ValueError:
             sig = "malformed"
     return Export(where, payload, want, sig)
@@ -282,27 +285,31 @@ def write_sqlite(path: Path, payload: dict, signature: dict | None) -> None:
 def verify_for_serving(source: str | os.PathLike | Store | None, key: SigningKey | None = None, *,
                        environ: dict[str, str] | None = None) -> tuple[bool, str]:
     """May a serving process use the rows of `source` (a cache path/URL, an open Store, or None =
-    the default cache)? With no key given or configured ($AUTOTUNE_SIGNING_KEY_FILE,
-    $AUTOTUNE_SIGNING_KEY): (True, "unsigned: ..."), nothing read. With a key: (True, "verified
-    (...)") only for an export file whose checksum matches its rows and whose signature is that
-    key's; otherwise (False, one-line reason), and the caller serves the designated defaults,
-    never a row of that file. Never raises."""
+    the default cache)? An export's checksum must match its rows in every case (as import
+    requires). With no key given or configured ($AUTOTUNE_SIGNING_KEY_FILE,
+    $AUTOTUNE_SIGNING_KEY): (True, "unsigned: ...") for a whole cache (nothing read) or an intact
+    export. With a key: (True, "verified (...)") only for an export file whose checksum matches
+    its rows and whose signature is that key's; otherwise (False, one-line reason), and the caller
+    serves the designated defaults, never a row of that file. Never raises."""
     try:
         key = key if key is not None else load_key(environ=environ)
     except CacheError as e:
         return False, f"signing key not usable: {e}"
-    if key is None:
-        return True, "unsigned: no signing key configured"
+    unsigned = "unsigned: no signing key configured"
     try:
         if isinstance(source, Store):
-            exp = read_store(source)
+            if key is None and source.meta().get("checksum") is None:
+                return True, unsigned          # a whole cache, not an export: nothing to check
+            exp = read_store(source)           # an export's checksum is checked with or without a key
         else:
             u = parse(to_url(source))
             path = sqlite_file(u) if is_sqlite(u) else None
             if path is None:
+                if key is None:
+                    return True, unsigned
                 return False, f"{u.render_as_string(hide_password=True)} is not an export file: it cannot be signed"
             exp = read(path)
-        return True, verify(exp, key)
+        return True, (unsigned if key is None else verify(exp, key))
     except CacheError as e:
         return False, str(e)
     except Exception as e:  # noqa: BLE001 - a damaged file must not take the serving process down

@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
+from autotune.core import jsonread
 from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
@@ -27,6 +28,7 @@ from autotune.core.tactic import Tactic, canonical_json
 
 from autotune.cache.files import (CacheError, check_header, immutable_ok, is_locked, is_sqlite, one_line, parse, probe_dir,
                          sqlite_file, to_url)
+from autotune.cache.guard import check_plain
 from autotune.cache.migrations import MigrationError, upgrade
 from autotune.cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)
@@ -39,6 +41,14 @@ _TRIAL_COLS = ("problem_key", "bucket", "tactic_id", "family", "device_key", "li
                "median_us", "iqr_us", "reps", "rel_err", "smem_model", "smem_compiled", "exit_signal")
 _TRIAL_KEY = ["problem_key", "bucket", "tactic_id", "device_key", "lib_key"]
 _WINNER_KEY = ["problem_key", "bucket", "device_key"]
+
+
+def _row_json(text) -> object:
+    """A JSON column of a row (a device record, a libset), bounded: a hostile file's row may be
+    a deeply nested or huge document (ValueError, one line)."""
+    if not isinstance(text, str):
+        raise TypeError(f"a JSON column holds {type(text).__name__}, not text")
+    return jsonread.loads(text, "a cache row's JSON", max_bytes=1 << 20)
 
 
 def _problem_row(p: Problem) -> dict:
@@ -92,6 +102,8 @@ class Store:
                     raise CacheError(f"cannot create cache directory {p.parent}: {e.strerror or e}") from None
             if p.exists():
                 check_header(p)
+                if p.stat().st_size:     # a plain schema and bounded tables before any row is read
+                    check_plain(p, immutable=readonly and "immutable" in query)
         try:
             self.engine: Engine = create_engine(engine_url, **kw)
         except Exception as e:  # unknown dialect, missing driver ...
@@ -244,11 +256,11 @@ class Store:
 
     def device(self, device_key: str) -> dict | None:
         row = self._read(lambda s: s.get(DeviceRow, device_key))
-        return json.loads(row.record_json) if row else None
+        return _row_json(row.record_json) if row else None
 
     def devices(self) -> list[dict]:
         rows = self._read(lambda s: s.scalars(select(DeviceRow).order_by(DeviceRow.device_key)).all())
-        return [json.loads(r.record_json) for r in rows]
+        return [_row_json(r.record_json) for r in rows]
 
     def device_records(self) -> dict[str, dict]:
         """Device records by key; a damaged record (not JSON, or naming another key) is left out."""
@@ -256,7 +268,7 @@ class Store:
         out = {}
         for key, rec in rows:
             try:
-                d = json.loads(rec)
+                d = _row_json(rec)
             except (TypeError, ValueError):
                 continue
             if isinstance(d, dict) and d.get("device_key") == key:
@@ -265,7 +277,7 @@ class Store:
 
     def libset(self, lib_key: str) -> dict | None:
         row = self._read(lambda s: s.get(LibsetRow, lib_key))
-        return json.loads(row.versions_json) if row else None
+        return _row_json(row.versions_json) if row else None
 
     # -- trials
     @staticmethod

@@ -5,7 +5,11 @@ Split by cost so the hot path pays only for what can change between calls:
   check_x         per call: a few attribute reads (shape, dtype, device)
   check_routing   per MoE call: shape and dtype; values (ids in [-1, E)) are read where the ids
                   already are on the host, else checked on the device without a host sync
-Every failure is one line that names what was expected and what came.
+  check_layer_x   per layer forward (FP4Linear, FP4GroupedGEMM, FP4MoE): the activation dtypes a
+                  layer takes (it computes in bf16 and returns x's dtype)
+Every failure is one line that names what was expected and what came. The accepted dtypes are
+the two tables below, stated once in docs/serving.md ("Accepted inputs"), whose table
+tests/test_input_contract.py runs every entry against.
 """
 from __future__ import annotations
 
@@ -17,6 +21,16 @@ from autotune.core.formats import held_layout
 from autotune.core.problem import Problem
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: x a kernel entry (dispatch's kernel, a bound launcher) takes, per the problem's activation
+#: format: bf16 as is; a W4A4 kernel (nvfp4/mxfp4 activations) quantizes bf16 itself; an fp8
+#: path takes bf16 (quantized per tensor on the fly) or e4m3 already quantized. No cast anywhere:
+#: anything else (fp16, fp32, integer, bool) is refused, never converted.
+KERNEL_X: dict[str, tuple[torch.dtype, ...]] = {
+    "bf16": (torch.bfloat16,), "nvfp4": (torch.bfloat16,), "mxfp4": (torch.bfloat16,),
+    "fp8": (torch.bfloat16, torch.float8_e4m3fn)}
+#: x the FP4 layers take: cast to bf16 for the kernel, the result cast back to x's dtype (both
+#: exact or rounding only). Integer and bool inputs are refused: a cast would compute garbage.
+LAYER_X: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 #: id meaning "this expert is not on this rank" (vLLM's expert_map): no contribution, no work
 NO_EXPERT = -1
 
@@ -70,9 +84,9 @@ def check_x(problem: Problem, x: Any, w: Any) -> None:
                                "(one row per token and slot)")
     elif x.ndim != 2 or x.shape[1] != problem.k:
         raise OperandError(f"{problem.key}: x is {_shape(x)}, expected M x {problem.k}")
-    want = _DTYPES.get(problem.a_fmt)
-    if want is not None and x.dtype != want:
-        raise OperandError(f"{problem.key}: x is {x.dtype}, expected {want}")
+    want = KERNEL_X[problem.a_fmt]
+    if x.dtype not in want:
+        raise OperandError(f"{problem.key}: x is {x.dtype}, expected {' or '.join(map(str, want))}")
     dev = w.packed.device
     if x.device != dev:
         raise OperandError(f"{problem.key}: x is on {x.device}, the weight on {dev}")
@@ -83,11 +97,11 @@ def check_x(problem: Problem, x: Any, w: Any) -> None:
 def x_checker(problem: Problem, w: Any):
     """`check(x)`: check_x for one bound weight, with the common case answered by four attribute
     reads (dtype, ndim, K, device index) and check_x's one-line error for anything else."""
-    want = _DTYPES.get(problem.a_fmt)
+    want = KERNEL_X[problem.a_fmt][0]           # the common dtype; check_x accepts the others
     k, dev = problem.k, w.packed.device
     idx = dev.index if dev.type == "cuda" else None
 
-    if want is None or dev.type not in ("cpu", "cuda"):
+    if dev.type not in ("cpu", "cuda"):
         def check(x: Any) -> None:
             check_x(problem, x, w)
         return check
@@ -103,6 +117,16 @@ def x_checker(problem: Problem, w: Any):
                 or x.get_device() != idx:
             check_x(problem, x, w)
     return check_cuda
+
+
+def check_layer_x(key: str, x: Any) -> None:
+    """The FP4 layers' activation check (before any cast): a tensor of a LAYER_X dtype. One
+    attribute compare on the accepted path; integer, bool, fp64 and fp8 are refused in one line."""
+    if not isinstance(x, torch.Tensor):
+        raise OperandError(f"{key}: x must be a tensor, got {type(x).__name__}")
+    if x.dtype not in LAYER_X:
+        raise OperandError(f"{key}: x is {x.dtype}; the FP4 layers take torch.bfloat16, torch.float16 or "
+                           "torch.float32 (computed in bf16, returned in x's dtype), never an integer or bool cast")
 
 
 def out_checker(problem: Problem):

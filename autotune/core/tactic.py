@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from autotune.core import jsonread
+
 Scalar = str | int | float | bool | None
 
 
@@ -55,7 +57,8 @@ class Tactic:
 
     @classmethod
     def from_json(cls, text: str | Mapping[str, Any]) -> "Tactic":
-        d = json.loads(text) if isinstance(text, str) else dict(text)
+        # bounded: a cache row's params may be hostile (deep nesting is a ValueError, not a RecursionError)
+        d = jsonread.loads(text, "tactic parameters", max_bytes=1 << 20) if isinstance(text, str) else dict(text)
         if not isinstance(d.get("family"), str) or not isinstance(d.get("params"), dict):
             raise ValueError(f"not a tactic: {str(text)[:80]}")
         return cls(d["family"], d["params"])

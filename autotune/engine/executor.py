@@ -5,9 +5,11 @@ Both import this module and neither imports the other's internals for it.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from autotune.cache.files import CacheError
 from autotune.core.tactic import Tactic
 
 if TYPE_CHECKING:     # a type only: the CLI imports these errors without loading torch
@@ -59,3 +61,18 @@ class Outcome:
     rel_err: float | None = None
     smem_compiled: int | None = None
     exit_signal: int | None = None
+
+
+class StoreFailed(CacheError):
+    """A write the search cannot complete: it ends, naming the stage (one line, exit 2)."""
+
+
+@contextmanager
+def store_stage(what: str):
+    """Turn a cache error inside into StoreFailed naming `what` (the search's store stage)."""
+    try:
+        yield
+    except StoreFailed:
+        raise
+    except CacheError as e:
+        raise StoreFailed(f"search stopped at the store stage, {what}: {e}") from None

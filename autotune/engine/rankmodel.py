@@ -21,12 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from autotune.core import jsonread
 from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 FORMAT = "fp4-autotune-rank-model"
 VERSION = 1
+#: a model file larger than this is refused unread (a 300-round booster is a few MB)
+MAX_BYTES = 256 << 20
 #: label ceiling: log2 of "8x slower than the best" (and of failed/rejected tactics)
 CLIP = 3.0
 #: LightGBM settings (measured in bench/rank_eval.py; small trees, the data is a few 10k rows)
@@ -210,8 +213,11 @@ class Model:
                            "features": self.names, "lightgbm": self.booster}, sort_keys=True, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "Model":
-        d = json.loads(text)
+    def from_json(cls, text: str, src: str = "rank model") -> "Model":
+        return cls.from_doc(jsonread.loads(text, src, max_bytes=MAX_BYTES))
+
+    @classmethod
+    def from_doc(cls, d) -> "Model":
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError("not a rank model file")
         if d.get("version") != VERSION:
@@ -249,18 +255,17 @@ def path_for(cache_path: str | os.PathLike, arch: Arch) -> Path:
 
 
 def load(path: str | os.PathLike) -> Model:
-    """A model file: JSON, or gzip'd JSON (`.json.gz`, the shipped models: a third of the size)."""
+    """A model file: JSON, or gzip'd JSON (`.json.gz`, the shipped models: a third of the size);
+    bounded: at most MAX_BYTES unpacked, nested at most jsonread.MAX_DEPTH (ValueError)."""
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
         import gzip
         try:
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=__import__("io").BytesIO(raw)) as f:
+                raw = f.read(MAX_BYTES + 1)
         except (OSError, EOFError) as e:
             raise ValueError(f"damaged gzip: {e}") from None
-    try:
-        return Model.from_json(raw.decode())
-    except UnicodeDecodeError:
-        raise ValueError("not a rank model file") from None
+    return Model.from_doc(jsonread.loads(raw, str(path), max_bytes=MAX_BYTES))
 
 
 def save(model: Model, path: str | os.PathLike) -> Path:

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Sequence
 
 from autotune.core import winner as winner_rule
 from autotune.engine import claims as job_claims, strategy, workers as workers_mod
-from autotune.engine.executor import Outcome
+from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
 from autotune.engine.timing import TimerConfig
 from autotune.engine.workers import Runner, Stages
@@ -226,6 +226,10 @@ class _Search:
 
     # 2. store static rejections; choose what each problem measures
     def store_static(self, planned: dict[Problem, list[Planned]], names: set[str]) -> list[_Work]:
+        with _store_stage("storing the problems and static verdicts"):
+            return self._store_static(planned, names)
+
+    def _store_static(self, planned: dict[Problem, list[Planned]], names: set[str]) -> list[_Work]:
         store, env = self.store, self.env
         work = []
         for p, rows in planned.items():
@@ -272,14 +276,16 @@ class _Search:
         if not items:
             return
         bad = set()
-        for r, err in zip(items, _compile(items, self.target, self.o.runner, self.report)):
+        for r, (err, sig) in zip(items, _compile(items, self.target, self.o.runner, self.report)):
             if err is None:
                 continue
             bad.add((r.problem.key, r.tactic.id))
             self.report.failed += 1
-            self.o.log(f"{r.problem.key} {r.tactic}: compile failed: {err}")
-            self.store.put_trial(_trial(r.problem, ALL_BUCKETS, r.tactic, self.env, self.lib_keys, "failed",
-                                        "compile failed: " + err, smem_model=r.verdict.smem_bytes))
+            self.o.log(f"{r.problem.key} {r.tactic}: precompile failed: {err}")
+            with _store_stage(f"storing the precompile failure of {r.tactic} for {r.problem.key}"):
+                self.store.put_trial(_trial(r.problem, ALL_BUCKETS, r.tactic, self.env, self.lib_keys, "failed",
+                                            "precompile failed: " + err, smem_model=r.verdict.smem_bytes,
+                                            exit_signal=sig))
         for w in work:
             w.kept = [r for r in w.kept if (w.problem.key, r.tactic.id) not in bad]
 
@@ -351,9 +357,11 @@ class _Search:
                 note = f"model error: compiler says smem {o.smem_compiled}, model {smem_model}"
                 with lock:
                     report.model_errors.append(f"{job.problem.key} {t}: {note}")
-            store.put_trial(_trial(job.problem, job.bucket, t, env, self.lib_keys, o.status, note, median_us=o.median_us,
-                                   iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err, smem_model=smem_model,
-                                   smem_compiled=o.smem_compiled, exit_signal=o.exit_signal))
+            with _store_stage(f"storing the {o.status} trial of {t} for {job.problem.key} m={job.bucket}"):
+                store.put_trial(_trial(job.problem, job.bucket, t, env, self.lib_keys, o.status, note,
+                                       median_us=o.median_us, iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err,
+                                       smem_model=smem_model, smem_compiled=o.smem_compiled,
+                                       exit_signal=o.exit_signal))
             with lock:
                 report.measured += o.status != "failed"
                 report.dropped += o.status == "dropped"
@@ -368,7 +376,8 @@ class _Search:
                 with lock:
                     report.job_failures.append(f"{job.problem.key} m={job.bucket}: {failure}")
                 self.o.log(f"{job.problem.key} m={job.bucket}: not measured: {failure}")
-            self.winner(job, lock)
+            with _store_stage(f"storing the winner of {job.problem.key} m={job.bucket}"):
+                self.winner(job, lock)
             bar.job_done(job)
             claims.done(job)
 
@@ -454,17 +463,19 @@ def _compilable(rows) -> list:
     return [r for r in rows if registry.get(r.tactic.family).compiles]
 
 
-def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchReport) -> list[str | None]:
-    """Compile kept tactics for `target` in `runner.compile_workers` processes; note every
-    disagreement between the compiler's shared memory and the verdict's. Returns errors."""
+def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchReport) -> list[tuple]:
+    """Compile kept tactics for `target` in `runner.compile_workers` processes, each under
+    `runner.timeout_s` (killed past it); note every disagreement between the compiler's shared
+    memory and the verdict's. Returns (error or None, exit signal or None) per item."""
     t0 = time.perf_counter()
     results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in items], target.name,
-                                      runner.compile_workers, runner.families)
+                                      runner.compile_workers, runner.families, timeout_s=runner.timeout_s,
+                                      isolate=runner.isolate)
     report.stages.add("compile", time.perf_counter() - t0, len(items))
     report.compiled += len(items)
     errors = []
-    for r, (err, smem) in zip(items, results):
-        errors.append(err)
+    for r, (err, smem, sig) in zip(items, results):
+        errors.append((err, sig))
         if err is not None:
             report.compile_failures.append(f"{r.problem.key} {r.tactic}: {err}")
         elif smem is not None and r.verdict.smem_bytes is not None and smem != r.verdict.smem_bytes:

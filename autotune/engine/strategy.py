@@ -72,7 +72,7 @@ def shipped(arch: Arch, libs: Mapping[str, str | None] | None = None) -> Path | 
 def _usable(path: Path, arch: Arch) -> tuple[rankmodel.Model | None, str]:
     try:
         m = rankmodel.load(path)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         return None, f"rank model {path} unusable ({e})"
     if not m.covers(arch):
         return None, f"rank model {path} has no data for {arch.name} (trained on {m.key.get('arch')})"

@@ -20,13 +20,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autotune.engine import ranked, timing
+from autotune.engine import precompile, ranked, timing
+from autotune.engine.precompile import signal_name as _signal_name
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
 from autotune.engine.halving import measure
 from autotune.engine.stages import Stages
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
-from autotune.core.arch import get_arch
-from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
 
@@ -88,13 +87,6 @@ class InlineExecutor:
 
     def close(self) -> None:
         pass
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 class ProcessExecutor:
@@ -436,22 +428,9 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
 
 # -- ahead-of-time compilation ------------------------------------------------------------------
 
-def _compile_one(problem_key: str, tactic_json: str, arch_name: str, families: dict) -> tuple[str | None, int | None]:
-    for name, path in families.items():
-        registry.FAMILIES.setdefault(name, path)
-    t = Tactic.from_json(tactic_json)
-    try:
-        smem = registry.get(t.family).precompile(Problem.from_key(problem_key), t, get_arch(arch_name))
-        return None, smem
-    except Exception as e:
-        return error_text(e), None
-
-
-def compile_all(items: list[tuple[str, str]], arch_name: str, n_jobs: int, families: dict) -> list[tuple[str | None, int | None]]:
-    """Compile (problem key, tactic json) pairs for an arch in n_jobs processes (joblib/loky).
-    Returns (error or None, compiled smem bytes or None) per item, in order."""
-    if not items:
-        return []
-    from joblib import Parallel, delayed
-    return Parallel(n_jobs=n_jobs, backend="loky" if n_jobs > 1 else "sequential")(
-        delayed(_compile_one)(pk, tj, arch_name, families) for pk, tj in items)
+def compile_all(items: list[tuple[str, str]], arch_name: str, n_jobs: int, families: dict, *,
+                timeout_s: float = DEFAULT_TIMEOUT_S, isolate: bool = True) -> list[tuple]:
+    """Compile (problem key, tactic json) pairs for an arch in n_jobs worker processes, each under
+    timeout_s (autotune.engine.precompile). Returns (error or None, compiled smem bytes or None,
+    exit signal or None) per item, in order."""
+    return precompile.compile_all(items, arch_name, n_jobs, families, timeout_s=timeout_s, isolate=isolate)

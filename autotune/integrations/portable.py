@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from autotune.core import winner as winner_rule
+from autotune.core.records import Trial
 from autotune.core.tactic import Tactic
 from autotune.cache import exportfile
 from autotune.cache.exportfile import Skips
@@ -83,6 +85,32 @@ def _family_checked(entries: list[exportfile.Entry], validate: Validate | None, 
     return out
 
 
+def _one_per_key(entries: list[exportfile.Entry], skips: Skips) -> list[exportfile.Entry]:
+    """One entry per (problem, bucket, device): duplicates go through the winner rule as if they
+    were that key's trials (fastest beyond noise, the default kept within the margin, ties to the
+    smaller id), so the result does not depend on the file's order."""
+    groups: dict[tuple, list[exportfile.Entry]] = {}
+    for e in entries:
+        w = e.winner
+        groups.setdefault((w.problem_key, w.bucket, w.device_key), []).append(e)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        trials = [Trial(w.problem_key, w.bucket, w.tactic_id, w.family, w.params_json, w.device_key, w.lib_key,
+                        "ok", median_us=w.median_us) for w in (e.winner for e in group)]
+        default = min(e.winner.default_tactic_id for e in group)
+        pick = winner_rule.choose(trials, default)
+        keep = min((e for e in group if (e.winner.tactic_id, e.winner.lib_key) == (pick.tactic_id, pick.lib_key)),
+                   key=lambda e: (e.winner.median_us, e.winner.lib_key))
+        out.append(keep)
+        for e in group:
+            if e is not keep:
+                skips.add("duplicate winner, lost to the winner rule", exportfile.row_name(e.winner))
+    return out
+
+
 def export_cache(store: Store, out: str | os.PathLike, *, gpu: str | None = None,
                  problem_keys: Iterable[str] | None = None, fmt: str = "sqlite",
                  key: SigningKey | None = None) -> ExportReport:
@@ -107,14 +135,18 @@ def export_cache(store: Store, out: str | os.PathLike, *, gpu: str | None = None
         raise CacheError(f"cannot export to {out}: {e.strerror or e}") from None
     tmp = Path(tmp_name)
     try:
-        if fmt == "json":
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                exportfile.write_json(f, payload, signature)
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            os.close(fd)
-            exportfile.write_sqlite(tmp, payload, signature)
+        try:
+            if fmt == "json":
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    exportfile.write_json(f, payload, signature)
+                    f.flush()
+                    os.fsync(f.fileno())
+            else:
+                os.close(fd)
+                exportfile.write_sqlite(tmp, payload, signature)
+        except OSError as e:       # a full disk (ENOSPC) and the like: the temporary file goes below
+            raise CacheError(f"cannot export to {out}: {e.strerror or e}; nothing written (no partial file "
+                             "left)") from None
         try:
             os.link(tmp, out)           # atomic and never clobbers a file that appeared meanwhile
         except FileExistsError:
@@ -133,20 +165,25 @@ def export_cache(store: Store, out: str | os.PathLike, *, gpu: str | None = None
     return rep
 
 
-def import_cache(store: Store, path: str | os.PathLike, *, validate: Validate | None = None,
+def import_cache(store: Store | Callable[[], Store], path: str | os.PathLike, *, validate: Validate | None = None,
                  key: SigningKey | None = None) -> ImportReport:
     """Import the winners of an export (either form) or of another cache file, entry by entry.
 
     With `key`, the file must carry that key's valid signature (else CacheError, nothing written).
     Every winner passes autotune.cache.rows.check_winner, its device and libset rows must match their keys,
     and `validate(family, params)` (if given) must accept its tactic; anything else is skipped,
-    counted and named in the report. All accepted rows are written in one transaction."""
+    counted and named in the report. Two winners of one (problem, bucket, device) are resolved by
+    the winner rule (autotune.core.winner), never by their order in the file; the loser is counted.
+    All accepted rows are written in one transaction. `store` may be a callable opening the
+    target: it is called only once the file passed its checks (a refused import creates nothing)."""
     p = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     if not p.is_file():
         raise CacheError(f"no export at {p}")
     exp = exportfile.read(p)
     rep = ImportReport(signature=exportfile.verify(exp, key))
-    good = _family_checked(exportfile.entries(exp.payload, rep.skips), validate, rep.skips)
+    good = _one_per_key(_family_checked(exportfile.entries(exp.payload, rep.skips), validate, rep.skips), rep.skips)
+    if callable(store) and not hasattr(store, "put_winners"):
+        store = store()
     store.put_winners([e.winner for e in good], [e.device for e in good],
                       {e.winner.lib_key: e.versions for e in good})
     rep.imported = len(good)

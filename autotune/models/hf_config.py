@@ -20,6 +20,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
+from autotune.core import jsonread
+
 from .arch import ArchConfig, ModelError, QuantRule
 from .presets import DEFAULT_RULES, GPT_OSS_RULE
 
@@ -52,20 +54,12 @@ MAX_CONFIG_BYTES = 16 << 20
 
 
 def _read_json(p: Path) -> Any:
+    if not p.is_file():
+        raise ModelError(f"{p}: not a regular file (a config.json or a checkpoint directory)")
     try:
-        if not p.is_file():
-            raise ModelError(f"{p}: not a regular file (a config.json or a checkpoint directory)")
-        with open(p, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ModelError(f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not a config.json")
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelError(f"{p}: cannot read ({e.__class__.__name__}: {e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{p}: not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+        return jsonread.read(p, max_bytes=MAX_CONFIG_BYTES)
+    except jsonread.JSONLimitError as e:
+        raise ModelError(str(e)) from None
 
 
 class _Fields:
@@ -75,7 +69,8 @@ class _Fields:
         self.d, self.src, self.prefix = d, src, prefix
 
     def _err(self, field: str, msg: str) -> ModelError:
-        return ModelError(f"{self.src}: {msg.format(f=repr(self.prefix + field))}")
+        # a plain replace, never str.format: msg holds the value's repr, which may hold braces
+        return ModelError(f"{self.src}: " + msg.replace("{f}", repr(self.prefix + field), 1))
 
     def int(self, field: str, default: Any = _MISSING, zero: bool = False, null: Any = _MISSING) -> Any:
         v = self.d.get(field, _MISSING)
@@ -88,9 +83,11 @@ class _Fields:
                 raise self._err(field, "field {f} must be " + ("a non-negative" if zero else "a positive")
                                 + " integer, got null")
             return null
+        if isinstance(v, jsonread.HugeInt) and not v.startswith("-"):
+            raise self._err(field, "field {f} = " + f"{v!r} is larger than {MAX_FIELD}, the largest size supported")
         if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (v == 0 and not zero):
             raise self._err(field, "field {f} must be " + ("a non-negative" if zero else "a positive")
-                            + f" integer, got {v!r}")
+                            + f" integer, got {_shown(v)}")
         if v > MAX_FIELD:
             raise self._err(field, "field {f} = " + f"{v} is larger than {MAX_FIELD}, the largest size supported")
         return v
@@ -98,14 +95,20 @@ class _Fields:
     def int_list(self, field: str) -> tuple[int, ...]:
         v = self.d.get(field) or []
         if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
-            raise self._err(field, "field {f} must be a list of layer indices, got " + repr(v)[:60])
+            raise self._err(field, "field {f} must be a list of layer indices, got " + _shown(v))
         return tuple(v)
+
+
+def _shown(v: Any) -> str:
+    """A field's value for a message: short, one line (a HugeInt says how many digits it has)."""
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def _model_type(d: dict, src: str) -> Optional[str]:
     mt = d.get("model_type")
     if mt is not None and not isinstance(mt, str):
-        raise ModelError(f"{src}: field 'model_type' must be a string, got {mt!r}")
+        raise ModelError(f"{src}: field 'model_type' must be a string, got {_shown(mt)}")
     if mt in MODEL_TYPES:
         return mt
     archs = d.get("architectures")

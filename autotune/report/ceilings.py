@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from autotune.core import jsonread
+
 META_PREFIX = "ceilings:"
 
 
@@ -59,7 +61,7 @@ def stored(meta: dict[str, str], device_key: str) -> Ceilings | None:
     if not raw:
         return None
     try:
-        d = json.loads(raw)
+        d = jsonread.loads(raw, "stored ceilings", max_bytes=1 << 16)
         c = Ceilings(d.get("bandwidth_gbs"), dict(d.get("tflops") or {}), d.get("source", "stored"), True)
     except (ValueError, TypeError, AttributeError):
         return None

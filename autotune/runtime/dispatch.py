@@ -172,11 +172,11 @@ class Dispatcher:
             byk = self._dense.get(n)
             if byk is not None:
                 t = byk.get(k)
-                if t is not None and mm > 0:
+                if t is not None and mm.__class__ is int and mm > 0:   # not 1.5, not True: check_m says why
                     return t(mm)
             return self.table(Problem.dense(n, k))(check_m(mm))
         hit = self._by_id.get(id(shape))
-        if hit is not None and m > 0:
+        if hit is not None and m.__class__ is int and m > 0:
             return hit[1](m)
         t = self.table(shape)
         if len(self._by_id) < 4096:
@@ -270,7 +270,7 @@ def dispatch(shape, m: int | None = None):
         byk = _DENSE.get(n)
         if byk is not None:
             t = byk.get(k)
-            if t is not None and mm > 0:
+            if t is not None and mm.__class__ is int and mm > 0:
                 return t(mm)
     return default_dispatcher()(shape, m)
 

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from autotune.core.formats import FP4Weight, quantize
 from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors
-from autotune.core.operands import OperandError, check_routing
+from autotune.core.operands import OperandError, check_layer_x, check_routing
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 
@@ -186,9 +186,10 @@ class FP4MoE(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------------
     def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
-        if x.ndim != 2 or x.shape[1] != self.hidden or not x.is_floating_point():
-            raise OperandError(f"{self.problem13.key}: x is {x.dtype} {'x'.join(map(str, x.shape))}, expected a "
-                               f"floating-point M x {self.hidden}")
+        check_layer_x(self.problem13.key, x)
+        if x.ndim != 2 or x.shape[1] != self.hidden:
+            raise OperandError(f"{self.problem13.key}: x is {x.dtype} {'x'.join(map(str, x.shape))}, expected "
+                               f"M x {self.hidden}")
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         if torch.compiler.is_compiling():
             y = torch.ops.fp4_autotune.moe_block(xb, topk_ids, topk_weights, self.layer_id)

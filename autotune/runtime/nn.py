@@ -28,7 +28,7 @@ from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 from autotune.runtime.moe import FP4MoE  # noqa: F401  (re-export: the whole MoE block)
 from autotune.runtime.table import Table
 from autotune.core.formats import FP4Weight, quantize
-from autotune.core.operands import OperandError
+from autotune.core.operands import OperandError, check_layer_x
 from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors
 from autotune.core.problem import Problem
 
@@ -107,8 +107,8 @@ class _FP4Base(nn.Module):
 
 
 class FP4Linear(_FP4Base):
-    """y = x · Wᵀ (+ bias) with W an FP4 weight [N, K]; x [..., K] in any float dtype (computed in
-    bf16, returned in x's dtype)."""
+    """y = x · Wᵀ (+ bias) with W an FP4 weight [N, K]; x [..., K] in bf16, fp16 or fp32 (computed
+    in bf16, returned in x's dtype; operands.LAYER_X)."""
 
     def __init__(self, weight: FP4Weight, bias: Tensor | None = None, *, dispatcher: Dispatcher | None = None,
                  one_copy: bool = False):
@@ -140,6 +140,7 @@ class FP4Linear(_FP4Base):
                 and not torch.compiler.is_compiling():
             # the engines' eager case: no reshape, no cast, straight to the bound launcher (each costs host time per call)
             return self.bound.launcher(x.shape[0])(x)
+        check_layer_x(self.problem.key, x)
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise OperandError(f"{self.problem.key}: x is {'x'.join(map(str, x.shape))}, expected "
                                f"... x {self.in_features}")
@@ -203,6 +204,7 @@ class FP4GroupedGEMM(_FP4Base):
         return cls(w, top_k, dispatcher=dispatcher)
 
     def forward(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None = None) -> Tensor:
+        check_layer_x(self.problem.key, x)
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         if torch.compiler.is_compiling():
             y = torch.ops.fp4_autotune.moe(xb, topk_ids, topk_weights, self.layer_id)

@@ -20,7 +20,7 @@ from typing import Iterable
 from autotune.core.arch import arch_for_cc
 from autotune.core.buckets import Buckets
 from autotune.core.problem import Problem
-from autotune.core.records import Winner
+from autotune.core.records import Trial, Winner
 from autotune.core.tactic import Tactic
 from autotune.integrations.flashinfer import keys as K
 from autotune.tactics.cutlass import flashinfer_map as fim
@@ -161,6 +161,8 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
     for w in winners:
         by_problem.setdefault(w.problem_key, {})[w.bucket] = w
 
+    failures = _trial_failures(store, dev["device_key"], release.version)
+    failed_on = _failed_on(failures)
     configs: dict[str, list] = {}
     for pkey, per_bucket in sorted(by_problem.items()):
         problem = Problem.from_key(pkey)
@@ -175,6 +177,10 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
             if idx is None:
                 rep.skipped.append(f"{pkey} bucket {b}: winner {w.tactic_id} is not in FlashInfer "
                                    f"{release.version}'s {kernel_arch} list")
+                continue
+            bad = failed_on.get(pkey, {}).get(idx)
+            if bad is not None:      # FlashInfer would serve it at every M of the bucket, its failed ones too
+                rep.skipped.append(f"{pkey} bucket {b}: winner tactic {idx} {bad}; not written")
                 continue
             picks[b] = idx
             mw = _measured_with(store, w.lib_key)
@@ -193,7 +199,7 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
     if not configs:
         raise ExportError(f"no exportable cutlass winners for {dev['gpu_name']}: " + "; ".join(rep.skipped[:3]))
 
-    rep.blocked = _blocked(store, dev["device_key"], arch, kernel_arch, release.version,
+    rep.blocked = _blocked(failures, arch, kernel_arch, release.version,
                            [Problem.from_key(p) for p in rep.problems])
     file_meta = {f: meta[f] for f in K.META_FIELDS}
     # extra fields are ignored by both loaders (they compare only the fields they collect)
@@ -235,7 +241,32 @@ def _differences(pkey: str, picks: dict[int, int], ours: Buckets, top: int) -> l
     return out
 
 
-def _blocked(store, device_key: str, arch, kernel_arch: str, version: str,
+def _trial_failures(store, device_key: str, version: str) -> list[tuple[int, Trial]]:
+    """(FlashInfer tactic, trial) for every stored trial of this GPU that rejected or failed a
+    cutlass tactic of that release's list."""
+    out = []
+    for t in store.trials(device_key):
+        if t.family != FAMILY or t.status not in ("rejected", "failed"):
+            continue
+        try:
+            idx = fim.to_index(Kernel.from_params(Tactic.from_json(t.params_json).params), version)
+        except (ValueError, TypeError, KeyError):
+            continue
+        if idx is not None:
+            out.append((idx, t))
+    return out
+
+
+def _failed_on(failures: list[tuple[int, Trial]]) -> dict[str, dict[int, str]]:
+    """problem key -> FlashInfer tactic -> why: the tactics a stored trial rejected or failed on
+    that problem (any bucket). An entry never serves one of them for that problem."""
+    out: dict[str, dict[int, str]] = {}
+    for idx, t in failures:
+        out.setdefault(t.problem_key, {}).setdefault(idx, f"{t.status} on this problem at bucket {t.bucket}")
+    return out
+
+
+def _blocked(failures: list[tuple[int, Trial]], arch, kernel_arch: str, version: str,
              problems: list[Problem]) -> dict[int, str]:
     """FlashInfer tactics to block: our static verdict rejects them for these problems on this GPU,
     or a stored trial of this GPU was rejected or failed with them."""
@@ -246,23 +277,27 @@ def _blocked(store, device_key: str, arch, kernel_arch: str, version: str,
             v = fam.verdict(p, Tactic(FAMILY, k.params()), arch)
             if v.rejected:
                 out.setdefault(idx, f"verdict: {v.reason}")
-    for t in store.trials(device_key):
-        if t.family != FAMILY or t.status not in ("rejected", "failed"):
-            continue
-        try:
-            idx = fim.to_index(Kernel.from_params(Tactic.from_json(t.params_json).params), version)
-        except (ValueError, TypeError, KeyError):
-            continue
-        if idx is not None:
-            out.setdefault(idx, f"trial {t.status} on {t.problem_key} bucket {t.bucket}: {t.reason}")
+    for idx, t in failures:
+        out.setdefault(idx, f"trial {t.status} on {t.problem_key} bucket {t.bucket}: {t.reason}")
     return out
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write through a temporary file linked into place once complete: a full disk (ENOSPC) or
+    any other write error leaves no file at `path` and is one ExportError line."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: {e.strerror or e}; nothing written") from None
+    try:
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise ExportError(f"cannot write {path}: {e.strerror or e}; nothing written (no partial file "
+                              "left)") from None
         try:
             os.link(tmp, path)        # never clobbers a file that appeared meanwhile
         except FileExistsError:
