@@ -252,6 +252,9 @@ def test_deepseek_routed_plus_shared_experts(disp):
     routed = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, shared_experts=False, activations="w4a16",
                                     dispatcher=disp)
     assert rel(routed(x, ids, tw).double() + r[f"y.{blk}.shared_experts"], r[f"y.{blk}"]) < 1e-2
+    w4 = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, activations="w4a4", dispatcher=disp)
+    assert w4.problem13.a_fmt == "nvfp4" and w4.w13_is.shape == (5,) and w4.w2_is.shape == (5,)  # shared: 5th
+    assert rel(w4(x, ids, tw), r[f"y.{blk}"]) < 0.3         # W4A4 on inputs calibrated for it
 
 
 @pytest.mark.parametrize("name", ["gptoss_mxfp4", "modelopt_gptoss"])
@@ -273,6 +276,9 @@ def test_gpt_oss_experts_as_vllm_computes_them(name, disp):
     tp = [FP4MoE.from_pretrained(DATA / name, blk, tp_rank=k, tp_size=2, activations="w4a16", dispatcher=disp)
           for k in range(2)]
     assert rel(sum(t(x, ids, tw).double() for t in tp), r[f"y.{blk}"]) < 1e-2
+    if ck.scheme.w4a4:                            # ModelOpt's stacked export is W4A4: the emulated path runs
+        w4 = FP4MoE.from_pretrained(DATA / name, blk, activations="w4a4", dispatcher=disp)
+        assert w4.problem2.a_fmt == "nvfp4" and bool(torch.isfinite(w4(x, ids, tw)).all())
 
 
 def test_from_modelopt_is_the_reader_on_a_real_export(disp):

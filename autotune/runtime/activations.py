@@ -68,6 +68,6 @@ def choose(problem: Problem, *, checkpoint_w4a4: bool, arch: Arch, activations: 
         warnings.warn(f"{what or problem.key}: the checkpoint is W4A4 (static {problem.w_fmt} activation scales) but "
                       f"{arch.name} has no W4A4 {kind} tactic: running W4A16 (bf16 activations, not quantized), "
                       f"which differs from the engines' W4A4 by the activation quantization error; "
-                      f"activations='w4a4' (or ${settings.ACTIVATIONS}=w4a4) runs W4A4 (emulated here), "
-                      f"'w4a16' silences this", stacklevel=3)
+                      f"activations='w4a4' (or ${settings.ACTIVATIONS}=w4a4) runs W4A4 (emulated by the torch "
+                      f"family where no kernel has it), 'w4a16' silences this", stacklevel=3)
     return base
