@@ -156,7 +156,7 @@ def modelopt_llama(out: Path) -> None:
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import LlamaForCausalLM
     torch.manual_seed(SEED)
-    m = LlamaForCausalLM(_llama_cfg()).float().eval()
+    m = LlamaForCausalLM(_llama_cfg()).to(torch.bfloat16).eval()   # bf16 source weights, as real ones
     cfg = copy.deepcopy(mtq.NVFP4_DEFAULT_CFG)
     cfg["quant_cfg"].append({"quantizer_name": "*layers.0.self_attn*", "enable": False})   # mixed checkpoint
     ids = _calib_ids()
@@ -205,7 +205,8 @@ def _keep_experts(model, layers) -> None:
 
 def _mo_moe_w4a4(d: Path, refs: dict, blk: str, n: int, x, ids, tw) -> torch.Tensor:
     """vLLM's W4A4 NVFP4 MoE in float64 from ModelOpt-quantized operands: per expert, x quantized under
-    max(gate, up) input_scale, h = silu(gate)·up quantized under down's, routing weights, top_k sum."""
+    max(gate, up) input_scale, h = silu(gate)·up (bf16, as the engines' intermediate) quantized under
+    down's, routing weights, top_k sum."""
     y = torch.zeros(x.shape[0], refs[f"deq.{blk}.experts.0.down_proj"].shape[0], dtype=torch.float64)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
@@ -213,7 +214,9 @@ def _mo_moe_w4a4(d: Path, refs: dict, blk: str, n: int, x, ids, tw) -> torch.Ten
             p = f"{blk}.experts.{e}."
             i13 = torch.maximum(_read(d, p + "gate_proj.input_scale"), _read(d, p + "up_proj.input_scale"))
             xq = _mo_act(x[t:t + 1], i13)
-            h = torch.nn.functional.silu(xq @ refs[f"deq.{p}gate_proj"].double().T) * (xq @ refs[f"deq.{p}up_proj"].double().T)
+            bf = lambda v: v.to(torch.bfloat16).double()   # noqa: E731 - the engines' bf16 GEMM outputs
+            h = bf(torch.nn.functional.silu(bf(xq @ refs[f"deq.{p}gate_proj"].double().T))
+                   * bf(xq @ refs[f"deq.{p}up_proj"].double().T))
             y[t] += tw[t, j].double() * (_mo_act(h, _read(d, p + "down_proj.input_scale")) @ refs[f"deq.{p}down_proj"].double().T)[0]
     return y
 
@@ -226,7 +229,7 @@ def modelopt_qwen3moe(out: Path) -> None:
     cfg = Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, num_experts=4,
                          num_experts_per_tok=2, max_position_embeddings=64, architectures=["Qwen3MoeForCausalLM"])
-    m = Qwen3MoeForCausalLM(cfg).float().eval()
+    m = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).eval()
     _keep_experts(m, range(cfg.num_hidden_layers))
     ids = _calib_ids()
     m = mtq.quantize(m, mtq.NVFP4_DEFAULT_CFG, lambda mm: mm(ids))
@@ -260,7 +263,7 @@ def modelopt_deepseek(out: Path) -> None:
                            q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16,
                            v_head_dim=16, vocab_size=VOCAB, max_position_embeddings=64,
                            architectures=["DeepseekV3ForCausalLM"])
-    m = DeepseekV3ForCausalLM(cfg).float().eval()
+    m = DeepseekV3ForCausalLM(cfg).to(torch.bfloat16).eval()
     _keep_experts(m, [1])
     shared0 = copy.deepcopy(m.model.layers[1].mlp.shared_experts).double()
     ids = _calib_ids()
@@ -304,7 +307,7 @@ def _gptoss_cfg():
 def _gptoss_model():
     from transformers import GptOssForCausalLM
     torch.manual_seed(SEED)
-    m = GptOssForCausalLM(_gptoss_cfg()).float().eval()
+    m = GptOssForCausalLM(_gptoss_cfg()).to(torch.bfloat16).eval()
     with torch.no_grad():     # random init leaves biases at zero: give them values so they are tested
         for p in (m.model.layers[0].mlp.experts.gate_up_proj_bias, m.model.layers[0].mlp.experts.down_proj_bias):
             p.copy_(torch.randn_like(p) * 0.05)
@@ -374,7 +377,8 @@ def _llmc(out: Path, name: str, scheme: str, ignore: list, layers: int = 2) -> N
     m.save_pretrained(d, save_compressed=True, max_shard_size=SHARD)
     shutil.rmtree(base)
     if scheme != "FP8":          # the FP8 checkpoint exists to be refused: no reference
-        _ct_refs(d, outs, refs), _save_refs(out / f"{name}.ref.safetensors", refs)
+        _ct_refs(d, outs, refs)
+        _save_refs(out / f"{name}.ref.safetensors", refs)
     _clean(d)
 
 
