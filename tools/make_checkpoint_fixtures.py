@@ -6,9 +6,7 @@ installs them):
     python3 -m venv /tmp/prodenv
     /tmp/prodenv/bin/pip install /opt/wheels/torch-2.13.0+cpu-*.whl      # or any CPU torch
     /tmp/prodenv/bin/pip install nvidia-modelopt==0.47.0 llmcompressor==0.14.0.1 transformers safetensors
-    /tmp/prodenv/bin/python tools/make_checkpoint_fixtures.py tests/data/ckpt
-
-Versions used: written into MANIFEST.json (modelopt 0.47.0, llmcompressor 0.14.0.1, ...).
+    /tmp/prodenv/bin/python tools/make_checkpoint_fixtures.py tests/data/ckpt   # versions -> MANIFEST.json
 
 Each fixture is a checkpoint directory saved SHARDED with tiny shards (so some modules' tensors
 straddle two files) plus `<name>.ref.safetensors` beside it with what the producer itself
@@ -134,8 +132,7 @@ def _mo_act(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
     return q.dequantize(dtype=torch.float32, scale=s, double_scale=isc, block_sizes={-1: 16}).double()
 
 
-#: references are kept for these modules only (the fixtures stay small)
-REF_LINEARS = ("model.layers.1.",)
+REF_LINEARS = ("model.layers.1.",)      # references are kept for these modules only (small fixtures)
 
 
 def _mo_linear_refs(model, d: Path, refs: dict) -> None:
