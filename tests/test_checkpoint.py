@@ -345,7 +345,7 @@ def test_qwen3_moe_transformers5_spells_num_local_experts():
                                   "llmc_llama", "llmc_llama_a16", "llmc_llama_mxfp4", "gptoss_mxfp4"])
 def test_cli_search_dry_run_on_the_fixture_dirs(name):
     from click.testing import CliRunner
-    from cli import main
+    from autotune.cli import main
     res = CliRunner().invoke(main, ["search", "--model", str(DATA / name), "--dry-run", "--arch", "sm120",
                                     "--families", "torch"])
     assert res.exit_code == 0, res.output

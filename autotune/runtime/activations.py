@@ -33,7 +33,7 @@ def w4a4_tactic_exists(problem: Problem, arch: Arch) -> bool:
     only (nothing compiled); an arch without native FP4 tensor cores has none."""
     if problem.a_fmt == "bf16" or arch.fp4 != "native":
         return False
-    from tactics import registry
+    from autotune.tactics import registry
     for name in registry.names():
         try:
             fam = registry.get(name)
