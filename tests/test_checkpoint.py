@@ -243,6 +243,16 @@ def test_expert_slices_are_slices_of_the_full_experts():
         assert torch.equal(part.w2.dequantize()[local], full.w2.dequantize()[e][:, i // 2:])
     with pytest.raises(CheckpointError, match="distinct ids"):
         read_experts(ck, "model.layers.1.mlp", [4])
+    with pytest.raises(CheckpointError, match=r"32 does not split into 4 equal shards of whole 16-element blocks"):
+        read_experts(ck, "model.layers.1.mlp", tp_rank=0, tp_size=4)      # I = 32: 8 per rank cuts a block
+    with pytest.raises(CheckpointError, match="4 experts do not split into 3"):
+        FP4MoE.from_pretrained(DATA / "modelopt_qwen3moe", "model.layers.1.mlp", ep_rank=0, ep_size=3)
+
+
+def test_loaders_refuse_a_non_fp4_checkpoint_in_one_line(disp):
+    with pytest.raises(CheckpointError, match="float-quantized") as e:
+        FP4Linear.from_pretrained(DATA / "llmc_llama_fp8", "model.layers.0.mlp.down_proj", dispatcher=disp)
+    assert "\n" not in str(e.value)
 
 
 def test_deepseek_routed_plus_shared_experts(disp):

@@ -133,7 +133,6 @@ def load_moe(source, block: str, *, top_k: Optional[int] = None, tp_rank: int = 
         u = ck.linear(f"{mod}.up_proj", tp_rank=tp_rank, tp_size=tp_size, parallel="column" if tp_size > 1 else None)
         d = ck.linear(f"{mod}.down_proj", tp_rank=tp_rank, tp_size=tp_size, parallel="row" if tp_size > 1 else None)
         kw["shared"] = (cat_rows(g, u), d, u.global_scale)
-    inter = w2.k
     what = f"{block}.experts"
     p13 = choose(Problem.moe(w13.n, w13.k, w13.num_experts, min(kw["top_k"], w13.num_experts), w_fmt=w13.fmt),
                  checkpoint_w4a4=ck.scheme.w4a4 and (w13.fmt != "nvfp4" or w13.input_scale is not None),
@@ -144,7 +143,6 @@ def load_moe(source, block: str, *, top_k: Optional[int] = None, tp_rank: int = 
         if "shared" in kw:
             s13, s2, su = kw["shared"]
             kw["shared"] = (_drop_input(s13), _drop_input(s2), su)
-    del inter
     mv = lambda t: None if t is None else t.to(device)  # noqa: E731
     for k in ("up_scale", "bias13", "bias2", "expert_map"):
         if k in kw:
