@@ -259,7 +259,7 @@ class Checkpoint:
             raise self._not_quantized(module)
         if tp_size != 1 and parallel not in ("column", "row"):
             raise CheckpointError(f"{module}: tp_size={tp_size} needs parallel='column' or 'row'")
-        return self._linear(module, (), tp_rank, tp_size, parallel if tp_size != 1 else None)
+        return self._linear(module, tp_rank, tp_size, parallel if tp_size != 1 else None)
 
     def bias(self, module: str, *, tp_rank: int = 0, tp_size: int = 1, parallel: Parallel = None) -> Optional[Tensor]:
         name = f"{module}.bias"
@@ -284,9 +284,9 @@ class Checkpoint:
         if not t.is_floating_point() or t.numel() != 1:
             raise CheckpointError(f"{self.src}: {name} must be one float32 scale, got {t.dtype} {list(t.shape)}")
         v = t.reshape(()).float()
+        if not bool((v > 0) & torch.isfinite(v)):     # a zero / NaN scale would dequantize to garbage
+            raise CheckpointError(f"{self.src}: {name} = {float(v)} is not a positive finite scale")
         if reciprocal:         # compressed-tensors stores the multiplier of the quantizer: 1 / ModelOpt's
-            if not bool(v > 0):
-                raise CheckpointError(f"{self.src}: {name} = {float(v)} is not a positive scale")
             v = torch.ones((), dtype=torch.float32) / v
         return v
 
@@ -298,8 +298,7 @@ class Checkpoint:
             raise CheckpointError(f"{self.src}: {name} has {t.numel()} values, expected 1 or one per expert ({e})")
         return t.reshape(e)
 
-    def _linear(self, module: str, lead: tuple, tp_rank: int, tp_size: int, parallel: Parallel) -> FP4Weight:
-        """`lead`: leading indices (an expert of a stacked tensor) before the [N, K] dims."""
+    def _linear(self, module: str, tp_rank: int, tp_size: int, parallel: Parallel) -> FP4Weight:
         s = self.scheme
         nm = self._names(module)
         spec = FORMATS[s.fmt]
@@ -320,8 +319,8 @@ class Checkpoint:
         elif parallel == "row":
             c0, c1 = shard_range(k, tp_rank, tp_size, spec.block, f"{module} (row-parallel, K, {s.fmt} block {spec.block})")
             cols, scols = slice(c0 // 2, c1 // 2), slice(c0 // spec.block, c1 // spec.block)
-        packed = self.read(nm["packed"], (*lead, rows, cols)).contiguous()
-        scales = self.read(nm["scales"], (*lead, rows, scols)).contiguous()
+        packed = self.read(nm["packed"], (rows, cols)).contiguous()
+        scales = self.read(nm["scales"], (rows, scols)).contiguous()
         if s.fmt == "nvfp4":
             g = self._scalar(nm["global"], s.producer == "compressed-tensors")
         else:
