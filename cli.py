@@ -109,13 +109,17 @@ def main():
 @click.option("--retry-failed", is_flag=True, help="measure again tactics whose trials failed")
 @click.option("--measure-unknown", is_flag=True,
               help="also measure tactics whose verdict is unknown (outside the region a smem model was checked on)")
+@click.option("--activations", type=click.Choice(["auto", "w4a4", "w4a16"]), default=None,
+              help="a W4A4 checkpoint (static activation scales): auto = the W4A4 problems where the arch has a "
+                   "W4A4 tactic, else W4A16 with a warning; the loaders (from_pretrained) read the same setting "
+                   "[default: $AUTOTUNE_ACTIVATIONS, else auto]")
 @click.option("--dry-run", is_flag=True, help="print the tactic space and verdicts; measure nothing")
 @click.option("--list-tactics", default=None, help="also print every tactic of these families (comma-separated) with its verdict and reason")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, fold_shared, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
            max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy=None,
-           rank_model=None, batch_invariant=False):
+           rank_model=None, batch_invariant=False, activations=None):
     """Tune every FP4 GEMM of a model and store the winners."""
     ids: tuple[int, ...] = ()
     if gpus is not None:
@@ -136,7 +140,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
                     exhaustive=exhaustive, budget_ms=budget_ms, margin=margin, retry_failed=retry_failed,
                     compile_check=compile_check, max_tactics=max_tactics, progress=progress,
                     measure_unknown=measure_unknown, strategy=strategy, rank_model=rank_model,
-                    batch_invariant=batch_invariant)
+                    batch_invariant=batch_invariant, activations=activations)
     except (WorkerStartError, ClaimSettingError) as e:
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt as e:      # SIGINT, or SIGTERM through _terminated: the same cleanup ran

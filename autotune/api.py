@@ -40,14 +40,32 @@ class BadInput(ValueError):
     """Input the library refuses, in one line (the CLI exits 2 with it)."""
 
 
+def _activation_choice(arch: Arch | str | None, activations: str | None):
+    """Problem -> Problem: a W4A4 checkpoint's layer as the loaders will run it on `arch` (the
+    same rule: autotune.runtime.activations.choose), so what is searched is what is served."""
+    target = arch if isinstance(arch, Arch) else target_arch(arch)
+    try:
+        settings.activations(activations)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
+    def act(p: Problem) -> Problem:
+        from autotune.runtime.activations import choose      # loads the families on first use
+        return choose(p, checkpoint_w4a4=True, arch=target, activations=activations)
+    return act
+
+
 def model_problems(model: str | os.PathLike, *, tp: int = 1, ep: int = 1, include_attention: bool = False,
-             only: str | None = None, fused_moe: bool = False, fold_shared: bool = False) -> list[ProblemUse]:
+             only: str | None = None, fused_moe: bool = False, fold_shared: bool = False,
+             activations: str | None = None, arch: Arch | str | None = None) -> list[ProblemUse]:
     """The model's problems (fused_moe: with the routed experts' fused forms; fold_shared: with the
     shared expert folded into the routed ones), narrowed to those whose key or a layer name
-    contains one of the comma-separated strings in `only`."""
+    contains one of the comma-separated strings in `only`. A W4A4 checkpoint's layers get the
+    activation format the loaders pick on `arch` (default: the live device) under `activations`
+    ("auto" | "w4a4" | "w4a16"; default $AUTOTUNE_ACTIVATIONS, else auto)."""
     try:
         uses = problems_for(model, tp=tp, ep=ep, include_attention=include_attention, fused_moe=fused_moe,
-                            fold_shared=fold_shared)
+                            fold_shared=fold_shared, act=_activation_choice(arch, activations))
     except (ModelError, ValueError) as e:
         raise BadInput(str(e)) from None
     for u in uses:
@@ -155,7 +173,8 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
         fused_moe: bool = True, fold_shared: bool = False,
         gpus: Sequence[int] = (), workers: int = 1, ray: str | None = None, compile_workers: int | None = None,
         timeout_s: float | None = None, isolate: bool = True, budget_s: float | None = None,
-        exhaustive: bool = False, budget_ms: float | None = None, **options) -> SearchResult:
+        exhaustive: bool = False, budget_ms: float | None = None, activations: str | None = None,
+        **options) -> SearchResult:
     """One search as the CLI runs it; `options` are SearchOptions fields (margin, retry_failed, …).
 
     The defaults tune what the runtime serves with its defaults: every family that imports (those
@@ -170,9 +189,11 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     from autotune.engine.timing import TimerConfig
 
     notes: list[str] = []
+    target = target_arch(arch)
     if misses:
         keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=include_attention,
-                                                      fused_moe=fused_moe, fold_shared=fold_shared)} if model else None
+                                                      fused_moe=fused_moe, fold_shared=fold_shared,
+                                                      activations=activations, arch=target)} if model else None
         uses, b = from_misses(cache, keys)
         uses = _only(uses, only) if only else uses
     elif model is None:
@@ -180,7 +201,8 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
     else:
         if isinstance(model, (str, os.PathLike)):
             uses = model_problems(model, tp=tp, ep=ep, include_attention=include_attention, only=only,
-                                  fused_moe=fused_moe, fold_shared=fold_shared)
+                                  fused_moe=fused_moe, fold_shared=fold_shared, activations=activations,
+                                  arch=target)
         else:
             uses = [ProblemUse(p, (), 1) for p in model]
         if isinstance(buckets, Buckets) or (buckets is not None and not isinstance(buckets, str)):
@@ -188,7 +210,6 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
         else:
             b, note = parse_buckets(buckets, max_tokens)
             notes += [note] if note else []
-    target = target_arch(arch)
     fams = parse_families(families)
     margin = options.get("margin", 0.03)
     if not 0 <= margin < 1:

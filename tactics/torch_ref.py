@@ -5,6 +5,12 @@ variants are real trade-offs: the dtype the weight is dequantized to (bf16 halve
 fp32 is faster on CPUs without bf16 units) and chunking over N (dequantize and multiply one
 slab of rows at a time, so the dequantized copy stays small and cache-resident).
 Grouped MoE dequantizes only the experts that receive tokens.
+
+W4A4 problems (a_fmt == w_fmt) are EMULATED: the activations are quantized by the reference
+quantizer (autotune.core.inputs.quantize_activations: NVFP4 under the weight's static
+input_scale, per expert for stacked experts), dequantized and multiplied like the weight. It is
+numerically the W4A4 problem, at bf16/fp32 matmul speed; `w4a4_emulated` says so, so nothing
+counts it as a W4A4 kernel of the arch.
 """
 from __future__ import annotations
 
@@ -28,6 +34,14 @@ def _rows(w, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
     from autotune.core.formats import FP4Weight
     part = FP4Weight(w.packed[n0:n1], w.scales[n0:n1], w.global_scale, w.fmt)
     return part.dequantize(dtype)
+
+
+def _act(problem, x: torch.Tensor, w, dtype: torch.dtype) -> torch.Tensor:
+    """x as the problem multiplies it: as is (bf16 activations), or FP4-quantized and dequantized (W4A4)."""
+    if problem.a_fmt == "bf16":
+        return x
+    from autotune.core.inputs import quantize_activations
+    return quantize_activations(problem, x, w).dequantize(dtype)
 
 
 def _dense(x: torch.Tensor, w, dtype: torch.dtype, chunk: int, out: torch.Tensor) -> torch.Tensor:
@@ -60,6 +74,7 @@ def bind_dense(problem, tactic: Tactic, packed) -> "callable":
                                                      packed.global_scale, packed.fmt)) for n0 in range(0, n, step))
     whole = slabs[0][2] if len(slabs) == 1 else None
     check = x_checker(problem, packed)
+    w4a4 = problem.a_fmt != "bf16"
 
     def launch(x, out=None):
         check(x)
@@ -68,6 +83,8 @@ def bind_dense(problem, tactic: Tactic, packed) -> "callable":
         else:
             check_out(problem, x, out)
         xd = x if x.dtype is dtype else x.to(dtype)
+        if w4a4:
+            xd = _act(problem, x, packed, dtype)
         if whole is not None:
             _slab(xd, whole, dtype, out)
         else:
@@ -81,6 +98,7 @@ class TorchFamily(FamilyBase):
     name = "torch"
     depends_on = ("torch",)
     default_rank = 1      # the default wherever Triton cannot run (the CPU)
+    w4a4_emulated = True  # its W4A4 tactics quantize activations in torch: no W4A4 kernel of the arch
 
     def available(self, device: str) -> tuple[bool, str]:
         return True, ""
@@ -88,8 +106,8 @@ class TorchFamily(FamilyBase):
     def supports(self, problem) -> str | None:
         if problem.w_fmt not in ("nvfp4", "mxfp4"):
             return f"torch family covers FP4 weights, not {problem.w_fmt}"
-        if problem.a_fmt != "bf16":
-            return f"torch family takes bf16 activations, not {problem.a_fmt}"
+        if problem.a_fmt not in ("bf16", problem.w_fmt):
+            return f"torch family takes bf16 activations or (emulated W4A4) the weight's format, not {problem.a_fmt}"
         return None
 
     def enumerate(self, problem, arch: Arch) -> Iterable[Tactic]:
@@ -122,7 +140,7 @@ class TorchFamily(FamilyBase):
             def kernel(x, w, out=None):
                 if out is None:
                     out = torch.empty(x.shape[0], problem.n, dtype=odt, device=x.device)
-                return _dense(x, w, dtype, chunk, out)
+                return _dense(_act(problem, x, w, dtype), w, dtype, chunk, out)
             return FunctionKernel(kernel)
 
         def moe_kernel(x, w, topk_ids, topk_weights=None, out=None):
@@ -144,8 +162,9 @@ class TorchFamily(FamilyBase):
                     raise ValueError(f"{problem.key}: expert id {e} outside [-1, {problem.experts})")
                 rows, slots = pairs // top_k, pairs % top_k
                 xe = x[rows, slots] if x.ndim == 3 else x[rows]
+                we = w.expert(e)
                 ye = torch.empty(c, problem.n, dtype=odt, device=x.device)
-                y[rows, slots] = _dense(xe, w.expert(e), dtype, chunk, ye).float()
+                y[rows, slots] = _dense(_act(problem, xe, we, dtype), we, dtype, chunk, ye).float()
             if problem.epilogue == "swiglu":
                 y = torch.nn.functional.silu(y[..., :problem.n // 2]) * y[..., problem.n // 2:]
             if topk_weights is not None:

@@ -192,7 +192,8 @@ class FP4Weight:
         global_scale: fp32, shape ``()`` or the leading dims (one per expert); multiplies on
             dequantization like ModelOpt's ``weight_scale_2``. 1.0 for mxfp4.
         fmt: ``"nvfp4"`` or ``"mxfp4"``.
-        input_scale: optional fp32 scalar, the static activation global scale for W4A4.
+        input_scale: optional fp32 scalar (or one per leading index: per expert), the static
+            activation global scale for W4A4.
     """
 
     packed: Tensor
@@ -224,9 +225,12 @@ class FP4Weight:
                              f"{tuple(p.shape[:-2])}")
         if self.input_scale is not None:
             i = self.input_scale
-            if not isinstance(i, Tensor) or i.dtype != torch.float32 or i.ndim != 0:
-                raise ValueError(f"input_scale must be a float32 scalar tensor, got "
-                                 f"{getattr(i, 'dtype', type(i))} {tuple(getattr(i, 'shape', ()))}")
+            # per expert for stacked experts (W4A4 MoE: each expert's static activation scale)
+            if not isinstance(i, Tensor) or i.dtype != torch.float32 or (
+                    i.ndim != 0 and tuple(i.shape) != tuple(p.shape[:-2])):
+                raise ValueError(f"input_scale must be a float32 scalar tensor (or one per expert, "
+                                 f"{tuple(p.shape[:-2])}), got {getattr(i, 'dtype', type(i))} "
+                                 f"{tuple(getattr(i, 'shape', ()))}")
         devs = {t.device for t in (p, s, g, self.input_scale) if t is not None}
         if len(devs) > 1:
             raise ValueError(f"all FP4Weight tensors must be on one device, got {sorted(map(str, devs))}")
@@ -300,7 +304,10 @@ class FP4Weight:
             raise IndexError(f"expert {e} out of range for {ne} experts")
         flat = lambda t: t.reshape(ne, *t.shape[-2:])[e]  # noqa: E731
         g = self.global_scale.reshape(ne)[e] if self.global_scale.ndim else self.global_scale
-        return FP4Weight(flat(self.packed), flat(self.scales), g, self.fmt, self.input_scale)
+        i = self.input_scale
+        if i is not None and i.ndim:
+            i = i.reshape(ne)[e]
+        return FP4Weight(flat(self.packed), flat(self.scales), g, self.fmt, i)
 
     def contiguous(self) -> "FP4Weight":
         """The same weight with contiguous tensors (views of the source when it already is)."""

@@ -60,17 +60,10 @@ def to_modelopt(w: FP4Weight, prefix: str = "") -> dict[str, Tensor]:
 
 
 def load_modelopt_safetensors(path: str, prefix: str = "", device: str = "cpu") -> FP4Weight:
-    """Read one NVFP4 linear from a ModelOpt ``.safetensors`` file, loading only its tensors."""
-    from safetensors.torch import safe_open
+    """Read one NVFP4 linear from a ModelOpt ``.safetensors`` file (or checkpoint directory / index),
+    loading only its tensors: the checkpoint reader (autotune.core.checkpoint) with ModelOpt NVFP4
+    assumed when the checkpoint has no quantization config."""
+    from autotune.core.checkpoint import MODELOPT_NVFP4, Checkpoint
 
-    p = _norm_prefix(prefix)
-    tensors: dict[str, Tensor] = {}
-    with safe_open(str(path), framework="pt", device=device) as f:
-        keys = set(f.keys())
-        for k in ("weight", "weight_scale", "weight_scale_2", "input_scale"):
-            if p + k in keys:
-                tensors[p + k] = f.get_tensor(p + k)
-    try:
-        return from_modelopt(tensors, p)
-    except KeyError as e:
-        raise KeyError(f"{e.args[0]} in {path}") from None
+    with Checkpoint.open(path, assume=MODELOPT_NVFP4) as ck:
+        return ck.linear(prefix.rstrip(".")).to(device)

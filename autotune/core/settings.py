@@ -11,6 +11,9 @@ serving process that sets one later is honoured).
     AUTOTUNE_LAUNCH           "triton": bound Triton launchers use Triton's own launch, never the
                               direct route (tactics/triton_fp4/direct.py); default "direct"
     AUTOTUNE_CUDA_CUBINS      where the cuda family caches its NVRTC cubins (default: the user cache dir)
+    AUTOTUNE_ACTIVATIONS      how a W4A4 checkpoint runs: "auto" (W4A4 where the arch has a W4A4
+                              tactic, else W4A16 with one warning), "w4a4" (always; emulated where
+                              no kernel exists), "w4a16" (never); the search and the loaders read it
     AUTOTUNE_BATCH_INVARIANT  1/true: dispatch serves one batch-invariant tactic per problem for
                               every M (runtime/dispatch.py); 0/false: off. Unset: vLLM's
                               VLLM_BATCH_INVARIANT (an integer, non-zero = on), else off
@@ -29,6 +32,8 @@ CLAIM_TTL_S = "AUTOTUNE_CLAIM_TTL_S"
 LAUNCH = "AUTOTUNE_LAUNCH"
 CUDA_CUBINS = "AUTOTUNE_CUDA_CUBINS"
 BATCH_INVARIANT = "AUTOTUNE_BATCH_INVARIANT"
+ACTIVATIONS = "AUTOTUNE_ACTIVATIONS"
+ACTIVATION_CHOICES = ("auto", "w4a4", "w4a16")
 VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 
 
@@ -78,3 +83,13 @@ def batch_invariant() -> bool:
         return int(os.environ.get(VLLM_BATCH_INVARIANT, "0").strip() or "0") != 0
     except ValueError:
         return False
+
+
+def activations(explicit: str | None = None) -> str:
+    """The W4A4 setting: `explicit` (a flag / keyword) when given, else $AUTOTUNE_ACTIVATIONS, else
+    "auto". A value outside ACTIVATION_CHOICES raises ValueError in one line."""
+    v = explicit if explicit is not None else (os.environ.get(ACTIVATIONS, "").strip().lower() or "auto")
+    if v not in ACTIVATION_CHOICES:
+        src = "activations" if explicit is not None else f"${ACTIVATIONS}"
+        raise ValueError(f"{src} must be one of {', '.join(ACTIVATION_CHOICES)}, got {v!r}")
+    return v

@@ -98,6 +98,9 @@ class QuantRule:
     roles: Optional[frozenset[str]] = None
     exclude: tuple[str, ...] = ()
     source: str = "default"
+    #: the checkpoint carries static activation scales (W4A4 in the engines); whether a search
+    #: tunes the W4A4 problems is the caller's choice (autotune.runtime.activations)
+    w4a4: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_rx", _compile(self.exclude, self.source))

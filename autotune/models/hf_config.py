@@ -170,7 +170,8 @@ def _arch(mt: str, f: _Fields, name: str) -> ArchConfig:
                           num_kv_heads=kv, head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
                           intermediate=f.int("intermediate_size"))
     if mt == "qwen3_moe":
-        experts = f.int("num_experts", zero=True)
+        # transformers 5.x writes the expert count as num_local_experts (4.x: num_experts)
+        experts = f.int("num_experts", zero=True) if "num_experts" in f.d else f.int("num_local_experts", zero=True)
         step = f.int("decoder_sparse_step", default=1)
         only = set(f.int_list("mlp_only_layers"))
         moe = tuple(i for i in range(layers) if experts and i not in only and (i + 1) % step == 0)
@@ -230,7 +231,18 @@ def _rule(mt: str, qc: Any, src: str) -> QuantRule:
         + _strings(q, "modules_to_not_convert", src)
     if mt == "gpt_oss" and fmt == "mxfp4":
         return GPT_OSS_RULE   # the HF/vLLM MXFP4 path converts only the expert tensors
-    return QuantRule(fmt, None, exclude, source=src)
+    return QuantRule(fmt, None, exclude, source=src, w4a4=_static_activations(qc, src))
+
+
+def _static_activations(qc: dict, src: str) -> bool:
+    """The checkpoint quantizes activations too (W4A4: ModelOpt NVFP4, compressed-tensors NVFP4 with
+    input_activations), as the checkpoint reader (autotune.core.checkpoint) decides it."""
+    from autotune.core.quant_config import CheckpointError, detect_quant
+    hq = qc if isinstance(qc.get("quantization"), dict) or "producer" in qc else None
+    try:
+        return detect_quant(None if hq is not None else {"quantization_config": qc}, hq, src).w4a4
+    except CheckpointError:
+        return False
 
 
 def load(path: str | os.PathLike) -> tuple[ArchConfig, QuantRule]:

@@ -166,14 +166,17 @@ def _ranges(idx: list[int]) -> str:
 
 def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
                    include_attention: bool = False, fused_moe: bool = False,
-                   fold_shared: bool = False) -> list[ProblemUse]:
+                   fold_shared: bool = False, act=None) -> list[ProblemUse]:
     """Deduplicated per-GPU problems, sorted by Problem (kind, formats, n, k, experts, top_k).
     fused_moe: also the fused forms of the routed experts (w13 with the SwiGLU epilogue, w2 with
     the routing weights applied and top_k summed: what FP4MoE runs by default), as their own
     problems beside the plain ones (alternatives, not extra GEMMs per forward).
     fold_shared: also the routed problems with the shared expert folded in as one more, always
     routed expert, moe(n, k, E+1, top_k+1) (and their fused forms with fused_moe), in the layers
-    where the shared expert is quantized and has the routed experts' per-expert (N, K)."""
+    where the shared expert is quantized and has the routed experts' per-expert (N, K).
+    act: for a W4A4 checkpoint (rule.w4a4), Problem -> Problem choosing each quantized layer's
+    activation format (autotune.runtime.activations.choose, bound to an arch and the setting);
+    None keeps every problem W4A16."""
     _check_par(tp, ep)
     if ep > 1:
         if not a.moe_layers or not a.experts:
@@ -187,6 +190,7 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
         use = [i for i in lin.layers
                if rule.quantized(lin.role, tuple(f"model.layers.{i}.{p}" for p in lin.parts),
                                  f"model.layers.{i}.{lin.name}")]
+        quantized = bool(use)
         if include_attention:
             # every linear layer (attention, indexer, and any MLP the checkpoint left BF16), in the
             # checkpoint's FP4 format: tuned as if quantized. lm_head / router never appear here.
@@ -194,6 +198,8 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
         if not use:
             continue
         p = _shape(a, lin, tp, ep, rule.fmt)
+        if act is not None and rule.w4a4 and quantized:     # a BF16-kept layer has no activation scale
+            p = act(p)
         groups.setdefault(p, {}).setdefault(lin.name, []).extend(use)
         if lin.role in (SHARED_GATE_UP, SHARED_DOWN):
             shared[lin.role] = (p, set(use))

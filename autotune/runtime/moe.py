@@ -37,7 +37,6 @@ import torch
 from torch import Tensor, nn
 
 from autotune.core.formats import FP4Weight, quantize
-from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors
 from autotune.core.operands import OperandError, check_layer_x, check_routing
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
@@ -56,8 +55,18 @@ class FP4MoE(nn.Module):
 
     def __init__(self, w13: FP4Weight, w2: FP4Weight, top_k: int, *, up_scale: Tensor | None = None,
                  expert_map: Tensor | None = None, fused: bool = True, dispatcher: Dispatcher | None = None,
-                 shared: tuple | None = None):
+                 shared: tuple | None = None, a_fmt: str = "bf16", activation: str = "silu",
+                 bias13: Tensor | None = None, bias2: Tensor | None = None, swiglu_alpha: float = 1.702,
+                 swiglu_limit: float = 7.0):
+        """a_fmt="nvfp4": the W4A4 problems (w13/w2 input_scale per expert). activation="swigluoai":
+        gpt-oss's clamped SwiGLU on interleaved [gate, up] rows with biases bias13 [E, 2I] / bias2
+        [E, H]; no kernel has that epilogue, so it runs unfused (plain grouped GEMMs, the activation,
+        biases, routing weights and the top_k sum in torch)."""
         super().__init__()
+        if activation not in ("silu", "swigluoai"):
+            raise ValueError(f"FP4MoE activation must be 'silu' or 'swigluoai', got {activation!r}")
+        if activation != "silu" or bias13 is not None or bias2 is not None:
+            fused = False                   # the fused epilogues are silu·up without biases
         if w13.num_experts is None or w2.num_experts is None or w13.packed.ndim != 3 or w2.packed.ndim != 3:
             raise ValueError(f"FP4MoE takes stacked experts w13 [E, 2I, H] and w2 [E, H, I]; got {w13.shape}, {w2.shape}")
         e, two_i, h = w13.shape
@@ -67,6 +76,7 @@ class FP4MoE(nn.Module):
         self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = e, top_k, h, two_i // 2, fused
         self.routed_experts, self.has_shared = e, shared is not None
         g2 = _fold_up(w13.global_scale, w2.global_scale, up_scale, e)
+        is13, is2 = _input_scales(w13, w2, up_scale, shared, e, a_fmt)
         if shared is not None:              # local expert E; the stacked copy replaces the inputs
             w13, w2, g2 = _fold_shared(w13, w2, g2, shared)
             self.num_experts = e = e + 1
@@ -81,6 +91,14 @@ class FP4MoE(nn.Module):
             self.register_buffer(f"{name}_gs_u8", g.float().reshape(-1).contiguous().view(torch.uint8))
             self._gs_shapes[name] = tuple(g.shape)
         self._scale_dtype = w13.scales.dtype
+        self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
+        for name, t, shape in (("bias13", bias13, (e, two_i)), ("bias2", bias2, (e, h))):
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"FP4MoE {name} is {tuple(t.shape)}, expected {shape}")
+            self.register_buffer(name, None if t is None else t.float().contiguous())
+        self.a_fmt = a_fmt
+        for name, t in (("w13", is13), ("w2", is2)):
+            self.register_buffer(f"{name}_is", t)
         self.global_experts = self.routed_experts if expert_map is None else int(expert_map.numel())
         if expert_map is not None:
             self._check_map(expert_map, self.routed_experts)
@@ -90,8 +108,8 @@ class FP4MoE(nn.Module):
         self._map_ext = self._extended_map()
         fmt = w13.fmt
         epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
-        self.problem13 = Problem.moe(two_i, h, e, slots, w_fmt=fmt, epilogue=epi13)
-        self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, epilogue=epi2)
+        self.problem13 = Problem.moe(two_i, h, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi13)
+        self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
         d = dispatcher or default_dispatcher()
         if not fused and d.batch_invariant:
@@ -119,7 +137,7 @@ class FP4MoE(nn.Module):
     def _weight(self, name: str) -> FP4Weight:
         gs = getattr(self, f"{name}_gs_u8").view(torch.float32).reshape(self._gs_shapes[name])
         return FP4Weight(getattr(self, f"{name}_packed"), getattr(self, f"{name}_scales_u8").view(self._scale_dtype),
-                         gs, self.w13_fmt)
+                         gs, self.w13_fmt, getattr(self, f"{name}_is", None))
 
     @property
     def w13(self) -> FP4Weight:
@@ -165,9 +183,11 @@ class FP4MoE(nn.Module):
         local order; pass `expert_map` for the global ids). `shared_experts=True` also folds in
         `{prefix}.shared_experts.*` (DeepSeek-V3 / GLM-5 naming; a string names another module) as
         `shared=` does, with its own gate and up global scales."""
-        def one(name: str) -> FP4Weight:
-            return (load_modelopt_safetensors(source, name, device) if isinstance(source, str)
-                    else from_modelopt(source, name).to(device))
+        from autotune.runtime.pretrained import one_linear
+
+        def one(name: str) -> FP4Weight:          # the checkpoint reader, W4A16 (from_pretrained does W4A4)
+            w = one_linear(source, name, device)
+            return FP4Weight(w.packed, w.scales, w.global_scale, w.fmt)
 
         def load(name: str) -> FP4Weight:
             ws = [one(f"{prefix}.experts.{e}.{name}") for e in experts]
@@ -226,9 +246,45 @@ class FP4MoE(nn.Module):
             h = l13(x, ids, None, routing_checked=True, **k13)
             return l2(h, ids, topk_weights, routing_checked=True, **k2)
         y13 = l13(x, ids, None, routing_checked=True, **k13)
+        if self.activation == "swigluoai" or self.bias13 is not None or self.bias2 is not None:
+            return self._unfused_biased(l2, y13, ids, topk_weights, k2)
         h = torch.nn.functional.silu(y13[..., :self.intermediate]) * y13[..., self.intermediate:]
         y2 = l2(h, ids, topk_weights, routing_checked=True, **k2)
         return y2.sum(1, dtype=torch.float32).to(torch.bfloat16)
+
+    def _unfused_biased(self, l2, y13: Tensor, ids: Tensor, topk_weights: Tensor, k2: dict) -> Tensor:
+        """gpt-oss: + bias13, clamped SwiGLU on interleaved rows, w2 (plain), + bias2, routing
+        weights, top_k sum — in fp32 (torch), around the two dispatched grouped GEMMs."""
+        from autotune.runtime.pretrained import clamped_swiglu
+        live = (ids >= 0)[..., None]
+        safe = ids.clamp(min=0).long()
+        y = y13.float()
+        if self.bias13 is not None:
+            y = y + self.bias13[safe] * live
+        h = clamped_swiglu(y, self.swiglu_alpha, self.swiglu_limit) if self.activation == "swigluoai" else \
+            torch.nn.functional.silu(y[..., :self.intermediate]) * y[..., self.intermediate:]
+        y2 = l2(h.to(torch.bfloat16), ids, None, routing_checked=True, **k2).float()
+        if self.bias2 is not None:
+            y2 = y2 + self.bias2[safe] * live
+        y2 = y2 * (topk_weights.float()[..., None] * live)
+        return y2.sum(1).to(torch.bfloat16)
+
+    @classmethod
+    def from_pretrained(cls, path, block: str, *, top_k: int | None = None, tp_rank: int = 0, tp_size: int = 1,
+                        experts: Sequence[int] | None = None, ep_rank: int = 0, ep_size: int = 1,
+                        shared_experts: bool | str | None = None, activations: str | None = None, arch=None,
+                        device: str = "cpu", fused: bool = True, dispatcher: Dispatcher | None = None) -> "FP4MoE":
+        """One MoE block of a checkpoint (directory / .safetensors / index.json), this rank's part:
+        routed experts `experts` (global ids) or the contiguous E/ep_size block of ep_rank (an
+        expert_map then maps global ids), the expert intermediate split over tp_size, the shared
+        expert folded in where the checkpoint quantizes it (shared_experts=None: auto). Per-expert
+        `experts.{e}.{gate,up,down}_proj`, ModelOpt's stacked bmm experts and gpt-oss's MXFP4
+        `*_blocks` (interleaved rows, biases, clamped SwiGLU alpha 1.702, limit 7, unfused).
+        activations: "auto" | "w4a4" | "w4a16" (autotune.runtime.activations)."""
+        from autotune.runtime.pretrained import load_moe
+        kw = load_moe(path, block, top_k=top_k, tp_rank=tp_rank, tp_size=tp_size, experts=experts, ep_rank=ep_rank,
+                      ep_size=ep_size, shared_experts=shared_experts, activations=activations, arch=arch, device=device)
+        return cls(kw.pop("w13"), kw.pop("w2"), kw.pop("top_k"), fused=fused, dispatcher=dispatcher, **kw)
 
     def _kernels_check_ids(self, l13, l2) -> bool:
         """Both launchers check the caller's ids themselves (moe_decode: NaN rows and a bad-id word
@@ -278,6 +334,35 @@ def _fold_up(g13: Tensor, g2: Tensor, up_scale: Tensor | None, e: int | None) ->
         return g2.float() * (up_scale.float().to(g13.device) / g13.float())
     gate = _per_expert(g13, e).to(g2.device)
     return _per_expert(g2, e) * (_per_expert(up_scale.to(gate.device), e) / gate)
+
+
+def _input_scales(w13: FP4Weight, w2: FP4Weight, up_scale: Tensor | None, shared: tuple | None, e: int,
+                  a_fmt: str) -> tuple[Tensor | None, Tensor | None]:
+    """W4A4: the per-expert static activation scales of w13 and w2 ([E], the shared expert's
+    appended). w2's takes the same gate/up factor as its global scale: its input arrives × gate/up
+    (see _fold_up), and quantizing c·h under c·s gives h's codes under s."""
+    if a_fmt == "bf16":
+        return None, None
+    if w13.fmt != "nvfp4" or a_fmt != "nvfp4":
+        raise ValueError(f"FP4MoE W4A4 is NVFP4 activations on NVFP4 weights, got a_fmt={a_fmt!r} on {w13.fmt}")
+    parts = [(w13, w2, up_scale, e)]
+    if shared is not None:
+        s13, s2, s_up = (*shared, None)[:3]
+        parts.append((s13, s2, s_up, None))
+    out13, out2 = [], []
+    for a, b, up, n in parts:
+        if a.input_scale is None or b.input_scale is None:
+            raise ValueError("FP4MoE(a_fmt='nvfp4'): W4A4 needs w13 and w2 input_scale (per expert)")
+        k = 1 if n is None else n
+        i13 = a.input_scale.float().reshape(-1).expand(k) if a.input_scale.numel() == 1 else a.input_scale.float().reshape(k)
+        i2 = b.input_scale.float().reshape(-1).expand(k) if b.input_scale.numel() == 1 else b.input_scale.float().reshape(k)
+        if up is not None:
+            g = a.global_scale.float().reshape(-1).expand(k) if a.global_scale.numel() == 1 else a.global_scale.float().reshape(k)
+            u = up.float().reshape(-1).expand(k) if up.numel() == 1 else up.float().reshape(k)
+            i2 = i2 * (g.to(i2.device) / u.to(i2.device))
+        out13.append(i13)
+        out2.append(i2)
+    return torch.cat(out13).contiguous(), torch.cat(out2).contiguous()
 
 
 def _fold_shared(w13: FP4Weight, w2: FP4Weight, g2: Tensor, shared: tuple) -> tuple[FP4Weight, FP4Weight, Tensor]:

@@ -29,7 +29,6 @@ from autotune.runtime.moe import FP4MoE  # noqa: F401  (re-export: the whole MoE
 from autotune.runtime.table import Table
 from autotune.core.formats import FP4Weight, quantize
 from autotune.core.operands import OperandError, check_layer_x
-from autotune.core.modelopt import from_modelopt, load_modelopt_safetensors
 from autotune.core.problem import Problem
 
 _LAYERS: "weakref.WeakValueDictionary[int, _FP4Base]" = weakref.WeakValueDictionary()
@@ -50,6 +49,10 @@ class _FP4Base(nn.Module):
         self.register_buffer("packed", weight.packed)
         self.register_buffer("scales_u8", weight.scales.contiguous().view(torch.uint8))
         self.register_buffer("global_scale_u8", weight.global_scale.float().reshape(-1).contiguous().view(torch.uint8))
+        # W4A4: the static activation scale travels with the weight (the bound launcher reads it)
+        self._is_shape = None if weight.input_scale is None else tuple(weight.input_scale.shape)
+        if weight.input_scale is not None:
+            self.register_buffer("input_scale_u8", weight.input_scale.float().reshape(-1).contiguous().view(torch.uint8))
         self._dispatcher = dispatcher or default_dispatcher()
         self.table: Table = self._dispatcher.table(problem)
         self.layer_id = next(_IDS)
@@ -71,7 +74,8 @@ class _FP4Base(nn.Module):
         return self.global_scale_u8.view(torch.float32).reshape(self._gs_shape)
 
     def _stored(self) -> FP4Weight:
-        return FP4Weight(self.packed, self.scales, self.global_scale, self.fmt)
+        isc = None if self._is_shape is None else self.input_scale_u8.view(torch.float32).reshape(self._is_shape)
+        return FP4Weight(self.packed, self.scales, self.global_scale, self.fmt, isc)
 
     @property
     def weight(self) -> FP4Weight:
@@ -111,13 +115,16 @@ class FP4Linear(_FP4Base):
     in bf16, returned in x's dtype; operands.LAYER_X)."""
 
     def __init__(self, weight: FP4Weight, bias: Tensor | None = None, *, dispatcher: Dispatcher | None = None,
-                 one_copy: bool = False):
+                 one_copy: bool = False, a_fmt: str = "bf16"):
         """one_copy=True: the layer holds one copy of the weight: every M is served from one layout,
         written over `weight`'s storage where its family can (`Dispatcher.bind`'s one_copy); the
-        checkpoint layout is gone then (`weight`, `state_dict` and `load_state_dict` refuse)."""
+        checkpoint layout is gone then (`weight`, `state_dict` and `load_state_dict` refuse).
+        a_fmt="nvfp4": the W4A4 problem (activations quantized under `weight.input_scale`)."""
         if weight.num_experts is not None:
             raise ValueError(f"FP4Linear takes a 2-D weight [N, K]; got {weight.shape} (use FP4GroupedGEMM)")
-        super().__init__(weight, Problem.dense(weight.n, weight.k, w_fmt=weight.fmt), dispatcher, one_copy)
+        if a_fmt == "nvfp4" and weight.input_scale is None:
+            raise ValueError("FP4Linear(a_fmt='nvfp4'): W4A4 needs the weight's static input_scale")
+        super().__init__(weight, Problem.dense(weight.n, weight.k, w_fmt=weight.fmt, a_fmt=a_fmt), dispatcher, one_copy)
         self.in_features, self.out_features = weight.k, weight.n
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
 
@@ -130,10 +137,29 @@ class FP4Linear(_FP4Base):
     def from_modelopt(cls, source: str | Mapping[str, Tensor], prefix: str = "", *, device: str = "cpu",
                       bias: Tensor | None = None, dispatcher: Dispatcher | None = None,
                       one_copy: bool = False) -> "FP4Linear":
-        """From a ModelOpt NVFP4 `.safetensors` path (only this layer's tensors are read) or a dict."""
-        w = load_modelopt_safetensors(source, prefix, device) if isinstance(source, str) \
-            else from_modelopt(source, prefix).to(device)
+        """From a ModelOpt NVFP4 `.safetensors` path (only this layer's tensors are read) or a dict:
+        the checkpoint reader (autotune.core.checkpoint) on the whole module, W4A16 (no W4A4 choice:
+        use from_pretrained for that)."""
+        from autotune.runtime.pretrained import one_linear
+        w = one_linear(source, prefix, device)
+        w = FP4Weight(w.packed, w.scales, w.global_scale, w.fmt)
         return cls(w, bias, dispatcher=dispatcher, one_copy=one_copy)
+
+    @classmethod
+    def from_pretrained(cls, path, module: str, *, tp_rank: int = 0, tp_size: int = 1, parallel: str | None = None,
+                        activations: str | None = None, arch=None, device: str = "cpu",
+                        dispatcher: Dispatcher | None = None, one_copy: bool = False) -> "FP4Linear":
+        """One quantized linear of a checkpoint (a directory, a .safetensors, an index.json; ModelOpt
+        or compressed-tensors NVFP4, compressed-tensors MXFP4), this rank's slice: parallel="column"
+        (N / tp) or "row" (K / tp, whole scale blocks); default by name (o_proj, down_proj, … row).
+        activations: "auto" | "w4a4" | "w4a16" (autotune.runtime.activations; default
+        $AUTOTUNE_ACTIVATIONS, else auto); arch: the arch that decides auto (default: the device's)."""
+        from autotune.runtime.pretrained import load_linear
+        w, bias, a_fmt = load_linear(path, module, tp_rank=tp_rank, tp_size=tp_size, parallel=parallel,
+                                     activations=activations, arch=arch, device=device)
+        if a_fmt == "bf16":
+            w = FP4Weight(w.packed, w.scales, w.global_scale, w.fmt)
+        return cls(w, bias, dispatcher=dispatcher, one_copy=one_copy, a_fmt=a_fmt)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim == 2 and x.dtype is torch.bfloat16 and x.shape[1] == self.in_features and self.bias is None \
@@ -192,8 +218,8 @@ class FP4GroupedGEMM(_FP4Base):
                       device: str = "cpu", dispatcher: Dispatcher | None = None) -> "FP4GroupedGEMM":
         """From one ModelOpt NVFP4 linear per expert (`prefixes[e]`, e.g.
         'model.layers.3.mlp.experts.{e}.down_proj'), stacked in that order."""
-        ws = [load_modelopt_safetensors(source, p, device) if isinstance(source, str)
-              else from_modelopt(source, p).to(device) for p in prefixes]
+        from autotune.runtime.pretrained import one_linear
+        ws = [one_linear(source, p, device) for p in prefixes]
         if not ws:
             raise ValueError("FP4GroupedGEMM.from_modelopt needs at least one expert prefix")
         shapes = {w.shape for w in ws}

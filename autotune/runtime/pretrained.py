@@ -1,0 +1,178 @@
+"""Whole modules from a checkpoint: what `FP4Linear.from_pretrained`, `FP4MoE.from_pretrained`
+and the `from_modelopt` constructors call. The bytes come from autotune.core.checkpoint (one
+reader); this module decides the layer's problem (W4A4 or W4A16: autotune.runtime.activations)
+and the engines' MoE conventions (routed + shared experts, expert_map for EP, gpt-oss's
+interleaved clamped SwiGLU with biases).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from autotune.core.arch import ARCHS, Arch, detect, get_arch
+from autotune.core.checkpoint import MODELOPT_NVFP4, Checkpoint, CheckpointError
+from autotune.core.checkpoint_moe import cat_rows, read_experts
+from autotune.core.formats import FP4Weight
+from autotune.core.problem import Problem
+from autotune.runtime.activations import choose
+
+#: module-name endings engines shard row-parallel (K split); everything else is column-parallel
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense_4h_to_h", "wo", "w2", "fc2", "c_proj")
+
+
+def open_checkpoint(source, assume_modelopt: bool = False) -> Checkpoint:
+    """A path (directory, .safetensors, index.json) or an in-memory state dict."""
+    if isinstance(source, Checkpoint):
+        return source
+    if isinstance(source, Mapping):
+        return Checkpoint.from_tensors(source, MODELOPT_NVFP4 if assume_modelopt else None)
+    if isinstance(source, (str, os.PathLike)):
+        return Checkpoint.open(source, assume=MODELOPT_NVFP4 if assume_modelopt else None)
+    raise CheckpointError(f"a checkpoint is a path or a state dict, got {type(source).__name__}")
+
+
+def default_parallel(module: str) -> str:
+    return "row" if module.rstrip(".").rsplit(".", 1)[-1] in ROW_PARALLEL else "column"
+
+
+def _arch(arch: Arch | str | None, device: str) -> Arch:
+    if isinstance(arch, Arch):
+        return arch
+    if isinstance(arch, str):
+        return get_arch(arch)
+    return detect() if str(device).startswith("cuda") else ARCHS["cpu"]
+
+
+def _w4a4(ck: Checkpoint, w: FP4Weight) -> bool:
+    """The checkpoint quantizes this module's activations (its scheme, or a bare ModelOpt file
+    whose module carries an input_scale)."""
+    return ck.scheme.w4a4 and (ck.scheme.fmt != "nvfp4" or w.input_scale is not None)
+
+
+def load_linear(source, module: str, *, tp_rank: int = 0, tp_size: int = 1, parallel: Optional[str] = None,
+                activations: Optional[str] = None, arch=None, device: str = "cpu", assume_modelopt: bool = False):
+    """(weight, bias, a_fmt) of one quantized linear, this rank's slice."""
+    ck = open_checkpoint(source, assume_modelopt)
+    module = module.rstrip(".")
+    par = parallel or (default_parallel(module) if tp_size > 1 else None)
+    w = ck.linear(module, tp_rank=tp_rank, tp_size=tp_size, parallel=par)
+    bias = ck.bias(module, tp_rank=tp_rank, tp_size=tp_size, parallel=par)
+    p = choose(Problem.dense(w.n, w.k, w_fmt=w.fmt), checkpoint_w4a4=_w4a4(ck, w), arch=_arch(arch, device),
+               activations=activations, what=module)
+    return w.to(device), None if bias is None else bias.to(device), p.a_fmt
+
+
+def expert_ids(total: int, experts: Optional[Sequence[int]], ep_rank: int, ep_size: int, what: str) -> tuple[int, ...]:
+    """This rank's global expert ids: `experts` as given, else the contiguous E/ep_size block of
+    ep_rank (vLLM's linear placement)."""
+    if experts is not None:
+        if ep_size != 1:
+            raise CheckpointError(f"{what}: give experts= or ep_rank/ep_size, not both")
+        return tuple(int(e) for e in experts)
+    if not (isinstance(ep_size, int) and ep_size >= 1 and 0 <= ep_rank < ep_size):
+        raise CheckpointError(f"{what}: ep_rank {ep_rank!r} is not in [0, ep_size={ep_size!r})")
+    if total % ep_size:
+        raise CheckpointError(f"{what}: {total} experts do not split into {ep_size} equal expert-parallel ranks")
+    per = total // ep_size
+    return tuple(range(ep_rank * per, (ep_rank + 1) * per))
+
+
+def _top_k(ck: Checkpoint, top_k: Optional[int], what: str) -> int:
+    if top_k is not None:
+        return int(top_k)
+    cfg = ck.config.get("text_config", ck.config) if isinstance(ck.config.get("text_config"), dict) else ck.config
+    for f in ("num_experts_per_tok", "experts_per_token", "moe_topk"):
+        v = cfg.get(f)
+        if isinstance(v, int) and v > 0:
+            return v
+    raise CheckpointError(f"{what}: top_k not given and the config has no num_experts_per_tok")
+
+
+def load_moe(source, block: str, *, top_k: Optional[int] = None, tp_rank: int = 0, tp_size: int = 1,
+             experts: Optional[Sequence[int]] = None, ep_rank: int = 0, ep_size: int = 1,
+             shared_experts: bool | str | None = None, activations: Optional[str] = None, arch=None,
+             device: str = "cpu", assume_modelopt: bool = False) -> dict:
+    """FP4MoE's constructor arguments for one MoE block of a checkpoint (this rank's experts and
+    intermediate slice). shared_experts: None (auto: fold `{block}.shared_experts` in when it is
+    quantized; a BF16-kept one is left to the caller, with a warning), True (must exist), False
+    (never), or another module name."""
+    ck = open_checkpoint(source, assume_modelopt)
+    block = block.rstrip(".")
+    total = ck.num_experts(block)
+    ids = expert_ids(total, experts, ep_rank, ep_size, block)
+    ew = read_experts(ck, block, ids, tp_rank=tp_rank, tp_size=tp_size)
+    kw: dict = {"top_k": _top_k(ck, top_k, block)}
+    if len(ids) != total or ids != tuple(range(total)):
+        m = torch.full((total,), -1, dtype=torch.int32)
+        m[list(ids)] = torch.arange(len(ids), dtype=torch.int32)
+        kw["expert_map"] = m
+    w13, w2 = ew.w13, ew.w2
+    if ew.layout != "per_expert":                    # gpt-oss: interleaved rows, biases, clamped SwiGLU
+        kw.update(activation="swigluoai", bias13=ew.bias13, bias2=ew.bias2)
+    else:
+        kw["up_scale"] = ew.up_scale
+    mod = None
+    if shared_experts is not False:
+        name = "shared_experts" if shared_experts in (None, True) else str(shared_experts)
+        mod = f"{block}.{name}"
+        if not ck.is_quantized(f"{mod}.gate_proj"):
+            if shared_experts is None:
+                if ck.has(f"{mod}.gate_proj.weight"):
+                    warnings.warn(f"{mod} is kept {ck.meta(mod + '.gate_proj.weight').dtype} in this checkpoint: "
+                                  "FP4MoE holds the routed experts only; run the shared expert as a bf16 MLP",
+                                  stacklevel=3)
+                mod = None
+            else:
+                ck.linear(f"{mod}.gate_proj")          # raises the one-line missing/not-quantized error
+    if mod is not None:
+        g = ck.linear(f"{mod}.gate_proj", tp_rank=tp_rank, tp_size=tp_size, parallel="column" if tp_size > 1 else None)
+        u = ck.linear(f"{mod}.up_proj", tp_rank=tp_rank, tp_size=tp_size, parallel="column" if tp_size > 1 else None)
+        d = ck.linear(f"{mod}.down_proj", tp_rank=tp_rank, tp_size=tp_size, parallel="row" if tp_size > 1 else None)
+        kw["shared"] = (cat_rows(g, u), d, u.global_scale)
+    what = f"{block}.experts"
+    p13 = choose(Problem.moe(w13.n, w13.k, w13.num_experts, min(kw["top_k"], w13.num_experts), w_fmt=w13.fmt),
+                 checkpoint_w4a4=ck.scheme.w4a4 and (w13.fmt != "nvfp4" or w13.input_scale is not None),
+                 arch=_arch(arch, device), activations=activations, what=what)
+    kw["a_fmt"] = p13.a_fmt
+    if p13.a_fmt == "bf16":
+        w13, w2 = _drop_input(w13), _drop_input(w2)
+        if "shared" in kw:
+            s13, s2, su = kw["shared"]
+            kw["shared"] = (_drop_input(s13), _drop_input(s2), su)
+    mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+    for k in ("up_scale", "bias13", "bias2", "expert_map"):
+        if k in kw:
+            kw[k] = mv(kw[k])
+    if "shared" in kw:
+        kw["shared"] = tuple(x.to(device) if x is not None else None for x in kw["shared"])
+    return {"w13": w13.to(device), "w2": w2.to(device), **kw}
+
+
+def _drop_input(w: FP4Weight) -> FP4Weight:
+    return FP4Weight(w.packed, w.scales, w.global_scale, w.fmt) if w.input_scale is not None else w
+
+
+def one_linear(source, module: str, device: str = "cpu") -> FP4Weight:
+    """One whole linear for the legacy from_modelopt constructors (a bare ModelOpt file or dict)."""
+    return open_checkpoint(source, assume_modelopt=True).linear(module).to(device)
+
+
+def shared_tuple(source, mod: str, device: str = "cpu") -> tuple:
+    ck = open_checkpoint(source, assume_modelopt=True)
+    from autotune.core.checkpoint import _cat_rows
+    g, u, d = (ck.linear(f"{mod}.{p}").to(device) for p in ("gate_proj", "up_proj", "down_proj"))
+    return cat_rows(g, u), d, u.global_scale
+
+
+def clamped_swiglu(y: Tensor, alpha: float, limit: float) -> Tensor:
+    """gpt-oss's activation on interleaved [gate, up] rows, as vLLM / HF compute it (fp32):
+    gate = y[..., ::2].clamp(max=limit), up = y[..., 1::2].clamp(-limit, limit),
+    (up + 1) · gate · sigmoid(alpha · gate)."""
+    gate, up = y[..., ::2], y[..., 1::2]
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
