@@ -107,6 +107,33 @@ def test_swiglu_matches_float64():
             assert _err(out, ref) < 1e-2, (m, t)
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_reduce_matches_float64(fmt):
+    """w2's fused form: the routing-weighted sum over each token's slots, [M, N]."""
+    n, k = SHAPES["w2"]
+    prob = Problem.moe(n, k, E, TOP_K, fmt, epilogue="reduce")
+    w, packed = _weight("w2", fmt)
+    fam = _fam()
+    for m in (1, 16, 100):                                   # 100: two token chunks
+        ids, tw = _ids(m, 40 + m)
+        x3 = torch.randn(m, TOP_K, k, device="cuda").to(torch.bfloat16)
+        ref = inputs.moe_reference(prob, x3.double(), w, ids, tw)
+        for t in _tactics(prob, 3):
+            out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            kern = fam.build(prob, t, "cuda")
+            kern(x3, packed, ids, tw, out=out)
+            assert _err(out, ref) < 1e-2, (m, t)
+            again = kern(x3, packed, ids, tw)
+            assert torch.equal(again, out), (m, t)              # slot order, not arrival order
+    ids, tw = _ids(4, 2)
+    ids[2, 5] = E + 3
+    x3 = torch.randn(4, TOP_K, k, device="cuda").to(torch.bfloat16)
+    out = torch.zeros(4, n, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="outside"):
+        fam.build(prob, fam.default(prob, _arch()), "cuda")(x3, packed, ids, tw, out=out)
+    assert torch.isnan(out[2]).all() and not torch.isnan(out[[0, 1, 3]]).any()
+
+
 def test_per_pair_x_int64_ids_and_token_chunks():
     n, k = SHAPES["w2"]
     prob = Problem.moe(n, k, E, TOP_K)

@@ -60,6 +60,7 @@ class MoeConfig:
     split_k: int         # CTAs splitting K (the last to arrive sums them in split order)
     fmt: str = "nvfp4"
     swiglu: bool = False
+    reduce: bool = False  # w2: routing-weighted top_k sum per token in the same launch
 
     @property
     def threads(self) -> int:
@@ -95,7 +96,7 @@ def defines(c) -> dict[str, str]:
     d = {"MT": str(c.m_tiles), "WK": str(c.warps_k), "STAGES": str(c.stages), "TN": str(c.tiles_n)}
     if isinstance(c, MoeConfig):
         mul, add, sw, shift = L.FORMAT[c.fmt]
-        d.update(SPLITK=str(c.split_k), SWIGLU=str(int(c.swiglu)), SW=str(sw), SCALE_MUL=f"0x{mul:x}u",
+        d.update(SPLITK=str(c.split_k), SWIGLU=str(int(c.swiglu)), REDUCE=str(int(c.reduce)), SW=str(sw), SCALE_MUL=f"0x{mul:x}u",
                  SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")
     else:
         d["EPI_SCALE"] = f"{float(2 ** L.EPI_SHIFT)!r}f"

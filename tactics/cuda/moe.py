@@ -5,8 +5,9 @@ Semantics are the Triton `moe_decode` member's: y[p] for every (token, slot) pai
 [M, top_k]), id -1 a zero row and no work, an id outside [-1, E) a NaN row and the sticky bad-id
 word set (read after an eager call when `check_ids`, never under graph capture), the routing
 weight multiplied in when given; the `swiglu` problem variant writes silu(gate)·up of vLLM's
-[gate; up] rows. Not here yet: the `reduce` (w2 top_k sum) epilogue and an aligned route; above
-MAX_PAIRS pairs a call is cut into token chunks (each CTA scans the ids before it: O(P) per CTA).
+[gate; up] rows, the `reduce` variant (w2, x one row per pair) each token's routing-weighted sum
+over its top_k slots, [M, N], in slot order. Not here yet: an aligned route; above MAX_PAIRS pairs
+a call is cut into token chunks (each CTA scans the ids before it: O(P) per CTA).
 
 Tactic parameters: `warps_k` (warps splitting K in a CTA), `stages` (cp.async ring depth),
 `tiles_n` (16-row weight tiles per CTA; SwiGLU: half gate, half up), `m_tiles` (a group holds up to
@@ -37,7 +38,7 @@ M_TILES = (1, 2)
 SPLIT_K = (1, 2, 4, 8)
 SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N,
                             "m_tiles": M_TILES, "split_k": SPLIT_K}
-EPILOGUES = ("none", "swiglu")
+EPILOGUES = ("none", "swiglu", "reduce")
 FORMATS = ("nvfp4", "mxfp4")
 #: pairs per launch: each CTA scans the ids before its own, so larger calls are cut into token chunks
 MAX_PAIRS = 512
@@ -50,7 +51,8 @@ def is_moe(tactic: Tactic) -> bool:
 
 def config(problem: Problem, tactic: Tactic) -> B.MoeConfig:
     return B.MoeConfig(int(tactic["m_tiles"]), int(tactic["warps_k"]), int(tactic["stages"]),
-                       int(tactic["tiles_n"]), int(tactic["split_k"]), problem.w_fmt, problem.epilogue == "swiglu")
+                       int(tactic["tiles_n"]), int(tactic["split_k"]), problem.w_fmt, problem.epilogue == "swiglu",
+                       problem.epilogue == "reduce")
 
 
 def supports(problem: Problem) -> str | None:
@@ -144,7 +146,7 @@ def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool =
                                      or tuple(topk_weights.shape) != (m, p.top_k)
                                      or topk_weights.device != x.device):
         raise ValueError(f"{p.key}: topk_weights must be a float [{m}, {p.top_k}] tensor on {x.device}")
-    shape = (m, p.top_k, p.out_n)
+    shape = (m, p.n) if p.epilogue == "reduce" else (m, p.top_k, p.out_n)
     if out is None:
         out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
     elif (not torch.is_tensor(out) or tuple(out.shape) != shape or out.dtype != torch.bfloat16
@@ -171,7 +173,7 @@ class MoeLaunch:
         self.n_out = problem.out_n
         self._streams: dict[int, Any] = {}
         self._fns: dict[int, Any] = {}
-        self._ws = self._locks = self._bad = None
+        self._ws = self._locks = self._bad = self._red = self._cnt = None
         self._retired: list = []   # outgrown buffers: a graph captured earlier still points at them
 
     def _stream(self, dev: torch.device) -> Any:
@@ -210,10 +212,26 @@ class MoeLaunch:
             self._bad = torch.zeros(1, dtype=torch.int32, device=dev)
         return self._ws, self._locks, self._bad
 
+    def _reduce_scratch(self, pairs: int, dev: torch.device):
+        """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (left zero by the kernel)."""
+        if self.problem.epilogue != "reduce":
+            if self._red is None or self._red.device != dev:
+                self._red = torch.empty(1, dtype=torch.float32, device=dev)
+                self._cnt = torch.zeros(1, dtype=torch.int32, device=dev)
+            return self._red, self._cnt
+        tiles = self.problem.n // (L.ROWS * self.cfg.tiles_n)
+        rows, cnts = pairs * self.problem.n, pairs // self.problem.top_k * tiles
+        if self._red is None or self._red.device != dev or self._red.numel() < rows or self._cnt.numel() < cnts:
+            if self._red is not None:
+                self._retired.append((self._red, self._cnt))
+            self._red = torch.empty(rows, dtype=torch.float32, device=dev)
+            self._cnt = torch.zeros(cnts, dtype=torch.int32, device=dev)
+        return self._red, self._cnt
+
     def release(self) -> None:
         """Free the scratch (workspace, counters, outgrown buffers); the bad-id word is kept. A graph
         captured before must not be replayed after this."""
-        self._ws = self._locks = None
+        self._ws = self._locks = self._red = self._cnt = None
         self._retired.clear()
 
     @property
@@ -250,6 +268,7 @@ class MoeLaunch:
             x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
         ids = ids.contiguous()
         ws, locks, bad = self._scratch(pairs, dev)
+        red, cnt = self._reduce_scratch(pairs, dev)
         routed = tw is not None
         tw_ = tw.to(torch.float32).contiguous() if routed else bad      # never read unrouted
         gs = w.global_scale
@@ -258,7 +277,7 @@ class MoeLaunch:
         args = (np.uint64(w.packed.data_ptr()), np.uint64(w.scales.data_ptr()), np.uint64(x.data_ptr()),
                 np.uint64(out.data_ptr()), np.uint64(gs.data_ptr()), np.uint64(ids.data_ptr()),
                 np.uint64(tw_.data_ptr()), np.uint64(ws.data_ptr()), np.uint64(locks.data_ptr()),
-                np.uint64(bad.data_ptr()), np.int32(pairs), np.int32(p.n), np.int32(p.k), np.int32(p.top_k),
+                np.uint64(bad.data_ptr()), np.uint64(red.data_ptr()), np.uint64(cnt.data_ptr()), np.int32(pairs), np.int32(p.n), np.int32(p.k), np.int32(p.top_k),
                 np.int32(p.experts), np.int32(ids.dtype == torch.int64), np.int32(x.dim() == 3),
                 np.int32(routed), np.int32(gs.numel() > 1))
         with self._stream(dev):
@@ -287,7 +306,7 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
     lead CTA. Token chunks as the launcher cuts them."""
     cfg = config(problem, tactic)
     m = topk_ids.shape[0]
-    shape = (m, problem.top_k, problem.out_n)
+    shape = (m, problem.n) if cfg.reduce else (m, problem.top_k, problem.out_n)
     out = torch.full(shape, float("nan"), dtype=torch.bfloat16) if out is None else out
     rows = max(1, MAX_PAIRS // problem.top_k)
     for t0 in range(0, m, rows):
@@ -306,7 +325,10 @@ def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace) -> None:
     out_tile = L.ROWS * (cfg.tiles_n // 2 if cfg.swiglu else cfg.tiles_n)
     kps = k // L.KPAIR // cfg.split_k                    # k-pairs per split (grid.z)
     kpairs = kps // cfg.warps_k                          # per warp
-    yflat = out.reshape(pairs, problem.out_n)
+    # REDUCE: the pairs' fp32 rows, summed per token in slot order at the end (the kernel's last
+    # arrival does the same sum; the arrival order does not change it)
+    red = torch.full((pairs, n), float("nan")) if cfg.reduce else None
+    yflat = red if cfg.reduce else out.reshape(pairs, problem.out_n)
     xflat = x.reshape(-1, k).float()
     deq: dict[int, torch.Tensor] = {}
     for q in range(pairs):                               # grid.x
@@ -346,4 +368,9 @@ def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace) -> None:
                 total = total[:, :half] * torch.sigmoid(total[:, :half]) * total[:, half:]
             if tw is not None:
                 total = total * tw.reshape(-1)[group].float()[:, None]
-            yflat[group, nt * out_tile:(nt + 1) * out_tile] = total.to(torch.bfloat16)
+            yflat[group, nt * out_tile:(nt + 1) * out_tile] = total if cfg.reduce else total.to(torch.bfloat16)
+    if cfg.reduce:
+        tot = torch.zeros(pairs // problem.top_k, n)
+        for sl in range(problem.top_k):
+            tot += red.reshape(-1, problem.top_k, n)[:, sl]
+        out.copy_(tot.to(torch.bfloat16))

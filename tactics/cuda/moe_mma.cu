@@ -13,7 +13,11 @@
 // (pair slot, N tile) to arrive (counter per slot and tile, fenced) sums the partials in split
 // order (deterministic: the same order whichever arrives last), runs the epilogue and resets the
 // counter: one launch, no memset, graph-capturable.
-// Config (MT, WK, STAGES, TN, SPLITK, SWIGLU) and the format's (SW, SCALE_MUL, SCALE_ADD, EPI_SCALE) and the layout's constants
+// REDUCE = 1 (w2 with the top_k slots summed, y [M][N]): each pair's final fp32 row (routing weight
+// applied) goes to red [P][N]; a counter per (token, N tile) counts the token's slots (pairs routed
+// nowhere count too, as zero or NaN rows); the CTA that brings the last one sums the token's rows in
+// slot order (deterministic), writes y[token] and resets the counter.
+// Config (MT, WK, STAGES, TN, SPLITK, SWIGLU, REDUCE) and the format's (SW, SCALE_MUL, SCALE_ADD, EPI_SCALE) and the layout's constants
 // come as -D macros. No headers: the same text compiles under NVRTC and nvcc, for sm_80 and newer.
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -99,12 +103,14 @@ static __device__ __forceinline__ long long load_id(const void* ids, int ids64, 
   }
   return v;
 }
+#if SPLITK > 1 || REDUCE
 // another CTA's partial: from L2 (L1 is not coherent across SMs)
 static __device__ __forceinline__ float ld_cg(const float* p) {
   float v;
   asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
 }
+#endif
 
 static __device__ __forceinline__ void issue(unsigned char* wdst, unsigned char* sdst,
                                              const uint4* const w[TN], const u32* const s[TN]) {
@@ -118,25 +124,46 @@ static __device__ __forceinline__ void issue(unsigned char* wdst, unsigned char*
 
 // wq: fragment words [E][N/16][K/64][32][4]; sq: scale words [E][N/16][K/128][SW];
 // x [tokens][K] or [P][K] (x_pair); y [P][N or N/2]; gscale [E] (gs_stride 1) or [1];
-// ids [P] (int32/int64); tw [P] fp32 (routed); ws [SPLITK][P][N] fp32; locks [P][gridDim.y]; bad [1]
+// ids [P] (int32/int64); tw [P] fp32 (routed); ws [SPLITK][P][N] fp32; locks [P][gridDim.y]; bad [1];
+// REDUCE: y [P / top_k][N], red [P][N] fp32, cnt [P / top_k][gridDim.y]
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __restrict__ x,
         u16* __restrict__ y, const float* __restrict__ gscale, const void* __restrict__ ids,
         const float* __restrict__ tw, float* __restrict__ ws, int* __restrict__ locks, int* __restrict__ bad,
-        int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride) {
+        float* __restrict__ red, int* __restrict__ cnt, int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   __shared__ int rows_s[CAP];                     // the group's pair indices, -1 past its end
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int q = blockIdx.x, nt = blockIdx.y, kz = blockIdx.z;
   const int nout = SWIGLU ? N / 2 : N;
+  (void)nout;                                     // unused by the REDUCE variant
   const long long eid = load_id(ids, ids64, q);
   if (eid < 0 || eid >= n_exp) {                   // no expert: this pair's row, written by split 0
     if (kz == 0) {
       const bool isbad = eid != -1;
+      if (isbad && nt == 0 && tid == 0) atomicExch(bad, 1);
+#if REDUCE
+      const float fv = isbad ? __int_as_float(0x7fc00000) : 0.f;
+      for (int c = tid; c < 16 * TN; c += NTHREADS) red[(size_t)q * N + nt * 16 * TN + c] = fv;
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) rows_s[0] = atomicAdd(cnt + (size_t)(q / top_k) * gridDim.y + nt, 1) == top_k - 1;
+      __syncthreads();
+      if (rows_s[0]) {                             // this row completed its token: sum it
+        __threadfence();
+        const int tok = q / top_k;
+        for (int c = tid; c < 16 * TN; c += NTHREADS) {
+          float s = 0.f;
+          for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
+          y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
+        }
+        if (tid == 0) atomicExch(cnt + (size_t)tok * gridDim.y + nt, 0);
+      }
+#else
       const u16 v = isbad ? (u16)0x7FC0 : (u16)0;   // bf16 NaN / +0
       for (int c = tid; c < 16 * OUT_TN; c += NTHREADS) y[(size_t)q * nout + nt * 16 * OUT_TN + c] = v;
-      if (isbad && nt == 0 && tid == 0) atomicExch(bad, 1);
+#endif
     }
     return;
   }
@@ -264,8 +291,8 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   }
   wait_pending<0>();
   __syncthreads();
-  float* red = reinterpret_cast<float*>(smem);        // [WK][TN*MT*4][32]
-#define RED(w, u, j, c) red[((((w) * TN + (u)) * MT + (j)) * 4 + (c)) * 32 + lane]
+  float* wred = reinterpret_cast<float*>(smem);       // [WK][TN*MT*4][32]
+#define RED(w, u, j, c) wred[((((w) * TN + (u)) * MT + (j)) * 4 + (c)) * 32 + lane]
 #pragma unroll
   for (int u = 0; u < TN; ++u)
 #pragma unroll
@@ -332,6 +359,32 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
         v = v / (1.f + __expf(-v)) * up;
 #endif
         if (routed) v *= tw[p];
+#if REDUCE
+        red[(size_t)p * N + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = v;
+#else
         y[(size_t)p * nout + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = to_bf16(v);
+#endif
       }
+#if REDUCE
+  __threadfence();                                   // this CTA's rows before its arrivals
+  __syncwarp();
+  int last = 0;
+  if (lane < CAP) {
+    const int p = rows_s[lane];
+    if (p >= 0) last = atomicAdd(cnt + (size_t)(p / top_k) * gridDim.y + nt, 1) == top_k - 1;
+  }
+  u32 lm = __ballot_sync(0xffffffffu, last);
+  if (lm) __threadfence();
+  while (lm) {                                       // tokens whose last slot this CTA brought
+    const int i = __ffs(lm) - 1;
+    lm &= lm - 1;
+    const int tok = rows_s[i] / top_k;
+    for (int c = lane; c < 16 * TN; c += 32) {
+      float s = 0.f;
+      for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
+      y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
+    }
+    if (lane == 0) atomicExch(cnt + (size_t)tok * gridDim.y + nt, 0);
+  }
+#endif
 }
