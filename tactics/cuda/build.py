@@ -27,6 +27,7 @@ from . import layout as L
 SOURCE = Path(__file__).with_name("w4a16_mma.cu")
 KERNEL = "w4a16_mma"
 MOE_SOURCE = Path(__file__).with_name("moe_mma.cu")
+COMMON = Path(__file__).with_name("mma_common.cuh")      # helpers both kernels share, prepended
 MOE_KERNEL = "moe_mma"
 M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 64 per CTA row
 
@@ -99,7 +100,8 @@ def defines(c) -> dict[str, str]:
         d.update(SPLITK=str(c.split_k), SWIGLU=str(int(c.swiglu)), REDUCE=str(int(c.reduce)), SW=str(sw), SCALE_MUL=f"0x{mul:x}u",
                  SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")
     else:
-        d["EPI_SCALE"] = f"{float(2 ** L.EPI_SHIFT)!r}f"
+        mul, add, _, shift = L.FORMAT["nvfp4"]
+        d.update(SCALE_MUL=f"0x{mul:x}u", SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")
     d.update(_layout_defines())
     return d
 
@@ -113,8 +115,9 @@ def kernel_name(c) -> str:
 
 
 def text(c=None) -> str:
-    """The source of config c's kernel (the dense one without a config)."""
-    return (MOE_SOURCE if isinstance(c, MoeConfig) else SOURCE).read_text()
+    """The source of config c's kernel (the dense one without a config): the shared helpers, then
+    the kernel (one text: NVRTC and nvcc need no include path)."""
+    return COMMON.read_text() + "\n" + (MOE_SOURCE if isinstance(c, MoeConfig) else SOURCE).read_text()
 
 
 # --------------------------------------------------------------------------- nvcc (CI, tools)

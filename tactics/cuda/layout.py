@@ -192,10 +192,9 @@ def unpack(p: CudaPacked) -> FP4Weight:
     return FP4Weight(pack_fp4(c), decode_scales(s), p.global_scale.reshape(()).clone(), "nvfp4", p.input_scale)
 
 
-def emulate_dequantize(p: CudaPacked) -> torch.Tensor:
-    """float32 [N, K] computed the way the kernel does, in bit operations (rotate, mask, bf16
-    bit patterns, the IMAD scale pair, one multiply per pair): the CPU check of the decode."""
-    n, k = p.n, p.k
+def _decoded(p: CudaPacked) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the fragment words as int64, float32 [nt, kg, lane, step, reg, half]): the rotate/mask
+    registers as bf16 bit patterns, e2m1 * 2^-126 exactly (the scale-free half of the decode)."""
     w = words(p).long() & 0xFFFFFFFF
     regs = []
     for parts in ROTATIONS:
@@ -205,7 +204,14 @@ def emulate_dequantize(p: CudaPacked) -> torch.Tensor:
         regs.append(r)
     r = torch.stack(regs, dim=-1)                                   # nt kg lane s reg
     lanes = torch.stack((r & 0xFFFF, r >> 16), dim=-1)              # ... reg clane
-    vals = lanes.to(torch.int16).view(torch.bfloat16).float()      # e2m1 * 2^-126, exactly
+    return w, lanes.to(torch.int16).view(torch.bfloat16).float()
+
+
+def emulate_dequantize(p: CudaPacked) -> torch.Tensor:
+    """float32 [N, K] computed the way the kernel does, in bit operations (rotate, mask, bf16
+    bit patterns, the IMAD scale pair, one multiply per pair): the CPU check of the decode."""
+    n, k = p.n, p.k
+    w, vals = _decoded(p)
     sw = p.scales.reshape(n // ROWS, k // KPAIR, 32, 4).long()
     sval = (sw * 0x10 + 0x4000).to(torch.int16).view(torch.bfloat16).float()  # one lane of the IMAD: s * 2^16
     # byte par*2 + h of k-pair kp belongs to k-group 2*kp + par: -> [nt, kg, lane, h]
@@ -328,16 +334,7 @@ def emulate_dequantize_any(p: CudaPacked) -> torch.Tensor:
         return emulate_dequantize(p)
     n, k = p.n, p.k
     mul, add, sw, shift = FORMAT[p.fmt]
-    w = words(p).long() & 0xFFFFFFFF
-    regs = []
-    for parts in ROTATIONS:
-        r = torch.zeros_like(w)
-        for d, m in parts:
-            r |= (((w >> d) | (w << (32 - d))) & 0xFFFFFFFF) & m
-        regs.append(r)
-    r = torch.stack(regs, dim=-1)
-    lanes = torch.stack((r & 0xFFFF, r >> 16), dim=-1)
-    vals = lanes.to(torch.int16).view(torch.bfloat16).float()
+    w, vals = _decoded(p)
     sw_ = p.scales.reshape(n // ROWS, k // KPAIR, sw, 4).long()
     lane_word = torch.arange(32, device=w.device) >> 1           # lanes t and t^1 read one word
     sw_ = sw_[:, :, lane_word]                                    # nt kp lane 4
