@@ -60,3 +60,52 @@ static __device__ __forceinline__ u16 to_bf16(float f) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
 }
+
+// ---- one k-pair of the main loop, shared by both kernels (MT, TN, WK, STAGES from -D) ------------
+// x: this thread's 4 x 16 B of activations per n8 tile (k-groups 0/1, halves 0/1), then one k-pair on
+static __device__ __forceinline__ void load_x(const u16* (&xrow)[MT], uint4 (&xv)[MT][4]) {
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) xv[j][q] = ldg16(xrow[j] + (q >> 1) * 64 + (q & 1) * 8);
+    xrow[j] += 128;
+  }
+}
+
+// this thread's ring slot `rslot`: per row tile 2 x 16 B of fragment words and 4 B of scales
+static __device__ __forceinline__ void read_slot(const unsigned char* wslot0, const unsigned char* sslot0, int rslot,
+                                                 uint4 (&wv2)[TN][2], u32 (&sv)[TN]) {
+#pragma unroll
+  for (int u = 0; u < TN; ++u) {
+    wv2[u][0] = *reinterpret_cast<const uint4*>(wslot0 + rslot * (WK * 32) * 32 * TN + u * 32);
+    wv2[u][1] = *reinterpret_cast<const uint4*>(wslot0 + rslot * (WK * 32) * 32 * TN + u * 32 + 16);
+    sv[u] = *reinterpret_cast<const u32*>(sslot0 + rslot * (WK * 32) * 4 * TN + u * 4);
+  }
+}
+
+// decode and multiply one k-pair: per row tile 2 k-groups x 4 MMA steps x MT n8 tiles
+static __device__ __forceinline__ void mma_kpair(const uint4 (&wv2)[TN][2], const u32 (&sv)[TN],
+                                                 const uint4 (&xv)[MT][4], float (&acc)[TN][MT][4]) {
+#pragma unroll
+  for (int u = 0; u < TN; ++u) {
+#pragma unroll
+    for (int par = 0; par < 2; ++par) {
+      const u32 sg = scale_pair(sv[u], par ? 0x4242u : 0x4040u);
+      const u32 sg8 = scale_pair(sv[u], par ? 0x4343u : 0x4141u);
+      const uint4 wv = wv2[u][par];
+      const u32 ws[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        u32 a[4];
+        decode(ws[st], sg, sg8, a);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          const uint4 xb = xv[j][par * 2 + (st >> 1)];
+          const u32 b0 = (st & 1) ? xb.z : xb.x;
+          const u32 b1 = (st & 1) ? xb.w : xb.y;
+          mma(acc[u][j], a, b0, b1);
+        }
+      }
+    }
+  }
+}

@@ -186,22 +186,12 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   wslot = STAGES - 1;
 #pragma unroll 4
   for (int i = 0; i < kpairs; ++i) {
-    uint4 xv[MT][4];
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-#pragma unroll
-      for (int qq = 0; qq < 4; ++qq) xv[j][qq] = ldg16(xrow[j] + (qq >> 1) * 64 + (qq & 1) * 8);
-      xrow[j] += 128;
-    }
+    uint4 xv[MT][4];                                 // [tile][kgroup*2 + half]
+    load_x(xrow, xv);
     wait_pending<STAGES - 2>();
     uint4 wv2[TN][2];
     u32 sv[TN];
-#pragma unroll
-    for (int u = 0; u < TN; ++u) {
-      wv2[u][0] = *reinterpret_cast<const uint4*>(wslot0 + rslot * NTHREADS * 32 * TN + u * 32);
-      wv2[u][1] = *reinterpret_cast<const uint4*>(wslot0 + rslot * NTHREADS * 32 * TN + u * 32 + 16);
-      sv[u] = *reinterpret_cast<const u32*>(sslot0 + rslot * NTHREADS * 4 * TN + u * 4);
-    }
+    read_slot(wslot0, sslot0, rslot, wv2, sv);
     rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
     if (issued < kpairs) {
       issue(wslot0 + wslot * NTHREADS * 32 * TN, sslot0 + wslot * NTHREADS * 4 * TN, wp, sp);
@@ -211,28 +201,7 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
       wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
     }
     commit();
-#pragma unroll
-    for (int u = 0; u < TN; ++u) {
-#pragma unroll
-      for (int par = 0; par < 2; ++par) {
-        const u32 sg = scale_pair(sv[u], par ? 0x4242u : 0x4040u);
-        const u32 sg8 = scale_pair(sv[u], par ? 0x4343u : 0x4141u);
-        const uint4 wv = wv2[u][par];
-        const u32 wsw[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-        for (int st = 0; st < 4; ++st) {
-          u32 a[4];
-          decode(wsw[st], sg, sg8, a);
-#pragma unroll
-          for (int j = 0; j < MT; ++j) {
-            const uint4 xb = xv[j][par * 2 + (st >> 1)];
-            const u32 b0 = (st & 1) ? xb.z : xb.x;
-            const u32 b1 = (st & 1) ? xb.w : xb.y;
-            mma(acc[u][j], a, b0, b1);
-          }
-        }
-      }
-    }
+    mma_kpair(wv2, sv, xv, acc);
   }
   wait_pending<0>();
   __syncthreads();
