@@ -210,15 +210,8 @@ class CudaFamily(FamilyBase):
         return why or MOE.check_tiling(problem, tactic)
 
     @staticmethod
-    def _moe_kernel(run, cache=None):
-        def kernel(x, w, topk_ids, topk_weights=None, out=None, aligned=None):
-            # aligned=: an alignment a caller shares between kernels; this one reads the ids itself
-            return run(x, cache(w) if cache is not None else w, topk_ids, topk_weights, out)
-        for attr in ("capture_safe", "checks_ids"):
-            setattr(kernel, attr, getattr(run, attr, False))
-        kernel.release = getattr(run, "release", lambda: None)  # type: ignore[attr-defined]
-        kernel.launcher = run  # type: ignore[attr-defined]
-        return kernel
+    def _moe_kernel(run, cache=None) -> "MOE.MoeKernel":
+        return MOE.MoeKernel(run, cache)
 
     def build(self, problem: Problem, tactic: Tactic, device: str):
         if problem.kind == "grouped_moe":
@@ -251,7 +244,7 @@ class CudaFamily(FamilyBase):
                 raise ValueError(f"{problem.key} {tactic}: {why}")
             kernel = self._moe_kernel(self._moe_runner(problem, tactic, device))
             launch = self.bind_kernel(problem, kernel, packed)
-            if not hasattr(launch, "release"):
+            if not hasattr(launch, "release"):              # the bound closure: carry the kernel's
                 launch.release = kernel.release  # type: ignore[attr-defined]
             return launch
         why = self.validate(tactic) or check_tiling(problem, tactic) or check_aligned(packed)

@@ -284,6 +284,36 @@ class MoeLaunch:
             fn(grid, (c.threads, 1, 1), args)
 
 
+class MoeKernel:
+    """`kernel(x, w, topk_ids, topk_weights=None, out=None, aligned=None)`: what `build` returns
+    (and `bind` wraps): a runner (MoeLaunch, or a test family's) on the packed weight, a plain
+    FP4Weight packed once per weight object when `cache` is given. `aligned=` (an alignment a caller
+    shares between kernels) is accepted and ignored: this kernel reads the ids itself."""
+
+    batch_invariant = True        # the family declares it for every moe_mma tactic
+    pdl = False
+
+    def __init__(self, run, cache=None):
+        self.launcher, self._cache = run, cache
+        self.capture_safe = bool(getattr(run, "capture_safe", False))
+        self.checks_ids = bool(getattr(run, "checks_ids", False))
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None):
+        return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out)
+
+    def aligned_block_m(self, m: int) -> int | None:
+        return None               # no routing alignment: topk_ids are read as they are
+
+    def aligner(self, experts: int, block_m: int):
+        raise NotImplementedError("cuda moe_mma takes no shared routing alignment")
+
+    def release(self) -> None:
+        """Free the launcher's scratch and the pack cache (a later call makes them again)."""
+        getattr(self.launcher, "release", lambda: None)()
+        if self._cache is not None and hasattr(self._cache, "_items"):
+            self._cache._items.clear()
+
+
 def raise_if_bad(bad) -> None:
     """One 4-byte read (a host sync), skipped while a CUDA graph is captured; clears the word."""
     if bad is None or (bad.is_cuda and torch.cuda.is_current_stream_capturing()):
