@@ -5,6 +5,7 @@ shapes beside the Triton `moe_decode` member and the byte time at the copy rate 
     python3 bench/cuda_moe_h200.py --out $OUT [--budget-s 140 --tests-s 90]   # on the GPU machine (CuPy, Triton)
     python3 bench/cuda_moe_h200.py --plan                           # the cases, checked by the verdicts (CPU)
     python3 bench/cuda_moe_h200.py --render $OUT/cuda_moe.json     # the markdown table of a result
+    CUDA_MOE_SMOKE=1 TRITON_INTERPRET=1 python3 bench/cuda_moe_h200.py --out DIR   # CPU smoke (~2 min)
 
 Problems (E = 256, top-8, uniform routing; NVFP4 timed, MXFP4 checked): w13 N=512 K=6144 (plain and
 the SwiGLU variant), w2 N=6144 K=256 with routing weights (plain, and the top_k-summing reduce
@@ -41,10 +42,15 @@ sys.path.insert(0, str(ROOT))
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
 
-E, TOP_K = 256, 8
-MS = (1, 4, 16, 64)
-W13 = Problem.moe(512, 6144, E, TOP_K)
-W2 = Problem.moe(6144, 256, E, TOP_K)
+#: CUDA_MOE_SMOKE=1 TRITON_INTERPRET=1: the whole script on the CPU at toy shapes, the cuda kernel
+#: replaced by its CPU grid port (tests/families/cuda_moe_cpu.py), Triton interpreted: the
+#: plumbing (checks, timings, JSON, table) is exercised, no GPU number comes out
+SMOKE = os.environ.get("CUDA_MOE_SMOKE") == "1"
+DEV = "cpu" if SMOKE else "cuda"
+E, TOP_K = (256, 8) if not SMOKE else (6, 2)
+MS = (1, 4, 16, 64) if not SMOKE else (1, 3)
+W13 = Problem.moe(512, 6144, E, TOP_K) if not SMOKE else Problem.moe(64, 512, E, TOP_K)
+W2 = Problem.moe(6144, 256, E, TOP_K) if not SMOKE else Problem.moe(128, 256, E, TOP_K)
 #: variant -> (problem, routing weights passed)
 VARIANTS = {"w13": (W13, False), "w2": (W2, True), "w13_swiglu": (W13.variant("swiglu"), False),
             "w2_reduce": (W2.variant("reduce"), True)}
@@ -70,6 +76,7 @@ TRITON_CANDS = {
     "w2_reduce": [_TRI(128, 128, 1, 3), _TRI(128, 256, 1, 3)],
 }
 MX_CHECK_MS = (1, 16)
+OFF_SLOT = min(3, TOP_K - 1)      # the slot routed off the rank (-1) at M > 1 in the checks
 
 
 def cuda_tactics(name: str, prob: Problem, arch) -> list[Tactic]:
@@ -133,13 +140,19 @@ def routing(m: int, seed: int, off: bool):
     from autotune.core.inputs import routing as draw
     ids, tw = draw(m, E, TOP_K, torch.Generator().manual_seed(seed), skew=0.0)     # uniform top-8
     if off and m > 1:
-        ids[m // 2, 3] = -1
-    return ids.cuda(), tw.cuda()
+        ids[m // 2, OFF_SLOT] = -1
+    return ids.to(DEV), tw.to(DEV)
 
 
 def context_alive() -> bool:
     from autotune.engine.worker import context_usable
-    return context_usable("cuda")
+    return context_usable(DEV)
+
+
+def sync() -> None:
+    import torch
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def one_line(exc: BaseException) -> str:
@@ -164,9 +177,10 @@ def render(path: Path) -> str:
     m1 = {r["variant"]: r for r in res.get("rows", []) if r["m"] == 1}
     if "w13" in m1 and "w2" in m1 and m1["w13"].get("cuda_best_us") and m1["w2"].get("cuda_best_us"):
         tot = m1["w13"]["cuda_best_us"] + m1["w2"]["cuda_best_us"]
-        tri = (m1["w13"].get("triton_best_us") or 0) + (m1["w2"].get("triton_best_us") or 0)
+        t13, t2 = m1["w13"].get("triton_best_us"), m1["w2"].get("triton_best_us")
+        tri = f"{t13 + t2:.1f} µs" if t13 and t2 else "not timed"
         lines += ["", f"Routed MoE at M = 1 (w13 + w2, cuda best): {tot:.1f} µs (stage-1 target ≤ 14 µs; "
-                      f"Triton moe_decode best in this run: {tri:.1f} µs)"]
+                      f"Triton moe_decode best in this run: {tri})"]
     if m1.get("w13_swiglu", {}).get("cuda_best_us") and m1.get("w2_reduce", {}).get("cuda_best_us"):
         fused = m1["w13_swiglu"]["cuda_best_us"] + m1["w2_reduce"]["cuda_best_us"]
         lines.append(f"Fused forms at M = 1 (w13:swiglu + w2:reduce, cuda best): {fused:.1f} µs")
@@ -202,24 +216,26 @@ def main() -> int:  # noqa: C901
     def save():
         path.write_text(json.dumps(res, indent=1, default=str))
 
-    if not torch.cuda.is_available():
+    if not SMOKE and not torch.cuda.is_available():
         print("FAIL: no CUDA device")
         return 1
     try:
         import cupy
         res["cupy"] = cupy.__version__
     except ImportError:
-        print("FAIL: CuPy is not installed (the cuda family needs it)")
-        return 1
+        if not SMOKE:
+            print("FAIL: CuPy is not installed (the cuda family needs it)")
+            return 1
+        res["cupy"] = None
     try:
         import triton
         res["triton"] = triton.__version__
     except ImportError:
         res["triton"] = None
-    res["gpu"] = torch.cuda.get_device_name()
+    res["gpu"] = torch.cuda.get_device_name() if not SMOKE else "cpu (smoke: CPU grid port, Triton interpreter)"
 
     # ---- 1. the GPU tests, in their own process ------------------------------------------------
-    if not a.no_tests:
+    if not a.no_tests and not SMOKE:
         res["tests"] = tr = run_tests(a.tests_s)
         print(f"gpu tests ({tr['s']} s): {tr['summary']}", flush=True)
         if tr["rc"] != 0:
@@ -231,12 +247,17 @@ def main() -> int:  # noqa: C901
 
     t_work = time.time()            # the budget counts from here: the tests have their own limit
     from autotune.core import inputs
-    from autotune.core.arch import detect
+    from autotune.core.arch import detect, get_arch
     from autotune.engine import timing
     from tactics.cuda.family import CudaFamily
-    arch = detect()
+    arch = detect() if not SMOKE else get_arch("sm90")
     res["arch"] = arch.name
-    fam = CudaFamily()
+    fam = CudaFamily()                   # space, verdicts, default
+    if SMOKE:                            # builds and packs through the CPU grid port
+        from tests.families.cuda_moe_cpu import CudaMoeCpu
+        bfam = CudaMoeCpu()
+    else:
+        bfam = fam
     try:
         from tactics.triton_fp4 import moe_decode as md
     except Exception as exc:                 # Triton missing: the cuda columns still run
@@ -244,17 +265,17 @@ def main() -> int:  # noqa: C901
         failed.append(f"triton moe_decode unavailable: {one_line(exc)}")
         print(f"FAIL triton moe_decode unavailable: {one_line(exc)}")
 
-    res["copy_Bps"] = rate = copy_rate()
-    res["l2_bytes"] = l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    res["copy_Bps"] = rate = copy_rate() if not SMOKE else 1e10
+    res["l2_bytes"] = l2 = torch.cuda.get_device_properties(0).L2_cache_size if not SMOKE else 1 << 20
     print(f"copy {rate / 1e12:.2f} TB/s, L2 {l2 / 2**20:.0f} MiB", flush=True)
 
     # ---- weights ---------------------------------------------------------------------------------
     t0 = time.time()
     plain, packed = {}, {}
     for prob in (W13, W2):
-        plain[prob] = [inputs.seeded_weight(prob, "cuda", 100 + i) for i in range(POOL)]
-        packed[prob] = [fam.pack("cuda-mma-a-frag-v1", w) for w in plain[prob]]
-    torch.cuda.synchronize()
+        plain[prob] = [inputs.seeded_weight(prob, DEV, 100 + i) for i in range(POOL)]
+        packed[prob] = [bfam.pack("cuda-mma-a-frag-v1", w) for w in plain[prob]]
+    sync()
     res["pack_s"] = round(time.time() - t0, 1)
     print(f"weights drawn and packed in {res['pack_s']} s", flush=True)
 
@@ -263,7 +284,7 @@ def main() -> int:  # noqa: C901
 
     # ---- 2. check every candidate, build its launcher --------------------------------------------
     kernels: dict = {}        # (variant, "cuda"|"triton", label) -> (callable(x, w_index, ids, tw, out), tactic)
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    gen = torch.Generator(device=DEV).manual_seed(1)
 
     refs: dict = {}           # (variant, M) -> (x, ids, tw, float64 reference): one per case, shared by candidates
 
@@ -272,7 +293,7 @@ def main() -> int:  # noqa: C901
             ids, tw = routing(m, 7 + m, off=True)
             tw = tw if routed else None
             lead = (m, TOP_K) if prob.epilogue == "reduce" else (m,)     # w2 reduce: a row per pair
-            x = torch.randn(*lead, prob.k, generator=gen, device="cuda").to(torch.bfloat16)
+            x = torch.randn(*lead, prob.k, generator=gen, device=DEV).to(torch.bfloat16)
             refs[(variant, m)] = (x, ids, tw, inputs.moe_reference(prob, x.double(), plain[base(prob)][0], ids, tw))
         return refs[(variant, m)]
 
@@ -280,14 +301,14 @@ def main() -> int:  # noqa: C901
         worst = 0.0
         for m in MS:
             x, ids, tw, ref = case(variant, prob, routed, m)
-            out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
             call(x, wsel(0), ids, tw, out)
-            torch.cuda.synchronize()
+            sync()
             nan = int(torch.isnan(out).sum())
             err = float((out.double() - ref).norm() / ref.norm()) if not nan else float("nan")
             if nan or not err < inputs.TOLERANCE["bf16"]:
                 raise RuntimeError(f"M={m}: {nan} NaN/unwritten, rel err {err:.3g}")
-            if m > 1 and prob.epilogue != "reduce" and bool(out[m // 2, 3].ne(0).any()):
+            if m > 1 and prob.epilogue != "reduce" and bool(out[m // 2, OFF_SLOT].ne(0).any()):
                 raise RuntimeError(f"M={m}: the -1 slot is not a zero row")
             worst = max(worst, err)
         return worst
@@ -295,9 +316,11 @@ def main() -> int:  # noqa: C901
     for variant, (prob, routed) in VARIANTS.items():
         cands = [("cuda", t) for t in cuda_tactics(variant, prob, arch)]
         cands += [("triton", c) for c in TRITON_CANDS[variant]] if md is not None else []
+        if SMOKE:                        # toy shapes: only what their verdicts keep
+            cands = [(k, t) for k, t in cands if (fam.verdict(prob, t, arch) if k == "cuda" else md.verdict(prob, t, arch)).ok]
         for kind, t in cands:
             label = short(t)
-            if time.time() - t_work > 0.55 * a.budget_s:
+            if time.time() - t_work > 0.55 * a.budget_s and not SMOKE:
                 failed.append(f"{variant} {kind} {label}: not checked (budget)")
                 continue
             try:
@@ -305,7 +328,7 @@ def main() -> int:  # noqa: C901
                     v = fam.verdict(prob, t, arch)
                     if not v.ok:
                         raise RuntimeError(f"verdict rejects it: {v.reason}")
-                    k = fam.build(prob, t, "cuda")
+                    k = bfam.build(prob, Tactic(bfam.name, **t.params), DEV)
                     pk = packed[base(prob)]
                     call = lambda x, w, ids, tw, out, k=k: k(x, w, ids, tw, out=out)  # noqa: E731
                     wsel = lambda i, pk=pk: pk[i % POOL]  # noqa: E731
@@ -334,17 +357,17 @@ def main() -> int:  # noqa: C901
     # ---- MXFP4: the default and two more configs, checked ------------------------------------------
     for pn, prob in (("w13", Problem.moe(W13.n, W13.k, E, TOP_K, "mxfp4")), ("w2", Problem.moe(W2.n, W2.k, E, TOP_K, "mxfp4"))):
         try:
-            w = inputs.seeded_weight(prob, "cuda", 300)
-            pk = fam.pack("cuda-mma-a-frag-v1", w)
-            for t in cuda_tactics(pn, prob, arch)[:3]:
-                k = fam.build(prob, t, "cuda")
+            w = inputs.seeded_weight(prob, DEV, 300)
+            pk = bfam.pack("cuda-mma-a-frag-v1", w)
+            for t in [t for t in cuda_tactics(pn, prob, arch) if fam.verdict(prob, t, arch).ok][:3]:
+                k = bfam.build(prob, Tactic(bfam.name, **t.params), DEV)
                 for m in MX_CHECK_MS:
                     ids, tw = routing(m, 50 + m, off=True)
-                    x = torch.randn(m, prob.k, generator=gen, device="cuda").to(torch.bfloat16)
+                    x = torch.randn(m, prob.k, generator=gen, device=DEV).to(torch.bfloat16)
                     ref = inputs.moe_reference(prob, x.double(), w, ids, tw)
-                    out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+                    out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
                     k(x, pk, ids, tw, out=out)
-                    torch.cuda.synchronize()
+                    sync()
                     err = float((out.double() - ref).norm() / ref.norm())
                     ok = not torch.isnan(out).any() and err < inputs.TOLERANCE["bf16"]
                     res["checks"].append({"variant": f"{pn}_mxfp4", "kind": "cuda", "config": short(t), "m": m,
@@ -367,7 +390,7 @@ def main() -> int:  # noqa: C901
     quick = timing.TimerConfig(min_reps=5, max_reps=20, budget_s=0.03)
     for m in MS:
         for variant, (prob, routed) in VARIANTS.items():
-            if time.time() - t_work > a.budget_s:
+            if time.time() - t_work > a.budget_s and not SMOKE:
                 failed.append(f"{variant} M={m}: not timed (budget)")
                 print(f"FAIL {variant} M={m}: not timed (over the {a.budget_s:.0f} s budget)", flush=True)
                 continue
@@ -381,9 +404,9 @@ def main() -> int:  # noqa: C901
             floor_b = touched * ebytes + x_rows * prob.k * 2 + n_out * 2 + m * TOP_K * 8
             n_sets = max(2, min(MAX_SETS, math.ceil(2 * l2 / max(1.0, touched * ebytes))))
             lead = (m, TOP_K) if reduce else (m,)
-            xs = [torch.randn(*lead, prob.k, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(n_sets)]
+            xs = [torch.randn(*lead, prob.k, generator=gen, device=DEV).to(torch.bfloat16) for _ in range(n_sets)]
             oshape = (m, prob.n) if reduce else (m, TOP_K, prob.out_n)
-            outs = [torch.empty(oshape, dtype=torch.bfloat16, device="cuda") for _ in range(n_sets)]
+            outs = [torch.empty(oshape, dtype=torch.bfloat16, device=DEV) for _ in range(n_sets)]
             row = {"variant": variant, "m": m, "sets": n_sets, "touched": touched, "floor_bytes": floor_b,
                    "floor_us": floor_b / rate * 1e6, "cuda": {}, "triton": {}}
             for (vname, kind, label), (call, wsel, t) in kernels.items():
@@ -393,7 +416,7 @@ def main() -> int:  # noqa: C901
                     def one(i, call=call, wsel=wsel):
                         ids, tw = routes[i]
                         return call(xs[i], wsel(i), ids, tw if routed else None, outs[i])
-                    row[kind][label] = timing.time_calls(one, n_sets, "cuda", quick).median_us
+                    row[kind][label] = timing.time_calls(one, n_sets, DEV, quick).median_us
                 except Exception as exc:
                     failed.append(f"{variant} M={m} {kind} {label}: {one_line(exc)}")
                     print(f"FAIL time {variant} M={m} {kind} {label}: {one_line(exc)}", flush=True)
