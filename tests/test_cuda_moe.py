@@ -132,13 +132,22 @@ _CONFIGS = [B.MoeConfig(1, 4, 4, 1, 4), B.MoeConfig(2, 4, 4, 2, 1, "mxfp4"), B.M
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
 @pytest.mark.parametrize("cfg", _CONFIGS, ids=lambda c: f"mt{c.m_tiles}-wk{c.warps_k}-st{c.stages}-tn{c.tiles_n}-"
                          f"sk{c.split_k}-{c.fmt}{'-swiglu' if c.swiglu else ''}{'-reduce' if c.reduce else ''}")
-def test_ptxas_agrees_with_the_verdict(arch, cfg):
-    """Shared memory is exact. Spills are only known from a compile (build.load refuses a spilling
-    variant at its first launch, with its numbers; e.g. m_tiles 2, 8 warps, 2 tiles, split 2 spills
-    8 bytes on sm_120 under nvcc 13.0): these do not."""
-    res = B.nvcc_resources(cfg, arch)
+def test_ptxas_agrees_with_the_verdict(arch, cfg, tmp_path):
+    """Shared memory is exact: ptxas' figure and the cubin's resource table (`cuobjdump -res-usage`,
+    which adds the 1 KiB that sm_80+ reserves per CTA) both equal `smem_bytes`. Spills are only
+    known from a compile (build.load refuses a spilling variant at its first launch, with its
+    numbers; e.g. m_tiles 2, 8 warps, 2 tiles, split 2 spills 8 bytes on sm_120 under nvcc 13.0):
+    these do not."""
+    import subprocess
+    from tools.cuda_sass import cuobjdump
+    cubin = tmp_path / "k.cubin"
+    res = B.parse_ptxas(B.nvcc_compile(cfg, arch, cubin))
     assert res.smem == B.smem_bytes(cfg)
     assert not res.spills, f"{cfg} on {arch} spills: {res}"
+    tool = cuobjdump()
+    if tool is not None:
+        table = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+        assert f"SHARED:{B.smem_bytes(cfg) + 1024} " in table and "LOCAL:0 " in table, table
 
 
 def test_largest_kept_smem_is_among_the_checked():
