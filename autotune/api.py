@@ -24,7 +24,7 @@ from autotune.models import ModelError, ProblemUse, problems_for
 from autotune.report import collect, measure_ceilings as report_ceilings, show_misses, write_html
 from autotune.report.model import Summary, static_plans
 from autotune.runtime.misses import search_input_from_misses
-from cache import CacheError, Store, check_winner
+from autotune.cache import CacheError, Store, check_winner
 # after `cache`: importing portable first would run cache/__init__, which imports portable half-made
 from autotune.integrations.prune import prune as prune_store, select_devices
 
@@ -93,7 +93,7 @@ def target_arch(name: str | None) -> Arch:
 
 
 def parse_families(spec: str | Sequence) -> list:
-    from tactics import registry      # loads torch
+    from autotune.tactics import registry      # loads torch
     if not isinstance(spec, str):
         return list(spec)
     try:
@@ -281,7 +281,7 @@ class Shown:
     winners: list = field(default_factory=list)
     summary: Summary | None = None
     misses: list | None = None
-    notes: list = field(default_factory=list)     # rows left out by cache.rows' checks, counted
+    notes: list = field(default_factory=list)     # rows left out by autotune.cache.rows' checks, counted
 
 
 def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, misses: bool = False) -> Shown:

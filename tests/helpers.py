@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_cli(*args, cache=None, env=None, timeout: float = 900) -> subprocess.CompletedProcess:
     """`autotune ARGS` as a real subprocess of this tree (AUTOTUNE_CACHE set when `cache` is given)."""
     e = {**os.environ, **(env or {}), **({"AUTOTUNE_CACHE": str(cache)} if cache is not None else {})}
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, env=e,
+    return subprocess.run([sys.executable, "-m", "autotune.cli", *map(str, args)], cwd=ROOT, env=e,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -9,9 +9,9 @@ from sqlalchemy import create_engine, inspect, text
 from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
-from cache import CacheError, Store
-from cache import migrations
-from cache.schema import SCHEMA_VERSION, Base
+from autotune.cache import CacheError, Store
+from autotune.cache import migrations
+from autotune.cache.schema import SCHEMA_VERSION, Base
 from autotune.core.tactic import Tactic
 
 ENV = Env("NVIDIA H200", "9.0", 132, "cuda", "570.1", "12.8", None, "0.1.0", (("torch", "2.13.0"),))

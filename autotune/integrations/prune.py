@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.core.env import Env
-from cache.exportfile import select_devices
-from cache.store import Store
+from autotune.cache.exportfile import select_devices
+from autotune.cache.store import Store
 
 __all__ = ["PruneReport", "prune", "select_devices"]
 
@@ -25,7 +25,7 @@ class PruneReport:
 def _wanted_lib_keys(store: Store, env: Env) -> dict[str, str | None]:
     """family -> the lib_key its rows have under env's library versions (None: a family this
     install does not know, all of whose rows are stale)."""
-    from tactics import registry     # loads the families (and torch): only --stale-libs needs them
+    from autotune.tactics import registry     # loads the families (and torch): only --stale-libs needs them
     out: dict[str, str | None] = {}
     for fam in store.families():
         try:
