@@ -81,7 +81,7 @@ OFF_SLOT = min(3, TOP_K - 1)      # the slot routed off the rank (-1) at M > 1 i
 
 
 def cuda_tactics(name: str, prob: Problem, arch) -> list[Tactic]:
-    from tactics.cuda.family import CudaFamily
+    from autotune.tactics.cuda.family import CudaFamily
     fam = CudaFamily()
     out = [fam.default(prob, arch)]
     for wk, sk, tn, mt, st in CUDA_CANDS[name]:
@@ -100,8 +100,8 @@ def short(t) -> str:
 def plan() -> int:
     """The cases and the verdict of each cuda candidate on sm_90 (CPU: no GPU, no CuPy needed)."""
     from autotune.core.arch import get_arch
-    from tactics.cuda.family import CudaFamily
-    from tactics.triton_fp4 import moe_decode as md
+    from autotune.tactics.cuda.family import CudaFamily
+    from autotune.tactics.triton_fp4 import moe_decode as md
     arch, fam, bad = get_arch("sm90"), CudaFamily(), 0
     for name, (prob, routed) in VARIANTS.items():
         for t in cuda_tactics(name, prob, arch):
@@ -250,7 +250,7 @@ def main() -> int:  # noqa: C901
     from autotune.core import inputs
     from autotune.core.arch import detect, get_arch
     from autotune.engine import timing
-    from tactics.cuda.family import CudaFamily
+    from autotune.tactics.cuda.family import CudaFamily
     arch = detect() if not SMOKE else get_arch("sm90")
     res["arch"] = arch.name
     fam = CudaFamily()                   # space, verdicts, default
@@ -260,7 +260,7 @@ def main() -> int:  # noqa: C901
     else:
         bfam = fam
     try:
-        from tactics.triton_fp4 import moe_decode as md
+        from autotune.tactics.triton_fp4 import moe_decode as md
     except Exception as exc:                 # Triton missing: the cuda columns still run
         md = None
         failed.append(f"triton moe_decode unavailable: {one_line(exc)}")

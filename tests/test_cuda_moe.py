@@ -1,6 +1,6 @@
 """The cuda family's grouped-MoE member (moe_mma) without a GPU: the stacked NVFP4/MXFP4 layout,
 the space and verdicts (shared memory = ptxas for sm_90 and sm_120 through nvcc 13), the host-side
-argument checks of build/bind/launch, and the kernel's grid ported to the CPU (tactics.cuda.moe.
+argument checks of build/bind/launch, and the kernel's grid ported to the CPU (autotune.tactics.cuda.moe.
 emulate through tests/families/cuda_moe_cpu.py) against the float64 reference: -1 ids, bad ids,
 groups larger than a CTA's capacity, split-K, SwiGLU, routing weights, token chunks."""
 import dataclasses
@@ -14,11 +14,11 @@ from autotune.core.arch import get_arch
 from autotune.core.formats import quantize
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from tactics import registry
-from tactics.cuda import build as B
-from tactics.cuda import layout as L
-from tactics.cuda import moe as MOE
-from tactics.cuda.family import CudaFamily
+from autotune.tactics import registry
+from autotune.tactics.cuda import build as B
+from autotune.tactics.cuda import layout as L
+from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda.family import CudaFamily
 from tests.families.cuda_moe_cpu import CudaMoeCpu
 
 FAM, CPU = CudaFamily(), CudaMoeCpu()

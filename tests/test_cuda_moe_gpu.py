@@ -21,7 +21,7 @@ SHAPES = {"w13": (512, 6144), "w2": (6144, 256)}
 
 
 def _fam():
-    from tactics import registry
+    from autotune.tactics import registry
     return registry.get("cuda")
 
 
@@ -211,8 +211,8 @@ def test_a_tokens_rows_do_not_depend_on_the_batch():
 
 
 def test_loaded_variants_match_the_verdict():
-    from tactics.cuda import build as B
-    from tactics.cuda import moe as MOE
+    from autotune.tactics.cuda import build as B
+    from autotune.tactics.cuda import moe as MOE
     arch = _arch()
     for name in SHAPES:
         n, k = SHAPES[name]

@@ -1,4 +1,4 @@
-"""A test-only copy of the `cuda` family whose grouped-MoE runner is `tactics.cuda.moe.emulate`
+"""A test-only copy of the `cuda` family whose grouped-MoE runner is `autotune.tactics.cuda.moe.emulate`
 (the kernel's grid ported to the CPU, CTA by CTA) behind the launcher's own argument check; every
 other part (space, verdicts, stacked layout, build/bind checks, the shared bound launcher) is the
 real family. It lets the grouped kernel's indexing be checked on the CPU against float64."""
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from tactics.cuda import moe as MOE
-from tactics.cuda.family import CudaFamily
+from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda.family import CudaFamily
 
 
 class _CpuMoeRun:
