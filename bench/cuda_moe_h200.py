@@ -35,6 +35,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -211,7 +212,7 @@ def main() -> int:  # noqa: C901
     failed: list[str] = []
 
     import torch
-    res = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+    res: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
            "command": "python3 bench/cuda_moe_h200.py --out $OUT", "rows": [], "checks": [], "failures": failed}
 
     def save():
