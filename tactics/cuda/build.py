@@ -26,6 +26,9 @@ from . import layout as L
 
 SOURCE = Path(__file__).with_name("w4a16_mma.cu")
 KERNEL = "w4a16_mma"
+MOE_SOURCE = Path(__file__).with_name("moe_mma.cu")
+COMMON = Path(__file__).with_name("mma_common.cuh")      # helpers both kernels share, prepended
+MOE_KERNEL = "moe_mma"
 M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 64 per CTA row
 
 
@@ -47,16 +50,41 @@ class Config:
         return 32 * self.warps_k
 
 
-def smem_bytes(c: Config) -> int:
-    """The static array the source declares: max(cp.async ring, cross-warp reduction)."""
+@dataclass(frozen=True)
+class MoeConfig:
+    """A variant of the grouped kernel (moe_mma.cu): the dense kernel's tiling, plus the K split
+    across CTAs, the weight format (its scale decode) and the SwiGLU epilogue."""
+    m_tiles: int         # n8 tiles of routed pairs per CTA: a group holds up to 8 * m_tiles pairs
+    warps_k: int
+    stages: int
+    tiles_n: int
+    split_k: int         # CTAs splitting K (the last to arrive sums them in split order)
+    fmt: str = "nvfp4"
+    swiglu: bool = False
+    reduce: bool = False  # w2: routing-weighted top_k sum per token in the same launch
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_k
+
+
+
+def _ring_and_reduction(c) -> int:
     pipe = c.stages * c.threads * 36 * c.tiles_n   # per thread, stage and tile: 2 x 16 B words + 4 B scales
     red = c.warps_k * c.tiles_n * c.m_tiles * 4 * 32 * 4
     return max(pipe, red)
 
 
-def defines(c: Config) -> dict[str, str]:
-    d = {"MT": str(c.m_tiles), "WK": str(c.warps_k), "STAGES": str(c.stages), "TN": str(c.tiles_n),
-         "EPI_SCALE": f"{float(2 ** L.EPI_SHIFT)!r}f"}
+def smem_bytes(c) -> int:
+    """The static arrays the source declares: max(cp.async ring, cross-warp reduction); the grouped
+    kernel adds its group's pair list (8 * m_tiles ints)."""
+    if isinstance(c, MoeConfig):
+        return _ring_and_reduction(c) + 4 * 8 * c.m_tiles
+    return _ring_and_reduction(c)
+
+
+def _layout_defines() -> dict[str, str]:
+    d = {}
     names = ("0", "1", "2", "3A", "3B")
     parts = [p for reg in L.ROTATIONS for p in reg]
     for name, (rot, mask) in zip(names, parts):
@@ -65,12 +93,31 @@ def defines(c: Config) -> dict[str, str]:
     return d
 
 
-def options(c: Config) -> list[str]:
+def defines(c) -> dict[str, str]:
+    d = {"MT": str(c.m_tiles), "WK": str(c.warps_k), "STAGES": str(c.stages), "TN": str(c.tiles_n)}
+    if isinstance(c, MoeConfig):
+        mul, add, sw, shift = L.FORMAT[c.fmt]
+        d.update(SPLITK=str(c.split_k), SWIGLU=str(int(c.swiglu)), REDUCE=str(int(c.reduce)), SW=str(sw), SCALE_MUL=f"0x{mul:x}u",
+                 SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")
+    else:
+        mul, add, _, shift = L.FORMAT["nvfp4"]
+        d.update(SCALE_MUL=f"0x{mul:x}u", SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")
+    d.update(_layout_defines())
+    return d
+
+
+def options(c) -> list[str]:
     return [f"-D{k}={v}" for k, v in defines(c).items()]
 
 
-def text() -> str:
-    return SOURCE.read_text()
+def kernel_name(c) -> str:
+    return MOE_KERNEL if isinstance(c, MoeConfig) else KERNEL
+
+
+def text(c=None) -> str:
+    """The source of config c's kernel (the dense one without a config): the shared helpers, then
+    the kernel (one text: NVRTC and nvcc need no include path)."""
+    return COMMON.read_text() + "\n" + (MOE_SOURCE if isinstance(c, MoeConfig) else SOURCE).read_text()
 
 
 # --------------------------------------------------------------------------- nvcc (CI, tools)
@@ -91,13 +138,13 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def nvcc_compile(c: Config, arch: str, out: Path) -> str:
+def nvcc_compile(c, arch: str, out: Path) -> str:
     """Compile to a cubin for `arch` ("sm_90"); returns ptxas -v output (stderr)."""
     exe = nvcc()
     if exe is None:
         raise FileNotFoundError("nvcc not on PATH")
     src = out.with_suffix(".cu")
-    src.write_text(text())
+    src.write_text(text(c))
     cmd = [exe, "-cubin", f"-arch={arch}", "-O3", "-Xptxas", "-v", *options(c), "-o", str(out), str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode:
@@ -116,7 +163,7 @@ def parse_ptxas(log: str) -> Resources:
                      num(r"(\d+) bytes spill loads"))
 
 
-def nvcc_resources(c: Config, arch: str) -> Resources:
+def nvcc_resources(c, arch: str) -> Resources:
     with tempfile.TemporaryDirectory() as d:
         return parse_ptxas(nvcc_compile(c, arch, Path(d) / "k.cubin"))
 
@@ -131,22 +178,23 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("fp4-autotune")) / "cuda-cubins"
 
 
-def cubin_key(c: Config, arch: str, nvrtc_version: tuple[int, int]) -> str:
+def cubin_key(c, arch: str, nvrtc_version: tuple[int, int]) -> str:
     h = hashlib.sha256()
-    for part in (text(), " ".join(options(c)), arch, f"nvrtc{nvrtc_version[0]}.{nvrtc_version[1]}"):
+    for part in (text(c), " ".join(options(c)), arch, f"nvrtc{nvrtc_version[0]}.{nvrtc_version[1]}"):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
 
 
-def nvrtc_cubin(c: Config, arch: str) -> Path:
+def nvrtc_cubin(c, arch: str) -> Path:
     """The cubin file for `arch` ("sm_90"), from the disk cache or compiled by NVRTC (then stored)."""
     from cupy.cuda import nvrtc
     ver = nvrtc.getVersion()
-    path = cache_dir() / f"{KERNEL}-{arch}-{cubin_key(c, arch, ver)}.cubin"
+    name = kernel_name(c)
+    path = cache_dir() / f"{name}-{arch}-{cubin_key(c, arch, ver)}.cubin"
     if path.exists():
         return path
-    prog = nvrtc.createProgram(text(), f"{KERNEL}.cu", [], [])
+    prog = nvrtc.createProgram(text(c), f"{name}.cu", [], [])
     try:
         opts = [f"--gpu-architecture={arch}", "-default-device", *options(c)]
         try:
@@ -167,17 +215,17 @@ class SpillError(RuntimeError):
     pass
 
 
-_LOADED: dict[tuple[Config, str, int], Any] = {}
+_LOADED: dict[tuple[Any, str, int], Any] = {}
 
 
-def load(c: Config, arch: str, device_index: int) -> Any:
+def load(c, arch: str, device_index: int) -> Any:
     """The CuPy Function on `device_index`; a config that spills is refused with its numbers."""
     key = (c, arch, device_index)
     fn = _LOADED.get(key)
     if fn is None:
         import cupy
         with cupy.cuda.Device(device_index):
-            fn = cupy.RawModule(path=str(nvrtc_cubin(c, arch))).get_function(KERNEL)
+            fn = cupy.RawModule(path=str(nvrtc_cubin(c, arch))).get_function(kernel_name(c))
             res = runtime_resources(fn)             # cuFuncGetAttribute, loads the module here
         if res["local_size_bytes"] > 0:
             raise SpillError(f"cuda {c} on {arch}: {res['local_size_bytes']} bytes of local memory per "

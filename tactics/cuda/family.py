@@ -25,6 +25,7 @@ from autotune.tactics.base import FamilyBase, FunctionKernel, as_launcher
 from . import build as B
 from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
 from . import layout as L
+from . import moe as MOE
 
 WARPS_K = (1, 2, 4, 8)
 STAGES = (2, 3, 4, 6)
@@ -85,7 +86,7 @@ class _PackCache:
             raise OperandError(f"cuda family: expected an FP4Weight or its {L.LAYOUT} pack, got {type(w).__name__}")
         p = self._items.get(w)
         if p is None:
-            p = self._items[w] = L.pack(w)
+            p = self._items[w] = L.pack_experts(w.contiguous()) if w.packed.ndim == 3 else L.pack(w)
         return p
 
     def clear(self) -> None:
@@ -108,21 +109,32 @@ class CudaFamily(FamilyBase):
         return True, ""
 
     def supports(self, problem: Problem) -> str | None:
+        if problem.kind == "grouped_moe":
+            return MOE.supports(problem)
         if problem.kind != "dense":
-            return "cuda family: dense problems only (no grouped MoE kernel yet)"
+            return f"cuda family: dense and grouped_moe problems only, not {problem.kind}"
         if problem.w_fmt != "nvfp4" or problem.a_fmt != "bf16" or problem.out_dtype != "bf16":
             return f"cuda family: nvfp4 weights, bf16 x and y only, not {problem.w_fmt}/{problem.a_fmt}/{problem.out_dtype}"
         return L.check_shape(problem.n, problem.k)
 
     def validate(self, tactic: Tactic) -> str | None:
+        if "kernel" in tactic.params:          # the grouped member names its kernel; dense tactics do not
+            return MOE.validate(tactic)
         return check_params(tactic, _SCHEMA, "cuda")
 
     def enumerate(self, problem: Problem, arch: Arch) -> list[Tactic]:
         if self.supports(problem):
             return []
+        if problem.kind == "grouped_moe":
+            return [Tactic(self.name, **t.params) for t in MOE.enumerate_space(problem)]
         return [Tactic(self.name, warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in TILES_N]
 
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+        if MOE.is_moe(tactic) != (problem.kind == "grouped_moe"):
+            return Verdict.reject(f"a {'moe_mma' if MOE.is_moe(tactic) else 'dense'} cuda tactic on a "
+                                  f"{problem.kind} problem")
+        if MOE.is_moe(tactic):
+            return MOE.verdict(problem, tactic, arch)
         if arch.cc_int < 80:
             return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
         why = check_tiling(problem, tactic)
@@ -136,11 +148,17 @@ class CudaFamily(FamilyBase):
         return Verdict.keep(smem, limit, int(tactic["stages"]))
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
+        if problem.kind == "grouped_moe":
+            return Tactic(self.name, **MOE.default(problem, arch).params)
         return Tactic(self.name, warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4, tiles_n=1)
 
     def precompile(self, problem: Problem, tactic: Tactic, arch: Arch) -> int | None:
         """NVRTC-compile every M variant into the cubin cache (no GPU needed); refuse spills."""
         from cupy.cuda import function  # noqa: F401  (import error = not available)
+        if MOE.is_moe(tactic):
+            c = MOE.config(problem, tactic)
+            B.nvrtc_cubin(c, arch_target(arch))
+            return B.smem_bytes(c)
         smem = 0
         for t in B.M_TILES:
             B.nvrtc_cubin(config(tactic, t), arch_target(arch))
@@ -154,9 +172,13 @@ class CudaFamily(FamilyBase):
     def pack(self, layout: str, weight: FP4Weight) -> Any:
         if layout != L.LAYOUT:
             return super().pack(layout, weight)
+        if weight.packed.ndim == 3:                      # stacked experts: the grouped kernel's
+            return L.pack_experts(weight.contiguous())
         return L.pack(weight.contiguous())
 
     def pack_inplace(self, layout: str, weight: FP4Weight, *, already_packed: bool = False) -> Any | None:
+        if weight.packed.ndim != 2:
+            return None                       # stacked experts get their own packed copy
         if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()):
             return None                       # a strided weight gets its own packed copy
         return L.wrap(weight) if already_packed else L.pack(weight, inplace=True)
@@ -168,7 +190,36 @@ class CudaFamily(FamilyBase):
         from .launch import Launch
         return Launch(problem, tactic, device, config)
 
+    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+        return MOE.figures(problem, tactic, m, sms) if MOE.is_moe(tactic) else {}
+
+    def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool:
+        """The grouped kernel: a pair's K order is fixed by the tactic (warps in warp order, splits
+        in split order) whatever the batch, the group or the token chunk; the MMA's columns (pairs)
+        do not mix. The dense tactics are not declared (not checked)."""
+        return MOE.is_moe(tactic) and problem.kind == "grouped_moe"
+
+    def _moe_runner(self, problem: Problem, tactic: Tactic, device: str):
+        """`run(x, packed, topk_ids, topk_weights=None, out=None)` on a checked stacked pack (what a
+        test family replaces); CuPy is imported here, after every check of build and bind."""
+        return MOE.MoeLaunch(problem, tactic, device)
+
+    def _moe_checks(self, problem: Problem, tactic: Tactic) -> str | None:
+        why = self.validate(tactic) or self.supports(problem)
+        if not why and not MOE.is_moe(tactic):
+            why = "a dense cuda tactic on a grouped_moe problem"
+        return why or MOE.check_tiling(problem, tactic)
+
+    @staticmethod
+    def _moe_kernel(run, cache=None) -> "MOE.MoeKernel":
+        return MOE.MoeKernel(run, cache)
+
     def build(self, problem: Problem, tactic: Tactic, device: str):
+        if problem.kind == "grouped_moe":
+            why = self._moe_checks(problem, tactic)
+            if why:
+                raise ValueError(f"{problem.key} {tactic}: {why}")
+            return self._moe_kernel(self._moe_runner(problem, tactic, device), _PackCache())
         why = self.validate(tactic) or self.supports(problem) or check_tiling(problem, tactic)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
@@ -189,6 +240,17 @@ class CudaFamily(FamilyBase):
         if not isinstance(packed, L.CudaPacked):
             raise TypeError(f"cuda: bind needs the {L.LAYOUT} packed weight, got {type(packed).__name__}")
         check_weight(problem, packed)
+        if problem.kind == "grouped_moe":
+            why = self._moe_checks(problem, tactic) or check_aligned(packed)
+            if not why and packed.experts != problem.experts:
+                why = f"the pack holds {packed.experts} stacked experts, the problem {problem.experts}"
+            if why:
+                raise ValueError(f"{problem.key} {tactic}: {why}")
+            kernel = self._moe_kernel(self._moe_runner(problem, tactic, device))
+            launch = self.bind_kernel(problem, kernel, packed)
+            if not hasattr(launch, "release"):              # the bound closure: carry the kernel's
+                launch.release = kernel.release  # type: ignore[attr-defined]
+            return launch
         why = self.validate(tactic) or check_tiling(problem, tactic) or check_aligned(packed)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")

@@ -113,6 +113,7 @@ class CudaPacked:
     k: int
     input_scale: Any = None
     layout: str = LAYOUT
+    experts: int = 0       # stacked experts [E, N, K] (pack_experts); 0 for a 2-D weight
 
 
 def check_shape(n: int, k: int) -> str | None:
@@ -191,10 +192,9 @@ def unpack(p: CudaPacked) -> FP4Weight:
     return FP4Weight(pack_fp4(c), decode_scales(s), p.global_scale.reshape(()).clone(), "nvfp4", p.input_scale)
 
 
-def emulate_dequantize(p: CudaPacked) -> torch.Tensor:
-    """float32 [N, K] computed the way the kernel does, in bit operations (rotate, mask, bf16
-    bit patterns, the IMAD scale pair, one multiply per pair): the CPU check of the decode."""
-    n, k = p.n, p.k
+def _decoded(p: CudaPacked) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the fragment words as int64, float32 [nt, kg, lane, step, reg, half]): the rotate/mask
+    registers as bf16 bit patterns, e2m1 * 2^-126 exactly (the scale-free half of the decode)."""
     w = words(p).long() & 0xFFFFFFFF
     regs = []
     for parts in ROTATIONS:
@@ -204,7 +204,14 @@ def emulate_dequantize(p: CudaPacked) -> torch.Tensor:
         regs.append(r)
     r = torch.stack(regs, dim=-1)                                   # nt kg lane s reg
     lanes = torch.stack((r & 0xFFFF, r >> 16), dim=-1)              # ... reg clane
-    vals = lanes.to(torch.int16).view(torch.bfloat16).float()      # e2m1 * 2^-126, exactly
+    return w, lanes.to(torch.int16).view(torch.bfloat16).float()
+
+
+def emulate_dequantize(p: CudaPacked) -> torch.Tensor:
+    """float32 [N, K] computed the way the kernel does, in bit operations (rotate, mask, bf16
+    bit patterns, the IMAD scale pair, one multiply per pair): the CPU check of the decode."""
+    n, k = p.n, p.k
+    w, vals = _decoded(p)
     sw = p.scales.reshape(n // ROWS, k // KPAIR, 32, 4).long()
     sval = (sw * 0x10 + 0x4000).to(torch.int16).view(torch.bfloat16).float()  # one lane of the IMAD: s * 2^16
     # byte par*2 + h of k-pair kp belongs to k-group 2*kp + par: -> [nt, kg, lane, h]
@@ -214,5 +221,129 @@ def emulate_dequantize(p: CudaPacked) -> torch.Tensor:
     prod = (vals * sval[:, :, :, None, reg_h, None]).to(torch.bfloat16).float()  # the HMUL2
     alpha = p.global_scale.float() * 2.0 ** EPI_SHIFT                # the epilogue's multiplier
     c = prod.reshape(n // ROWS, k // KGROUP, 8, 4, 4, 2, 2, 2)       # nt kg g t s cpair h clane
+    c = c.permute(0, 6, 2, 1, 3, 4, 5, 7).reshape(n, k)
+    return c * alpha
+
+
+# --------------------------------------------------------------------------- stacked experts, MXFP4
+#: MXFP4 (E8M0 scales, 32 k per block): the scale byte b is kept as it is and decoded by one PRMT and
+#: one IMAD, `b * 0x00800080 + 0x37003700` = the bf16x2 pair (2^(b-127) * 2^110) twice, so the product
+#: with the e2m1 register (value * 2^-126) is value * scale * 2^-16, exact for b in MX_SCALE_RANGE
+#: (the pair's exponent field b + 110 stays <= 254; the smallest product stays on bf16's grid); the
+#: epilogue multiplies by global_scale * 2^MX_EPI_SHIFT. A thread's 16 k lie in one 32-k block, so
+#: lanes t and t^1 read one scale word: [N/16][K/128][8 g][2 t/2][4 bytes] = the checkpoint's N*K/32 bytes.
+MX_SCALE_MUL, MX_SCALE_ADD, MX_EPI_SHIFT = 0x80, 0x3700, 16
+MX_SCALE_RANGE = (11, 144)
+#: per format: (scale IMAD multiplier, bf16 addend per half, scale words per tile per k-pair, epilogue shift)
+FORMAT = {"nvfp4": (0x10, 0x4000, 32, EPI_SHIFT), "mxfp4": (MX_SCALE_MUL, MX_SCALE_ADD, 16, MX_EPI_SHIFT)}
+
+
+def encode_scales_mx(scales: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes -> the kernel's scale bytes (the same bytes); refuses those it cannot decode exactly."""
+    b = scales.view(torch.uint8)
+    lo, hi = MX_SCALE_RANGE
+    bad = (b < lo) | (b > hi)
+    if bool(bad.any()):
+        v = int(b[bad].flatten()[0])
+        raise ValueError(f"cuda layout: MXFP4 scale byte {v} (2^{v - 127}) is outside the kernel's exact range "
+                         f"[{lo}, {hi}] (2^{lo - 127} .. 2^{hi - 127}; 255 is NaN, 0 an all-zero block); "
+                         "use another family for this weight")
+    return b.contiguous()
+
+
+def _scale_order_fmt(u: torch.Tensor, n: int, k: int, fmt: str) -> torch.Tensor:
+    if fmt == "nvfp4":
+        return _scale_order(u, n, k).reshape(n, k // 16)
+    s = u.reshape(n // ROWS, 2, 8, k // KPAIR, 2, 2)               # nt h g kp par tb
+    return s.permute(0, 3, 2, 5, 4, 1).reshape(n, k // 32)         # nt kp g tb par h
+
+
+def _scale_unorder_fmt(s: torch.Tensor, n: int, k: int, fmt: str) -> torch.Tensor:
+    if fmt == "nvfp4":
+        s = s.reshape(n // ROWS, k // KPAIR, 8, 4, 2, 2)            # nt kp g t par h
+        return s.permute(0, 5, 2, 1, 4, 3).reshape(n, k // 16)
+    s = s.reshape(n // ROWS, k // KPAIR, 8, 2, 2, 2)                # nt kp g tb par h
+    return s.permute(0, 5, 2, 1, 4, 3).reshape(n, k // 32)
+
+
+def _words_of(packed2d: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    nib = _word_order(unpack_fp4(packed2d), n, k).long()
+    pos = BITPOS.to(nib.device)
+    words = torch.zeros(nib.shape[:-2], dtype=torch.int64, device=nib.device)
+    for b in range(4):
+        words |= (((nib >> b) & 1) << pos[:, :, b]).sum(dim=(-2, -1))
+    return words.to(torch.int32).contiguous().view(torch.uint8).reshape(n, k // 2)
+
+
+def pack_experts(w: FP4Weight) -> CudaPacked:
+    """The layout of stacked experts [E, N, K] (NVFP4 or MXFP4), expert by expert: fragment words
+    [E, N, K/2], scale bytes [E, N, K/block] (NVFP4: u codes, MXFP4: the E8M0 bytes), global scale
+    fp32 [E] (one per expert) or [1]. The grouped kernel (moe_mma.cu) reads it."""
+    refuse_held(w, "cuda layout pack")
+    if w.fmt not in FORMAT or w.packed.ndim != 3:
+        raise ValueError(f"cuda grouped layout takes stacked [E, N, K] nvfp4/mxfp4 experts, got {w.fmt} "
+                         f"{tuple(w.packed.shape)}")
+    e, n, k = w.packed.shape[0], w.n, w.k
+    why = check_shape(n, k)
+    if why:
+        raise ValueError(f"cuda layout: {why}")
+    blk = w.block
+    enc = encode_scales if w.fmt == "nvfp4" else encode_scales_mx
+    raw = torch.empty(e, n, k // 2, dtype=torch.uint8, device=w.packed.device)
+    sc = torch.empty(e, n, k // blk, dtype=torch.uint8, device=w.packed.device)
+    for i in range(e):               # one expert at a time: the int64 bit planes of all E would be GBs
+        raw[i] = _words_of(w.packed[i], n, k)
+        sc[i] = _scale_order_fmt(enc(w.scales[i]), n, k, w.fmt)
+    g = w.global_scale.to(torch.float32).reshape(-1).contiguous()
+    if g.numel() not in (1, e):
+        raise ValueError(f"cuda layout: {g.numel()} global scales for {e} experts (want 1 or {e})")
+    return CudaPacked(raw, sc, g, w.fmt, n, k, w.input_scale, experts=e)
+
+
+def expert(p: CudaPacked, e: int) -> CudaPacked:
+    """Expert e of a stacked pack, as a 2-D pack (views)."""
+    g = p.global_scale[e if p.global_scale.numel() > 1 else 0].reshape(1)
+    return CudaPacked(p.packed[e], p.scales[e], g, p.fmt, p.n, p.k, p.input_scale)
+
+
+def unpack_experts(p: CudaPacked) -> FP4Weight:
+    """Stacked experts back in the checkpoint layout, bit for bit."""
+    n, k = p.n, p.k
+    codes, scales = [], []
+    for i in range(p.experts):
+        w = words(expert(p, i)).long() & 0xFFFFFFFF
+        pos = BITPOS.to(w.device)
+        nib = torch.zeros(*w.shape, 4, 2, dtype=torch.int64, device=w.device)
+        for b in range(4):
+            nib |= ((w[..., None, None] >> pos[:, :, b]) & 1) << b
+        c = nib.reshape(n // ROWS, k // KGROUP, 8, 4, 4, 2, 2, 2)
+        codes.append(pack_fp4(c.permute(0, 6, 2, 1, 3, 4, 5, 7).reshape(n, k).to(torch.uint8)))
+        s = _scale_unorder_fmt(p.scales[i], n, k, p.fmt)
+        scales.append(decode_scales(s) if p.fmt == "nvfp4" else s.clone())
+    g = p.global_scale.clone()
+    g = g.reshape(()) if g.numel() == 1 and p.fmt == "mxfp4" else g.reshape(-1)
+    if g.numel() == 1 and p.experts != 1:
+        g = g.reshape(())
+    return FP4Weight(torch.stack(codes), torch.stack(scales), g, p.fmt, p.input_scale)
+
+
+def emulate_dequantize_any(p: CudaPacked) -> torch.Tensor:
+    """emulate_dequantize for a 2-D pack of either format: float32 [N, K] the kernel's way (rotate,
+    mask, the format's IMAD scale pair, one bf16 multiply per pair, the epilogue's multiplier)."""
+    if p.fmt == "nvfp4":
+        return emulate_dequantize(p)
+    n, k = p.n, p.k
+    mul, add, sw, shift = FORMAT[p.fmt]
+    w, vals = _decoded(p)
+    sw_ = p.scales.reshape(n // ROWS, k // KPAIR, sw, 4).long()
+    lane_word = torch.arange(32, device=w.device) >> 1           # lanes t and t^1 read one word
+    sw_ = sw_[:, :, lane_word]                                    # nt kp lane 4
+    sval = (sw_ * mul + add).to(torch.int16).view(torch.bfloat16).float()
+    sval = sval.reshape(n // ROWS, k // KPAIR, 32, 2, 2).permute(0, 1, 3, 2, 4)
+    sval = sval.reshape(n // ROWS, k // KGROUP, 32, 2)
+    reg_h = torch.tensor([0, 1, 0, 1], device=w.device)
+    prod = (vals * sval[:, :, :, None, reg_h, None]).to(torch.bfloat16).float()
+    alpha = p.global_scale.float() * 2.0 ** shift
+    c = prod.reshape(n // ROWS, k // KGROUP, 8, 4, 4, 2, 2, 2)
     c = c.permute(0, 6, 2, 1, 3, 4, 5, 7).reshape(n, k)
     return c * alpha

@@ -3,71 +3,14 @@
 // activations the B operand (8 rows of x per n8 tile, MT tiles). Warps split K (WK); each thread streams its own
 // fragment words through a STAGES-deep cp.async ring that only it reads (no barrier in the loop);
 // partial sums are reduced across warps through shared memory in a fixed order (deterministic).
-// Config (MT, WK, STAGES, TN) and the layout's bit constants (ROT*/MASK*) come as -D macros.
-// No headers: the same text compiles under NVRTC and nvcc, for sm_80 and newer.
-typedef unsigned int u32;
-typedef unsigned short u16;
-
+// Config (MT, WK, STAGES, TN), the layout's bit constants (ROT*/MASK*) and the NVFP4 scale decode
+// (SCALE_MUL, SCALE_ADD) come as -D macros.
+// No headers: build.text prepends mma_common.cuh (the shared helpers); the same text compiles under
+// NVRTC and nvcc, for sm_80 and newer.
 #define NTHREADS (WK * 32)
 #define PIPE_BYTES (STAGES * NTHREADS * 36 * TN)
 #define RED_BYTES (WK * TN * MT * 4 * 32 * 4)
 #define SMEM_BYTES (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES)
-
-static __device__ __forceinline__ u32 rotr(u32 x, u32 d) { return __funnelshift_r(x, x, d); }
-
-// bf16x2 multiply as fma with -0 (sm_80 has no bf16x2 mul; -0 keeps the sign of a zero product)
-static __device__ __forceinline__ u32 bmul2(u32 a, u32 b) {
-  u32 d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-}
-
-// (s, s) as bf16x2 from scale byte `sel` of the thread's scale word: s * 2^16 in each lane
-static __device__ __forceinline__ u32 scale_pair(u32 word, u32 sel) {
-  return __byte_perm(word, 0u, sel) * 0x10u + 0x40004000u;
-}
-
-// one A fragment: 8 e2m1 codes -> 4 bf16x2 registers, times the rows' scales (rows g, g+8)
-static __device__ __forceinline__ void decode(u32 w, u32 sg, u32 sg8, u32 a[4]) {
-  a[0] = bmul2(rotr(w, ROT0) & MASK0, sg);
-  a[1] = bmul2(rotr(w, ROT1) & MASK1, sg8);
-  a[2] = bmul2(rotr(w, ROT2) & MASK2, sg);
-  a[3] = bmul2((rotr(w, ROT3A) & MASK3A) | (rotr(w, ROT3B) & MASK3B), sg8);
-}
-
-static __device__ __forceinline__ void mma(float c[4], const u32 a[4], u32 b0, u32 b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ u32 smem_addr(const void* p) {
-  u32 r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-static __device__ __forceinline__ void cp16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src));
-}
-static __device__ __forceinline__ void cp4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src));
-}
-static __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> static __device__ __forceinline__ void wait_pending() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(N));
-}
-static __device__ __forceinline__ uint4 ldg16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-static __device__ __forceinline__ u16 to_bf16(float f) {
-  u16 h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
 
 // one k-pair of every row tile into this thread's ring slot: TN x 2 x 16 B words, TN x 4 B scales
 static __device__ __forceinline__ void issue(unsigned char* wdst, unsigned char* sdst, const uint4* w,
@@ -128,21 +71,11 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
 #pragma unroll 4
   for (int i = 0; i < kpairs; ++i) {
     uint4 xv[MT][4];                                 // [tile][kgroup*2 + half]
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) xv[j][q] = ldg16(xrow[j] + (q >> 1) * 64 + (q & 1) * 8);
-      xrow[j] += 128;
-    }
+    load_x(xrow, xv);
     wait_pending<STAGES - 2>();
     uint4 wv2[TN][2];
     u32 sv[TN];
-#pragma unroll
-    for (int u = 0; u < TN; ++u) {
-      wv2[u][0] = *reinterpret_cast<const uint4*>(wslot0 + rslot * NTHREADS * 32 * TN + u * 32);
-      wv2[u][1] = *reinterpret_cast<const uint4*>(wslot0 + rslot * NTHREADS * 32 * TN + u * 32 + 16);
-      sv[u] = *reinterpret_cast<const u32*>(sslot0 + rslot * NTHREADS * 4 * TN + u * 4);
-    }
+    read_slot(wslot0, sslot0, rslot, wv2, sv);
     rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
     if (issued < kpairs) {
       issue(wslot0 + wslot * NTHREADS * 32 * TN, sslot0 + wslot * NTHREADS * 4 * TN, wnext, snext, wtile, stile);
@@ -150,28 +83,7 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
       wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
     }
     commit();
-#pragma unroll
-    for (int u = 0; u < TN; ++u) {
-#pragma unroll
-      for (int par = 0; par < 2; ++par) {
-        const u32 sg = scale_pair(sv[u], par ? 0x4242u : 0x4040u);
-        const u32 sg8 = scale_pair(sv[u], par ? 0x4343u : 0x4141u);
-        const uint4 wv = wv2[u][par];
-        const u32 ws[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-        for (int st = 0; st < 4; ++st) {
-          u32 a[4];
-          decode(ws[st], sg, sg8, a);
-#pragma unroll
-          for (int j = 0; j < MT; ++j) {
-            const uint4 xb = xv[j][par * 2 + (st >> 1)];
-            const u32 b0 = (st & 1) ? xb.z : xb.x;
-            const u32 b1 = (st & 1) ? xb.w : xb.y;
-            mma(acc[u][j], a, b0, b1);
-          }
-        }
-      }
-    }
+    mma_kpair(wv2, sv, xv, acc);
   }
   wait_pending<0>();
   __syncthreads();

@@ -1,0 +1,406 @@
+"""The cuda family's grouped-MoE decode member (`kernel="moe_mma"`, moe_mma.cu): stacked NVFP4 or
+MXFP4 experts in the family's prepacked layout (layout.pack_experts), topk_ids read directly.
+
+Semantics are the Triton `moe_decode` member's: y[p] for every (token, slot) pair p (row-major
+[M, top_k]), id -1 a zero row and no work, an id outside [-1, E) a NaN row and the sticky bad-id
+word set (read after an eager call when `check_ids`, never under graph capture), the routing
+weight multiplied in when given; the `swiglu` problem variant writes silu(gate)·up of vLLM's
+[gate; up] rows, the `reduce` variant (w2, x one row per pair) each token's routing-weighted sum
+over its top_k slots, [M, N], in slot order. Not here yet: an aligned route; above MAX_PAIRS pairs
+a call is cut into token chunks (each CTA scans the ids before it: O(P) per CTA).
+
+Tactic parameters: `warps_k` (warps splitting K in a CTA), `stages` (cp.async ring depth),
+`tiles_n` (16-row weight tiles per CTA; SwiGLU: half gate, half up), `m_tiles` (a group holds up to
+8·m_tiles pairs of one expert), `split_k` (CTAs splitting K, summed in split order by the last one
+to arrive: deterministic, one launch). Verdicts are exact: the shared memory is the source's static
+arrays (build.smem_bytes, = ptxas in CI), the tiling divides the problem or the tactic is rejected.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+from autotune.core.arch import Arch
+from autotune.core.operands import x_per_pair
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic, Verdict, check_params
+
+from . import build as B
+from . import layout as L
+
+KERNEL = B.MOE_KERNEL
+WARPS_K = (1, 2, 4, 8)
+STAGES = (2, 4)
+TILES_N = (1, 2, 4)
+M_TILES = (1, 2)
+SPLIT_K = (1, 2, 4, 8)
+SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N,
+                            "m_tiles": M_TILES, "split_k": SPLIT_K}
+EPILOGUES = ("none", "swiglu", "reduce")
+FORMATS = ("nvfp4", "mxfp4")
+#: pairs per launch: each CTA scans the ids before its own, so larger calls are cut into token chunks
+MAX_PAIRS = 512
+STATIC_SMEM_LIMIT = 48 * 1024
+
+
+def is_moe(tactic: Tactic) -> bool:
+    return tactic.params.get("kernel") == KERNEL
+
+
+def config(problem: Problem, tactic: Tactic) -> B.MoeConfig:
+    return B.MoeConfig(int(tactic["m_tiles"]), int(tactic["warps_k"]), int(tactic["stages"]),
+                       int(tactic["tiles_n"]), int(tactic["split_k"]), problem.w_fmt, problem.epilogue == "swiglu",
+                       problem.epilogue == "reduce")
+
+
+def supports(problem: Problem) -> str | None:
+    if problem.kind != "grouped_moe":
+        return f"moe_mma runs grouped_moe problems, not {problem.kind}"
+    if problem.w_fmt not in FORMATS or problem.a_fmt != "bf16" or problem.out_dtype != "bf16":
+        return (f"cuda moe_mma: nvfp4/mxfp4 weights, bf16 x and y only, not "
+                f"{problem.w_fmt}/{problem.a_fmt}/{problem.out_dtype}")
+    if problem.epilogue not in EPILOGUES:
+        return f"cuda moe_mma has no {problem.epilogue} epilogue (only {', '.join(EPILOGUES)})"
+    return L.check_shape(problem.n, problem.k)
+
+
+def validate(tactic: Tactic) -> str | None:
+    return check_params(tactic, SCHEMA, "cuda moe_mma")
+
+
+def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
+    """The tiles divide the problem (the kernel drops a K tail and leaves a row tail unwritten)."""
+    wk, sk, tn = int(tactic["warps_k"]), int(tactic["split_k"]), int(tactic["tiles_n"])
+    if problem.k % (L.KPAIR * wk * sk):
+        return f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k*split_k={L.KPAIR * wk * sk}"
+    if problem.n % (L.ROWS * tn):
+        return f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}"
+    if problem.epilogue == "swiglu" and tn % 2:
+        return "the swiglu epilogue pairs gate and up tiles: tiles_n must be even"
+    if problem.epilogue == "swiglu" and (problem.n // 2) % (L.ROWS * tn // 2):
+        return f"N/2={problem.n // 2} is not a multiple of {L.ROWS}*tiles_n/2={L.ROWS * tn // 2}"
+    return None
+
+
+def enumerate_space(problem: Problem) -> list[Tactic]:
+    return [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=m, split_k=k)
+            for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
+
+
+def verdict(problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+    if arch.cc_int < 80:
+        return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
+    why = check_tiling(problem, tactic)
+    if why:
+        return Verdict.reject(why)
+    smem = B.smem_bytes(config(problem, tactic))
+    limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
+    if smem > limit:
+        return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
+    return Verdict.keep(smem, limit, int(tactic["stages"]))
+
+
+def default(problem: Problem, arch: Arch) -> Tactic:
+    """4 warps (fewer where K has fewer k-pairs), K split so M = 1 still fills the SMs, 2 row tiles
+    for SwiGLU (gate + up)."""
+    kp = problem.k // L.KPAIR
+    wk = max(w for w in WARPS_K if kp % w == 0 and w <= 4)
+    sk = max(s for s in SPLIT_K if kp % (wk * s) == 0 and kp // (wk * s) >= 2 or s == 1)
+    tn = 2 if problem.epilogue == "swiglu" else 1
+    return Tactic("cuda", kernel=KERNEL, warps_k=wk, stages=4, tiles_n=tn, m_tiles=1, split_k=sk)
+
+
+def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+    pairs = min(m * problem.top_k, MAX_PAIRS)
+    ctas = pairs * problem.n // (L.ROWS * int(tactic["tiles_n"])) * int(tactic["split_k"])
+    return {"ctas": float(ctas), "threads": float(32 * int(tactic["warps_k"]))}
+
+
+# --------------------------------------------------------------------------- launch
+def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool = True):
+    """One-line ValueErrors for anything the kernel would misread; returns (M, out). cuda=False
+    (the CPU port) skips the device-type check only."""
+    p = problem
+    dims = 3 if x_per_pair(p, x) else 2
+    if (not torch.is_tensor(x) or x.dim() != dims or x.dtype != torch.bfloat16 or x.shape[-1] != p.k
+            or (dims == 3 and x.shape[1] != p.top_k)):
+        want = f"[M, {p.top_k}, {p.k}]" if dims == 3 else f"[M, {p.k}]"
+        raise ValueError(f"{p.key}: x must be bf16 {want}, got {getattr(x, 'dtype', type(x))} "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+    if not isinstance(w, L.CudaPacked) or w.experts != p.experts or (w.n, w.k, w.fmt) != (p.n, p.k, p.w_fmt):
+        raise ValueError(f"{p.key}: needs the stacked {L.LAYOUT} pack of {p.experts} {p.w_fmt} experts "
+                         f"{p.n}x{p.k}, got {type(w).__name__} {getattr(w, 'experts', None)} x "
+                         f"{getattr(w, 'n', None)}x{getattr(w, 'k', None)} {getattr(w, 'fmt', None)}")
+    if (cuda and x.device.type != "cuda") or w.packed.device != x.device:
+        raise ValueError(f"{p.key}: x and the weight must be on one CUDA device, got {x.device} and {w.packed.device}")
+    if w.global_scale.numel() not in (1, p.experts) or w.global_scale.dtype != torch.float32:
+        raise ValueError(f"{p.key}: global_scale must be fp32 with 1 or {p.experts} values")
+    m = x.shape[0]
+    if (not torch.is_tensor(topk_ids) or topk_ids.dtype not in (torch.int32, torch.int64)
+            or tuple(topk_ids.shape) != (m, p.top_k) or topk_ids.device != x.device):
+        raise ValueError(f"{p.key}: topk_ids must be int32/int64 [{m}, {p.top_k}] on {x.device}, got "
+                         f"{getattr(topk_ids, 'dtype', None)} {tuple(getattr(topk_ids, 'shape', ()))}")
+    if topk_weights is not None and (not torch.is_tensor(topk_weights) or not topk_weights.is_floating_point()
+                                     or tuple(topk_weights.shape) != (m, p.top_k)
+                                     or topk_weights.device != x.device):
+        raise ValueError(f"{p.key}: topk_weights must be a float [{m}, {p.top_k}] tensor on {x.device}")
+    shape = (m, p.n) if p.epilogue == "reduce" else (m, p.top_k, p.out_n)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
+    elif (not torch.is_tensor(out) or tuple(out.shape) != shape or out.dtype != torch.bfloat16
+          or not out.is_contiguous() or out.device != x.device):
+        raise ValueError(f"{p.key}: out must be a contiguous bf16 {shape} tensor on {x.device}")
+    return m, out
+
+
+class MoeLaunch:
+    """(x, w, topk_ids, topk_weights=None, out=None) → bf16 [M, top_k, N] (SwiGLU: N/2) on a checked
+    stacked CudaPacked. Owns its split-K workspace, the per-(pair slot, N tile) counters (left zero
+    by every launch) and the sticky bad-id word; one call at a time per launcher (the counters are
+    shared). `release()` frees the scratch (a launch after it allocates anew)."""
+
+    capture_safe = True       # current stream, scratch sized by M, the bad-id read skipped under capture
+    checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
+
+    def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool = True):
+        import cupy
+        self._cupy = cupy
+        self.problem, self.tactic, self.check_ids = problem, tactic, check_ids
+        self.cfg = config(problem, tactic)
+        self.device = torch.device(device)
+        self.n_out = problem.out_n
+        self._streams: dict[int, Any] = {}
+        self._fns: dict[int, Any] = {}
+        self._ws = self._locks = self._bad = self._red = self._cnt = None
+        self._retired: list = []   # outgrown buffers: a graph captured earlier still points at them
+
+    def _stream(self, dev: torch.device) -> Any:
+        ptr = torch.cuda.current_stream(dev).cuda_stream
+        s = self._streams.get(ptr)
+        if s is None:
+            s = self._streams[ptr] = self._cupy.cuda.ExternalStream(ptr, dev.index or 0)
+        return s
+
+    def function(self, dev: torch.device) -> Any:
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        fn = self._fns.get(idx)
+        if fn is None:
+            major, minor = torch.cuda.get_device_capability(idx)
+            fn = self._fns[idx] = B.load(self.cfg, f"sm_{major}{minor}", idx)
+        return fn
+
+    def check(self, x, w, topk_ids, topk_weights, out):
+        return check_call(self.problem, x, w, topk_ids, topk_weights, out)
+
+    def _scratch(self, pairs: int, dev: torch.device):
+        """ws [split_k, P, N] fp32 (split-K only), counters [P, N tiles] zeroed once (the kernel
+        leaves them zero), bad [1]. Grown at least by doubling; outgrown buffers kept for graphs."""
+        sk, tiles = self.cfg.split_k, self.problem.n // (L.ROWS * self.cfg.tiles_n)
+        need_ws = sk * pairs * self.problem.n if sk > 1 else 1
+        need_locks = pairs * tiles if sk > 1 else 1
+        if self._ws is None or self._ws.device != dev or self._ws.numel() < need_ws or self._locks.numel() < need_locks:
+            if self._ws is not None:
+                self._retired.append((self._ws, self._locks))
+            old_ws = self._ws.numel() if self._ws is not None and self._ws.device == dev else 0
+            old_l = self._locks.numel() if self._locks is not None and self._locks.device == dev else 0
+            self._ws = torch.empty(max(need_ws, 2 * old_ws if need_ws > old_ws else 0), dtype=torch.float32, device=dev)
+            self._locks = torch.zeros(max(need_locks, 2 * old_l if need_locks > old_l else 0), dtype=torch.int32,
+                                      device=dev)
+        if self._bad is None or self._bad.device != dev:
+            self._bad = torch.zeros(1, dtype=torch.int32, device=dev)
+        return self._ws, self._locks, self._bad
+
+    def _reduce_scratch(self, pairs: int, dev: torch.device):
+        """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (left zero by the kernel)."""
+        if self.problem.epilogue != "reduce":
+            if self._red is None or self._red.device != dev:
+                self._red = torch.empty(1, dtype=torch.float32, device=dev)
+                self._cnt = torch.zeros(1, dtype=torch.int32, device=dev)
+            return self._red, self._cnt
+        tiles = self.problem.n // (L.ROWS * self.cfg.tiles_n)
+        rows, cnts = pairs * self.problem.n, pairs // self.problem.top_k * tiles
+        if self._red is None or self._red.device != dev or self._red.numel() < rows or self._cnt.numel() < cnts:
+            if self._red is not None:
+                self._retired.append((self._red, self._cnt))
+            self._red = torch.empty(rows, dtype=torch.float32, device=dev)
+            self._cnt = torch.zeros(cnts, dtype=torch.int32, device=dev)
+        return self._red, self._cnt
+
+    def release(self) -> None:
+        """Free the scratch (workspace, counters, outgrown buffers); the bad-id word is kept. A graph
+        captured before must not be replayed after this."""
+        self._ws = self._locks = self._red = self._cnt = None
+        self._retired.clear()
+
+    @property
+    def bad(self):
+        """The sticky bad-id word (int32 [1] on the device), None before the first call."""
+        return self._bad
+
+    def chunk_tokens(self) -> int:
+        return max(1, MAX_PAIRS // self.problem.top_k)
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None):
+        p = self.problem
+        m, out = self.check(x, w, topk_ids, topk_weights, out)
+        if m == 0:
+            return out
+        rows = self.chunk_tokens()
+        if m > rows:                                   # token chunks, each its own launch
+            for t0 in range(0, m, rows):
+                sl = slice(t0, min(m, t0 + rows))
+                self._launch(x[sl], w, topk_ids[sl], None if topk_weights is None else topk_weights[sl], out[sl])
+        else:
+            self._launch(x, w, topk_ids, topk_weights, out)
+        if self.check_ids:
+            raise_if_bad(self._bad)
+        return out
+
+    def _launch(self, x, w, ids, tw, out) -> None:
+        import numpy as np
+        p, c = self.problem, self.cfg
+        m = x.shape[0]
+        pairs = m * p.top_k
+        dev = x.device
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
+        ids = ids.contiguous()
+        ws, locks, bad = self._scratch(pairs, dev)
+        red, cnt = self._reduce_scratch(pairs, dev)
+        routed = tw is not None
+        tw_ = tw.to(torch.float32).contiguous() if routed else bad      # never read unrouted
+        gs = w.global_scale
+        fn = self.function(dev)
+        grid = (pairs, p.n // (L.ROWS * c.tiles_n), c.split_k)
+        args = (np.uint64(w.packed.data_ptr()), np.uint64(w.scales.data_ptr()), np.uint64(x.data_ptr()),
+                np.uint64(out.data_ptr()), np.uint64(gs.data_ptr()), np.uint64(ids.data_ptr()),
+                np.uint64(tw_.data_ptr()), np.uint64(ws.data_ptr()), np.uint64(locks.data_ptr()),
+                np.uint64(bad.data_ptr()), np.uint64(red.data_ptr()), np.uint64(cnt.data_ptr()), np.int32(pairs), np.int32(p.n), np.int32(p.k), np.int32(p.top_k),
+                np.int32(p.experts), np.int32(ids.dtype == torch.int64), np.int32(x.dim() == 3),
+                np.int32(routed), np.int32(gs.numel() > 1))
+        with self._stream(dev):
+            fn(grid, (c.threads, 1, 1), args)
+
+
+class MoeKernel:
+    """`kernel(x, w, topk_ids, topk_weights=None, out=None, aligned=None)`: what `build` returns
+    (and `bind` wraps): a runner (MoeLaunch, or a test family's) on the packed weight, a plain
+    FP4Weight packed once per weight object when `cache` is given. `aligned=` (an alignment a caller
+    shares between kernels) is accepted and ignored: this kernel reads the ids itself."""
+
+    batch_invariant = True        # the family declares it for every moe_mma tactic
+    pdl = False
+
+    def __init__(self, run, cache=None):
+        self.launcher, self._cache = run, cache
+        self.capture_safe = bool(getattr(run, "capture_safe", False))
+        self.checks_ids = bool(getattr(run, "checks_ids", False))
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None):
+        return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out)
+
+    def aligned_block_m(self, m: int) -> int | None:
+        return None               # no routing alignment: topk_ids are read as they are
+
+    def aligner(self, experts: int, block_m: int):
+        raise NotImplementedError("cuda moe_mma takes no shared routing alignment")
+
+    def release(self) -> None:
+        """Free the launcher's scratch and the pack cache (a later call makes them again)."""
+        getattr(self.launcher, "release", lambda: None)()
+        if self._cache is not None and hasattr(self._cache, "_items"):
+            self._cache._items.clear()
+
+
+def raise_if_bad(bad) -> None:
+    """One 4-byte read (a host sync), skipped while a CUDA graph is captured; clears the word."""
+    if bad is None or (bad.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    if int(bad.item()):
+        bad.zero_()
+        raise ValueError("topk_ids holds expert ids outside [-1, E) (ids >= E or < -1 are refused)")
+
+
+# --------------------------------------------------------------------------- CPU port of the grid
+def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, topk_ids: torch.Tensor,
+            topk_weights: torch.Tensor | None = None, out: torch.Tensor | None = None,
+            bad: torch.Tensor | None = None, trace: list | None = None) -> torch.Tensor:
+    """The kernel's grid on the CPU, CTA by CTA, in the kernel's order of decisions: the invalid-id
+    rows, the rank scan and the lead test, the gathered group (8·m_tiles pairs at most), the split
+    ranges over K (warps inside a split summed in warp order, splits in split order), the SwiGLU
+    pairing of gate/up tiles and the routing weight. Arithmetic: layout.emulate_dequantize_any (the
+    kernel's decode, exact) and float32 sums — not the tensor core's accumulation order, so it
+    checks indexing and coverage, not bits. `trace` collects (q, nt, kz, expert, pairs) of every
+    lead CTA. Token chunks as the launcher cuts them."""
+    cfg = config(problem, tactic)
+    m = topk_ids.shape[0]
+    shape = (m, problem.n) if cfg.reduce else (m, problem.top_k, problem.out_n)
+    out = torch.full(shape, float("nan"), dtype=torch.bfloat16) if out is None else out
+    rows = max(1, MAX_PAIRS // problem.top_k)
+    for t0 in range(0, m, rows):
+        sl = slice(t0, min(m, t0 + rows))
+        _emulate_launch(problem, cfg, x[sl], w, topk_ids[sl],
+                        None if topk_weights is None else topk_weights[sl], out[sl], bad, trace)
+    return out
+
+
+def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace) -> None:
+    ids = topk_ids.reshape(-1).tolist()
+    pairs = len(ids)
+    n, k = problem.n, problem.k
+    cap = 8 * cfg.m_tiles
+    n_tiles = n // (L.ROWS * cfg.tiles_n)                # grid.y
+    out_tile = L.ROWS * (cfg.tiles_n // 2 if cfg.swiglu else cfg.tiles_n)
+    kps = k // L.KPAIR // cfg.split_k                    # k-pairs per split (grid.z)
+    kpairs = kps // cfg.warps_k                          # per warp
+    # REDUCE: the pairs' fp32 rows, summed per token in slot order at the end (the kernel's last
+    # arrival does the same sum; the arrival order does not change it)
+    red = torch.full((pairs, n), float("nan")) if cfg.reduce else None
+    yflat = red if cfg.reduce else out.reshape(pairs, problem.out_n)
+    xflat = x.reshape(-1, k).float()
+    deq: dict[int, torch.Tensor] = {}
+    for q in range(pairs):                               # grid.x
+        eid = ids[q]
+        if eid < 0 or eid >= problem.experts:            # split 0 of every N tile writes its columns
+            for nt in range(n_tiles):
+                yflat[q, nt * out_tile:(nt + 1) * out_tile] = 0.0 if eid == -1 else float("nan")
+            if eid != -1 and bad is not None:
+                bad.fill_(1)
+            continue
+        if sum(1 for j in range(q) if ids[j] == eid) % cap:
+            continue                                     # not a lead: every CTA of q exits
+        group = [j for j in range(q, pairs) if ids[j] == eid][:cap]
+        if trace is not None:
+            trace.append((q, eid, tuple(group)))
+        if eid not in deq:
+            deq[eid] = L.emulate_dequantize_any(L.expert(w, eid))
+        wd = deq[eid]
+        xr = xflat[[p if x.dim() == 3 else p // problem.top_k for p in group]]
+        for nt in range(n_tiles):
+            if cfg.swiglu:
+                h = cfg.tiles_n // 2
+                gate = [nt * h + u for u in range(h)]
+                tiles = gate + [n // 32 + t for t in gate]
+            else:
+                tiles = [nt * cfg.tiles_n + u for u in range(cfg.tiles_n)]
+            rows_w = torch.cat([torch.arange(t * L.ROWS, (t + 1) * L.ROWS) for t in tiles])
+            total = torch.zeros(len(group), len(rows_w))
+            for kz in range(cfg.split_k):                # split order
+                part = torch.zeros(len(group), len(rows_w))
+                for wp in range(cfg.warps_k):            # warp order
+                    k0 = (kz * kps + wp * kpairs) * L.KPAIR
+                    part += xr[:, k0:k0 + kpairs * L.KPAIR] @ wd[rows_w, k0:k0 + kpairs * L.KPAIR].T
+                total += part
+            if cfg.swiglu:
+                half = total.shape[1] // 2
+                total = total[:, :half] * torch.sigmoid(total[:, :half]) * total[:, half:]
+            if tw is not None:
+                total = total * tw.reshape(-1)[group].float()[:, None]
+            yflat[group, nt * out_tile:(nt + 1) * out_tile] = total if cfg.reduce else total.to(torch.bfloat16)
+    if cfg.reduce:
+        tot = torch.zeros(pairs // problem.top_k, n)
+        for sl in range(problem.top_k):
+            tot += red.reshape(-1, problem.top_k, n)[:, sl]
+        out.copy_(tot.to(torch.bfloat16))

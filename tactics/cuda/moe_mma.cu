@@ -1,0 +1,304 @@
+// Grouped-MoE decode GEMM on the cuda family's prepacked layout: for every routed (token, slot) pair
+// p = token * TOPK + slot with expert e = ids[p], y[p] = x[token or p] (bf16) * W_e^T (NVFP4 or MXFP4),
+// times the routing weight when given; optionally SwiGLU on vLLM's [gate; up] rows (SWIGLU).
+//
+// Grid (P pair slots, N row-tile groups, SPLITK K splits), read straight from topk_ids (no alignment
+// launch). The CTA of pair slot q leads when q's rank among the pairs routed to its expert (in pair
+// order) is a multiple of CAP = 8*MT; it gathers the next CAP pairs of that expert (one n8 MMA tile
+// of x rows per 8 pairs) and runs w4a16_mma's main loop on that expert's weight. Every other CTA exits
+// after the rank scan. Id -1 (expert not on this rank): a zero row, no weight read; an id outside
+// [-1, E): a NaN row and the sticky `bad` word set, so an invalid id never yields a plausible row.
+//
+// SPLITK > 1: each split stores its fp32 partial rows to ws [SPLITK][P][N]; the last split of a
+// (pair slot, N tile) to arrive (counter per slot and tile, fenced) sums the partials in split
+// order (deterministic: the same order whichever arrives last), runs the epilogue and resets the
+// counter: one launch, no memset, graph-capturable.
+// REDUCE = 1 (w2 with the top_k slots summed, y [M][N]): each pair's final fp32 row (routing weight
+// applied) goes to red [P][N]; a counter per (token, N tile) counts the token's slots (pairs routed
+// nowhere count too, as zero or NaN rows); the CTA that brings the last one sums the token's rows in
+// slot order (deterministic), writes y[token] and resets the counter.
+// Config (MT, WK, STAGES, TN, SPLITK, SWIGLU, REDUCE), the format's (SW, SCALE_MUL, SCALE_ADD,
+// EPI_SCALE) and the layout's constants come as -D macros. No headers: build.text prepends
+// mma_common.cuh; the same text compiles under NVRTC and nvcc, for sm_80 and newer.
+#define NTHREADS (WK * 32)
+#define CAP (8 * MT)
+#define PIPE_BYTES (STAGES * NTHREADS * 36 * TN)
+#define RED_BYTES (WK * TN * MT * 4 * 32 * 4)
+#define SMEM_BYTES (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES)
+#if SWIGLU
+#define OUT_TN (TN / 2)       // tiles 0..TN/2-1 are gate rows, TN/2..TN-1 the matching up rows
+#else
+#define OUT_TN TN
+#endif
+#if SW == 16
+#define SLANE(l) ((l) >> 1)   // MXFP4: lanes t and t^1 share one 32-k block, one scale word
+#else
+#define SLANE(l) (l)
+#endif
+
+// topk_ids as int32 or int64 (ids64): compared as 64-bit, so no id is truncated into range
+static __device__ __forceinline__ long long load_id(const void* ids, int ids64, int j) {
+  long long v;
+  if (ids64) {
+    asm volatile("ld.global.nc.s64 %0, [%1];" : "=l"(v) : "l"(reinterpret_cast<const long long*>(ids) + j));
+  } else {
+    int i;
+    asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(i) : "l"(reinterpret_cast<const int*>(ids) + j));
+    v = i;
+  }
+  return v;
+}
+#if SPLITK > 1 || REDUCE
+// another CTA's partial: from L2 (L1 is not coherent across SMs)
+static __device__ __forceinline__ float ld_cg(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+#endif
+
+static __device__ __forceinline__ void issue(unsigned char* wdst, unsigned char* sdst,
+                                             const uint4* const w[TN], const u32* const s[TN]) {
+#pragma unroll
+  for (int u = 0; u < TN; ++u) {
+    cp16(wdst + u * 32, w[u]);
+    cp16(wdst + u * 32 + 16, w[u] + 32);
+    cp4(sdst + u * 4, s[u]);
+  }
+}
+
+// wq: fragment words [E][N/16][K/64][32][4]; sq: scale words [E][N/16][K/128][SW];
+// x [tokens][K] or [P][K] (x_pair); y [P][N or N/2]; gscale [E] (gs_stride 1) or [1];
+// ids [P] (int32/int64); tw [P] fp32 (routed); ws [SPLITK][P][N] fp32; locks [P][gridDim.y]; bad [1];
+// REDUCE: y [P / top_k][N], red [P][N] fp32, cnt [P / top_k][gridDim.y]
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __restrict__ x,
+        u16* __restrict__ y, const float* __restrict__ gscale, const void* __restrict__ ids,
+        const float* __restrict__ tw, float* __restrict__ ws, int* __restrict__ locks, int* __restrict__ bad,
+        float* __restrict__ red, int* __restrict__ cnt, int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride) {
+  __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
+  __shared__ int rows_s[CAP];                     // the group's pair indices, -1 past its end
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int q = blockIdx.x, nt = blockIdx.y, kz = blockIdx.z;
+  const int nout = SWIGLU ? N / 2 : N;
+  (void)nout;                                     // unused by the REDUCE variant
+  const long long eid = load_id(ids, ids64, q);
+  if (eid < 0 || eid >= n_exp) {                   // no expert: this pair's row, written by split 0
+    if (kz == 0) {
+      const bool isbad = eid != -1;
+      if (isbad && nt == 0 && tid == 0) atomicExch(bad, 1);
+#if REDUCE
+      const float fv = isbad ? __int_as_float(0x7fc00000) : 0.f;
+      for (int c = tid; c < 16 * TN; c += NTHREADS) red[(size_t)q * N + nt * 16 * TN + c] = fv;
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) rows_s[0] = atomicAdd(cnt + (size_t)(q / top_k) * gridDim.y + nt, 1) == top_k - 1;
+      __syncthreads();
+      if (rows_s[0]) {                             // this row completed its token: sum it
+        __threadfence();
+        const int tok = q / top_k;
+        for (int c = tid; c < 16 * TN; c += NTHREADS) {
+          float s = 0.f;
+          for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
+          y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
+        }
+        if (tid == 0) atomicExch(cnt + (size_t)tok * gridDim.y + nt, 0);
+      }
+#else
+      const u16 v = isbad ? (u16)0x7FC0 : (u16)0;   // bf16 NaN / +0
+      for (int c = tid; c < 16 * OUT_TN; c += NTHREADS) y[(size_t)q * nout + nt * 16 * OUT_TN + c] = v;
+#endif
+    }
+    return;
+  }
+  // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform
+  int rank = 0;
+  for (int j0 = 0; j0 < q; j0 += NTHREADS) {
+    const int j = j0 + tid;
+    rank += __syncthreads_count(j < q && load_id(ids, ids64, j) == eid);
+  }
+  if (rank % CAP) return;
+  if (warp == 0) {                                 // gather the next CAP pairs of this expert, in order
+    int cnt = 0;
+    for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
+      const int j = j0 + lane;
+      const bool hit = j < P && load_id(ids, ids64, j) == eid;
+      const u32 m = __ballot_sync(0xffffffffu, hit);
+      const int pos = cnt + __popc(m & ((1u << lane) - 1u));
+      if (hit && pos < CAP) rows_s[pos] = j;
+      cnt += __popc(m);
+    }
+    for (int i = lane; i < CAP; i += 32)
+      if (i >= cnt) rows_s[i] = -1;
+  }
+  __syncthreads();
+  const int e = (int)eid;
+  const int kps = K / 128 / SPLITK;                // k-pairs of this split
+  const int kpairs = kps / WK;                     // k-pairs this warp reduces
+  const int kp0 = kz * kps + warp * kpairs;
+  const u16* xrow[MT];
+  const int r0 = rows_s[0];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    // a row past the group feeds only output columns never stored: read the group's first row
+    int p = rows_s[8 * j + g];
+    if (p < 0) p = r0;
+    const int xr = x_pair ? p : p / top_k;
+    xrow[j] = x + (size_t)xr * K + kp0 * 128 + 16 * t;
+  }
+  const size_t wtile = (size_t)(K / 64) * 32, stile = (size_t)(K / 128) * SW;
+  const uint4* const wexp = wq + (size_t)e * (N / 16) * wtile;
+  const u32* const sexp = sq + (size_t)e * (N / 16) * stile;
+  int tile[TN];
+  const uint4* wp[TN];
+  const u32* sp[TN];
+#pragma unroll
+  for (int u = 0; u < TN; ++u) {
+#if SWIGLU
+    tile[u] = u < TN / 2 ? nt * (TN / 2) + u : N / 32 + nt * (TN / 2) + (u - TN / 2);
+#else
+    tile[u] = nt * TN + u;
+#endif
+    wp[u] = wexp + tile[u] * wtile + 2 * kp0 * 32 + lane;
+    sp[u] = sexp + tile[u] * stile + kp0 * SW + SLANE(lane);
+  }
+  float acc[TN][MT][4];
+#pragma unroll
+  for (int u = 0; u < TN; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
+
+  unsigned char* const wslot0 = smem + tid * 32 * TN;
+  unsigned char* const sslot0 = smem + STAGES * NTHREADS * 32 * TN + tid * 4 * TN;
+  int issued = 0, wslot;
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (issued < kpairs) {
+      issue(wslot0 + i * NTHREADS * 32 * TN, sslot0 + i * NTHREADS * 4 * TN, wp, sp);
+#pragma unroll
+      for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
+      ++issued;
+    }
+    commit();
+  }
+  int rslot = 0;
+  wslot = STAGES - 1;
+#pragma unroll 4
+  for (int i = 0; i < kpairs; ++i) {
+    uint4 xv[MT][4];                                 // [tile][kgroup*2 + half]
+    load_x(xrow, xv);
+    wait_pending<STAGES - 2>();
+    uint4 wv2[TN][2];
+    u32 sv[TN];
+    read_slot(wslot0, sslot0, rslot, wv2, sv);
+    rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
+    if (issued < kpairs) {
+      issue(wslot0 + wslot * NTHREADS * 32 * TN, sslot0 + wslot * NTHREADS * 4 * TN, wp, sp);
+#pragma unroll
+      for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
+      ++issued;
+      wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
+    }
+    commit();
+    mma_kpair(wv2, sv, xv, acc);
+  }
+  wait_pending<0>();
+  __syncthreads();
+  float* wred = reinterpret_cast<float*>(smem);       // [WK][TN*MT*4][32]
+#define RED(w, u, j, c) wred[((((w) * TN + (u)) * MT + (j)) * 4 + (c)) * 32 + lane]
+#pragma unroll
+  for (int u = 0; u < TN; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) RED(warp, u, j, c) = acc[u][j][c];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int u = 0; u < TN; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float v = 0.f;
+        for (int w = 0; w < WK; ++w) v += RED(w, u, j, c);    // warp order: deterministic
+        acc[u][j][c] = v;
+      }
+#if SPLITK > 1
+#pragma unroll
+  for (int u = 0; u < TN; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int p = rows_s[8 * j + 2 * t + (c & 1)];
+        if (p >= 0) ws[((size_t)kz * P + p) * N + tile[u] * 16 + g + (c >> 1) * 8] = acc[u][j][c];
+      }
+  __threadfence();                                   // this split's partials before its arrival
+  __syncwarp();
+  int old = 0;
+  int* const lock = locks + (size_t)q * gridDim.y + nt;
+  if (lane == 0) old = atomicAdd(lock, 1);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old != SPLITK - 1) return;
+  __threadfence();                                   // the other splits' partials are visible (L2)
+#pragma unroll
+  for (int u = 0; u < TN; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int p = rows_s[8 * j + 2 * t + (c & 1)];
+        float v = 0.f;
+        if (p >= 0)
+          for (int s = 0; s < SPLITK; ++s)            // split order: deterministic
+            v += ld_cg(ws + ((size_t)s * P + p) * N + tile[u] * 16 + g + (c >> 1) * 8);
+        acc[u][j][c] = v;
+      }
+  if (lane == 0) atomicExch(lock, 0);                // ready for the next launch
+#endif
+  const float alpha = gscale[(size_t)e * gs_stride] * EPI_SCALE;
+#pragma unroll
+  for (int u = 0; u < OUT_TN; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int p = rows_s[8 * j + 2 * t + (c & 1)];
+        if (p < 0) continue;
+        float v = acc[u][j][c] * alpha;
+#if SWIGLU
+        const float up = acc[u + TN / 2][j][c] * alpha;
+        v = v / (1.f + __expf(-v)) * up;
+#endif
+        if (routed) v *= tw[p];
+#if REDUCE
+        red[(size_t)p * N + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = v;
+#else
+        y[(size_t)p * nout + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = to_bf16(v);
+#endif
+      }
+#if REDUCE
+  __threadfence();                                   // this CTA's rows before its arrivals
+  __syncwarp();
+  int last = 0;
+  if (lane < CAP) {
+    const int p = rows_s[lane];
+    if (p >= 0) last = atomicAdd(cnt + (size_t)(p / top_k) * gridDim.y + nt, 1) == top_k - 1;
+  }
+  u32 lm = __ballot_sync(0xffffffffu, last);
+  if (lm) __threadfence();
+  while (lm) {                                       // tokens whose last slot this CTA brought
+    const int i = __ffs(lm) - 1;
+    lm &= lm - 1;
+    const int tok = rows_s[i] / top_k;
+    for (int c = lane; c < 16 * TN; c += 32) {
+      float s = 0.f;
+      for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
+      y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
+    }
+    if (lane == 0) atomicExch(cnt + (size_t)tok * gridDim.y + nt, 0);
+  }
+#endif
+}

@@ -1,0 +1,230 @@
+"""The cuda family's grouped-MoE kernel (moe_mma) on a CUDA GPU with CuPy (skipped elsewhere), at
+GLM-5 TP8 shapes (E = 256, top-8; w13 512x6144, w2 6144x256), NVFP4 and MXFP4: float64 checks
+with -1 ids and NaN-poisoned outputs, bad ids (NaN rows, the bad-id word, the raise), SwiGLU,
+per-pair x, int64 ids, token chunks, graph replay = eager bit for bit, split-K deterministic,
+a token's rows the same bits at M = 1 and M = 64, and the loaded variants' resources."""
+import importlib.util
+
+import pytest
+import torch
+
+from autotune.core import inputs
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="CuPy not installed"),
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+E, TOP_K = 256, 8
+SHAPES = {"w13": (512, 6144), "w2": (6144, 256)}
+
+
+def _fam():
+    from autotune.tactics import registry
+    return registry.get("cuda")
+
+
+def _arch():
+    from autotune.core.arch import detect
+    return detect()
+
+
+_W: dict = {}
+
+
+def _weight(name, fmt):
+    key = (name, fmt)
+    if key not in _W:
+        n, k = SHAPES[name]
+        prob = Problem.moe(n, k, E, TOP_K, fmt)
+        w = inputs.seeded_weight(prob, "cuda", 7 + len(_W))
+        _W[key] = (w, _fam().pack("cuda-mma-a-frag-v1", w))
+    return _W[key]
+
+
+def _tactics(prob, extra=4):
+    """The default and a spread of kept tactics (split-K, m_tiles 2, wider row tiles)."""
+    fam, arch = _fam(), _arch()
+    kept = [t for t in fam.enumerate(prob, arch) if fam.verdict(prob, t, arch).ok]
+    pick = [fam.default(prob, arch)]
+    for want in (dict(split_k=2), dict(split_k=8), dict(m_tiles=2), dict(tiles_n=4), dict(tiles_n=2, stages=2)):
+        t = next((t for t in kept if all(t[k] == v for k, v in want.items()) and t not in pick), None)
+        if t is not None:
+            pick.append(t)
+    return pick[:1 + extra]
+
+
+def _ids(m, seed, off=True):
+    ids, tw = inputs.routing(m, E, TOP_K, torch.Generator().manual_seed(seed))
+    if off and m > 1:
+        ids[m // 2, 3] = -1                                   # an expert not on this rank
+    return ids.cuda(), tw.cuda()
+
+
+def _err(out, ref):
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("name", ["w13", "w2"])
+def test_matches_float64(name, fmt):
+    n, k = SHAPES[name]
+    prob = Problem.moe(n, k, E, TOP_K, fmt)
+    w, packed = _weight(name, fmt)
+    fam = _fam()
+    fails = []
+    for m in (1, 4, 16, 64):
+        ids, tw = _ids(m, 100 + m)
+        tw = tw if name == "w2" else None                    # GLM applies the routing weight on w2
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        ref = inputs.moe_reference(prob, x.double(), w, ids, tw)
+        for t in _tactics(prob):
+            out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            fam.build(prob, t, "cuda")(x, packed, ids, tw, out=out)
+            torch.cuda.synchronize()
+            nan = int(torch.isnan(out).sum())
+            err = _err(out, ref) if not nan else float("nan")
+            if nan or not err < 1e-2:
+                fails.append(f"M={m} {t}: {nan} NaN, rel err {err:.3g}")
+            if m > 1 and not torch.equal(out[m // 2, 3], torch.zeros_like(out[m // 2, 3])):
+                fails.append(f"M={m} {t}: the -1 slot is not a zero row")
+    assert not fails, "\n".join(fails)
+
+
+def test_swiglu_matches_float64():
+    n, k = SHAPES["w13"]
+    prob = Problem.moe(n, k, E, TOP_K, epilogue="swiglu")
+    w, packed = _weight("w13", "nvfp4")
+    fam = _fam()
+    for m in (1, 16):
+        ids, tw = _ids(m, 5 + m)
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        ref = inputs.moe_reference(prob, x.double(), w, ids, None)
+        for t in _tactics(prob, 2):
+            out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            fam.build(prob, t, "cuda")(x, packed, ids, None, out=out)
+            assert _err(out, ref) < 1e-2, (m, t)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_reduce_matches_float64(fmt):
+    """w2's fused form: the routing-weighted sum over each token's slots, [M, N]."""
+    n, k = SHAPES["w2"]
+    prob = Problem.moe(n, k, E, TOP_K, fmt, epilogue="reduce")
+    w, packed = _weight("w2", fmt)
+    fam = _fam()
+    for m in (1, 16, 100):                                   # 100: two token chunks
+        ids, tw = _ids(m, 40 + m)
+        x3 = torch.randn(m, TOP_K, k, device="cuda").to(torch.bfloat16)
+        ref = inputs.moe_reference(prob, x3.double(), w, ids, tw)
+        for t in _tactics(prob, 3):
+            out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            kern = fam.build(prob, t, "cuda")
+            kern(x3, packed, ids, tw, out=out)
+            assert _err(out, ref) < 1e-2, (m, t)
+            again = kern(x3, packed, ids, tw)
+            assert torch.equal(again, out), (m, t)              # slot order, not arrival order
+    ids, tw = _ids(4, 2)
+    ids[2, 5] = E + 3
+    x3 = torch.randn(4, TOP_K, k, device="cuda").to(torch.bfloat16)
+    out = torch.zeros(4, n, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="outside"):
+        fam.build(prob, fam.default(prob, _arch()), "cuda")(x3, packed, ids, tw, out=out)
+    assert torch.isnan(out[2]).all() and not torch.isnan(out[[0, 1, 3]]).any()
+
+
+def test_per_pair_x_int64_ids_and_token_chunks():
+    n, k = SHAPES["w2"]
+    prob = Problem.moe(n, k, E, TOP_K)
+    w, packed = _weight("w2", "nvfp4")
+    kern = _fam().build(prob, _fam().default(prob, _arch()), "cuda")
+    ids, tw = _ids(100, 3)                                   # 800 pairs: two launches
+    x3 = torch.randn(100, TOP_K, k, device="cuda").to(torch.bfloat16)
+    ref = inputs.moe_reference(prob, x3.double(), w, ids, tw)
+    out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    kern(x3, packed, ids.long(), tw, out=out)
+    assert _err(out, ref) < 1e-2
+
+
+def test_bad_ids_nan_rows_and_raise():
+    n, k = SHAPES["w13"]
+    prob = Problem.moe(n, k, E, TOP_K)
+    w, packed = _weight("w13", "nvfp4")
+    kern = _fam().build(prob, _fam().default(prob, _arch()), "cuda")
+    ids, _ = _ids(4, 9, off=False)
+    ids[1, 2], ids[3, 0] = E, -2
+    x = torch.randn(4, k, device="cuda").to(torch.bfloat16)
+    out = torch.zeros(4, TOP_K, n, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"outside \[-1, E\)"):
+        kern(x, packed, ids, None, out=out)
+    assert torch.isnan(out[1, 2]).all() and torch.isnan(out[3, 0]).all()
+    good = ids.clone()
+    good[1, 2] = good[3, 0] = 0
+    ref = inputs.moe_reference(prob, x.double(), w, good, None)
+    mask = torch.ones(4, TOP_K, dtype=torch.bool)
+    mask[1, 2] = mask[3, 0] = False
+    assert _err(out[mask], ref[mask]) < 1e-2
+    assert int(kern.launcher.bad.item()) == 0                 # cleared by the raise
+    kern(x, packed, good, None, out=out)                      # the next good call passes
+
+
+def test_graph_replay_bitwise_and_split_k_deterministic():
+    n, k = SHAPES["w13"]
+    prob = Problem.moe(n, k, E, TOP_K)
+    fam = _fam()
+    w, packed = _weight("w13", "nvfp4")
+    t = next(t for t in _tactics(prob) if t["split_k"] > 1)
+    launch = fam.bind(prob, t, packed, "cuda")
+    assert launch.capture_safe and callable(launch.release)
+    ids, _ = _ids(16, 4)
+    x = torch.randn(16, k, device="cuda").to(torch.bfloat16)
+    y = torch.empty(16, TOP_K, n, dtype=torch.bfloat16, device="cuda")
+    launch(x, ids, out=y)
+    first = y.clone()
+    launch(x, ids, out=y)
+    assert torch.equal(first, y)                              # split order, not arrival order
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        launch(x, ids, out=y, routing_checked=True)
+    y.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(first, y)
+    launch.release()
+    assert torch.equal(launch(x, ids), first)                 # scratch made again after release
+
+
+def test_a_tokens_rows_do_not_depend_on_the_batch():
+    n, k = SHAPES["w13"]
+    prob = Problem.moe(n, k, E, TOP_K)
+    fam = _fam()
+    assert all(fam.batch_invariant(prob, t) for t in _tactics(prob))
+    w, packed = _weight("w13", "nvfp4")
+    ids, _ = _ids(64, 8, off=False)
+    x = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+    for t in _tactics(prob):
+        kern = fam.build(prob, t, "cuda")
+        big = kern(x, packed, ids, None)
+        one = kern(x[:1], packed, ids[:1], None)
+        assert torch.equal(big[:1], one), t
+
+
+def test_loaded_variants_match_the_verdict():
+    from autotune.tactics.cuda import build as B
+    from autotune.tactics.cuda import moe as MOE
+    arch = _arch()
+    for name in SHAPES:
+        n, k = SHAPES[name]
+        for fmt in ("nvfp4", "mxfp4"):
+            prob = Problem.moe(n, k, E, TOP_K, fmt)
+            for t in _tactics(prob):
+                c = MOE.config(prob, t)
+                r = B.runtime_resources(B.load(c, f"sm_{arch.cc_int}", 0))   # load raises on a difference
+                assert r["shared_size_bytes"] == B.smem_bytes(c) and r["local_size_bytes"] == 0
+
+
+def test_dense_tactic_on_grouped_problem_refused():
+    prob = Problem.moe(*SHAPES["w2"], E, TOP_K)
+    with pytest.raises(ValueError, match="dense cuda tactic"):
+        _fam().build(prob, Tactic("cuda", warps_k=1, stages=2, tiles_n=1), "cuda")
