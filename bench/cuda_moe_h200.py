@@ -98,6 +98,13 @@ def short(t) -> str:
     return f"{t['route'][0]} {t['block_m']}x{t['block_n']}x{t['block_k']} s{t['split_k']} st{t['num_stages']}"
 
 
+def cuda_verdict(prob, t, arch):
+    """The member's exact verdict: through the family a kept moe_mma tactic reads `unknown` until the
+    kernel has run on a GPU (moe.GPU_CHECKED), and this run is that check."""
+    from autotune.tactics.cuda import moe as MOE
+    return MOE.verdict(prob, t, arch)
+
+
 def plan() -> int:
     """The cases and the verdict of each cuda candidate on sm_90 (CPU: no GPU, no CuPy needed)."""
     from autotune.core.arch import get_arch
@@ -106,7 +113,7 @@ def plan() -> int:
     arch, fam, bad = get_arch("sm90"), CudaFamily(), 0
     for name, (prob, routed) in VARIANTS.items():
         for t in cuda_tactics(name, prob, arch):
-            v = fam.verdict(prob, t, arch)
+            v = cuda_verdict(prob, t, arch)
             bad += not v.ok
             print(f"{name:11s} cuda   {short(t):28s} {'kept' if v.ok else 'REJECTED: ' + v.reason} smem {v.smem_bytes}")
         for c in TRITON_CANDS[name]:
@@ -319,7 +326,7 @@ def main() -> int:  # noqa: C901
         cands = [("cuda", t) for t in cuda_tactics(variant, prob, arch)]
         cands += [("triton", c) for c in TRITON_CANDS[variant]] if md is not None else []
         if SMOKE:                        # toy shapes: only what their verdicts keep
-            cands = [(k, t) for k, t in cands if (fam.verdict(prob, t, arch) if k == "cuda" else md.verdict(prob, t, arch)).ok]
+            cands = [(k, t) for k, t in cands if (cuda_verdict(prob, t, arch) if k == "cuda" else md.verdict(prob, t, arch)).ok]
         for kind, t in cands:
             label = short(t)
             if time.time() - t_work > 0.6 * a.budget_s and not SMOKE:
@@ -327,7 +334,7 @@ def main() -> int:  # noqa: C901
                 continue
             try:
                 if kind == "cuda":
-                    v = fam.verdict(prob, t, arch)
+                    v = cuda_verdict(prob, t, arch)
                     if not v.ok:
                         raise RuntimeError(f"verdict rejects it: {v.reason}")
                     k = bfam.build(prob, Tactic(bfam.name, **t.params), DEV)
@@ -361,7 +368,7 @@ def main() -> int:  # noqa: C901
         try:
             w = inputs.seeded_weight(prob, DEV, 300)
             pk = bfam.pack("cuda-mma-a-frag-v1", w)
-            for t in [t for t in cuda_tactics(pn, prob, arch) if fam.verdict(prob, t, arch).ok][:3]:
+            for t in [t for t in cuda_tactics(pn, prob, arch) if cuda_verdict(prob, t, arch).ok][:3]:
                 k = bfam.build(prob, Tactic(bfam.name, **t.params), DEV)
                 for m in MX_CHECK_MS:
                     ids, tw = routing(m, 50 + m, off=True)

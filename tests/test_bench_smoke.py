@@ -56,6 +56,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "cuda_h200.py": ("parts", "tests/test_doc_numbers.py renders the committed JSON; candidates checked here"),
     "cublaslt_h200.py": ("parts", "import and --help: every path needs nvmath's cuBLASLt on a GPU"),
     "eager_h200.py": ("parts", "import and --help: every row times CUDA calls or graphs"),
+    "cuda_moe_h200.py": ("run", "--plan"),
     "main_job_summary.py": ("run", "{db} --model {model} --tp 1 --max-tokens 4 --device cpu -o {out}/s.json"),
     "common.py": ("parts", "used by the others' --help (test_help_creates_nothing)"),
 }

@@ -101,8 +101,21 @@ def test_registered_for_grouped_problems():
                                                                          fam.default(Problem.dense(512, 6144), SM90))
 
 
+def _fits(problem, tactic, arch) -> bool:
+    """Kept by the member's exact rules: through the family that is `unknown` until the kernel has run
+    on a GPU (moe.GPU_CHECKED), with that reason and the exact figure."""
+    v = FAM.verdict(problem, tactic, arch)
+    return v.ok is True or (v.ok is None and v.reason == MOE.UNRUN and v.smem_bytes is not None)
+
+
+def test_an_unrun_kernel_is_unknown_until_checked_on_a_gpu():
+    v, exact = FAM.verdict(W13, FAM.default(W13, SM90), SM90), MOE.verdict(W13, FAM.default(W13, SM90), SM90)
+    assert exact.ok is True and v.smem_bytes == exact.smem_bytes
+    assert (v.ok is None and v.unchecked) == (not MOE.GPU_CHECKED)       # the search leaves it unmeasured
+
+
 def test_verdicts():
-    kept = [t for t in FAM.enumerate(W2, SM90) if FAM.verdict(W2, t, SM90).ok]
+    kept = [t for t in FAM.enumerate(W2, SM90) if _fits(W2, t, SM90)]
     # K = 256 is 2 k-pairs: warps_k * split_k <= 2
     assert {(t["warps_k"], t["split_k"]) for t in kept} == {(1, 1), (1, 2), (2, 1)}
     v = FAM.verdict(W2, _t(warps_k=2, split_k=2), SM90)
@@ -113,12 +126,12 @@ def test_verdicts():
     v = FAM.verdict(W13.variant("swiglu"), _t(tiles_n=1), SM90)
     assert v.rejected and "tiles_n must be even" in v.reason
     assert FAM.verdict(Problem.moe(48, 256, 4, 2), _t(tiles_n=2), SM90).rejected   # 3 row tiles
-    assert FAM.verdict(W13, _t(), get_arch("sm80")).ok
+    assert _fits(W13, _t(), get_arch("sm80"))
     assert FAM.verdict(W13, Tactic("cuda", warps_k=4, stages=4, tiles_n=1), SM90).rejected   # dense tactic
     assert FAM.verdict(Problem.dense(512, 6144), _t(), SM90).rejected                      # moe tactic
     assert FAM.verdict(W13, _t(stages=3), SM90).rejected                                   # not in schema
     for p in (W13, W2, W13.variant("swiglu"), Problem.moe(512, 6144, 256, 8, "mxfp4")):
-        assert FAM.verdict(p, FAM.default(p, SM90), SM90).ok
+        assert _fits(p, FAM.default(p, SM90), SM90)
     assert FAM.default(W13, SM90)["split_k"] > 1            # M = 1 fills the SMs: 8 x 32 x split CTAs
 
 
@@ -153,7 +166,7 @@ def test_ptxas_agrees_with_the_verdict(arch, cfg, tmp_path):
 def test_largest_kept_smem_is_among_the_checked():
     """The ptxas sample covers the biggest static array the verdict keeps (so no kept config is
     judged by a term the compiler was never compared with)."""
-    best = max(B.smem_bytes(MOE.config(W13, t)) for t in FAM.enumerate(W13, SM90) if FAM.verdict(W13, t, SM90).ok)
+    best = max(B.smem_bytes(MOE.config(W13, t)) for t in FAM.enumerate(W13, SM90) if _fits(W13, t, SM90))
     assert best <= 48 * 1024 and best in {B.smem_bytes(c) for c in _CONFIGS}
 
 

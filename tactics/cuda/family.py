@@ -134,7 +134,10 @@ class CudaFamily(FamilyBase):
             return Verdict.reject(f"a {'moe_mma' if MOE.is_moe(tactic) else 'dense'} cuda tactic on a "
                                   f"{problem.kind} problem")
         if MOE.is_moe(tactic):
-            return MOE.verdict(problem, tactic, arch)
+            v = MOE.verdict(problem, tactic, arch)
+            if v.ok is True and not MOE.GPU_CHECKED:
+                return Verdict(None, MOE.UNRUN, v.smem_bytes, v.smem_limit, v.stages)
+            return v
         if arch.cc_int < 80:
             return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
         why = check_tiling(problem, tactic)
