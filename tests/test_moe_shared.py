@@ -209,7 +209,7 @@ _INTERP = textwrap.dedent("""
     with Store(db) as st:          # folded problems: E+1 experts, top_k+1 slots
         for p, t in [(Problem.moe(2 * i, h, e + 1, top_k + 1, epilogue="swiglu"), cfg("aligned", 16)),
                      (Problem.moe(h, i, e + 1, top_k + 1, epilogue="reduce"), cfg("direct", 16))]:
-            st.put_winner(Winner(p.key, m, env.device_key, t.id, t.family, t.to_json(), lib, 1.0, t.id, 1.0, 1.0))
+            st.put_winner(keyed(Winner(p.key, m, env.device_key, t.id, t.family, t.to_json(), lib, 1.0, t.id, 1.0, 1.0)))
     d = Dispatcher(db, env=env, arch=ARCHS["cpu"], record_misses=False, warn=False)
     emap = torch.tensor([3, -1, 2, 1, -1, 0])
     blk = FP4MoE.from_float(gate, up, down, top_k, expert_map=emap, dispatcher=d,

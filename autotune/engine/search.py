@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from autotune.core import winner as winner_rule
+from autotune.core import codekey, winner as winner_rule
 from autotune.engine import claims as job_claims, strategy, workers as workers_mod
 from autotune.engine.executor import Outcome
 from autotune.engine.progress import Bar, Progress
@@ -228,9 +228,11 @@ class _Search:
             store.put_environment(env, dfam.depends_on)
             for fam in self.families:
                 store.put_environment(env, fam.depends_on)
-            known = {(t.tactic_id, t.lib_key): t for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)}
+            # what this search's libraries and code stored before (a stale row is measured again)
+            known = {t.tactic_id: t for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)
+                     if registry.fresh(self.lib_keys, t)}
             for r in rows:
-                if r.verdict.rejected and (r.tactic.id, self.lib_keys[r.tactic.family]) not in known:
+                if r.verdict.rejected and r.tactic.id not in known:
                     store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, self.lib_keys, "rejected", r.verdict.reason,
                                            smem_model=r.verdict.smem_bytes))
             runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names
@@ -248,7 +250,7 @@ class _Search:
             self._count_unsampled(p, runs, kept)
             # a compile failure (bucket 0) is final for every bucket unless --retry-failed
             kept = [r for r in kept if self.o.retry_failed
-                    or getattr(known.get((r.tactic.id, self.lib_keys[r.tactic.family])), "status", None) != "failed"]
+                    or getattr(known.get(r.tactic.id), "status", None) != "failed"]
             work.append(_Work(p, kept, default))
         return work
 
@@ -277,18 +279,18 @@ class _Search:
 
     # 4. jobs: one per (problem, bucket), without what the cache already holds
     def remaining(self, p: Problem, b: int, tactics: Iterable[Tactic]) -> tuple[Tactic, ...]:
-        """Of `tactics`, those the cache lacks at (p, b) under this search's libraries (resume)."""
+        """Of `tactics`, those the cache lacks at (p, b) under this search's libraries and code (resume)."""
         redo = {"failed"} if self.o.retry_failed else set()
         if self.o.halving.exhaustive:
             redo.add("dropped")    # an exhaustive run times what halving dropped
         done = {t.tactic_id: t for t in self.store.get_trials(p.key, b, self.env.device_key)
-                if t.lib_key == self.lib_keys.get(t.family)}
+                if registry.fresh(self.lib_keys, t)}
         return tuple(t for t in tactics if t.id not in done or done[t.id].status in redo)
 
     def jobs(self, work: list[_Work]) -> list[Job]:
         out = []
         won = ({(x.problem_key, x.bucket) for x in self.store.winners(self.env.device_key)
-                if self.lib_keys.get(x.family) == x.lib_key} if self.ranking else set())
+                if registry.fresh(self.lib_keys, x)} if self.ranking else set())
         for w in work:
             ids = {r.tactic.id for r in w.kept}
             for b in self.buckets:
@@ -317,7 +319,7 @@ class _Search:
         self.report.notes.append(f"--strategy ranked: {note}")
         self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(self.buckets), self.target,
                                                               self.env.sm_count or 0, self.store, self.env.device_key,
-                                                              self.o.ranked))
+                                                              self.o.ranked, self.lib_keys))
 
     # 5. run: measure the jobs; each trial is stored as it is decided
     def run(self, jobs: list[Job]) -> None:
@@ -325,7 +327,7 @@ class _Search:
         bar = self.o.progress if isinstance(self.o.progress, Progress) else Bar(self.o.progress)
         bar.start(jobs, report.resumed)
         # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
-        claims = job_claims.JobClaims(store, env.device_key, self.lib_keys.values(),
+        claims = job_claims.JobClaims(store, env.device_key, self._claim_keys(),
                                       lambda j: self.remaining(j.problem, j.bucket, j.tactics), self.ttl)
 
         def start(job: Job) -> Job | None:   # claim it; a ranked job is warm-started by its neighbours' winners
@@ -393,6 +395,12 @@ class _Search:
                                                   self.lib_keys, self.o.margin)
             self.report.winners += ws
             self.report.notes.append(note)
+
+    def _claim_keys(self) -> list[str]:
+        """What concurrent searches must share to share jobs: the library keys and every member's
+        code key (a search with other kernel code measures its own)."""
+        codes = {codekey.code_key(k, c) for f, k in self.lib_keys.items() for c in registry.get(f).codes()}
+        return sorted({*self.lib_keys.values(), *codes})
 
     def _count_unsampled(self, p: Problem, runs: list[Planned], kept: list[Planned]) -> None:
         """Kept tactics left out of the sample are not stored: count them apart, as `show` does."""
@@ -462,17 +470,19 @@ def _sample(kept: list[Planned], n: int) -> list[Planned]:
 
 
 def _trial(p: Problem, bucket: int, t: Tactic, env: Env, lib_keys, status, reason="", **kw) -> Trial:
-    return Trial(p.key, bucket, t.id, t.family, t.to_json(), env.device_key, lib_keys[t.family], status, reason, **kw)
+    lib = lib_keys[t.family]
+    return Trial(p.key, bucket, t.id, t.family, t.to_json(), env.device_key, lib, status, reason,
+                 code_key=registry.code_key(t, lib), **kw)
 
 
 def _update_winner(store, p: Problem, b: int, env: Env, default_id: str, lib_keys, margin) -> Winner | None:
-    trials = [t for t in store.get_trials(p.key, b, env.device_key) if lib_keys.get(t.family) == t.lib_key]
+    trials = [t for t in store.get_trials(p.key, b, env.device_key) if registry.fresh(lib_keys, t)]
     pick = winner_rule.choose(trials, default_id, margin)
     if pick is None:
         return None
     d = next((t for t in trials if t.tactic_id == default_id and t.status == "ok"), None)
     w = Winner(p.key, b, env.device_key, pick.tactic_id, pick.family, pick.params_json, pick.lib_key,
                pick.median_us, default_id, d.median_us if d else None,
-               (d.median_us / pick.median_us) if d else None)
+               (d.median_us / pick.median_us) if d else None, pick.code_key)
     store.put_winner(w)
     return w

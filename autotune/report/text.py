@@ -75,6 +75,16 @@ def winners_json(winners, gpu_names: dict, summary: Summary) -> list[dict]:
              "report": extra.get((w.device_key, w.problem_key, w.bucket))} for w in winners]
 
 
+def stale_lines(stale, stale_trials: int, total: int, gpu_names: dict, url: str) -> Iterator[str]:
+    """`show --stale`: each winner measured with other kernel code (not served), then the counts."""
+    for w, why in stale:
+        yield (f"{w.problem_key}  m={w.bucket}  {gpu_names.get(w.device_key) or w.device_key}  "
+               f"{w.family} {w.tactic_id}: {why}")
+    yield (f"{len(stale)} of {total} winners and {stale_trials} trials in {url} were measured with other kernel "
+           "code than this install's: not served; `autotune search` measures them again, "
+           "`autotune cache prune --stale-code` drops them")
+
+
 def miss_lines(misses, gpu_names: dict, url: str) -> Iterator[str]:
     if not misses:
         yield f"no misses in {url}"

@@ -6,9 +6,11 @@ weight at load time call `dispatcher.bind(problem, weight)` once and keep the `B
 then picks by M and launches a launcher bound at load (autotune.runtime.bound).
 
 Every stored winner is checked before it is used: known family, parameters valid for the family,
-tactic id matching its parameters, library versions equal to the live ones, verdict not rejected
-on the live arch, kernel builds. Anything else is skipped with a counted reason (`skipped`), so the
-problem falls through to the next rung; a damaged cache never takes the serving process down.
+tactic id matching its parameters, library versions equal to the live ones, code key equal to
+this code's (autotune.core.codekey: a winner measured by other kernel, launch or pack code is not
+served, with one warning naming the refresh), verdict not rejected on the live arch, kernel
+builds. Anything else is skipped with a counted reason (`skipped`), so the problem falls through
+to the next rung; a damaged cache never takes the serving process down.
 
 Batch-invariant mode (`batch_invariant=True`, $AUTOTUNE_BATCH_INVARIANT, or vLLM's
 $VLLM_BATCH_INVARIANT): a row's result must not depend on the batch, so each problem serves ONE
@@ -43,6 +45,8 @@ from tactics import registry
 log = logging.getLogger("autotune.runtime.dispatch")
 
 MISSES_ENV, IMMUTABLE_ENV = settings.MISSES, settings.CACHE_IMMUTABLE
+#: the skipped reason of a winner whose code key is not this code's (tactics.registry.stale_code)
+_CODE_DIFFERS = "code differs"
 
 
 class Dispatcher:
@@ -113,11 +117,16 @@ class Dispatcher:
             warnings.warn(f"fp4-autotune: cache not used ({self.cache_error}); every problem takes its default",
                           stacklevel=3)
             return
+        stale = 0
         for w in winners:
             why = self._check(w)
             if why:
                 self.skipped[why] += 1
+                stale += why.endswith(_CODE_DIFFERS)
                 log.debug("winner %s bucket %s skipped: %s", w.problem_key, w.bucket, why)
+        if stale and self._warn:        # once per cache: the numbers are not this code's
+            warnings.warn(f"fp4-autotune: {stale} cached winner(s) were measured with other kernel code and are "
+                          f"not served; {registry.REFRESH}", stacklevel=3)
         for p, items in self._winners.items():
             items.sort(key=lambda r: r[0])
             self._install(p, items)
@@ -136,6 +145,8 @@ class Dispatcher:
             return "unknown family"
         if w.lib_key != self.env.lib_key(fam.depends_on):
             return f"{t.family} library version differs"
+        if registry.stale_code(w) is not None:     # computed once per member per process
+            return f"{t.family} {_CODE_DIFFERS}"
         why = registry.usable(p, t, self.arch, self.env.device)
         if why:
             log.debug("winner %s bucket %s: %s", w.problem_key, w.bucket, why)

@@ -20,6 +20,7 @@ import copy
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.formats import FP4Weight
 from autotune.core.operands import check_weight
 from autotune.core.problem import Problem
@@ -234,6 +235,15 @@ class TritonFamily(FamilyBase):
             return False
         says = getattr(m, "batch_invariant", None)
         return bool(says(tactic.params)) if callable(says) else False
+
+    # ---- which code measured a trial (autotune.core.codekey) ---------------------------------
+    def code(self, tactic: Tactic) -> Code:
+        """The sources of the tactic's member: its kernel, launch and pack code and the family's
+        shared parts (member.SHARED_CODE). ValueError for an unknown kernel."""
+        return member_of(tactic.get("kernel")).code
+
+    def codes(self) -> tuple[Code, ...]:
+        return tuple(m.code for m in MEMBERS)
 
     # ---- weight layout ------------------------------------------------------------------------
     def layout(self, tactic: Tactic) -> str:
