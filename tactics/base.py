@@ -54,6 +54,7 @@ class Family(Protocol):
     def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool: ...
     def code(self, tactic: Tactic) -> Code: ...
     def codes(self) -> Sequence[Code]: ...
+    def with_compiler_figures(self, memo: Any) -> "Family": ...
 
 
 class FamilyBase:
@@ -116,6 +117,12 @@ class FamilyBase:
         code), keyed into every trial and winner (autotune.core.codekey): `CODE`, else the family's
         own module and this one; a family with members answers per tactic."""
         return self.CODE or Code(self.name, tuple(sorted({type(self).__module__, __name__})))
+
+    def with_compiler_figures(self, memo: Any) -> "Family":
+        """This family asking the compiler where a static model cannot answer (a config outside
+        the region it was checked on), each figure remembered in `memo` (the search's Store). The
+        default: the family itself (it has no such model)."""
+        return self
 
     def codes(self) -> Sequence[Code]:
         """Every member's Code (one per kernel; the default: the family's one)."""

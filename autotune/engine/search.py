@@ -12,6 +12,7 @@ stored trials (autotune.core.winner), never from in-memory state.
 """
 from __future__ import annotations
 
+import random
 import re
 import threading
 import time
@@ -56,11 +57,16 @@ class FamilyPlan:
     unsampled: int = 0     # passed the verdict but left out of the max_tactics sample
     reasons: Counter = field(default_factory=Counter)      # reason class -> count
     examples: dict = field(default_factory=dict)           # reason class -> one full reason
+    unknown_reasons: Counter = field(default_factory=Counter)   # why verdicts stayed unknown: class -> count
+    unknown_examples: dict = field(default_factory=dict)
 
     def line(self) -> str:
         s = f"{self.family}: {self.kept} kept, {self.rejected} rejected"
         if self.unknown:
             s += f", {self.unknown} unknown until checked on the device"
+            if self.unknown_reasons:
+                s += " (" + "; ".join(f"{n}× " + ("e.g. " if n > 1 and r != self.unknown_examples[r] else "")
+                                      + self.unknown_examples[r] for r, n in self.unknown_reasons.most_common()) + ")"
         if self.skipped:
             s += f", {self.skipped} not measured (family skipped on this device)"
         if self.unsampled:
@@ -87,6 +93,36 @@ class SearchReport:
     winners: list[Winner] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stages: Stages = field(default_factory=Stages)   # where the measuring time went
+    audit: "Audit | None" = None                     # --compile-check: the verdicts checked both ways
+
+
+@dataclass
+class Audit:
+    """--compile-check's verdict audit (the static filter's two ways to be wrong): kept tactics whose
+    compiled footprint exceeds the arch's limit, and of a seeded sample of the tactics rejected for
+    their footprint (the model's smem over the limit), those whose compiled footprint fits: a lost
+    tactic. Rejections by a rule that is no footprint claim are counted, not compiled."""
+
+    arch: str
+    seed: int
+    kept_compiled: int = 0
+    kept_over: list = field(default_factory=list)        # "problem tactic: compiled smem X > limit"
+    footprint_rejected: int = 0                          # distinct (format, epilogue, tactic) rejected by footprint
+    sampled: int = 0
+    compiled: int = 0                                    # of the sample, compiled
+    lost: list = field(default_factory=list)             # "problem tactic: rejected (reason), compiled smem X <= limit"
+    failures: list = field(default_factory=list)         # of the sample, did not compile
+    rule_rejected: int = 0                               # rejected by a rule that is not a footprint claim
+
+    def lines(self) -> list[str]:
+        out = [f"verdict audit on {self.arch}: {len(self.kept_over)} of {self.kept_compiled} compiled kept tactics "
+               f"over the smem limit; {len(self.lost)} of {self.compiled} compiled footprint-rejected tactics fit "
+               f"(lost) — sample of {self.sampled} of {self.footprint_rejected} (seed {self.seed}), "
+               f"{len(self.failures)} did not compile; {self.rule_rejected} rejected by rules that are no "
+               "footprint claim, not compiled"]
+        out += [f"KEPT OVER LIMIT {e}" for e in self.kept_over]
+        out += [f"LOST TACTIC {e}" for e in self.lost]
+        return out
 
 
 def _reason_class(reason: str) -> str:
@@ -115,6 +151,9 @@ def summarize(planned: dict[Problem, list[Planned]]) -> dict[str, list[FamilyPla
                 fp.kept += 1
             elif r.verdict.ok is None:
                 fp.unknown += 1
+                c = _reason_class(r.verdict.reason)
+                fp.unknown_reasons[c] += 1
+                fp.unknown_examples.setdefault(c, r.verdict.reason)
             else:
                 fp.rejected += 1
                 c = _reason_class(r.verdict.reason)
@@ -149,6 +188,7 @@ class SearchOptions:
     retry_failed: bool = False            # measure again tactics whose trials failed
     dry_run: bool = False                 # verdicts only
     compile_check: bool = False           # cross-compile kept tactics and compare smem with the verdicts
+    audit_rejected: int = 200             # compile_check: footprint-rejected tactics compiled per arch (seeded)
     seed: int = 0
     max_tactics: int | None = None        # at most this many kept tactics per family and problem
     measure_unknown: bool = False         # also measure tactics whose verdict is unchecked ("unknown: ...")
@@ -183,6 +223,10 @@ class _Search:
         self.ranking: strategy.Ranking | None = None
         self.live = detect() if self.env.device == "cuda" else ARCHS["cpu"]
         self.target = o.arch or self.live
+        if o.compile_check or (not o.dry_run and self.target == self.live):
+            # a compiler is at hand (the search compiles kept tactics anyway): a verdict no checked
+            # model covers asks it, each figure kept in the cache, instead of staying unknown
+            families = [f.with_compiler_figures(store) for f in families]
         self.problems, self.families, self.store, self.buckets = problems, families, store, buckets
         self.report = SearchReport(self.target.name, self.env.device)
         self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
@@ -197,11 +241,42 @@ class _Search:
         """Dry run or another arch: verdicts only (cross-compiled with compile_check)."""
         if self.o.compile_check:   # cross-compiling needs no GPU: check the verdicts against the compiler
             kept = [r for rows in planned.values() for r in self._sampled([r for r in rows if not r.verdict.rejected])]
+            self.report.audit = Audit(self.target.name, self.o.seed)
             _compile(_compilable(kept), self.target, self.o.runner, self.report)
+            self.audit_rejected(planned)
         if self.target != self.live:
             self.report.notes.append(f"planning for {self.target.name} on a {self.live.name} machine: "
                                      "verdicts only, nothing measured")
         return self.report
+
+    def audit_rejected(self, planned: dict[Problem, list[Planned]]) -> None:
+        """Compile a seeded sample of the tactics rejected for their footprint and count those
+        that fit after all (Audit). One per distinct (format, epilogue, tactic): the compiled
+        footprint does not depend on N and K."""
+        audit, limit = self.report.audit, self.target.smem_per_block_optin
+        by_config: dict = {}
+        for rows in planned.values():
+            for r in _compilable([r for r in rows if r.verdict.rejected]):
+                v = r.verdict
+                if v.smem_bytes is not None and v.smem_limit is not None and v.smem_bytes > v.smem_limit:
+                    by_config.setdefault((r.problem.w_fmt, r.problem.epilogue, r.tactic), r)
+                else:
+                    audit.rule_rejected += 1
+        pool = sorted(by_config.values(), key=lambda r: (r.problem.key, r.tactic.id))
+        sample = random.Random(self.o.seed).sample(pool, min(self.o.audit_rejected, len(pool)))
+        audit.footprint_rejected, audit.sampled = len(pool), len(sample)
+        t0 = time.perf_counter()
+        results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in sample], self.target.name,
+                                          self.o.runner.compile_workers, self.o.runner.families)
+        self.report.stages.add("audit compile", time.perf_counter() - t0, len(sample))
+        for r, (err, smem) in zip(sample, results):
+            if err is not None or smem is None:
+                audit.failures.append(f"{r.problem.key} {r.tactic}: {err or 'no figure'}")
+                continue
+            audit.compiled += 1
+            if smem <= limit:
+                audit.lost.append(f"{r.problem.key} {r.tactic}: rejected ({r.verdict.reason}), compiled smem "
+                                  f"{smem} <= {limit}")
 
     def runnable(self) -> set[str]:
         names = set()
@@ -450,9 +525,15 @@ def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchR
         errors.append(err)
         if err is not None:
             report.compile_failures.append(f"{r.problem.key} {r.tactic}: {err}")
-        elif smem is not None and r.verdict.smem_bytes is not None and smem != r.verdict.smem_bytes:
+            continue
+        if smem is not None and r.verdict.smem_bytes is not None and smem != r.verdict.smem_bytes:
             report.model_errors.append(f"{r.problem.key} {r.tactic}: compiler says smem {smem} on "
                                        f"{target.name}, model {r.verdict.smem_bytes}")
+        if report.audit is not None and smem is not None:
+            report.audit.kept_compiled += 1
+            if smem > target.smem_per_block_optin:
+                report.audit.kept_over.append(f"{r.problem.key} {r.tactic}: compiled smem {smem} > "
+                                              f"{target.smem_per_block_optin}")
     return errors
 
 
