@@ -37,13 +37,11 @@ def register(name: str, path: str) -> None:
     """Add a family ("module:Class") under `name`; workers started later load it too."""
     FAMILIES[name] = path
     get.cache_clear()
-    _code.cache_clear()
 
 
 def unregister(name: str) -> None:
     FAMILIES.pop(name, None)
     get.cache_clear()
-    _code.cache_clear()
 
 
 def names() -> list[str]:
@@ -127,8 +125,13 @@ STALE_CODE = "measured with other code"
 REFRESH = "`autotune search` (same problems) measures them again; `autotune cache prune --stale-code` drops them"
 
 
-@lru_cache(maxsize=1 << 16)
 def _code(family: str, params_json: str) -> Code | None:
+    return _code_of(family, FAMILIES.get(family), params_json)
+
+
+@lru_cache(maxsize=1 << 16)
+def _code_of(family: str, path: str | None, params_json: str) -> Code | None:
+    # keyed by the registration too: a test or plugin may put another class under a name
     try:
         return get(family).code(Tactic.from_json(params_json))
     except (ValueError, TypeError, KeyError, ImportError):

@@ -216,3 +216,38 @@ def test_a_committed_cache_from_older_code_reads_but_is_not_served():
     assert h200.device_key == ws[0].device_key
     d = Dispatcher(db, env=h200, arch=ARCHS["sm90"], record_misses=False, warn=False)
     assert sum(d.skipped.values()) == len(ws) and {k.split()[-2:] == ["code", "differs"] for k in d.skipped} == {True}
+
+
+def test_compile_check_audits_kept_and_rejected_verdicts_against_the_compiler(register_family):
+    """The verdict audit (both ways): a kept tactic the compiler puts over the limit, and of the
+    footprint-rejected ones (seeded sample) those the compiler fits in: lost."""
+    from autotune.core.arch import get_arch
+    from autotune.report import text
+    fam = register_family("footprint", "tests.families.footprint:FootprintFamily")
+    big = Problem.dense(4096, 512)                    # every chunk_n < N: nothing rejected by a rule
+    rep = search([big], families=[fam], store=Store("sqlite://"), buckets=Buckets.of((1,)), env=CPU,
+                 arch=get_arch("sm90"), dry_run=True, compile_check=True, runner=Runner(isolate=False))
+    a = rep.audit
+    assert (a.kept_compiled, a.footprint_rejected, a.sampled, a.compiled, a.rule_rejected) == (4, 2, 2, 2, 0)
+    assert len(a.kept_over) == 1 and "chunk_n=512,dequant_dtype=fp32" in a.kept_over[0].replace(" ", "")
+    assert len(a.lost) == 1 and "chunk_n=2048,dequant_dtype=bf16" in a.lost[0].replace(" ", "")
+    assert "compiled smem 50000 <= 232448" in a.lost[0]
+    lines = list(text.search_lines(rep, []))
+    assert any(line.startswith("verdict audit on sm90: 1 of 4 compiled kept tactics over the smem limit; 1 of 2")
+               for line in lines)
+    again = search([big], families=[fam], store=Store("sqlite://"), buckets=Buckets.of((1,)), env=CPU,
+                   arch=get_arch("sm90"), dry_run=True, compile_check=True, audit_rejected=1, seed=3,
+                   runner=Runner(isolate=False))
+    assert (again.audit.sampled, again.audit.footprint_rejected) == (1, 2)
+
+
+def test_the_search_says_why_tactics_stayed_unknown():
+    from autotune.core.tactic import Verdict
+    from autotune.engine.search import Planned, summarize
+    t = [Tactic("triton", kernel="w4a16_dequant", block_m=16, block_n=16 * i, block_k=64, group_m=1, num_warps=4,
+                num_stages=2, split_k=1) for i in (1, 2, 3)]
+    rows = [Planned(P, t[0], Verdict(None, "unknown: block_n=16 is outside; no compiler figure for it")),
+            Planned(P, t[1], Verdict(None, "unknown: block_n=32 is outside; no compiler figure for it")),
+            Planned(P, t[2], Verdict.keep())]
+    [fp] = summarize({P: rows})[P.key]
+    assert fp.unknown == 2 and "2 unknown until checked on the device (2× e.g. unknown: block_n=16" in fp.line()

@@ -12,7 +12,6 @@ stored trials (autotune.core.winner), never from in-memory state.
 """
 from __future__ import annotations
 
-import random
 import re
 import threading
 import time
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from autotune.core import codekey, winner as winner_rule
-from autotune.engine import claims as job_claims, strategy, workers as workers_mod
+from autotune.engine import audit, claims as job_claims, strategy, workers as workers_mod
 from autotune.engine.executor import Outcome
 from autotune.engine.progress import Bar, Progress
 from autotune.engine.timing import TimerConfig
@@ -93,36 +92,7 @@ class SearchReport:
     winners: list[Winner] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stages: Stages = field(default_factory=Stages)   # where the measuring time went
-    audit: "Audit | None" = None                     # --compile-check: the verdicts checked both ways
-
-
-@dataclass
-class Audit:
-    """--compile-check's verdict audit (the static filter's two ways to be wrong): kept tactics whose
-    compiled footprint exceeds the arch's limit, and of a seeded sample of the tactics rejected for
-    their footprint (the model's smem over the limit), those whose compiled footprint fits: a lost
-    tactic. Rejections by a rule that is no footprint claim are counted, not compiled."""
-
-    arch: str
-    seed: int
-    kept_compiled: int = 0
-    kept_over: list = field(default_factory=list)        # "problem tactic: compiled smem X > limit"
-    footprint_rejected: int = 0                          # distinct (format, epilogue, tactic) rejected by footprint
-    sampled: int = 0
-    compiled: int = 0                                    # of the sample, compiled
-    lost: list = field(default_factory=list)             # "problem tactic: rejected (reason), compiled smem X <= limit"
-    failures: list = field(default_factory=list)         # of the sample, did not compile
-    rule_rejected: int = 0                               # rejected by a rule that is not a footprint claim
-
-    def lines(self) -> list[str]:
-        out = [f"verdict audit on {self.arch}: {len(self.kept_over)} of {self.kept_compiled} compiled kept tactics "
-               f"over the smem limit; {len(self.lost)} of {self.compiled} compiled footprint-rejected tactics fit "
-               f"(lost) — sample of {self.sampled} of {self.footprint_rejected} (seed {self.seed}), "
-               f"{len(self.failures)} did not compile; {self.rule_rejected} rejected by rules that are no "
-               "footprint claim, not compiled"]
-        out += [f"KEPT OVER LIMIT {e}" for e in self.kept_over]
-        out += [f"LOST TACTIC {e}" for e in self.lost]
-        return out
+    audit: "audit.Audit | None" = None               # --compile-check: the verdicts checked both ways
 
 
 def _reason_class(reason: str) -> str:
@@ -241,42 +211,14 @@ class _Search:
         """Dry run or another arch: verdicts only (cross-compiled with compile_check)."""
         if self.o.compile_check:   # cross-compiling needs no GPU: check the verdicts against the compiler
             kept = [r for rows in planned.values() for r in self._sampled([r for r in rows if not r.verdict.rejected])]
-            self.report.audit = Audit(self.target.name, self.o.seed)
-            _compile(_compilable(kept), self.target, self.o.runner, self.report)
-            self.audit_rejected(planned)
+            self.report.audit = audit.Audit(self.target.name, self.o.seed)
+            audit.compile_kept(_compilable(kept), self.target, self.o.runner, self.report)
+            audit.compile_rejected([r for rows in planned.values() for r in _compilable(rows)], self.target,
+                                   self.o.runner, self.o.audit_rejected, self.report)
         if self.target != self.live:
             self.report.notes.append(f"planning for {self.target.name} on a {self.live.name} machine: "
                                      "verdicts only, nothing measured")
         return self.report
-
-    def audit_rejected(self, planned: dict[Problem, list[Planned]]) -> None:
-        """Compile a seeded sample of the tactics rejected for their footprint and count those
-        that fit after all (Audit). One per distinct (format, epilogue, tactic): the compiled
-        footprint does not depend on N and K."""
-        audit, limit = self.report.audit, self.target.smem_per_block_optin
-        by_config: dict = {}
-        for rows in planned.values():
-            for r in _compilable([r for r in rows if r.verdict.rejected]):
-                v = r.verdict
-                if v.smem_bytes is not None and v.smem_limit is not None and v.smem_bytes > v.smem_limit:
-                    by_config.setdefault((r.problem.w_fmt, r.problem.epilogue, r.tactic), r)
-                else:
-                    audit.rule_rejected += 1
-        pool = sorted(by_config.values(), key=lambda r: (r.problem.key, r.tactic.id))
-        sample = random.Random(self.o.seed).sample(pool, min(self.o.audit_rejected, len(pool)))
-        audit.footprint_rejected, audit.sampled = len(pool), len(sample)
-        t0 = time.perf_counter()
-        results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in sample], self.target.name,
-                                          self.o.runner.compile_workers, self.o.runner.families)
-        self.report.stages.add("audit compile", time.perf_counter() - t0, len(sample))
-        for r, (err, smem) in zip(sample, results):
-            if err is not None or smem is None:
-                audit.failures.append(f"{r.problem.key} {r.tactic}: {err or 'no figure'}")
-                continue
-            audit.compiled += 1
-            if smem <= limit:
-                audit.lost.append(f"{r.problem.key} {r.tactic}: rejected ({r.verdict.reason}), compiled smem "
-                                  f"{smem} <= {limit}")
 
     def runnable(self) -> set[str]:
         names = set()
@@ -341,7 +283,7 @@ class _Search:
         if not items:
             return
         bad = set()
-        for r, err in zip(items, _compile(items, self.target, self.o.runner, self.report)):
+        for r, err in zip(items, audit.compile_kept(items, self.target, self.o.runner, self.report)):
             if err is None:
                 continue
             bad.add((r.problem.key, r.tactic.id))
@@ -510,31 +452,6 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
 
 def _compilable(rows) -> list:
     return [r for r in rows if registry.get(r.tactic.family).compiles]
-
-
-def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchReport) -> list[str | None]:
-    """Compile kept tactics for `target` in `runner.compile_workers` processes; note every
-    disagreement between the compiler's shared memory and the verdict's. Returns errors."""
-    t0 = time.perf_counter()
-    results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in items], target.name,
-                                      runner.compile_workers, runner.families)
-    report.stages.add("compile", time.perf_counter() - t0, len(items))
-    report.compiled += len(items)
-    errors = []
-    for r, (err, smem) in zip(items, results):
-        errors.append(err)
-        if err is not None:
-            report.compile_failures.append(f"{r.problem.key} {r.tactic}: {err}")
-            continue
-        if smem is not None and r.verdict.smem_bytes is not None and smem != r.verdict.smem_bytes:
-            report.model_errors.append(f"{r.problem.key} {r.tactic}: compiler says smem {smem} on "
-                                       f"{target.name}, model {r.verdict.smem_bytes}")
-        if report.audit is not None and smem is not None:
-            report.audit.kept_compiled += 1
-            if smem > target.smem_per_block_optin:
-                report.audit.kept_over.append(f"{r.problem.key} {r.tactic}: compiled smem {smem} > "
-                                              f"{target.smem_per_block_optin}")
-    return errors
 
 
 def _sample(kept: list[Planned], n: int) -> list[Planned]:
