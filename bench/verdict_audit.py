@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         with Store("sqlite://") as store:
             rep = search(problems, families=[fam], store=store, buckets=Buckets.of((1,)), arch=get_arch(arch),
                          dry_run=True, compile_check=True, audit_rejected=a.sample, max_tactics=a.max_tactics,
-                         seed=a.seed, runner=Runner(compile_workers=1))
+                         seed=a.seed, runner=Runner(compile_workers=1), log=lambda s: print(s, flush=True))
         for line in rep.audit.lines():
             print(line, flush=True)
         print(f"  ({arch}: {rep.compiled} kept compiled, {len(rep.model_errors)} smem disagreements, "

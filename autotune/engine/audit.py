@@ -67,7 +67,7 @@ def compile_kept(items: list, target: Arch, runner: Runner, report) -> list[str 
     return errors
 
 
-def compile_rejected(rows: list, target: Arch, runner: Runner, n: int, report) -> None:
+def compile_rejected(rows: list, target: Arch, runner: Runner, n: int, report, log=lambda s: None) -> None:
     """Compile a seeded sample of `n` of the rows (Planned, of families that compile) rejected for
     their footprint, into report.audit. One per distinct (format, epilogue, tactic): the compiled
     footprint does not depend on N and K."""
@@ -84,15 +84,20 @@ def compile_rejected(rows: list, target: Arch, runner: Runner, n: int, report) -
     pool = sorted(by_config.values(), key=lambda r: (r.problem.key, r.tactic.id))
     sample = random.Random(audit.seed).sample(pool, min(n, len(pool)))
     audit.footprint_rejected, audit.sampled = len(pool), len(sample)
-    t0 = time.perf_counter()
-    results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in sample], target.name,
-                                      runner.compile_workers, runner.families)
-    report.stages.add("audit compile", time.perf_counter() - t0, len(sample))
-    for r, (err, smem) in zip(sample, results):
-        if err is not None or smem is None:
-            audit.failures.append(f"{r.problem.key} {r.tactic}: {err or 'no figure'}")
-            continue
-        audit.compiled += 1
-        if smem <= limit:
-            audit.lost.append(f"{r.problem.key} {r.tactic}: rejected ({r.verdict.reason}), compiled smem "
-                              f"{smem} <= {limit}")
+    step = max(1, 4 * runner.compile_workers)         # in slices, so a long audit says how far it got
+    for i in range(0, len(sample), step):
+        part = sample[i:i + step]
+        t0 = time.perf_counter()
+        results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in part], target.name,
+                                          runner.compile_workers, runner.families)
+        report.stages.add("audit compile", time.perf_counter() - t0, len(part))
+        for r, (err, smem) in zip(part, results):
+            if err is not None or smem is None:
+                audit.failures.append(f"{r.problem.key} {r.tactic}: {err or 'no figure'}")
+                continue
+            audit.compiled += 1
+            if smem <= limit:
+                audit.lost.append(f"{r.problem.key} {r.tactic}: rejected ({r.verdict.reason}), compiled smem "
+                                  f"{smem} <= {limit}")
+        log(f"verdict audit on {target.name}: {i + len(part)} of {len(sample)} footprint-rejected compiled or "
+            f"failed, {len(audit.lost)} lost, {len(audit.failures)} failed")

@@ -214,7 +214,7 @@ class _Search:
             self.report.audit = audit.Audit(self.target.name, self.o.seed)
             audit.compile_kept(_compilable(kept), self.target, self.o.runner, self.report)
             audit.compile_rejected([r for rows in planned.values() for r in _compilable(rows)], self.target,
-                                   self.o.runner, self.o.audit_rejected, self.report)
+                                   self.o.runner, self.o.audit_rejected, self.report, self.o.log)
         if self.target != self.live:
             self.report.notes.append(f"planning for {self.target.name} on a {self.live.name} machine: "
                                      "verdicts only, nothing measured")
