@@ -13,7 +13,7 @@ from autotune.engine.executor import WorkerStartError
 from autotune.engine.progress import Progress
 from autotune.models import list_models
 from autotune.report import print_summary, text
-from cache import CacheError
+from autotune.cache import CacheError
 
 EXIT_BAD_INPUT = 2
 
@@ -249,7 +249,7 @@ def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, met
     if flashinfer_version or metadata_from_env or meta or blocklist:
         raise BadInput("--flashinfer-version, --metadata-from-env, --meta and --blocklist need --format flashinfer")
     from autotune.integrations.portable import export_cache
-    from cache.signing import load_key
+    from autotune.cache.signing import load_key
     keys = sorted(_keys(model, tp, ep)) if model else None
     store = _open_store(cache, readonly=True)
     try:
@@ -266,8 +266,8 @@ def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, met
 def cache_import(path, cache, verify_key):
     """Merge an exported file into the cache, validating every entry."""
     from autotune.integrations.portable import import_cache
-    from cache.signing import load_key
-    from tactics import registry
+    from autotune.cache.signing import load_key
+    from autotune.tactics import registry
     store = _open_store(cache)
     try:
         rep = import_cache(store, path, validate=registry.validate, key=load_key(verify_key))
@@ -288,8 +288,8 @@ def cache_import(path, cache, verify_key):
 def cache_merge(paths, output, fmt, verify_key, sign_key):
     """Combine exports into one, validating every entry (a later file wins on conflicts)."""
     from autotune.integrations.portable import merge_exports
-    from cache.signing import load_key
-    from tactics import registry     # the families load torch: only when a file is validated
+    from autotune.cache.signing import load_key
+    from autotune.tactics import registry     # the families load torch: only when a file is validated
     try:
         rep = merge_exports(paths, output, fmt=fmt, validate=registry.validate, verify_key=load_key(verify_key),
                             sign_key=load_key(sign_key))

@@ -24,7 +24,7 @@ from autotune.models import ModelError, ProblemUse, problems_for
 from autotune.report import collect, measure_ceilings as report_ceilings, show_misses, write_html
 from autotune.report.model import Summary, static_plans
 from autotune.runtime.misses import search_input_from_misses
-from cache import CacheError, Store, check_winner
+from autotune.cache import CacheError, Store, check_winner
 # after `cache`: importing portable first would run cache/__init__, which imports portable half-made
 from autotune.integrations.prune import prune as prune_store, select_devices
 
@@ -93,7 +93,7 @@ def target_arch(name: str | None) -> Arch:
 
 
 def parse_families(spec: str | Sequence) -> list:
-    from tactics import registry      # loads torch
+    from autotune.tactics import registry      # loads torch
     if not isinstance(spec, str):
         return list(spec)
     try:
@@ -281,7 +281,7 @@ class Shown:
     winners: list = field(default_factory=list)
     summary: Summary | None = None
     misses: list | None = None
-    notes: list = field(default_factory=list)     # rows left out by cache.rows' checks, counted
+    notes: list = field(default_factory=list)     # rows left out by autotune.cache.rows' checks, counted
     stale: list = field(default_factory=list)     # show --stale: (winner, why its code key is not this code's)
     stale_trials: int = 0                         # show --stale: trials measured with other code
 
@@ -305,7 +305,7 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
     rows = [w for w in every if check_winner(w) is None]     # the damaged ones are counted in the summary
     rows.sort(key=lambda w: (w.problem_key, w.device_key, w.bucket))
     if stale:
-        from tactics import registry       # loads the families: only --stale judges code keys
+        from autotune.tactics import registry       # loads the families: only --stale judges code keys
         judged = [(w, registry.stale_code(w)) for w in rows]
         n = sum(registry.stale_code(t) is not None for t in store.trials() if keys is None or t.problem_key in keys)
         return Shown(store.url, names, rows, None, stale=[(w, why) for w, why in judged if why], stale_trials=n)

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics.triton_fp4.moe_decode import chunk_tokens  # noqa: E402
-from tactics.triton_fp4.splitk import chunk_rows  # noqa: E402
+from autotune.tactics.triton_fp4.moe_decode import chunk_tokens  # noqa: E402
+from autotune.tactics.triton_fp4.splitk import chunk_rows  # noqa: E402
 from autotune.engine.strategy import invariant, one_per_problem  # noqa: E402
 from bench.rank_eval import open_store  # noqa: E402
 

@@ -50,7 +50,7 @@ def time_mm(mm, alg, iters: int, reps: int) -> tuple[float, float]:
 def phase1(args) -> dict:
     import torch
     from autotune.core.problem import Problem
-    from tactics import cublaslt as cl
+    from autotune.tactics import cublaslt as cl
     out = {"device": torch.cuda.get_device_name(0), "cc": list(torch.cuda.get_device_capability(0)),
            "cublas": cl.cublas_version(), "torch": torch.__version__, "m": args.m, "iters": args.iters,
            "reps": args.reps, "problems": []}
@@ -110,7 +110,7 @@ def phase2(args) -> None:
     import torch
     from nvmath.linalg.advanced import MatmulPlanPreferences
     from autotune.core.problem import Problem
-    from tactics import cublaslt as cl
+    from autotune.tactics import cublaslt as cl
     from autotune.core.tactic import Tactic
     data = json.loads(Path(args.replay).read_text())
     fam = cl.CublasLtFamily()

@@ -100,8 +100,8 @@ def check_phase(res: dict, deadline: float) -> None:
 
     from autotune.core import inputs
     from autotune.core.arch import detect
-    from tactics.cuda import build as B
-    from tactics.cuda.family import CudaFamily, config
+    from autotune.tactics.cuda import build as B
+    from autotune.tactics.cuda.family import CudaFamily, config
     fam, arch = CudaFamily(), detect()
     target = f"sm_{arch.cc_int}"
     out = res.setdefault("check", {"rows": [], "compile": [], "bound": []})
@@ -160,7 +160,7 @@ def check_phase(res: dict, deadline: float) -> None:
 def _pre_one(args):
     fam_name, key, tj, arch = args
     from autotune.core.arch import get_arch
-    from tactics import registry
+    from autotune.tactics import registry
     t0 = time.perf_counter()
     try:
         registry.get(fam_name).precompile(Problem.from_key(key), Tactic.from_json(tj), get_arch(arch))
@@ -188,8 +188,8 @@ def table_phase(res: dict, deadline: float) -> None:
     from autotune.core import inputs
     from autotune.core.arch import detect
     from autotune.engine import timing
-    from tactics.cuda.family import CudaFamily
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.cuda.family import CudaFamily
+    from autotune.tactics.triton_fp4.family import TritonFamily
     import torch
     cuda, tri, arch = CudaFamily(), TritonFamily(), detect()
     timer = timing.TimerConfig(budget_s=0.01, max_reps=10)

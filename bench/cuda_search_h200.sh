@@ -16,11 +16,11 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
   python3 -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
 t0=$(date +%s)
-timeout "${SEARCH_S:-100}" python3 -m cli search --model glm5 --tp 8 --families cuda,triton,torch --only dense \
+timeout "${SEARCH_S:-100}" python3 -m autotune.cli search --model glm5 --tp 8 --families cuda,triton,torch --only dense \
     --max-tokens 64 --strategy ranked --rank-model docs/data/h200x2-glm5-tp8-full.rank-sm90.json \
     --cache "$OUT/cuda-search.db" --budget-s "${BUDGET_S:-0.1}" --compile-workers 16 > "$OUT/search.txt" 2> "$OUT/search.err"
 echo "search: exit $?, wall $(( $(date +%s) - t0 )) s" | tee "$OUT/summary.txt"
-python3 -m cli show --cache "$OUT/cuda-search.db" > "$OUT/show.txt" 2>&1
+python3 -m autotune.cli show --cache "$OUT/cuda-search.db" > "$OUT/show.txt" 2>&1
 AUTOTUNE_CACHE=$OUT/cuda-search.db timeout 40 python3 bench/cuda_dispatch.py --out "$OUT" > "$OUT/dispatch.txt" 2>&1
 echo "dispatch: exit $?" | tee -a "$OUT/summary.txt"
 timeout "${TESTS_S:-90}" python3 -m pytest -q -p no:cacheprovider -m "gpu or requires_sm90" tests/test_bound.py \

@@ -60,9 +60,9 @@ def _our_cache(path: Path, buckets: tuple[int, ...]):
     from autotune.core.env import cpu
     from autotune.core.problem import Problem
     from autotune.core.records import Winner
-    from cache import Store
-    from tactics import registry
-    from tactics.torch_ref import CHUNKS, DTYPES
+    from autotune.cache import Store
+    from autotune.tactics import registry
+    from autotune.tactics.torch_ref import CHUNKS, DTYPES
 
     env = cpu()
     fam = registry.get("torch")

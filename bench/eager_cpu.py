@@ -47,8 +47,8 @@ def per_call(fn, reps: int, batch: int, calls_per: int = 1) -> dict:
 def triton_bound(p, w):
     """The Triton family's bound W4A16 launcher with its direct route forced on and the launch
     itself (Triton's compiled C launcher) replaced by a no-op: its Python part on this CPU."""
-    from tactics import registry
-    from tactics.triton_fp4.w4a16 import tactic
+    from autotune.tactics import registry
+    from autotune.tactics.triton_fp4.w4a16 import tactic
     fam = registry.get("triton")
     t = tactic(16, 64, 256, 1, 4, 3, 2)
     b = fam.bind(p, t, fam.pack(fam.layout(t), w), "cpu")
@@ -78,8 +78,8 @@ def main() -> None:
     from autotune.core.records import Winner
     from autotune.runtime import dispatch as D
     from autotune.runtime.nn import FP4Linear
-    from cache import Store
-    from tactics import registry, torch_ref
+    from autotune.cache import Store
+    from autotune.tactics import registry, torch_ref
 
     env, fam = cpu(), registry.get("torch")
     t = Tactic("torch", dequant_dtype="bf16", chunk_n=0)      # bf16: no cast of x, only the no-op kernel

@@ -46,7 +46,7 @@ L2_BYTES = 60 << 20
 
 def _tactic(n: int, k: int):
     """A split-K W4A16 tactic by rule: 64-wide tiles, enough programs for 132 SMs twice."""
-    from tactics.triton_fp4.w4a16 import tactic
+    from autotune.tactics.triton_fp4.w4a16 import tactic
     bk = 256 if k % 256 == 0 else 128
     tiles, sk = n // 64, 1
     while tiles * sk < 264 and sk < 16:
@@ -135,8 +135,8 @@ def setup(tmp: Path):
     from autotune.core.problem import Problem
     from autotune.core.records import Winner
     from autotune.runtime import dispatch as D
-    from cache import Store
-    from tactics import registry
+    from autotune.cache import Store
+    from autotune.tactics import registry
     env, tri = current(), registry.get("triton")
     with Store(tmp / "c.db") as s:
         s.put_environment(env, tri.depends_on)
@@ -321,7 +321,7 @@ def main() -> None:
         save()
         from autotune.core.problem import Problem
         from autotune.core.tactic import Tactic
-        from tactics import registry
+        from autotune.tactics import registry
         tri = registry.get("triton")
         dq = Tactic("triton", kernel="dequant_cublas", block_n=32, block_k=256, num_warps=4)
         pk = tri.pack(tri.layout(dq), w)

@@ -18,13 +18,13 @@ W=$(mktemp -d); DB=$W/h200.db
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_workers_gpu.py 2>&1 | tail -4 | tee "$OUT/pytest.txt"
 
 t0=$(date +%s.%N)
-timeout "${SEARCH_TIMEOUT:-330}" python3 -m cli search --model glm5 --tp 8 --families triton,torch --cache "$DB" \
+timeout "${SEARCH_TIMEOUT:-330}" python3 -m autotune.cli search --model glm5 --tp 8 --families triton,torch --cache "$DB" \
     --budget-s "${BUDGET_S:-0.5}" ${MAXT:+--max-tactics $MAXT} --compile-workers 16 --json > "$OUT/search.json" 2> "$W/search.err"
 rc=$?; t1=$(date +%s.%N)
 echo "search exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s" | tee "$OUT/search.txt"
 tail -3 "$W/search.err"
 python3 bench/trial_timeline.py "$DB" | tee -a "$OUT/search.txt"
 python3 bench/dispatch_check.py "$DB" | tee "$OUT/dispatch.txt"
-timeout 120 python3 -m cli report --cache "$DB" --model glm5 --tp 8 --measure-ceilings -o "$W/report" 2>&1 | tail -3
+timeout 120 python3 -m autotune.cli report --cache "$DB" --model glm5 --tp 8 --measure-ceilings -o "$W/report" 2>&1 | tail -3
 tar czf "$OUT/h200.tgz" -C "$W" h200.db report
 ls -la "$OUT"

@@ -18,11 +18,11 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/tes
 export AUTOTUNE_CACHE=$OUT/h200.db
 BUCKETS=${BUCKETS:-1,16,128,1024,8192}
 MAXT=${MAXT:-16}
-/usr/bin/time -v -o "$OUT/search.time" timeout ${SEARCH_TIMEOUT:-330} python3 -m cli search --model glm5 --tp 8 \
+/usr/bin/time -v -o "$OUT/search.time" timeout ${SEARCH_TIMEOUT:-330} python3 -m autotune.cli search --model glm5 --tp 8 \
     --families triton,torch --buckets "$BUCKETS" --max-tactics "$MAXT" > "$OUT/search.txt" 2> "$OUT/search.err"
 echo "search exit $?"; grep -E "Elapsed|Maximum resident" "$OUT/search.time"
 tail -5 "$OUT/search.txt"; tail -5 "$OUT/search.err"
-python3 -m cli show --model glm5 --tp 8 > "$OUT/show.txt" 2>&1; cat "$OUT/show.txt" | head -60
+python3 -m autotune.cli show --model glm5 --tp 8 > "$OUT/show.txt" 2>&1; cat "$OUT/show.txt" | head -60
 python3 - <<'PY' | tee "$OUT/dispatch.txt"
 import torch
 from autotune.core import inputs

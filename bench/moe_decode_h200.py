@@ -53,7 +53,7 @@ DEV = "cpu" if SMOKE else "cuda"
 
 
 def _compile_one(args):
-    from tactics.triton_fp4 import moe_decode as md
+    from autotune.tactics.triton_fp4 import moe_decode as md
     prob, cfg, cc, epi, routed, aligned, split = args
     c = dict(cfg, route="aligned" if aligned else cfg["route"], split_k=split)
     try:
@@ -235,9 +235,9 @@ def main() -> int:
     from autotune.core.arch import ARCHS, detect
     from autotune.core import inputs
     from autotune.engine import timing
-    from tactics.triton_fp4 import moe_decode as md
-    from tactics.triton_fp4.family import TritonFamily
-    from tactics.triton_fp4.moe_align import Aligner
+    from autotune.tactics.triton_fp4 import moe_decode as md
+    from autotune.tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4.moe_align import Aligner
 
     arch = ARCHS["cpu"] if SMOKE else detect()
     res = {"gpu": "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,

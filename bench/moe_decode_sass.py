@@ -51,9 +51,9 @@ def main(arch: str = "sm90") -> int:
 
     from autotune.core.arch import get_arch
     from autotune.core.problem import Problem
-    from tactics.triton_fp4 import compile as C
-    from tactics.triton_fp4 import moe_decode as md
-    from tactics.triton_fp4 import moe_decode_kernel as K
+    from autotune.tactics.triton_fp4 import compile as C
+    from autotune.tactics.triton_fp4 import moe_decode as md
+    from autotune.tactics.triton_fp4 import moe_decode_kernel as K
 
     target = GPUTarget("cuda", get_arch(arch).cc_int, 32)
     opts = {"num_warps": TILE["num_warps"], "num_stages": TILE["num_stages"]}

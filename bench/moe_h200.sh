@@ -10,7 +10,7 @@ DB=$OUT/work.db
 [ -f docs/data/moe-search-h200.db ] && cp docs/data/moe-search-h200.db "$DB"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 start=$(date +%s)
-timeout "${SEARCH_S:-360}" python3 -m cli search --model glm5 --tp 8 --only grouped_moe --max-tokens 1024 \
+timeout "${SEARCH_S:-360}" python3 -m autotune.cli search --model glm5 --tp 8 --only grouped_moe --max-tokens 1024 \
     --fused-moe --fold-shared ${STRATEGY:+--strategy "$STRATEGY"} --cache "$DB" --compile-workers 16 \
     > "$OUT/search.log" 2>&1
 rc=$?

@@ -154,7 +154,7 @@ def routing(m, experts, seed, skew=SKEW):
 
 def check_block(d) -> list[dict]:
     import torch
-    from tactics.triton_fp4 import moe_align
+    from autotune.tactics.triton_fp4 import moe_align
     gate, up, down = random_block(7)
     perm = torch.randperm(E_GLOBAL, generator=torch.Generator().manual_seed(3))
     emap = torch.full((E_GLOBAL,), -1, dtype=torch.int32)

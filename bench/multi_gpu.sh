@@ -34,7 +34,7 @@ search() {   # search LABEL DB EXTRA...   (fresh Triton cache; wall time, stage 
   local label=$1 db=$2; shift 2
   local tc; tc=$(mktemp -d)
   local a b; a=$(date +%s.%N)
-  TRITON_CACHE_DIR=$tc timeout "${RUN_TIMEOUT:-200}" python3 -m cli search --model glm5 --tp 8 --families triton,torch \
+  TRITON_CACHE_DIR=$tc timeout "${RUN_TIMEOUT:-200}" python3 -m autotune.cli search --model glm5 --tp 8 --families triton,torch \
       --cache "$db" --compile-workers 16 "$@" > "$W/$label.txt" 2> "$W/$label.err"
   local rc=$?; b=$(date +%s.%N)
   echo "$label: exit $rc, wall $(python3 -c "print(round($b-$a,1))") s ($*)" | tee -a "$OUT/runs.txt"
@@ -54,8 +54,8 @@ pair() {
     search hi "$W/hi.db" "${common[@]}" --buckets "$HI" --gpus 1 &
     wait; b=$(date +%s.%N)
     echo "lo+hi concurrently: wall $(python3 -c "print(round($b-$a,1))") s" | tee -a "$OUT/runs.txt"
-    python3 -m cli cache export --cache "$W/lo.db" -o "$W/lo.export" && python3 -m cli cache export --cache "$W/hi.db" -o "$W/hi.export" \
-      && python3 -m cli cache merge "$W/lo.export" "$W/hi.export" -o "$W/merged.db" 2>&1 | tail -2 | tee -a "$OUT/runs.txt"
+    python3 -m autotune.cli cache export --cache "$W/lo.db" -o "$W/lo.export" && python3 -m autotune.cli cache export --cache "$W/hi.db" -o "$W/hi.export" \
+      && python3 -m autotune.cli cache merge "$W/lo.export" "$W/hi.export" -o "$W/merged.db" 2>&1 | tail -2 | tee -a "$OUT/runs.txt"
     python3 bench/compare_winners.py "$W/merged.db" "$W/two.db" --json "$OUT/merged_vs_two.json" | tail -12 | tee -a "$OUT/runs.txt"
   fi
   tar czf "$OUT/pair.tgz" -C "$W" $(cd "$W" && ls one.db two.db lo.db hi.db merged.db one.txt two.txt 2>/dev/null)

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.engine import rankdata, rankmodel, ranked  # noqa: E402
-from cache.store import Store  # noqa: E402
+from autotune.cache.store import Store  # noqa: E402
 
 TARGET_SHARE, TARGET_GAP, TARGET_HITS = 0.10, 0.03, 0.95
 

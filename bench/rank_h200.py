@@ -33,7 +33,7 @@ def compare(a: str, b: str, cycles: int = 7, device: str = "cuda") -> dict:
     from autotune.core.tactic import Tactic
     from autotune.engine import timing
     from autotune.engine.worker import Bench
-    from cache import Store
+    from autotune.cache import Store
     wa = {(w.problem_key, w.bucket): w for w in Store(a, readonly=True).winners()}
     wb = {(w.problem_key, w.bucket): w for w in Store(b, readonly=True).winners()}
     keys = sorted(set(wa) & set(wb))
@@ -66,8 +66,8 @@ def autotune_sample() -> dict:
     from autotune.core.arch import get_arch
     from autotune.core.problem import Problem
     from autotune.models import problems_for
-    from tactics.triton_fp4.family import TritonFamily
-    from tactics.triton_fp4.kernel import w4a16_dequant_kernel
+    from autotune.tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4.kernel import w4a16_dequant_kernel
     fam, arch = TritonFamily(), get_arch("sm90")
     p = Problem.dense(*PROBLEM)
     kept = [t for t in fam.enumerate(p, arch) if t["kernel"] == "w4a16_dequant" and fam.verdict(p, t, arch).ok]

@@ -17,7 +17,7 @@ MODEL=docs/data/h200x2-glm5-tp8-full.rank-sm90.json
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } | tee "$OUT/env.txt"
 for run in a b; do
   lim=RUN_${run^^}_S; t0=$(date +%s.%N)
-  timeout "${!lim:-120}" python3 -m cli search --model glm5 --tp 8 --strategy ranked --rank-model "$MODEL" \
+  timeout "${!lim:-120}" python3 -m autotune.cli search --model glm5 --tp 8 --strategy ranked --rank-model "$MODEL" \
       --cache "$W/$run.db" --budget-s "${BUDGET_S:-0.1}" --compile-workers 16 > "$OUT/search-$run.txt" 2> "$W/$run.err"
   rc=$?; t1=$(date +%s.%N)
   echo "run $run: exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s" | tee -a "$OUT/summary.txt"

@@ -28,7 +28,7 @@ def run(args: list[str]) -> tuple[float, dict]:
     import os
     with tempfile.TemporaryDirectory() as tc:
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "cli", "search", *args, "--json"], cwd=ROOT,
+        out = subprocess.run([sys.executable, "-m", "autotune.cli", "search", *args, "--json"], cwd=ROOT,
                              capture_output=True, text=True, env={**os.environ, "TRITON_CACHE_DIR": tc})
         wall = time.perf_counter() - t0
     if out.returncode:

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL, TILE as DQ_TILE  # noqa: E402
-from tactics.triton_fp4.family import TritonFamily  # noqa: E402
+from autotune.tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL, TILE as DQ_TILE  # noqa: E402
+from autotune.tactics.triton_fp4.family import TritonFamily  # noqa: E402
 
 FAM = TritonFamily()
 SHAPES = {"tp1_gate_up": (24576, 6144), "tp1_down": (6144, 12288), "tp8_gate_up": (3072, 6144),

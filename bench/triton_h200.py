@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL, TILE as DQ_TILE  # noqa: E402
-from tactics.triton_fp4.family import TritonFamily  # noqa: E402
+from autotune.tactics.triton_fp4.dequant_cublas import KERNEL as DQ_KERNEL, TILE as DQ_TILE  # noqa: E402
+from autotune.tactics.triton_fp4.family import TritonFamily  # noqa: E402
 
 FAM = TritonFamily()
 BUCKETS = [1 << i for i in range(14)]          # 1 … 8192
@@ -245,7 +245,7 @@ def _autotune_child(out_json: str) -> None:
 
     from autotune.core import inputs
     from autotune.engine import timing
-    from tactics.triton_fp4.kernel import w4a16_dequant_kernel
+    from autotune.tactics.triton_fp4.kernel import w4a16_dequant_kernel
     sample = search_sample()
     configs = [triton.Config({"BLOCK_M": t["block_m"], "BLOCK_N": t["block_n"], "BLOCK_K": t["block_k"],
                               "GROUP_M": t["group_m"], "SPLIT_K": t["split_k"]},
@@ -383,7 +383,7 @@ def moe_phase(res: dict) -> None:
     from autotune.core import inputs
     from autotune.engine import timing
     from autotune.models import problems_for
-    from tactics import registry
+    from autotune.tactics import registry
     from autotune.core.arch import detect
     arch = detect()
     torch_fam = registry.get("torch")

@@ -13,7 +13,7 @@ from triton_h200 import FAM, SEARCH_BUCKETS, SEARCH_PROBLEMS  # noqa: E402  (ben
 
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics.triton_fp4.family import DQ_KERNEL  # noqa: E402
+from autotune.tactics.triton_fp4.family import DQ_KERNEL  # noqa: E402
 
 
 def _g(xs):

@@ -23,8 +23,8 @@ from joblib import Parallel, delayed  # noqa: E402
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.arch import get_arch  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics import registry  # noqa: E402
-from tactics.triton_fp4.smem import tmem_columns  # noqa: E402
+from autotune.tactics import registry  # noqa: E402
+from autotune.tactics.triton_fp4.smem import tmem_columns  # noqa: E402
 from tools.triton_smem.compiled import shared_of  # noqa: E402
 
 ARCHS = ("sm89", "sm90", "sm100", "sm120", "sm121")

@@ -26,9 +26,9 @@ from autotune.core.buckets import Buckets  # noqa: E402
 from autotune.engine.search import search  # noqa: E402
 from autotune.engine.workers import Runner  # noqa: E402
 from autotune.models import problems_for  # noqa: E402
-from cache import Store  # noqa: E402
-from tactics import registry  # noqa: E402
-from tactics.triton_fp4.family import TritonFamily  # noqa: E402
+from autotune.cache import Store  # noqa: E402
+from autotune.tactics import registry  # noqa: E402
+from autotune.tactics.triton_fp4.family import TritonFamily  # noqa: E402
 
 #: inside the region the smem model was checked on (smem.REGION), so each verdict is a claim
 WIDE = {"block_m": (16, 32, 64, 128), "block_k": (64, 128, 256, 512), "num_stages": (2, 3, 4, 5, 6, 7, 8)}

@@ -40,7 +40,7 @@ def run(out: Path) -> int:
 
     from autotune.core import inputs
     from autotune.engine import timing
-    from tactics import registry
+    from autotune.tactics import registry
     from autotune.core.arch import detect
     from autotune.core.arch import ARCHS
     fam, arch = registry.get("triton"), (ARCHS["cpu"] if SMOKE else detect())

@@ -28,8 +28,8 @@ from typing import Callable, Iterable
 
 from sqlalchemy import and_, or_, select
 
-from cache.schema import ClaimRow
-from cache.store import CacheError, Store
+from autotune.cache.schema import ClaimRow
+from autotune.cache.store import CacheError, Store
 
 CLAIMED, DONE = "claimed", "done"
 _T = ClaimRow.__table__

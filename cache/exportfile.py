@@ -25,11 +25,11 @@ from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic, canonical_json
 
-from cache.files import SQLITE_MAGIC, CacheError, is_sqlite, parse, sqlite_file, to_url
-from cache.rows import check_device, check_libset, check_winner
-from cache.schema import SCHEMA_VERSION
-from cache.signing import SigningKey, describe, load_key
-from cache.store import Store
+from autotune.cache.files import SQLITE_MAGIC, CacheError, is_sqlite, parse, sqlite_file, to_url
+from autotune.cache.rows import check_device, check_libset, check_winner
+from autotune.cache.schema import SCHEMA_VERSION
+from autotune.cache.signing import SigningKey, describe, load_key
+from autotune.cache.store import Store
 
 FORMAT = "fp4-autotune-cache"
 KINDS = ("winners", "tactics", "problems", "devices", "libsets")
@@ -158,7 +158,7 @@ _WINNER_FIELDS = ("problem_key", "bucket", "device_key", "tactic_id", "family", 
 
 
 def entries(payload: dict, skips: Skips) -> list[Entry]:
-    """The payload's winners that pass every structural check (cache.rows), with their device and
+    """The payload's winners that pass every structural check (autotune.cache.rows), with their device and
     libset rows; every other winner is added to `skips` with its reason and name."""
     tactics = _index(payload.get("tactics"), "id")
     devices = _index(payload.get("devices"), "device_key")

@@ -5,7 +5,7 @@ older cache.
 the `schema_version` row it writes, so a failed step leaves the cache exactly as it was. A cache
 newer than this code is refused (Store does that before anything here runs); read-only opens never
 migrate. `V1_DDL` is the first released schema, frozen: tests build a cache from it and check that
-upgrading yields what `cache.schema` declares, so a change to schema.py without a step fails CI.
+upgrading yields what `autotune.cache.schema` declares, so a change to schema.py without a step fails CI.
 
 To change the schema: bump SCHEMA_VERSION in cache/schema.py, add `STEPS[new] = fn(conn)` here
 (plain DDL/DML through `conn.exec_driver_sql`, nothing evaluated from the database), and keep
@@ -19,7 +19,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from cache.schema import SCHEMA_VERSION
+from autotune.cache.schema import SCHEMA_VERSION
 
 Step = Callable[[Connection], None]
 

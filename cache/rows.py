@@ -4,7 +4,7 @@ named reason and never reaches a division, a comparison or a kernel.
 
 Structural means: types, ranges and keys, decidable from the row alone. Whether the family is
 known, its parameters valid and its verdict fine on the live arch is the family's question
-(`tactics.registry.usable` / `registry.validate`), passed in by the layers above as a callable:
+(`autotune.tactics.registry.usable` / `registry.validate`), passed in by the layers above as a callable:
 the cache never imports families.
 
 Reasons (stable strings, counted by the readers):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from autotune.core import settings
-from cache.files import CacheError
+from autotune.cache.files import CacheError
 
 KEY_ENV = settings.SIGNING_KEY
 KEY_FILE_ENV = settings.SIGNING_KEY_FILE

@@ -25,12 +25,12 @@ from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
 from autotune.core.tactic import Tactic, canonical_json
 
-from cache.files import (CacheError, check_header, immutable_ok, is_locked, is_sqlite, one_line, parse, probe_dir,
+from autotune.cache.files import (CacheError, check_header, immutable_ok, is_locked, is_sqlite, one_line, parse, probe_dir,
                          sqlite_file, to_url)
-from cache.migrations import MigrationError, upgrade
-from cache.schema import (SCHEMA_VERSION, Base, CompilerFigureRow, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
+from autotune.cache.migrations import MigrationError, upgrade
+from autotune.cache.schema import (SCHEMA_VERSION, Base, CompilerFigureRow, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)
-from cache.upsert import upsert
+from autotune.cache.upsert import upsert
 
 T = TypeVar("T")
 _RETRIES = 6
@@ -309,7 +309,7 @@ class Store:
 
     def trials(self, device_key: str | None = None) -> list[Trial]:
         """Every stored trial (of one device, or all), oldest first: for reports. A trial whose
-        tactic row is missing comes back with params_json "" (cache.rows.check_trial names it)."""
+        tactic row is missing comes back with params_json "" (autotune.cache.rows.check_trial names it)."""
         q = (select(*self._cols(TrialRow, _TRIAL_COLS), TacticRow.params_json)
              .outerjoin(TacticRow, TacticRow.id == TrialRow.tactic_id))
         if device_key is not None:
@@ -335,7 +335,7 @@ class Store:
 
     def winners(self, device_key: str | None = None) -> list[Winner]:
         """Every stored winner, as stored: no row is dropped here (a missing tactic row gives
-        params_json ""), so each reader counts what it skips by cache.rows.check_winner."""
+        params_json ""), so each reader counts what it skips by autotune.cache.rows.check_winner."""
         q = (select(*self._cols(WinnerRow, _WINNER_COLS), TacticRow.params_json)
              .outerjoin(TacticRow, TacticRow.id == WinnerRow.tactic_id))
         if device_key is not None:
@@ -350,7 +350,7 @@ class Store:
         """Winners with the device records ({"device_key", "gpu_name", "cc", "sm_count", ...}) and
         libsets ({lib_key: versions}) they refer to, in one transaction (an import: all or nothing).
         A device or libset already stored is kept; a winner replaces the stored one of its
-        (problem, bucket, device). Check rows first (cache.rows): nothing is validated here."""
+        (problem, bucket, device). Check rows first (autotune.cache.rows): nothing is validated here."""
         winners, devices = list(winners), list(devices)
 
         def go(s: Session) -> None:

@@ -62,8 +62,8 @@ def tune(cache: Path, problems: list[Problem], buckets: tuple[int, ...]) -> None
     from autotune.core.buckets import Buckets
     from autotune.core.env import current
     from autotune.engine.search import search
-    from cache import Store
-    from tactics import registry
+    from autotune.cache import Store
+    from autotune.tactics import registry
     with Store(cache) as store:
         search(problems, families=[registry.get("torch")], store=store, buckets=Buckets(buckets), env=current(),
                timer=timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.02))

@@ -26,8 +26,8 @@ from typing import Any, Callable, NamedTuple
 
 from autotune.core.codekey import Code
 from autotune.core.tactic import Tactic, Verdict, check_params
-from tactics.base import FamilyBase
-from tactics.swizzled import SwizzledCache, SwizzledLayout, SwizzledWeight, check_bound_weight, pack_swizzled
+from autotune.tactics.base import FamilyBase
+from autotune.tactics.swizzled import SwizzledCache, SwizzledLayout, SwizzledWeight, check_bound_weight, pack_swizzled
 
 NAME = "cublaslt"
 #: readable configuration fields, read from nvmath's Algorithm on the device

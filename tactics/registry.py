@@ -14,14 +14,14 @@ from autotune.core.arch import Arch
 from autotune.core.codekey import Code, code_key as _join
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from tactics.base import Family
+from autotune.tactics.base import Family
 
 FAMILIES: dict[str, str] = {
-    "torch": "tactics.torch_ref:TorchFamily",
-    "triton": "tactics.triton_fp4.family:TritonFamily",
-    "cutlass": "tactics.cutlass.family:CutlassFamily",
-    "cublaslt": "tactics.cublaslt:CublasLtFamily",
-    "cuda": "tactics.cuda.family:CudaFamily",      # CuPy imported lazily: unavailable without it
+    "torch": "autotune.tactics.torch_ref:TorchFamily",
+    "triton": "autotune.tactics.triton_fp4.family:TritonFamily",
+    "cutlass": "autotune.tactics.cutlass.family:CutlassFamily",
+    "cublaslt": "autotune.tactics.cublaslt:CublasLtFamily",
+    "cuda": "autotune.tactics.cuda.family:CudaFamily",      # CuPy imported lazily: unavailable without it
 }
 
 
@@ -103,7 +103,7 @@ def designated_default(problem: Problem, arch: Arch, device: str) -> Tactic:
 
 def usable(problem: Problem, tactic: Tactic, arch: Arch, device: str) -> str | None:
     """Why a stored or pinned tactic cannot run `problem` here (None: it can). The family half of
-    the row check that dispatch, import and `show` share (cache.rows holds the structural half)."""
+    the row check that dispatch, import and `show` share (autotune.cache.rows holds the structural half)."""
     why = validate(tactic.family, tactic.params)
     if why:
         return f"invalid {tactic.family} parameters: {why}"

@@ -16,7 +16,7 @@ from autotune.core.codekey import Code
 from autotune.core.arch import Arch
 from autotune.core.operands import check_out, check_weight, out_shape, x_checker
 from autotune.core.tactic import Tactic, Verdict, check_params
-from tactics.base import FamilyBase
+from autotune.tactics.base import FamilyBase
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CHUNKS = (0, 512, 2048)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from cache import Store
-from cache.claims import Claims, JobKey
+from autotune.cache import Store
+from autotune.cache.claims import Claims, JobKey
 
 PROBLEM = "dense:bf16*nvfp4->bf16:n256:k512"   # Problem.dense(256, 512).key
 

@@ -38,7 +38,7 @@ def tmp_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def register_family(monkeypatch):
     """register_family(name, "module:Class") -> the family object; undone after the test."""
-    from tactics import registry
+    from autotune.tactics import registry
 
     def register(name: str, path: str):
         monkeypatch.setitem(registry.FAMILIES, name, path)

@@ -60,7 +60,7 @@ runner = _create_cutlass_fp4_gemm_module(StandInSm120Module(), "flashinfer::cutl
 out: dict = {"version": flashinfer.__version__, "metadata": _collect_metadata(), "runner": type(runner).__name__}
 if req.get("export_from_env"):   # `export --metadata-from-env` as run inside the serving image
     from autotune.integrations.flashinfer import ExportError, export_flashinfer
-    from cache import Store
+    from autotune.cache import Store
     job = req["export_from_env"]
     with Store(job["cache"], readonly=True) as store:
         export_flashinfer(store, job["out"], gpu=job["gpu"], from_env=True)

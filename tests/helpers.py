@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_cli(*args, cache=None, env=None, timeout: float = 900) -> subprocess.CompletedProcess:
     """`autotune ARGS` as a real subprocess of this tree (AUTOTUNE_CACHE set when `cache` is given)."""
     e = {**os.environ, **(env or {}), **({"AUTOTUNE_CACHE": str(cache)} if cache is not None else {})}
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT, env=e,
+    return subprocess.run([sys.executable, "-m", "autotune.cli", *map(str, args)], cwd=ROOT, env=e,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -41,7 +41,7 @@ def keyed(record):
     import dataclasses
 
     from autotune.core.tactic import Tactic
-    from tactics import registry
+    from autotune.tactics import registry
     try:
         key = registry.code_key(Tactic.from_json(record.params_json), record.lib_key)
     except (ValueError, TypeError):     # a deliberately damaged row (a test of the row checks) stays as it is

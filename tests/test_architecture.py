@@ -101,8 +101,8 @@ def test_runtime_loads_no_engine_module(stmt):
 
 
 def test_cache_loads_neither_torch_nor_families():
-    loaded = _loaded_after("import cache; from cache import Store", block_torch=True)
-    assert "cache.store" in loaded
+    loaded = _loaded_after("from autotune import cache; from autotune.cache import Store", block_torch=True)
+    assert "autotune.cache.store" in loaded
     # torch is blocked (a None entry in sys.modules): any import of it would have raised
     assert sorted(m for m in loaded if m.startswith(("tactics", "torch.", "triton") + ENGINE)) == []
 

@@ -17,8 +17,8 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, parse_tactic
 from autotune.engine import timing
 from autotune.engine.search import search
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
@@ -46,8 +46,8 @@ _ROWS = textwrap.dedent("""
     from autotune.core import inputs
     from autotune.core.problem import Problem
     from autotune.core.tactic import Tactic
-    from tactics.triton_fp4.family import TritonFamily
-    from tactics.triton_fp4 import moe_decode, splitk
+    from autotune.tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4 import moe_decode, splitk
     fam, out = TritonFamily(), []
     cap = int(sys.argv[2]) if len(sys.argv) > 2 else splitk.MAX_WORKSPACE_BYTES
     splitk.MAX_WORKSPACE_BYTES = moe_decode.MAX_WORKSPACE_BYTES = cap      # small: M=64 is cut into chunks
@@ -164,8 +164,8 @@ def test_invariant_triton_tactics_give_bit_identical_rows_on_the_gpu(monkeypatch
     import torch
 
     from autotune.core import inputs
-    from tactics.triton_fp4 import moe_decode, splitk
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4 import moe_decode, splitk
+    from autotune.tactics.triton_fp4.family import TritonFamily
     fam = TritonFamily()
     split = _w4a16(16, 64, 256, 8)
     monkeypatch.setattr(splitk, "MAX_WORKSPACE_BYTES", 8 * 48 * 16 * 64 * 4)      # 16 rows per launch at N = 3072
@@ -225,9 +225,9 @@ def test_invariant_cost_on_the_committed_moe_search(tmp_path):
 
 
 def test_moe_decode_chunk_rule_has_one_home():
-    """moe_decode's token chunk (split-K workspace cap) is tactics.triton_fp4.moe_decode.chunk_tokens:
+    """moe_decode's token chunk (split-K workspace cap) is autotune.tactics.triton_fp4.moe_decode.chunk_tokens:
     the launcher and bench/batch_invariant_cost.py both use it."""
-    from tactics.triton_fp4 import moe_decode
+    from autotune.tactics.triton_fp4 import moe_decode
     p = Problem.moe(512, 6144, 256, 8)
     for sk in (1, 2, 8):
         params = {**moe_decode.default(p), "split_k": sk}

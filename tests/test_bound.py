@@ -15,9 +15,9 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.nn import FP4Linear
-from tactics import registry, torch_ref
-from tactics.triton_fp4 import kernel as tkernel
-from tactics.triton_fp4.w4a16 import tactic as w4a16_tactic
+from autotune.tactics import registry, torch_ref
+from autotune.tactics.triton_fp4 import kernel as tkernel
+from autotune.tactics.triton_fp4.w4a16 import tactic as w4a16_tactic
 
 P = Problem.dense(128, 256)
 T_TORCH = Tactic("torch", dequant_dtype="bf16", chunk_n=0)
@@ -181,7 +181,7 @@ def test_direct_route_guard(monkeypatch):
     """Checked at bind: Triton version, $AUTOTUNE_LAUNCH, the interpreter, launch hooks."""
     from triton import knobs
 
-    from tactics.triton_fp4 import direct
+    from autotune.tactics.triton_fp4 import direct
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("AUTOTUNE_LAUNCH", raising=False)
     monkeypatch.setattr(direct, "_version_ok", lambda: True)
@@ -202,8 +202,8 @@ def test_direct_route_guard(monkeypatch):
 
 
 def test_constexpr_tail_in_declaration_order():
-    from tactics.triton_fp4 import direct
-    from tactics.triton_fp4.w4a16 import kernel_consts
+    from autotune.tactics.triton_fp4 import direct
+    from autotune.tactics.triton_fp4.w4a16 import kernel_consts
     consts = kernel_consts("nvfp4", T_SPLIT.params)
     assert direct.constexprs(tkernel.w4a16_dequant_kernel, 10, consts) == \
         [consts[c] for c in tkernel.CONSTEXPRS]
@@ -286,7 +286,7 @@ def test_scratch_retires_less_than_it_keeps():
     """Buffers a larger M outgrows are kept (a captured graph may point at them), so growth at least
     doubles: over 100 ascending sizes the retired ones add up to less than the live buffer, and a
     launcher without split-K keeps 4-element scratch whatever M is."""
-    from tactics.triton_fp4.bound_dense import Scratch
+    from autotune.tactics.triton_fp4.bound_dense import Scratch
     s = Scratch()
     for n in range(10, 1010, 10):
         b = s.get(0, "ws", n, torch.float32, torch.device("cpu"))

@@ -17,8 +17,8 @@ from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
 from autotune.integrations.portable import export_cache, import_cache
-from cache import CacheError, Store, default_url
-from cache.schema import SCHEMA_VERSION
+from autotune.cache import CacheError, Store, default_url
+from autotune.cache.schema import SCHEMA_VERSION
 from autotune.core.tactic import Tactic
 from tests.helpers import as_nobody
 
@@ -72,7 +72,7 @@ def test_environment_problem_tactic_round_trip(store):
     for p in fused:                  # the epilogue lives in the key only: read back from it
         store.put_problem(p)
     assert store.problems() == sorted([P1, P2, *fused], key=lambda p: p.key)
-    from cache.schema import ProblemRow                 # a newer version's key: left out, not misread
+    from autotune.cache.schema import ProblemRow                 # a newer version's key: left out, not misread
     store._write(lambda s: s.add(ProblemRow(key=P1.key + ":gelu", kind="grouped_moe", a_fmt="bf16", w_fmt="nvfp4",
                                             out_dtype="bf16", n=P1.n, k=P1.k, experts=P1.experts, top_k=P1.top_k)))
     from sqlalchemy import func, select

@@ -17,8 +17,8 @@ from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.integrations.portable import export_cache, import_cache, merge_exports
-from cache import CacheError, Store
-from tactics import registry
+from autotune.cache import CacheError, Store
+from autotune.tactics import registry
 from autotune.core.arch import ARCHS
 from autotune.core.tactic import Tactic, canonical_json
 
@@ -166,7 +166,7 @@ def test_json_entries_with_wrong_types_are_skipped_with_reasons(src, tmp_path):
     with Store(tmp_path / "dst.db") as dst:
         rep = import_cache(dst, tmp_path / "y.json", validate=registry.validate)
         assert rep.imported == 4
-        assert rep.skipped == {                 # the reasons of cache.rows.check_winner, as dispatch counts them
+        assert rep.skipped == {                 # the reasons of autotune.cache.rows.check_winner, as dispatch counts them
             "malformed winner": 2, "bad bucket": 3, "bad median_us": 1, "malformed tactic": 1,
             "tactic does not match its id": 2, registry.validate("triton", bad_params.params): 1,
             "device record does not match its key": 1, "malformed libset": 1, "bad problem key": 1}

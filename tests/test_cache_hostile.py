@@ -1,7 +1,7 @@
 """Damaged or hostile cache rows (#14) and the torch-free cache layer (#13 item 5).
 
 Readers (`autotune show`, `show --json`, `autotune report`) skip and count rows that fail
-cache.rows' checks instead of crashing; an import never replaces a real row with an invalid one
+autotune.cache.rows' checks instead of crashing; an import never replaces a real row with an invalid one
 and names every row it skips (also a winner whose tactic row is gone); signed exports are
 refused on import and at serve time when the signature is not the configured key's.
 """
@@ -18,10 +18,10 @@ import pytest
 
 from autotune.core.records import Trial, Winner
 from autotune.integrations.portable import export_cache, import_cache
-from cache import CacheError, Store, check_trial, check_winner, verify_for_serving
-from cache.rows import MAX_US
-from cache.signing import KEY_ENV, KEY_FILE_ENV, load_key
-from tactics import registry
+from autotune.cache import CacheError, Store, check_trial, check_winner, verify_for_serving
+from autotune.cache.rows import MAX_US
+from autotune.cache.signing import KEY_ENV, KEY_FILE_ENV, load_key
+from autotune.tactics import registry
 from tests.test_cache_bad import ENV, P, TOR, TRI, _w, cli, one_line_error, resign
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def test_hmac_signed_export_round_trip_and_tampering(src, tmp_path, fmt):
         sig = doc.pop("signature")
         out.write_text(json.dumps({**resign(doc), "signature": sig}))
     else:
-        from cache import exportfile
+        from autotune.cache import exportfile
         con = sqlite3.connect(out)
         con.execute("UPDATE winners SET median_us = 0.5, speedup = 12.0 WHERE bucket = 1")
         con.commit()
@@ -277,7 +277,7 @@ def test_cache_export_merge_prune_load_no_torch(src, tmp_path):
     code = f"""
 import sys
 sys.modules["torch"] = None                      # any import of torch fails
-import cache
+from autotune import cache
 from autotune.integrations.portable import export_cache, merge_exports
 from autotune.integrations.prune import prune
 s = cache.Store({str(src.path)!r})

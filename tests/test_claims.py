@@ -23,8 +23,8 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.engine.claims import TTL_ENV, ClaimSettingError, JobClaims, ttl_s
 from autotune.engine.search import Job
-from cache import CacheError, Store, migrations
-from cache.claims import CLAIMED, DONE, Claims, JobKey, owner_alive
+from autotune.cache import CacheError, Store, migrations
+from autotune.cache.claims import CLAIMED, DONE, Claims, JobKey, owner_alive
 from tests.claims_race import race_claimers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,7 +255,7 @@ BUCKETS = (1, 2)
 
 
 def cli(cfg: Path, cache: str) -> list[str]:
-    return [sys.executable, "-m", "cli", "search", "--model", str(cfg), "--families", "torch",
+    return [sys.executable, "-m", "autotune.cli", "search", "--model", str(cfg), "--families", "torch",
             "--buckets", ",".join(map(str, BUCKETS)), "--cache", cache, "--budget-s", "0.2", "--json"]
 
 
@@ -361,7 +361,7 @@ def plant_and_search(cfg: Path, cache: str) -> tuple[dict, dict[int, tuple]]:
     search must skip the first (and say so) and take the second over."""
     from autotune.core.env import current
     from autotune.models import problems_for
-    from tactics import registry
+    from autotune.tactics import registry
     first = problems_for(str(cfg))[0].problem.key
     with Store(cache) as s:
         env = current()

@@ -166,7 +166,7 @@ def test_archs_cites_files_that_exist():
 
 def test_every_option_of_every_command_has_help():
     import click
-    from cli import main
+    from autotune.cli import main
 
     def commands(group, prefix=""):
         for name, cmd in group.commands.items():

@@ -25,9 +25,9 @@ from autotune.engine.search import search
 from autotune.engine.workers import Runner
 from autotune.integrations.portable import export_cache, import_cache
 from autotune.runtime.dispatch import Dispatcher
-from cache import Store
-from tactics import registry
-from tactics.triton_fp4.family import MEMBERS
+from autotune.cache import Store
+from autotune.tactics import registry
+from autotune.tactics.triton_fp4.family import MEMBERS
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = cpu()
@@ -100,16 +100,16 @@ def _edit(root: Path, where: str, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("module, old, new, changed", [
     # one line of one kernel: only its member's key moves
-    ("tactics.triton_fp4.w4a4_kernels", "tl.store(", "tl.store( ", set()),           # whitespace: no code change
-    ("tactics.triton_fp4.moe_decode_kernel", "import triton\n", "import triton\nSCALE_BUG = 2\n", {"triton/moe_decode"}),
-    ("tactics.torch_ref", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"torch"}),
-    ("tactics.cuda:w4a16_mma.cu", "#define NTHREADS", "#define SCALE_BUG 2\n#define NTHREADS", {"cuda/w4a16_mma"}),
+    ("autotune.tactics.triton_fp4.w4a4_kernels", "tl.store(", "tl.store( ", set()),           # whitespace: no code change
+    ("autotune.tactics.triton_fp4.moe_decode_kernel", "import triton\n", "import triton\nSCALE_BUG = 2\n", {"triton/moe_decode"}),
+    ("autotune.tactics.torch_ref", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"torch"}),
+    ("autotune.tactics.cuda:w4a16_mma.cu", "#define NTHREADS", "#define SCALE_BUG 2\n#define NTHREADS", {"cuda/w4a16_mma"}),
     # kernel.py holds the W4A16 main loop that four members share (moe_decode_kernel imports it)
-    ("tactics.triton_fp4.kernel", "import triton\n", "import triton\nSCALE_BUG = 2\n",
+    ("autotune.tactics.triton_fp4.kernel", "import triton\n", "import triton\nSCALE_BUG = 2\n",
      {"triton/w4a16_dequant", "triton/dequant_cublas", "triton/moe_w4a16", "triton/moe_decode"}),
     # prose is not code: a comment or a docstring keeps every key
-    ("tactics.torch_ref", "import torch\n", "import torch  # the reference\n", set()),
-    ("tactics.triton_fp4.w4a4_kernels", '"""', '"""Edited prose. ', set()),
+    ("autotune.tactics.torch_ref", "import torch\n", "import torch  # the reference\n", set()),
+    ("autotune.tactics.triton_fp4.w4a4_kernels", '"""', '"""Edited prose. ', set()),
 ])
 def test_one_edit_changes_only_the_keys_of_the_members_that_run_it(tmp_path, module, old, new, changed):
     root = _copy(tmp_path / "src")
@@ -148,7 +148,7 @@ def test_dispatch_serves_a_winner_only_under_the_code_that_measured_it(tmp_path)
 
 def _edited_torch(tmp_path) -> Path:
     root = _copy(tmp_path / "edited")
-    _edit(root, "tactics.torch_ref", "import torch\n", "import torch\nSCALE_BUG = 2\n")
+    _edit(root, "autotune.tactics.torch_ref", "import torch\n", "import torch\nSCALE_BUG = 2\n")
     return root
 
 

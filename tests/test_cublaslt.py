@@ -7,8 +7,8 @@ import struct
 import pytest
 
 from autotune.core.problem import Problem
-from tactics import cublaslt as cl
-from tactics import registry
+from autotune.tactics import cublaslt as cl
+from autotune.tactics import registry
 from autotune.core.arch import ARCHS, get_arch
 from autotune.core.tactic import Tactic
 

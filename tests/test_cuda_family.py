@@ -9,9 +9,9 @@ import pytest
 from autotune.core.arch import get_arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from tactics import registry
-from tactics.cuda import build as B
-from tactics.cuda.family import STATIC_SMEM_LIMIT, CudaFamily, m_tiles_for
+from autotune.tactics import registry
+from autotune.tactics.cuda import build as B
+from autotune.tactics.cuda.family import STATIC_SMEM_LIMIT, CudaFamily, m_tiles_for
 
 FAM = CudaFamily()
 TP8_GATE_UP = Problem.dense(3072, 6144)
@@ -134,7 +134,7 @@ def test_build_and_bind_refuse_what_the_verdict_refuses(problem, tactic):
     it with the verdict's reason, before anything needs CuPy."""
     import torch
     from autotune.core.formats import quantize
-    from tactics.cuda import layout as L
+    from autotune.tactics.cuda import layout as L
     v = FAM.verdict(problem, tactic, get_arch("sm90"))
     assert v.rejected
     with pytest.raises(ValueError, match=re.escape(v.reason)):
@@ -163,8 +163,8 @@ def test_misaligned_pack_refused(field, by):
     import torch
     from autotune.core.formats import quantize
     from autotune.core.operands import OperandError
-    from tactics.cuda import layout as L
-    from tactics.cuda.family import _PackCache
+    from autotune.tactics.cuda import layout as L
+    from autotune.tactics.cuda.family import _PackCache
     problem, tactic = Problem.dense(32, 256), Tactic("cuda", warps_k=1, stages=2, tiles_n=1)
     good = L.pack(quantize(torch.randn(problem.n, problem.k)))
     bad = dataclasses.replace(good, **{field: _shifted(getattr(good, field), by)})

@@ -8,7 +8,7 @@ import torch
 from autotune.core import inputs
 from autotune.core.arch import detect
 from autotune.core.problem import Problem
-from tactics import registry
+from autotune.tactics import registry
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="CuPy not installed")]
@@ -48,8 +48,8 @@ def test_bound_launcher_replays_in_a_graph():
 
 
 def test_loaded_functions_do_not_spill():
-    from tactics.cuda import build as B
-    from tactics.cuda.family import config
+    from autotune.tactics.cuda import build as B
+    from autotune.tactics.cuda.family import config
     p, fam, arch = Problem.dense(3072, 6144), registry.get("cuda"), detect()
     t = fam.default(p, arch)
     for mt in B.M_TILES:

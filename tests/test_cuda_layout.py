@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from autotune.core.formats import FP4Weight, quantize
-from tactics.cuda import layout as L
+from autotune.tactics.cuda import layout as L
 
 
 def _random_weight(n: int, k: int, seed: int) -> FP4Weight:

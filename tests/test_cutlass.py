@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from autotune.core.problem import Problem
-from tactics import registry
+from autotune.tactics import registry
 from autotune.core.arch import ARCHS, get_arch
 from autotune.core.tactic import Tactic
-from tactics.cutlass import flashinfer_map as fim
-from tactics.cutlass import smem as sm
-from tactics.cutlass import truth
-from tactics.cutlass.candidates import OPS, Kernel, all_kernels, offlist_neighbours, truth_extras
-from tactics.cutlass.family import CutlassFamily, availability
+from autotune.tactics.cutlass import flashinfer_map as fim
+from autotune.tactics.cutlass import smem as sm
+from autotune.tactics.cutlass import truth
+from autotune.tactics.cutlass.candidates import OPS, Kernel, all_kernels, offlist_neighbours, truth_extras
+from autotune.tactics.cutlass.family import CutlassFamily, availability
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUTH = truth.table()
@@ -381,7 +381,7 @@ def test_pack_swizzles_the_scales_once_and_unswizzle_restores_them(fmt):
 def test_flashinfer_weight_operands_are_views_of_the_packed_weight(swizzle_calls):
     import torch
     from autotune.core.formats import swizzle_128x4
-    from tactics.cutlass.family import WeightOperands
+    from autotune.tactics.cutlass.family import WeightOperands
     p = Problem.dense(200, 256)
     w = _weight()
     sw = FAM.pack("swizzled-128x4", w)
@@ -401,7 +401,7 @@ def test_flashinfer_weight_operands_are_views_of_the_packed_weight(swizzle_calls
 
 
 def test_flashinfer_weight_operands_swizzle_a_plain_weight_once(swizzle_calls):
-    from tactics.cutlass.family import WeightOperands
+    from autotune.tactics.cutlass.family import WeightOperands
     ops, w = WeightOperands(Problem.dense(200, 256)), _weight()
     for _ in range(5):
         ops(w)
@@ -411,7 +411,7 @@ def test_flashinfer_weight_operands_swizzle_a_plain_weight_once(swizzle_calls):
 
 
 def test_weight_that_does_not_match_the_problem_is_refused():
-    from tactics.cutlass.family import WeightOperands
+    from autotune.tactics.cutlass.family import WeightOperands
     sw = FAM.pack("swizzled-128x4", _weight(n=64))
     with pytest.raises(ValueError, match=r"weight packed 64x128 does not match the problem's 200x128"):
         WeightOperands(Problem.dense(200, 256))(sw)

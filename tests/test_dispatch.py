@@ -26,7 +26,7 @@ from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Winner
 from autotune.integrations.portable import export_cache
-from cache import Store
+from autotune.cache import Store
 from autotune.core.tactic import Tactic
 from tests.helpers import as_nobody
 

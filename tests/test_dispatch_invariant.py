@@ -16,7 +16,7 @@ from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic
 from autotune.runtime.dispatch import Dispatcher
-from cache import Store
+from autotune.cache import Store
 
 CPU = cpu()
 P, Q = Problem.dense(256, 512), Problem.dense(128, 256)

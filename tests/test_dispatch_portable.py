@@ -13,9 +13,9 @@ from autotune.core.env import Env, cpu, current
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
 from autotune.integrations.portable import export_cache, import_cache
-from cache import Store
+from autotune.cache import Store
 from autotune.integrations.prune import prune
-from tactics import registry
+from autotune.tactics import registry
 from autotune.core.tactic import Tactic
 
 ROOT = Path(__file__).resolve().parents[1]

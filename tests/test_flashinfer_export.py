@@ -23,8 +23,8 @@ from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.tactic import Tactic
 from autotune.integrations.flashinfer import ExportError, export_flashinfer, keys as K
-from cache import Store
-from tactics.cutlass import flashinfer_map as fim
+from autotune.cache import Store
+from autotune.tactics.cutlass import flashinfer_map as fim
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = Path(os.environ.get("FP4_FLASHINFER_TARGETS", REPO / ".flashinfer"))

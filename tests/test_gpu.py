@@ -5,7 +5,7 @@ import torch
 from autotune.core import inputs
 from autotune.engine import timing
 from autotune.core.problem import Problem
-from tactics import registry
+from autotune.tactics import registry
 from autotune.core.arch import detect
 
 pytestmark = pytest.mark.gpu

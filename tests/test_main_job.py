@@ -11,7 +11,7 @@ from autotune.core import inputs
 from autotune.core.buckets import hybrid
 from autotune.runtime.dispatch import Dispatcher
 from autotune.models import problems_for
-from cache import Store
+from autotune.cache import Store
 from tests.test_cli import autotune
 
 # The README's job as it runs on the CPU machine and in CI; on a GPU machine the CLI would tune the

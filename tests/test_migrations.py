@@ -9,9 +9,9 @@ from sqlalchemy import create_engine, inspect, text
 from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
-from cache import CacheError, Store
-from cache import migrations
-from cache.schema import SCHEMA_VERSION, Base
+from autotune.cache import CacheError, Store
+from autotune.cache import migrations
+from autotune.cache.schema import SCHEMA_VERSION, Base
 from autotune.core.tactic import Tactic
 
 ENV = Env("NVIDIA H200", "9.0", 132, "cuda", "570.1", "12.8", None, "0.1.0", (("torch", "2.13.0"),))
@@ -148,7 +148,7 @@ def test_v2_rows_upgrade_to_code_keys_readable_and_never_current(tmp_path):
     """Schema 3 adds the code key: rows stored before get '' (no code certified them), stay readable
     (read-only opens do not migrate), and a trial of this code's key sits beside the old one."""
     from helpers import keyed
-    from tactics import registry
+    from autotune.tactics import registry
     v1_cache(tmp_path / "v2.db")
     e = create_engine(f"sqlite:///{tmp_path / 'v2.db'}")
     assert migrations.upgrade(e, target=2) == [2]                    # the frozen v1 DDL plus step 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tactics.triton_fp4.moe_align import chunk_for, max_blocks, reference
+from autotune.tactics.triton_fp4.moe_align import chunk_for, max_blocks, reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ CASES = [
 
 _SCRIPT = textwrap.dedent("""
     import json, sys, torch
-    from tactics.triton_fp4.moe_align import Aligner
+    from autotune.tactics.triton_fp4.moe_align import Aligner
     out = {}
     for name, m, k, e, bm, how in json.loads(sys.argv[1]):
         g = torch.Generator().manual_seed(len(name) * 7 + m)

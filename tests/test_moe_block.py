@@ -30,7 +30,7 @@ from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.moe import FP4MoE
 from autotune.runtime.nn import FP4MoE as reexported
-from tactics import registry
+from autotune.tactics import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 T = registry.get("torch")
@@ -144,7 +144,7 @@ def test_fp4moe_from_modelopt_keeps_gate_and_up_scales(disp, tmp_path):
 
 def test_search_checks_the_variants_against_float64(tmp_path):
     from autotune import api
-    from cache import Store
+    from autotune.cache import Store
     ps = [Problem.moe(64, 128, 4, 2, epilogue="swiglu"), Problem.moe(128, 32, 4, 2, epilogue="reduce")]
     r = api.run(ps, families="torch", buckets=[1, 3], cache=str(tmp_path / "c.db"), budget_s=0.05, isolate=False)
     assert r.report.failed == 0 and r.report.measured > 0
@@ -163,10 +163,10 @@ _INTERP = textwrap.dedent("""
     from autotune.core.tactic import Tactic
     from autotune.runtime.dispatch import Dispatcher
     from autotune.runtime.moe import FP4MoE
-    from cache import Store
-    from tactics import registry
-    from tactics.triton_fp4 import moe_align
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.cache import Store
+    from autotune.tactics import registry
+    from autotune.tactics.triton_fp4 import moe_align
+    from autotune.tactics.triton_fp4.family import TritonFamily
     TritonFamily.available = lambda self, device: (True, "")     # the interpreter runs it on the CPU
     fam = registry.get("triton")
     cfg = lambda route, bm, sk: Tactic("triton", kernel="moe_decode", route=route, block_m=bm, block_n=32,

@@ -14,7 +14,7 @@ import pytest
 
 from autotune.core.arch import ARCHS, get_arch
 from autotune.core.problem import Problem
-from tactics.triton_fp4 import moe_decode as md
+from autotune.tactics.triton_fp4 import moe_decode as md
 
 ROOT = Path(__file__).resolve().parents[1]
 W13 = Problem.moe(512, 6144, 256, 8, "nvfp4")       # GLM-5 TP8 routed w13
@@ -94,8 +94,8 @@ def test_registered_in_the_triton_family():
     import torch
     from autotune.core.formats import quantize
     from autotune.core.tactic import Tactic
-    from tactics.triton_fp4 import TritonFamily
-    from tactics.triton_fp4.family import member_of
+    from autotune.tactics.triton_fp4 import TritonFamily
+    from autotune.tactics.triton_fp4.family import member_of
     fam = TritonFamily()
     for p in (W13, W2, Problem.moe(512, 6144, 256, 8, "mxfp4")):
         for arch in ("sm89", "sm90", "sm100", "sm120"):
@@ -129,7 +129,7 @@ def test_registered_in_the_triton_family():
 
 def test_precompile_returns_the_compiled_figure():
     from autotune.core.tactic import Tactic
-    from tactics.triton_fp4 import TritonFamily
+    from autotune.tactics.triton_fp4 import TritonFamily
     t = Tactic("triton", md.default(W13))
     assert TritonFamily().precompile(W13, t, get_arch("sm90")) == md.smem_bytes(t.params, "nvfp4", get_arch("sm90"))
 
@@ -162,8 +162,8 @@ _INTERP = textwrap.dedent("""
     from autotune.core import inputs
     from autotune.engine import timing
     from autotune.core.problem import Problem
-    from tactics.triton_fp4 import moe_decode as md
-    from tactics.triton_fp4.moe_align import Aligner
+    from autotune.tactics.triton_fp4 import moe_decode as md
+    from autotune.tactics.triton_fp4.moe_align import Aligner
 
     def reference(p, x, w, ids, tw, epi):
         wd = w.dequantize(torch.float64)

@@ -195,8 +195,8 @@ _INTERP = textwrap.dedent("""
     from autotune.core.tactic import Tactic
     from autotune.runtime.dispatch import Dispatcher
     from autotune.runtime.moe import FP4MoE
-    from cache import Store
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.cache import Store
+    from autotune.tactics.triton_fp4.family import TritonFamily
     TritonFamily.available = lambda self, device: (True, "")     # the interpreter runs it on the CPU
     cfg = lambda route, bm: Tactic("triton", kernel="moe_decode", route=route, block_m=bm, block_n=32,
                                    block_k=128, split_k=1, num_warps=4, num_stages=2)

@@ -18,10 +18,10 @@ from autotune.core.modelopt import to_modelopt
 from autotune.runtime.nn import FP4GroupedGEMM, FP4Linear
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
-from cache import Store
+from autotune.cache import Store
 from autotune.core.tactic import Tactic
-from tactics import registry
-from tactics.torch_ref import TorchFamily
+from autotune.tactics import registry
+from autotune.tactics.torch_ref import TorchFamily
 
 CPU = cpu()
 LIB = CPU.lib_key(("torch",))
@@ -221,7 +221,7 @@ def test_cuda_graph_capture_replays_the_bucket_kernel(tmp_path):
     """The kernel is picked on the host at capture; replays run it for new inputs. Winners at
     buckets 1 and 16 with different Triton tactics; M=16 exact, M=3 nearest, M=40 clamped."""
     env = current()
-    from tactics import registry
+    from autotune.tactics import registry
     tri = registry.get("triton")
     p = Problem.dense(256, 512)
     from autotune.core.arch import detect

@@ -23,10 +23,10 @@ from autotune.core.tactic import Tactic
 from autotune.runtime.bound import extra_bytes
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.nn import FP4Linear
-from cache import Store
-from tactics import registry
-from tactics.base import PLAIN_LAYOUT
-from tactics.cuda import layout as L
+from autotune.cache import Store
+from autotune.tactics import registry
+from autotune.tactics.base import PLAIN_LAYOUT
+from autotune.tactics.cuda import layout as L
 
 CPU = cpu()
 ARCH = ARCHS["sm90"]

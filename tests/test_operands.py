@@ -24,7 +24,7 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.nn import FP4GroupedGEMM, FP4Linear
-from tactics import registry
+from autotune.tactics import registry
 
 CPU = cpu()
 T = Tactic("torch", dequant_dtype="fp32", chunk_n=0)
@@ -166,7 +166,7 @@ _INTERP = textwrap.dedent("""
     from autotune.core.formats import quantize
     from autotune.core.problem import Problem
     from autotune.core.tactic import Tactic
-    from tactics import registry
+    from autotune.tactics import registry
     torch.manual_seed(0)
     p = Problem.moe(64, 128, experts=4, top_k=2)
     t = Tactic.from_json(sys.argv[1])

@@ -19,8 +19,8 @@ from autotune.core.env import cpu
 from autotune.engine.halving import Halving
 from autotune.core.problem import Problem
 from autotune.engine.search import Runner, search
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 from tests.test_workers import _writer
 
 BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
@@ -101,7 +101,7 @@ def test_concurrent_claimers_on_postgres_win_each_job_once(pg_url):
 def test_four_searches_on_one_postgres_cache_measure_each_trial_once(pg_url, tmp_path):
     from sqlalchemy import func, select
 
-    from cache.schema import TrialRow
+    from autotune.cache.schema import TrialRow
     from tests.test_claims import TINY, check_shared, reports, start_searches
     cfg = tmp_path / "config.json"
     cfg.write_text(__import__("json").dumps(TINY))

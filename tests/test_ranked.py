@@ -17,8 +17,8 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.engine import rankdata, rankmodel, ranked, timing
 from autotune.engine.search import search
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = cpu()

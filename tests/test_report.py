@@ -21,8 +21,8 @@ from autotune.report import ceilings, collect, measure_ceilings, write_html
 from autotune.report.model import static_plans
 from autotune.report.traffic import call_bytes, experts_touched, intensity
 from autotune.engine.search import search
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 from autotune.core.tactic import Tactic
 from tests.test_cli import autotune
 

@@ -13,8 +13,8 @@ from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.engine.search import search
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 
 CPU = cpu()   # these tests tune on the CPU even where a GPU is present
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)

@@ -16,8 +16,8 @@ if not triton.__version__.startswith("3.9"):
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.arch import get_arch  # noqa: E402
 from autotune.core.tactic import Tactic  # noqa: E402
-from tactics.triton_fp4 import TritonFamily, smem_bytes  # noqa: E402
-from tactics.triton_fp4.family import cross_compile as _compile  # noqa: E402
+from autotune.tactics.triton_fp4 import TritonFamily, smem_bytes  # noqa: E402
+from autotune.tactics.triton_fp4.family import cross_compile as _compile  # noqa: E402
 
 
 def cross_compile(fmt, params, arch, stop_at="llir", cache_dir=None):
@@ -104,7 +104,7 @@ def test_moe_kernel_model_equals_compiler(cache):
 def test_sm8x_epilogue_set_is_the_compilers():
     """Where the sm8x epilogue (not the pipeline) sets the total is re-derived by cross-compiling
     every (BM, BN, warps) of the fitted domain; it must be exactly the model's set."""
-    from tactics.triton_fp4.smem import SM8X_FULL_TILE_EPILOGUE
+    from autotune.tactics.triton_fp4.smem import SM8X_FULL_TILE_EPILOGUE
     from tools.triton_smem.fit_epilogue import fit_epilogue
     assert fit_epilogue("sm89", jobs=2) == SM8X_FULL_TILE_EPILOGUE
 
@@ -142,8 +142,8 @@ OUTSIDE = [
 
 @pytest.mark.parametrize("fmt,arch,bm,bn,bk,warps,stages", OUTSIDE)
 def test_outside_the_default_space(fmt, arch, bm, bn, bk, warps, stages, cache):
-    from tactics.triton_fp4.figures import CompiledFigures
-    from tactics.triton_fp4.smem import tmem_columns
+    from autotune.tactics.triton_fp4.figures import CompiledFigures
+    from autotune.tactics.triton_fp4.smem import tmem_columns
     from tools.triton_smem.compiled import shared_of
     p, a = Problem.dense(4096, 4096, fmt), get_arch(arch)
     t = Tactic("triton", kernel="w4a16_dequant", block_m=bm, block_n=bn, block_k=bk, group_m=1,
@@ -159,7 +159,7 @@ def test_outside_the_default_space(fmt, arch, bm, bn, bk, warps, stages, cache):
 
 
 def test_compiler_figures_are_cached_per_version_and_arch(tmp_path, cache):
-    from tactics.triton_fp4.figures import CompiledFigures
+    from autotune.tactics.triton_fp4.figures import CompiledFigures
     p = Problem.dense(4096, 4096, "nvfp4")
     t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=16, block_k=64, group_m=1,
                num_warps=4, num_stages=2, split_k=1)
@@ -177,7 +177,7 @@ def test_the_search_provider_keeps_figures_in_the_tactic_cache(tmp_path, cache):
     """`with_compiler_figures(store)` (what a live search gives the family): an unknown config is
     compiled once, its real footprint decides, and any later search on the cache reads the figure
     (keyed by Triton version, arch, format, tactic and the member's sources) without compiling."""
-    from cache import Store
+    from autotune.cache import Store
     from tools.triton_smem.compiled import shared_of
     p, a = Problem.dense(4096, 4096, "nvfp4"), get_arch("sm90")
     t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=16, block_k=64, group_m=1,

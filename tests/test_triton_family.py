@@ -13,8 +13,8 @@ import pytest
 from autotune.core.problem import Problem
 from autotune.core.arch import ARCHS, get_arch
 from autotune.core.tactic import Tactic, Verdict
-from tactics.base import Family
-from tactics.triton_fp4 import TritonFamily, smem_bytes
+from autotune.tactics.base import Family
+from autotune.tactics.triton_fp4 import TritonFamily, smem_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 FAM = TritonFamily()
@@ -25,8 +25,8 @@ P_MX = Problem.dense(4096, 4096, "mxfp4")
 def test_protocol_and_identity():
     assert isinstance(FAM, Family)
     assert FAM.name == "triton" and FAM.depends_on == ("triton",)
-    from tactics.triton_fp4.family import MEMBERS, member_of
-    from tactics.triton_fp4.member import Member
+    from autotune.tactics.triton_fp4.family import MEMBERS, member_of
+    from autotune.tactics.triton_fp4.member import Member
     assert [m.kernel for m in MEMBERS] == ["w4a16_dequant", "dequant_cublas", "moe_w4a16", "moe_decode",
                                             "w4a4_dot_scaled"]
     for m in MEMBERS:
@@ -132,7 +132,7 @@ def test_verdict_rejects_with_reasons():
 def test_compat_table_rejects_known_failures_by_version():
     """A (kernel, Triton version, arch, format) that is known not to compile is rejected with a
     reason; other versions, archs and formats are not."""
-    from tactics.triton_fp4 import compat
+    from autotune.tactics.triton_fp4 import compat
     sm90, sm120 = get_arch("sm90"), get_arch("sm120")
     why = compat.rejection("dot_scaled", "nvfp4", sm90, (3, 6))
     assert why and "does not compile on sm90 with Triton < 3.7" in why and "(installed 3.6)" in why
@@ -165,7 +165,7 @@ def test_verdict_never_compiles():
         import sys
         from autotune.core.problem import Problem
         from autotune.core.arch import ARCHS
-        from tactics.triton_fp4.family import TritonFamily
+        from autotune.tactics.triton_fp4.family import TritonFamily
         f = TritonFamily(); n = 0
         for fmt in ("nvfp4", "mxfp4"):
             p = Problem.dense(4096, 4096, fmt)
@@ -183,8 +183,8 @@ def test_verdict_never_compiles():
 _INTERP = textwrap.dedent("""
     import json, sys, torch
     from autotune.core.problem import Problem
-    from tactics.triton_fp4.args import pack_u8
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4.args import pack_u8
+    from autotune.tactics.triton_fp4.family import TritonFamily
     from autotune.core.tactic import Tactic
     try:
         from autotune.core.formats import quantize
@@ -276,8 +276,8 @@ _MOE_INTERP = textwrap.dedent("""
     from autotune.core.problem import Problem
     from autotune.core.arch import ARCHS
     from autotune.core.tactic import Tactic
-    from tactics.triton_fp4.args import pack_u8
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4.args import pack_u8
+    from autotune.tactics.triton_fp4.family import TritonFamily
     fam, out = TritonFamily(), []
     for fmt, m, n, k, e, top_k, cfgs in json.loads(sys.argv[1]):
         p = Problem.moe(n, k, e, top_k, fmt)
@@ -354,7 +354,7 @@ def test_fallback_paths_and_tensor_memory_rules():
     """Below 4 warps (and at 16 on sm100) Triton uses mma.sync: no wgmma/tcgen05 buffers, no tensor
     memory; tcgen05 allocates at least 32 columns and 2·BN for BLOCK_M = 256 (Triton 3.9.0
     cross-compiles, tests/test_triton_crosscompile.py)."""
-    from tactics.triton_fp4 import smem
+    from autotune.tactics.triton_fp4 import smem
     p = dict(block_m=64, block_n=64, block_k=128, group_m=1, num_warps=2, num_stages=3, split_k=1)
     assert smem.path(p, get_arch("sm90")) == smem.path(p, get_arch("sm100")) == "mma_v2"
     assert smem.tmem_columns(p, "nvfp4", get_arch("sm100")) == 0
@@ -414,9 +414,9 @@ def _imports(path: Path, pkg: str) -> list[tuple[str, list[str]]]:
 
 
 def test_family_layer_imports_only_core_and_base_without_cycles():
-    """tactics/triton_fp4 imports autotune.core, tactics.base and itself only, no private name of
+    """tactics/triton_fp4 imports autotune.core, autotune.tactics.base and itself only, no private name of
     another module, has no import cycle (function-local imports counted) and no module of 500 lines."""
-    pkg = "tactics.triton_fp4"
+    pkg = "autotune.tactics.triton_fp4"
     files = sorted((ROOT / "tactics" / "triton_fp4").glob("*.py"))
     graph = {}
     for f in files:
@@ -426,7 +426,7 @@ def test_family_layer_imports_only_core_and_base_without_cycles():
         for target, names in _imports(f, pkg):
             top = target.split(".")[0]
             if top in ("autotune", "tactics", "cache", "cli", "tools"):
-                assert target.startswith(("autotune.core.", pkg)) or target == "tactics.base", (f.name, target)
+                assert target.startswith(("autotune.core.", pkg)) or target == "autotune.tactics.base", (f.name, target)
                 assert not [n for n in names if n.startswith("_")], (f.name, target, names)
             if target.startswith(pkg):
                 deps.add(target)

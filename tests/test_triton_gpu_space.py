@@ -18,7 +18,7 @@ from autotune.core import inputs
 from autotune.core.problem import Problem
 from autotune.core.arch import detect
 from autotune.core.tactic import Tactic
-from tactics.triton_fp4 import TritonFamily
+from autotune.tactics.triton_fp4 import TritonFamily
 
 pytestmark = pytest.mark.gpu
 

@@ -22,9 +22,9 @@ import pytest
 from autotune.core.problem import Problem
 from autotune.core.arch import ARCHS, get_arch
 from autotune.core.tactic import Tactic
-from tactics.triton_fp4 import TritonFamily, compat, smem_w4a4, w4a4
-from tactics.triton_fp4.compile import compile_kernel
-from tactics.triton_fp4.family import cross_compile
+from autotune.tactics.triton_fp4 import TritonFamily, compat, smem_w4a4, w4a4
+from autotune.tactics.triton_fp4.compile import compile_kernel
+from autotune.tactics.triton_fp4.family import cross_compile
 
 ROOT = Path(__file__).resolve().parents[1]
 FAM = TritonFamily()
@@ -136,11 +136,11 @@ _INTERP = textwrap.dedent("""
     from autotune.core.tactic import Tactic
     from autotune.core import inputs
     from autotune.engine import timing
-    from tactics.triton_fp4.args import pack_u8
-    from tactics.triton_fp4.family import TritonFamily
+    from autotune.tactics.triton_fp4.args import pack_u8
+    from autotune.tactics.triton_fp4.family import TritonFamily
 
     import triton, triton.language as tl
-    from tactics.triton_fp4.w4a4_kernels import e4m3_rne
+    from autotune.tactics.triton_fp4.w4a4_kernels import e4m3_rne
 
     @triton.jit
     def rne(s_ptr, b_ptr, v_ptr, n, BLOCK: tl.constexpr):

@@ -21,8 +21,8 @@ from autotune.engine.halving import Halving, _rounds, measure
 from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.engine.search import Runner, search
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 from autotune.core.arch import ARCHS
 from autotune.core.tactic import Tactic
 from autotune.core import winner as winner_rule
@@ -240,7 +240,7 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 
 
 def _cli(cfg: Path, db: Path) -> list[str]:
-    return [sys.executable, "-m", "cli", "search", "--model", str(cfg), "--families", "torch",
+    return [sys.executable, "-m", "autotune.cli", "search", "--model", str(cfg), "--families", "torch",
             "--buckets", "1,2,4,8", "--cache", str(db), "--budget-s", "0.3", "--json"]
 
 

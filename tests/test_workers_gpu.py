@@ -7,8 +7,8 @@ from autotune.core.env import current
 from autotune.engine.halving import Halving
 from autotune.core.problem import Problem
 from autotune.engine.search import Runner, search
-from cache import Store
-from tactics import registry
+from autotune.cache import Store
+from autotune.tactics import registry
 from autotune.core.tactic import Tactic
 
 pytestmark = pytest.mark.gpu

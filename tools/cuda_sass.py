@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tactics.cuda import build as B
+from autotune.tactics.cuda import build as B
 
 ELEMENTS_PER_KPAIR = 64        # per thread and row tile: two k-groups of 4 words of 8 e2m1 codes
 DECODE_OPS = ("LOP3.LUT", "SHF.R.W.U32", "HMUL2.BF16_V2", "HFMA2.BF16_V2", "PRMT", "IMAD.U32")

@@ -179,7 +179,7 @@ def check_out(problem: Problem, x: torch.Tensor, out: Any) -> None:
 
 def checked(problem: Problem, kernel: Any) -> Any:
     """`kernel(x, w, ...)` with every operand checked on each call (the unbound form, where the
-    weight arrives per call). Bound launchers check the weight once instead (tactics.base)."""
+    weight arrives per call). Bound launchers check the weight once instead (autotune.tactics.base)."""
     if problem.kind == "grouped_moe":
         def moe(x, w, topk_ids, topk_weights=None, out=None):
             check_operands(problem, x, w, topk_ids, topk_weights, out)

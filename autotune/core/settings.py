@@ -5,7 +5,7 @@ serving process that sets one later is honoured).
     AUTOTUNE_MISSES           where dispatch records misses (a read-only deployment keeps them apart)
     AUTOTUNE_PIN              tactics forced per problem (JSON or KEY=family[k=v,...] items)
     AUTOTUNE_CACHE_IMMUTABLE  1/true: never write to the cache (an image's baked-in file)
-    AUTOTUNE_SIGNING_KEY      an HMAC secret that signs exports and verifies files (cache.signing)
+    AUTOTUNE_SIGNING_KEY      an HMAC secret that signs exports and verifies files (autotune.cache.signing)
     AUTOTUNE_SIGNING_KEY_FILE a key file (Ed25519 PEM, or an HMAC secret) for the same
     AUTOTUNE_CLAIM_TTL_S      how long a search's claim on a (problem, bucket) job lives (engine.claims)
     AUTOTUNE_LAUNCH           "triton": bound Triton launchers use Triton's own launch, never the

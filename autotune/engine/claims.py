@@ -20,8 +20,8 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from autotune.core import settings
-from cache.claims import DONE, Claim, Claims, JobKey
-from cache.store import CacheError
+from autotune.cache.claims import DONE, Claim, Claims, JobKey
+from autotune.cache.store import CacheError
 
 #: seconds a claim lives without renewal; default max(600, 2 x --timeout-s): renewals come after
 #: each worker request, and one request may take up to --timeout-s (a worker start up to 180 s)

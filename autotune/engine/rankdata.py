@@ -15,7 +15,7 @@ from autotune.core.problem import Problem
 from autotune.core.records import Trial
 from autotune.core.tactic import Tactic
 from autotune.engine import rankmodel
-from tactics import registry
+from autotune.tactics import registry
 
 ALL_BUCKETS = 0
 

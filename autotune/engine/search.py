@@ -33,8 +33,8 @@ from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.arch import ARCHS, Arch, detect
 from autotune.core.tactic import Tactic, Verdict
-from tactics import registry
-from tactics.base import Family
+from autotune.tactics import registry
+from autotune.tactics.base import Family
 
 ALL_BUCKETS = 0
 

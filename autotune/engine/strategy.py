@@ -19,7 +19,7 @@ from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.tactic import Tactic
 from autotune.engine import rankdata, rankmodel, ranked
-from tactics import registry
+from autotune.tactics import registry
 
 STRATEGIES = ("ranked", "halving", "exhaustive")
 
@@ -34,7 +34,7 @@ class Ranking:
 
 def model_path(store, arch: Arch) -> Path | None:
     """The model file next to a SQLite cache (`<cache>.rank-<arch>.json`), if the cache is a file."""
-    from cache.files import parse, sqlite_file
+    from autotune.cache.files import parse, sqlite_file
     try:
         f = sqlite_file(parse(store.url))
     except Exception:

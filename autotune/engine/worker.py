@@ -18,8 +18,8 @@ from autotune.core import inputs
 from autotune.engine import timing
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from tactics import registry
-from tactics.base import PLAIN_LAYOUT
+from autotune.tactics import registry
+from autotune.tactics.base import PLAIN_LAYOUT
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 

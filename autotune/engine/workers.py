@@ -27,7 +27,7 @@ from autotune.engine.worker import Bench, EXIT_POISONED, error_text
 from autotune.core.arch import get_arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from tactics import registry
+from autotune.tactics import registry
 
 #: first reply of a new worker (imports torch, Triton, CUDA init) may take this long
 START_TIMEOUT_S = 180.0

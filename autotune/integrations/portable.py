@@ -1,10 +1,10 @@
 """Export winners to a self-contained file, import them back, merge exports: every entry checked.
 
 The file format, its structural entry checks and signatures are the cache layer's
-(cache.exportfile, cache.rows, cache.signing); this module adds what needs the families — the
+(autotune.cache.exportfile, autotune.cache.rows, autotune.cache.signing); this module adds what needs the families — the
 `validate(family, params) -> reason | None` callable an import applies to every tactic (the CLI
-passes tactics.registry.validate) — and the reports the CLI prints. Keys are explicit here:
-`cache.signing.load_key(path)` reads a key file or the environment.
+passes autotune.tactics.registry.validate) — and the reports the CLI prints. Keys are explicit here:
+`autotune.cache.signing.load_key(path)` reads a key file or the environment.
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from autotune.core.tactic import Tactic
-from cache import exportfile
-from cache.exportfile import Skips
-from cache.files import CacheError
-from cache.signing import SigningKey
-from cache.store import Store
+from autotune.cache import exportfile
+from autotune.cache.exportfile import Skips
+from autotune.cache.files import CacheError
+from autotune.cache.signing import SigningKey
+from autotune.cache.store import Store
 
 Validate = Callable[[str, dict], "str | None"]
 _NAMES_SHOWN = 3
@@ -51,7 +51,7 @@ class ImportReport:
         """The one warning about imported winners this install will not serve, or None."""
         if not self.stale_code:
             return None
-        from tactics import registry
+        from autotune.tactics import registry
         return (f"warning: {self.stale_code} imported winner(s) were measured with other kernel code than this "
                 f"install's (code key mismatch): not served here; {registry.REFRESH}")
 
@@ -147,7 +147,7 @@ def import_cache(store: Store, path: str | os.PathLike, *, validate: Validate | 
     """Import the winners of an export (either form) or of another cache file, entry by entry.
 
     With `key`, the file must carry that key's valid signature (else CacheError, nothing written).
-    Every winner passes cache.rows.check_winner, its device and libset rows must match their keys,
+    Every winner passes autotune.cache.rows.check_winner, its device and libset rows must match their keys,
     and `validate(family, params)` (if given) must accept its tactic; anything else is skipped,
     counted and named in the report. All accepted rows are written in one transaction."""
     p = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
@@ -160,7 +160,7 @@ def import_cache(store: Store, path: str | os.PathLike, *, validate: Validate | 
                       {e.winner.lib_key: e.versions for e in good})
     rep.imported = len(good)
     if validate is not None:        # the families are loaded: judge each key against this code
-        from tactics import registry
+        from autotune.tactics import registry
         rep.stale_code = sum(registry.stale_code(e.winner) is not None for e in good)
     return rep
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from dataclasses import asdict
 
 from autotune.report.model import Summary, checked, collect, skip_notes
-from cache.rows import check_miss, check_winner
+from autotune.cache.rows import check_miss, check_winner
 
 
 def write_html(summary: Summary, outdir: str | Path) -> Path:
@@ -28,7 +28,7 @@ def print_summary(summary: Summary, console=None) -> None:
 
 
 def show_json(store, problem_keys: set[str] | None = None) -> tuple[list[dict], Summary]:
-    """`autotune show --json`: one object per winner that passes cache.rows.check_winner (sorted by
+    """`autotune show --json`: one object per winner that passes autotune.cache.rows.check_winner (sorted by
     problem, device, bucket) with its GPU name and the report's figures under "report", and the
     summary, whose `skipped` counts and notes name the rows left out."""
     summary = collect(store, problem_keys)
@@ -43,7 +43,7 @@ def show_json(store, problem_keys: set[str] | None = None) -> tuple[list[dict], 
 
 
 def show_misses(store, problem_keys: set[str] | None = None) -> tuple[list, list[str]]:
-    """`autotune show --misses`: the recorded misses that pass cache.rows.check_miss, most frequent
+    """`autotune show --misses`: the recorded misses that pass autotune.cache.rows.check_miss, most frequent
     first, and the notes naming what was skipped."""
     rows, skipped = checked([m for m in store.misses() if problem_keys is None or m.problem_key in problem_keys],
                             check_miss)

@@ -19,7 +19,7 @@ from autotune.core.records import Trial, Winner
 from autotune.report import ceilings as ceil_mod
 from autotune.report.traffic import call_bytes, intensity
 from autotune.core.arch import ARCHS, arch_for_cc
-from cache.rows import check_miss, check_trial, check_winner
+from autotune.cache.rows import check_miss, check_trial, check_winner
 
 
 def tactic_label(params_json: str) -> str:
@@ -200,7 +200,7 @@ def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines:
     flops = float(p.flops(m))
     nbytes = call_bytes(p, m)
     ai = intensity(p, m)
-    secs = w.median_us * 1e-6              # > 0: cache.rows.check_winner passed
+    secs = w.median_us * 1e-6              # > 0: autotune.cache.rows.check_winner passed
     tfl = flops / secs / 1e12
     gbs = nbytes / secs / 1e9
     kind, peak = ceil.compute_for(p.a_fmt, p.w_fmt, fp4_native) if ceil else ("bf16", None)
@@ -215,7 +215,7 @@ def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines:
 
 
 def checked(rows: list, check) -> tuple[list, dict[str, int]]:
-    """The rows that pass `check` (a cache.rows validator) and the count of the others by reason."""
+    """The rows that pass `check` (a autotune.cache.rows validator) and the count of the others by reason."""
     good, skipped = [], Counter()
     for r in rows:
         why = check(r)
@@ -234,7 +234,7 @@ def skip_notes(skipped: dict[str, dict[str, int]]) -> list[str]:
 
 def collect(store, problem_keys: set[str] | None = None) -> Summary:
     """Everything the report and `autotune show` print, read from `store` (read-only use). Rows
-    that fail cache.rows' checks are left out and counted (Summary.skipped, and a note each)."""
+    that fail autotune.cache.rows' checks are left out and counted (Summary.skipped, and a note each)."""
     meta = store.meta()
     devices = store.device_records()
     winners, skip_w = checked(store.winners(), check_winner)

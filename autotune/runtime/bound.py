@@ -18,8 +18,8 @@ from autotune.core.tactic import Tactic
 from autotune.runtime import onecopy
 from autotune.runtime.onecopy import Substitution
 from autotune.runtime.table import DEFAULT_SLOT, PIN_SLOT, Table
-from tactics import registry
-from tactics.base import Launcher
+from autotune.tactics import registry
+from autotune.tactics.base import Launcher
 
 log = logging.getLogger("autotune.runtime.bound")
 

@@ -37,15 +37,15 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import checked
 from autotune.core.tactic import Tactic, parse_tactic
 from autotune.runtime.bound import BoundTable
-from cache import CacheError, Store, check_winner, verify_for_serving
+from autotune.cache import CacheError, Store, check_winner, verify_for_serving
 from autotune.runtime.pins import PIN_ENV, parse_pins
 from autotune.runtime.table import RUNGS, LazyDefault, Table
-from tactics import registry
+from autotune.tactics import registry
 
 log = logging.getLogger("autotune.runtime.dispatch")
 
 MISSES_ENV, IMMUTABLE_ENV = settings.MISSES, settings.CACHE_IMMUTABLE
-#: the skipped reason of a winner whose code key is not this code's (tactics.registry.stale_code)
+#: the skipped reason of a winner whose code key is not this code's (autotune.tactics.registry.stale_code)
 _CODE_DIFFERS = "code differs"
 
 
@@ -133,8 +133,8 @@ class Dispatcher:
 
     def _check(self, w) -> str | None:
         """Why a stored winner cannot be used here (None: it was accepted into _winners). The
-        structural half is cache.rows (shared with import and show), the family half
-        tactics.registry.usable (shared with pins); the reason's head before ':' is what counts."""
+        structural half is autotune.cache.rows (shared with import and show), the family half
+        autotune.tactics.registry.usable (shared with pins); the reason's head before ':' is what counts."""
         why = check_winner(w)
         if why:
             return why

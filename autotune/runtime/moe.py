@@ -244,7 +244,7 @@ class FP4MoE(nn.Module):
         bm = max(need)
         aligner = self._aligners.get(bm)
         if aligner is None:
-            from tactics.triton_fp4.moe_align import Aligner
+            from autotune.tactics.triton_fp4.moe_align import Aligner
             aligner = self._aligners[bm] = Aligner(self.num_experts, bm)
         al = aligner(ids)
         return {"aligned": al.regroup(need[0])}, {"aligned": al.regroup(need[1])}

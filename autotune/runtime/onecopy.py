@@ -17,7 +17,7 @@ from typing import Sequence
 from autotune.core.arch import Arch
 from autotune.core.tactic import Tactic
 from autotune.runtime.table import Table
-from tactics import registry
+from autotune.tactics import registry
 
 #: (the rung's bucket M, the stored tactic, the tactic used)
 Substitution = tuple[int, Tactic, Tactic]

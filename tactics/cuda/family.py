@@ -21,7 +21,7 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
-from tactics.base import FamilyBase
+from autotune.tactics.base import FamilyBase
 
 from . import build as B
 from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)

@@ -1,4 +1,4 @@
 """CUTLASS block-scaled FP4 GEMMs (through FlashInfer) as a tactic family with exact smem verdicts."""
-from tactics.cutlass.family import CutlassFamily
+from autotune.tactics.cutlass.family import CutlassFamily
 
 __all__ = ["CutlassFamily"]

@@ -1,10 +1,10 @@
 """The `cutlass` family: CUTLASS block-scaled FP4 GEMMs as FlashInfer builds them.
 
-Tactics are self-describing CUTLASS kernels (tactics.cutlass.candidates.Kernel): the tile in
+Tactics are self-describing CUTLASS kernels (autotune.tactics.cutlass.candidates.Kernel): the tile in
 elements, schedule, swap_ab, scheduler, epilogue source, format and MMA path. They are never a
-FlashInfer index; tactics.cutlass.flashinfer_map turns one into FlashInfer's integer tactic at
+FlashInfer index; autotune.tactics.cutlass.flashinfer_map turns one into FlashInfer's integer tactic at
 build time. The verdict is the compiler's: the builder's stage count and the kernel's
-SharedStorageSize from the committed nvcc truth table (tactics.cutlass.truth; tactics.cutlass.smem
+SharedStorageSize from the committed nvcc truth table (autotune.tactics.cutlass.truth; autotune.tactics.cutlass.smem
 explains every row), then whether the FlashInfer release we execute through builds that kernel at
 all. A kernel that was never compiled gets `unknown`, never a figure extrapolated by the model.
 
@@ -20,13 +20,13 @@ from typing import Any, Callable, NamedTuple
 
 from autotune.core.codekey import Code
 from autotune.core.tactic import Tactic, Verdict, check_params
-from tactics.base import FamilyBase
-from tactics.cutlass import flashinfer_map as fim
-from tactics.cutlass import smem as sm
-from tactics.cutlass import truth
-from tactics.cutlass.candidates import (EPILOGUE_C, FORMATS, KERNEL_ARCHS, MMAS, OPS, SCHEDULERS, SCHEDULES,
+from autotune.tactics.base import FamilyBase
+from autotune.tactics.cutlass import flashinfer_map as fim
+from autotune.tactics.cutlass import smem as sm
+from autotune.tactics.cutlass import truth
+from autotune.tactics.cutlass.candidates import (EPILOGUE_C, FORMATS, KERNEL_ARCHS, MMAS, OPS, SCHEDULERS, SCHEDULES,
                                         Kernel, sm100_dense, sm100_moe, sm120_dense, sm120_moe)
-from tactics.swizzled import SwizzledCache, SwizzledLayout, SwizzledWeight, check_bound_weight
+from autotune.tactics.swizzled import SwizzledCache, SwizzledLayout, SwizzledWeight, check_bound_weight
 
 NAME = "cutlass"
 _CLUSTERS = ("1x1x1", "1x2x1", "2x1x1", "2x2x1", "1x4x1", "4x2x1", "2x4x1", "4x4x1")

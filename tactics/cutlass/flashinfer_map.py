@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tactics.cutlass.candidates import (FI_SM100_TILES, FI_SM120_TILES, FI_SM120_VARIANTS, Kernel,
+from autotune.tactics.cutlass.candidates import (FI_SM100_TILES, FI_SM120_TILES, FI_SM120_VARIANTS, Kernel,
                                         sm100_dense)
 
 #: the FlashInfer release the family executes through (FlashInferMmFp4); the others in VERSIONS

@@ -14,13 +14,13 @@ error) or when SharedStorageSize exceeds the per-block opt-in limit (launch erro
 
 Checked exactly against nvcc on every kernel of tactics/cutlass/smem_truth.json that it covers
 (CUTLASS_VERSION); regenerate with tools/cutlass_smem_truth/gen.py. Verdicts never use this model
-(tactics.cutlass.truth): it explains the table and predicts a kernel before it is compiled.
+(autotune.tactics.cutlass.truth): it explains the table and predicts a kernel before it is compiled.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tactics.cutlass.candidates import Kernel
+from autotune.tactics.cutlass.candidates import Kernel
 
 #: the CUTLASS release this model was checked against (bundled by FlashInfer 0.7.4)
 CUTLASS_VERSION = "4.5.0"

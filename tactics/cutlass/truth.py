@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tactics.cutlass.candidates import Kernel
+from autotune.tactics.cutlass.candidates import Kernel
 
 PATH = Path(__file__).with_name("smem_truth.json")
 

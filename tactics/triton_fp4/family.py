@@ -25,7 +25,7 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
-from tactics.base import FamilyBase, Kernel
+from autotune.tactics.base import FamilyBase, Kernel
 
 from .args import U8_LAYOUT, U8Weight, pack_u8
 from .compat import rejection
@@ -47,7 +47,7 @@ class TritonFamily(FamilyBase):
 
     * `space_axes` (class attribute): per member kernel, values that replace the axes of its
       default space, e.g. ``{"w4a16_dequant": {"num_warps": (2, 4, 8), "num_stages": (2, 3, 4, 6)}}``
-      (a subclass registered with `tactics.registry.register("triton", "module:Class")` widens the
+      (a subclass registered with `autotune.tactics.registry.register("triton", "module:Class")` widens the
       space for the search and its workers). Configs outside the region the smem model was
       checked on get the compiler's figure, or an unknown verdict (never an extrapolated "fits").
     * `compiler`: a compiler-figure provider (figures.CompiledFigures) the engine passes in

@@ -18,7 +18,7 @@ from autotune.core.tactic import Allowed, Tactic, check_params
 
 FAMILY = "triton"
 #: sources every member's measured numbers depend on besides its own (autotune.core.codekey): the
-#: family's build/bind glue, the shared launcher (tactics.base), argument and pack helpers, the
+#: family's build/bind glue, the shared launcher (autotune.tactics.base), argument and pack helpers, the
 #: compile path and the core values they use; relative to this package
 SHARED_CODE = (".family", ".members", ".member", ".args", ".compile", ".compat", "..base",
                "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands",

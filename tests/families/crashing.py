@@ -8,8 +8,8 @@ import os
 import time
 
 from autotune.core.tactic import Tactic, Verdict
-from tactics.base import FamilyBase
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.base import FamilyBase
+from autotune.tactics.torch_ref import TorchFamily
 
 BAD = ("segfault", "hang", "exit", "raise", "zeros", "nocompile")
 SLEEP_MS = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)   # good members, fastest first

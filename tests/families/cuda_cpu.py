@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from tactics.cuda import layout as L
-from tactics.cuda.family import CudaFamily
+from autotune.tactics.cuda import layout as L
+from autotune.tactics.cuda.family import CudaFamily
 
 BINDS: list[int] = []          # id of every pack a launcher was bound to
 

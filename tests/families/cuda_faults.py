@@ -4,8 +4,8 @@ report the failure, exit, and the next member must run in a fresh worker."""
 from __future__ import annotations
 
 from autotune.core.tactic import Tactic, Verdict
-from tactics.base import FamilyBase
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.base import FamilyBase
+from autotune.tactics.torch_ref import TorchFamily
 
 
 def _poison():

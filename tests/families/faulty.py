@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from autotune.core.tactic import Tactic, Verdict
-from tactics.base import FamilyBase
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.base import FamilyBase
+from autotune.tactics.torch_ref import TorchFamily
 
 MODES = ("zeros", "skip_half", "raise", "scaled", "good")
 

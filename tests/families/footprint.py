@@ -4,7 +4,7 @@ has a kept tactic over the limit and a rejected one that fits to find."""
 from __future__ import annotations
 
 from autotune.core.tactic import Verdict
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.torch_ref import TorchFamily
 
 #: the static model's bytes per chunk_n, and what the compiler allocates instead where they differ
 MODEL = {0: 60_000, 512: 120_000, 2048: 300_000}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.core.tactic import Tactic
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.torch_ref import TorchFamily
 
 LAYOUT = "test-packed"
 PACKS: list[int] = []          # id of every weight packed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.torch_ref import TorchFamily
 
 
 class RowwiseFamily(TorchFamily):

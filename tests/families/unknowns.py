@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.core.tactic import UNKNOWN, Verdict
-from tactics.torch_ref import TorchFamily
+from autotune.tactics.torch_ref import TorchFamily
 
 
 class UnknownsFamily(TorchFamily):

@@ -30,8 +30,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from tactics.cutlass.candidates import Kernel, all_kernels, offlist_neighbours, truth_extras  # noqa: E402
-from tactics.cutlass.smem import MIN_STAGES  # noqa: E402
+from autotune.tactics.cutlass.candidates import Kernel, all_kernels, offlist_neighbours, truth_extras  # noqa: E402
+from autotune.tactics.cutlass.smem import MIN_STAGES  # noqa: E402
 
 #: the kernel sets a run can compile: the enumerated lists with their model-pinning extras, and the
 #: off-list neighbours whose verdicts would otherwise be unknown (issue #14)

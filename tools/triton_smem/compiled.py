@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tactics.triton_fp4.family import cross_compile
+from autotune.tactics.triton_fp4.family import cross_compile
 
 
 def shared_of(fmt: str, params: Mapping[str, Any], arch: Any, cache_dir: str | None = None) -> tuple[int, int]:

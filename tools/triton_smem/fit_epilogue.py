@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import sys
 
-from tactics.triton_fp4.smem import EPILOGUE_FITTED, SM8X_FULL_TILE_EPILOGUE, mma_pipeline
+from autotune.tactics.triton_fp4.smem import EPILOGUE_FITTED, SM8X_FULL_TILE_EPILOGUE, mma_pipeline
 from tools.triton_smem.compiled import shared_of
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 
 from autotune.core.arch import get_arch
-from tactics.triton_fp4.smem import smem_bytes, tmem_columns, unchecked
+from autotune.tactics.triton_fp4.smem import smem_bytes, tmem_columns, unchecked
 from tools.triton_smem.compiled import shared_of
 
 ARCHS = ("sm89", "sm90", "sm100", "sm120")

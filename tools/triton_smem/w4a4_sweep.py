@@ -12,8 +12,8 @@ import time
 
 from autotune.core.arch import arch_for_cc
 from autotune.core.problem import Problem
-from tactics.triton_fp4.smem_w4a4 import smem_bytes, tmem_columns
-from tactics.triton_fp4.w4a4 import MEMBER
+from autotune.tactics.triton_fp4.smem_w4a4 import smem_bytes, tmem_columns
+from autotune.tactics.triton_fp4.w4a4 import MEMBER
 from tools.triton_smem.compiled import shared_of
 
 

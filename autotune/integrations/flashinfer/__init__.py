@@ -23,9 +23,9 @@ from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic
 from autotune.integrations.flashinfer import keys as K
-from tactics.cutlass import flashinfer_map as fim
-from tactics.cutlass.candidates import Kernel
-from tactics.cutlass.family import CutlassFamily, kernel_arch_for
+from autotune.tactics.cutlass import flashinfer_map as fim
+from autotune.tactics.cutlass.candidates import Kernel
+from autotune.tactics.cutlass.family import CutlassFamily, kernel_arch_for
 
 SUPPORTED_VERSIONS: tuple[str, ...] = tuple(fim.VERSIONS)
 FAMILY = "cutlass"
