@@ -3,6 +3,13 @@
 The names below load lazily (PEP 562): `import autotune` costs nothing, `autotune.dispatch`
 loads only the runtime layer and `autotune.search` the engine. The layers and what each may
 import are in docs/architecture.md.
+
+The families and the cache live at the top of the repository (tactics/, cache/, cli.py) but are
+imported only as autotune.tactics, autotune.cache and autotune.cli: three relative links in this
+folder (tactics -> ../tactics, cache -> ../cache, cli.py -> ../cli.py) make those names resolve
+in a bare checkout (PYTHONPATH=repo root), an editable install and for static tools (grimp,
+import-linter, type checkers) alike; the wheel copies the files behind them, so it installs no
+top-level `tactics`, `cache` or `cli` for another package or a user's cache.py to shadow.
 """
 from __future__ import annotations
 
