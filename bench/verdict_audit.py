@@ -1,5 +1,6 @@
 """The verdict audit of `autotune search --compile-check`, over a space wide enough to hold ≥ 200
-footprint-rejected Triton tactics per arch (the default space holds 27–85 on glm5's problems).
+footprint-rejected Triton tactics per arch (the default space holds 27 on sm90 and sm100, 70 on
+sm120, over GLM-5 TP8's problems).
 
 For each arch: plan a widened w4a16_dequant space (moe_w4a16 keeps its default grid: its model was
 checked on that grid only, so a wider one is unknown, not rejected) over a model's problems, cross-compile
