@@ -190,9 +190,17 @@ def archs():
 @click.option("-v", "--verbose", is_flag=True,
               help="the full text of each failure / rejection reason (the table cuts long ones to one line); "
                    "with --json: an object {winners, verdicts} with every reason group in full")
-def show(model, tp, ep, cache, misses, as_json, verbose=False):
+@click.option("--stale", is_flag=True, help="list the winners measured with other kernel code than this install's (not served)")
+def show(model, tp, ep, cache, misses, as_json, verbose=False, stale=False):
     """Show the winners stored in the cache."""
-    shown = _call(api.show, cache, model=model, tp=tp, ep=ep, misses=misses)
+    shown = _call(api.show, cache, model=model, tp=tp, ep=ep, misses=misses, stale=stale and not misses)
+    if stale and not misses:
+        if as_json:
+            click.echo(json.dumps([{**w.__dict__, "stale": why} for w, why in shown.stale], indent=2))
+            return
+        for line in text.stale_lines(shown.stale, shown.stale_trials, len(shown.winners), shown.gpu_names, shown.url):
+            click.echo(line)
+        return
     if as_json or misses or not shown.winners:       # the text summary prints its own notes
         for n in shown.notes:
             click.echo(n, err=as_json)
@@ -322,6 +330,8 @@ def cache_import(path, cache, verify_key):
     except CacheError as e:
         raise BadInput(str(e)) from None
     click.echo(rep.line())
+    if rep.warning():
+        click.echo(rep.warning(), err=True)
 
 
 @cache_group.command("merge")
@@ -343,6 +353,8 @@ def cache_merge(paths, output, fmt, verify_key, sign_key):
         raise BadInput(str(e)) from None
     for p, r in rep.per_file.items():
         click.echo(f"{p}: {r.line()}")
+        if r.warning():
+            click.echo(f"{p}: {r.warning()}", err=True)
     click.echo(f"wrote {rep.written} winners to {output} ({rep.replaced} replaced by a later file) [{rep.signature}]")
 
 
@@ -366,13 +378,14 @@ def cache_rank_fit(cache, output, device, rounds):
 @click.option("--keep-gpu", multiple=True, help="keep only these GPUs (name or device key; repeatable)")
 @click.option("--drop-gpu", multiple=True, help="drop these GPUs (name or device key; repeatable)")
 @click.option("--stale-libs", is_flag=True, help="on this machine's GPU, drop rows measured under other library versions")
+@click.option("--stale-code", is_flag=True, help="drop rows measured with other kernel code than this install's (every GPU)")
 @click.option("--misses", "drop_misses", is_flag=True, help="also clear recorded misses")
 @click.option("--dry-run", is_flag=True, help="count what would go; delete nothing")
 @click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
-def cache_prune(keep_gpu, drop_gpu, stale_libs, drop_misses, dry_run, cache):
+def cache_prune(keep_gpu, drop_gpu, stale_libs, drop_misses, dry_run, cache, stale_code=False):
     """Drop trials, winners and misses of environments no longer wanted."""
     rep = _call(api.prune, cache, keep_gpu=keep_gpu, drop_gpu=drop_gpu, stale_libs=stale_libs, misses=drop_misses,
-                dry_run=dry_run)
+                dry_run=dry_run, stale_code=stale_code)
     verb = "would drop" if dry_run else "dropped"
     click.echo(f"{verb} {rep.trials} trials, {rep.winners} winners, {rep.misses} misses, {rep.devices} devices")
 

@@ -376,12 +376,16 @@ class Shown:
     summary: Summary | None = None
     misses: list | None = None
     notes: list = field(default_factory=list)     # rows left out by autotune.cache.rows' checks, counted
+    stale: list = field(default_factory=list)     # show --stale: (winner, why its code key is not this code's)
+    stale_trials: int = 0                         # show --stale: trials measured with other code
 
 
-def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, misses: bool = False) -> Shown:
+def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, misses: bool = False,
+         stale: bool = False) -> Shown:
     """The winners stored in the cache (or the recorded dispatch misses), sorted, optionally only
     `model`'s problems. Misses come from $AUTOTUNE_MISSES when no cache is given (where a
-    read-only deployment keeps them)."""
+    read-only deployment keeps them). `stale`: the winners (and a count of trials) measured with
+    other kernel code than this install's, which dispatch does not serve."""
     if misses and cache is None and settings.misses_url():
         cache = settings.misses_url()
     store = open_store(cache, readonly=True)
@@ -395,6 +399,11 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
     every = [w for w in store.winners() if keys is None or w.problem_key in keys]
     rows = [w for w in every if check_winner(w) is None]     # the damaged ones are counted in the summary
     rows.sort(key=lambda w: (w.problem_key, w.device_key, w.bucket))
+    if stale:
+        from autotune.tactics import registry       # loads the families: only --stale judges code keys
+        judged = [(w, registry.stale_code(w)) for w in rows]
+        n = sum(registry.stale_code(t) is not None for t in store.trials() if keys is None or t.problem_key in keys)
+        return Shown(store.url, names, rows, None, stale=[(w, why) for w, why in judged if why], stale_trials=n)
     s = summary(store, keys, uses) if every else None
     return Shown(store.url, names, rows, s, notes=list(s.notes) if s else [])
 
@@ -456,17 +465,18 @@ def write_report(output: str | os.PathLike, *, cache=None, model: str | None = N
 
 
 def prune(cache=None, *, keep_gpu: Sequence[str] = (), drop_gpu: Sequence[str] = (), stale_libs: bool = False,
-          misses: bool = False, dry_run: bool = False):
+          misses: bool = False, dry_run: bool = False, stale_code: bool = False):
     """Drop trials, winners and misses of GPUs (names or device keys) no longer wanted, of other
-    library versions on this machine's GPU (`stale_libs`), and recorded misses."""
-    if not (keep_gpu or drop_gpu or stale_libs or misses):
-        raise BadInput("nothing to prune: give --keep-gpu, --drop-gpu, --stale-libs or --misses")
+    library versions on this machine's GPU (`stale_libs`), measured with other kernel code than
+    this install's (`stale_code`, every device), and recorded misses."""
+    if not (keep_gpu or drop_gpu or stale_libs or misses or stale_code):
+        raise BadInput("nothing to prune: give --keep-gpu, --drop-gpu, --stale-libs, --stale-code or --misses")
     store = open_store(cache, readonly=dry_run)
     try:
         devs = list(store.device_records().values())
         keep = set().union(*(select_devices(devs, g) for g in keep_gpu)) if keep_gpu else None
         drop = set().union(*(select_devices(devs, g) for g in drop_gpu)) if drop_gpu else set()
         return prune_store(store, keep_devices=keep, drop_devices=drop, stale_libs=current() if stale_libs else None,
-                           drop_misses=misses, dry_run=dry_run)
+                           drop_misses=misses, dry_run=dry_run, stale_code=stale_code)
     except CacheError as e:
         raise BadInput(str(e)) from None

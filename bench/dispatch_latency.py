@@ -72,8 +72,9 @@ def _our_cache(path: Path, buckets: tuple[int, ...]):
         s.put_environment(env, fam.depends_on)
         for i, b in enumerate(buckets):
             t = tactics[i % len(tactics)]
-            s.put_winner(Winner(p.key, b, env.device_key, t.id, t.family, t.to_json(), env.lib_key(fam.depends_on),
-                                10.0 + i, tactics[0].id, 11.0 + i, (11.0 + i) / (10.0 + i)))
+            lib = env.lib_key(fam.depends_on)          # the code key: served only by the code it names
+            s.put_winner(Winner(p.key, b, env.device_key, t.id, t.family, t.to_json(), lib,
+                                10.0 + i, tactics[0].id, 11.0 + i, (11.0 + i) / (10.0 + i), registry.code_key(t, lib)))
     return env, p
 
 

@@ -90,8 +90,9 @@ def main() -> None:
             for n, k in SHAPES:
                 p = Problem.dense(n, k)
                 for b in hybrid(8192):
-                    s.put_winner(Winner(p.key, b, env.device_key, t.id, t.family, t.to_json(),
-                                        env.lib_key(fam.depends_on), 10.0, t.id, 10.0, 1.0))
+                    lib = env.lib_key(fam.depends_on)
+                    s.put_winner(Winner(p.key, b, env.device_key, t.id, t.family, t.to_json(), lib, 10.0, t.id,
+                                        10.0, 1.0, registry.code_key(t, lib)))
         disp = D.Dispatcher(Path(d) / "c.db", env=env, record_misses=False, warn=False)
     D.reset(disp)
     dispatch = D.dispatch

@@ -142,8 +142,9 @@ def setup(tmp: Path):
         s.put_environment(env, tri.depends_on)
         for _, n, k in SHAPES:
             p, t = Problem.dense(n, k), _tactic(n, k)
-            s.put_winner(Winner(p.key, 1, env.device_key, t.id, t.family, t.to_json(), env.lib_key(tri.depends_on),
-                                10.0, t.id, 10.0, 1.0))
+            lib = env.lib_key(tri.depends_on)
+            s.put_winner(Winner(p.key, 1, env.device_key, t.id, t.family, t.to_json(), lib,
+                                10.0, t.id, 10.0, 1.0, registry.code_key(t, lib)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         d = D.Dispatcher(tmp / "c.db", env=env, record_misses=False, warn=False)

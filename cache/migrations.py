@@ -36,8 +36,42 @@ def _v2_claims(c: Connection) -> None:
     c.exec_driver_sql("CREATE INDEX ix_claims_owner ON claims (owner)")
 
 
+_TRIALS_V3 = (
+    "CREATE TABLE {name} (id INTEGER NOT NULL, problem_key VARCHAR(200) NOT NULL, bucket INTEGER NOT NULL, "
+    "tactic_id VARCHAR(32) NOT NULL, family VARCHAR(64) NOT NULL, device_key VARCHAR(32) NOT NULL, "
+    "lib_key VARCHAR(32) NOT NULL, code_key VARCHAR(32) DEFAULT '' NOT NULL, status VARCHAR(16) NOT NULL, "
+    "reason TEXT NOT NULL, median_us FLOAT, iqr_us FLOAT, reps INTEGER NOT NULL, rel_err FLOAT, "
+    "smem_model INTEGER, smem_compiled INTEGER, exit_signal INTEGER, created_at DATETIME NOT NULL, "
+    "PRIMARY KEY (id), CONSTRAINT uq_trial UNIQUE (problem_key, bucket, tactic_id, device_key, lib_key, code_key), "
+    "FOREIGN KEY(tactic_id) REFERENCES tactics (id))")
+_V2_TRIAL_COLS = ("id, problem_key, bucket, tactic_id, family, device_key, lib_key, status, reason, median_us, "
+                  "iqr_us, reps, rel_err, smem_model, smem_compiled, exit_signal, created_at")
+
+
+def _v3_code_keys(c: Connection) -> None:
+    """Schema 3: the code key on trials (part of their unique key) and winners, and the
+    compiler_figures table. Rows stored before get code_key '': no code certified them, so they
+    stay readable (show, report, rank-fit) and are never served or counted as measured."""
+    if c.dialect.name == "sqlite":       # SQLite cannot change a table's constraints: rebuild trials
+        c.exec_driver_sql(_TRIALS_V3.format(name="trials_v3"))
+        c.exec_driver_sql(f"INSERT INTO trials_v3 ({_V2_TRIAL_COLS}, code_key) SELECT {_V2_TRIAL_COLS}, '' FROM trials")
+        c.exec_driver_sql("DROP TABLE trials")
+        c.exec_driver_sql("ALTER TABLE trials_v3 RENAME TO trials")
+        c.exec_driver_sql("CREATE INDEX ix_trials_device_key ON trials (device_key)")
+    else:
+        c.exec_driver_sql("ALTER TABLE trials ADD COLUMN code_key VARCHAR(32) DEFAULT '' NOT NULL")
+        c.exec_driver_sql("ALTER TABLE trials DROP CONSTRAINT uq_trial")
+        c.exec_driver_sql("ALTER TABLE trials ADD CONSTRAINT uq_trial "
+                          "UNIQUE (problem_key, bucket, tactic_id, device_key, lib_key, code_key)")
+    c.exec_driver_sql("ALTER TABLE winners ADD COLUMN code_key VARCHAR(32) DEFAULT '' NOT NULL")
+    c.exec_driver_sql(
+        "CREATE TABLE compiler_figures (compiler VARCHAR(64) NOT NULL, arch VARCHAR(16) NOT NULL, "
+        "w_fmt VARCHAR(8) NOT NULL, tactic_id VARCHAR(32) NOT NULL, code VARCHAR(32) NOT NULL, shared INTEGER, "
+        "tmem INTEGER, error TEXT, PRIMARY KEY (compiler, arch, w_fmt, tactic_id, code))")
+
+
 #: version -> the step that brings a cache from version-1 to version
-STEPS: dict[int, Step] = {2: _v2_claims}
+STEPS: dict[int, Step] = {2: _v2_claims, 3: _v3_code_keys}
 
 #: schema version 1 as released (commit 942ee7f), SQLite dialect
 V1_DDL = """

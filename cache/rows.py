@@ -80,6 +80,11 @@ def _problem_key(key: str) -> str | None:
     return None
 
 
+def _code_key_ok(k) -> bool:
+    """A code key: 16 hex digits, or '' for a row stored before code keys (readable, never served)."""
+    return k == "" or _hex16(k)
+
+
 def check_winner(w: Winner) -> str | None:
     """Why the winner row `w` is structurally unusable (a reason from the module doc), or None.
     Never raises, whatever the field types are (rows come from files anyone can edit)."""
@@ -102,6 +107,8 @@ def check_winner(w: Winner) -> str | None:
         return "bad device key"
     if not _hex16(w.lib_key):
         return "bad lib key"
+    if not _code_key_ok(getattr(w, "code_key", "")):
+        return "bad code key"
     if not _hex16(w.default_tactic_id):
         return "bad default tactic id"
     if not timing_ok(med):
@@ -140,6 +147,8 @@ def check_trial(t: Trial) -> str | None:
         return "bad device key"
     if not _hex16(t.lib_key):
         return "bad lib key"
+    if not _code_key_ok(getattr(t, "code_key", "")):
+        return "bad code key"
     med, iqr, reps, rel_err, smem_model, smem_compiled, sig = nums
     if (status == "ok" or med is not None) and not timing_ok(med):
         return "bad median_us"

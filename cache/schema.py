@@ -3,7 +3,8 @@
 Only plain records (autotune.core.records) leave the cache package; these row classes stay inside.
 Keys follow anchors.md §2: a trial is keyed by (problem, bucket, tactic, device, libs), a winner
 by (problem, bucket, device) and carries the lib_key it was measured under, so each entry can be
-validated on its own.
+validated on its own. Schema 3 adds the code key (autotune.core.codekey) to both: the library key
+joined with the digest of the member's sources, part of a trial's key.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: bump with every change to the tables below, and add the step to cache/migrations.py (STEPS);
 #: tests/test_migrations.py upgrades a cache built with the first released schema and compares
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def utcnow() -> datetime:
@@ -77,7 +78,7 @@ class TacticRow(Base):
 class TrialRow(Base):
     __tablename__ = "trials"
     __table_args__ = (
-        UniqueConstraint("problem_key", "bucket", "tactic_id", "device_key", "lib_key", name="uq_trial"),
+        UniqueConstraint("problem_key", "bucket", "tactic_id", "device_key", "lib_key", "code_key", name="uq_trial"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     problem_key: Mapped[str] = mapped_column(String(200))
@@ -86,6 +87,8 @@ class TrialRow(Base):
     family: Mapped[str] = mapped_column(String(64))
     device_key: Mapped[str] = mapped_column(String(32), index=True)
     lib_key: Mapped[str] = mapped_column(String(32))
+    #: schema 3: lib_key joined with the member's sources (autotune.core.codekey); '' before
+    code_key: Mapped[str] = mapped_column(String(32), default="", server_default="")
     status: Mapped[str] = mapped_column(String(16))          # 'ok' | 'dropped' | 'rejected' | 'failed'
     reason: Mapped[str] = mapped_column(Text, default="")
     median_us: Mapped[float | None] = mapped_column(Float)
@@ -111,6 +114,25 @@ class WinnerRow(Base):
     default_median_us: Mapped[float | None] = mapped_column(Float)
     speedup: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    #: schema 3: the winning trial's code key ('' before code keys: never served)
+    code_key: Mapped[str] = mapped_column(String(32), default="", server_default="")
+
+
+class CompilerFigureRow(Base):
+    """Schema 3: what a compiler allocated for one config (shared-memory bytes, tensor-memory
+    columns), so a verdict outside the region a static model was checked on asks the compiler once
+    per (compiler version, arch, weight format, tactic, member sources) for every search on this
+    cache. `error` set: the config did not compile there (the verdict stays unknown)."""
+
+    __tablename__ = "compiler_figures"
+    compiler: Mapped[str] = mapped_column(String(64), primary_key=True)     # e.g. "triton 3.9.0"
+    arch: Mapped[str] = mapped_column(String(16), primary_key=True)
+    w_fmt: Mapped[str] = mapped_column(String(8), primary_key=True)
+    tactic_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    code: Mapped[str] = mapped_column(String(32), primary_key=True)         # digest of the member's sources
+    shared: Mapped[int | None] = mapped_column(Integer)
+    tmem: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 class MissRow(Base):

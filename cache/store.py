@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, TypeVar
 from urllib.parse import quote
 
-from sqlalchemy import and_, create_engine, delete, event, func, inspect, not_, or_, select, true
+from sqlalchemy import and_, create_engine, delete, event, func, inspect, literal, not_, or_, select, true, tuple_
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -30,7 +30,7 @@ from autotune.cache.files import (CacheError, check_header, immutable_ok, is_loc
                          sqlite_file, to_url)
 from autotune.cache.guard import check_plain
 from autotune.cache.migrations import MigrationError, upgrade
-from autotune.cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
+from autotune.cache.schema import (SCHEMA_VERSION, Base, CompilerFigureRow, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)
 from autotune.cache.upsert import upsert
 
@@ -38,9 +38,13 @@ T = TypeVar("T")
 _RETRIES = 6
 _BACKOFF_S = 0.05
 _TRIAL_COLS = ("problem_key", "bucket", "tactic_id", "family", "device_key", "lib_key", "status", "reason",
-               "median_us", "iqr_us", "reps", "rel_err", "smem_model", "smem_compiled", "exit_signal")
-_TRIAL_KEY = ["problem_key", "bucket", "tactic_id", "device_key", "lib_key"]
+               "median_us", "iqr_us", "reps", "rel_err", "smem_model", "smem_compiled", "exit_signal", "code_key")
+_TRIAL_KEY = ["problem_key", "bucket", "tactic_id", "device_key", "lib_key", "code_key"]
 _WINNER_KEY = ["problem_key", "bucket", "device_key"]
+_WINNER_COLS = ("problem_key", "bucket", "device_key", "tactic_id", "family", "lib_key", "median_us",
+                "default_tactic_id", "default_median_us", "speedup", "code_key")
+#: the schema that added code keys (and compiler figures); an older file opened read-only has neither
+_CODE_KEYS = 3
 
 
 def _row_json(text) -> object:
@@ -135,6 +139,7 @@ class Store:
             cur.close()
 
     def _init_schema(self) -> None:
+        self.schema_version = SCHEMA_VERSION
         with self.engine.connect() as c:
             tables = set(inspect(c).get_table_names())
             if tables and "schema_version" not in tables:
@@ -142,6 +147,7 @@ class Store:
                                  f"(has {', '.join(sorted(tables)[:5])})")
             if "schema_version" in tables:
                 v = c.execute(select(func.max(SchemaVersion.version))).scalar()
+                self.schema_version = v if v is not None else SCHEMA_VERSION
                 if v is not None and v > SCHEMA_VERSION:
                     raise CacheError(f"{self._where} was written by a newer fp4-autotune "
                                      f"(schema {v} > supported {SCHEMA_VERSION})")
@@ -149,6 +155,7 @@ class Store:
                 raise CacheError(f"{self._where} is not an fp4-autotune cache: empty database")
         if self.readonly:
             return
+        self.schema_version = SCHEMA_VERSION        # a writable open upgrades (or creates) it
         for attempt in range(_RETRIES):  # several processes may create the same new file at once
             try:
                 try:
@@ -299,21 +306,28 @@ class Store:
             upsert(s, TrialRow, row, _TRIAL_KEY)
         self._write(go)
 
+    def _cols(self, row, names):
+        """The columns `names` of a row class; code_key as '' in a file older than code keys."""
+        return [getattr(row, c) if c != "code_key" or self.schema_version >= _CODE_KEYS
+                else literal("").label("code_key") for c in names]
+
     def get_trials(self, problem_key: str, bucket: int, device_key: str) -> list[Trial]:
-        q = (select(TrialRow, TacticRow.params_json).join(TacticRow, TacticRow.id == TrialRow.tactic_id)
+        q = (select(*self._cols(TrialRow, _TRIAL_COLS), TacticRow.params_json)
+             .join(TacticRow, TacticRow.id == TrialRow.tactic_id)
              .where(TrialRow.problem_key == problem_key, TrialRow.bucket == bucket,
                     TrialRow.device_key == device_key).order_by(TrialRow.id))
         rows = self._read(lambda s: s.execute(q).all())
-        return [Trial(params_json=pj, **{c: getattr(r, c) for c in _TRIAL_COLS}) for r, pj in rows]
+        return [Trial(params_json=r.params_json, **{c: getattr(r, c) for c in _TRIAL_COLS}) for r in rows]
 
     def trials(self, device_key: str | None = None) -> list[Trial]:
         """Every stored trial (of one device, or all), oldest first: for reports. A trial whose
         tactic row is missing comes back with params_json "" (autotune.cache.rows.check_trial names it)."""
-        q = select(TrialRow, TacticRow.params_json).outerjoin(TacticRow, TacticRow.id == TrialRow.tactic_id)
+        q = (select(*self._cols(TrialRow, _TRIAL_COLS), TacticRow.params_json)
+             .outerjoin(TacticRow, TacticRow.id == TrialRow.tactic_id))
         if device_key is not None:
             q = q.where(TrialRow.device_key == device_key)
         rows = self._read(lambda s: s.execute(q.order_by(TrialRow.id)).all())
-        return [Trial(params_json=pj or "", **{c: getattr(r, c) for c in _TRIAL_COLS}) for r, pj in rows]
+        return [Trial(params_json=r.params_json or "", **{c: getattr(r, c) for c in _TRIAL_COLS}) for r in rows]
 
     def trial_keys(self, device_key: str) -> set[tuple[str, int, str, str]]:
         q = (select(TrialRow.problem_key, TrialRow.bucket, TrialRow.tactic_id, TrialRow.lib_key)
@@ -327,22 +341,21 @@ class Store:
     def _put_winner(self, s: Session, w: Winner) -> None:
         upsert(s, TacticRow, _tactic_row(w.params_json, w.tactic_id), ["id"], "ignore")
         self._put_problem_key(s, w.problem_key)
-        row = {"problem_key": w.problem_key, "bucket": w.bucket, "device_key": w.device_key,
-               "tactic_id": w.tactic_id, "family": w.family, "lib_key": w.lib_key, "median_us": w.median_us,
-               "default_tactic_id": w.default_tactic_id, "default_median_us": w.default_median_us,
-               "speedup": w.speedup, "updated_at": utcnow()}
+        row = {c: getattr(w, c) for c in _WINNER_COLS}
+        row["updated_at"] = utcnow()
         upsert(s, WinnerRow, row, _WINNER_KEY)
 
     def winners(self, device_key: str | None = None) -> list[Winner]:
         """Every stored winner, as stored: no row is dropped here (a missing tactic row gives
         params_json ""), so each reader counts what it skips by autotune.cache.rows.check_winner."""
-        q = select(WinnerRow, TacticRow.params_json).outerjoin(TacticRow, TacticRow.id == WinnerRow.tactic_id)
+        q = (select(*self._cols(WinnerRow, _WINNER_COLS), TacticRow.params_json)
+             .outerjoin(TacticRow, TacticRow.id == WinnerRow.tactic_id))
         if device_key is not None:
             q = q.where(WinnerRow.device_key == device_key)
         q = q.order_by(WinnerRow.device_key, WinnerRow.problem_key, WinnerRow.bucket)
-        return [Winner(r.problem_key, r.bucket, r.device_key, r.tactic_id, r.family, pj or "", r.lib_key, r.median_us,
-                       r.default_tactic_id, r.default_median_us, r.speedup)
-                for r, pj in self._read(lambda s: s.execute(q).all())]
+        return [Winner(r.problem_key, r.bucket, r.device_key, r.tactic_id, r.family, r.params_json or "", r.lib_key,
+                       r.median_us, r.default_tactic_id, r.default_median_us, r.speedup, r.code_key)
+                for r in self._read(lambda s: s.execute(q).all())]
 
     def put_winners(self, winners: Iterable[Winner], devices: Iterable[dict] = (),
                     libsets: Mapping[str, dict] | None = None) -> None:
@@ -443,6 +456,41 @@ class Store:
         if not dry_run and any(counts.values()):
             self._write(lambda s: [s.execute(delete(t).where(c)) for t, c in plan.values() if c is not None])
         return counts
+
+    def prune_where(self, drop: Callable[[Trial | Winner], bool], *, dry_run: bool = False) -> dict[str, int]:
+        """Delete the trials and winners for which `drop(record)` is true (a family's judgement, such
+        as a stale code key, that SQL cannot make); the counts per table, nothing deleted on dry_run."""
+        tq = (select(TrialRow.id, *self._cols(TrialRow, _TRIAL_COLS), TacticRow.params_json)
+              .outerjoin(TacticRow, TacticRow.id == TrialRow.tactic_id))
+        ids = [r.id for r in self._read(lambda s: s.execute(tq).all())
+               if drop(Trial(params_json=r.params_json or "", **{c: getattr(r, c) for c in _TRIAL_COLS}))]
+        keys = [(w.problem_key, w.bucket, w.device_key) for w in self.winners() if drop(w)]
+        if not dry_run and (ids or keys):
+            pk = tuple_(WinnerRow.problem_key, WinnerRow.bucket, WinnerRow.device_key)
+
+            def go(s: Session) -> None:
+                for i in range(0, len(ids), 500):          # bounded statements (SQLite's variable limit)
+                    s.execute(delete(TrialRow).where(TrialRow.id.in_(ids[i:i + 500])))
+                for i in range(0, len(keys), 200):
+                    s.execute(delete(WinnerRow).where(pk.in_(keys[i:i + 200])))
+            self._write(go)
+        return {"trials": len(ids), "winners": len(keys)}
+
+    # -- compiler figures (schema 3)
+    def compiler_figure(self, compiler: str, arch: str, w_fmt: str, tactic_id: str,
+                        code: str) -> tuple[int | None, int | None, str | None] | None:
+        """(shared bytes, tmem columns, error) the compiler gave this config, or None when never
+        asked (or the file predates the table)."""
+        if self.schema_version < _CODE_KEYS:
+            return None
+        row = self._read(lambda s: s.get(CompilerFigureRow, (compiler, arch, w_fmt, tactic_id, code)))
+        return (row.shared, row.tmem, row.error) if row is not None else None
+
+    def put_compiler_figure(self, compiler: str, arch: str, w_fmt: str, tactic_id: str, code: str,
+                            shared: int | None, tmem: int | None, error: str | None = None) -> None:
+        row = {"compiler": compiler, "arch": arch, "w_fmt": w_fmt, "tactic_id": tactic_id, "code": code,
+               "shared": shared, "tmem": tmem, "error": error}
+        self._write(lambda s: upsert(s, CompilerFigureRow, row, ["compiler", "arch", "w_fmt", "tactic_id", "code"]))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.formats import FP4Weight
 from autotune.core.operands import check_out, check_routing, check_weight, check_x, out_checker, x_checker
 from autotune.core.problem import Problem
@@ -185,6 +186,9 @@ class Family(Protocol):
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str) -> Launcher: ...
     def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]: ...
     def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool: ...
+    def code(self, tactic: Tactic) -> Code: ...
+    def codes(self) -> Sequence[Code]: ...
+    def with_compiler_figures(self, memo: Any) -> "Family": ...
 
 
 class FamilyBase:
@@ -199,6 +203,8 @@ class FamilyBase:
     depends_on: ClassVar[tuple[str, ...]] = ()
     default_rank: ClassVar[int | None] = None
     compiles: ClassVar[bool] = False
+    #: the family's declared sources (autotune.core.codekey); None: its own module and this one
+    CODE: ClassVar[Code | None] = None
 
     def available(self, device: str) -> tuple[bool, str]:
         return True, ""
@@ -242,6 +248,22 @@ class FamilyBase:
         reduction order over K at every M (no split-K lowered by M, no library picking an
         algorithm per shape). False unless the family knows (`--batch-invariant` uses only these)."""
         return False
+
+    def code(self, tactic: Tactic) -> Code:
+        """The sources `tactic`'s measured numbers depend on (its member's kernel, launch and pack
+        code), keyed into every trial and winner (autotune.core.codekey): `CODE`, else the family's
+        own module and this one; a family with members answers per tactic."""
+        return self.CODE or Code(self.name, tuple(sorted({type(self).__module__, __name__})))
+
+    def with_compiler_figures(self, memo: Any) -> "Family":
+        """This family asking the compiler where a static model cannot answer (a config outside
+        the region it was checked on), each figure remembered in `memo` (the search's Store). The
+        default: the family itself (it has no such model)."""
+        return self
+
+    def codes(self) -> Sequence[Code]:
+        """Every member's Code (one per kernel; the default: the family's one)."""
+        return (self.code(Tactic(self.name, {})),)
 
     def pack(self, layout: str, weight: FP4Weight) -> Any:
         """The weight in `layout`, produced once at load (never per call)."""

@@ -24,6 +24,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
+from autotune.core.codekey import Code
 from autotune.core.tactic import Tactic, Verdict, check_params
 from autotune.tactics.base import FamilyBase, LauncherBase
 from autotune.tactics.swizzled import SwizzledCache, SwizzledLayout, SwizzledWeight, check_bound_weight, pack_swizzled
@@ -233,6 +234,9 @@ def plan_algorithms(problem: Any, x: Any, w: Any, limit: int = 16) -> list[Any]:
 
 class CublasLtFamily(SwizzledLayout, FamilyBase):
     name = NAME
+    #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
+    CODE = Code.of(NAME, __package__, ".cublaslt", ".base", ".swizzled",
+                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.inputs", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
     depends_on = ("nvmath-python", "cublas")
 
     def supports(self, problem: Any) -> str | None:

@@ -10,8 +10,10 @@ import importlib
 import importlib.metadata
 import warnings
 from functools import lru_cache
+from typing import Mapping
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code, code_key as _join
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics.base import Family
@@ -136,3 +138,60 @@ def usable(problem: Problem, tactic: Tactic, arch: Arch, device: str) -> str | N
     if v.rejected:
         return f"{tactic.family} verdict rejects it on {arch.name}: {v.reason}"
     return None
+
+
+# -- which code measured a stored row (autotune.core.codekey) ---------------------------------
+
+#: what a stale-code row's reason starts with (the Dispatcher counts `skipped` by it)
+STALE_CODE = "measured with other code"
+#: the command that measures stale rows again (named once in the serving warning)
+REFRESH = "`autotune search` (same problems) measures them again; `autotune cache prune --stale-code` drops them"
+
+
+def _code(family: str, params_json: str) -> Code | None:
+    return _code_of(family, FAMILIES.get(family), params_json)
+
+
+@lru_cache(maxsize=1 << 16)
+def _code_of(family: str, path: str | None, params_json: str) -> Code | None:
+    # keyed by the registration too: a test or plugin may put another class under a name
+    try:
+        return get(family).code(Tactic.from_json(params_json))
+    except (ValueError, TypeError, KeyError, ImportError):
+        return None
+
+
+def code_of(tactic: Tactic) -> Code:
+    """The declared sources of `tactic`'s member. ValueError when its family cannot say."""
+    c = _code(tactic.family, tactic.to_json())
+    if c is None:
+        raise ValueError(f"no code key for {tactic}: unknown family or member here")
+    return c
+
+
+def code_key(tactic: Tactic, lib_key: str) -> str:
+    """The code key of `tactic` measured under `lib_key` with the code installed here: what a
+    search stores with its trial and winner (computed once per process per member)."""
+    return _join(lib_key, code_of(tactic))
+
+
+def stale_code(row) -> str | None:
+    """Why a stored trial or winner (family, params_json, lib_key, code_key) was not measured with
+    the code installed here; None when it was. The library half is the row's own lib_key, so this
+    needs no environment: `show --stale` judges rows of any device. A row whose family or member
+    is unknown here cannot be judged: None (dispatch refuses an unknown family on its own)."""
+    c = _code(row.family, row.params_json)
+    if c is None:
+        return None
+    if not row.code_key:
+        return f"{STALE_CODE}: no code key (stored before code keys were)"
+    if row.code_key != _join(row.lib_key, c):
+        return f"{STALE_CODE}: {c.member} changed since"
+    return None
+
+
+def fresh(lib_keys: Mapping[str, str], row) -> bool:
+    """A stored row counts for a search with these library keys ({family: lib_key}): same
+    libraries and the code installed here."""
+    return (lib_keys.get(row.family) == row.lib_key and _code(row.family, row.params_json) is not None
+            and stale_code(row) is None)

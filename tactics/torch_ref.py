@@ -18,6 +18,7 @@ from typing import Iterable
 
 import torch
 
+from autotune.core.codekey import Code
 from autotune.core.arch import Arch
 from autotune.core.operands import check_out, check_weight, out_shape, x_checker
 from autotune.core.tactic import Tactic, Verdict, check_params
@@ -96,6 +97,9 @@ def bind_dense(problem, tactic: Tactic, packed) -> "callable":
 
 class TorchFamily(FamilyBase):
     name = "torch"
+    #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
+    CODE = Code.of("torch", __package__, ".torch_ref", ".base",
+                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
     depends_on = ("torch",)
     default_rank = 1      # the default wherever Triton cannot run (the CPU)
     w4a4_emulated = True  # its W4A4 tactics quantize activations in torch: no W4A4 kernel of the arch

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import run_cli, keyed
 from autotune.core import inputs
 from autotune.core.tactic import parse_tactic
 from autotune.runtime.dispatch import Dispatcher
@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def win(t: Tactic, bucket: int, p: Problem = P, *, lib: str = LIB, device: str | None = None,
         params_json: str | None = None, tactic_id: str | None = None) -> Winner:
-    return Winner(p.key, bucket, device or CPU.device_key, tactic_id or t.id, t.family, params_json or t.to_json(),
-                  lib, 10.0, T_A.id, 11.0, 1.1)
+    return keyed(Winner(p.key, bucket, device or CPU.device_key, tactic_id or t.id, t.family,
+                        params_json or t.to_json(), lib, 10.0, T_A.id, 11.0, 1.1))
 
 
 def make_cache(path: Path, winners) -> Path:
@@ -131,8 +131,8 @@ def test_every_stored_entry_is_checked_before_use(tmp_path):
         win(T_A, 16, device="1" * 16)])
     con = sqlite3.connect(path)      # a tampered row: params that no longer hash to the stored id
     con.execute("UPDATE tactics SET params_json = ? WHERE id = ?", (T_B.to_json(), T_A.id))
-    con.execute("INSERT INTO winners VALUES (?, 32, ?, ?, 'nope', ?, 1, ?, 1, 1, '2026-01-01')",
-                (P.key, CPU.device_key, T_A.id, LIB, T_A.id))                  # family column lies
+    con.execute("INSERT INTO winners VALUES (?, 32, ?, ?, 'nope', ?, 1, ?, 1, 1, '2026-01-01', ?)",
+                (P.key, CPU.device_key, T_A.id, LIB, T_A.id, win(T_A, 32).code_key))   # family column lies
     con.commit()
     con.close()
     d = quiet(cache=path)

@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from helpers import keyed
 from autotune.core import inputs
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
@@ -34,7 +35,7 @@ def _cache(path, items):
     with Store(path) as s:
         s.put_environment(CPU, ("torch",))
         for p, b, t in items:
-            s.put_winner(Winner(p.key, b, CPU.device_key, t.id, t.family, t.to_json(), LIB, 10.0, TA.id, 11.0, 1.1))
+            s.put_winner(keyed(Winner(p.key, b, CPU.device_key, t.id, t.family, t.to_json(), LIB, 10.0, TA.id, 11.0, 1.1)))
     return path
 
 

@@ -7,7 +7,7 @@ import json
 import warnings
 from pathlib import Path
 
-from helpers import run_cli
+from helpers import run_cli, keyed
 from autotune.runtime.dispatch import Dispatcher
 from autotune.core.env import Env, cpu, current
 from autotune.core.problem import Problem
@@ -30,8 +30,8 @@ def fill(s: Store, env: Env, lib: str | None = None) -> None:
     lib = lib or env.lib_key(("torch",))
     s.put_environment(env, ("torch",))
     for b in (1, 4):
-        s.put_trial(Trial(P.key, b, T.id, "torch", T.to_json(), env.device_key, lib, "ok", median_us=2.0))
-        s.put_winner(Winner(P.key, b, env.device_key, T.id, "torch", T.to_json(), lib, 2.0, T.id, 2.0, 1.0))
+        s.put_trial(keyed(Trial(P.key, b, T.id, "torch", T.to_json(), env.device_key, lib, "ok", median_us=2.0)))
+        s.put_winner(keyed(Winner(P.key, b, env.device_key, T.id, "torch", T.to_json(), lib, 2.0, T.id, 2.0, 1.0)))
     s.record_misses([Miss(P.key, 9, env.device_key, 2)])
 
 

@@ -7,7 +7,10 @@ no GPU is visible (CUDA_VISIBLE_DEVICES=""), so the live arch is "cpu" everywher
 COLUMNS=120; no AUTOTUNE_* variable leaks in. When a golden changes on purpose, regenerate it in its
 own commit that says why. Changed on purpose so far: search_sm120_cutlass_torch_json.txt gained
 "skipped" and "unsampled" per family (#14: kept tactics that a family skipped on the device or the
---max-tactics sample leaves unmeasured are counted apart, as `show` counts them).
+--max-tactics sample leaves unmeasured are counted apart, as `show` counts them); and, with #24,
+show_h200_json.txt gained each winner's "code_key" ("" for this schema-1 cache: no code key, so
+never served) and search_sm120_cutlass_torch_json.txt "unknown_reasons" per family (why verdicts
+stayed unknown).
 """
 from __future__ import annotations
 

@@ -142,3 +142,40 @@ def test_newer_cache_is_refused_not_migrated(tmp_path):
     for ro in (False, True):
         with pytest.raises(CacheError, match="newer fp4-autotune"):
             Store(tmp_path / "c.db", readonly=ro)
+
+
+def test_v2_rows_upgrade_to_code_keys_readable_and_never_current(tmp_path):
+    """Schema 3 adds the code key: rows stored before get '' (no code certified them), stay readable
+    (read-only opens do not migrate), and a trial of this code's key sits beside the old one."""
+    from helpers import keyed
+    from autotune.tactics import registry
+    v1_cache(tmp_path / "v2.db")
+    e = create_engine(f"sqlite:///{tmp_path / 'v2.db'}")
+    assert migrations.upgrade(e, target=2) == [2]                    # the frozen v1 DDL plus step 2
+    e.dispose()
+    con = sqlite3.connect(tmp_path / "v2.db")
+    con.execute("INSERT INTO tactics VALUES (?, 'torch', ?)", (T.id, T.to_json()))
+    lib = ENV.lib_key(("torch",))
+    con.execute("INSERT INTO trials (problem_key, bucket, tactic_id, family, device_key, lib_key, status, reason, "
+                "median_us, reps, created_at) VALUES (?, 4, ?, 'torch', ?, ?, 'ok', '', 2.0, 3, '2026-01-01')",
+                (P.key, T.id, ENV.device_key, lib))
+    con.execute("INSERT INTO winners VALUES (?, 4, ?, ?, 'torch', ?, 2.0, ?, 3.0, 1.5, '2026-01-01 00:00:00')",
+                (P.key, ENV.device_key, T.id, lib, T.id))
+    con.commit()
+    con.close()
+    with Store(tmp_path / "v2.db", readonly=True) as ro:
+        assert ro.schema_version == 2 and [w.code_key for w in ro.winners()] == [""]
+        assert [t.code_key for t in ro.trials()] == [""] and ro.compiler_figure("triton 3.9.0", "sm90", "nvfp4", T.id, "x") is None
+    with Store(tmp_path / "v2.db") as s:
+        assert s.schema_version == SCHEMA_VERSION
+        [w] = s.winners()
+        assert w.code_key == "" and registry.stale_code(w) is not None
+        new = keyed(Trial(P.key, 4, T.id, "torch", T.to_json(), ENV.device_key, lib, "ok", median_us=1.0))
+        s.put_trial(new)                            # same (problem, bucket, tactic, device, libs): another code key
+        assert sorted(t.code_key for t in s.get_trials(P.key, 4, ENV.device_key)) == ["", new.code_key]
+        s.put_compiler_figure("triton 3.9.0", "sm90", "nvfp4", T.id, "c0de", 1024, 0)
+        assert s.compiler_figure("triton 3.9.0", "sm90", "nvfp4", T.id, "c0de") == (1024, 0, None)
+    v1_cache(tmp_path / "fresh-v1.db")
+    Store(tmp_path / "fresh-v1.db").close()
+    Store(tmp_path / "fresh.db").close()
+    assert shape(tmp_path / "fresh-v1.db") == shape(tmp_path / "v2.db") == shape(tmp_path / "fresh.db")

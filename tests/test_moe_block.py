@@ -195,7 +195,8 @@ _INTERP = textwrap.dedent("""
                      (Problem.moe(h, i, e, top_k, epilogue="reduce"), cfg("aligned", 16, 1)),
                      (Problem.moe(2 * i, h, e, top_k), cfg("aligned", 16, 1)),
                      (Problem.moe(h, i, e, top_k), cfg("direct", 16, 1))]:
-            st.put_winner(Winner(p.key, m, env.device_key, t.id, t.family, t.to_json(), lib, 1.0, t.id, 1.0, 1.0))
+            st.put_winner(Winner(p.key, m, env.device_key, t.id, t.family, t.to_json(), lib, 1.0, t.id, 1.0, 1.0,
+                                 registry.code_key(t, lib)))     # this code's key: else not served
     d = Dispatcher(db, env=env, arch=ARCHS["cpu"], record_misses=False, warn=False)
     calls = []
     real = moe_align.Aligner.__call__

@@ -196,6 +196,7 @@ _INTERP = textwrap.dedent("""
     from autotune.runtime.dispatch import Dispatcher
     from autotune.runtime.moe import FP4MoE
     from autotune.cache import Store
+    from autotune.tactics import registry
     from autotune.tactics.triton_fp4.family import TritonFamily
     TritonFamily.available = lambda self, device: (True, "")     # the interpreter runs it on the CPU
     cfg = lambda route, bm: Tactic("triton", kernel="moe_decode", route=route, block_m=bm, block_n=32,
@@ -209,7 +210,8 @@ _INTERP = textwrap.dedent("""
     with Store(db) as st:          # folded problems: E+1 experts, top_k+1 slots
         for p, t in [(Problem.moe(2 * i, h, e + 1, top_k + 1, epilogue="swiglu"), cfg("aligned", 16)),
                      (Problem.moe(h, i, e + 1, top_k + 1, epilogue="reduce"), cfg("direct", 16))]:
-            st.put_winner(Winner(p.key, m, env.device_key, t.id, t.family, t.to_json(), lib, 1.0, t.id, 1.0, 1.0))
+            st.put_winner(Winner(p.key, m, env.device_key, t.id, t.family, t.to_json(), lib, 1.0, t.id, 1.0, 1.0,
+                                 registry.code_key(t, lib)))     # this code's key: else not served
     d = Dispatcher(db, env=env, arch=ARCHS["cpu"], record_misses=False, warn=False)
     emap = torch.tensor([3, -1, 2, 1, -1, 0])
     blk = FP4MoE.from_float(gate, up, down, top_k, expert_map=emap, dispatcher=d,

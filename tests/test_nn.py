@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import keyed
 from autotune.runtime.bound import extra_bytes
 from autotune.runtime.table import PIN_SLOT
 from autotune.runtime.dispatch import Dispatcher
@@ -31,8 +32,8 @@ T_B = Tactic("torch", dequant_dtype="bf16", chunk_n=0)
 def disp(tmp_path, winners=(), env=CPU) -> Dispatcher:
     with Store(tmp_path / "c.db") as s:
         for p, b, t in winners:
-            s.put_winner(Winner(p.key, b, env.device_key, t.id, t.family, t.to_json(), env.lib_key(("torch",)),
-                                1.0, T_A.id, 1.0, 1.0))
+            s.put_winner(keyed(Winner(p.key, b, env.device_key, t.id, t.family, t.to_json(), env.lib_key(("torch",)),
+                                      1.0, T_A.id, 1.0, 1.0)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return Dispatcher(tmp_path / "c.db", env=env, record_misses=False, warn=False)
@@ -230,8 +231,8 @@ def test_cuda_graph_capture_replays_the_bucket_kernel(tmp_path):
     big = next(t for t in kept if t.get("block_m") == 64 and t.get("split_k", 1) == 1)
     with Store(tmp_path / "c.db") as s:
         for b, t in ((1, small), (16, big)):
-            s.put_winner(Winner(p.key, b, env.device_key, t.id, t.family, t.to_json(),
-                                env.lib_key(tri.depends_on), 1.0, t.id, 1.0, 1.0))
+            s.put_winner(keyed(Winner(p.key, b, env.device_key, t.id, t.family, t.to_json(),
+                                      env.lib_key(tri.depends_on), 1.0, t.id, 1.0, 1.0)))
     d = Dispatcher(tmp_path / "c.db", env=env, record_misses=False, warn=False)
     assert d.skipped == {} and d.table(p).tactics == (small, big)
     torch.manual_seed(5)

@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 
+from helpers import keyed
 from autotune.core.arch import ARCHS
 from autotune.core.env import cpu
 from autotune.core.formats import FP4Weight, held_layout, quantize
@@ -45,7 +46,7 @@ def disp(tmp_path, winners) -> Dispatcher:
     with Store(tmp_path / "c.db") as s:
         for b, t in winners:
             lib = CPU.lib_key(registry.get(t.family).depends_on)
-            s.put_winner(Winner(P.key, b, CPU.device_key, t.id, t.family, t.to_json(), lib, 1.0, T64.id, 1.0, 1.0))
+            s.put_winner(keyed(Winner(P.key, b, CPU.device_key, t.id, t.family, t.to_json(), lib, 1.0, T64.id, 1.0, 1.0)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         d = Dispatcher(tmp_path / "c.db", env=CPU, arch=ARCH, record_misses=False, warn=False)

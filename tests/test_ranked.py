@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import keyed
 
 from autotune import api
 from autotune.core.arch import ARCHS
@@ -192,8 +193,12 @@ def test_plans_warm_start_from_neighbours_and_measure_never_seen_members(tmp_pat
     # warm start: the winner stored for bucket 1 (a neighbour of 8) joins the extras, 64's too
     store.put_environment(CPU, ("torch",))
     lib = CPU.lib_key(("torch",))
-    for b, t in ((1, seen[1]), (64, new[1])):
+    for b, t in ((1, seen[1]), (64, new[1])):     # measured by other code first: no warm start from it
         store.put_winner(Winner(p.key, b, CPU.device_key, t.id, "torch", t.to_json(), lib, 1.0, seen[0].id, None, None))
+    assert strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": lib}).extras == plan.extras
+    for b, t in ((1, seen[1]), (64, new[1])):
+        store.put_winner(keyed(Winner(p.key, b, CPU.device_key, t.id, "torch", t.to_json(), lib, 1.0, seen[0].id,
+                                      None, None)))
     warm = strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": lib})
     assert seen[1] in warm.extras and new[1] in warm.extras
     assert strategy.with_neighbours(plan, store, p, 8, [1, 8, 64], CPU.device_key, {"torch": "other"}).extras == plan.extras
@@ -250,13 +255,14 @@ def test_with_neighbours_rereads_the_stored_times(tmp_path):
     plan = strategy.plans(model, work, [1, 8], arch, 2, store, CPU.device_key, ranked.Ranked())[(p.key, 8)]
     assert plan.known == {}
 
-    def put(t, status, us, lib_key=lib):
-        store.put_trial(Trial(p.key, 8, t.id, "torch", t.to_json(), CPU.device_key, lib_key, status, "",
-                              median_us=us))
+    def put(t, status, us, lib_key=lib, key=keyed):
+        store.put_trial(key(Trial(p.key, 8, t.id, "torch", t.to_json(), CPU.device_key, lib_key, status, "",
+                                  median_us=us)))
     put(ts[1], "ok", 3.0)           # stored meanwhile by another search
     put(ts[2], "dropped", 5.0)
     put(ts[3], "failed", None)
     put(ts[0], "ok", 1.0, "other-libs")
+    put(ts[0], "ok", 0.5, key=lambda t: t)      # no code key: measured by other code
     warm = strategy.with_neighbours(plan, store, p, 8, [1, 8], CPU.device_key, {"torch": lib})
     assert warm.known == {ts[1].id: 3.0, ts[2].id: 5.0}
 

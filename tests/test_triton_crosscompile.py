@@ -171,3 +171,24 @@ def test_compiler_figures_are_cached_per_version_and_arch(tmp_path, cache):
     other = CompiledFigures(tmp_path / "figures.json", compiler_version="0.0-other", triton_cache=cache)
     assert other.key(p, t, get_arch("sm90")) != again.key(p, t, get_arch("sm90"))
     assert other.key(p, t, get_arch("sm90")) != other.key(p, t, get_arch("sm100"))
+
+
+def test_the_search_provider_keeps_figures_in_the_tactic_cache(tmp_path, cache):
+    """`with_compiler_figures(store)` (what a live search gives the family): an unknown config is
+    compiled once, its real footprint decides, and any later search on the cache reads the figure
+    (keyed by Triton version, arch, format, tactic and the member's sources) without compiling."""
+    from autotune.cache import Store
+    from tools.triton_smem.compiled import shared_of
+    p, a = Problem.dense(4096, 4096, "nvfp4"), get_arch("sm90")
+    t = Tactic("triton", kernel="w4a16_dequant", block_m=64, block_n=16, block_k=64, group_m=1,
+               num_warps=4, num_stages=2, split_k=1)
+    assert FAM.verdict(p, t, a).unchecked                      # outside the checked region
+    shared, _ = shared_of("nvfp4", t.params, "sm90", cache_dir=cache)
+    with Store(tmp_path / "c.db") as s:
+        fam = FAM.with_compiler_figures(s)
+        fam.compiler.triton_cache = cache
+        v = fam.verdict(p, t, a)
+        assert (v.ok, v.smem_bytes) == (shared <= a.smem_per_block_optin, shared) and fam.compiler.compiles == 1
+        later = FAM.with_compiler_figures(s)
+        assert later.verdict(p, t, a) == v and later.compiler.compiles == 0
+        assert FAM.verdict(p, t, a).unchecked                  # the family itself never made one

@@ -27,6 +27,7 @@ class Trial:
     smem_model: int | None = None     # verdict's figure
     smem_compiled: int | None = None  # the compiler's figure, where it compiled for the live GPU
     exit_signal: int | None = None    # set when an isolated worker died (its signal says why)
+    code_key: str = ""                # lib_key joined with the member's sources (core.codekey); "" before them
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Winner:
     default_tactic_id: str
     default_median_us: float | None
     speedup: float | None     # default_median / median (1.0 when the default won)
+    code_key: str = ""        # the winning trial's code key (core.codekey); "" before code keys
 
 
 @dataclass(frozen=True)

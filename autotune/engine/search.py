@@ -19,8 +19,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from autotune.core import winner as winner_rule
-from autotune.engine import claims as job_claims, strategy, workers as workers_mod
+from autotune.core import codekey, winner as winner_rule
+from autotune.engine import audit, claims as job_claims, strategy, workers as workers_mod
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
 from autotune.engine.timing import TimerConfig
@@ -56,11 +56,16 @@ class FamilyPlan:
     unsampled: int = 0     # passed the verdict but left out of the max_tactics sample
     reasons: Counter = field(default_factory=Counter)      # reason class -> count
     examples: dict = field(default_factory=dict)           # reason class -> one full reason
+    unknown_reasons: Counter = field(default_factory=Counter)   # why verdicts stayed unknown: class -> count
+    unknown_examples: dict = field(default_factory=dict)
 
     def line(self) -> str:
         s = f"{self.family}: {self.kept} kept, {self.rejected} rejected"
         if self.unknown:
             s += f", {self.unknown} unknown until checked on the device"
+            if self.unknown_reasons:
+                s += " (" + "; ".join(f"{n}× " + ("e.g. " if n > 1 and r != self.unknown_examples[r] else "")
+                                      + self.unknown_examples[r] for r, n in self.unknown_reasons.most_common()) + ")"
         if self.skipped:
             s += f", {self.skipped} not measured (family skipped on this device)"
         if self.unsampled:
@@ -88,6 +93,7 @@ class SearchReport:
     winners: list[Winner] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stages: Stages = field(default_factory=Stages)   # where the measuring time went
+    audit: "audit.Audit | None" = None               # --compile-check: the verdicts checked both ways
 
 
 def _reason_class(reason: str) -> str:
@@ -116,6 +122,9 @@ def summarize(planned: dict[Problem, list[Planned]]) -> dict[str, list[FamilyPla
                 fp.kept += 1
             elif r.verdict.ok is None:
                 fp.unknown += 1
+                c = _reason_class(r.verdict.reason)
+                fp.unknown_reasons[c] += 1
+                fp.unknown_examples.setdefault(c, r.verdict.reason)
             else:
                 fp.rejected += 1
                 c = _reason_class(r.verdict.reason)
@@ -150,6 +159,7 @@ class SearchOptions:
     retry_failed: bool = False            # measure again tactics whose trials failed
     dry_run: bool = False                 # verdicts only
     compile_check: bool = False           # cross-compile kept tactics and compare smem with the verdicts
+    audit_rejected: int = 200             # compile_check: footprint-rejected tactics compiled per arch (seeded)
     seed: int = 0
     max_tactics: int | None = None        # at most this many kept tactics per family and problem
     measure_unknown: bool = False         # also measure tactics whose verdict is unchecked ("unknown: ...")
@@ -186,6 +196,10 @@ class _Search:
         self.ranking: strategy.Ranking | None = None
         self.live = detect() if self.env.device == "cuda" else ARCHS["cpu"]
         self.target = o.arch or self.live
+        if o.compile_check or (not o.dry_run and self.target == self.live):
+            # a compiler is at hand (the search compiles kept tactics anyway): a verdict no checked
+            # model covers asks it, each figure kept in the cache, instead of staying unknown
+            families = [f.with_compiler_figures(store) for f in families]
         self.problems, self.families, self.store, self.buckets = problems, families, store, buckets
         self.report = SearchReport(self.target.name, self.env.device)
         self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
@@ -200,7 +214,10 @@ class _Search:
         """Dry run or another arch: verdicts only (cross-compiled with compile_check)."""
         if self.o.compile_check:   # cross-compiling needs no GPU: check the verdicts against the compiler
             kept = [r for rows in planned.values() for r in self._sampled([r for r in rows if not r.verdict.rejected])]
-            _compile(_compilable(kept), self.target, self.o.runner, self.report)
+            self.report.audit = audit.Audit(self.target.name, self.o.seed)
+            audit.compile_kept(_compilable(kept), self.target, self.o.runner, self.report)
+            audit.compile_rejected([r for rows in planned.values() for r in _compilable(rows)], self.target,
+                                   self.o.runner, self.o.audit_rejected, self.report, self.o.log)
         if self.target != self.live:
             self.report.notes.append(f"planning for {self.target.name} on a {self.live.name} machine: "
                                      "verdicts only, nothing measured")
@@ -240,9 +257,11 @@ class _Search:
             store.put_environment(env, dfam.depends_on)
             for fam in self.families:
                 store.put_environment(env, fam.depends_on)
-            known = {(t.tactic_id, t.lib_key): t for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)}
+            # what this search's libraries and code stored before (a stale row is measured again)
+            known = {t.tactic_id: t for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)
+                     if registry.fresh(self.lib_keys, t)}
             for r in rows:
-                if r.verdict.rejected and (r.tactic.id, self.lib_keys[r.tactic.family]) not in known:
+                if r.verdict.rejected and r.tactic.id not in known:
                     store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, self.lib_keys, "rejected", r.verdict.reason,
                                            smem_model=r.verdict.smem_bytes))
             runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names
@@ -260,7 +279,7 @@ class _Search:
             self._count_unsampled(p, runs, kept)
             # a compile failure (bucket 0) is final for every bucket unless --retry-failed
             kept = [r for r in kept if self.o.retry_failed
-                    or getattr(known.get((r.tactic.id, self.lib_keys[r.tactic.family])), "status", None) != "failed"]
+                    or getattr(known.get(r.tactic.id), "status", None) != "failed"]
             work.append(_Work(p, kept, default))
         return work
 
@@ -276,7 +295,7 @@ class _Search:
         if not items:
             return
         bad = set()
-        for r, (err, sig) in zip(items, _compile(items, self.target, self.o.runner, self.report)):
+        for r, (err, sig) in zip(items, audit.compile_kept(items, self.target, self.o.runner, self.report)):
             if err is None:
                 continue
             bad.add((r.problem.key, r.tactic.id))
@@ -291,18 +310,18 @@ class _Search:
 
     # 4. jobs: one per (problem, bucket), without what the cache already holds
     def remaining(self, p: Problem, b: int, tactics: Iterable[Tactic]) -> tuple[Tactic, ...]:
-        """Of `tactics`, those the cache lacks at (p, b) under this search's libraries (resume)."""
+        """Of `tactics`, those the cache lacks at (p, b) under this search's libraries and code (resume)."""
         redo = {"failed"} if self.o.retry_failed else set()
         if self.o.halving.exhaustive:
             redo.add("dropped")    # an exhaustive run times what halving dropped
         done = {t.tactic_id: t for t in self.store.get_trials(p.key, b, self.env.device_key)
-                if t.lib_key == self.lib_keys.get(t.family)}
+                if registry.fresh(self.lib_keys, t)}
         return tuple(t for t in tactics if t.id not in done or done[t.id].status in redo)
 
     def jobs(self, work: list[_Work]) -> list[Job]:
         out = []
         won = ({(x.problem_key, x.bucket) for x in self.store.winners(self.env.device_key)
-                if self.lib_keys.get(x.family) == x.lib_key} if self.ranking else set())
+                if registry.fresh(self.lib_keys, x)} if self.ranking else set())
         for w in work:
             ids = {r.tactic.id for r in w.kept}
             for b in self.buckets:
@@ -331,7 +350,7 @@ class _Search:
         self.report.notes.append(f"--strategy ranked: {note}")
         self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(self.buckets), self.target,
                                                               self.env.sm_count or 0, self.store, self.env.device_key,
-                                                              self.o.ranked))
+                                                              self.o.ranked, self.lib_keys))
 
     # 5. run: measure the jobs; each trial is stored as it is decided
     def run(self, jobs: list[Job]) -> None:
@@ -339,7 +358,7 @@ class _Search:
         bar = self.o.progress if isinstance(self.o.progress, Progress) else Bar(self.o.progress)
         bar.start(jobs, report.resumed)
         # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
-        claims = job_claims.JobClaims(store, env.device_key, self.lib_keys.values(),
+        claims = job_claims.JobClaims(store, env.device_key, self._claim_keys(),
                                       lambda j: self.remaining(j.problem, j.bucket, j.tactics), self.ttl)
 
         def start(job: Job) -> Job | None:   # claim it; a ranked job is warm-started by its neighbours' winners
@@ -415,6 +434,12 @@ class _Search:
             self.report.winners += ws
             self.report.notes.append(note)
 
+    def _claim_keys(self) -> list[str]:
+        """What concurrent searches must share to share jobs: the library keys and every member's
+        code key (a search with other kernel code measures its own)."""
+        codes = {codekey.code_key(k, c) for f, k in self.lib_keys.items() for c in registry.get(f).codes()}
+        return sorted({*self.lib_keys.values(), *codes})
+
     def _count_unsampled(self, p: Problem, runs: list[Planned], kept: list[Planned]) -> None:
         """Kept tactics left out of the sample are not stored: count them apart, as `show` does."""
         left = (Counter(r.tactic.family for r in runs if r.verdict.ok is True)
@@ -463,27 +488,6 @@ def _compilable(rows) -> list:
     return [r for r in rows if registry.get(r.tactic.family).compiles]
 
 
-def _compile(items: list[Planned], target: Arch, runner: Runner, report: SearchReport) -> list[tuple]:
-    """Compile kept tactics for `target` in `runner.compile_workers` processes, each under
-    `runner.timeout_s` (killed past it); note every disagreement between the compiler's shared
-    memory and the verdict's. Returns (error or None, exit signal or None) per item."""
-    t0 = time.perf_counter()
-    results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in items], target.name,
-                                      runner.compile_workers, runner.families, timeout_s=runner.timeout_s,
-                                      isolate=runner.isolate)
-    report.stages.add("compile", time.perf_counter() - t0, len(items))
-    report.compiled += len(items)
-    errors = []
-    for r, (err, smem, sig) in zip(items, results):
-        errors.append((err, sig))
-        if err is not None:
-            report.compile_failures.append(f"{r.problem.key} {r.tactic}: {err}")
-        elif smem is not None and r.verdict.smem_bytes is not None and smem != r.verdict.smem_bytes:
-            report.model_errors.append(f"{r.problem.key} {r.tactic}: compiler says smem {smem} on "
-                                       f"{target.name}, model {r.verdict.smem_bytes}")
-    return errors
-
-
 def _sample(kept: list[Planned], n: int) -> list[Planned]:
     """At most n kept tactics per family, evenly spaced over its enumeration order (a budget
     knob for quick runs; the designated default is added back by the caller)."""
@@ -498,17 +502,19 @@ def _sample(kept: list[Planned], n: int) -> list[Planned]:
 
 
 def _trial(p: Problem, bucket: int, t: Tactic, env: Env, lib_keys, status, reason="", **kw) -> Trial:
-    return Trial(p.key, bucket, t.id, t.family, t.to_json(), env.device_key, lib_keys[t.family], status, reason, **kw)
+    lib = lib_keys[t.family]
+    return Trial(p.key, bucket, t.id, t.family, t.to_json(), env.device_key, lib, status, reason,
+                 code_key=registry.code_key(t, lib), **kw)
 
 
 def _update_winner(store, p: Problem, b: int, env: Env, default_id: str, lib_keys, margin) -> Winner | None:
-    trials = [t for t in store.get_trials(p.key, b, env.device_key) if lib_keys.get(t.family) == t.lib_key]
+    trials = [t for t in store.get_trials(p.key, b, env.device_key) if registry.fresh(lib_keys, t)]
     pick = winner_rule.choose(trials, default_id, margin)
     if pick is None:
         return None
     d = next((t for t in trials if t.tactic_id == default_id and t.status == "ok"), None)
     w = Winner(p.key, b, env.device_key, pick.tactic_id, pick.family, pick.params_json, pick.lib_key,
                pick.median_us, default_id, d.median_us if d else None,
-               (d.median_us / pick.median_us) if d else None)
+               (d.median_us / pick.median_us) if d else None, pick.code_key)
     store.put_winner(w)
     return w

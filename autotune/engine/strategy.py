@@ -126,9 +126,10 @@ def load_model(given, store, arch: Arch, libs: Mapping[str, str | None] | None =
 
 
 def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: Arch, sms: int, store,
-          device_key: str, cfg: ranked.Ranked) -> dict[tuple[str, int], ranked.RankPlan]:
+          device_key: str, cfg: ranked.Ranked, lib_keys: dict | None = None) -> dict[tuple[str, int], ranked.RankPlan]:
     """Per (problem, bucket): the kept tactics in predicted order, the default as an extra, and the
-    times the cache already holds for them (a resumed search counts those as measured). One
+    times the cache already holds for them (a resumed search counts those as measured; with
+    `lib_keys`, only those measured under these libraries and the code installed here). One
     prediction over every (problem, bucket, tactic) row: the tree walk costs per call, not per row."""
     out, names = {}, set(model.names)
     work = list(work)
@@ -143,7 +144,8 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
         for b in buckets:
             f, p = feats[(w.problem.key, b)], preds[(w.problem.key, b)]
             known = {t.tactic_id: t.median_us for t in store.get_trials(w.problem.key, b, device_key)
-                     if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in ids}
+                     if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in ids
+                     and (lib_keys is None or registry.fresh(lib_keys, t))}
             out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in w.kept], p,
                                                       [w.default, *_novel(w.kept, f, p, names, cfg.min_first)],
                                                       known, cfg)
@@ -180,12 +182,12 @@ def with_neighbours(plan: ranked.RankPlan, store, problem: Problem, bucket: int,
     ids_here = {t.id for t in plan.order}
     known = {t.tactic_id: t.median_us for t in store.get_trials(problem.key, bucket, device_key)
              if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in ids_here
-             and lib_keys.get(t.family) == t.lib_key}
+             and registry.fresh(lib_keys, t)}
     bs = sorted(buckets)
     i = bs.index(bucket)
     near = set(bs[max(0, i - 1):i + 2]) - {bucket}
     ids = {w.tactic_id for w in store.winners(device_key) if w.problem_key == problem.key and w.bucket in near
-           and lib_keys.get(w.family) == w.lib_key}
+           and registry.fresh(lib_keys, w)}
     extra = [t for t in plan.order if t.id in ids]
     return ranked.RankPlan(plan.order, plan.pred, tuple(dict.fromkeys((*plan.extras, *extra))), known, plan.cfg)
 
@@ -227,7 +229,7 @@ def invariant_winners(store, problem: Problem, buckets: Sequence[int], env: Env,
                       lib_keys: dict, margin: float) -> tuple[list[Winner], str]:
     """Store the one batch-invariant tactic as the winner of every bucket of `problem`; a note."""
     trials = [t for b in buckets for t in store.get_trials(problem.key, b, env.device_key)
-              if lib_keys.get(t.family) == t.lib_key and invariant(problem, Tactic.from_json(t.params_json))]
+              if registry.fresh(lib_keys, t) and invariant(problem, Tactic.from_json(t.params_json))]
     pick, cost = one_per_problem(trials, buckets, default_id, margin)
     if pick is None:
         return [], f"{problem.key}: --batch-invariant: no invariant tactic has a time in every bucket"
@@ -237,7 +239,7 @@ def invariant_winners(store, problem: Problem, buckets: Sequence[int], env: Env,
         d = next((t for t in trials if t.bucket == b and t.tactic_id == default_id and t.median_us), None)
         w = Winner(problem.key, b, env.device_key, pick.tactic_id, pick.family, pick.params_json, pick.lib_key,
                    mine.median_us, default_id, d.median_us if d else None,
-                   (d.median_us / mine.median_us) if d else None)
+                   (d.median_us / mine.median_us) if d else None, pick.code_key)
         store.put_winner(w)
         out.append(w)
     return out, (f"{problem.key}: --batch-invariant: {Tactic.from_json(pick.params_json)} for every M, "

@@ -42,11 +42,20 @@ class ImportReport:
     imported: int = 0
     signature: str = "unsigned"
     skips: Skips = field(default_factory=Skips)
+    stale_code: int = 0         # imported, but measured with other kernel code than this install's
 
     @property
     def skipped(self) -> dict[str, int]:
         """reason -> count"""
         return self.skips.counts
+
+    def warning(self) -> str | None:
+        """The one warning about imported winners this install will not serve, or None."""
+        if not self.stale_code:
+            return None
+        from autotune.tactics import registry
+        return (f"warning: {self.stale_code} imported winner(s) were measured with other kernel code than this "
+                f"install's (code key mismatch): not served here; {registry.REFRESH}")
 
     def line(self) -> str:
         return f"imported {self.imported} winners{_skip_text(self.skips)} [{self.signature}]"
@@ -187,6 +196,9 @@ def import_cache(store: Store | Callable[[], Store], path: str | os.PathLike, *,
     store.put_winners([e.winner for e in good], [e.device for e in good],
                       {e.winner.lib_key: e.versions for e in good})
     rep.imported = len(good)
+    if validate is not None:        # the families are loaded: judge each key against this code
+        from autotune.tactics import registry
+        rep.stale_code = sum(registry.stale_code(e.winner) is not None for e in good)
     return rep
 
 

@@ -32,6 +32,8 @@ def search_lines(report, uses, listed: dict | None = None, cache_url: str | None
                f"({len(report.compile_failures)} failed, {len(report.model_errors)} smem disagreements)")
         for e in report.compile_failures:
             yield f"COMPILE FAILED {e}"
+    if getattr(report, "audit", None) is not None:
+        yield from report.audit.lines()
     if cache_url is not None:
         yield (f"measured {report.measured} trials ({report.dropped} dropped by successive halving, "
                f"{report.failed} failed), {report.resumed} already in the cache; "
@@ -55,7 +57,8 @@ def search_json(report, uses) -> dict:
         "problems": [{"key": u.problem.key, "layers": list(u.layers), "per_forward": u.per_forward,
                       "families": [{"family": fp.family, "kept": fp.kept, "rejected": fp.rejected,
                                     "unknown": fp.unknown, "skipped": fp.skipped,
-                                    "unsampled": fp.unsampled, "reasons": {fp.examples[r]: n for r, n in fp.reasons.items()}}
+                                    "unsampled": fp.unsampled, "reasons": {fp.examples[r]: n for r, n in fp.reasons.items()},
+                                    "unknown_reasons": {fp.unknown_examples[r]: n for r, n in fp.unknown_reasons.items()}}
                                    for fp in report.plans.get(u.problem.key, [])]} for u in uses],
         "measured": report.measured, "dropped": report.dropped, "failed": report.failed, "resumed": report.resumed,
         "compiled": report.compiled, "compile_failures": report.compile_failures, "shards": report.shards,
@@ -64,6 +67,7 @@ def search_json(report, uses) -> dict:
         "worker_memory": {**getattr(report.stages, "memory", {}),
                           "worst_job": getattr(report.stages, "worst_job", "")},
         "model_errors": report.model_errors,
+        **({"audit": asdict(report.audit)} if getattr(report, "audit", None) is not None else {}),
         "winners": [{"problem": w.problem_key, "bucket": w.bucket, "tactic": json.loads(w.params_json),
                      "tactic_id": w.tactic_id, "median_us": w.median_us, "speedup_over_default": w.speedup}
                     for w in report.winners],
@@ -92,6 +96,16 @@ def verdicts_json(summary: Summary) -> list[dict]:
                            "reasons": [{"status": g.status, "count": g.count, "short": g.short, "reason": g.reason}
                                        for g in fv.reasons]} for fv in d.verdicts]}
             for d in summary.devices]
+
+
+def stale_lines(stale, stale_trials: int, total: int, gpu_names: dict, url: str) -> Iterator[str]:
+    """`show --stale`: each winner measured with other kernel code (not served), then the counts."""
+    for w, why in stale:
+        yield (f"{w.problem_key}  m={w.bucket}  {gpu_names.get(w.device_key) or w.device_key}  "
+               f"{w.family} {w.tactic_id}: {why}")
+    yield (f"{len(stale)} of {total} winners and {stale_trials} trials in {url} were measured with other kernel "
+           "code than this install's: not served; `autotune search` measures them again, "
+           "`autotune cache prune --stale-code` drops them")
 
 
 def miss_lines(misses, gpu_names: dict, url: str) -> Iterator[str]:

@@ -7,7 +7,8 @@ then picks by M and launches a launcher bound at load (autotune.runtime.bound).
 
 `Dispatcher` is a façade over single-purpose parts, each its own module: the loader opens,
 verifies and vets the cache (autotune.runtime.loader: every stored winner is checked — known
-family, valid parameters, id matching them, library versions equal to the live ones, verdict not
+family, valid parameters, id matching them, library versions equal to the live ones, code key
+equal to this code's (autotune.core.codekey; one warning names the refresh), verdict not
 rejected on the live arch, kernel builds — or skipped with a counted reason, `skipped`), the table
 builder makes each problem's Table (autotune.runtime.builder), the serving policy is data (pins,
 batch-invariant, one-copy: autotune.runtime.policy), and the miss recorder writes what the default
@@ -72,6 +73,10 @@ class Dispatcher:
         if loaded.error:
             warnings.warn(f"fp4-autotune: cache not used ({loaded.error}); every problem takes its default",
                           stacklevel=2)
+        stale = sum(n for why, n in loaded.skipped.items() if why.endswith(loader.CODE_DIFFERS))
+        if stale and warn:          # once per cache: the numbers are not this code's
+            warnings.warn(f"fp4-autotune: {stale} cached winner(s) were measured with other kernel code and are "
+                          f"not served; {registry.REFRESH}", stacklevel=2)
         self._winners = loaded.winners
         self.recorder = MissRecorder(self.env.device_key, record=record_misses, to=misses, cache=cache,
                                      cache_url=loaded.url, cache_writable=loaded.writable)

@@ -28,6 +28,10 @@ log = logging.getLogger("autotune.runtime.dispatch")
 Build = Callable[[Problem, Tactic], Any]
 
 
+#: the skipped reason of a winner whose code key is not this code's (autotune.tactics.registry.stale_code)
+CODE_DIFFERS = "code differs"
+
+
 @dataclass
 class Loaded:
     """What a cache gives dispatch: per problem its (bucket, tactic) rows sorted by bucket."""
@@ -58,6 +62,8 @@ def vet(w: Any, env: Env, arch: Arch, build: Build) -> tuple[str | None, Problem
         return "unknown family", None, None
     if w.lib_key != env.lib_key(fam.depends_on):
         return f"{t.family} library version differs", None, None
+    if registry.stale_code(w) is not None:        # computed once per member per process
+        return f"{t.family} {CODE_DIFFERS}", None, None
     why = registry.usable(p, t, arch, env.device)
     if why:
         log.debug("winner %s bucket %s: %s", w.problem_key, w.bucket, why)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from autotune.core.codekey import Code
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
 from autotune.core.operands import OperandError, check_weight
@@ -95,6 +96,10 @@ class _PackCache:
 
 class CudaFamily(FamilyBase):
     name = "cuda"
+    #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
+    CODE = Code.of("cuda/w4a16_mma", __package__, ".family", ".build", ".launch", ".layout", "..base",
+                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands", "autotune.core.problem", "autotune.core.settings", "autotune.core.tactic",
+                   files=((".", "w4a16_mma.cu"),))
     depends_on = ("cupy", "torch")       # CuPy brings NVRTC (the cubin cache also keys its version)
     default_rank = None
     compiles = True

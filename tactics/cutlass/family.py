@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+from autotune.core.codekey import Code
 from autotune.core.tactic import Tactic, Verdict, check_params
 from autotune.tactics.base import FamilyBase, LauncherBase
 from autotune.tactics.cutlass import flashinfer_map as fim
@@ -102,6 +103,9 @@ def _formats_for(problem: Any) -> tuple[str, ...]:
 
 class CutlassFamily(SwizzledLayout, FamilyBase):
     name = NAME
+    #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
+    CODE = Code.of(NAME, __package__, ".family", ".candidates", ".flashinfer_map", ".smem", ".truth", "..base", "..swizzled",
+                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
     depends_on = ("flashinfer-python", "torch")
 
     def supports(self, problem: Any) -> str | None:

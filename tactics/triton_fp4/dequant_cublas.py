@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
 from .bound_dense import BoundDequantCublas, Remember
 from .args import is_interpreting, out_tensor, weight_args
-from .member import FAMILY, check_axes, grid, POW2_K, POW2_MN, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
+from .member import FAMILY, SHARED_CODE, check_axes, grid, POW2_K, POW2_MN, WARPS_OK, scale_consts, w4a16_rules, w4a16_support
 
 KERNEL = "dequant_cublas"
 #: the one tile of the default space
@@ -21,6 +22,9 @@ TILE = {"block_n": 32, "block_k": 256, "num_warps": 4}
 
 class DequantCublasMember:
     kernel = KERNEL
+    #: this member's sources, keyed into its trials and winners (autotune.core.codekey)
+    code = Code.of(f"triton/{KERNEL}", __package__, *SHARED_CODE, ".dequant_cublas",
+                   ".kernel", ".bound_dense", ".splitk", ".smem", ".direct")
     compat_kernel = KERNEL
     schema = {"kernel": (KERNEL,), "block_n": POW2_MN, "block_k": POW2_K, "num_warps": WARPS_OK}
 

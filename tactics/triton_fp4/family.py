@@ -20,6 +20,7 @@ import copy
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.formats import FP4Weight
 from autotune.core.operands import check_weight
 from autotune.core.problem import Problem
@@ -29,48 +30,16 @@ from autotune.tactics.base import FamilyBase, Kernel
 from .args import U8_LAYOUT, U8Weight, pack_u8
 from .compat import rejection
 from .compile import compile_kernel
-from .dequant_cublas import MEMBER as DEQUANT_CUBLAS
 from .member import FAMILY, Member
-from .moe import MEMBER as MOE
-from .moe_decode import MEMBER as MOE_DECODE
-from .w4a4 import MEMBER as W4A4
-from .w4a16 import MEMBER as W4A16
+from .members import BY_KERNEL, KERNELS, MEMBERS, cross_compile, member_of, members_for
 
 NAME = FAMILY
-#: every member, in the order their spaces are enumerated
-MEMBERS: tuple[Member, ...] = (W4A16, DEQUANT_CUBLAS, MOE, MOE_DECODE, W4A4)
-BY_KERNEL: dict[str, Member] = {m.kernel: m for m in MEMBERS}
-KERNELS = tuple(BY_KERNEL)
 
 #: a compiler-figure provider: (problem, tactic, arch) -> (shared-memory bytes, tensor-memory
 #: columns) the compiler allocates for that config, or None when it cannot say (figures.py has one)
 CompilerFigures = Callable[[Problem, Tactic, Arch], "tuple[int, int] | None"]
 
 _NO_CPU = "no CUDA GPU: Triton kernels need one (TRITON_INTERPRET=1 runs them only for tests)"
-
-
-def member_of(kernel: Any) -> Member:
-    """The member whose tactics have `kernel=kernel`; ValueError for an unknown kernel."""
-    m = BY_KERNEL.get(kernel) if isinstance(kernel, str) else None
-    if m is None:
-        raise ValueError(f"unknown triton kernel {kernel!r} (known: {', '.join(KERNELS)})")
-    return m
-
-
-def members_for(problem: Problem) -> list[Member]:
-    """The members that run `problem`, in enumeration order."""
-    return [m for m in MEMBERS if m.supports(problem) is None]
-
-
-def cross_compile(fmt: str, params: Mapping[str, Any], arch: Arch | str | int, stop_at: str = "llir",
-                  cache_dir: str | None = None):
-    """Compile the GEMM of the member `params["kernel"]` for `arch` without a GPU (compile.py):
-    the CompiledKernel, whose `metadata.shared` and `metadata.tmem_size` are the compiler's figures."""
-    srcs = member_of(params.get("kernel")).sources(fmt, params)
-    if not srcs:
-        raise ValueError(f"triton {params.get('kernel')} has no pipelined kernel to compile ahead of time")
-    src, options = srcs[-1]
-    return compile_kernel(src, options, arch, stop_at, cache_dir)
 
 
 class TritonFamily(FamilyBase):
@@ -102,6 +71,14 @@ class TritonFamily(FamilyBase):
         other = copy.copy(self)
         other.compiler = compiler
         return other
+
+    def with_compiler_figures(self, memo: Any) -> "TritonFamily":
+        """With a cross-compiling provider (figures.CompiledFigures) over `memo`, unless one is set
+        or Triton is not installed (then the configs outside the checked region stay unknown)."""
+        if self.compiler is not None:
+            return self
+        from .figures import CompiledFigures, triton_version
+        return self.with_compiler(CompiledFigures(memo=memo)) if triton_version() else self
 
     def available(self, device: str) -> tuple[bool, str]:
         if str(device).startswith("cpu"):
@@ -160,7 +137,10 @@ class TritonFamily(FamilyBase):
             except Exception as e:      # verdict() never raises for a validated tactic
                 figure, outside = None, f"{outside}; the compiler-figure provider failed ({type(e).__name__}: {e})"
             if figure is None:
-                return Verdict(None, f"unknown: {outside}; no compiler figure for it", stages=stages)
+                said = getattr(self.compiler, "why", None)
+                said = said(problem, tactic, arch) if callable(said) else None
+                return Verdict(None, f"unknown: {outside}; " + (f"the compiler gave no figure ({said})" if said
+                                                                else "no compiler figure for it"), stages=stages)
             need, cols = figure
         else:
             need, cols = m.smem(p, problem.w_fmt, arch), m.tmem(p, problem.w_fmt, arch)
@@ -238,6 +218,15 @@ class TritonFamily(FamilyBase):
         says = getattr(m, "batch_invariant", None)
         return bool(says(tactic.params)) if callable(says) else False
 
+    # ---- which code measured a trial (autotune.core.codekey) ---------------------------------
+    def code(self, tactic: Tactic) -> Code:
+        """The sources of the tactic's member: its kernel, launch and pack code and the family's
+        shared parts (member.SHARED_CODE). ValueError for an unknown kernel."""
+        return member_of(tactic.get("kernel")).code
+
+    def codes(self) -> tuple[Code, ...]:
+        return tuple(m.code for m in MEMBERS)
+
     # ---- weight layout ------------------------------------------------------------------------
     def layout(self, tactic: Tactic) -> str:
         return U8_LAYOUT
@@ -248,4 +237,5 @@ class TritonFamily(FamilyBase):
         return pack_u8(weight)
 
 
-__all__: Sequence[str] = ("KERNELS", "MEMBERS", "NAME", "TritonFamily", "cross_compile", "member_of", "members_for")
+__all__: Sequence[str] = ("BY_KERNEL", "KERNELS", "MEMBERS", "NAME", "TritonFamily", "cross_compile", "member_of",
+                          "members_for")

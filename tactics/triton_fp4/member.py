@@ -12,10 +12,17 @@ import itertools
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.problem import Problem
 from autotune.core.tactic import Allowed, Tactic, check_params
 
 FAMILY = "triton"
+#: sources every member's measured numbers depend on besides its own (autotune.core.codekey): the
+#: family's build/bind glue, the shared launcher (autotune.tactics.base), argument and pack helpers, the
+#: compile path and the core values they use; relative to this package
+SHARED_CODE = (".family", ".members", ".member", ".args", ".compile", ".compat", "..base",
+               "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands",
+               "autotune.core.problem", "autotune.core.settings", "autotune.core.tactic")
 #: elements per block scale
 GROUP = {"nvfp4": 16, "mxfp4": 32}
 #: MXFP4 scale rows narrower than 4 bytes (BLOCK_K < 128) are not cp.async-pipelined in Triton
@@ -38,6 +45,8 @@ class Member(Protocol):
     schema: Mapping[str, Allowed]
     #: the kernel's name in compat.KNOWN (Triton version × arch × format known not to compile)
     compat_kernel: str
+    #: the sources its measured numbers depend on (autotune.core.codekey), SHARED_CODE included
+    code: Code
 
     def supports(self, problem: Problem) -> str | None:
         """None when this member runs `problem`, else why not."""

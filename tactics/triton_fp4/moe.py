@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
@@ -14,7 +15,7 @@ from autotune.tactics.base import LauncherBase
 
 from .args import fp32_scale, is_interpreting, note_compiled, scales_u8
 from .compile import ast_source
-from .member import (FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
+from .member import (FAMILY, SHARED_CODE, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
                      WARPS_OK, check_axes, grid, scale_consts, w4a16_rules, w4a16_support)
 from .smem import smem_bytes, tmem_columns, unchecked
 from .w4a16 import default_block_k
@@ -37,6 +38,9 @@ def kernel_consts(fmt: str, params: Mapping[str, Any], interp: bool = False) -> 
 
 class MoEMember:
     kernel = KERNEL
+    #: this member's sources, keyed into its trials and winners (autotune.core.codekey)
+    code = Code.of(f"triton/{KERNEL}", __package__, *SHARED_CODE, ".moe", ".w4a16",
+                   ".kernel", ".bound_dense", ".splitk", ".smem", ".direct")
     compat_kernel = KERNEL
     schema = {"kernel": (KERNEL,), "block_m": POW2_MN, "block_n": POW2_MN, "block_k": POW2_K,
               "num_warps": WARPS_OK, "num_stages": STAGES_OK}

@@ -26,6 +26,7 @@ import os
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.operands import x_per_pair
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
@@ -34,7 +35,7 @@ from . import compat as _compat
 from . import smem as _smem
 from autotune.tactics.base import LauncherBase
 
-from .member import FAMILY, check_axes, grid
+from .member import FAMILY, SHARED_CODE, check_axes, grid
 
 KERNEL = "moe_decode"
 PARAMS = ("block_k", "block_m", "block_n", "kernel", "num_stages", "num_warps", "route", "split_k")
@@ -444,6 +445,9 @@ class MoEDecodeMember:
     kernel = KERNEL
     compat_kernel = KERNEL
     schema = SCHEMA
+    #: this member's sources, keyed into its trials and winners (autotune.core.codekey)
+    code = Code.of(f"triton/{KERNEL}", __package__, *SHARED_CODE, ".moe_decode", ".moe_decode_kernel", ".moe_align",
+                   ".kernel", ".smem")
 
     def supports(self, problem: Problem) -> str | None:
         return supported(problem)

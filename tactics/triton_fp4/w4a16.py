@@ -7,6 +7,7 @@ import itertools
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
@@ -14,7 +15,7 @@ from .bound_dense import BoundW4A16, Remember
 from .splitk import chunk_rows
 from .args import is_interpreting, note_compiled, out_tensor, weight_args
 from .compile import ast_source
-from .member import (FAMILY, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
+from .member import (FAMILY, SHARED_CODE, MIN_BLOCK_K, POW2_K, POW2_MN, STAGES_OK,
                      WARPS_OK, check_axes, grid, scale_consts, w4a16_rules, w4a16_support)
 from .smem import smem_bytes, tmem_columns, unchecked
 
@@ -68,6 +69,9 @@ def kernel_consts(fmt: str, params: Mapping[str, Any], interp: bool = False) -> 
 
 class W4A16Member:
     kernel = KERNEL
+    #: this member's sources, keyed into its trials and winners (autotune.core.codekey)
+    code = Code.of(f"triton/{KERNEL}", __package__, *SHARED_CODE, ".w4a16",
+                   ".kernel", ".bound_dense", ".splitk", ".smem", ".direct")
     compat_kernel = KERNEL
     schema = {"kernel": (KERNEL,), "block_m": POW2_MN, "block_n": POW2_MN, "block_k": POW2_K,
               "group_m": tuple(range(1, 65)), "num_warps": WARPS_OK, "num_stages": STAGES_OK,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
+from autotune.core.codekey import Code
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
@@ -29,7 +30,7 @@ from autotune.tactics.base import LauncherBase
 
 from .args import fp32_scale, note_compiled, scales_u8
 from .compile import ast_source
-from .member import FAMILY, GROUP, check_axes, grid, tile_rules
+from .member import FAMILY, GROUP, SHARED_CODE, check_axes, grid, tile_rules
 from .smem_w4a4 import smem_bytes, tmem_columns
 
 KERNEL = "w4a4_dot_scaled"
@@ -81,6 +82,8 @@ def quant_source(fmt: str):
 class W4A4Member:
     kernel = KERNEL
     compat_kernel = "dot_scaled"
+    #: this member's sources, keyed into its trials and winners (autotune.core.codekey)
+    code = Code.of(f"triton/{KERNEL}", __package__, *SHARED_CODE, ".w4a4", ".w4a4_kernels", ".smem", ".smem_w4a4")
     schema = {"kernel": (KERNEL,), "block_m": BLOCK_M, "block_n": BLOCK_N, "block_k": BLOCK_K,
               "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 
