@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, TypeVar
 from urllib.parse import quote
 
-from sqlalchemy import and_, create_engine, delete, event, func, inspect, literal, not_, or_, select, true, tuple_
+from sqlalchemy import and_, create_engine, delete, event, func, inspect, literal, not_, or_, select, true
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -30,21 +30,18 @@ from autotune.cache.files import (CacheError, check_header, immutable_ok, is_loc
                          sqlite_file, to_url)
 from autotune.cache.guard import check_plain
 from autotune.cache.migrations import MigrationError, upgrade
-from autotune.cache.schema import (SCHEMA_VERSION, Base, CompilerFigureRow, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
+from autotune.cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)
 from autotune.cache.upsert import upsert
+from autotune.cache.coderows import _CODE_KEYS, _TRIAL_COLS, CodeKeyRows
 
 T = TypeVar("T")
 _RETRIES = 6
 _BACKOFF_S = 0.05
-_TRIAL_COLS = ("problem_key", "bucket", "tactic_id", "family", "device_key", "lib_key", "status", "reason",
-               "median_us", "iqr_us", "reps", "rel_err", "smem_model", "smem_compiled", "exit_signal", "code_key")
 _TRIAL_KEY = ["problem_key", "bucket", "tactic_id", "device_key", "lib_key", "code_key"]
 _WINNER_KEY = ["problem_key", "bucket", "device_key"]
 _WINNER_COLS = ("problem_key", "bucket", "device_key", "tactic_id", "family", "lib_key", "median_us",
                 "default_tactic_id", "default_median_us", "speedup", "code_key")
-#: the schema that added code keys (and compiler figures); an older file opened read-only has neither
-_CODE_KEYS = 3
 
 
 def _row_json(text) -> object:
@@ -71,7 +68,7 @@ def _tactic_row(params_json: str, expect_id: str | None = None) -> dict:
 
 # ---------------------------------------------------------------------------------------- Store
 
-class Store:
+class Store(CodeKeyRows):
     """The tactic cache. `url` is a path or SQLAlchemy URL (default: default_url())."""
 
     def __init__(self, url: str | os.PathLike | None = None, *, readonly: bool = False,
@@ -456,41 +453,6 @@ class Store:
         if not dry_run and any(counts.values()):
             self._write(lambda s: [s.execute(delete(t).where(c)) for t, c in plan.values() if c is not None])
         return counts
-
-    def prune_where(self, drop: Callable[[Trial | Winner], bool], *, dry_run: bool = False) -> dict[str, int]:
-        """Delete the trials and winners for which `drop(record)` is true (a family's judgement, such
-        as a stale code key, that SQL cannot make); the counts per table, nothing deleted on dry_run."""
-        tq = (select(TrialRow.id, *self._cols(TrialRow, _TRIAL_COLS), TacticRow.params_json)
-              .outerjoin(TacticRow, TacticRow.id == TrialRow.tactic_id))
-        ids = [r.id for r in self._read(lambda s: s.execute(tq).all())
-               if drop(Trial(params_json=r.params_json or "", **{c: getattr(r, c) for c in _TRIAL_COLS}))]
-        keys = [(w.problem_key, w.bucket, w.device_key) for w in self.winners() if drop(w)]
-        if not dry_run and (ids or keys):
-            pk = tuple_(WinnerRow.problem_key, WinnerRow.bucket, WinnerRow.device_key)
-
-            def go(s: Session) -> None:
-                for i in range(0, len(ids), 500):          # bounded statements (SQLite's variable limit)
-                    s.execute(delete(TrialRow).where(TrialRow.id.in_(ids[i:i + 500])))
-                for i in range(0, len(keys), 200):
-                    s.execute(delete(WinnerRow).where(pk.in_(keys[i:i + 200])))
-            self._write(go)
-        return {"trials": len(ids), "winners": len(keys)}
-
-    # -- compiler figures (schema 3)
-    def compiler_figure(self, compiler: str, arch: str, w_fmt: str, tactic_id: str,
-                        code: str) -> tuple[int | None, int | None, str | None] | None:
-        """(shared bytes, tmem columns, error) the compiler gave this config, or None when never
-        asked (or the file predates the table)."""
-        if self.schema_version < _CODE_KEYS:
-            return None
-        row = self._read(lambda s: s.get(CompilerFigureRow, (compiler, arch, w_fmt, tactic_id, code)))
-        return (row.shared, row.tmem, row.error) if row is not None else None
-
-    def put_compiler_figure(self, compiler: str, arch: str, w_fmt: str, tactic_id: str, code: str,
-                            shared: int | None, tmem: int | None, error: str | None = None) -> None:
-        row = {"compiler": compiler, "arch": arch, "w_fmt": w_fmt, "tactic_id": tactic_id, "code": code,
-               "shared": shared, "tmem": tmem, "error": error}
-        self._write(lambda s: upsert(s, CompilerFigureRow, row, ["compiler", "arch", "w_fmt", "tactic_id", "code"]))
 
     def close(self) -> None:
         self.engine.dispose()
