@@ -236,7 +236,7 @@ class CublasLtFamily(SwizzledLayout, FamilyBase):
     name = NAME
     #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
     CODE = Code.of(NAME, __package__, ".cublaslt", ".base", ".swizzled",
-                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.inputs", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
+                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.jsonread", "autotune.core.inputs", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
     depends_on = ("nvmath-python", "cublas")
 
     def supports(self, problem: Any) -> str | None:

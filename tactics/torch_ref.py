@@ -99,7 +99,7 @@ class TorchFamily(FamilyBase):
     name = "torch"
     #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
     CODE = Code.of("torch", __package__, ".torch_ref", ".base",
-                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
+                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.inputs", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
     depends_on = ("torch",)
     default_rank = 1      # the default wherever Triton cannot run (the CPU)
     w4a4_emulated = True  # its W4A4 tactics quantize activations in torch: no W4A4 kernel of the arch

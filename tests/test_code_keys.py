@@ -44,7 +44,7 @@ def _entries():
     for name in BUILTIN:
         fam = registry.get(name)
         if name != "triton":
-            out.append((fam.code(Tactic(name, {})), type(fam).__module__))
+            out += [(c, type(fam).__module__) for c in fam.codes()]
     return out
 
 

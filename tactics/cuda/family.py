@@ -94,15 +94,27 @@ class _PackCache:
         self._items.clear()
 
 
+#: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
+_CODE = (".family", ".build", ".launch", ".layout", ".moe", "..base", "autotune.core.arch", "autotune.core.codekey",
+         "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
+         "autotune.core.settings", "autotune.core.tactic")
+
+
 class CudaFamily(FamilyBase):
     name = "cuda"
     #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
-    CODE = Code.of("cuda/w4a16_mma", __package__, ".family", ".build", ".launch", ".layout", "..base",
-                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands", "autotune.core.problem", "autotune.core.settings", "autotune.core.tactic",
-                   files=((".", "w4a16_mma.cu"),))
+    #: one kernel per .cu text; family.py imports both kernels' Python, so an edit there moves both
+    CODE = Code.of("cuda/w4a16_mma", __package__, *_CODE, files=((".", "w4a16_mma.cu"), (".", "mma_common.cuh")))
+    MOE_CODE = Code.of("cuda/moe_mma", __package__, *_CODE, files=((".", "moe_mma.cu"), (".", "mma_common.cuh")))
     depends_on = ("cupy", "torch")       # CuPy brings NVRTC (the cubin cache also keys its version)
     default_rank = None
     compiles = True
+
+    def code(self, tactic: Tactic) -> Code:
+        return self.MOE_CODE if MOE.is_moe(tactic) else self.CODE
+
+    def codes(self) -> tuple[Code, ...]:
+        return (self.CODE, self.MOE_CODE)
 
     def available(self, device: str) -> tuple[bool, str]:
         if not str(device).startswith("cuda"):

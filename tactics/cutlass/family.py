@@ -105,7 +105,7 @@ class CutlassFamily(SwizzledLayout, FamilyBase):
     name = NAME
     #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
     CODE = Code.of(NAME, __package__, ".family", ".candidates", ".flashinfer_map", ".smem", ".truth", "..base", "..swizzled",
-                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
+                   "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem", "autotune.core.tactic")
     depends_on = ("flashinfer-python", "torch")
 
     def supports(self, problem: Any) -> str | None:

@@ -21,7 +21,7 @@ FAMILY = "triton"
 #: family's build/bind glue, the shared launcher (autotune.tactics.base), argument and pack helpers, the
 #: compile path and the core values they use; relative to this package
 SHARED_CODE = (".family", ".members", ".member", ".args", ".compile", ".compat", "..base",
-               "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.operands",
+               "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands",
                "autotune.core.problem", "autotune.core.settings", "autotune.core.tactic")
 #: elements per block scale
 GROUP = {"nvfp4": 16, "mxfp4": 32}
