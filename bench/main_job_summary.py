@@ -63,7 +63,7 @@ def trial_counts(cache: str) -> dict:
 
 def served_layers(cache: str, model: str, tp: int, ep: int, buckets, device: str) -> dict:
     """Build one runtime module per distinct layer kind of the model with the runtime's defaults
-    and count, per module problem and tuned M, the rung that answers (winner / pinned / default)."""
+    and count, per module problem and tuned M, the rung that answers (exact / nearest / pinned / default)."""
     import torch
 
     from autotune.core import inputs
@@ -90,11 +90,12 @@ def served_layers(cache: str, model: str, tp: int, ep: int, buckets, device: str
         modules.append((", ".join(w13.layers + w2.layers) + " (FP4MoE)", [block.problem13, block.problem2]))
     rows, rungs = [], Counter()
     for name, problems in modules:
-        for p in problems:
-            per = Counter(d.tactic_for(p, m)[0] for m in buckets)
+        for p in problems:       # exact: this M's own winner; nearest: a neighbouring bucket's; default
+            per = Counter(d.rung_for(p, m)[0] for m in buckets)
             rungs.update(per)
             rows.append({"layers": name, "problem": p.key, **dict(per)})
-    return {"modules": rows, "by_rung": dict(rungs), "defaults": rungs.get("default", 0)}
+    return {"modules": rows, "by_rung": dict(rungs), "defaults": rungs.get("default", 0),
+            "not_exact": sum(n for r, n in rungs.items() if r != "exact")}
 
 
 def versions() -> dict:
@@ -169,7 +170,8 @@ def main(argv=None) -> int:
     t = s["trials"]
     print(f"wall {s['wall_s']} s; trials ok {t['ok']} dropped {t['dropped']} failed {t['failed']} "
           f"(framework {t['framework_failures']}); jobs not measured {len(s['jobs_not_measured'])}; "
-          f"winners {s['winners']}/{s['jobs']}; served-layer defaults {s['served']['defaults']}", file=sys.stderr)
+          f"winners {s['winners']}/{s['jobs']}; served-layer defaults {s['served']['defaults']} "
+          f"(not from their own bucket's winner: {s['served']['not_exact']})", file=sys.stderr)
     return 0
 
 
