@@ -246,7 +246,7 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int =
                                options=SearchOptions(arch=target, runner=runner, halving=halving, timer=timer,
                                                      dry_run=not measuring, **options))
     except KeyboardInterrupt as e:
-        e.uses = uses              # type: ignore[attr-defined]  (the CLI prints the partial report)
+        setattr(e, "uses", uses)       # the CLI prints the partial report
         raise
     report.notes[:0] = notes
     listed = {}

@@ -4,7 +4,7 @@ keeps per (compiler, arch, format, tactic, member sources). A mixin of `Store`, 
 module stays small; it uses the Store's `_read`, `_write`, `_cols` and `schema_version`."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from sqlalchemy import delete, select, tuple_
 from sqlalchemy.orm import Session
@@ -22,6 +22,13 @@ _TRIAL_COLS = ("problem_key", "bucket", "tactic_id", "family", "device_key", "li
 
 class CodeKeyRows:
     """Store methods of schema 3 (see the module doc)."""
+
+    # what these methods use of the Store they are mixed into
+    _cols: Any
+    _read: Any
+    _write: Any
+    winners: Any
+    schema_version: Any
 
     def prune_where(self, drop: Callable[[Trial | Winner], bool], *, dry_run: bool = False) -> dict[str, int]:
         """Delete the trials and winners for which `drop(record)` is true (a family's judgement, such

@@ -317,7 +317,7 @@ class CublasLtFamily(SwizzledLayout, FamilyBase):
         return heuristic_tactic()
 
     # ---- build --------------------------------------------------------------------------------
-    def build(self, problem: Any, tactic: Tactic, device: str) -> Callable[..., Any]:
+    def build(self, problem: Any, tactic: Tactic, device: str) -> Any:
         why = self.validate(tactic) or problem_support(problem)
         if why:
             raise ValueError(why)

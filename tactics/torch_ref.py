@@ -14,7 +14,7 @@ counts it as a W4A4 kernel of the arch.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
@@ -132,7 +132,7 @@ class TorchFamily(FamilyBase):
 
     def bind(self, problem, tactic: Tactic, packed, device: str):
         if problem.kind == "dense":
-            bound = bind_dense(problem, tactic, packed)
+            bound: Any = bind_dense(problem, tactic, packed)
             bound.batch_invariant = self.batch_invariant(problem, tactic)
             return bound
         return super().bind(problem, tactic, packed, device)

@@ -25,6 +25,7 @@ from autotune.runtime.builder import TableBuilder
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.misses import MissRecorder, counted
 from autotune.runtime.policy import ServingPolicy, invariant_pick
+from tests.helpers import keyed
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU, ARCH = cpu(), ARCHS["cpu"]
@@ -36,7 +37,8 @@ T_C = Tactic("torch", dequant_dtype="fp32", chunk_n=512)     # rejected for N=25
 
 
 def win(t: Tactic, bucket: int, p: Problem = P, lib: str = LIB) -> Winner:
-    return Winner(p.key, bucket, CPU.device_key, t.id, t.family, t.to_json(), lib, 10.0, T_A.id, 11.0, 1.1)
+    """A winner as a search of this code stores it (with its code key: dispatch serves no other)."""
+    return keyed(Winner(p.key, bucket, CPU.device_key, t.id, t.family, t.to_json(), lib, 10.0, T_A.id, 11.0, 1.1))
 
 
 def cache(path: Path, winners) -> Path:

@@ -148,7 +148,7 @@ def _wait(workers: list[_Worker], items, results: list, timeout_s: float, log_na
     ready = sel.select(max(0.0, min(deadlines) - now))
     sel.close()
     for key, _ in ready:
-        w: _Worker = key.data
+        w = key.data           # the _Worker registered with its stdout
         line = w.p.stdout.readline()
         if not w.ready:
             if not line:

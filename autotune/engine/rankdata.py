@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from autotune.core.arch import ARCHS, Arch, arch_for_cc
 from autotune.core.problem import Problem
@@ -65,7 +65,7 @@ def device_arch(store, device_key: str) -> tuple[Arch, int, dict]:
 class Source(NamedTuple):
     """One store's trials of one device, under a name (the model's info lists it)."""
 
-    store: object
+    store: Any                # an autotune.cache.Store
     device_key: str
     name: str = ""
 

@@ -392,7 +392,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         s.precompile(work)
         s.run(s.jobs(work))
     except KeyboardInterrupt as e:     # the caller still prints where the time went
-        e.report = s.report            # type: ignore[attr-defined]
+        setattr(e, "report", s.report)
         raise
     if s.o.batch_invariant:
         s.invariant_winners(work)

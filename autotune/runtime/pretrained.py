@@ -163,7 +163,6 @@ def one_linear(source, module: str, device: str = "cpu") -> FP4Weight:
 
 def shared_tuple(source, mod: str, device: str = "cpu") -> tuple:
     ck = open_checkpoint(source, assume_modelopt=True)
-    from autotune.core.checkpoint import _cat_rows
     g, u, d = (ck.linear(f"{mod}.{p}").to(device) for p in ("gate_proj", "up_proj", "down_proj"))
     return cat_rows(g, u), d, u.global_scale
 

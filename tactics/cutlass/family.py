@@ -187,7 +187,7 @@ class CutlassFamily(SwizzledLayout, FamilyBase):
         return Tactic(NAME, fim.configs("sm100")[0].params())
 
     # ---- build --------------------------------------------------------------------------------
-    def build(self, problem: Any, tactic: Tactic, device: str) -> Callable[..., Any]:
+    def build(self, problem: Any, tactic: Tactic, device: str) -> Any:
         why = self.validate(tactic) or problem_support(problem)
         if why:
             raise ValueError(why)

@@ -72,7 +72,7 @@ class TritonFamily(FamilyBase):
         other.compiler = compiler
         return other
 
-    def with_compiler_figures(self, memo: Any) -> "TritonFamily":
+    def with_compiler_figures(self, memo: Any) -> Any:
         """With a cross-compiling provider (figures.CompiledFigures) over `memo`, unless one is set
         or Triton is not installed (then the configs outside the checked region stay unknown)."""
         if self.compiler is not None:
