@@ -7,7 +7,7 @@
 #   2. `autotune show`, and bench/main_job_summary.py → $OUT/main-job-h200.json (wall time, stages,
 #      trials by cause, jobs not measured, winners/jobs, defaults among the served GLM-5 layers,
 #      peak worker memory, date, commit, versions);
-#   3. (MAX64=1) the same with --max-tokens 64 on another fresh cache → $OUT/main-job-h200-64.json;
+#   3. (MAX64=1; WHOLE=0 skips step 1) the same with --max-tokens 64 on another fresh cache → $OUT/main-job-h200-64.json;
 #   4. (COMPARE=1) bench/compare_winners.py --retime: its winners at M <= 64 against the committed
 #      full-search winners, both re-timed interleaved in one worker.
 # Run from the repo root with the wheels of ../shared/tools/device-wheels.sh (plus platformdirs) in .whl/:
@@ -46,7 +46,9 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
   xz -T0 -c "$db" > "$OUT/$name.db.xz"
 }
 
-MAXT=8192 run main-job-h200 "${SEARCH_S:-360}" ${EXTRA:-}
+if [ "${WHOLE:-1}" = 1 ]; then     # WHOLE=0: only the --max-tokens 64 run (a short device call)
+  MAXT=8192 run main-job-h200 "${SEARCH_S:-360}" ${EXTRA:-}
+fi
 if [ "${MAX64:-0}" = 1 ]; then
   MAXT=64 run main-job-h200-64 "${SEARCH64_S:-120}" --max-tokens 64
 fi
