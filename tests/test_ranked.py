@@ -138,7 +138,8 @@ def test_ranked_search_on_the_cpu_measures_less_and_finds_every_winner(tmp_path)
     other = next((t for t in kept if t.id not in timed), None)
     assert other is not None
     before = {(w.problem_key, w.bucket): w.tactic_id for w in again.winners(CPU.device_key)}
-    again.put_winner(Winner(p.key, 8, CPU.device_key, other.id, "torch", other.to_json(), lib, 1.0, other.id, None, None))
+    again.put_winner(keyed(Winner(p.key, 8, CPU.device_key, other.id, "torch", other.to_json(), lib, 1.0, other.id,
+                                  None, None)))
     resumed = _search(again, strategy="ranked", rank_model=path, ranked=one)
     assert resumed.measured == 0
     assert {(w.problem_key, w.bucket): w.tactic_id for w in resumed.winners} == before
