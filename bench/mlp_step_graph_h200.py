@@ -1,0 +1,380 @@
+"""GLM-5 TP8's whole MLP decode step as ONE CUDA graph of all 78 layers (issue #26's measurement).
+
+    python3 bench/mlp_step_graph_h200.py --cache DB --out DIR [--ms 1,4,16,64] [--forms winners,triton]
+    python3 bench/mlp_step_graph_h200.py --render DIR/mlp-step-graph.json      # the markdown tables
+    MLP_GRAPH_SMOKE=1 python3 bench/mlp_step_graph_h200.py --out DIR           # CPU smoke (tiny, no graph)
+
+The layers are what the runtime builds for `autotune search --model glm5 --tp 8`
+(autotune.models.problems_for: 3 dense MLPs, 75 MoE layers of shared expert + routed experts), each
+from the public API — FP4Linear for the dense and shared-expert GEMMs (SiLU·up between them in torch),
+FP4MoE (fused forms) for the routed experts — with its own random NVFP4 weights (≈ 51 GB in all, so
+nothing stays in L2 from one replay to the next) and its own routing buffers.
+
+Per form (which members serve the routed problems), one after another so one member set is resident
+at a time:
+  * winners: the cache's winners as stored;
+  * <family> (e.g. triton, cuda): the routed problems' winners re-chosen among that family's measured
+    trials in a copy of the cache (no trial of it at a bucket: the designated default serves);
+    the dense problems keep the cache's winners. What served is recorded per (problem, M).
+Per form, per routing (uniform, skewed top-8: Gumbel top-k over a Zipf popularity) and per M:
+  1. the whole step captured as one CUDA graph; ROUNDS replays, each after refilling x and every
+     layer's routing with fresh random values (outside the timing), CUDA events around the replay,
+     the median;
+  2. the byte floor of each replay: FP4 weight + scale bytes of what it touches (every dense and
+     shared weight, each layer's experts hit by its own routing) + activations, at the copy rate
+     measured in the same run (1 GiB device-to-device, read + written, median of 20);
+  3. per-kernel times of PROFILE replays from the torch profiler (name, launches and µs per step);
+  4. eager host time per FP4MoE forward (one layer, 30 forwards, the device synced only at the ends)
+     and the device syncs per eager forward (torch.cuda.set_sync_debug_mode("warn") counted).
+Writes DIR/mlp-step-graph.json after every (form, routing); prints one line per row and the table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import existing  # noqa: E402
+
+from autotune.core.problem import Problem  # noqa: E402
+
+SMOKE = os.environ.get("MLP_GRAPH_SMOKE") == "1"
+DEV = "cpu" if SMOKE else "cuda"
+ROUNDS = 20 if not SMOKE else 2
+PROFILE = 3 if not SMOKE else 0
+EAGER_CALLS = 30 if not SMOKE else 2
+SKEW = 1.2
+
+
+def _count(layers: tuple[str, ...]) -> int:
+    """Layers named like "mlp.experts.w13[3-77]" or "x[0-2, 5]" → how many."""
+    n = 0
+    for name in layers:
+        m = re.search(r"\[([^\]]*)\]$", name)
+        for part in (m.group(1).split(",") if m else ["0"]):
+            a, _, b = part.strip().partition("-")
+            n += int(b or a) - int(a) + 1
+    return n
+
+
+def plan(model: str, tp: int) -> dict:
+    """The step's layer kinds from the preset: dense MLP (gate_up, down), MoE (shared gate_up, shared
+    down, routed w13 and w2) with their problems and layer counts."""
+    from autotune.models import problems_for
+    uses = problems_for(model, tp=tp)
+    by = {}
+    for u in uses:
+        name = u.layers[0]
+        kind = ("shared_gate_up" if "shared_experts.gate_up" in name else "shared_down" if "shared_experts.down" in name
+                else "w13" if ".w13" in name else "w2" if ".w2" in name else "gate_up" if "gate_up" in name
+                else "down" if "down" in name else None)
+        if kind is not None:
+            by[kind] = (u.problem, _count(u.layers))
+    need = {"gate_up", "down", "shared_gate_up", "shared_down", "w13", "w2"}
+    if set(by) != need:
+        raise SystemExit(f"{model} TP{tp}: expected the layer kinds {sorted(need)}, the preset gives {sorted(by)}")
+    if not (by["gate_up"][1] == by["down"][1] and by["w13"][1] == by["w2"][1] == by["shared_gate_up"][1]
+            == by["shared_down"][1]):
+        raise SystemExit(f"{model} TP{tp}: layer counts do not pair up: {({k: v[1] for k, v in by.items()})}")
+    return by
+
+
+def tiny_plan() -> dict:
+    w13, w2 = Problem.moe(64, 128, 6, 2), Problem.moe(128, 32, 6, 2)
+    return {"gate_up": (Problem.dense(128, 128), 1), "down": (Problem.dense(128, 64), 1),
+            "shared_gate_up": (Problem.dense(64, 128), 2), "shared_down": (Problem.dense(128, 32), 2),
+            "w13": (w13, 2), "w2": (w2, 2)}
+
+
+def family_cache(src: str | None, family: str, tmp: str) -> str | None:
+    """A copy of `src` whose grouped-MoE winners are re-chosen among `family`'s ok trials (none: the
+    winner row is dropped and the default serves). The dense winners stay."""
+    if family == "winners" or src is None:
+        return src
+    from autotune.cache import Store
+    from autotune.core.records import Winner
+    dst = os.path.join(tmp, f"{family}.db")
+    a, b = sqlite3.connect(src), sqlite3.connect(dst)
+    a.backup(b)
+    a.close(), b.close()
+    st = Store(dst)
+    for w in st.winners():
+        if Problem.from_key(w.problem_key).kind != "grouped_moe" or w.family == family:
+            continue
+        ok = [t for t in st.get_trials(w.problem_key, w.bucket, w.device_key)
+              if t.status == "ok" and t.family == family and t.median_us]
+        st.delete_winner(w.problem_key, w.bucket, w.device_key)
+        if ok:
+            t = min(ok, key=lambda t: (t.median_us, t.tactic_id))
+            d = w.default_median_us
+            st.put_winner(Winner(w.problem_key, w.bucket, w.device_key, t.tactic_id, t.family, t.params_json,
+                                 t.lib_key, t.median_us, w.default_tactic_id, d, (d / t.median_us) if d else None,
+                                 t.code_key))
+    st.close()
+    return dst
+
+
+class Step:
+    """The 78 layers of one form, their static inputs, and the step as one callable."""
+
+    def __init__(self, kinds: dict, d, max_m: int, seed: int):
+        import torch
+        from autotune.core import inputs
+        from autotune.runtime.moe import FP4MoE
+        from autotune.runtime.nn import FP4Linear
+        self.kinds, self.d = kinds, d
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        w = lambda k: inputs.random_weight(kinds[k][0], DEV, g)  # noqa: E731
+        self.dense = [(FP4Linear(w("gate_up"), dispatcher=d), FP4Linear(w("down"), dispatcher=d))
+                      for _ in range(kinds["gate_up"][1])]
+        w13p = kinds["w13"][0]
+        self.moe = [(FP4Linear(w("shared_gate_up"), dispatcher=d), FP4Linear(w("shared_down"), dispatcher=d),
+                     FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d)) for _ in range(kinds["w13"][1])]
+        self.hidden, self.top_k, self.experts = w13p.k, w13p.top_k, w13p.experts
+        self.x = torch.zeros(max_m, self.hidden, dtype=torch.bfloat16, device=DEV)
+        self.ids = [torch.zeros(max_m, self.top_k, dtype=torch.int32, device=DEV) for _ in self.moe]
+        self.tw = [torch.zeros(max_m, self.top_k, dtype=torch.float32, device=DEV) for _ in self.moe]
+        self.pop = [torch.rand(self.experts, generator=g, device=DEV).argsort().float() for _ in self.moe]
+
+    @staticmethod
+    def _mlp(gate_up, down, x):
+        import torch
+        h = gate_up(x)
+        i = h.shape[1] // 2
+        return down(torch.nn.functional.silu(h[:, :i]) * h[:, i:])
+
+    def __call__(self, m: int) -> list:
+        x = self.x[:m]
+        outs = [self._mlp(gu, dn, x) for gu, dn in self.dense]
+        for (gu, dn, moe), ids, tw in zip(self.moe, self.ids, self.tw):
+            outs.append(moe(x, ids[:m], tw[:m]) + self._mlp(gu, dn, x))
+        return outs
+
+    def refill(self, m: int, skew: float) -> float:
+        """Fresh x and routing for every layer; returns the experts touched (summed over layers)."""
+        import torch
+        self.x[:m].normal_()
+        touched = 0
+        for ids, tw, rank in zip(self.ids, self.tw, self.pop):
+            # Gumbel top-k over log-popularity: top_k distinct experts, P ∝ popularity; skew 0 = uniform
+            logits = -skew * torch.log1p(rank) + -torch.log(-torch.log(torch.rand(m, self.experts, device=DEV)))
+            pick = logits.topk(self.top_k, dim=1).indices
+            ids[:m].copy_(pick.to(torch.int32))
+            w_ = torch.rand(m, self.top_k, device=DEV) + 0.1
+            tw[:m].copy_(w_ / w_.sum(1, keepdim=True))
+            touched += int(torch.unique(pick).numel())
+        return touched
+
+    def floor_bytes(self, m: int, touched: int) -> float:
+        def fp4(p: Problem, experts: float = 1.0) -> float:
+            return experts * p.n * (p.k // 2 + p.k // p.block)
+        def act(p: Problem) -> float:
+            return 2.0 * m * (p.k + p.n)
+        k = self.kinds
+        dense = k["gate_up"][1] * sum(fp4(k[n][0]) + act(k[n][0]) for n in ("gate_up", "down"))
+        shared = k["w13"][1] * sum(fp4(k[n][0]) + act(k[n][0]) for n in ("shared_gate_up", "shared_down"))
+        routed = fp4(k["w13"][0], touched) + fp4(k["w2"][0], touched) + k["w13"][1] * 2.0 * m * 2 * self.hidden
+        return dense + shared + routed
+
+    def served(self, ms) -> dict:
+        """(problem key → {M: "rung family[params]"}) for every problem of the step."""
+        probs = {self.dense[0][0].problem, self.dense[0][1].problem, self.moe[0][0].problem,
+                 self.moe[0][1].problem, self.moe[0][2].problem13, self.moe[0][2].problem2}
+        out = {}
+        for p in sorted(probs, key=lambda p: p.key):
+            out[p.key] = {str(m): (lambda r: f"{r[0]} {r[1]}")(self.d.rung_for(p, m)) for m in ms}
+        return out
+
+
+def _sync():
+    import torch
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_step(step: Step, m: int, skew: float, rate: float) -> dict:
+    import torch
+    for _, _, moe in step.moe:
+        moe.warmup([m])
+    step.refill(m, skew)
+    step(m)
+    _sync()
+    graph = None
+    if DEV == "cuda":
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            step(m)                      # allocations on the capture stream before capture
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(m)
+    samples, floors = [], []
+    for _ in range(ROUNDS):
+        touched = step.refill(m, skew)
+        _sync()
+        if graph is not None:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            samples.append(a.elapsed_time(b) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            step(m)
+            samples.append((time.perf_counter() - t0) * 1e6)
+        floors.append(step.floor_bytes(m, touched) / rate * 1e6)
+    row = {"m": m, "step_us": statistics.median(samples), "samples": len(samples),
+           "floor_us": statistics.median(floors), "kernels": kernels(graph) if graph is not None else []}
+    row["x_floor"] = row["step_us"] / row["floor_us"]
+    row.update(eager(step, m))
+    del graph
+    return row
+
+
+def kernels(graph) -> list[dict]:
+    """Per kernel name: launches and µs per step over PROFILE replays (torch profiler, CUDA activity)."""
+    if not PROFILE:
+        return []
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILE):
+            graph.replay()
+        torch.cuda.synchronize()
+    agg: dict[str, list] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
+            a = agg.setdefault(e.name, [0, 0.0])
+            a[0] += 1
+            a[1] += e.time_range.end - e.time_range.start       # a kernel record: its own span, µs
+    rows = [{"kernel": k[:120], "launches": c / PROFILE, "us": us / PROFILE} for k, (c, us) in agg.items()]
+    return sorted(rows, key=lambda r: -r["us"])[:25]
+
+
+def eager(step: Step, m: int) -> dict:
+    """Host µs per eager FP4MoE forward (one layer; device synced only before and after the loop)
+    and the device syncs one eager forward makes."""
+    import torch
+    gu, dn, moe = step.moe[0]
+    x, ids, tw = step.x[:m], step.ids[0][:m], step.tw[0][:m]
+    moe(x, ids, tw)
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(EAGER_CALLS):
+        moe(x, ids, tw)
+    t1 = time.perf_counter()
+    _sync()
+    syncs = None
+    if DEV == "cuda":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                moe(x, ids, tw)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        _sync()
+    return {"eager_host_us": (t1 - t0) / EAGER_CALLS * 1e6, "eager_syncs": syncs}
+
+
+def copy_rate() -> float:
+    if SMOKE:
+        return 1e10
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from moe_decode_h200 import copy_rate as rate       # the same measurement as the kernel benches
+    return rate()
+
+
+def render(path: Path) -> str:
+    r = json.loads(path.read_text())
+    out = [f"{r['gpu']}, torch {r['torch']}, Triton {r['triton']}, {r['when']}; copy rate "
+           f"{r['copy_Bps'] / 1e12:.2f} TB/s (read + written); {r['layers']} layers, "
+           + ("one CUDA graph per M" if r["gpu"] != "cpu" else "CPU smoke: eager, no graph")
+           + f"; median of {r['rows_per_m']} replays, fresh x and routing before each.", "",
+           "| form | routing | M | step | byte floor | × floor | eager host µs / FP4MoE forward | syncs / forward |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for f in r["forms"]:
+        for x in f["rows"]:
+            out.append(f"| {f['form']} | {f['routing']} | {x['m']} | {x['step_us'] / 1e3:.3f} ms | "
+                       f"{x['floor_us'] / 1e3:.3f} ms | {x['x_floor']:.2f} | {x['eager_host_us']:.0f} | "
+                       f"{'-' if x['eager_syncs'] is None else x['eager_syncs']} |")
+    for f in r["forms"]:
+        for x in f["rows"][:1]:
+            if x["kernels"]:
+                out += ["", f"Kernels per step, {f['form']}, {f['routing']}, M = {x['m']} (torch profiler):", ""]
+                out += [f"* {k['us']:.1f} µs, {k['launches']:.0f} launches: `{k['kernel'][:80]}`" for k in x["kernels"][:10]]
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cache", type=existing, help="a cache with winners for the step's problems [default: none]")
+    ap.add_argument("--out", help="where mlp-step-graph.json goes")
+    ap.add_argument("--ms", default="1,4,16,64" if not SMOKE else "1,3")
+    ap.add_argument("--forms", default="winners,triton", help="winners and/or family names for the routed problems")
+    ap.add_argument("--routing", default="uniform,skewed")
+    ap.add_argument("--model", default="glm5")
+    ap.add_argument("--tp", type=int, default=8)
+    ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
+    a = ap.parse_args()
+    if a.render:
+        print(render(Path(a.render)))
+        return 0
+    if not a.out:
+        ap.error("--out is required (or --render)")
+    import torch
+    import triton
+    from autotune.runtime.dispatch import Dispatcher
+    kinds = tiny_plan() if SMOKE else plan(a.model, a.tp)
+    ms = [int(v) for v in a.ms.split(",")]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp()
+    res = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__,
+           "triton": triton.__version__, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "cache": a.cache, "copy_Bps": copy_rate(), "layers": kinds["gate_up"][1] + kinds["w13"][1],
+           "problems": {k: [p.key, n] for k, (p, n) in kinds.items()}, "rows_per_m": ROUNDS, "forms": []}
+    bad = 0
+    t0 = time.time()
+    for form in a.forms.split(","):
+        d = Dispatcher(family_cache(a.cache, form, tmp) or os.path.join(tmp, "none.db"), record_misses=False,
+                       warn=False)
+        step = Step(kinds, d, max(ms), seed=1)
+        for routing in a.routing.split(","):
+            skew = {"uniform": 0.0, "skewed": SKEW}[routing]
+            rows = []
+            for m in ms:
+                try:
+                    rows.append(time_step(step, m, skew, res["copy_Bps"]))
+                    print(json.dumps({"form": form, "routing": routing,
+                                      **{k: v for k, v in rows[-1].items() if k != "kernels"}}), flush=True)
+                except Exception as e:  # noqa: BLE001 - recorded as the row, the run goes on
+                    bad += 1
+                    print(f"{form} {routing} M={m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            res["forms"].append({"form": form, "routing": routing, "served": step.served(ms), "rows": rows})
+            (out / "mlp-step-graph.json").write_text(json.dumps(res, indent=1))
+        del step, d
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    print(render(out / "mlp-step-graph.json"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
