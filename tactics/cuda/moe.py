@@ -185,8 +185,11 @@ class MoeScratch:
         kept for graphs: tactics/scratch.py)."""
         sk, tiles = self.cfg.split_k, self.problem.n // (L.ROWS * self.cfg.tiles_n)
         s, pool = stream_key(dev), self.scratch
-        ws = pool.get(s, "splitk.ws", sk * pairs * self.problem.n if sk > 1 else 1, torch.float32, dev)
-        locks = pool.get(s, "splitk.locks", pairs * tiles if sk > 1 else 1, torch.int32, dev, zero=True)
+        if sk == 1:             # the kernel touches neither: placeholders that never grow a real buffer
+            return (pool.get(s, "unused.f32", 4, torch.float32, dev), pool.get(s, "unused.i32", 4, torch.int32, dev),
+                    self._word(dev))
+        ws = pool.get(s, "splitk.ws", sk * pairs * self.problem.n, torch.float32, dev)
+        locks = pool.get(s, "splitk.locks", pairs * tiles, torch.int32, dev, zero=True)
         return ws, locks, self._word(dev)
 
     def _word(self, dev: torch.device):
@@ -201,8 +204,7 @@ class MoeScratch:
         """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (left zero by the kernel)."""
         s, pool = stream_key(dev), self.scratch
         if self.problem.epilogue != "reduce":
-            return (pool.get(s, "reduce.rows", 1, torch.float32, dev),
-                    pool.get(s, "reduce.cnt", 1, torch.int32, dev, zero=True))
+            return pool.get(s, "unused.f32", 4, torch.float32, dev), pool.get(s, "unused.i32", 4, torch.int32, dev)
         tiles = self.problem.n // (L.ROWS * self.cfg.tiles_n)
         rows, cnts = pairs * self.problem.n, pairs // self.problem.top_k * tiles
         return (pool.get(s, "reduce.rows", rows, torch.float32, dev),

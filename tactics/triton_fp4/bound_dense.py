@@ -174,8 +174,12 @@ class BoundW4A16(_BoundDense):
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         need = sk * tiles * bm * bn if sk > 1 else 4
         pool = self.scratch
-        ws = pool.get(stream, "splitk.ws", need, torch.float32, x.device)
-        locks = pool.get(stream, "splitk.locks", max(4, tiles) if sk > 1 else 4, torch.int32, x.device, zero=True)
+        if sk > 1:
+            ws = pool.get(stream, "splitk.ws", need, torch.float32, x.device)
+            locks = pool.get(stream, "splitk.locks", max(4, tiles), torch.int32, x.device, zero=True)
+        else:                   # the kernel touches neither: placeholders that never grow a real buffer
+            ws, locks = pool.get(stream, "unused.f32", 4, torch.float32, x.device), \
+                pool.get(stream, "unused.i32", 4, torch.int32, x.device)
         w = self.weight
         consts = {**inner._consts, "SPLIT_K": sk}
         kw = {"num_warps": prm["num_warps"], "num_stages": prm["num_stages"], **consts}

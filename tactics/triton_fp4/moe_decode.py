@@ -360,8 +360,11 @@ class MoEDecodeLauncher(LauncherBase):
     def _scratch(self, sk: int, pairs: int, locks: int, device):
         import torch
         s, pool = stream_key(device), self.scratch
-        ws = pool.get(s, "splitk.ws", sk * pairs * self.problem.n if sk > 1 else 4, torch.float32, device)
-        lk = pool.get(s, "splitk.locks", max(4, locks), torch.int32, device, zero=True)
+        if sk == 1:             # the kernel touches neither: placeholders that never grow a real buffer
+            ws, lk = pool.get(s, "unused.f32", 4, torch.float32, device), pool.get(s, "unused.i32", 4, torch.int32, device)
+        else:
+            ws = pool.get(s, "splitk.ws", sk * pairs * self.problem.n, torch.float32, device)
+            lk = pool.get(s, "splitk.locks", max(4, locks), torch.int32, device, zero=True)
         return ws, lk, self._word(device)
 
     def _reduce_scratch(self, m: int, device):
@@ -369,8 +372,7 @@ class MoEDecodeLauncher(LauncherBase):
         import torch
         s, pool, prob = stream_key(device), self.scratch, self.problem
         if self.epilogue != "reduce":
-            return (pool.get(s, "reduce.rows", 1, torch.float32, device),
-                    pool.get(s, "reduce.cnt", 1, torch.int32, device, zero=True))
+            return pool.get(s, "unused.f32", 4, torch.float32, device), pool.get(s, "unused.i32", 4, torch.int32, device)
         rows, cnts = m * prob.top_k * prob.n, m * (prob.n // self.params["block_n"])
         return (pool.get(s, "reduce.rows", rows, torch.float32, device),
                 pool.get(s, "reduce.cnt", cnts, torch.int32, device, zero=True))

@@ -166,9 +166,9 @@ class W4A16Launcher(Remember):
         nlocks = max(4, tiles) if sk > 1 else 4
         if self._pool is not None:
             from autotune.tactics.scratch import stream_key
-            s = stream_key(device)
-            return (self._pool.get(s, "splitk.ws", need, torch.float32, device),
-                    self._pool.get(s, "splitk.locks", nlocks, torch.int32, device, zero=True))
+            s, names = stream_key(device), ("splitk.ws", "splitk.locks") if sk > 1 else ("unused.f32", "unused.i32")
+            return (self._pool.get(s, names[0], need, torch.float32, device),
+                    self._pool.get(s, names[1], nlocks, torch.int32, device, zero=sk > 1))
         if self._ws is None or self._ws.numel() < need or self._locks.numel() < nlocks or self._ws.device != device:
             if self._ws is not None:
                 self._retired.append((self._ws, self._locks))

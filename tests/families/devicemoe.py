@@ -72,9 +72,8 @@ class DeviceMoELauncher(LauncherBase):
         word.bitwise_or_(bad.any().to(word.dtype))
         wd = self._weights(w)[ids.clamp(0, e - 1)]                         # [P, N, K]
         xr = (x.reshape(pairs, k) if x.dim() == 3 else x.repeat_interleave(top_k, 0)).float()
-        ws = self.scratch.get(s, "splitk.ws", self.split_k * pairs * n if self.split_k > 1 else 4,
-                              torch.float32, dev)
         if self.split_k > 1:
+            ws = self.scratch.get(s, "splitk.ws", self.split_k * pairs * n, torch.float32, dev)
             part = ws[:self.split_k * pairs * n].view(self.split_k, pairs, n)
             kc = k // self.split_k
             for z in range(self.split_k):                                   # partials stored, then summed in order
