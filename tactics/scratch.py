@@ -147,5 +147,44 @@ class ScratchPool:
         return found
 
 
+class PoolUser:
+    """Mixin for launchers: a private pool until `attach` gives the dispatcher's, and a sticky
+    bad-id word (its own, made on first use, or the attached one). `release()` should clear
+    `self._own` (never an attached pool: other layers use it)."""
+
+    scratch: ScratchPool
+    _own: ScratchPool
+    _bad: Any = None
+    _attached_bad: Any = None
+
+    def _init_pool(self) -> None:
+        self.scratch = self._own = ScratchPool()
+        self._bad = self._attached_bad = None
+
+    def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
+        if scratch is not None:
+            self.scratch = scratch
+        if bad_word is not None:
+            self._attached_bad = bad_word
+
+    def bad_word(self) -> Any:
+        return self.bad
+
+    @property
+    def bad(self) -> Any:
+        """The sticky bad-id word (int32 [1] on the device): the attached one, else its own (None
+        before the first call)."""
+        return self._attached_bad if self._attached_bad is not None else self._bad
+
+    def _word(self, device: Any) -> Any:
+        w = self._attached_bad
+        if w is not None and w.device == device:
+            return w
+        if self._bad is None or self._bad.device != device:
+            import torch
+            self._bad = torch.zeros(1, dtype=torch.int32, device=device)
+        return self._bad
+
+
 def _nbytes(t: Any) -> int:
     return int(t.numel() * t.element_size())

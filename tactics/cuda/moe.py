@@ -29,7 +29,7 @@ from autotune.core.operands import x_per_pair
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 
-from autotune.tactics.scratch import ScratchPool, capturing, stream_key
+from autotune.tactics.scratch import PoolUser, capturing, stream_key
 
 from . import build as B
 from . import layout as L
@@ -167,7 +167,7 @@ def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool =
     return m, out
 
 
-class MoeScratch:
+class MoeScratch(PoolUser):
     """The launcher's scratch and bad-id word (MoeLaunch and the CPU port's runner share it):
     workspaces from a ScratchPool (its own, or the dispatcher's after `attach`), one word."""
 
@@ -176,8 +176,7 @@ class MoeScratch:
 
     def _init_scratch(self, check_ids: bool | None) -> None:
         self.check_ids = settings.check_ids() if check_ids is None else check_ids
-        self.scratch = self._own = ScratchPool()
-        self._bad = self._attached_bad = None
+        self._init_pool()
 
     def _scratch(self, pairs: int, dev: torch.device):
         """ws [split_k, P, N] fp32 (split-K only), counters [P, N tiles] zeroed once (the kernel
@@ -191,14 +190,6 @@ class MoeScratch:
         ws = pool.get(s, "splitk.ws", sk * pairs * self.problem.n, torch.float32, dev)
         locks = pool.get(s, "splitk.locks", pairs * tiles, torch.int32, dev, zero=True)
         return ws, locks, self._word(dev)
-
-    def _word(self, dev: torch.device):
-        w = self._attached_bad
-        if w is not None and w.device == dev:
-            return w
-        if self._bad is None or self._bad.device != dev:
-            self._bad = torch.zeros(1, dtype=torch.int32, device=dev)
-        return self._bad
 
     def _reduce_scratch(self, pairs: int, dev: torch.device):
         """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (left zero by the kernel)."""
@@ -214,21 +205,6 @@ class MoeScratch:
         """Free its own scratch (workspace, counters, outgrown buffers; a dispatcher's pool is the
         dispatcher's); the bad-id word is kept. A graph captured before must not be replayed after this."""
         self._own.clear()
-
-    def attach(self, scratch=None, bad_word=None) -> None:
-        if scratch is not None:
-            self.scratch = scratch
-        if bad_word is not None:
-            self._attached_bad = bad_word
-
-    def bad_word(self):
-        return self.bad
-
-    @property
-    def bad(self):
-        """The sticky bad-id word (int32 [1] on the device): the attached one, else its own (None
-        before the first call)."""
-        return self._attached_bad if self._attached_bad is not None else self._bad
 
 
 class MoeLaunch(MoeScratch):

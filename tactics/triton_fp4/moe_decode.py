@@ -35,7 +35,7 @@ from autotune.core.tactic import Tactic, Verdict
 from . import compat as _compat
 from . import smem as _smem
 from autotune.tactics.base import LauncherBase
-from autotune.tactics.scratch import ScratchPool, capturing, stream_key
+from autotune.tactics.scratch import PoolUser, capturing, stream_key
 
 from .member import FAMILY, SHARED_CODE, check_axes, grid
 
@@ -244,7 +244,7 @@ def chunk_tokens(params: Mapping[str, Any], problem: Any) -> int | None:
     return max(1, MAX_WORKSPACE_BYTES // (sk * problem.top_k * problem.n * 4))
 
 
-class MoEDecodeLauncher(LauncherBase):
+class MoEDecodeLauncher(PoolUser, LauncherBase):
     """(x, w, topk_ids, topk_weights=None, out=None, aligned=None) → bf16 [M, top_k, N] (or N/2 with
     the SwiGLU epilogue). Takes its split-K workspace, counters and reduce rows from a ScratchPool
     (its own, or the dispatcher's after `attach`: one launch at a time per stream) and sets a sticky
@@ -264,9 +264,8 @@ class MoEDecodeLauncher(LauncherBase):
         self.compiled = None
         self.smem_compiled: int | None = None
         self.smem_model: int | None = None
-        self.scratch = self._own = ScratchPool()
-        self._bad = self._aligner = None
-        self._attached_bad = None
+        self._init_pool()
+        self._aligner = None
         self.n_out = problem.n // 2 if epilogue == "swiglu" else problem.n
 
     def check(self, x, w, topk_ids, topk_weights, out):
@@ -332,30 +331,12 @@ class MoEDecodeLauncher(LauncherBase):
         self._own.clear()
         self._bad = self._aligner = None
 
-    def attach(self, scratch=None, bad_word=None) -> None:
-        if scratch is not None:
-            self.scratch = scratch
-        if bad_word is not None:
-            self._attached_bad = bad_word
-
-    def bad_word(self):
-        return self.bad
-
     def counters(self) -> list:
         """The split-K and reduce counters it launched with (tests: the kernel leaves them zero)."""
         return [b for (_, _, name), b in self.scratch.bufs.items() if name in ("splitk.locks", "reduce.cnt")]
 
     def _aligned_route(self, pairs: int) -> bool:
         return self.params["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS
-
-    def _word(self, device):
-        w = self._attached_bad
-        if w is not None and w.device == device:
-            return w
-        if self._bad is None or self._bad.device != device:
-            import torch
-            self._bad = torch.zeros(1, dtype=torch.int32, device=device)
-        return self._bad
 
     def _scratch(self, sk: int, pairs: int, locks: int, device):
         import torch
@@ -431,12 +412,6 @@ class MoEDecodeLauncher(LauncherBase):
         if self.check_ids and not capturing(x.device):
             _al.raise_if_bad(bad, "topk_ids")
         return out
-
-    @property
-    def bad(self):
-        """The sticky bad-id word (int32 [1] on the device): the attached one, else its own (None
-        before the first call)."""
-        return self._attached_bad if self._attached_bad is not None else self._bad
 
 
 # ---- the family member --------------------------------------------------------------------------
