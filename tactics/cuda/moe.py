@@ -178,12 +178,12 @@ class MoeScratch(PoolUser):
         self.check_ids = settings.check_ids() if check_ids is None else check_ids
         self._init_pool()
 
-    def _scratch(self, pairs: int, dev: torch.device):
+    def _scratch(self, pairs: int, dev: torch.device, s: int | None = None):
         """ws [split_k, P, N] fp32 (split-K only), counters [P, N tiles] zeroed once (the kernel
         leaves them zero), bad [1]: from the pool (grown at least by doubling, outgrown buffers
         kept for graphs: tactics/scratch.py)."""
         sk, tiles = self.cfg.split_k, self.problem.n // (L.ROWS * self.cfg.tiles_n)
-        s, pool = stream_key(dev), self.scratch
+        s, pool = stream_key(dev) if s is None else s, self.scratch
         if sk == 1:             # the kernel touches neither: placeholders that never grow a real buffer
             return (pool.get(s, "unused.f32", 4, torch.float32, dev), pool.get(s, "unused.i32", 4, torch.int32, dev),
                     self._word(dev))
@@ -191,9 +191,9 @@ class MoeScratch(PoolUser):
         locks = pool.get(s, "splitk.locks", pairs * tiles, torch.int32, dev, zero=True)
         return ws, locks, self._word(dev)
 
-    def _reduce_scratch(self, pairs: int, dev: torch.device):
+    def _reduce_scratch(self, pairs: int, dev: torch.device, s: int | None = None):
         """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (left zero by the kernel)."""
-        s, pool = stream_key(dev), self.scratch
+        s, pool = stream_key(dev) if s is None else s, self.scratch
         if self.problem.epilogue != "reduce":
             return pool.get(s, "unused.f32", 4, torch.float32, dev), pool.get(s, "unused.i32", 4, torch.int32, dev)
         tiles = self.problem.n // (L.ROWS * self.cfg.tiles_n)
@@ -275,8 +275,9 @@ class MoeLaunch(MoeScratch):
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
         ids = ids.contiguous()
-        ws, locks, bad = self._scratch(pairs, dev)
-        red, cnt = self._reduce_scratch(pairs, dev)
+        stream = stream_key(dev)
+        ws, locks, bad = self._scratch(pairs, dev, stream)
+        red, cnt = self._reduce_scratch(pairs, dev, stream)
         routed = tw is not None
         tw_ = tw.to(torch.float32).contiguous() if routed else bad      # never read unrouted
         gs = w.global_scale

@@ -338,9 +338,9 @@ class MoEDecodeLauncher(PoolUser, LauncherBase):
     def _aligned_route(self, pairs: int) -> bool:
         return self.params["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS
 
-    def _scratch(self, sk: int, pairs: int, locks: int, device):
+    def _scratch(self, sk: int, pairs: int, locks: int, device, s: int | None = None):
         import torch
-        s, pool = stream_key(device), self.scratch
+        s, pool = stream_key(device) if s is None else s, self.scratch
         if sk == 1:             # the kernel touches neither: placeholders that never grow a real buffer
             ws, lk = pool.get(s, "unused.f32", 4, torch.float32, device), pool.get(s, "unused.i32", 4, torch.int32, device)
         else:
@@ -348,10 +348,10 @@ class MoEDecodeLauncher(PoolUser, LauncherBase):
             lk = pool.get(s, "splitk.locks", max(4, locks), torch.int32, device, zero=True)
         return ws, lk, self._word(device)
 
-    def _reduce_scratch(self, m: int, device):
+    def _reduce_scratch(self, m: int, device, s: int | None = None):
         """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (the kernel leaves them zero)."""
         import torch
-        s, pool, prob = stream_key(device), self.scratch, self.problem
+        s, pool, prob = stream_key(device) if s is None else s, self.scratch, self.problem
         if self.epilogue != "reduce":
             return pool.get(s, "unused.f32", 4, torch.float32, device), pool.get(s, "unused.i32", 4, torch.int32, device)
         rows, cnts = m * prob.top_k * prob.n, m * (prob.n // self.params["block_n"])
@@ -392,8 +392,9 @@ class MoEDecodeLauncher(PoolUser, LauncherBase):
             g_main, sorted_ids, expert_ids = pairs, ids, ids       # unused by the direct route
         n_tiles = prob.n // p["block_n"]
         sk = p["split_k"]
-        ws, locks, bad = self._scratch(sk, pairs, g_main * n_tiles, x.device)
-        red, cnt = self._reduce_scratch(m, x.device)
+        stream = stream_key(x.device)
+        ws, locks, bad = self._scratch(sk, pairs, g_main * n_tiles, x.device, stream)
+        red, cnt = self._reduce_scratch(m, x.device, stream)
         routed = topk_weights is not None
         tw = (topk_weights.to(torch.float32).contiguous() if routed
               else torch.empty(1, dtype=torch.float32, device=x.device))
