@@ -7,7 +7,13 @@ ops) for the grouped GEMMs; tests/test_nosync_gpu.py is the same on a GPU under
 torch.cuda.set_sync_debug_mode("error")."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,3 +156,67 @@ def test_check_ids_setting(monkeypatch):
     monkeypatch.setenv("AUTOTUNE_CHECK_IDS", "yes")
     with pytest.raises(ValueError, match="AUTOTUNE_CHECK_IDS must be 1, true, 0 or false"):
         settings.check_ids()
+
+
+_INTERP = textwrap.dedent("""
+    import json, os, tempfile, warnings
+    import torch
+    from autotune.core.arch import ARCHS
+    from autotune.core.env import cpu
+    from autotune.core.tactic import Tactic
+    from autotune.runtime.dispatch import Dispatcher
+    from autotune.runtime.moe import FP4MoE
+    from autotune.tactics.triton_fp4.family import TritonFamily
+    from tests.syncs import CountSyncs
+    TritonFamily.available = lambda self, device: (True, "")      # the interpreter runs it on the CPU
+    warnings.simplefilter("ignore")
+
+    class AtenReads(CountSyncs):
+        # aten-level reads only: the interpreter itself (the "device" here) reads memory through numpy
+        def __enter__(self):
+            return super(CountSyncs, self).__enter__()
+
+        def __exit__(self, *exc):
+            return super(CountSyncs, self).__exit__(*exc)
+
+    d = Dispatcher(os.path.join(tempfile.mkdtemp(), "n.db"), env=cpu(), arch=ARCHS["cpu"], record_misses=False,
+                   warn=False)
+    torch.manual_seed(0)
+    e, h, i, k = 4, 512, 128, 2
+    blk = FP4MoE.from_float(torch.randn(e, i, h), torch.randn(e, i, h), torch.randn(e, h, i), k, dispatcher=d)
+    cfg = dict(kernel="moe_decode", route="direct", block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=2)
+    d.pin(blk.problem13, Tactic("triton", **cfg, split_k=2))
+    d.pin(blk.problem2, Tactic("triton", **cfg, split_k=1))
+    x, ids, tw = torch.randn(3, h).to(torch.bfloat16), torch.tensor([[0, 1], [2, -1], [3, 1]]), torch.rand(3, 2)
+    blk(x, ids, tw)
+    with AtenReads() as c:
+        blk(x, ids, tw)
+    bad = ids.clone()
+    if os.environ["AUTOTUNE_CHECK_IDS"] == "0":     # with the per-call raise on, the bad forward would raise
+        bad[2, 0] = 9
+    with AtenReads() as cb:
+        yb = blk(x, bad, tw)
+    print(json.dumps(dict(reads=c.syncs, bad_reads=cb.syncs, nan=torch.isnan(yb).any(1).tolist(),
+                          errors=blk.routing_errors() == [blk.label], kernels=[
+                              d.rung_for(p, 3)[1].params["kernel"] for p in (blk.problem13, blk.problem2)])))
+""")
+
+
+@pytest.mark.parametrize("check_ids", ["0", "1"])
+def test_moe_decode_launchers_read_nothing_in_the_interpreter(check_ids):
+    """The real moe_decode launchers (split-K w13 + SwiGLU, w2 + reduce) through FP4MoE under
+    Triton's interpreter: no aten-level read per forward (before issue #26 item 5 each launcher
+    read its bad-id word: two `.item()`s); with AUTOTUNE_CHECK_IDS=1 the reads are back."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1", "AUTOTUNE_CHECK_IDS": check_ids,
+           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", _INTERP], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["kernels"] == ["moe_decode", "moe_decode"], out
+    if check_ids == "0":
+        assert out["reads"] == [] and out["bad_reads"] == [], out
+        assert out["nan"] == [False, False, True] and out["errors"] is True, out
+    else:
+        assert len(out["reads"]) >= 2 and all("_local_scalar_dense" in s for s in out["reads"]), out
