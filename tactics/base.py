@@ -50,6 +50,16 @@ class Launcher(Protocol):
         """Free the scratch it owns (workspaces, retired buffers, cached plans): the caller is done
         with it. A later call makes what it needs again."""
 
+    def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
+        """At bind (the runtime): take workspaces from `scratch` (the dispatcher's ScratchPool,
+        tactics/scratch.py, shared by every launcher it binds) instead of a private pool, and set
+        `bad_word` (an int32 [1] device view) for ids outside [-1, E) instead of a word of its own.
+        Either may be None (keep its own). A launcher with neither ignores the call."""
+
+    def bad_word(self) -> Any:
+        """Grouped MoE: the sticky int32 word it sets for ids outside [-1, E) (nothing on the
+        forward path reads it), or None: it checks no ids (`checks_ids` False)."""
+
 
 #: the two call forms of one protocol (names kept for what a signature takes)
 Kernel = Launcher
@@ -72,6 +82,12 @@ class LauncherBase:
 
     def release(self) -> None:
         pass
+
+    def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
+        pass
+
+    def bad_word(self) -> Any:
+        return None
 
 
 class FunctionKernel(LauncherBase):
@@ -126,6 +142,20 @@ class BoundKernel(LauncherBase):
 
     def release(self) -> None:
         self.kernel.release()
+
+    def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
+        getattr(self.kernel, "attach", _ignore)(scratch, bad_word)
+
+    def bad_word(self) -> Any:
+        return getattr(self.kernel, "bad_word", _none)()
+
+
+def _ignore(*args: Any) -> None:
+    """A launcher from before `attach` existed: it keeps its own scratch."""
+
+
+def _none() -> Any:
+    return None
 
 
 class BoundMoEKernel(BoundKernel):

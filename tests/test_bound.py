@@ -286,8 +286,8 @@ def test_scratch_retires_less_than_it_keeps():
     """Buffers a larger M outgrows are kept (a captured graph may point at them), so growth at least
     doubles: over 100 ascending sizes the retired ones add up to less than the live buffer, and a
     launcher without split-K keeps 4-element scratch whatever M is."""
-    from autotune.tactics.triton_fp4.bound_dense import Scratch
-    s = Scratch()
+    from autotune.tactics.scratch import ScratchPool
+    s = ScratchPool()
     for n in range(10, 1010, 10):
         b = s.get(0, "ws", n, torch.float32, torch.device("cpu"))
         assert b.numel() >= n

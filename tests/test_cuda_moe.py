@@ -295,6 +295,7 @@ def test_reduce_matches_float64(fmt):
     bad[3, 0] = 6
     s = inputs.make_inputs(prob, 5, "cpu", 8)[0]
     run = CPU._moe_runner(prob, _t("cudamoecpu"), "cpu")
+    run.check_ids = True                                    # the opt-in per-call raise
     got = torch.zeros(5, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="outside"):
         run(s.x, L.pack_experts(s.w), bad, s.topk_weights, got)
@@ -308,6 +309,10 @@ def test_bad_ids_give_nan_rows_and_raise():
     run = CPU._moe_runner(prob, _t("cudamoecpu"), "cpu")
     w = L.pack_experts(s.w)
     out = torch.full((3, 2, 32), 7.0, dtype=torch.bfloat16)
+    run(s.x, w, ids, None, out)                             # by default: no host read, the word stays set
+    assert int(run.bad) == 1 and torch.isnan(out[0, 1]).all()
+    run.bad.zero_()
+    run.check_ids = True                                    # AUTOTUNE_CHECK_IDS=1: the per-call raise
     with pytest.raises(ValueError, match="outside \\[-1, E\\)"):
         run(s.x, w, ids, None, out)
     assert torch.isnan(out[0, 1]).all() and torch.isnan(out[1, 0]).all()

@@ -156,6 +156,10 @@ def test_bad_ids_nan_rows_and_raise():
     ids[1, 2], ids[3, 0] = E, -2
     x = torch.randn(4, k, device="cuda").to(torch.bfloat16)
     out = torch.zeros(4, TOP_K, n, dtype=torch.bfloat16, device="cuda")
+    kern(x, packed, ids, None, out=out)                        # default: no host read, the word stays set
+    assert int(kern.launcher.bad.item()) == 1 and torch.isnan(out[1, 2]).all()
+    kern.launcher.bad.zero_()
+    kern.launcher.check_ids = True                             # AUTOTUNE_CHECK_IDS=1: the per-call raise
     with pytest.raises(ValueError, match=r"outside \[-1, E\)"):
         kern(x, packed, ids, None, out=out)
     assert torch.isnan(out[1, 2]).all() and torch.isnan(out[3, 0]).all()

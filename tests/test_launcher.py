@@ -87,10 +87,16 @@ def test_moe_decode_release_frees_its_scratch():
     k = fam.build(MOE, _decode(split_k=2), "cpu")
     k._scratch(2, 8, 4, torch.device("cpu"))
     k._scratch(2, 64, 4, torch.device("cpu"))                # outgrown: the first is retired
-    assert k._ws is not None and len(k._retired) == 1
+    assert k.scratch is k._own and k._own.bytes_held() > 0 and len(k._own.retired) == 1
     k.release()
-    assert (k._ws, k._locks, k._bad, k._red, k._cnt, k._aligner) == (None,) * 6 and k._retired == []
+    assert k._own.bufs == {} and k._own.retired == [] and (k._bad, k._aligner) == (None, None)
     assert k._scratch(2, 8, 4, torch.device("cpu"))[0].numel() >= 2 * 8 * MOE.n   # made again
+    from autotune.tactics.scratch import ScratchPool
+    shared = ScratchPool()                                   # attached (a dispatcher's): release leaves it
+    k.attach(shared, torch.zeros(4, dtype=torch.int32)[:1])
+    k._scratch(2, 8, 4, torch.device("cpu"))
+    k.release()
+    assert shared.bytes_held() > 0 and k.bad_word() is not None
 
 
 def test_w4a16_release_frees_workspace_bound_scratch_and_plans():
@@ -172,7 +178,8 @@ def test_runtime_imports_no_family_module():
         print(json.dumps(sorted(m for m in sys.modules if m.startswith("autotune.tactics."))))""")],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout.splitlines()[-1]) == ["autotune.tactics.base", "autotune.tactics.registry"]
+    assert json.loads(r.stdout.splitlines()[-1]) == ["autotune.tactics.base", "autotune.tactics.registry",
+                                                     "autotune.tactics.scratch"]
 
 
 def test_families_from_installed_entry_points(tmp_path):

@@ -103,7 +103,13 @@ def test_fp4moe_block_expert_map_and_gate_up_scales(disp, fused):
     ref = _ref_block(x, gq, uq, dq, local, tw)
     assert y.shape == (4, h) and not y[1].any()                                 # no expert here: zeros
     assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
-    with pytest.raises(OperandError, match=r"expert id 7 outside \[-1, 7\)"):
+    # an id >= E_global: no host read, its token's row NaN, the layer's word set until read
+    assert blk.routing_errors() == []
+    bad = blk(x, torch.tensor([[0, 2], [7, 2], [0, 2], [-3, -1]]), tw)
+    assert torch.isnan(bad[[1, 3]]).all() and not torch.isnan(bad[[0, 2]]).any()
+    assert blk.routing_errors(clear=False) == [blk.label] == blk.routing_errors() and blk.routing_errors() == []
+    blk.check_ids = True                             # AUTOTUNE_CHECK_IDS=1: the per-call raise
+    with pytest.raises(OperandError, match=r"topk_ids hold expert ids outside \[-1, 7\)"):
         blk(x, torch.tensor([[0, 7]] * 4), tw)
     with pytest.raises(ValueError, match="expert_map must map each"):
         FP4MoE.from_float(gate, up, down, top_k, expert_map=torch.tensor([0, 1, 1, 2, 3]), dispatcher=disp)

@@ -203,7 +203,7 @@ _INTERP = textwrap.dedent("""
         ref = reference(p, s.x, w, ids, tw, epi)
         err = float((out.double() - ref).norm() / ref.norm())
         again = L(s.x, w, ids, tw)                           # counters reset: the same bits again
-        locks = int(L._locks.abs().sum()) + (int(L._cnt.abs().sum()) if epi == "reduce" else 0)
+        locks = sum(int(c.abs().sum()) for c in L.counters())
         rows.append(dict(fmt=fmt, route=route, sk=sk, epi=epi, err=err, nan=int(torch.isnan(out).sum()),
                          zero_row=epi == "reduce" or bool((out[0, -1] == 0).all()), locks=locks,
                          same=bool(torch.equal(out, again))))
@@ -215,7 +215,7 @@ _INTERP = textwrap.dedent("""
     L = md.make_launcher(p, cfg)
     a = Aligner(5, 16)(s.topk_ids)
     same = bool(torch.equal(L(s.x, s.w, s.topk_ids, aligned=a), L(s.x, s.w, s.topk_ids)))
-    direct = md.make_launcher(p, dict(cfg, route="direct"))
+    direct = md.make_launcher(p, dict(cfg, route="direct"), check_ids=True)     # the opt-in per-call raise
     same_direct = bool(torch.equal(direct(s.x, s.w, s.topk_ids), L(s.x, s.w, s.topk_ids)))
     # ids >= E are refused (and their rows are NaN, never a plausible value)
     bad = s.topk_ids.clone()
@@ -228,7 +228,7 @@ _INTERP = textwrap.dedent("""
         msg = str(exc)
     nan_rows = int(torch.isnan(out).any(-1).sum())
     ok_after = bool(torch.isfinite(direct(s.x, s.w, s.topk_ids)).all())   # the flag was cleared
-    quiet = md.make_launcher(p, dict(cfg, route="direct"), check_ids=False)
+    quiet = md.make_launcher(p, dict(cfg, route="direct"))     # the default ($AUTOTUNE_CHECK_IDS unset)
     quiet(s.x, s.w, bad)                                       # no read, no raise: the caller reads the word
     quiet_flag = int(quiet.bad)
     # operand checks: one-line ValueErrors

@@ -95,7 +95,10 @@ def test_folded_block_keeps_one_copy_and_checks_routing(disp):
     names = {n for n, _ in blk.named_buffers()}
     assert names == {f"{w}_{p}" for w in ("w13", "w2") for p in ("packed", "scales_u8", "gs_u8")}
     from autotune.core.operands import OperandError
-    with pytest.raises(OperandError, match=r"expert id 5 outside \[-1, 5\)"):      # E is not a routable id
+    y = blk(torch.randn(2, 64), torch.tensor([[0, 5], [1, 2]]), torch.rand(2, 2))   # E is not a routable id
+    assert torch.isnan(y[0]).all() and not torch.isnan(y[1]).any() and blk.routing_errors() == [blk.label]
+    blk.check_ids = True                              # AUTOTUNE_CHECK_IDS=1: the per-call raise
+    with pytest.raises(OperandError, match=r"topk_ids hold expert ids outside \[-1, 5\)"):
         blk(torch.randn(2, 64), torch.tensor([[0, 5], [1, 2]]), torch.rand(2, 2))
     y = blk(torch.randn(2, 64), torch.tensor([[-1, -1], [-1, -1]]), torch.rand(2, 2))
     assert y.abs().sum() > 0                                                     # shared only
@@ -227,12 +230,14 @@ _INTERP = textwrap.dedent("""
         ref[r] = mlp(g2, u2, d2, xr) + sum(float(tw[r, j]) * mlp(g[k], u[k], dn[k], xr)
                                            for j, k in enumerate(local[r].tolist()) if k >= 0)
     rungs = [d.rung_for(p, m)[1].params.get("kernel") for p in (blk.problem13, blk.problem2)]
-    # without an expert_map both launchers are moe_decode, which flags bad ids itself; folded, the
-    # block must still check the ids (the kernels count the shared expert's E as valid)
+    # both launchers are moe_decode, which flags bad ids itself; folded, a caller's id E (the
+    # shared expert's local id) goes through the id table to BAD: a NaN row and the word, no host read
     nomap = FP4MoE.from_float(gate, up, down, top_k, dispatcher=d, shared=FP4MoE.shared_from_float(sg, su, sd))
     ls = (nomap.bound13.launcher(m), nomap.bound2.launcher(m))
+    yb = nomap(x, torch.tensor([[0, 2], [1, e], [3, 3]]), tw)
     print(json.dumps(dict(err=float((y.double() - ref).norm() / ref.norm()), rungs=rungs,
-                          flags=[l.checks_ids for l in ls], trusted=nomap._kernels_check_ids(*ls))))
+                          flags=[l.checks_ids for l in ls], nan_rows=torch.isnan(yb).any(1).tolist(),
+                          errors=nomap.routing_errors() == [nomap.label], after=nomap.routing_errors())))
 """)
 
 
@@ -243,7 +248,8 @@ def test_folded_block_on_moe_decode_in_the_interpreter():
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["rungs"] == ["moe_decode", "moe_decode"] and out["err"] < 1e-2, out
-    assert out["flags"] == [True, True] and out["trusted"] is False, out
+    assert out["flags"] == [True, True] and out["nan_rows"] == [False, True, False], out
+    assert out["errors"] is True and out["after"] == [], out
 
 
 def test_mlp_step_bench_has_the_folded_and_uniform_columns(tmp_path):

@@ -236,6 +236,14 @@ class Checked:
     def release(self) -> None:
         self.inner.release()
 
+    def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
+        fn = getattr(self.inner, "attach", None)
+        if fn is not None:
+            fn(scratch, bad_word)
+
+    def bad_word(self) -> Any:
+        fn = getattr(self.inner, "bad_word", None)
+        return None if fn is None else fn()
 
 
 class _CheckedDense(Checked):

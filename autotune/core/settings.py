@@ -17,6 +17,10 @@ serving process that sets one later is honoured).
     AUTOTUNE_BATCH_INVARIANT  1/true: dispatch serves one batch-invariant tactic per problem for
                               every M (runtime/dispatch.py); 0/false: off. Unset: vLLM's
                               VLLM_BATCH_INVARIANT (an integer, non-zero = on), else off
+    AUTOTUNE_CHECK_IDS        1/true: every eager grouped-MoE call reads its bad-id word after the
+                              launch (a host sync) and raises on expert ids outside [-1, E); default
+                              off: the word is sticky on the device, read by FP4MoE.routing_errors() /
+                              Dispatcher.routing_errors() (docs/moe-decode.md, "No host sync")
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ BATCH_INVARIANT = "AUTOTUNE_BATCH_INVARIANT"
 ACTIVATIONS = "AUTOTUNE_ACTIVATIONS"
 ACTIVATION_CHOICES = ("auto", "w4a4", "w4a16")
 VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
+CHECK_IDS = "AUTOTUNE_CHECK_IDS"
 
 
 def cache_url() -> str | None:
@@ -67,6 +72,16 @@ def launch_route() -> str:
 def cuda_cubins() -> str | None:
     """$AUTOTUNE_CUDA_CUBINS stripped, or None when unset or empty."""
     return os.environ.get(CUDA_CUBINS, "").strip() or None
+
+
+def check_ids() -> bool:
+    """$AUTOTUNE_CHECK_IDS: 1/true on (a host read and a raise per eager MoE call), else off."""
+    v = os.environ.get(CHECK_IDS, "").strip().lower()
+    if v in ("", "0", "false"):
+        return False
+    if v in ("1", "true"):
+        return True
+    raise ValueError(f"{CHECK_IDS} must be 1, true, 0 or false, got {v!r}")
 
 
 def batch_invariant() -> bool:

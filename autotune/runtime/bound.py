@@ -30,17 +30,23 @@ class BoundTable:
     one_copy=True (needs `arch`): every M is served from one layout (autotune.runtime.onecopy;
     `layout`, `substituted`), packed in place over the weight's own storage where its family can
     (`Family.pack_inplace`; then `held` names it, `extra_bytes` is 0, and the weight is marked so
-    nothing reads those bytes as a checkpoint-layout weight again)."""
+    nothing reads those bytes as a checkpoint-layout weight again).
+
+    scratch: the dispatcher's ScratchPool (tactics/scratch.py): every launcher bound here takes its
+    workspaces from it (`Launcher.attach`), so layers share one set per stream. bad_word: a
+    function(device) -> the int32 word grouped-MoE launchers set for bad ids (FP4MoE's, one per
+    layer and device); None: each launcher keeps its own."""
 
     __slots__ = ("table", "_weight", "device", "launchers", "packs", "_pinned", "_default", "_default_tactic",
-                 "_version", "one_copy", "arch", "layout", "held", "substituted")
+                 "_version", "one_copy", "arch", "layout", "held", "substituted", "scratch", "bad_word")
 
     def __init__(self, table: Table, weight: FP4Weight, device: str, *, one_copy: bool = False,
-                 arch: Arch | None = None):
+                 arch: Arch | None = None, scratch: Any = None, bad_word: Any = None):
         if one_copy and arch is None:
             raise ValueError("a one-copy binding needs the arch its substitute tactics are judged on")
         check_weight(table.problem, weight)
         self.table, self._weight, self.device = table, weight, device
+        self.scratch, self.bad_word = scratch, bad_word
         self.one_copy, self.arch = one_copy, arch
         self.layout: str | None = None                  # one_copy: the one layout every M reads
         self.held: str | None = None                    # the layout written over the weight's storage
@@ -112,7 +118,13 @@ class BoundTable:
         lay = fam.layout(tactic)
         if lay not in packs:
             packs[lay] = fam.pack(lay, weight)
-        return fam.bind(self.table.problem, tactic, packs[lay], self.device)
+        launcher = fam.bind(self.table.problem, tactic, packs[lay], self.device)
+        if self.scratch is not None or self.bad_word is not None:
+            attach = getattr(launcher, "attach", None)      # a launcher from before attach: its own scratch
+            if attach is not None:
+                word = None if self.bad_word is None else self.bad_word(weight.packed.device)
+                attach(self.scratch, word)
+        return launcher
 
     def launcher(self, m: int) -> Launcher:
         """The launcher for M (counted on the table's rungs)."""

@@ -14,10 +14,11 @@ from autotune.tactics.base import as_launcher
 
 
 class TableBuilder:
-    """warn: say once, when a problem first falls to its default rung, which GPU it ran on."""
+    """warn: say once, when a problem first falls to its default rung, which GPU it ran on.
+    scratch: the dispatcher's ScratchPool, attached to every kernel built here."""
 
-    def __init__(self, env: Env, arch: Arch, warn: bool = True):
-        self.env, self.arch, self.warn = env, arch, warn
+    def __init__(self, env: Env, arch: Arch, warn: bool = True, scratch=None):
+        self.env, self.arch, self.warn, self.scratch = env, arch, warn, scratch
         self._built: dict[tuple[Problem, Tactic], Checked] = {}
 
     def kernel(self, p: Problem, t: Tactic) -> Checked:
@@ -25,6 +26,8 @@ class TableBuilder:
         k = self._built.get((p, t))
         if k is None:
             k = self._built[(p, t)] = checked(p, as_launcher(registry.get(t.family).build(p, t, self.env.device)))
+            if self.scratch is not None:
+                k.attach(self.scratch)          # the dispatcher's pool: one workspace per stream for all
         return k
 
     def default_tactic(self, p: Problem) -> Tactic:

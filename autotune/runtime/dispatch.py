@@ -42,6 +42,7 @@ from autotune.runtime.misses import MissRecorder, counted, flush_at_exit
 from autotune.runtime.policy import ServingPolicy, invariant_pick
 from autotune.runtime.table import RUNGS, Table
 from autotune.tactics import registry
+from autotune.tactics.scratch import ScratchPool
 
 MISSES_ENV, IMMUTABLE_ENV = settings.MISSES, settings.CACHE_IMMUTABLE
 
@@ -64,7 +65,10 @@ class Dispatcher:
         self.env = env or current()
         self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
         self.policy = ServingPolicy.from_settings(pins, batch_invariant, one_copy)
-        self.builder = TableBuilder(self.env, self.arch, warn)
+        #: workspaces (split-K, reduce) shared by every launcher this dispatcher builds or binds, one
+        #: set per (device, stream), and the bad-id words of its MoE layers (tactics/scratch.py)
+        self.scratch = ScratchPool()
+        self.builder = TableBuilder(self.env, self.arch, warn, self.scratch)
         self._warn = warn
         immutable = immutable if immutable is not None else settings.cache_immutable()
         loaded = loader.load(cache, self.env, self.arch, self.builder.kernel, immutable=immutable)
@@ -162,14 +166,34 @@ class Dispatcher:
             raise ValueError(self._refused[problem])
         return t
 
-    def bind(self, problem: Problem, weight: FP4Weight, *, one_copy: bool | None = None) -> BoundTable:
+    def bind(self, problem: Problem, weight: FP4Weight, *, one_copy: bool | None = None,
+             bad_word: Callable[[Any], Any] | None = None) -> BoundTable:
         """The problem's table with `weight` bound (checked once, packed once per layout): what a
         layer keeps at load and calls per forward. `.rebind(weight)` after moving the weight.
         one_copy=True: one layout for every M, written over `weight`'s own storage where its
         family can (the weight is then no checkpoint-layout weight); `.substituted` lists the
-        rungs that run another tactic for it (autotune.runtime.onecopy)."""
+        rungs that run another tactic for it (autotune.runtime.onecopy). Every launcher takes its
+        workspaces from `self.scratch`; bad_word(device): the word grouped-MoE launchers set for
+        bad ids (FP4MoE gives its own; default: one word per bound table, labelled by its problem)."""
         one_copy = self.policy.one_copy if one_copy is None else one_copy
-        return BoundTable(self.table(problem), weight, self.env.device, one_copy=one_copy, arch=self.arch)
+        if bad_word is None and problem.kind == "grouped_moe":
+            words: dict = {}
+
+            def bad_word(device, _key=problem.key):
+                w = words.get(str(device))
+                if w is None:
+                    w = words[str(device)] = self.scratch.word(device, _key)
+                return w
+        return BoundTable(self.table(problem), weight, self.env.device, one_copy=one_copy, arch=self.arch,
+                          scratch=self.scratch, bad_word=bad_word)
+
+    def routing_errors(self, clear: bool = True) -> list[str]:
+        """What set a bad-id word since the last read (expert ids outside [-1, E): their rows came
+        out NaN): the labels of the words (FP4MoE layers: `FP4MoE.label`; other bound grouped
+        tables: the problem key). One device→host read per device — a host sync: an engine calls it
+        once per step (after a graph replay too), or in debug. clear=True (default) resets the
+        words it read (read-and-clear); clear=False leaves them set."""
+        return self.scratch.errors(clear)
 
     def __call__(self, shape, m: int | None = None):
         if m is None:

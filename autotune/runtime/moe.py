@@ -36,6 +36,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from autotune.core import settings
 from autotune.core.formats import FP4Weight, quantize
 from autotune.core.operands import OperandError, check_layer_x, check_routing
 from autotune.core.problem import Problem
@@ -43,6 +44,8 @@ from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 
 _BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
+#: what an id outside [-1, E_global) becomes for the kernels: outside [-1, E) for every one of them
+BAD_ID = -2
 
 
 def _per_expert(g: Tensor, e: int) -> Tensor:
@@ -106,21 +109,25 @@ class FP4MoE(nn.Module):
         else:
             self.expert_map = None
         self._map_ext = self._extended_map()
+        self._words: dict[str, Tensor] = {}
+        #: $AUTOTUNE_CHECK_IDS at construction: read the bad-id word after every eager forward and raise
+        self.check_ids = settings.check_ids()
         fmt = w13.fmt
         epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
         self.problem13 = Problem.moe(two_i, h, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi13)
         self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
-        d = dispatcher or default_dispatcher()
+        d = self._dispatcher = dispatcher or default_dispatcher()
+        self.layer_id = next(_IDS)
+        self.label = f"FP4MoE#{self.layer_id} {self.problem13.key}"
         if not fused and d.batch_invariant:
             raise ValueError("FP4MoE(fused=False) sums the top_k slots in torch, whose order is not guaranteed "
                              "the same at every M: batch-invariant mode needs fused=True")
-        self.bound13 = d.bind(self.problem13, self.w13)
-        self.bound2 = d.bind(self.problem2, self.w2)
+        self.bound13 = d.bind(self.problem13, self.w13, bad_word=self._word)
+        self.bound2 = d.bind(self.problem2, self.w2, bad_word=self._word)
         # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
         self.register_load_state_dict_post_hook(lambda mod, _keys: mod._rebind())
         self._aligners: dict[int, object] = {}
-        self.layer_id = next(_IDS)
         _BLOCKS[self.layer_id] = self
 
     @staticmethod
@@ -163,9 +170,17 @@ class FP4MoE(nn.Module):
         self.bound2.rebind(self.w2)
 
     def _extended_map(self) -> Tensor | None:
-        """expert_map with -1 prepended: indexed by id + 1, so id -1 maps to -1 and no index wraps."""
+        """The id table, indexed by clamp(id + 2, 0, E_global + 2): [BAD, -1, expert_map (or the
+        identity over the routed experts when only the shared expert is folded in), BAD], so id -1
+        maps to -1, a global id to its local one, and any id outside [-1, E_global) to BAD (-2:
+        outside [-1, E) for every kernel, also with the shared expert's id E) — no index wraps and
+        nothing is read on the host. None: no map, no folded expert (ids go to the kernels as they are)."""
         m = self.expert_map
-        return None if m is None else torch.cat([m.new_full((1,), -1), m])
+        if m is None and not self.has_shared:
+            return None
+        m = m if m is not None else torch.arange(self.routed_experts, dtype=torch.int32, device=self.w13_packed.device)
+        bad = m.new_full((1,), BAD_ID)
+        return torch.cat([bad, m.new_full((1,), -1), m, bad])
 
     # ---- constructors ---------------------------------------------------------------------------
     @classmethod
@@ -218,46 +233,90 @@ class FP4MoE(nn.Module):
         return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
 
     def local_ids(self, topk_ids: Tensor) -> Tensor:
-        """Global ids → this rank's (−1 stays −1); ids are checked against E_global first."""
+        """Global ids → this rank's (−1 stays −1, an id outside [-1, E_global) becomes BAD = -2);
+        device ops only."""
         if self._map_ext is None:
             return topk_ids
-        return self._map_ext[(topk_ids + 1).long()]
+        return self._map_ext[(topk_ids.long() + 2).clamp_(0, self.global_experts + 2)]
+
+    # ---- bad ids: sticky on the device, read on request --------------------------------------
+    def _word(self, device) -> Tensor:
+        """This layer's sticky bad-id word on `device` (the dispatcher's status page): its kernels
+        set it for ids outside [-1, E), and so does the block's own device check."""
+        key = str(device)
+        w = self._words.get(key)
+        if w is None:
+            w = self._words[key] = self._dispatcher.scratch.word(device, self.label)
+        return w
+
+    def routing_errors(self, clear: bool = True) -> list[str]:
+        """[self.label] when a forward since the last read saw an expert id outside [-1, E_global)
+        (its token's row came out NaN), else []. One 4-byte device→host read per device — a host
+        sync: call it once per step (after a graph replay too) or in debug, never per forward.
+        clear=True resets the word (read-and-clear); clear=False leaves it set (sticky until a
+        clearing read). `Dispatcher.routing_errors()` reads every layer's word at once."""
+        hit = False
+        for w in self._words.values():      # one word per device the layer ran on (usually one)
+            if bool(w.ne(0).any().cpu()):
+                hit = True
+                if clear:
+                    w.zero_()
+        return [self.label] if hit else []
 
     def _run(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
         m = x.shape[0]
         l13, l2 = self.bound13.launcher(m), self.bound2.launcher(m)
-        if x.is_cuda and torch.cuda.is_current_stream_capturing() and not (l13.capture_safe and l2.capture_safe):
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if capturing and not (l13.capture_safe and l2.capture_safe):
             raise RuntimeError("fp4_autotune: a kernel of this MoE block reads routing on the host and cannot "
                                "run under CUDA-graph capture")
         if topk_weights is None:
             raise OperandError(f"{self.problem2.key}: FP4MoE needs topk_weights [M, {self.top_k}]")
-        # once per layer: the ids' shape, dtype and range (on the CPU a host read, on a GPU an async
-        # device assert). Skipped on a GPU where only moe_decode kernels read unmapped ids: they set
-        # NaN rows and a bad-id word for ids outside [-1, E) themselves. Not with the shared expert
-        # folded in: the kernels' E counts it, so a caller's id E would pass them as the shared one.
-        trusted = topk_ids.is_cuda and self._kernels_check_ids(l13, l2)
-        check_routing(self._routing, x, topk_ids, topk_weights, values=not trusted)
-        ids = self.local_ids(topk_ids)
+        # shape, dtype and device only: the ids' values are never read on the host (issue #26)
+        check_routing(self._routing, x, topk_ids, topk_weights, values=False)
+        ids, bad_rows = self._routed_ids(topk_ids, l13, l2, x.device)
         if self.has_shared:                 # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
         k13, k2 = self._one_alignment(l13, l2, ids)
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
-            return l2(h, ids, topk_weights, routing_checked=True, **k2)
-        y13 = l13(x, ids, None, routing_checked=True, **k13)
-        if self.activation == "swigluoai" or self.bias13 is not None or self.bias2 is not None:
-            return self._unfused_biased(l2, y13, ids, topk_weights, k2)
-        h = torch.nn.functional.silu(y13[..., :self.intermediate]) * y13[..., self.intermediate:]
-        y2 = l2(h, ids, topk_weights, routing_checked=True, **k2)
-        return y2.sum(1, dtype=torch.float32).to(torch.bfloat16)
+            y = l2(h, ids, topk_weights, routing_checked=True, **k2)
+        else:
+            y13 = l13(x, ids, None, routing_checked=True, **k13)
+            if self.activation == "swigluoai" or self.bias13 is not None or self.bias2 is not None:
+                y = self._unfused_biased(l2, y13, ids, topk_weights, k2)
+            else:
+                h = torch.nn.functional.silu(y13[..., :self.intermediate]) * y13[..., self.intermediate:]
+                y2 = l2(h, ids, topk_weights, routing_checked=True, **k2)
+                y = y2.sum(1, dtype=torch.float32).to(torch.bfloat16)
+        if bad_rows is not None:            # the kernels' contract, where they cannot keep it themselves
+            y = y.masked_fill(bad_rows[:, None], float("nan"))
+        if self.check_ids and not capturing and self.routing_errors():
+            raise OperandError(f"{self._routing.key}: topk_ids hold expert ids outside [-1, {self.global_experts}) "
+                               f"(their rows are NaN; {settings.CHECK_IDS}=1 raises)")
+        return y
+
+    def _routed_ids(self, topk_ids: Tensor, l13, l2, device) -> tuple[Tensor, Tensor | None]:
+        """(the kernels' ids, None or the [M] rows to make NaN), with no host read. Launchers that
+        check ids (`checks_ids`: NaN rows and the layer's word for ids outside [-1, E)) get them as
+        they are, or through the id table (expert_map / folded shared expert), where a bad id
+        becomes BAD. For others (the torch family, moe_w4a16) the block does it itself on the
+        device: bad ids become -1 for the kernels, the word is set and the rows are made NaN."""
+        if l13.checks_ids and l2.checks_ids:
+            return self.local_ids(topk_ids), None
+        bad = (topk_ids < -1) | (topk_ids >= self.global_experts)
+        rows = bad.any(1)
+        word = self._word(device)
+        word.bitwise_or_(rows.any().to(word.dtype))
+        return self.local_ids(topk_ids.masked_fill(bad, -1)), rows
 
     def _unfused_biased(self, l2, y13: Tensor, ids: Tensor, topk_weights: Tensor, k2: dict) -> Tensor:
         """gpt-oss: + bias13, clamped SwiGLU on interleaved rows, w2 (plain), + bias2, routing
         weights, top_k sum — in fp32 (torch), around the two dispatched grouped GEMMs."""
         from autotune.runtime.pretrained import clamped_swiglu
-        live = (ids >= 0)[..., None]
-        safe = ids.clamp(min=0).long()
+        live = ((ids >= 0) & (ids < self.num_experts))[..., None]      # a bad id's row is NaN already
+        safe = ids.clamp(0, self.num_experts - 1).long()
         y = y13.float()
         if self.bias13 is not None:
             y = y + self.bias13[safe] * live
@@ -285,12 +344,6 @@ class FP4MoE(nn.Module):
         kw = load_moe(path, block, top_k=top_k, tp_rank=tp_rank, tp_size=tp_size, experts=experts, ep_rank=ep_rank,
                       ep_size=ep_size, shared_experts=shared_experts, activations=activations, arch=arch, device=device)
         return cls(kw.pop("w13"), kw.pop("w2"), kw.pop("top_k"), fused=fused, dispatcher=dispatcher, **kw)
-
-    def _kernels_check_ids(self, l13, l2) -> bool:
-        """Both launchers check the caller's ids themselves (moe_decode: NaN rows and a bad-id word
-        for ids outside [-1, E)): only without an expert_map and without the folded shared expert,
-        whose E the kernels count as a valid id."""
-        return self.expert_map is None and not self.has_shared and l13.checks_ids and l2.checks_ids
 
     def _one_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
         """One routing alignment per layer when both launchers take one as `aligned=` (made by the

@@ -3,7 +3,8 @@ MXFP4 experts in the family's prepacked layout (layout.pack_experts), topk_ids r
 
 Semantics are the Triton `moe_decode` member's: y[p] for every (token, slot) pair p (row-major
 [M, top_k]), id -1 a zero row and no work, an id outside [-1, E) a NaN row and the sticky bad-id
-word set (read after an eager call when `check_ids`, never under graph capture), the routing
+word set (nothing reads it on the host unless `check_ids`: then after an eager call, never under
+graph capture; the runtime reads it with FP4MoE.routing_errors()), the routing
 weight multiplied in when given; the `swiglu` problem variant writes silu(gate)·up of vLLM's
 [gate; up] rows, the `reduce` variant (w2, x one row per pair) each token's routing-weighted sum
 over its top_k slots, [M, N], in slot order. Not here yet: an aligned route; above MAX_PAIRS pairs
@@ -22,10 +23,13 @@ from typing import Any, Mapping
 
 import torch
 
+from autotune.core import settings
 from autotune.core.arch import Arch
 from autotune.core.operands import x_per_pair
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
+
+from autotune.tactics.scratch import PoolUser, capturing, stream_key
 
 from . import build as B
 from . import layout as L
@@ -163,26 +167,67 @@ def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool =
     return m, out
 
 
-class MoeLaunch:
-    """(x, w, topk_ids, topk_weights=None, out=None) → bf16 [M, top_k, N] (SwiGLU: N/2) on a checked
-    stacked CudaPacked. Owns its split-K workspace, the per-(pair slot, N tile) counters (left zero
-    by every launch) and the sticky bad-id word; one call at a time per launcher (the counters are
-    shared). `release()` frees the scratch (a launch after it allocates anew)."""
+class MoeScratch(PoolUser):
+    """The launcher's scratch and bad-id word (MoeLaunch and the CPU port's runner share it):
+    workspaces from a ScratchPool (its own, or the dispatcher's after `attach`), one word."""
 
-    capture_safe = True       # current stream, scratch sized by M, the bad-id read skipped under capture
+    cfg: B.MoeConfig
+    problem: Problem
+
+    def _init_scratch(self, check_ids: bool | None) -> None:
+        self.check_ids = settings.check_ids() if check_ids is None else check_ids
+        self._init_pool()
+
+    def _scratch(self, pairs: int, dev: torch.device, s: int | None = None):
+        """ws [split_k, P, N] fp32 (split-K only), counters [P, N tiles] zeroed once (the kernel
+        leaves them zero), bad [1]: from the pool (grown at least by doubling, outgrown buffers
+        kept for graphs: tactics/scratch.py)."""
+        sk, tiles = self.cfg.split_k, self.problem.n // (L.ROWS * self.cfg.tiles_n)
+        s, pool = stream_key(dev) if s is None else s, self.scratch
+        if sk == 1:             # the kernel touches neither: placeholders that never grow a real buffer
+            return (pool.get(s, "unused.f32", 4, torch.float32, dev), pool.get(s, "unused.i32", 4, torch.int32, dev),
+                    self._word(dev))
+        ws = pool.get(s, "splitk.ws", sk * pairs * self.problem.n, torch.float32, dev)
+        locks = pool.get(s, "splitk.locks", pairs * tiles, torch.int32, dev, zero=True)
+        return ws, locks, self._word(dev)
+
+    def _reduce_scratch(self, pairs: int, dev: torch.device, s: int | None = None):
+        """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (left zero by the kernel)."""
+        s, pool = stream_key(dev) if s is None else s, self.scratch
+        if self.problem.epilogue != "reduce":
+            return pool.get(s, "unused.f32", 4, torch.float32, dev), pool.get(s, "unused.i32", 4, torch.int32, dev)
+        tiles = self.problem.n // (L.ROWS * self.cfg.tiles_n)
+        rows, cnts = pairs * self.problem.n, pairs // self.problem.top_k * tiles
+        return (pool.get(s, "reduce.rows", rows, torch.float32, dev),
+                pool.get(s, "reduce.cnt", cnts, torch.int32, dev, zero=True))
+
+    def release(self) -> None:
+        """Free its own scratch (workspace, counters, outgrown buffers; a dispatcher's pool is the
+        dispatcher's); the bad-id word is kept. A graph captured before must not be replayed after this."""
+        self._own.clear()
+
+
+class MoeLaunch(MoeScratch):
+    """(x, w, topk_ids, topk_weights=None, out=None) → bf16 [M, top_k, N] (SwiGLU: N/2) on a checked
+    stacked CudaPacked. Takes its split-K workspace, the per-(pair slot, N tile) counters (left zero
+    by every launch) and the reduce rows from a ScratchPool (its own, or the dispatcher's after
+    `attach`: one launch at a time per stream) and sets a sticky bad-id word (its own or the
+    attached one), read on the host only when `check_ids` (default $AUTOTUNE_CHECK_IDS, off).
+    `release()` frees its own scratch (a launch after it allocates anew)."""
+
+    capture_safe = True       # current stream, scratch sized by M, no host read by default
     checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
 
-    def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool = True):
+    def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         import cupy
         self._cupy = cupy
-        self.problem, self.tactic, self.check_ids = problem, tactic, check_ids
+        self.problem, self.tactic = problem, tactic
         self.cfg = config(problem, tactic)
         self.device = torch.device(device)
         self.n_out = problem.out_n
         self._streams: dict[int, Any] = {}
         self._fns: dict[int, Any] = {}
-        self._ws = self._locks = self._bad = self._red = self._cnt = None
-        self._retired: list = []   # outgrown buffers: a graph captured earlier still points at them
+        self._init_scratch(check_ids)
 
     def _stream(self, dev: torch.device) -> Any:
         ptr = torch.cuda.current_stream(dev).cuda_stream
@@ -202,51 +247,6 @@ class MoeLaunch:
     def check(self, x, w, topk_ids, topk_weights, out):
         return check_call(self.problem, x, w, topk_ids, topk_weights, out)
 
-    def _scratch(self, pairs: int, dev: torch.device):
-        """ws [split_k, P, N] fp32 (split-K only), counters [P, N tiles] zeroed once (the kernel
-        leaves them zero), bad [1]. Grown at least by doubling; outgrown buffers kept for graphs."""
-        sk, tiles = self.cfg.split_k, self.problem.n // (L.ROWS * self.cfg.tiles_n)
-        need_ws = sk * pairs * self.problem.n if sk > 1 else 1
-        need_locks = pairs * tiles if sk > 1 else 1
-        if self._ws is None or self._ws.device != dev or self._ws.numel() < need_ws or self._locks.numel() < need_locks:
-            if self._ws is not None:
-                self._retired.append((self._ws, self._locks))
-            old_ws = self._ws.numel() if self._ws is not None and self._ws.device == dev else 0
-            old_l = self._locks.numel() if self._locks is not None and self._locks.device == dev else 0
-            self._ws = torch.empty(max(need_ws, 2 * old_ws if need_ws > old_ws else 0), dtype=torch.float32, device=dev)
-            self._locks = torch.zeros(max(need_locks, 2 * old_l if need_locks > old_l else 0), dtype=torch.int32,
-                                      device=dev)
-        if self._bad is None or self._bad.device != dev:
-            self._bad = torch.zeros(1, dtype=torch.int32, device=dev)
-        return self._ws, self._locks, self._bad
-
-    def _reduce_scratch(self, pairs: int, dev: torch.device):
-        """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (left zero by the kernel)."""
-        if self.problem.epilogue != "reduce":
-            if self._red is None or self._red.device != dev:
-                self._red = torch.empty(1, dtype=torch.float32, device=dev)
-                self._cnt = torch.zeros(1, dtype=torch.int32, device=dev)
-            return self._red, self._cnt
-        tiles = self.problem.n // (L.ROWS * self.cfg.tiles_n)
-        rows, cnts = pairs * self.problem.n, pairs // self.problem.top_k * tiles
-        if self._red is None or self._red.device != dev or self._red.numel() < rows or self._cnt.numel() < cnts:
-            if self._red is not None:
-                self._retired.append((self._red, self._cnt))
-            self._red = torch.empty(rows, dtype=torch.float32, device=dev)
-            self._cnt = torch.zeros(cnts, dtype=torch.int32, device=dev)
-        return self._red, self._cnt
-
-    def release(self) -> None:
-        """Free the scratch (workspace, counters, outgrown buffers); the bad-id word is kept. A graph
-        captured before must not be replayed after this."""
-        self._ws = self._locks = self._red = self._cnt = None
-        self._retired.clear()
-
-    @property
-    def bad(self):
-        """The sticky bad-id word (int32 [1] on the device), None before the first call."""
-        return self._bad
-
     def chunk_tokens(self) -> int:
         return max(1, MAX_PAIRS // self.problem.top_k)
 
@@ -263,7 +263,7 @@ class MoeLaunch:
         else:
             self._launch(x, w, topk_ids, topk_weights, out)
         if self.check_ids:
-            raise_if_bad(self._bad)
+            raise_if_bad(self._word(x.device))
         return out
 
     def _launch(self, x, w, ids, tw, out) -> None:
@@ -275,8 +275,9 @@ class MoeLaunch:
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
         ids = ids.contiguous()
-        ws, locks, bad = self._scratch(pairs, dev)
-        red, cnt = self._reduce_scratch(pairs, dev)
+        stream = stream_key(dev)
+        ws, locks, bad = self._scratch(pairs, dev, stream)
+        red, cnt = self._reduce_scratch(pairs, dev, stream)
         routed = tw is not None
         tw_ = tw.to(torch.float32).contiguous() if routed else bad      # never read unrouted
         gs = w.global_scale
@@ -315,6 +316,15 @@ class MoeKernel:
     def aligner(self, experts: int, block_m: int):
         raise NotImplementedError("cuda moe_mma takes no shared routing alignment")
 
+    def attach(self, scratch=None, bad_word=None) -> None:
+        """The runner takes the dispatcher's pool and word (tactics/base.py Launcher.attach)."""
+        fn = getattr(self.launcher, "attach", None)
+        if fn is not None:
+            fn(scratch, bad_word)
+
+    def bad_word(self):
+        return getattr(self.launcher, "bad", None)
+
     def release(self) -> None:
         """Free the launcher's scratch and the pack cache (a later call makes them again)."""
         getattr(self.launcher, "release", lambda: None)()
@@ -324,7 +334,7 @@ class MoeKernel:
 
 def raise_if_bad(bad) -> None:
     """One 4-byte read (a host sync), skipped while a CUDA graph is captured; clears the word."""
-    if bad is None or (bad.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if bad is None or capturing(bad.device):
         return
     if int(bad.item()):
         bad.zero_()
@@ -334,14 +344,17 @@ def raise_if_bad(bad) -> None:
 # --------------------------------------------------------------------------- CPU port of the grid
 def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, topk_ids: torch.Tensor,
             topk_weights: torch.Tensor | None = None, out: torch.Tensor | None = None,
-            bad: torch.Tensor | None = None, trace: list | None = None) -> torch.Tensor:
+            bad: torch.Tensor | None = None, trace: list | None = None, ws: torch.Tensor | None = None,
+            red: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's grid on the CPU, CTA by CTA, in the kernel's order of decisions: the invalid-id
     rows, the rank scan and the lead test, the gathered group (8·m_tiles pairs at most), the split
     ranges over K (warps inside a split summed in warp order, splits in split order), the SwiGLU
     pairing of gate/up tiles and the routing weight. Arithmetic: layout.emulate_dequantize_any (the
     kernel's decode, exact) and float32 sums — not the tensor core's accumulation order, so it
     checks indexing and coverage, not bits. `trace` collects (q, nt, kz, expert, pairs) of every
-    lead CTA. Token chunks as the launcher cuts them."""
+    lead CTA. Token chunks as the launcher cuts them. ws / red: the launcher's split-K workspace
+    (≥ split_k·P·N fp32) and reduce rows (≥ P·N fp32) from its scratch pool, used as the kernel
+    uses them (each split's partials stored, then summed in split order); None: local tensors."""
     cfg = config(problem, tactic)
     m = topk_ids.shape[0]
     shape = (m, problem.n) if cfg.reduce else (m, problem.top_k, problem.out_n)
@@ -350,11 +363,11 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
     for t0 in range(0, m, rows):
         sl = slice(t0, min(m, t0 + rows))
         _emulate_launch(problem, cfg, x[sl], w, topk_ids[sl],
-                        None if topk_weights is None else topk_weights[sl], out[sl], bad, trace)
+                        None if topk_weights is None else topk_weights[sl], out[sl], bad, trace, ws, red)
     return out
 
 
-def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace) -> None:
+def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace, ws=None, red_buf=None) -> None:
     ids = topk_ids.reshape(-1).tolist()
     pairs = len(ids)
     n, k = problem.n, problem.k
@@ -365,7 +378,11 @@ def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace) -> None:
     kpairs = kps // cfg.warps_k                          # per warp
     # REDUCE: the pairs' fp32 rows, summed per token in slot order at the end (the kernel's last
     # arrival does the same sum; the arrival order does not change it)
-    red = torch.full((pairs, n), float("nan")) if cfg.reduce else None
+    red = None
+    if cfg.reduce:
+        red = torch.empty((pairs, n)) if red_buf is None else red_buf[:pairs * n].view(pairs, n)
+        red.fill_(float("nan"))
+    part_ws = None if ws is None or cfg.split_k == 1 else ws[:cfg.split_k * pairs * n].view(cfg.split_k, pairs, n)
     yflat = red if cfg.reduce else out.reshape(pairs, problem.out_n)
     xflat = x.reshape(-1, k).float()
     deq: dict[int, torch.Tensor] = {}
@@ -395,12 +412,19 @@ def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace) -> None:
                 tiles = [nt * cfg.tiles_n + u for u in range(cfg.tiles_n)]
             rows_w = torch.cat([torch.arange(t * L.ROWS, (t + 1) * L.ROWS) for t in tiles])
             total = torch.zeros(len(group), len(rows_w))
+            gidx = torch.tensor(group)
             for kz in range(cfg.split_k):                # split order
                 part = torch.zeros(len(group), len(rows_w))
                 for wp in range(cfg.warps_k):            # warp order
                     k0 = (kz * kps + wp * kpairs) * L.KPAIR
                     part += xr[:, k0:k0 + kpairs * L.KPAIR] @ wd[rows_w, k0:k0 + kpairs * L.KPAIR].T
-                total += part
+                if part_ws is not None:                  # stored to the workspace, summed by the last split
+                    part_ws[kz][gidx[:, None], rows_w[None, :]] = part
+                else:
+                    total += part
+            if part_ws is not None:
+                for kz in range(cfg.split_k):
+                    total += part_ws[kz][gidx[:, None], rows_w[None, :]]
             if cfg.swiglu:
                 half = total.shape[1] // 2
                 total = total[:, :half] * torch.sigmoid(total[:, :half]) * total[:, half:]

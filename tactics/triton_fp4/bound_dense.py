@@ -7,9 +7,11 @@ scratch, and the compiled kernel with its launch handles (direct.py) — a `plan
 keyed by M. A call then does the x check, one dict lookup, the output allocation (none with
 `out=`), the current stream and one launch through Triton's compiled launcher.
 
-Scratch (split-K workspace and tile counters; dequant_cublas's bf16 weight buffer) is owned by the
-bound launcher, one set per CUDA stream, so launches on two streams never share it. A buffer that
-a larger M outgrows is kept alive (a CUDA graph captured earlier may still point at it).
+Scratch (split-K workspace and tile counters; dequant_cublas's bf16 weight buffer) comes from a
+ScratchPool (tactics/scratch.py): the launcher's own, or the dispatcher's after `attach` (shared
+by every layer it binds), one set per CUDA stream, so launches on two streams never share it. A
+buffer that a larger M outgrows is kept alive (a CUDA graph captured earlier may still point at
+it); a plan holds the pool's `epoch` and is made again when the pool freed buffers since.
 
 Where the direct route is not available (interpreter, CPU, other Triton versions, a launch hook,
 $AUTOTUNE_LAUNCH=triton, an x or out that is not 16-byte aligned and contiguous) the call goes
@@ -22,40 +24,13 @@ from typing import Any
 from autotune.core.operands import out_checker, x_checker
 from autotune.core.problem import Problem
 from autotune.tactics.base import LauncherBase
+from autotune.tactics.scratch import ScratchPool
 
 from . import direct
 from .splitk import chunk_rows
 
 #: plans kept per launcher (distinct M values); past this, a new M is planned on every call
 MAX_PLANS = 4096
-
-
-class Scratch:
-    """Per-stream buffers of one launcher: `get(stream, numel, dtype, device, zero)` returns a
-    buffer of at least `numel` elements, grown (never shrunk) on demand, at least doubling, so the
-    retired buffers (kept, not freed) stay under the live one's size."""
-
-    __slots__ = ("bufs", "retired")
-
-    def __init__(self) -> None:
-        self.bufs: dict[tuple[int, str], Any] = {}
-        self.retired: list[Any] = []
-
-    def get(self, stream: int, name: str, numel: int, dtype, device, zero: bool = False):
-        import torch
-        b = self.bufs.get((stream, name))
-        if b is None or b.numel() < numel or b.device != device:
-            if b is not None:
-                self.retired.append(b)
-                if b.device == device:
-                    numel = max(numel, 2 * b.numel())
-            b = (torch.zeros if zero else torch.empty)(numel, dtype=dtype, device=device)
-            self.bufs[(stream, name)] = b
-        return b
-
-    def clear(self) -> None:
-        self.bufs.clear()
-        self.retired.clear()
 
 
 def _capturing() -> bool:
@@ -76,7 +51,7 @@ class _BoundDense(LauncherBase):
         self.n, self.k = problem.n, problem.k
         self.device = packed.packed.device
         self.check, self.check_out = x_checker(problem, packed), out_checker(problem)
-        self.scratch = Scratch()
+        self.scratch = self._own = ScratchPool()
         self.plans: dict[int, tuple] = {}
         why = "not a CUDA weight" if self.device.type != "cuda" else direct.why_not()
         if why is None and not _aligned(packed.packed, packed.scales, packed.global_scale):
@@ -92,11 +67,18 @@ class _BoundDense(LauncherBase):
         return self.inner.smem_compiled
 
     def release(self) -> None:
-        """The scratch and the plans that point into it (a later call plans again), and the inner
-        launcher's."""
-        self.scratch.clear()
+        """Its own scratch and the plans that point into scratch (a later call plans again), and
+        the inner launcher's (a dispatcher's pool is the dispatcher's)."""
+        self._own.clear()
         self.plans.clear()
         self.inner.release()
+
+    def attach(self, scratch=None, bad_word=None) -> None:
+        """Take workspaces from the dispatcher's pool (plans made before point elsewhere: dropped)."""
+        if scratch is not None and scratch is not self.scratch:
+            self.scratch = scratch
+            self.plans.clear()
+            getattr(self.inner, "attach", lambda *a: None)(scratch)     # its normal launch (the fallback) too
 
     def _fallback(self, x, out):
         self.launches[1] += 1
@@ -130,14 +112,24 @@ class Remember(LauncherBase):
             from .args import U8Weight, pack_u8
             self._bound = b = self.bound_cls(self.problem, self, w if isinstance(w, U8Weight) else pack_u8(w))
             b.source = w
+            b.attach(self._pool)
             return b(x, out)
         self._seen = w
         return self.launch(x, w, out=out)
 
+    _pool: Any = None
+
+    def attach(self, scratch=None, bad_word=None) -> None:
+        """The bound form a remembered weight gets takes its scratch from `scratch`."""
+        if scratch is not None:
+            self._pool = scratch
+            if self._bound is not None:
+                self._bound.attach(scratch)
+
     def release(self) -> None:
         """The bound form made for a remembered weight (and its scratch); subclasses add their own."""
         if self._bound is not None:
-            self._bound.scratch.clear()
+            self._bound._own.clear()
             self._bound.plans.clear()
         self._bound = self._seen = None
 
@@ -157,7 +149,7 @@ class BoundW4A16(_BoundDense):
             return self._fallback(x, out)
         stream = self._stream(self.device.index)
         p = self.plans.get(m)
-        if p is None or (p[0] != stream and p[0] != -1):       # -1: no scratch, any stream
+        if p is None or (p[0] != stream and p[0] != -1) or p[1] != self.scratch.epoch:   # -1: no scratch, any stream
             try:
                 p = self._plan(x, out, stream)
             except Exception as e:  # noqa: BLE001 - a route that cannot plan falls back, once
@@ -181,8 +173,13 @@ class BoundW4A16(_BoundDense):
             return None
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         need = sk * tiles * bm * bn if sk > 1 else 4
-        ws = self.scratch.get(stream, "ws", need, torch.float32, x.device)
-        locks = self.scratch.get(stream, "locks", max(4, tiles) if sk > 1 else 4, torch.int32, x.device, zero=True)
+        pool = self.scratch
+        if sk > 1:
+            ws = pool.get(stream, "splitk.ws", need, torch.float32, x.device)
+            locks = pool.get(stream, "splitk.locks", max(4, tiles), torch.int32, x.device, zero=True)
+        else:                   # the kernel touches neither: placeholders that never grow a real buffer
+            ws, locks = pool.get(stream, "unused.f32", 4, torch.float32, x.device), \
+                pool.get(stream, "unused.i32", 4, torch.int32, x.device)
         w = self.weight
         consts = {**inner._consts, "SPLIT_K": sk}
         kw = {"num_warps": prm["num_warps"], "num_stages": prm["num_stages"], **consts}
@@ -193,9 +190,10 @@ class BoundW4A16(_BoundDense):
         note_compiled(inner, ck, x.device, lambda arch: smem_bytes(prm, self.problem.w_fmt, arch))
         d = direct.Direct(ck)
         tail = direct.constexprs(fn, 10, consts)
-        p = (stream if sk > 1 else -1, None, d.run, tiles, sk, d.function, d.metadata, self.w_ptrs,
+        p = (stream if sk > 1 else -1, pool.epoch, d.run, tiles, sk, d.function, d.metadata, self.w_ptrs,
              (ws.data_ptr(), locks.data_ptr()), (n, k, *tail))
-        if len(self.plans) < MAX_PLANS or m in self.plans:
+        # counters allocated under capture are zeroed only by the graph: plan again outside it
+        if (len(self.plans) < MAX_PLANS or m in self.plans) and not pool.dirty:
             self.plans[m] = p
         return p
 
@@ -212,7 +210,7 @@ class BoundDequantCublas(_BoundDense):
             return self._fallback(x, out)
         stream = self._stream(self.device.index)
         p = self.plans.get(stream)
-        if p is None:
+        if p is None or p[7] != self.scratch.epoch:
             try:
                 p = self._plan(stream)
             except Exception as e:  # noqa: BLE001
@@ -228,13 +226,14 @@ class BoundDequantCublas(_BoundDense):
 
         from .kernel import dequant_bf16_kernel as fn
         inner, prm, n, k = self.inner, self.inner.params, self.n, self.k
-        wbuf = self.scratch.get(stream, "wbuf", n * k, torch.bfloat16, self.device).view(-1)[:n * k].view(n, k)
+        wbuf = self.scratch.get(stream, "dequant.wbuf", n * k, torch.bfloat16, self.device).view(-1)[:n * k].view(n, k)
         grid = (triton.cdiv(n, prm["block_n"]), k // prm["block_k"])
         w = self.weight
         kw = {"num_warps": prm["num_warps"], **inner._consts}
         ck = direct.compiled(fn, grid, (w.packed, w.scales, w.global_scale, wbuf, n, k), kw)
         d = direct.Direct(ck)
         tail = direct.constexprs(fn, 6, inner._consts)
-        p = (d.run, grid[0], grid[1], d.function, d.metadata, (*self.w_ptrs, wbuf.data_ptr(), n, k, *tail), wbuf.T)
+        p = (d.run, grid[0], grid[1], d.function, d.metadata, (*self.w_ptrs, wbuf.data_ptr(), n, k, *tail), wbuf.T,
+             self.scratch.epoch)
         self.plans[stream] = p
         return p

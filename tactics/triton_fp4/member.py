@@ -20,7 +20,7 @@ FAMILY = "triton"
 #: sources every member's measured numbers depend on besides its own (autotune.core.codekey): the
 #: family's build/bind glue, the shared launcher (autotune.tactics.base), argument and pack helpers, the
 #: compile path and the core values they use; relative to this package
-SHARED_CODE = (".family", ".members", ".member", ".args", ".compile", ".compat", "..base",
+SHARED_CODE = (".family", ".members", ".member", ".args", ".compile", ".compat", "..base", "..scratch",
                "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands",
                "autotune.core.problem", "autotune.core.settings", "autotune.core.tactic")
 #: elements per block scale

@@ -12,8 +12,9 @@ Input: topk_ids [M, top_k] (int32 or int64; -1 = expert not on this rank). Outpu
 max_blocks = ⌈P / BLOCK_M⌉ + min(E, P) bounds the padded total (each expert that is hit wastes
 < BLOCK_M rows), so every buffer has a size known on the host: no host sync, CUDA-graph safe.
 Pairs with id -1 contribute nothing (no row, no padding). Ids ≥ E (or < -1) are dropped the same
-way and set `bad`: the caller checks it cheaply, with one 4-byte read when not capturing
-(`Alignment.raise_if_bad()`, which the launchers call), or after a graph replay. Deterministic:
+way and set `bad`: a caller may check it with one 4-byte read when not capturing
+(`Alignment.raise_if_bad()`, a host sync), or after a graph replay; nothing on the serving path
+reads it (the decode kernel flags the same ids in its own word: docs/moe-decode.md part 3). Deterministic:
 no atomics; every position is written by exactly one program.
 
 Kernels. Pairs are cut into chunks of CHUNK. `_moe_count_kernel` (one program per chunk) writes

@@ -26,6 +26,7 @@ import os
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
+from autotune.core import settings as _settings
 from autotune.core.codekey import Code
 from autotune.core.operands import x_per_pair
 from autotune.core.problem import Problem
@@ -34,6 +35,7 @@ from autotune.core.tactic import Tactic, Verdict
 from . import compat as _compat
 from . import smem as _smem
 from autotune.tactics.base import LauncherBase
+from autotune.tactics.scratch import PoolUser, capturing, stream_key
 
 from .member import FAMILY, SHARED_CODE, check_axes, grid
 
@@ -213,9 +215,10 @@ def is_interpreting() -> bool:
 
 
 def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str | None = None,
-                  check_ids: bool = True) -> "MoEDecodeLauncher":
+                  check_ids: bool | None = None) -> "MoEDecodeLauncher":
     """`epilogue` None: the problem's own (Problem.epilogue); a "none" problem may also be run with
-    another epilogue (the bench compares the forms on one problem)."""
+    another epilogue (the bench compares the forms on one problem). check_ids None:
+    $AUTOTUNE_CHECK_IDS (off by default: no host read after a call)."""
     own = getattr(problem, "epilogue", "none")
     epilogue = own if epilogue is None else epilogue
     why = validate(config) or supported(problem)
@@ -227,7 +230,7 @@ def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str | None 
         why = f"block_k {config['block_k']} / block_n {config['block_n']} must divide K={problem.k} / N={problem.n}"
     if why:
         raise ValueError(why)
-    return MoEDecodeLauncher(problem, dict(config), epilogue, check_ids)
+    return MoEDecodeLauncher(problem, dict(config), epilogue, _settings.check_ids() if check_ids is None else check_ids)
 
 
 def chunk_tokens(params: Mapping[str, Any], problem: Any) -> int | None:
@@ -241,13 +244,15 @@ def chunk_tokens(params: Mapping[str, Any], problem: Any) -> int | None:
     return max(1, MAX_WORKSPACE_BYTES // (sk * problem.top_k * problem.n * 4))
 
 
-class MoEDecodeLauncher(LauncherBase):
+class MoEDecodeLauncher(PoolUser, LauncherBase):
     """(x, w, topk_ids, topk_weights=None, out=None, aligned=None) → bf16 [M, top_k, N] (or N/2 with
-    the SwiGLU epilogue). Owns the split-K workspace and counters (one launch at a time) and a
-    sticky bad-id word (`bad`): rows of pairs with ids outside [-1, E) are NaN, never a plausible
-    value. With check_ids (default) an eager call reads that word after the launch (one 4-byte
-    read, a host sync) and raises ValueError; graph capture skips the read. With check_ids=False
-    the caller reads `launcher.bad` when it likes (e.g. once per step, after a graph replay)."""
+    the SwiGLU epilogue). Takes its split-K workspace, counters and reduce rows from a ScratchPool
+    (its own, or the dispatcher's after `attach`: one launch at a time per stream) and sets a sticky
+    bad-id word (`bad`; its own or the attached one): rows of pairs with ids outside [-1, E) are
+    NaN, never a plausible value. Nothing is read on the host by default: the caller reads the word
+    when it likes (FP4MoE.routing_errors(), once per step). With check_ids (make_launcher's
+    check_ids=True or $AUTOTUNE_CHECK_IDS=1) an eager call reads it after the launch (one 4-byte
+    read, a host sync) and raises ValueError; graph capture skips the read."""
 
     #: no host sync under CUDA-graph capture (alignment on the device, buffers sized by M, the
     #: bad-id read skipped): the runtime may capture it (runtime/nn.py)
@@ -259,8 +264,8 @@ class MoEDecodeLauncher(LauncherBase):
         self.compiled = None
         self.smem_compiled: int | None = None
         self.smem_model: int | None = None
-        self._ws = self._locks = self._bad = self._aligner = self._red = self._cnt = None
-        self._retired: list = []      # outgrown buffers: a graph captured earlier still points at them
+        self._init_pool()
+        self._aligner = None
         self.n_out = problem.n // 2 if epilogue == "swiglu" else problem.n
 
     def check(self, x, w, topk_ids, topk_weights, out):
@@ -321,43 +326,37 @@ class MoEDecodeLauncher(LauncherBase):
         return Aligner(experts, block_m)
 
     def release(self) -> None:
-        """Workspace, counters, bad-id word, reduce buffers, own aligner and the outgrown buffers
-        (the compiled kernel stays)."""
-        self._ws = self._locks = self._bad = self._aligner = self._red = self._cnt = None
-        self._retired.clear()
+        """Its own workspace, counters, reduce buffers, bad-id word and aligner (the compiled kernel
+        stays; a dispatcher's pool and word are the dispatcher's)."""
+        self._own.clear()
+        self._bad = self._aligner = None
+
+    def counters(self) -> list:
+        """The split-K and reduce counters it launched with (tests: the kernel leaves them zero)."""
+        return [b for (_, _, name), b in self.scratch.bufs.items() if name in ("splitk.locks", "reduce.cnt")]
 
     def _aligned_route(self, pairs: int) -> bool:
         return self.params["route"] == "aligned" or pairs > DIRECT_MAX_PAIRS
 
-    def _scratch(self, sk: int, pairs: int, locks: int, device):
+    def _scratch(self, sk: int, pairs: int, locks: int, device, s: int | None = None):
         import torch
-        need = sk * pairs * self.problem.n if sk > 1 else 4
-        if (self._ws is None or self._ws.numel() < need or self._locks.numel() < locks
-                or self._ws.device != device):
-            if self._ws is not None:
-                self._retired.append((self._ws, self._locks))
-            self._ws = torch.empty(need, dtype=torch.float32, device=device)
-            self._locks = torch.zeros(max(4, locks), dtype=torch.int32, device=device)
-        if self._bad is None or self._bad.device != device:
-            self._bad = torch.zeros(1, dtype=torch.int32, device=device)
-        return self._ws, self._locks, self._bad
+        s, pool = stream_key(device) if s is None else s, self.scratch
+        if sk == 1:             # the kernel touches neither: placeholders that never grow a real buffer
+            ws, lk = pool.get(s, "unused.f32", 4, torch.float32, device), pool.get(s, "unused.i32", 4, torch.int32, device)
+        else:
+            ws = pool.get(s, "splitk.ws", sk * pairs * self.problem.n, torch.float32, device)
+            lk = pool.get(s, "splitk.locks", max(4, locks), torch.int32, device, zero=True)
+        return ws, lk, self._word(device)
 
-    def _reduce_scratch(self, m: int, device):
+    def _reduce_scratch(self, m: int, device, s: int | None = None):
         """REDUCE: fp32 rows [P, N] and zeroed counters [M, N tiles] (the kernel leaves them zero)."""
         import torch
+        s, pool, prob = stream_key(device) if s is None else s, self.scratch, self.problem
         if self.epilogue != "reduce":
-            if self._red is None or self._red.device != device:
-                self._red = torch.empty(1, dtype=torch.float32, device=device)
-                self._cnt = torch.empty(1, dtype=torch.int32, device=device)
-            return self._red, self._cnt
-        prob = self.problem
+            return pool.get(s, "unused.f32", 4, torch.float32, device), pool.get(s, "unused.i32", 4, torch.int32, device)
         rows, cnts = m * prob.top_k * prob.n, m * (prob.n // self.params["block_n"])
-        if self._red is None or self._red.numel() < rows or self._cnt.numel() < cnts or self._red.device != device:
-            if self._red is not None:
-                self._retired.append((self._red, self._cnt))
-            self._red = torch.empty(rows, dtype=torch.float32, device=device)
-            self._cnt = torch.zeros(cnts, dtype=torch.int32, device=device)
-        return self._red, self._cnt
+        return (pool.get(s, "reduce.rows", rows, torch.float32, device),
+                pool.get(s, "reduce.cnt", cnts, torch.int32, device, zero=True))
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None):
         import torch
@@ -393,8 +392,9 @@ class MoEDecodeLauncher(LauncherBase):
             g_main, sorted_ids, expert_ids = pairs, ids, ids       # unused by the direct route
         n_tiles = prob.n // p["block_n"]
         sk = p["split_k"]
-        ws, locks, bad = self._scratch(sk, pairs, g_main * n_tiles, x.device)
-        red, cnt = self._reduce_scratch(m, x.device)
+        stream = stream_key(x.device)
+        ws, locks, bad = self._scratch(sk, pairs, g_main * n_tiles, x.device, stream)
+        red, cnt = self._reduce_scratch(m, x.device, stream)
         routed = topk_weights is not None
         tw = (topk_weights.to(torch.float32).contiguous() if routed
               else torch.empty(1, dtype=torch.float32, device=x.device))
@@ -410,14 +410,9 @@ class MoEDecodeLauncher(LauncherBase):
             locks, bad, red, cnt, pairs, g_main, prob.n, prob.k, num_warps=p["num_warps"], num_stages=p["num_stages"],
             **consts)
         note_compiled(self, ck, x.device, lambda arch: smem_bytes(p, prob.w_fmt, arch))
-        if self.check_ids:
+        if self.check_ids and not capturing(x.device):
             _al.raise_if_bad(bad, "topk_ids")
         return out
-
-    @property
-    def bad(self):
-        """The sticky bad-id word (int32 [1] on the device), None before the first call."""
-        return self._bad
 
 
 # ---- the family member --------------------------------------------------------------------------

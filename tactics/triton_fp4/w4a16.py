@@ -159,10 +159,16 @@ class W4A16Launcher(Remember):
     def _scratch(self, sk: int, tiles: int, device):
         """Workspace [sk, tiles, BM·BN] fp32 and `tiles` zeroed counters (grown on demand, at least
         doubling, so the retired buffers stay under the live one's size; without split-K the kernel
-        touches neither and they stay at 4 elements)."""
+        touches neither and they stay at 4 elements). Attached to a dispatcher's pool
+        (tactics/scratch.py): that pool's buffers for the current stream instead."""
         import torch
         need = sk * tiles * self.params["block_m"] * self.params["block_n"] if sk > 1 else 4
         nlocks = max(4, tiles) if sk > 1 else 4
+        if self._pool is not None:
+            from autotune.tactics.scratch import stream_key
+            s, names = stream_key(device), ("splitk.ws", "splitk.locks") if sk > 1 else ("unused.f32", "unused.i32")
+            return (self._pool.get(s, names[0], need, torch.float32, device),
+                    self._pool.get(s, names[1], nlocks, torch.int32, device, zero=sk > 1))
         if self._ws is None or self._ws.numel() < need or self._locks.numel() < nlocks or self._ws.device != device:
             if self._ws is not None:
                 self._retired.append((self._ws, self._locks))

@@ -1,32 +1,41 @@
 """A test-only copy of the `cuda` family whose grouped-MoE runner is `autotune.tactics.cuda.moe.emulate`
 (the kernel's grid ported to the CPU, CTA by CTA) behind the launcher's own argument check; every
-other part (space, verdicts, stacked layout, build/bind checks, the shared bound launcher) is the
-real family. It lets the grouped kernel's indexing be checked on the CPU against float64."""
+other part (space, verdicts, stacked layout, build/bind checks, the shared bound launcher, the
+launcher's scratch: split-K workspace and reduce rows from its ScratchPool, the bad-id word, the
+opt-in raise) is the real family. It lets the grouped kernel's indexing be checked on the CPU
+against float64."""
 from __future__ import annotations
-
-import torch
 
 from autotune.tactics.cuda import moe as MOE
 from autotune.tactics.cuda.family import CudaFamily
 
 
-class _CpuMoeRun:
+class _CpuMoeRun(MOE.MoeScratch):
     capture_safe = False
     checks_ids = True
 
-    def __init__(self, problem, tactic):
+    def __init__(self, problem, tactic, check_ids=None):
         self.problem, self.tactic = problem, tactic
-        self.bad = torch.zeros(1, dtype=torch.int32)
+        self.cfg = MOE.config(problem, tactic)
+        self._init_scratch(check_ids)
         self.released = 0
 
     def release(self) -> None:
         self.released += 1
+        super().release()
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None):
-        _, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False)
-        MOE.emulate(self.problem, self.tactic, x, w, topk_ids, topk_weights, out, self.bad)
-        MOE.raise_if_bad(self.bad)
+        m, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False)
+        pairs = min(m, self.chunk_tokens()) * self.problem.top_k      # the largest launch's pairs
+        ws, _, bad = self._scratch(pairs, x.device)
+        red, _ = self._reduce_scratch(pairs, x.device)
+        MOE.emulate(self.problem, self.tactic, x, w, topk_ids, topk_weights, out, bad, ws=ws, red=red)
+        if self.check_ids:
+            MOE.raise_if_bad(bad)
         return out
+
+    def chunk_tokens(self) -> int:
+        return max(1, MOE.MAX_PAIRS // self.problem.top_k)
 
 
 class CudaMoeCpu(CudaFamily):
