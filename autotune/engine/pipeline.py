@@ -52,16 +52,31 @@ def compiles(t: Tactic) -> bool:
     return registry.get(t.family).compiles
 
 
+def prestart(families: Sequence, device: str, target: Arch, runner) -> precompile.Pool | None:
+    """A compile pool whose workers start (and import the compiling families) now, while the
+    search plans; None when nothing of these families can compile here or the search keeps the
+    barrier. The caller closes it (through the Pipeline `start` makes of it, or itself)."""
+    names = sorted(f.name for f in families if f.compiles and f.available(device)[0])
+    if not names or not overlaps(runner):
+        return None
+    pool = _pool(target, runner, names)
+    pool.warm()
+    return pool
+
+
+def _pool(target: Arch, runner, names: Sequence[str]) -> precompile.Pool:
+    return precompile.Pool(target.name, runner.compile_workers, runner.families, timeout_s=runner.timeout_s,
+                           preload=names)
+
+
 class Pipeline:
     """One search's compile pool and what it knows of the kept rows (shared by its gates)."""
 
     def __init__(self, rows: dict, target: Arch, runner, report,
-                 failed: Callable, refilter: Callable):
+                 failed: Callable, refilter: Callable, pool: precompile.Pool | None = None):
         self.rows, self.target, self.report = rows, target, report     # rows: (problem key, id) -> Planned
         self._failed, self._refilter = failed, refilter
-        fams = sorted({r.tactic.family for r in rows.values()})
-        self.pool = precompile.Pool(target.name, runner.compile_workers, runner.families,
-                                    timeout_s=runner.timeout_s, preload=fams)
+        self.pool = pool or _pool(target, runner, sorted({r.tactic.family for r in rows.values()}))
         self._lock = threading.Lock()
         self.waited = 0
         self.closed = False
@@ -132,10 +147,11 @@ class Gate:
 
 
 def start(work: Sequence, jobs: Sequence, ranking, target: Arch, runner, report,
-          failed: Callable, refilter: Callable) -> tuple[Pipeline | None, dict[str, Gate]]:
-    """Start compiling for `jobs` (the search's, in order; `work`: its problems' kept rows) and
-    return the pipeline with one gate per problem that has a job to measure. (None, {}) when
-    nothing compiles."""
+          failed: Callable, refilter: Callable, pool: precompile.Pool | None = None
+          ) -> tuple[Pipeline | None, dict[str, Gate]]:
+    """Start compiling for `jobs` (the search's, in order; `work`: its problems' kept rows) in
+    `pool` (`prestart`'s) or a new one, and return the pipeline with one gate per problem that
+    has a job to measure. (None, {}) when nothing compiles (a given pool is left to the caller)."""
     rows = {(w.problem.key, r.tactic.id): r for w in work for r in w.kept if compiles(r.tactic)}
     order = list(dict.fromkeys(j.problem.key for j in jobs if j.tactics))
     if not rows or not order:
@@ -145,7 +161,7 @@ def start(work: Sequence, jobs: Sequence, ranking, target: Arch, runner, report,
     for (pk, tid) in rows:
         if pk in ahead and (firsts is None or (pk, tid) in firsts):
             ahead[pk].append((pk, tid))
-    pipe = Pipeline(rows, target, runner, report, failed, refilter)
+    pipe = Pipeline(rows, target, runner, report, failed, refilter, pool)
     for pi, pk in enumerate(order):
         pipe.submit(ahead[pk], lambda i, pi=pi: (AHEAD, pi, i))
     if ranking is not None:      # the rest of every job's candidates, batch by batch

@@ -169,6 +169,14 @@ class Pool:
                     heapq.heappush(self._heap, (prio, next(self._seq), key))
         self._wake()
 
+    def warm(self, k: int | None = None) -> None:
+        """Start up to k workers (default n) now, before anything is queued: their imports run
+        while the search still plans."""
+        with self._cv:
+            for _ in range(min(self.n if k is None else k, self.n) - len(self._workers)):
+                self._workers.append(_Worker(self.families, self._log, self.preload))
+        self._wake()
+
     def result(self, key: Hashable) -> Result | None:
         with self._cv:
             return self._results.get(key)

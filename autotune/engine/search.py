@@ -129,6 +129,7 @@ class _Search:
         self.problems, self.families, self.store, self.buckets = problems, families, store, buckets
         self.report = SearchReport(self.target.name, self.env.device)
         self.pipe: pipeline.Pipeline | None = None
+        self.pool = None                   # pipeline.prestart's compile pool, warming up while the search plans
         self.won: set = set()
         self._lock = threading.Lock()
         self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
@@ -244,7 +245,7 @@ class _Search:
     # 3'. precompile overlapped with measuring (autotune/engine/pipeline.py): the jobs carry gates
     def compile_ahead(self, work: list[_Work], jobs: list[Job]) -> list[Job]:
         self.pipe, gates = pipeline.start(work, jobs, self.ranking, self.target, self.o.runner, self.report,
-                                          self._compile_failed, self._without)
+                                          self._compile_failed, self._without, self.pool)
         return [replace(j, gate=gates.get(j.problem.key)) if j.tactics else j for j in jobs]
 
     def _without(self, job: Job, bad: set[str]) -> Job:
@@ -409,13 +410,13 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     """plan → store static rejections → precompile → jobs → run → winners. `kw` are SearchOptions
     fields (margin=, timer=, halving=, runner=, …), for callers that prefer keywords."""
     s = _Search(problems, families, store, buckets, replace(options or SearchOptions(), **kw))
-    planned = s.plan()
     if s.o.dry_run or s.target != s.live:
-        return s.plan_only(planned)
+        return s.plan_only(s.plan())
     s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
-    work = s.store_static(planned, s.runnable())
-    s.rank(work)
+    s.pool = pipeline.prestart(s.families, s.env.device, s.target, s.o.runner)   # compile workers import meanwhile
     try:
+        work = s.store_static(s.plan(), s.runnable())
+        s.rank(work)
         if pipeline.overlaps(s.o.runner):     # compile while measuring (autotune/engine/pipeline.py)
             s.run(s.compile_ahead(work, s.jobs(work)))
         else:                                 # Ray, --no-isolate: every precompile first
@@ -427,6 +428,8 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     finally:
         if s.pipe is not None:         # the background is dropped; the figures go into the stages
             s.pipe.close(s.report.stages)
+        elif s.pool is not None:       # warmed up, then nothing to compile
+            s.pool.close()
     if s.o.batch_invariant:
         s.invariant_winners(work)
     s.report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
