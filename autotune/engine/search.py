@@ -2,7 +2,8 @@
 
 A rejected tactic is never built, compiled or launched; its verdict is stored once (bucket 0
 stands for every bucket). Kept tactics are compiled ahead of time in parallel (families that
-compile), then each (problem, bucket) is a job for a worker process (autotune.engine.workers): checked
+compile) while the jobs are measured (autotune.engine.pipeline: a job waits only for its own
+tactics' compiles), and each (problem, bucket) is a job for a worker process (autotune.engine.workers): checked
 against a float64 reference, then timed by successive halving (autotune.engine.halving) — with
 `--strategy ranked` only the candidates a ranking model puts first (autotune.engine.strategy,
 autotune.engine.ranked). A failure —
@@ -407,7 +408,8 @@ class _Search:
 
 def search(problems: Sequence[Problem], *, families: Sequence[Family], store, buckets: Buckets,
            options: SearchOptions | None = None, **kw) -> SearchReport:
-    """plan → store static rejections → precompile → jobs → run → winners. `kw` are SearchOptions
+    """plan → store static rejections → rank → jobs → precompile overlapped with run → winners
+    (the compile pool warming up from the start; a barrier with Ray or --no-isolate). `kw` are SearchOptions
     fields (margin=, timer=, halving=, runner=, …), for callers that prefer keywords."""
     s = _Search(problems, families, store, buckets, replace(options or SearchOptions(), **kw))
     if s.o.dry_run or s.target != s.live:
