@@ -1,5 +1,5 @@
 """One summary of the README's main job (`autotune search --model glm5 --tp 8` on a fresh cache):
-wall time, time per stage, trials measured and failed by cause, jobs not measured, winners per
+wall time, time per stage (compile: waited on / overlapped), trials measured and failed by cause, jobs not measured, winners per
 (problem, bucket), the defaults among the layers the runtime builds for the model, the workers'
 peak device memory, with date, commit and versions.
 
@@ -122,6 +122,15 @@ def commit() -> str | None:
         return None
 
 
+def compile_figures(stages: dict) -> dict:
+    """The compile stage in two figures (autotune/engine/pipeline.py): `waited`, seconds the jobs
+    waited on compilation (the critical path; with the barrier, all of it), `overlapped`, seconds
+    the compile pool worked while no job waited (off the critical path; 0 with the barrier)."""
+    def sec(name: str) -> float:
+        return round(float((stages.get(name) or {}).get("seconds", 0.0)), 1)
+    return {"waited": sec("compile"), "overlapped": sec("compile overlapped")}
+
+
 def summarize(cache: str, *, search: dict | None = None, wall_s: float | None = None, model: str = "glm5",
               tp: int = 8, ep: int = 1, max_tokens: int = 8192, device: str = "cpu", command: str = "") -> dict:
     from autotune.core.buckets import hybrid
@@ -133,7 +142,8 @@ def summarize(cache: str, *, search: dict | None = None, wall_s: float | None = 
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(), "versions": versions(),
         "command": command, "wall_s": wall_s,
-        "stages": search.get("stages", {}), "notes": search.get("notes", []),
+        "stages": search.get("stages", {}), "compile_s": compile_figures(search.get("stages", {})),
+        "notes": search.get("notes", []),
         "trials": trials, "jobs": jobs, "winners": trials["winners"],
         "jobs_not_measured": search.get("job_failures", []),
         "served": served_layers(cache, model, tp, ep, buckets, device),
@@ -168,7 +178,8 @@ def main(argv=None) -> int:
     else:
         print(text)
     t = s["trials"]
-    print(f"wall {s['wall_s']} s; trials ok {t['ok']} dropped {t['dropped']} failed {t['failed']} "
+    print(f"wall {s['wall_s']} s; compile waited {s['compile_s']['waited']} s, overlapped "
+          f"{s['compile_s']['overlapped']} s; trials ok {t['ok']} dropped {t['dropped']} failed {t['failed']} "
           f"(framework {t['framework_failures']}); jobs not measured {len(s['jobs_not_measured'])}; "
           f"winners {s['winners']}/{s['jobs']}; served-layer defaults {s['served']['defaults']} "
           f"(not from their own bucket's winner: {s['served']['not_exact']})", file=sys.stderr)

@@ -51,22 +51,26 @@ def compile_kept(items: list, target: Arch, runner: Runner, report) -> list[tupl
                                       runner.compile_workers, runner.families, timeout_s=runner.timeout_s,
                                       isolate=runner.isolate)
     report.stages.add("compile", time.perf_counter() - t0, len(items))
-    report.compiled += len(items)
-    errors = []
-    for r, (err, smem, sig) in zip(items, results):
-        errors.append((err, sig))
-        if err is not None:
-            report.compile_failures.append(f"{r.problem.key} {r.tactic}: {err}")
-            continue
-        if smem is not None and r.verdict.smem_bytes is not None and smem != r.verdict.smem_bytes:
-            report.model_errors.append(f"{r.problem.key} {r.tactic}: compiler says smem {smem} on "
-                                       f"{target.name}, model {r.verdict.smem_bytes}")
-        if report.audit is not None and smem is not None:
-            report.audit.kept_compiled += 1
-            if smem > target.smem_per_block_optin:
-                report.audit.kept_over.append(f"{r.problem.key} {r.tactic}: compiled smem {smem} > "
-                                              f"{target.smem_per_block_optin}")
-    return errors
+    for r, (err, smem, _sig) in zip(items, results):
+        note_compiled(r, err, smem, target, report)
+    return [(err, sig) for err, _smem, sig in results]
+
+
+def note_compiled(r, err: str | None, smem: int | None, target: Arch, report) -> None:
+    """One kept tactic's precompile in the report: counted, its failure listed, a compiler smem
+    that disagrees with the verdict's noted, and with an audit a kept tactic over the limit."""
+    report.compiled += 1
+    if err is not None:
+        report.compile_failures.append(f"{r.problem.key} {r.tactic}: {err}")
+        return
+    if smem is not None and r.verdict.smem_bytes is not None and smem != r.verdict.smem_bytes:
+        report.model_errors.append(f"{r.problem.key} {r.tactic}: compiler says smem {smem} on "
+                                   f"{target.name}, model {r.verdict.smem_bytes}")
+    if report.audit is not None and smem is not None:
+        report.audit.kept_compiled += 1
+        if smem > target.smem_per_block_optin:
+            report.audit.kept_over.append(f"{r.problem.key} {r.tactic}: compiled smem {smem} > "
+                                          f"{target.smem_per_block_optin}")
 
 
 def compile_rejected(rows: list, target: Arch, runner: Runner, n: int, report, log=lambda s: None) -> None:

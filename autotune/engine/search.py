@@ -2,7 +2,8 @@
 
 A rejected tactic is never built, compiled or launched; its verdict is stored once (bucket 0
 stands for every bucket). Kept tactics are compiled ahead of time in parallel (families that
-compile), then each (problem, bucket) is a job for a worker process (autotune.engine.workers): checked
+compile) while the jobs are measured (autotune.engine.pipeline: a job waits only for its own
+tactics' compiles), and each (problem, bucket) is a job for a worker process (autotune.engine.workers): checked
 against a float64 reference, then timed by successive halving (autotune.engine.halving) — with
 `--strategy ranked` only the candidates a ranking model puts first (autotune.engine.strategy,
 autotune.engine.ranked). A failure —
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from autotune.core import codekey, winner as winner_rule
-from autotune.engine import audit, claims as job_claims, strategy, workers as workers_mod
+from autotune.engine import audit, claims as job_claims, pipeline, strategy, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
@@ -69,6 +70,7 @@ class Job:
     default_id: str
     smem_model: dict = field(default_factory=dict, compare=False, hash=False)   # tactic id -> verdict's figure
     rank: RankPlan | None = field(default=None, compare=False, hash=False)     # --strategy ranked: the plan
+    gate: "pipeline.Gate | None" = field(default=None, compare=False, hash=False)  # compiles it waits for
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,10 @@ class _Search:
             families = [f.with_compiler_figures(store) for f in families]
         self.problems, self.families, self.store, self.buckets = problems, families, store, buckets
         self.report = SearchReport(self.target.name, self.env.device)
+        self.pipe: pipeline.Pipeline | None = None
+        self.pool = None                   # pipeline.prestart's compile pool, warming up while the search plans
+        self.won: set = set()
+        self._lock = threading.Lock()
         self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
 
     # 1. plan: every tactic's static verdict
@@ -221,17 +227,40 @@ class _Search:
             return
         bad = set()
         for r, (err, sig) in zip(items, audit.compile_kept(items, self.target, self.o.runner, self.report)):
-            if err is None:
-                continue
-            bad.add((r.problem.key, r.tactic.id))
-            self.report.failed += 1
-            self.o.log(f"{r.problem.key} {r.tactic}: precompile failed: {err}")
-            with _store_stage(f"storing the precompile failure of {r.tactic} for {r.problem.key}"):
-                self.store.put_trial(_trial(r.problem, ALL_BUCKETS, r.tactic, self.env, self.lib_keys, "failed",
-                                            "precompile failed: " + err, smem_model=r.verdict.smem_bytes,
-                                            exit_signal=sig))
+            if err is not None:
+                bad.add((r.problem.key, r.tactic.id))
+                self._compile_failed(r, err, sig)
         for w in work:
             w.kept = [r for r in w.kept if (w.problem.key, r.tactic.id) not in bad]
+
+    def _compile_failed(self, r: Planned, err: str, sig: int | None) -> None:
+        """A failed precompile: a failed trial at bucket 0, which stands for every bucket."""
+        with self._lock:
+            self.report.failed += 1
+        self.o.log(f"{r.problem.key} {r.tactic}: precompile failed: {err}")
+        with _store_stage(f"storing the precompile failure of {r.tactic} for {r.problem.key}"):
+            self.store.put_trial(_trial(r.problem, ALL_BUCKETS, r.tactic, self.env, self.lib_keys, "failed",
+                                        "precompile failed: " + err, smem_model=r.verdict.smem_bytes,
+                                        exit_signal=sig))
+
+    # 3'. precompile overlapped with measuring (autotune/engine/pipeline.py): the jobs carry gates
+    def compile_ahead(self, work: list[_Work], jobs: list[Job]) -> list[Job]:
+        self.pipe, gates = pipeline.start(work, jobs, self.ranking, self.target, self.o.runner, self.report,
+                                          self._compile_failed, self._without, self.pool)
+        return [replace(j, gate=gates.get(j.problem.key)) if j.tactics else j for j in jobs]
+
+    def _without(self, job: Job, bad: set[str]) -> Job:
+        """`job` without the tactics whose precompile failed: what `jobs` makes after the barrier."""
+        if not bad:
+            return job
+        todo, plan = tuple(t for t in job.tactics if t.id not in bad), job.rank
+        if plan is not None:
+            keep = [i for i, t in enumerate(plan.order) if t.id not in bad]
+            plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
+            if ((job.problem.key, job.bucket) in self.won and not self.o.retry_failed
+                    and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
+                todo = ()
+        return replace(job, tactics=todo, rank=plan)
 
     # 4. jobs: one per (problem, bucket), without what the cache already holds
     def remaining(self, p: Problem, b: int, tactics: Iterable[Tactic]) -> tuple[Tactic, ...]:
@@ -245,8 +274,8 @@ class _Search:
 
     def jobs(self, work: list[_Work]) -> list[Job]:
         out = []
-        won = ({(x.problem_key, x.bucket) for x in self.store.winners(self.env.device_key)
-                if registry.fresh(self.lib_keys, x)} if self.ranking else set())
+        won = self.won = ({(x.problem_key, x.bucket) for x in self.store.winners(self.env.device_key)
+                           if registry.fresh(self.lib_keys, x)} if self.ranking else set())
         for w in work:
             ids = {r.tactic.id for r in w.kept}
             for b in self.buckets:
@@ -279,7 +308,7 @@ class _Search:
 
     # 5. run: measure the jobs; each trial is stored as it is decided
     def run(self, jobs: list[Job]) -> None:
-        report, store, env, lock = self.report, self.store, self.env, threading.Lock()
+        report, store, env, lock = self.report, self.store, self.env, self._lock
         bar = self.o.progress if isinstance(self.o.progress, Progress) else Bar(self.o.progress)
         bar.start(jobs, report.resumed)
         # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
@@ -379,21 +408,30 @@ class _Search:
 
 def search(problems: Sequence[Problem], *, families: Sequence[Family], store, buckets: Buckets,
            options: SearchOptions | None = None, **kw) -> SearchReport:
-    """plan → store static rejections → precompile → jobs → run → winners. `kw` are SearchOptions
+    """plan → store static rejections → rank → jobs → precompile overlapped with run → winners
+    (the compile pool warming up from the start; a barrier with Ray or --no-isolate). `kw` are SearchOptions
     fields (margin=, timer=, halving=, runner=, …), for callers that prefer keywords."""
     s = _Search(problems, families, store, buckets, replace(options or SearchOptions(), **kw))
-    planned = s.plan()
     if s.o.dry_run or s.target != s.live:
-        return s.plan_only(planned)
+        return s.plan_only(s.plan())
     s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
-    work = s.store_static(planned, s.runnable())
-    s.rank(work)
+    s.pool = pipeline.prestart(s.families, s.env.device, s.target, s.o.runner)   # compile workers import meanwhile
     try:
-        s.precompile(work)
-        s.run(s.jobs(work))
+        work = s.store_static(s.plan(), s.runnable())
+        s.rank(work)
+        if pipeline.overlaps(s.o.runner):     # compile while measuring (autotune/engine/pipeline.py)
+            s.run(s.compile_ahead(work, s.jobs(work)))
+        else:                                 # Ray, --no-isolate: every precompile first
+            s.precompile(work)
+            s.run(s.jobs(work))
     except KeyboardInterrupt as e:     # the caller still prints where the time went
         setattr(e, "report", s.report)
         raise
+    finally:
+        if s.pipe is not None:         # the background is dropped; the figures go into the stages
+            s.pipe.close(s.report.stages)
+        elif s.pool is not None:       # warmed up, then nothing to compile
+            s.pool.close()
     if s.o.batch_invariant:
         s.invariant_winners(work)
     s.report.winners.sort(key=lambda w: (w.problem_key, w.bucket))

@@ -43,7 +43,8 @@ class Runner:
     gpus: tuple[int, ...] = ()            # one worker per listed device; () = one worker
     workers: int = 1                      # worker processes when no GPUs are listed (CPU sharding)
     ray: str | None = None                # Ray address ("local" starts a local cluster)
-    compile_workers: int = 1              # joblib processes for ahead-of-time compilation
+    compile_workers: int = 1              # processes compiling ahead of timing (autotune.engine.precompile)
+    overlap_compile: bool = True          # measure while later tactics compile (autotune.engine.pipeline); False: a barrier
     timeout_s: float = DEFAULT_TIMEOUT_S
     families: dict = field(default_factory=dict)   # extra "name": "module:Class" for workers (tests)
 
@@ -268,6 +269,13 @@ def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, em
     if why is not None:
         _end(ex, job, stages)
         return f"input setup failed twice: {why}"
+    gate = getattr(job, "gate", None)     # compiles still running (autotune.engine.pipeline): wait for them
+    try:
+        if gate is not None:
+            job = gate.ready(job, stages)
+    except BaseException:
+        _end(ex, job, stages)
+        raise
 
     def em(o: Outcome) -> None:
         emit(o)
@@ -279,8 +287,12 @@ def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, em
     try:
         if getattr(job, "rank", None) is not None:     # --strategy ranked: batches of the plan, each halved
             todo = {t.id for t in job.tactics}
-            ranked.measure(lambda batch, e: measure(ex, [t for t in batch if t.id in todo], job.default_id, timer,
-                                                    halving, e), job.rank, em)
+
+            def run_batch(batch, e):
+                batch = [t for t in batch if t.id in todo]
+                measure(ex, gate.batch(batch, stages) if gate is not None else batch, job.default_id, timer,
+                        halving, e)
+            ranked.measure(run_batch, job.rank, em)
         else:
             measure(ex, job.tactics, job.default_id, timer, halving, em)
     finally:
