@@ -16,22 +16,21 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from autotune.core import codekey, winner as winner_rule
 from autotune.engine import audit, claims as job_claims, strategy, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
-from autotune.engine.timing import TimerConfig
-from autotune.engine.workers import Runner, Stages
+from autotune.engine.options import Runner, SearchOptions, TimerConfig  # noqa: F401  (re-exported)
+from autotune.engine.workers import Stages
 from autotune.core.buckets import Buckets
 from autotune.core.env import Env, current
-from autotune.engine.halving import Halving
-from autotune.engine.ranked import RankPlan, Ranked
+from autotune.engine.ranked import RankPlan
 from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
-from autotune.core.arch import ARCHS, Arch, detect
+from autotune.core.arch import ARCHS, detect
 from autotune.core.tactic import Tactic, Verdict
 from autotune.tactics import registry
 from autotune.tactics.base import Family
@@ -69,31 +68,6 @@ class Job:
     default_id: str
     smem_model: dict = field(default_factory=dict, compare=False, hash=False)   # tactic id -> verdict's figure
     rank: RankPlan | None = field(default=None, compare=False, hash=False)     # --strategy ranked: the plan
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """Everything about one search besides what (problems, families, buckets) and where (store)."""
-
-    arch: Arch | None = None              # target; default the live device
-    env: Env | None = None                # default: this machine (autotune.core.env.current)
-    margin: float = winner_rule.DEFAULT_MARGIN   # a winner must beat the default by this fraction
-    timer: TimerConfig = TimerConfig()    # the exhaustive timer (and the base of halving's rounds)
-    halving: Halving = Halving()
-    runner: Runner = Runner()
-    retry_failed: bool = False            # measure again tactics whose trials failed
-    dry_run: bool = False                 # verdicts only
-    compile_check: bool = False           # cross-compile kept tactics and compare smem with the verdicts
-    audit_rejected: int = 200             # compile_check: footprint-rejected tactics compiled per arch (seeded)
-    seed: int = 0
-    max_tactics: int | None = None        # at most this many kept tactics per family and problem
-    measure_unknown: bool = False         # also measure tactics whose verdict is unchecked ("unknown: ...")
-    strategy: str = "ranked"              # ranked (halving where no model covers the arch) | halving | exhaustive
-    ranked: Ranked = Ranked()             # the ranked strategy's knobs
-    rank_model: object = None             # a rankmodel.Model or its path; None: strategy.default_model
-    batch_invariant: bool = False         # one batch-invariant tactic per problem for every M
-    progress: Progress | bool = False     # True: a bar on the terminal; or a Progress (plain lines, tests)
-    log: Callable[[str], None] = lambda s: None
 
 
 @dataclass

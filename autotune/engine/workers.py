@@ -17,13 +17,14 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from autotune.engine import precompile, ranked, timing
 from autotune.engine.precompile import signal_name as _signal_name
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
 from autotune.engine.halving import measure
+from autotune.engine.options import DEFAULT_TIMEOUT_S, Runner  # noqa: F401  (declared with every other knob)
 from autotune.engine.stages import Stages
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
 from autotune.core.tactic import Tactic
@@ -31,30 +32,6 @@ from autotune.tactics import registry
 
 #: first reply of a new worker (imports torch, Triton, CUDA init) may take this long
 START_TIMEOUT_S = 180.0
-#: default limit for one check (build + compile + one call) or one timing request
-DEFAULT_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class Runner:
-    """How and where measurements run (see docs/search.md)."""
-
-    isolate: bool = True                  # one spawned worker process per device; False: in-process
-    gpus: tuple[int, ...] = ()            # one worker per listed device; () = one worker
-    workers: int = 1                      # worker processes when no GPUs are listed (CPU sharding)
-    ray: str | None = None                # Ray address ("local" starts a local cluster)
-    compile_workers: int = 1              # joblib processes for ahead-of-time compilation
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    families: dict = field(default_factory=dict)   # extra "name": "module:Class" for workers (tests)
-
-    def __post_init__(self):
-        for name in ("workers", "compile_workers"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
-        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
-        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
-            raise ValueError(f"--gpus must list distinct device indices, got {list(self.gpus)}")
 
 
 class InlineExecutor:
