@@ -19,10 +19,11 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 from autotune.core import codekey, winner as winner_rule
-from autotune.engine import audit, claims as job_claims, strategy, workers as workers_mod
+from autotune.engine import audit, claims as job_claims, strategies, strategy, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
+from autotune.engine.strategies.base import HalvingStrategy
 from autotune.engine.options import Runner, SearchOptions, TimerConfig  # noqa: F401  (re-exported)
 from autotune.engine.workers import Stages
 from autotune.core.buckets import Buckets
@@ -68,6 +69,7 @@ class Job:
     default_id: str
     smem_model: dict = field(default_factory=dict, compare=False, hash=False)   # tactic id -> verdict's figure
     rank: RankPlan | None = field(default=None, compare=False, hash=False)     # --strategy ranked: the plan
+    strategy: str = field(default=HalvingStrategy.name, compare=False)          # who measures it (strategies.get)
 
 
 @dataclass
@@ -87,12 +89,8 @@ class _Search:
     def __init__(self, problems: Sequence[Problem], families: Sequence[Family], store, buckets: Buckets,
                  o: SearchOptions):
         self.env = o.env or current()
-        if o.strategy not in strategy.STRATEGIES:
-            raise ValueError(f"strategy must be one of {', '.join(strategy.STRATEGIES)}, got {o.strategy!r}")
-        if o.strategy == "exhaustive" or o.halving.exhaustive:     # --exhaustive is --strategy exhaustive
-            o = replace(o, strategy="exhaustive", halving=replace(o.halving, exhaustive=True))
+        self.strategy, o = strategies.of(o)     # the registered strategy object (autotune/engine/strategies/)
         self.o = replace(o, runner=replace(o.runner, families={**registry.extra(), **o.runner.families}))
-        self.ranking: strategy.Ranking | None = None
         self.live = detect() if self.env.device == "cuda" else ARCHS["cpu"]
         self.target = o.arch or self.live
         if o.compile_check or (not o.dry_run and self.target == self.live):
@@ -187,10 +185,7 @@ class _Search:
         """Compile every kept tactic of families that can (Triton) ahead of the timing loop, in
         `runner.compile_workers` processes; the compiler's on-disk cache then serves the workers.
         A compile failure is a failed trial for every bucket (stored at bucket 0)."""
-        items = _compilable([r for w in work for r in w.kept])
-        if self.ranking is not None:        # ranked: what the first batches measure; the rest JIT at launch
-            first = strategy.first_batches(self.ranking)
-            items = [r for r in items if (r.problem.key, r.tactic.id) in first]
+        items = self.strategy.precompiled(_compilable([r for w in work for r in w.kept]))
         if not items:
             return
         bad = set()
@@ -210,46 +205,27 @@ class _Search:
     # 4. jobs: one per (problem, bucket), without what the cache already holds
     def remaining(self, p: Problem, b: int, tactics: Iterable[Tactic]) -> tuple[Tactic, ...]:
         """Of `tactics`, those the cache lacks at (p, b) under this search's libraries and code (resume)."""
-        redo = {"failed"} if self.o.retry_failed else set()
-        if self.o.halving.exhaustive:
-            redo.add("dropped")    # an exhaustive run times what halving dropped
+        redo = ({"failed"} if self.o.retry_failed else set()) | self.strategy.redo()
         done = {t.tactic_id: t for t in self.store.get_trials(p.key, b, self.env.device_key)
                 if registry.fresh(self.lib_keys, t)}
         return tuple(t for t in tactics if t.id not in done or done[t.id].status in redo)
 
     def jobs(self, work: list[_Work]) -> list[Job]:
+        """Each (problem, bucket) as the strategy measures it (ranked: its plan; finished ones empty)."""
         out = []
-        won = ({(x.problem_key, x.bucket) for x in self.store.winners(self.env.device_key)
-                if registry.fresh(self.lib_keys, x)} if self.ranking else set())
         for w in work:
             ids = {r.tactic.id for r in w.kept}
             for b in self.buckets:
                 todo = self.remaining(w.problem, b, [r.tactic for r in w.kept])
-                plan = self.ranking.plans.get((w.problem.key, b)) if self.ranking else None
-                if plan is not None:    # compile failures since planning are out
-                    keep = [i for i, t in enumerate(plan.order) if t.id in ids]
-                    plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
-                    if ((w.problem.key, b) in won and not self.o.retry_failed
-                            and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
-                        todo = ()       # finished before: its winner is stored and its first batch measured
-                        # (--retry-failed reopens it: a failure past the first batch is in todo)
-                else:
-                    self.report.resumed += len(w.kept) - len(todo)
-                out.append(Job(w.problem, b, todo, w.default.id, {r.tactic.id: r.verdict.smem_bytes for r in w.kept}, plan))
+                job, resumed = self.strategy.job(self, Job(w.problem, b, todo, w.default.id,
+                                                           {r.tactic.id: r.verdict.smem_bytes for r in w.kept}), ids)
+                self.report.resumed += (len(w.kept) - len(todo)) if resumed else 0
+                out.append(job)
         return out
 
-    # 2b. ranked: a model's plan per (problem, bucket), or halving as before when there is none
-    def rank(self, work: list[_Work]) -> None:
-        if self.o.strategy != "ranked":
-            return
-        model, note = strategy.load_model(self.o.rank_model, self.store, self.target, dict(self.env.libs))
-        if model is None:
-            self.report.notes.append(f"--strategy ranked: {note}; measuring by successive halving")
-            return
-        self.report.notes.append(f"--strategy ranked: {note}")
-        self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(self.buckets), self.target,
-                                                              self.env.sm_count or 0, self.store, self.env.device_key,
-                                                              self.o.ranked, self.lib_keys))
+    # 2b. the strategy plans (ranked: a model's plan per (problem, bucket), or halving when there is none)
+    def prepare(self, work: list[_Work]) -> None:
+        self.strategy.prepare(self, work)
 
     # 5. run: measure the jobs; each trial is stored as it is decided
     def run(self, jobs: list[Job]) -> None:
@@ -262,10 +238,7 @@ class _Search:
 
         def start(job: Job) -> Job | None:   # claim it; a ranked job is warm-started by its neighbours' winners
             job = claims.start(job)
-            if job is not None and job.rank is not None:
-                job = replace(job, rank=strategy.with_neighbours(job.rank, store, job.problem, job.bucket,
-                                                                 list(self.buckets), env.device_key, self.lib_keys))
-            return job
+            return self.strategy.start(self, job) if job is not None else None
 
         def record(job: Job, o: Outcome) -> None:
             t0 = time.perf_counter()
@@ -361,7 +334,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         return s.plan_only(planned)
     s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
     work = s.store_static(planned, s.runnable())
-    s.rank(work)
+    s.prepare(work)
     try:
         s.precompile(work)
         s.run(s.jobs(work))

@@ -20,10 +20,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from autotune.engine import precompile, ranked, timing
+from autotune.engine import precompile, strategies, timing
 from autotune.engine.precompile import signal_name as _signal_name
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
-from autotune.engine.halving import measure
+from autotune.engine.strategies.base import HalvingStrategy
 from autotune.engine.options import DEFAULT_TIMEOUT_S, Runner  # noqa: F401  (declared with every other knob)
 from autotune.engine.stages import Stages
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
@@ -254,12 +254,8 @@ def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, em
             except (TacticError, WorkerLost):
                 pass           # a lost worker holds nothing; the next request restarts it
     try:
-        if getattr(job, "rank", None) is not None:     # --strategy ranked: batches of the plan, each halved
-            todo = {t.id for t in job.tactics}
-            ranked.measure(lambda batch, e: measure(ex, [t for t in batch if t.id in todo], job.default_id, timer,
-                                                    halving, e), job.rank, em)
-        else:
-            measure(ex, job.tactics, job.default_id, timer, halving, em)
+        # the job's strategy measures it (autotune/engine/strategies/: ranked walks its plan's batches)
+        strategies.get(getattr(job, "strategy", HalvingStrategy.name)).measure(ex, job, timer, halving, em)
     finally:
         _end(ex, job, stages)
     return None

@@ -1,6 +1,7 @@
 """The search strategies, registered by name: what a search measures per (problem, bucket) and how.
 
-Each strategy is one module of this package (a class following `base.Strategy`); this registry is
+Each strategy is one module of this package (a class following `base.Strategy`, usually a subclass of
+`base.HalvingStrategy`); this registry is
 the only place that lists them, so the CLI's `--strategy` choices and help, `SearchOptions`'
 validation and the search's lookup all read it. Nothing here imports a strategy module (they load
 torch): `get` does, on first use.
@@ -34,11 +35,16 @@ def register(name: str, target: str, help: str) -> None:
     _LOADED.pop(name, None)
 
 
-register("ranked", "autotune.engine.strategies.ranked:Ranked",
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+    _LOADED.pop(name, None)
+
+
+register("ranked", "autotune.engine.strategies.ranked:RankedStrategy",
          "only the rank model's top candidates, neighbouring buckets' winners and the default, with an adaptive "
          "stop (no model for the arch: halving)")
-register("halving", "autotune.engine.strategies.halving:Halving", "every kept tactic, successive halving")
-register("exhaustive", "autotune.engine.strategies.exhaustive:Exhaustive", "every kept tactic fully timed")
+register("halving", "autotune.engine.strategies.halving:HalvingStrategy", "every kept tactic, successive halving")
+register("exhaustive", "autotune.engine.strategies.exhaustive:ExhaustiveStrategy", "every kept tactic fully timed")
 
 #: the strategy a search uses unless told (with --batch-invariant every candidate needs a time in every bucket)
 DEFAULT, INVARIANT_DEFAULT = "ranked", "halving"
@@ -66,3 +72,10 @@ def get(name: str):
         mod, cls = _REGISTRY[name].target.split(":")
         _LOADED[name] = getattr(importlib.import_module(mod), cls)
     return _LOADED[name]
+
+
+def of(o) -> tuple[Any, Any]:
+    """(the strategy object of a search with options `o`, the options as it runs them);
+    `--exhaustive` (Halving.exhaustive) is `--strategy exhaustive`."""
+    s = get("exhaustive" if o.halving.exhaustive else o.strategy)()
+    return s, s.configure(o)
