@@ -227,62 +227,25 @@ class _Search:
     def prepare(self, work: list[_Work]) -> None:
         self.strategy.prepare(self, work)
 
-    # 5. run: measure the jobs; each trial is stored as it is decided
+    # 5. run: measure the jobs; each trial is stored as it is decided (by the sink, _Results)
     def run(self, jobs: list[Job]) -> None:
-        report, store, env, lock = self.report, self.store, self.env, threading.Lock()
+        report, store, env = self.report, self.store, self.env
         bar = self.o.progress if isinstance(self.o.progress, Progress) else Bar(self.o.progress)
         bar.start(jobs, report.resumed)
         # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
         claims = job_claims.JobClaims(store, env.device_key, self._claim_keys(),
                                       lambda j: self.remaining(j.problem, j.bucket, j.tactics), self.ttl)
-
-        def start(job: Job) -> Job | None:   # claim it; a ranked job is warm-started by its neighbours' winners
-            job = claims.start(job)
-            return self.strategy.start(self, job) if job is not None else None
-
-        def record(job: Job, o: Outcome) -> None:
-            t0 = time.perf_counter()
-            t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
-            note = o.reason
-            if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
-                note = f"model error: compiler says smem {o.smem_compiled}, model {smem_model}"
-                with lock:
-                    report.model_errors.append(f"{job.problem.key} {t}: {note}")
-            with _store_stage(f"storing the {o.status} trial of {t} for {job.problem.key} m={job.bucket}"):
-                store.put_trial(_trial(job.problem, job.bucket, t, env, self.lib_keys, o.status, note,
-                                       median_us=o.median_us, iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err,
-                                       smem_model=smem_model, smem_compiled=o.smem_compiled,
-                                       exit_signal=o.exit_signal))
-            with lock:
-                report.measured += o.status != "failed"
-                report.dropped += o.status == "dropped"
-                report.failed += o.status == "failed"
-                if o.status == "failed":
-                    self.o.log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
-            bar.advance(1)
-            report.stages.add("store", time.perf_counter() - t0)
-
-        def finish(job: Job, failure: str | None = None) -> None:
-            if failure is not None:        # the job's own condition: nothing stored, its tactics stay unmeasured
-                with lock:
-                    report.job_failures.append(f"{job.problem.key} m={job.bucket}: {failure}")
-                self.o.log(f"{job.problem.key} m={job.bucket}: not measured: {failure}")
-            with _store_stage(f"storing the winner of {job.problem.key} m={job.bucket}"):
-                self.winner(job, lock)
-            bar.job_done(job)
-            claims.done(job)
-
+        sink = _Results(self, bar, claims)
         try:
             todo = [j for j in jobs if j.tactics]
             for j in jobs:
                 if not j.tactics:
-                    finish(j)
+                    sink.finished(j)
             o = self.o
             run = workers_mod.run_ray if o.runner.ray else workers_mod.run_local
-            run(todo, o.runner, env.device, o.timer, o.halving, o.seed, record, finish, report.shards,
-                claims.beating(report.stages), start=start)
+            run(todo, o.runner, env.device, o.timer, o.halving, o.seed, sink)
             for j in claims.settled():     # skipped, and finished by their search meanwhile: read the winners
-                finish(j)
+                sink.finished(j)
         finally:
             bar.close()
             claims.close()
@@ -322,6 +285,60 @@ class _Search:
 
     def _sampled(self, kept: list[Planned]) -> list[Planned]:
         return _sample(kept, self.o.max_tactics) if self.o.max_tactics else kept
+
+
+class _Results:
+    """The search's sink (autotune.engine.sink.Sink), called from the worker threads: it claims each
+    job as a worker takes it, stores each trial as it is decided, writes the winner when a job ends,
+    and renews the claims on every heartbeat (each completed worker request)."""
+
+    def __init__(self, s: _Search, bar, claims: job_claims.JobClaims):
+        self.s, self.bar, self.claims, self.lock = s, bar, claims, threading.Lock()
+        self.stages = s.report.stages
+
+    def start(self, job: Job) -> Job | None:
+        """Claim it; the strategy may warm-start it (ranked: by its neighbours' winners)."""
+        job = self.claims.start(job)
+        return self.s.strategy.start(self.s, job) if job is not None else None
+
+    def outcome(self, job: Job, o: Outcome) -> None:
+        s, report, t0 = self.s, self.s.report, time.perf_counter()
+        t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
+        note = o.reason
+        if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
+            note = f"model error: compiler says smem {o.smem_compiled}, model {smem_model}"
+            with self.lock:
+                report.model_errors.append(f"{job.problem.key} {t}: {note}")
+        with _store_stage(f"storing the {o.status} trial of {t} for {job.problem.key} m={job.bucket}"):
+            s.store.put_trial(_trial(job.problem, job.bucket, t, s.env, s.lib_keys, o.status, note,
+                                     median_us=o.median_us, iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err,
+                                     smem_model=smem_model, smem_compiled=o.smem_compiled,
+                                     exit_signal=o.exit_signal))
+        with self.lock:
+            report.measured += o.status != "failed"
+            report.dropped += o.status == "dropped"
+            report.failed += o.status == "failed"
+            if o.status == "failed":
+                s.o.log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
+        self.bar.advance(1)
+        report.stages.add("store", time.perf_counter() - t0)
+
+    def finished(self, job: Job, failure: str | None = None, worker: str | None = None) -> None:
+        report = self.s.report
+        with self.lock:
+            if worker is not None:
+                report.shards[worker] = report.shards.get(worker, 0) + 1
+            if failure is not None:    # the job's own condition: nothing stored, its tactics stay unmeasured
+                report.job_failures.append(f"{job.problem.key} m={job.bucket}: {failure}")
+        if failure is not None:
+            self.s.o.log(f"{job.problem.key} m={job.bucket}: not measured: {failure}")
+        with _store_stage(f"storing the winner of {job.problem.key} m={job.bucket}"):
+            self.s.winner(job, self.lock)
+        self.bar.job_done(job)
+        self.claims.done(job)
+
+    def heartbeat(self) -> None:
+        self.claims.beat()
 
 
 def search(problems: Sequence[Problem], *, families: Sequence[Family], store, buckets: Buckets,
