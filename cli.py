@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from autotune import api
+from autotune import api, request
 from autotune.core.arch import ARCHS, detect
 from autotune.engine.claims import ClaimSettingError
 from autotune.engine.executor import WorkerStartError
@@ -68,79 +68,36 @@ def main():
     """Autotune FP4 GEMMs: static verdicts, checked timings, a SQLite tactic cache."""
 
 
+def _flag(fl):
+    """One click option from a declared flag (autotune/request.py, autotune/engine/options.py)."""
+    o = fl.opt
+    kw = dict(help=o.text(), default=fl.default, show_default=o.show_default)
+    if o.switch:
+        kw.update(is_flag=True, flag_value=o.flag_value)
+    elif o.options():
+        kw["type"] = click.Choice(list(o.options()))
+    elif o.type is not None:
+        kw["type"] = o.type
+    return click.option(*o.flag.split(" "), fl.key, **kw)
+
+
+def _flags(flags):
+    """A command's options from declared flags, in their order."""
+    def add(f):
+        for fl in reversed(flags):
+            f = _flag(fl)(f)
+        return f
+    return add
+
+
 @main.command()
-@click.option("--model", default=None, help="preset name (see `autotune models`) or a path to an HF config.json")
-@click.option("--from-misses", is_flag=True, help="tune the problems and M values dispatch recorded as misses (from $AUTOTUNE_MISSES or --cache; --model narrows them)")
-@click.option("--tp", default=1, show_default=True, help="tensor-parallel size")
-@click.option("--ep", default=1, show_default=True, help="expert-parallel size")
-@click.option("--arch", default=None, help="target arch (sm120, …); default: the live device")
-@click.option("--buckets", default=None, help="M buckets: '1,2,4,…', 'hybrid:8192', 'vllm:512' or 'sglang:256'")
-@click.option("--max-tokens", default=None, type=int, help="largest M: the hybrid buckets up to it [default: 8192]; with --buckets, values above it are dropped (and named)")
-@click.option("--families", default=None,
-              help="tactic families, comma-separated [default: every family the device and its installed libraries run]")
-@click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
-@click.option("--include-attention", is_flag=True, help="also tune the layers the checkpoint keeps in BF16")
-@click.option("--only", default=None, help="only problems whose key or layer names contain one of these comma-separated strings, e.g. grouped_moe or down_proj")
-@click.option("--fused-moe/--no-fused-moe", default=True, show_default=True,
-              help="the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) that FP4MoE serves, as their "
-                   "own problems")
-@click.option("--fold-shared", is_flag=True,
-              help="also the routed experts' problems with the shared expert folded in as one more, always routed "
-                   "expert (E+1, top_k+1: what FP4MoE(shared=...) runs)")
-@click.option("--margin", default=0.03, show_default=True, help="a winner must beat the default by this fraction")
-@click.option("--budget-ms", default=250, show_default=True, help="with --exhaustive: timing budget per tactic and bucket (ms)")
-@click.option("--budget-s", default=0.5, show_default=True, help="successive halving: timing budget per (problem, bucket) in seconds (per batch with --strategy ranked)")
-@click.option("--exhaustive", is_flag=True, help="time every kept tactic fully (no successive halving); same as --strategy exhaustive")
-@click.option("--strategy", type=click.Choice(["ranked", "halving", "exhaustive"]), default=None,
-              help="ranked: only the rank model's top candidates, neighbouring buckets' winners and the default, "
-                   "with an adaptive stop (no model for the arch: halving); halving: every kept tactic, successive "
-                   "halving; exhaustive: every kept tactic fully timed [default: ranked; halving with --batch-invariant]")
-@click.option("--rank-model", default=None, help="rank model file for --strategy ranked [default: <cache>.rank-<arch>.json, else the model shipped for the arch]")
-@click.option("--batch-invariant", is_flag=True,
-              help="one tactic per problem for every M, among tactics whose reduction order does not depend on M")
-@click.option("--gpus", default=None, help="shard the work over these devices, one worker each, e.g. 0,1,2,3 [default: every visible GPU]")
-@click.option("--workers", default=1, show_default=True, type=int, help="worker processes when --gpus is not given")
-@click.option("--ray", "ray_address", default=None, help="run jobs on a Ray cluster at this address ('local' starts one)")
-@click.option("--compile-workers", default=None, type=int, help="processes compiling ahead of timing [default: CPU cores]")
-@click.option("--compile-check", is_flag=True, help="with --arch: cross-compile kept tactics and compare smem with the verdicts")
-@click.option("--timeout-s", default=300.0, show_default=True, help="a tactic's precompile, build/check or timing past this is killed and failed")
-@click.option("--no-isolate", is_flag=True, help="measure in this process (debugging; a crashing tactic ends the search)")
-@click.option("--max-tactics", default=None, type=int, help="time at most this many kept tactics per family and problem (evenly spaced; the default is always timed)")
-@click.option("--retry-failed", is_flag=True, help="measure again tactics whose trials failed")
-@click.option("--measure-unknown", is_flag=True,
-              help="also measure tactics whose verdict is unknown (outside the region a smem model was checked on)")
-@click.option("--activations", type=click.Choice(["auto", "w4a4", "w4a16"]), default=None,
-              help="a W4A4 checkpoint (static activation scales): auto = the W4A4 problems where the arch has a "
-                   "W4A4 tactic, else W4A16 with a warning; the loaders (from_pretrained) read the same setting "
-                   "[default: $AUTOTUNE_ACTIVATIONS, else auto]")
-@click.option("--dry-run", is_flag=True, help="print the tactic space and verdicts; measure nothing")
-@click.option("--list-tactics", default=None, help="also print every tactic of these families (comma-separated) with its verdict and reason")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, fold_shared, margin, budget_ms,
-           budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
-           max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy=None,
-           rank_model=None, batch_invariant=False, activations=None):
+@_flags([*request.search_flags(), request.JSON])
+def search(as_json, **flags):
     """Tune every FP4 GEMM of a model and store the winners."""
-    ids: tuple[int, ...] = ()
-    if gpus is not None:
-        try:
-            ids = tuple(int(g) for g in gpus.split(",") if g.strip())
-        except ValueError:
-            raise BadInput(f"--gpus takes device indices like 0,1,2, got {gpus!r}") from None
-        if not ids:
-            raise BadInput(f"--gpus takes device indices like 0,1,2, got {gpus!r}")
     progress = Progress() if not sys.stderr.isatty() else True     # on stderr: --json output stays clean
     prev = _on_sigterm(_terminated)
     try:
-        res = _call(api.run, model, tp=tp, ep=ep, families=families, buckets=buckets, max_tokens=max_tokens,
-                    cache=cache, arch=arch, include_attention=include_attention, only=only, misses=from_misses,
-                    fused_moe=fused_moe, fold_shared=fold_shared,
-                    list_tactics=list_tactics, dry_run=dry_run, gpus=ids, workers=workers, ray=ray_address,
-                    compile_workers=compile_workers, timeout_s=timeout_s, isolate=not no_isolate, budget_s=budget_s,
-                    exhaustive=exhaustive, budget_ms=budget_ms, margin=margin, retry_failed=retry_failed,
-                    compile_check=compile_check, max_tactics=max_tactics, progress=progress,
-                    measure_unknown=measure_unknown, strategy=strategy, rank_model=rank_model,
-                    batch_invariant=batch_invariant, activations=activations)
+        res = _call(api.run, progress=progress, **flags)
     except (WorkerStartError, ClaimSettingError) as e:
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt as e:      # SIGINT, or SIGTERM through _terminated: the same cleanup ran
@@ -184,7 +141,7 @@ def archs():
 @click.option("--model", default=None, help="only this model's problems")
 @click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")
 @click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
-@click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
+@click.option("--cache", default=None, help=request.CACHE_HELP)
 @click.option("--misses", is_flag=True, help="list recorded dispatch misses instead of winners")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output: one object per winner (or miss)")
 @click.option("-v", "--verbose", is_flag=True,
@@ -227,8 +184,8 @@ def show(model, tp, ep, cache, misses, as_json, verbose=False, stale=False):
 @click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")
 @click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
 @click.option("--cache", multiple=True,
-              help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir); repeat it to "
-                   "read several caches as one, a later one winning on the same row")
+              help=request.CACHE_HELP + "; repeat it to read several caches as one, a later one winning on the "
+                   "same row")
 @click.option("--measure-ceilings", is_flag=True,
               help="first measure this machine's copy bandwidth and bf16 matmul rate and store them in the cache")
 @click.option("--plan-arch", default=None, help="also show static verdicts for these archs, e.g. sm100,sm120 (nothing measured)")
@@ -292,7 +249,7 @@ def _cache_export_flashinfer(output, gpu, model, tp, ep, cache, version, from_en
 @click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
 @click.option("--format", "fmt", type=click.Choice(["sqlite", "json", "flashinfer"]), default="sqlite", show_default=True,
               help="file format: a SQLite file, JSON (a checksum inside), or FlashInfer's autotuner cache")
-@click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
+@click.option("--cache", default=None, help=request.CACHE_HELP)
 @_flashinfer_options
 @click.option("--sign-key", default=None, help="sign with this key file (Ed25519 PEM private key, or an HMAC secret) [default: $AUTOTUNE_SIGNING_KEY_FILE, $AUTOTUNE_SIGNING_KEY, else unsigned]")
 def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist, sign_key):
@@ -318,7 +275,7 @@ def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, met
 
 @cache_group.command("import")
 @click.argument("path")
-@click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
+@click.option("--cache", default=None, help=request.CACHE_HELP)
 @click.option("--verify-key", default=None, help="refuse the file unless signed with this key (Ed25519 PEM public or private key, or an HMAC secret) [default: $AUTOTUNE_SIGNING_KEY_FILE, $AUTOTUNE_SIGNING_KEY, else not checked]")
 def cache_import(path, cache, verify_key):
     """Merge an exported file into the cache, validating every entry."""
@@ -359,7 +316,7 @@ def cache_merge(paths, output, fmt, verify_key, sign_key):
 
 
 @cache_group.command("rank-fit")
-@click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
+@click.option("--cache", default=None, help=request.CACHE_HELP)
 @click.option("-o", "--output", default=None, help="model file [default: <cache>.rank-<arch>.json, one per device]")
 @click.option("--device", default=None, help="only this device (device key or GPU name)")
 @click.option("--rounds", default=None, type=int, help="boosting rounds [default: 300]")
@@ -381,7 +338,7 @@ def cache_rank_fit(cache, output, device, rounds):
 @click.option("--stale-code", is_flag=True, help="drop rows measured with other kernel code than this install's (every GPU)")
 @click.option("--misses", "drop_misses", is_flag=True, help="also clear recorded misses")
 @click.option("--dry-run", is_flag=True, help="count what would go; delete nothing")
-@click.option("--cache", default=None, help="cache path or SQLAlchemy URL (default: $AUTOTUNE_CACHE or the user cache dir)")
+@click.option("--cache", default=None, help=request.CACHE_HELP)
 def cache_prune(keep_gpu, drop_gpu, stale_libs, drop_misses, dry_run, cache, stale_code=False):
     """Drop trials, winners and misses of environments no longer wanted."""
     rep = _call(api.prune, cache, keep_gpu=keep_gpu, drop_gpu=drop_gpu, stale_libs=stale_libs, misses=drop_misses,

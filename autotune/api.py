@@ -20,6 +20,9 @@ from autotune.core.arch import ARCHS, Arch, detect, get_arch
 from autotune.core.buckets import Buckets, hybrid
 from autotune.core.env import current
 from autotune.core.problem import Problem
+from autotune import request
+from autotune.engine import options, strategies
+from autotune.engine.options import OptionError
 from autotune.models import ModelError, ProblemUse, problems_for
 from autotune.report import collect, measure_ceilings as report_ceilings, show_misses, write_html
 from autotune.report.model import Summary, static_plans
@@ -166,92 +169,79 @@ class SearchResult:
     input_notes: list[str] = field(default_factory=list)
 
 
-def run(model: str | os.PathLike | Sequence[Problem] | None = None, *, tp: int = 1, ep: int = 1,
-        families: str | Sequence | None = None, buckets: Buckets | Sequence[int] | str | None = None,
-        max_tokens: int | None = None, cache=None, arch: str | None = None, include_attention: bool = False,
-        only: str | None = None, misses: bool = False, list_tactics: str | None = None, dry_run: bool = False,
-        fused_moe: bool = True, fold_shared: bool = False,
-        gpus: Sequence[int] = (), workers: int = 1, ray: str | None = None, compile_workers: int | None = None,
-        timeout_s: float | None = None, isolate: bool = True, budget_s: float | None = None,
-        exhaustive: bool = False, budget_ms: float | None = None, activations: str | None = None,
-        **options) -> SearchResult:
-    """One search as the CLI runs it; `options` are SearchOptions fields (margin, retry_failed, …).
+def run(model: str | os.PathLike | Sequence[Problem] | None = None, **kw) -> SearchResult:
+    """One search as the CLI runs it. The keywords are the CLI's flags by name (autotune/request.py's
+    `SearchInput`: tp, ep, families, buckets, max_tokens, cache, arch, only, …; and the flags of
+    autotune/engine/options.py: budget_s, workers, timeout_s, isolate, …) and `SearchOptions` fields
+    (margin, retry_failed, runner=, halving=, timer=, env=, …; a flag given over its group's object
+    sets that field). A refused value raises BadInput naming the flag.
 
     The defaults tune what the runtime serves with its defaults: every family that imports (those
     the device cannot run are left out with the reason), the routed experts' fused forms FP4MoE
     runs (fused_moe; `only` narrows), one worker per visible GPU, and the ranked strategy where a
     rank model covers the arch (else successive halving, and the notes say which).
     fold_shared: also the routed problems with the shared expert folded in (FP4MoE(shared=...))."""
-    if options.get("strategy") is None:     # --batch-invariant needs every candidate timed in every bucket
-        options["strategy"] = "halving" if options.get("batch_invariant") else "ranked"
-    from autotune.engine.halving import Halving
-    from autotune.engine.search import Runner, SearchOptions, plan, search as engine_search   # torch: see above
-    from autotune.engine.timing import TimerConfig
+    inp, top, nested = request.split({**kw, **({"model": model} if model is not None else {})})
+    if top.get("strategy") is None:     # --batch-invariant needs every candidate timed in every bucket
+        top["strategy"] = strategies.default(bool(top.get("batch_invariant")))
+    from autotune.engine.search import plan, search as engine_search   # torch: see above
 
     notes: list[str] = []
-    target = target_arch(arch)
-    if misses:
-        keys = {u.problem.key for u in model_problems(model, tp=tp, ep=ep, include_attention=include_attention,
-                                                      fused_moe=fused_moe, fold_shared=fold_shared,
-                                                      activations=activations, arch=target)} if model else None
+    target = target_arch(inp.arch)
+    model, cache = inp.model, inp.cache
+    if inp.misses:
+        keys = {u.problem.key for u in model_problems(model, tp=inp.tp, ep=inp.ep, include_attention=inp.include_attention,
+                                                      fused_moe=inp.fused_moe, fold_shared=inp.fold_shared,
+                                                      activations=inp.activations, arch=target)} if model else None
         uses, b = from_misses(cache, keys)
-        uses = _only(uses, only) if only else uses
+        uses = _only(uses, inp.only) if inp.only else uses
     elif model is None:
         raise BadInput("search needs --model (or --from-misses)")
     else:
         if isinstance(model, (str, os.PathLike)):
-            uses = model_problems(model, tp=tp, ep=ep, include_attention=include_attention, only=only,
-                                  fused_moe=fused_moe, fold_shared=fold_shared, activations=activations,
+            uses = model_problems(model, tp=inp.tp, ep=inp.ep, include_attention=inp.include_attention, only=inp.only,
+                                  fused_moe=inp.fused_moe, fold_shared=inp.fold_shared, activations=inp.activations,
                                   arch=target)
         else:
             uses = [ProblemUse(p, (), 1) for p in model]
+        buckets = inp.buckets
         if isinstance(buckets, Buckets) or (buckets is not None and not isinstance(buckets, str)):
             b = buckets if isinstance(buckets, Buckets) else _buckets_of(buckets)
         else:
-            b, note = parse_buckets(buckets, max_tokens)
+            b, note = parse_buckets(buckets, inp.max_tokens)
             notes += [note] if note else []
-    fams = parse_families(families)
-    margin = options.get("margin", 0.03)
-    if not 0 <= margin < 1:
-        raise BadInput(f"--margin must be in [0, 1), got {margin}")
-    if options.get("max_tactics") is not None and options["max_tactics"] < 1:
-        raise BadInput(f"--max-tactics must be >= 1, got {options['max_tactics']}")
-    if ray and not isolate:
-        raise BadInput("--ray and --no-isolate exclude each other")
-    env = options.get("env") or current()
+    fams = parse_families(inp.families)
+    env = top.get("env") or current()
     live = detect() if env.device == "cuda" else ARCHS["cpu"]
+    dry_run = bool(top.get("dry_run"))
     measuring = not dry_run and target == live
-    if gpus and not dry_run and env.device != "cuda":
-        raise BadInput(f"--gpus {','.join(map(str, gpus))}: this machine has no CUDA GPU")
-    if measuring and not gpus and not ray and isolate and workers == 1 and env.device == "cuda":
+    own_runner = "runner" not in top       # a caller's own Runner keeps its fields but for the flags given
+    if own_runner and nested.get("compile_workers") is None:
+        nested["compile_workers"] = os.cpu_count() or 1
+    try:
+        o = options.build({**top, "arch": target, "dry_run": not measuring}, nested)
+    except OptionError as e:
+        raise BadInput(e.flag_message) from None
+    r = o.runner
+    if r.ray and not r.isolate:
+        raise BadInput("--ray and --no-isolate exclude each other")
+    if r.gpus and not dry_run and env.device != "cuda":
+        raise BadInput(f"--gpus {','.join(map(str, r.gpus))}: this machine has no CUDA GPU")
+    if measuring and own_runner and not r.gpus and not r.ray and r.isolate and r.workers == 1 and env.device == "cuda":
         import torch
-        gpus = tuple(range(torch.cuda.device_count()))     # one worker per visible GPU
-    try:     # a caller's own Runner / Halving / TimerConfig (library use) wins over the flags
-        runner = options.pop("runner", None) or Runner(
-            isolate=isolate, gpus=tuple(gpus), workers=workers, ray=ray,
-            compile_workers=compile_workers if compile_workers is not None else (os.cpu_count() or 1),
-            **({"timeout_s": timeout_s} if timeout_s is not None else {}))
-        halving = options.pop("halving", None) or Halving(
-            exhaustive=exhaustive, **({"budget_s": budget_s} if budget_s is not None else {}))
-        timer = options.pop("timer", None) or TimerConfig()
-        if budget_ms is not None:
-            timer = replace(timer, budget_s=budget_ms / 1000)
-    except ValueError as e:
-        raise BadInput(_flag_message(str(e))) from None
+        o = replace(o, runner=replace(r, gpus=tuple(range(torch.cuda.device_count()))))   # one worker per GPU
     if measuring:
         _check_search_fits(uses, b, env)
     store = _search_store(cache) if measuring else None
     try:
-        report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b,
-                               options=SearchOptions(arch=target, runner=runner, halving=halving, timer=timer,
-                                                     dry_run=not measuring, **options))
+        report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b, options=o)
     except KeyboardInterrupt as e:
         setattr(e, "uses", uses)       # the CLI prints the partial report
         raise
     report.notes[:0] = notes
     listed = {}
-    if list_tactics:
-        names = {n.strip() for n in list_tactics.split(",")}
+    if inp.list_tactics:
+        names = {n.strip() for n in inp.list_tactics.split(",")}
         shown = [f for f in fams if f.name in names]
         listed = {p.key: rows for p, rows in plan([u.problem for u in uses], shown, target).items()}
     return SearchResult(report, uses, listed, store.url if store is not None else None, notes)
@@ -343,27 +333,16 @@ def _buckets_of(values: Sequence[int]) -> Buckets:
     return b
 
 
-def _flag_message(msg: str) -> str:
-    """Runner/Halving field names as the CLI spells them."""
-    for name, flag in (("compile_workers", "--compile-workers"), ("workers", "--workers"),
-                       ("timeout_s", "--timeout-s"), ("budget_s", "--budget-s")):
-        if msg.startswith(name + " "):
-            return flag + msg[len(name):]
-    return msg
-
-
-def search(model_or_problems: str | Sequence[Problem], *, tp: int = 1, ep: int = 1,
-           families: str | Sequence | None = None, buckets: Buckets | Sequence[int] | None = None,
-           max_tokens: int = DEFAULT_MAX_TOKENS, cache=None, arch: str | None = None, include_attention: bool = False,
-           dry_run: bool = False, **options):
+def search(model_or_problems: str | Sequence[Problem], *, buckets: Buckets | Sequence[int] | None = None,
+           max_tokens: int = DEFAULT_MAX_TOKENS, **kw):
     """Tune a model preset / config.json path, or an explicit list of Problems.
 
     Returns the SearchReport; winners land in `cache` (default: $AUTOTUNE_CACHE or the user
-    cache directory). `options` are SearchOptions fields (margin, timer, halving, runner, retry_failed…).
+    cache directory). The keywords are `run`'s (tp, ep, families, cache, arch, dry_run, …, and
+    SearchOptions fields: margin, timer, halving, runner, retry_failed…).
     """
     b = buckets if buckets is not None else Buckets(hybrid(max_tokens))   # explicit buckets are used as given
-    return run(model_or_problems, tp=tp, ep=ep, families=families, buckets=b, cache=cache, arch=arch,
-               include_attention=include_attention, dry_run=dry_run, **options).report
+    return run(model_or_problems, buckets=b, **kw).report
 
 
 @dataclass

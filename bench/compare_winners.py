@@ -80,6 +80,7 @@ def retime(a: str, b: str, max_bucket: int, within: float, device: str = "cuda")
     from autotune.engine.halving import Halving
     from autotune.engine.search import Job
     from autotune.engine.timing import TimerConfig
+    from autotune.engine.sink import Collect
     from autotune.engine.workers import InlineExecutor, ProcessExecutor, run_job
 
     def tactics(path):
@@ -93,9 +94,9 @@ def retime(a: str, b: str, max_bucket: int, within: float, device: str = "cuda")
     try:
         for pk, bk in keys:
             pair = tuple(dict.fromkeys((ta[pk, bk], tb[pk, bk])))
-            outs = []
-            failure = run_job(ex, Job(Problem.from_key(pk), bk, pair, tb[pk, bk].id), TimerConfig(), Halving(), 0,
-                              outs.append)
+            got = Collect()
+            failure = run_job(ex, Job(Problem.from_key(pk), bk, pair, tb[pk, bk].id), TimerConfig(), Halving(), 0, got)
+            outs = got.outcomes
             us = {o.tactic.id: (o.median_us if o.status == "ok" else None, o.reason) for o in outs}
             ua, ub = us.get(ta[pk, bk].id, (None, failure))[0], us.get(tb[pk, bk].id, (None, failure))[0]
             ok = ua is not None and ub is not None and ua <= ub * (1 + within)

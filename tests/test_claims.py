@@ -176,17 +176,16 @@ def test_job_claims_heartbeat_is_rate_limited_and_notices_a_lost_claim(tmp_path)
     job = jc.start(_job(4))
     assert job is not None and len(job.tactics) == 3
     key, peek = jc.key(job), Claims(store, "hostB:1:b", clock)
-    stages = jc.beating(_Stages())
     clock.t += 24                                  # under TTL/4 since the last beat: no write
-    stages.add("check", 0.1)
+    jc.beat()
     assert peek.get(key).expires_at == 1100
     clock.t += 1                                   # TTL/4: the next progress event renews
-    stages.add("check", 0.1)
-    assert peek.get(key).expires_at == 1125 and stages.data["check"] == [2, 0.2]
+    jc.beat()
+    assert peek.get(key).expires_at == 1125
     clock.t = 1125                                 # no event for a whole TTL (a hung request): expired
     assert peek.claim(key, 100).won
     clock.t += 30
-    stages.add("time", 0.1)                        # the next beat finds the claim taken
+    jc.beat()                                      # the next beat finds the claim taken
     assert jc.lost == {key}
     jc.done(job)                                   # finishing a lost claim leaves the other's alone
     assert peek.get(key).owner == "hostB:1:b" and peek.get(key).state == CLAIMED
@@ -234,18 +233,20 @@ def test_ttl_setting(monkeypatch):
             ttl_s(300)
 
 
-class _Stages:
-    def __init__(self):
-        self.data: dict = {}
-
-    def add(self, stage, seconds, n=1):
-        row = self.data.setdefault(stage, [0, 0.0])
-        row[0] += n
-        row[1] = round(row[1] + seconds, 6)
-
-    def merge(self, other):
-        for k, (n, s) in other.items():
-            self.add(k, s, n)
+def test_every_worker_request_is_a_heartbeat_of_the_sink_apart_from_the_stages():
+    """The claims are renewed through the result sink's heartbeat, one per executor request (setup,
+    check, time, free), not by wrapping the stage recorder: the figures stay the recorder's own."""
+    from autotune.engine import timing
+    from autotune.engine.halving import Halving
+    from autotune.engine.sink import Collect
+    from autotune.engine.workers import InlineExecutor, run_job
+    got = Collect()
+    job = _job(4)
+    assert run_job(InlineExecutor("cpu"), job, timing.TimerConfig(min_reps=2, max_reps=3, budget_s=0.01),
+                   Halving(budget_s=0.05), 0, got) is None
+    requests = sum(n for n, _ in got.stages.data.values())
+    assert got.beats == requests and requests >= 1 + 2 * len(job.tactics)     # setup, a check and a time each
+    assert sorted(o.tactic.id for o in got.outcomes) == sorted(t.id for t in job.tactics)
 
 
 # -- real `autotune search` processes on one cache ----------------------------------------------

@@ -211,7 +211,7 @@ def _jobs(store, path, cfg, **kw):
     s = _Search(PROBLEMS, [registry.get("torch")], store, Buckets.of((1, 8, 32)),
                 SearchOptions(timer=FAST, env=CPU, strategy="ranked", rank_model=path, ranked=cfg, **kw))
     work = s.store_static(s.plan(), s.runnable())
-    s.rank(work)
+    s.prepare(work)
     return s, {(j.problem.key, j.bucket): j for j in s.jobs(work)}
 
 

@@ -45,7 +45,8 @@ def test_memory_returns_to_the_weights_after_every_job_of_a_real_moe_problem():
     tactics whose launchers keep M·top_k·N fp32 reduce buffers: after every job the worker's
     allocated memory is back at its weights and packs (plus the bound), and nothing failed."""
     from autotune.core.arch import detect
-    from autotune.engine.workers import ProcessExecutor, Stages, run_job
+    from autotune.engine.sink import Collect
+    from autotune.engine.workers import ProcessExecutor, run_job
     from autotune.engine.search import Job
 
     p = Problem.moe(6144, 256, 256, 8, epilogue="reduce")
@@ -55,9 +56,10 @@ def test_memory_returns_to_the_weights_after_every_job_of_a_real_moe_problem():
     ex = ProcessExecutor("cuda", timeout_s=240)
     try:
         for m in (1, 1024, 8192, 64):
-            stages, outs = Stages(), []
+            got = Collect()
             failure = run_job(ex, Job(p, m, tuple(kept), kept[0].id), timing.TimerConfig(budget_s=0.01),
-                              Halving(budget_s=0.2), 0, outs.append, stages)
+                              Halving(budget_s=0.2), 0, got)
+            stages, outs = got.stages, got.outcomes
             assert failure is None
             assert all(o.status != "failed" for o in outs), [o.reason for o in outs if o.status == "failed"]
             mem = stages.memory

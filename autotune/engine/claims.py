@@ -4,7 +4,8 @@ The search claims a job when a worker is free to measure it, not up front, so se
 together spread over the jobs. Once claimed, the job's tactics are recomputed from the stored
 trials (another search may have measured some since this one planned). The claim is renewed
 from the search's own process on progress events — every setup/check/time request a worker
-completes (through the stages recorder) — at most every TTL/4, and marked done when the job's
+completes is a heartbeat of the search's result sink (autotune/engine/sink.py), which calls
+`JobClaims.beat` — at most every TTL/4, and marked done when the job's
 winner is written. A job claimed by a live owner elsewhere is skipped and reported; a rerun
 picks its winner up from the cache once that search has written it. Unfinished claims are
 released when the search ends, also on an error; a killed search's claims expire after the TTL
@@ -44,24 +45,6 @@ def ttl_s(timeout_s: float) -> float:
     if not (math.isfinite(v) and v > 0):
         raise ClaimSettingError(f"{TTL_ENV} must be a positive number of seconds, got {raw!r}")
     return v
-
-
-class _Beating:
-    """The search's stages recorder, renewing the claims on every event it records."""
-
-    def __init__(self, stages, beat: Callable[[], None]):
-        self._stages, self._beat = stages, beat
-
-    def add(self, *a, **kw) -> None:
-        self._stages.add(*a, **kw)
-        self._beat()
-
-    def merge(self, *a, **kw) -> None:
-        self._stages.merge(*a, **kw)
-        self._beat()
-
-    def __getattr__(self, name):
-        return getattr(self._stages, name)
 
 
 class JobClaims:
@@ -136,9 +119,6 @@ class JobClaims:
             self.elsewhere = [e for e in self.elsewhere if e not in done]
             self.settled_elsewhere += [j for j, _ in done]
         return [j for j, _ in done]
-
-    def beating(self, stages) -> _Beating:
-        return _Beating(stages, self.beat)
 
     def done(self, job) -> None:
         """The job's winner is written: mark its claim done (a job never claimed is left alone)."""

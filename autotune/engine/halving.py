@@ -15,42 +15,19 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Sequence
 
-from autotune.engine import timing
+from autotune.engine.options import Halving, TimerConfig  # declared with every other knob
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost
 from autotune.core.tactic import Tactic
 
 
-@dataclass(frozen=True)
-class Halving:
-    """Timing budget of one (problem, bucket), split over the rounds."""
-
-    # seconds of timing per (problem, bucket) after the checks (per batch under --strategy ranked):
-    # the whole GLM-5 TP8 main job on one H200 measured its ranked batches at 2 s each for 66 of 168
-    # jobs in 330 s; 0.5 s leaves each finalist ~5 interleaved cycles of >= 1 graph replay
-    budget_s: float = 0.5
-    eta: int = 3                # keep 1/eta per round
-    finalists: int = 3          # how many reach the interleaved round
-    cycles: int = 5             # interleaved cycles in the final round
-    final_share: float = 0.4    # fraction of the budget spent on the final round
-    exhaustive: bool = False
-    suspect: float = 0.5        # a best time under this share of the runner-up's is re-timed before it stands
-
-    def __post_init__(self):
-        if not 0 < self.budget_s < float("inf"):
-            raise ValueError(f"budget_s must be a positive number of seconds, got {self.budget_s!r}")
-        for name, low in (("eta", 2), ("finalists", 1), ("cycles", 1)):
-            if getattr(self, name) < low:
-                raise ValueError(f"successive halving: {name} must be >= {low}, got {getattr(self, name)!r}")
-
-
-def _round_timer(base: timing.TimerConfig, budget_s: float, min_reps: int) -> timing.TimerConfig:
+def _round_timer(base: TimerConfig, budget_s: float, min_reps: int) -> TimerConfig:
     return replace(base, budget_s=max(budget_s, 1e-4), min_reps=min_reps, max_reps=max(min_reps, base.max_reps))
 
 
-def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: timing.TimerConfig,
+def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: TimerConfig,
             halving: Halving, emit: Callable[[Outcome], None]) -> None:
     """Run one (problem, bucket) whose setup the executor already has."""
     checked: dict[str, dict] = {}
@@ -64,7 +41,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: tim
     alive = [t for t in tactics if t.id in checked]
     timings: dict[str, dict] = {}
 
-    def timed(t: Tactic, cfg: timing.TimerConfig) -> dict | None:
+    def timed(t: Tactic, cfg: TimerConfig) -> dict | None:
         try:
             return ex.time(t, cfg)
         except (TacticError, WorkerLost) as e:
@@ -108,7 +85,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: tim
         emit(done(t, "ok", notes.get(t.id, "")))
 
 
-def _confirm(alive: list[Tactic], timed, timings: dict, cfg: timing.TimerConfig, h: Halving) -> dict[str, str]:
+def _confirm(alive: list[Tactic], timed, timings: dict, cfg: TimerConfig, h: Halving) -> dict[str, str]:
     """A suspiciously fast best (under `h.suspect` × the runner-up's time: a timer glitch, a replay
     that ran nothing) is timed once more, and the new time stands, before it can win. Each tactic
     is re-timed at most once; two measurements that agree on a fast time are believed."""
@@ -127,7 +104,7 @@ def _confirm(alive: list[Tactic], timed, timings: dict, cfg: timing.TimerConfig,
     return notes
 
 
-def _final(alive: list[Tactic], timed, timings: dict, timer: timing.TimerConfig, h: Halving) -> None:
+def _final(alive: list[Tactic], timed, timings: dict, timer: TimerConfig, h: Halving) -> None:
     """A B C A B C …: one short timing of each finalist per cycle. The number of cycles fits the
     final share of the budget (measured on the first cycle), between 3 and `h.cycles`."""
     share = h.final_share * h.budget_s

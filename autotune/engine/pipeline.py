@@ -36,7 +36,7 @@ from typing import Callable, Hashable, Sequence
 
 from autotune.core.arch import Arch
 from autotune.core.tactic import Tactic
-from autotune.engine import audit, precompile, ranked, strategy
+from autotune.engine import audit, precompile, ranked
 from autotune.tactics import registry
 
 AHEAD, BACKGROUND = 1, 2      # priorities (smaller first); a job waiting on an item raises it above both
@@ -146,25 +146,27 @@ class Gate:
         return [t for t in tactics if (got.get((self.problem_key, t.id)) or (None,))[0] is None]
 
 
-def start(work: Sequence, jobs: Sequence, ranking, target: Arch, runner, report,
+def start(work: Sequence, jobs: Sequence, precompiled: Callable[[list], list], target: Arch, runner, report,
           failed: Callable, refilter: Callable, pool: precompile.Pool | None = None
           ) -> tuple[Pipeline | None, dict[str, Gate]]:
     """Start compiling for `jobs` (the search's, in order; `work`: its problems' kept rows) in
     `pool` (`prestart`'s) or a new one, and return the pipeline with one gate per problem that
-    has a job to measure. (None, {}) when nothing compiles (a given pool is left to the caller)."""
+    has a job to measure. `precompiled` (the strategy's) picks, of the compilable kept rows, those
+    a job waits for before it measures; a ranked job's later batches follow at low priority.
+    (None, {}) when nothing compiles (a given pool is left to the caller)."""
     rows = {(w.problem.key, r.tactic.id): r for w in work for r in w.kept if compiles(r.tactic)}
     order = list(dict.fromkeys(j.problem.key for j in jobs if j.tactics))
     if not rows or not order:
         return None, {}
-    firsts = strategy.first_batches(ranking) if ranking is not None else None
+    firsts = {(r.problem.key, r.tactic.id) for r in precompiled(list(rows.values()))}
     ahead: dict[str, list] = {pk: [] for pk in order}
     for (pk, tid) in rows:
-        if pk in ahead and (firsts is None or (pk, tid) in firsts):
+        if pk in ahead and (pk, tid) in firsts:
             ahead[pk].append((pk, tid))
     pipe = Pipeline(rows, target, runner, report, failed, refilter, pool)
     for pi, pk in enumerate(order):
         pipe.submit(ahead[pk], lambda i, pi=pi: (AHEAD, pi, i))
-    if ranking is not None:      # the rest of every job's candidates, batch by batch
+    if any(j.tactics and j.rank is not None for j in jobs):     # the rest of every ranked job's candidates, batch by batch
         rank_of = {pk: i for i, pk in enumerate(order)}
         later: dict = {}
         for j in jobs:

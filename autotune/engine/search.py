@@ -17,22 +17,22 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from autotune.core import codekey, winner as winner_rule
-from autotune.engine import audit, claims as job_claims, pipeline, strategy, workers as workers_mod
+from autotune.engine import audit, claims as job_claims, pipeline, strategies, strategy, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
-from autotune.engine.timing import TimerConfig
-from autotune.engine.workers import Runner, Stages
+from autotune.engine.strategies.base import HalvingStrategy
+from autotune.engine.options import Runner, SearchOptions, TimerConfig  # noqa: F401  (re-exported)
+from autotune.engine.workers import Stages
 from autotune.core.buckets import Buckets
 from autotune.core.env import Env, current
-from autotune.engine.halving import Halving
-from autotune.engine.ranked import RankPlan, Ranked
+from autotune.engine.ranked import RankPlan
 from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
-from autotune.core.arch import ARCHS, Arch, detect
+from autotune.core.arch import ARCHS, detect
 from autotune.core.tactic import Tactic, Verdict
 from autotune.tactics import registry
 from autotune.tactics.base import Family
@@ -71,31 +71,7 @@ class Job:
     smem_model: dict = field(default_factory=dict, compare=False, hash=False)   # tactic id -> verdict's figure
     rank: RankPlan | None = field(default=None, compare=False, hash=False)     # --strategy ranked: the plan
     gate: "pipeline.Gate | None" = field(default=None, compare=False, hash=False)  # compiles it waits for
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """Everything about one search besides what (problems, families, buckets) and where (store)."""
-
-    arch: Arch | None = None              # target; default the live device
-    env: Env | None = None                # default: this machine (autotune.core.env.current)
-    margin: float = winner_rule.DEFAULT_MARGIN   # a winner must beat the default by this fraction
-    timer: TimerConfig = TimerConfig()    # the exhaustive timer (and the base of halving's rounds)
-    halving: Halving = Halving()
-    runner: Runner = Runner()
-    retry_failed: bool = False            # measure again tactics whose trials failed
-    dry_run: bool = False                 # verdicts only
-    compile_check: bool = False           # cross-compile kept tactics and compare smem with the verdicts
-    audit_rejected: int = 200             # compile_check: footprint-rejected tactics compiled per arch (seeded)
-    seed: int = 0
-    max_tactics: int | None = None        # at most this many kept tactics per family and problem
-    measure_unknown: bool = False         # also measure tactics whose verdict is unchecked ("unknown: ...")
-    strategy: str = "ranked"              # ranked (halving where no model covers the arch) | halving | exhaustive
-    ranked: Ranked = Ranked()             # the ranked strategy's knobs
-    rank_model: object = None             # a rankmodel.Model or its path; None: strategy.default_model
-    batch_invariant: bool = False         # one batch-invariant tactic per problem for every M
-    progress: Progress | bool = False     # True: a bar on the terminal; or a Progress (plain lines, tests)
-    log: Callable[[str], None] = lambda s: None
+    strategy: str = field(default=HalvingStrategy.name, compare=False)          # who measures it (strategies.get)
 
 
 @dataclass
@@ -115,12 +91,8 @@ class _Search:
     def __init__(self, problems: Sequence[Problem], families: Sequence[Family], store, buckets: Buckets,
                  o: SearchOptions):
         self.env = o.env or current()
-        if o.strategy not in strategy.STRATEGIES:
-            raise ValueError(f"strategy must be one of {', '.join(strategy.STRATEGIES)}, got {o.strategy!r}")
-        if o.strategy == "exhaustive" or o.halving.exhaustive:     # --exhaustive is --strategy exhaustive
-            o = replace(o, strategy="exhaustive", halving=replace(o.halving, exhaustive=True))
+        self.strategy, o = strategies.of(o)     # the registered strategy object (autotune/engine/strategies/)
         self.o = replace(o, runner=replace(o.runner, families={**registry.extra(), **o.runner.families}))
-        self.ranking: strategy.Ranking | None = None
         self.live = detect() if self.env.device == "cuda" else ARCHS["cpu"]
         self.target = o.arch or self.live
         if o.compile_check or (not o.dry_run and self.target == self.live):
@@ -131,7 +103,6 @@ class _Search:
         self.report = SearchReport(self.target.name, self.env.device)
         self.pipe: pipeline.Pipeline | None = None
         self.pool = None                   # pipeline.prestart's compile pool, warming up while the search plans
-        self.won: set = set()
         self._lock = threading.Lock()
         self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
 
@@ -219,10 +190,7 @@ class _Search:
         """Compile every kept tactic of families that can (Triton) ahead of the timing loop, in
         `runner.compile_workers` processes; the compiler's on-disk cache then serves the workers.
         A compile failure is a failed trial for every bucket (stored at bucket 0)."""
-        items = _compilable([r for w in work for r in w.kept])
-        if self.ranking is not None:        # ranked: what the first batches measure; the rest JIT at launch
-            first = strategy.first_batches(self.ranking)
-            items = [r for r in items if (r.problem.key, r.tactic.id) in first]
+        items = self.strategy.precompiled(_compilable([r for w in work for r in w.kept]))
         if not items:
             return
         bad = set()
@@ -245,126 +213,58 @@ class _Search:
 
     # 3'. precompile overlapped with measuring (autotune/engine/pipeline.py): the jobs carry gates
     def compile_ahead(self, work: list[_Work], jobs: list[Job]) -> list[Job]:
-        self.pipe, gates = pipeline.start(work, jobs, self.ranking, self.target, self.o.runner, self.report,
-                                          self._compile_failed, self._without, self.pool)
+        self.pipe, gates = pipeline.start(work, jobs, self.strategy.precompiled, self.target, self.o.runner,
+                                          self.report, self._compile_failed, self._without, self.pool)
         return [replace(j, gate=gates.get(j.problem.key)) if j.tactics else j for j in jobs]
 
     def _without(self, job: Job, bad: set[str]) -> Job:
         """`job` without the tactics whose precompile failed: what `jobs` makes after the barrier."""
-        if not bad:
-            return job
-        todo, plan = tuple(t for t in job.tactics if t.id not in bad), job.rank
-        if plan is not None:
-            keep = [i for i, t in enumerate(plan.order) if t.id not in bad]
-            plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
-            if ((job.problem.key, job.bucket) in self.won and not self.o.retry_failed
-                    and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
-                todo = ()
-        return replace(job, tactics=todo, rank=plan)
+        return self.strategy.without(self, job, bad) if bad else job
 
     # 4. jobs: one per (problem, bucket), without what the cache already holds
     def remaining(self, p: Problem, b: int, tactics: Iterable[Tactic]) -> tuple[Tactic, ...]:
         """Of `tactics`, those the cache lacks at (p, b) under this search's libraries and code (resume)."""
-        redo = {"failed"} if self.o.retry_failed else set()
-        if self.o.halving.exhaustive:
-            redo.add("dropped")    # an exhaustive run times what halving dropped
+        redo = ({"failed"} if self.o.retry_failed else set()) | self.strategy.redo()
         done = {t.tactic_id: t for t in self.store.get_trials(p.key, b, self.env.device_key)
                 if registry.fresh(self.lib_keys, t)}
         return tuple(t for t in tactics if t.id not in done or done[t.id].status in redo)
 
     def jobs(self, work: list[_Work]) -> list[Job]:
+        """Each (problem, bucket) as the strategy measures it (ranked: its plan; finished ones empty)."""
         out = []
-        won = self.won = ({(x.problem_key, x.bucket) for x in self.store.winners(self.env.device_key)
-                           if registry.fresh(self.lib_keys, x)} if self.ranking else set())
         for w in work:
             ids = {r.tactic.id for r in w.kept}
             for b in self.buckets:
                 todo = self.remaining(w.problem, b, [r.tactic for r in w.kept])
-                plan = self.ranking.plans.get((w.problem.key, b)) if self.ranking else None
-                if plan is not None:    # compile failures since planning are out
-                    keep = [i for i, t in enumerate(plan.order) if t.id in ids]
-                    plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
-                    if ((w.problem.key, b) in won and not self.o.retry_failed
-                            and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
-                        todo = ()       # finished before: its winner is stored and its first batch measured
-                        # (--retry-failed reopens it: a failure past the first batch is in todo)
-                else:
-                    self.report.resumed += len(w.kept) - len(todo)
-                out.append(Job(w.problem, b, todo, w.default.id, {r.tactic.id: r.verdict.smem_bytes for r in w.kept}, plan))
+                job, resumed = self.strategy.job(self, Job(w.problem, b, todo, w.default.id,
+                                                           {r.tactic.id: r.verdict.smem_bytes for r in w.kept}), ids)
+                self.report.resumed += (len(w.kept) - len(todo)) if resumed else 0
+                out.append(job)
         return out
 
-    # 2b. ranked: a model's plan per (problem, bucket), or halving as before when there is none
-    def rank(self, work: list[_Work]) -> None:
-        if self.o.strategy != "ranked":
-            return
-        model, note = strategy.load_model(self.o.rank_model, self.store, self.target, dict(self.env.libs))
-        if model is None:
-            self.report.notes.append(f"--strategy ranked: {note}; measuring by successive halving")
-            return
-        self.report.notes.append(f"--strategy ranked: {note}")
-        self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(self.buckets), self.target,
-                                                              self.env.sm_count or 0, self.store, self.env.device_key,
-                                                              self.o.ranked, self.lib_keys))
+    # 2b. the strategy plans (ranked: a model's plan per (problem, bucket), or halving when there is none)
+    def prepare(self, work: list[_Work]) -> None:
+        self.strategy.prepare(self, work)
 
-    # 5. run: measure the jobs; each trial is stored as it is decided
+    # 5. run: measure the jobs; each trial is stored as it is decided (by the sink, _Results)
     def run(self, jobs: list[Job]) -> None:
-        report, store, env, lock = self.report, self.store, self.env, self._lock
+        report, store, env = self.report, self.store, self.env
         bar = self.o.progress if isinstance(self.o.progress, Progress) else Bar(self.o.progress)
         bar.start(jobs, report.resumed)
         # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
         claims = job_claims.JobClaims(store, env.device_key, self._claim_keys(),
                                       lambda j: self.remaining(j.problem, j.bucket, j.tactics), self.ttl)
-
-        def start(job: Job) -> Job | None:   # claim it; a ranked job is warm-started by its neighbours' winners
-            job = claims.start(job)
-            if job is not None and job.rank is not None:
-                job = replace(job, rank=strategy.with_neighbours(job.rank, store, job.problem, job.bucket,
-                                                                 list(self.buckets), env.device_key, self.lib_keys))
-            return job
-
-        def record(job: Job, o: Outcome) -> None:
-            t0 = time.perf_counter()
-            t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
-            note = o.reason
-            if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
-                note = f"model error: compiler says smem {o.smem_compiled}, model {smem_model}"
-                with lock:
-                    report.model_errors.append(f"{job.problem.key} {t}: {note}")
-            with _store_stage(f"storing the {o.status} trial of {t} for {job.problem.key} m={job.bucket}"):
-                store.put_trial(_trial(job.problem, job.bucket, t, env, self.lib_keys, o.status, note,
-                                       median_us=o.median_us, iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err,
-                                       smem_model=smem_model, smem_compiled=o.smem_compiled,
-                                       exit_signal=o.exit_signal))
-            with lock:
-                report.measured += o.status != "failed"
-                report.dropped += o.status == "dropped"
-                report.failed += o.status == "failed"
-                if o.status == "failed":
-                    self.o.log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
-            bar.advance(1)
-            report.stages.add("store", time.perf_counter() - t0)
-
-        def finish(job: Job, failure: str | None = None) -> None:
-            if failure is not None:        # the job's own condition: nothing stored, its tactics stay unmeasured
-                with lock:
-                    report.job_failures.append(f"{job.problem.key} m={job.bucket}: {failure}")
-                self.o.log(f"{job.problem.key} m={job.bucket}: not measured: {failure}")
-            with _store_stage(f"storing the winner of {job.problem.key} m={job.bucket}"):
-                self.winner(job, lock)
-            bar.job_done(job)
-            claims.done(job)
-
+        sink = _Results(self, bar, claims)
         try:
             todo = [j for j in jobs if j.tactics]
             for j in jobs:
                 if not j.tactics:
-                    finish(j)
+                    sink.finished(j)
             o = self.o
             run = workers_mod.run_ray if o.runner.ray else workers_mod.run_local
-            run(todo, o.runner, env.device, o.timer, o.halving, o.seed, record, finish, report.shards,
-                claims.beating(report.stages), start=start)
+            run(todo, o.runner, env.device, o.timer, o.halving, o.seed, sink)
             for j in claims.settled():     # skipped, and finished by their search meanwhile: read the winners
-                finish(j)
+                sink.finished(j)
         finally:
             bar.close()
             claims.close()
@@ -406,6 +306,60 @@ class _Search:
         return _sample(kept, self.o.max_tactics) if self.o.max_tactics else kept
 
 
+class _Results:
+    """The search's sink (autotune.engine.sink.Sink), called from the worker threads: it claims each
+    job as a worker takes it, stores each trial as it is decided, writes the winner when a job ends,
+    and renews the claims on every heartbeat (each completed worker request)."""
+
+    def __init__(self, s: _Search, bar, claims: job_claims.JobClaims):
+        self.s, self.bar, self.claims, self.lock = s, bar, claims, s._lock   # one lock with the compile failures
+        self.stages = s.report.stages
+
+    def start(self, job: Job) -> Job | None:
+        """Claim it; the strategy may warm-start it (ranked: by its neighbours' winners)."""
+        job = self.claims.start(job)
+        return self.s.strategy.start(self.s, job) if job is not None else None
+
+    def outcome(self, job: Job, o: Outcome) -> None:
+        s, report, t0 = self.s, self.s.report, time.perf_counter()
+        t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
+        note = o.reason
+        if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
+            note = f"model error: compiler says smem {o.smem_compiled}, model {smem_model}"
+            with self.lock:
+                report.model_errors.append(f"{job.problem.key} {t}: {note}")
+        with _store_stage(f"storing the {o.status} trial of {t} for {job.problem.key} m={job.bucket}"):
+            s.store.put_trial(_trial(job.problem, job.bucket, t, s.env, s.lib_keys, o.status, note,
+                                     median_us=o.median_us, iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err,
+                                     smem_model=smem_model, smem_compiled=o.smem_compiled,
+                                     exit_signal=o.exit_signal))
+        with self.lock:
+            report.measured += o.status != "failed"
+            report.dropped += o.status == "dropped"
+            report.failed += o.status == "failed"
+            if o.status == "failed":
+                s.o.log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
+        self.bar.advance(1)
+        report.stages.add("store", time.perf_counter() - t0)
+
+    def finished(self, job: Job, failure: str | None = None, worker: str | None = None) -> None:
+        report = self.s.report
+        with self.lock:
+            if worker is not None:
+                report.shards[worker] = report.shards.get(worker, 0) + 1
+            if failure is not None:    # the job's own condition: nothing stored, its tactics stay unmeasured
+                report.job_failures.append(f"{job.problem.key} m={job.bucket}: {failure}")
+        if failure is not None:
+            self.s.o.log(f"{job.problem.key} m={job.bucket}: not measured: {failure}")
+        with _store_stage(f"storing the winner of {job.problem.key} m={job.bucket}"):
+            self.s.winner(job, self.lock)
+        self.bar.job_done(job)
+        self.claims.done(job)
+
+    def heartbeat(self) -> None:
+        self.claims.beat()
+
+
 def search(problems: Sequence[Problem], *, families: Sequence[Family], store, buckets: Buckets,
            options: SearchOptions | None = None, **kw) -> SearchReport:
     """plan → store static rejections → rank → jobs → precompile overlapped with run → winners
@@ -418,7 +372,7 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     s.pool = pipeline.prestart(s.families, s.env.device, s.target, s.o.runner)   # compile workers import meanwhile
     try:
         work = s.store_static(s.plan(), s.runnable())
-        s.rank(work)
+        s.prepare(work)
         if pipeline.overlaps(s.o.runner):     # compile while measuring (autotune/engine/pipeline.py)
             s.run(s.compile_ahead(work, s.jobs(work)))
         else:                                 # Ray, --no-isolate: every precompile first

@@ -1,9 +1,9 @@
-"""How a search chooses what to measure: `halving` (every kept tactic, successive halving),
-`exhaustive` (every kept tactic, fully timed), `ranked` (the ranking model's top candidates, warm
-starts, adaptive stop: autotune.engine.ranked); and `--batch-invariant` (one tactic per problem for
+"""The steps behind the ranked strategy (autotune/engine/strategies/ranked.py: the ranking model's
+top candidates, warm starts, adaptive stop: autotune.engine.ranked) — loading the model, the plans,
+the first batches, the neighbours' warm start — and `--batch-invariant` (one tactic per problem for
 every M, among the tactics whose family says their reduction order does not depend on M).
 
-The search (autotune.engine.search) calls these steps; none of them names a family.
+The strategies and the search (autotune.engine.search) call these steps; none of them names a family.
 """
 from __future__ import annotations
 
@@ -20,9 +20,6 @@ from autotune.core.records import Trial, Winner
 from autotune.core.tactic import Tactic
 from autotune.engine import rankdata, rankmodel, ranked
 from autotune.tactics import registry
-
-STRATEGIES = ("ranked", "halving", "exhaustive")
-
 
 @dataclass
 class Ranking:

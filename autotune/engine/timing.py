@@ -18,25 +18,14 @@ from typing import Callable, Sequence
 
 import torch
 
+from autotune.engine.options import TimerConfig  # noqa: F401  (declared with every other knob)
+
+
 @dataclass(frozen=True)
 class Timing:
     median_us: float
     iqr_us: float
     reps: int
-
-
-@dataclass(frozen=True)
-class TimerConfig:
-    warmup: int = 0             # extra calls before timing (the check call already warmed up)
-    min_reps: int = 3
-    max_reps: int = 100
-    budget_s: float = 0.25      # per tactic, after the first timed repetition
-    # CUDA: calls estimated faster than this are timed as graph replays (host launch cost excluded).
-    # Default: every call that can be captured — an eager event timing of a call whose host work
-    # outlasts its GPU work (a MoE launcher's routing ops) measures the host, not the kernels.
-    graph_below_us: float = math.inf
-    max_graph_calls: int = 256  # a graph holds one call per input set (the whole cold-L2 rotation), at most this many
-    lead_us: float = 20.0       # CUDA: a spin kernel queued before each timed sample hides the host's launch latency
 
 
 def sets_for_cold_l2(bytes_per_set: int, device: str, cap: int = 256) -> int:

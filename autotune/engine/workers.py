@@ -17,45 +17,22 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from autotune.engine import precompile, ranked, timing
+from autotune.engine import precompile, strategies, timing
 from autotune.engine.precompile import signal_name as _signal_name
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
-from autotune.engine.halving import measure
-from autotune.engine.stages import Stages
+from autotune.engine.strategies.base import HalvingStrategy
+from autotune.engine.options import DEFAULT_TIMEOUT_S, Runner  # noqa: F401  (declared with every other knob)
+from autotune.engine.sink import Collect, Sink
+from autotune.engine.stages import Stages  # noqa: F401  (re-exported)
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
 
 #: first reply of a new worker (imports torch, Triton, CUDA init) may take this long
 START_TIMEOUT_S = 180.0
-#: default limit for one check (build + compile + one call) or one timing request
-DEFAULT_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class Runner:
-    """How and where measurements run (see docs/search.md)."""
-
-    isolate: bool = True                  # one spawned worker process per device; False: in-process
-    gpus: tuple[int, ...] = ()            # one worker per listed device; () = one worker
-    workers: int = 1                      # worker processes when no GPUs are listed (CPU sharding)
-    ray: str | None = None                # Ray address ("local" starts a local cluster)
-    compile_workers: int = 1              # processes compiling ahead of timing (autotune.engine.precompile)
-    overlap_compile: bool = True          # measure while later tactics compile (autotune.engine.pipeline); False: a barrier
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    families: dict = field(default_factory=dict)   # extra "name": "module:Class" for workers (tests)
-
-    def __post_init__(self):
-        for name in ("workers", "compile_workers"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {getattr(self, name)!r}")
-        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
-        if len(set(self.gpus)) != len(self.gpus) or any(g < 0 for g in self.gpus):
-            raise ValueError(f"--gpus must list distinct device indices, got {list(self.gpus)}")
 
 
 class InlineExecutor:
@@ -217,17 +194,20 @@ class ProcessExecutor:
 # -- running jobs ---------------------------------------------------------------------------
 
 class _Clocked:
-    """An executor whose setup/check/time requests are timed into `Stages`."""
+    """An executor whose setup/check/time requests are timed into the sink's `Stages`, each one a
+    heartbeat of the search."""
 
-    def __init__(self, ex: Executor, stages: Stages):
-        self._ex, self._stages, self.device = ex, stages, ex.device
+    def __init__(self, ex: Executor, sink: Sink):
+        self._ex, self._sink, self.device = ex, sink, ex.device
 
     def _timed(self, stage: str, fn, *a):
         t0 = time.perf_counter()
         try:
             return fn(*a)
         finally:
-            self._stages.add(stage, time.perf_counter() - t0)
+            if self._sink.stages is not None:
+                self._sink.stages.add(stage, time.perf_counter() - t0)
+            self._sink.heartbeat()
 
     def setup(self, *a):
         return self._timed("setup", self._ex.setup, *a)
@@ -248,16 +228,16 @@ class _Clocked:
         self._ex.close()
 
 
-def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, emit, stages: Stages | None = None) -> str | None:
-    """One (problem, bucket) on one executor; `emit(outcome)` gets each trial as it is decided.
+def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, sink: Sink) -> str | None:
+    """One (problem, bucket) on one executor; `sink.outcome(job, o)` gets each trial as it is decided,
+    and each request to the executor is timed into `sink.stages` and is a `sink.heartbeat()`.
 
     A tactic dropped or failed is forgotten by the worker at once, and everything of the job when it
     ends, so no tactic-sized memory outlives its job. Input setup that fails (out of memory, the
     worker lost while drawing inputs) is the job's condition, not its tactics': it is retried once
     with the same inputs (same seeds, never fewer sets), then returned as the job's reason — the
     tactics stay unmeasured, none is stored as failed. Returns None when the job was measured."""
-    if stages is not None:
-        ex = _Clocked(ex, stages)
+    ex = _Clocked(ex, sink)
     why = None
     for _attempt in range(2):
         try:
@@ -267,36 +247,30 @@ def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, em
         except (TacticError, WorkerLost) as e:
             why = e.reason if isinstance(e, WorkerLost) else str(e)
     if why is not None:
-        _end(ex, job, stages)
+        _end(ex, job, sink.stages)
         return f"input setup failed twice: {why}"
     gate = getattr(job, "gate", None)     # compiles still running (autotune.engine.pipeline): wait for them
     try:
         if gate is not None:
-            job = gate.ready(job, stages)
+            job = gate.ready(job, sink.stages)
     except BaseException:
-        _end(ex, job, stages)
+        _end(ex, job, sink.stages)
         raise
 
     def em(o: Outcome) -> None:
-        emit(o)
+        sink.outcome(job, o)
         if o.status != "ok":
             try:
                 ex.forget(o.tactic)
             except (TacticError, WorkerLost):
                 pass           # a lost worker holds nothing; the next request restarts it
     try:
-        if getattr(job, "rank", None) is not None:     # --strategy ranked: batches of the plan, each halved
-            todo = {t.id for t in job.tactics}
-
-            def run_batch(batch, e):
-                batch = [t for t in batch if t.id in todo]
-                measure(ex, gate.batch(batch, stages) if gate is not None else batch, job.default_id, timer,
-                        halving, e)
-            ranked.measure(run_batch, job.rank, em)
-        else:
-            measure(ex, job.tactics, job.default_id, timer, halving, em)
+        # the job's strategy measures it (autotune/engine/strategies/: ranked walks its plan's batches,
+        # each after the pool compiled it)
+        wait = (lambda batch: gate.batch(batch, sink.stages)) if gate is not None else None
+        strategies.get(getattr(job, "strategy", HalvingStrategy.name)).measure(ex, job, timer, halving, em, wait)
     finally:
-        _end(ex, job, stages)
+        _end(ex, job, sink.stages)
     return None
 
 
@@ -318,11 +292,10 @@ def _executors(runner, device: str) -> list[tuple[str, Executor]]:
             for i in range(runner.workers)]
 
 
-def run_local(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict,
-              stages: Stages | None = None, start=None) -> None:
+def run_local(jobs, runner, device: str, timer, halving, seed: int, sink: Sink) -> None:
     """Shard jobs over one worker per device (or per `runner.workers` on the CPU): each worker
     takes the next job as it frees up, so a slow bucket does not hold the others back.
-    `start(job)`, called as a worker takes a job, returns the job to run (None: skip it)."""
+    `sink.start(job)`, called as a worker takes a job, returns the job to run (None: skip it)."""
     if not jobs:
         return
     queue = list(reversed(jobs))   # pop() from the end keeps the planned order
@@ -337,14 +310,10 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, record, fini
                     if not queue or errors:
                         return
                     job = queue.pop()
-                if start is not None and (job := start(job)) is None:
+                if (job := sink.start(job)) is None:
                     continue
-                failure = None
-                if job.tactics:
-                    failure = run_job(ex, job, timer, halving, seed, lambda o, job=job: record(job, o), stages)
-                    with lock:
-                        shards[label] = shards.get(label, 0) + 1
-                finish(job, failure)
+                failure = run_job(ex, job, timer, halving, seed, sink) if job.tactics else None
+                sink.finished(job, failure, label if job.tactics else None)
         except BaseException as e:   # a store error etc.: stop every worker, re-raise in the caller
             with lock:
                 errors.append(e)
@@ -382,23 +351,21 @@ def _ray_job(job, device: str, timer: timing.TimerConfig, halving, seed: int, fa
     ex = _RAY_EXECUTORS.get(key)
     if ex is None:
         ex = _RAY_EXECUTORS[key] = ProcessExecutor(device, None, timeout_s, families)  # inherits Ray's GPU
-    out: list = []
-    stages = Stages()
-    failure = run_job(ex, job, timer, halving, seed, out.append, stages)
-    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{vis}" if vis else ""), out, stages.state(), failure
+    got = Collect()
+    failure = run_job(ex, job, timer, halving, seed, got)
+    state = got.stages.state() if got.stages is not None else {}
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":gpu{vis}" if vis else ""), got.outcomes, state, failure
 
 
-def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish, shards: dict,
-            stages: Stages | None = None, start=None) -> None:
+def run_ray(jobs, runner, device: str, timer, halving, seed: int, sink: Sink) -> None:
     """Fan jobs out over a Ray cluster (`runner.ray` = address, or "local" for a local cluster).
     Results come back to this process, which writes them to its cache URL; for several hosts
     point --cache at a shared database or merge per-host files with `autotune cache import`.
-    `start` as in run_local, called for every job before the tasks are submitted."""
-    if start is not None:
-        jobs = [j for j in map(start, jobs) if j is not None]
-        for j in [j for j in jobs if not j.tactics]:
-            finish(j)
-        jobs = [j for j in jobs if j.tactics]
+    `sink.start` as in run_local, called for every job before the tasks are submitted."""
+    jobs = [j for j in map(sink.start, jobs) if j is not None]
+    for j in [j for j in jobs if not j.tactics]:
+        sink.finished(j)
+    jobs = [j for j in jobs if j.tactics]
     try:
         import ray
     except ImportError:
@@ -427,12 +394,12 @@ def run_ray(jobs, runner, device: str, timer, halving, seed: int, record, finish
                     label, outs, spent, failure = ray.get(ref)
                 except Exception as e:   # the Ray task itself died: the job's condition, no tactic's
                     label, outs, spent, failure = "ray", [], {}, f"Ray task failed: {error_text(e)}"
-                if stages is not None:
-                    stages.merge(spent)
+                if sink.stages is not None:
+                    sink.stages.merge(spent)
+                sink.heartbeat()
                 for o in outs:
-                    record(job, o)
-                finish(job, failure)
-                shards[label] = shards.get(label, 0) + 1
+                    sink.outcome(job, o)
+                sink.finished(job, failure, label)
     finally:
         if started:
             ray.shutdown()

@@ -1,0 +1,86 @@
+"""`--strategy ranked` (the default): per (problem, bucket) only what the ranking model puts first,
+the neighbouring buckets' winners and the default, with the adaptive stop (autotune.engine.ranked's
+batches, autotune.engine.strategy's model loading and plans). Without a model covering the arch it
+measures as halving does, and the notes say so."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from autotune.engine import halving, ranked, strategy
+from autotune.engine.strategies.base import HalvingStrategy, SearchView
+from autotune.tactics import registry
+
+
+class RankedStrategy(HalvingStrategy):
+    name = "ranked"
+
+    def __init__(self) -> None:
+        self.ranking: strategy.Ranking | None = None
+        self._won: set[tuple[str, int]] | None = None
+
+    def prepare(self, s: SearchView, work: list) -> None:
+        """The model's plan per (problem, bucket), or none (halving) when no model covers the arch."""
+        model, note = strategy.load_model(s.o.rank_model, s.store, s.target, dict(s.env.libs))
+        if model is None:
+            s.report.notes.append(f"--strategy ranked: {note}; measuring by successive halving")
+            return
+        s.report.notes.append(f"--strategy ranked: {note}")
+        self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(s.buckets), s.target,
+                                                              s.env.sm_count or 0, s.store, s.env.device_key,
+                                                              s.o.ranked, s.lib_keys))
+
+    def precompiled(self, items: list) -> list:
+        """What the first batches measure; the rest compile just in time at launch."""
+        if self.ranking is None:
+            return items
+        first = strategy.first_batches(self.ranking)
+        return [r for r in items if (r.problem.key, r.tactic.id) in first]
+
+    def job(self, s: SearchView, job: Any, kept_ids: set[str]) -> tuple[Any, bool]:
+        plan = self.ranking.plans.get((job.problem.key, job.bucket)) if self.ranking else None
+        if plan is None:
+            return replace(job, strategy=self.name), True
+        if self._won is None:
+            self._won = {(x.problem_key, x.bucket) for x in s.store.winners(s.env.device_key)
+                         if registry.fresh(s.lib_keys, x)}
+        keep = [i for i, t in enumerate(plan.order) if t.id in kept_ids]     # compile failures since planning are out
+        plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
+        todo = job.tactics
+        if ((job.problem.key, job.bucket) in self._won and not s.o.retry_failed
+                and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
+            todo = ()       # finished before: its winner is stored and its first batch measured
+            # (--retry-failed reopens it: a failure past the first batch is in todo)
+        return replace(job, tactics=todo, rank=plan, strategy=self.name), False
+
+    def start(self, s: SearchView, job: Any) -> Any:
+        """Warm-started by the neighbouring buckets' winners, as they stand when the job starts."""
+        if job.rank is None:
+            return job
+        return replace(job, rank=strategy.with_neighbours(job.rank, s.store, job.problem, job.bucket,
+                                                          list(s.buckets), s.env.device_key, s.lib_keys))
+
+    def without(self, s: SearchView, job: Any, bad: set[str]) -> Any:
+        """Less `bad` in the tactics and the plan; a job finished before stays finished (as `job`)."""
+        todo, plan = tuple(t for t in job.tactics if t.id not in bad), job.rank
+        if plan is not None:
+            keep = [i for i, t in enumerate(plan.order) if t.id not in bad]
+            plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
+            if ((job.problem.key, job.bucket) in (self._won or set()) and not s.o.retry_failed
+                    and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
+                todo = ()
+        return replace(job, tactics=todo, rank=plan)
+
+    @staticmethod
+    def measure(ex: Any, job: Any, timer: Any, h: Any, emit: Callable,
+                wait: Callable[[list], list] | None = None) -> None:
+        """Batches of the plan, each by successive halving once the pool compiled it (`wait`);
+        what the cache holds is skipped."""
+        if job.rank is None:
+            return HalvingStrategy.measure(ex, job, timer, h, emit, wait)
+        todo = {t.id for t in job.tactics}
+
+        def run_batch(batch, e):
+            batch = [t for t in batch if t.id in todo]
+            halving.measure(ex, wait(batch) if wait is not None else batch, job.default_id, timer, h, e)
+        ranked.measure(run_batch, job.rank, emit)
