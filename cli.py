@@ -55,7 +55,7 @@ def _call(fn, *a, **kw):
 
 def _keys(model, tp, ep):
     return {u.problem.key for u in _call(api.model_problems, model, tp=tp, ep=ep, include_attention=True,
-                                         fused_moe=True, fold_shared=True)} if model else None
+                                         fused_moe=True, fold_shared=True, fused_mlp=True)} if model else None
 
 
 def _open_store(url, readonly=False):
@@ -84,6 +84,9 @@ def main():
 @click.option("--fused-moe/--no-fused-moe", default=True, show_default=True,
               help="the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) that FP4MoE serves, as their "
                    "own problems")
+@click.option("--fused-mlp/--no-fused-mlp", default=True, show_default=True,
+              help="the dense MLP's and shared expert's gate_up with the SwiGLU epilogue that FP4MLP serves, as "
+                   "their own problems")
 @click.option("--fold-shared", is_flag=True,
               help="also the routed experts' problems with the shared expert folded in as one more, always routed "
                    "expert (E+1, top_k+1: what FP4MoE(shared=...) runs)")
@@ -116,7 +119,7 @@ def main():
 @click.option("--dry-run", is_flag=True, help="print the tactic space and verdicts; measure nothing")
 @click.option("--list-tactics", default=None, help="also print every tactic of these families (comma-separated) with its verdict and reason")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, fold_shared, margin, budget_ms,
+def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cache, include_attention, only, fused_moe, fused_mlp, fold_shared, margin, budget_ms,
            budget_s, exhaustive, gpus, workers, ray_address, compile_workers, compile_check, timeout_s, no_isolate,
            max_tactics, retry_failed, dry_run, as_json, list_tactics=None, measure_unknown=False, strategy=None,
            rank_model=None, batch_invariant=False, activations=None):
@@ -134,7 +137,7 @@ def search(model, from_misses, tp, ep, arch, buckets, max_tokens, families, cach
     try:
         res = _call(api.run, model, tp=tp, ep=ep, families=families, buckets=buckets, max_tokens=max_tokens,
                     cache=cache, arch=arch, include_attention=include_attention, only=only, misses=from_misses,
-                    fused_moe=fused_moe, fold_shared=fold_shared,
+                    fused_moe=fused_moe, fold_shared=fold_shared, fused_mlp=fused_mlp,
                     list_tactics=list_tactics, dry_run=dry_run, gpus=ids, workers=workers, ray=ray_address,
                     compile_workers=compile_workers, timeout_s=timeout_s, isolate=not no_isolate, budget_s=budget_s,
                     exhaustive=exhaustive, budget_ms=budget_ms, margin=margin, retry_failed=retry_failed,
