@@ -19,27 +19,7 @@ from autotune.tactics.base import LauncherBase
 from . import build as B
 from . import dense as D
 from . import layout as L
-
-
-def check_call(problem: Problem, x, w, out, cuda: bool = True):
-    """One-line ValueErrors for anything the kernel would misread; returns (M, out) with out [M,
-    N] (SwiGLU: N/2) made when not given. cuda=False (the CPU port) skips the device-type check."""
-    p = problem
-    if not torch.is_tensor(x) or (cuda and x.device.type != "cuda") or w.packed.device != x.device:
-        raise ValueError(f"{p.key}: cuda family needs x and the weight on one CUDA device, got "
-                         f"{getattr(x, 'device', type(x).__name__)} and {w.packed.device}")
-    if x.dtype != torch.bfloat16 or x.ndim != 2 or x.shape[1] != p.k:
-        raise ValueError(f"{p.key}: x must be bf16 [M, {p.k}], got {x.dtype} {tuple(x.shape)}")
-    if (w.n, w.k) != (p.n, p.k):
-        raise ValueError(f"{p.key}: packed weight is {w.n}x{w.k}, the problem {p.n}x{p.k}")
-    m = x.shape[0]
-    if out is None:
-        out = torch.empty(m, p.out_n, dtype=torch.bfloat16, device=x.device)
-    elif out.dtype != torch.bfloat16 or tuple(out.shape) != (m, p.out_n) or not out.is_contiguous() \
-            or out.device != x.device:
-        raise ValueError(f"{p.key}: out must be contiguous bf16 [{m}, {p.out_n}] on {x.device}, got "
-                         f"{out.dtype} {tuple(out.shape)}")
-    return m, out
+from .dense import check_call  # noqa: F401  (re-exported: the launcher's argument check)
 
 
 class Launch(LauncherBase):
