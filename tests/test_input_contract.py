@@ -16,7 +16,7 @@ from autotune.core.formats import quantize
 from autotune.core.operands import KERNEL_X, LAYER_X, OperandError, check_operands
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher
-from autotune.runtime.nn import FP4GroupedGEMM, FP4Linear, FP4MoE
+from autotune.runtime.nn import FP4GroupedGEMM, FP4Linear, FP4MLP, FP4MoE
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
 CANDIDATES = ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "int8", "uint8", "int32", "int64",
@@ -63,6 +63,7 @@ def _entries(disp):
     moe = FP4MoE.from_float(torch.randn(E, 16, K), torch.randn(E, 16, K), torch.randn(E, K, 16), TOP_K,
                             dispatcher=disp)
     bound = disp.bind(Problem.dense(N, K), w)
+    mlp = FP4MLP.from_float(torch.randn(16, K), torch.randn(16, K), torch.randn(K, 16), dispatcher=disp)
     tw = torch.full((3, TOP_K), 0.5)
 
     def bf(x):
@@ -82,6 +83,7 @@ def _entries(disp):
         "FP4Linear": (lin, lambda x: lin(bf(x)).to(x.dtype)),
         "FP4GroupedGEMM": (lambda x: gg(x, _ids(3)), lambda x: gg(bf(x), _ids(3)).to(x.dtype)),
         "FP4MoE": (lambda x: moe(x, _ids(3), tw), lambda x: moe(bf(x), _ids(3), tw).to(x.dtype)),
+        "FP4MLP": (mlp, lambda x: mlp(bf(x)).to(x.dtype)),
     }
 
 
