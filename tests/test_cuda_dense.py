@@ -130,6 +130,19 @@ def test_swiglu_and_split_space():
         config(_t(warps_k=8, split_k=2), 8, SHARED_GU))
 
 
+def test_mxfp4_dense_is_supported_and_unknown_until_run():
+    p = Problem.dense(512, 6144, w_fmt="mxfp4")
+    assert FAM.supports(p) is None and len(FAM.enumerate(p, SM90)) == 68
+    t = _t(warps_k=4, stages=4)
+    v = FAM.verdict(p, t, SM90)
+    assert _fits(p, t) and (v.ok is True) == DENSE_SPLIT_GPU_CHECKED
+    assert config(t, 1, p).fmt == "mxfp4" and D.new_form(p, t) and not D.new_form(SHARED_GU, t)
+    from autotune.core.formats import quantize
+    w = quantize(torch.randn(64, 512), "mxfp4")
+    assert FAM.pack_inplace(FAM.layout(t), w) is None                 # its own packed copy
+    assert FAM.pack(FAM.layout(t), w).fmt == "mxfp4"
+
+
 def test_batch_invariance_declared_for_every_dense_tactic():
     for p in (SHARED_GU, SHARED_GU_SW):
         assert all(FAM.batch_invariant(p, t) for t in FAM.enumerate(p, SM90))
@@ -149,7 +162,9 @@ def test_chunk_rows_bound_the_workspace():
 def test_options_name_split_and_swiglu():
     assert "SPLITK" not in B.defines(B.Config(1, 4, 4, 1)) and "SWIGLU" not in B.defines(B.Config(1, 4, 4, 1))
     d = B.defines(B.Config(1, 4, 4, 2, 4, True))
-    assert (d["SPLITK"], d["SWIGLU"]) == ("4", "1")
+    assert (d["SPLITK"], d["SWIGLU"]) == ("4", "1") and "SW" not in d
+    mx = B.defines(B.Config(1, 4, 4, 1, fmt="mxfp4"))
+    assert (mx["SW"], mx["SCALE_ADD"], mx["EPI_SCALE"]) == ("16", "0x37003700u", "65536.0f")
     keys = {B.cubin_key(c, "sm_90", (13, 0)) for c in (B.Config(1, 4, 4, 2), B.Config(1, 4, 4, 2, 2),
                                                        B.Config(1, 4, 4, 2, 1, True), B.Config(1, 4, 4, 2, 2, True))}
     assert len(keys) == 4
@@ -158,13 +173,14 @@ def test_options_name_split_and_swiglu():
 # the default SwiGLU shape, the largest kept ring with a split, an 8-way split at 2 M tiles, SwiGLU at
 # 32 rows with 8 warps, the 64-row tile with one row tile and a split
 _CONFIGS = [B.Config(1, 4, 4, 2, 1, True), B.Config(1, 8, 2, 2, 2), B.Config(2, 2, 4, 1, 8),
-            B.Config(4, 8, 2, 2, 2, True), B.Config(8, 4, 2, 1, 4)]
+            B.Config(4, 8, 2, 2, 2, True), B.Config(8, 4, 2, 1, 4), B.Config(1, 4, 4, 1, fmt="mxfp4"),
+            B.Config(2, 4, 4, 2, 2, True, "mxfp4")]
 
 
 @NO_NVCC
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
 @pytest.mark.parametrize("cfg", _CONFIGS, ids=lambda c: f"mt{c.m_tiles}-wk{c.warps_k}-st{c.stages}-tn{c.tiles_n}-"
-                         f"sk{c.split_k}{'-swiglu' if c.swiglu else ''}")
+                         f"sk{c.split_k}{'-swiglu' if c.swiglu else ''}-{c.fmt}")
 def test_ptxas_agrees_with_the_verdict(arch, cfg, tmp_path):
     """Shared memory is exact: ptxas' figure and the cubin's resource table (`cuobjdump -res-usage`,
     + the 1 KiB sm_80+ reserves per CTA) both equal `smem_bytes` (split-K and SwiGLU add none);
@@ -252,12 +268,15 @@ def test_workspace_is_one_method_grown_by_doubling(monkeypatch):
 
 
 # ---- the kernel's grid on the CPU -------------------------------------------------------------------
+SMALL_MX = Problem.dense(64, 512, w_fmt="mxfp4")
 _CASES = [(SMALL, dict()), (SMALL, dict(warps_k=2, split_k=2)), (SMALL, dict(split_k=4, tiles_n=2)),
           (SMALL, dict(split_k=2, warps_k=2, tiles_n=2)), (SMALL_SW, dict(tiles_n=2)),
-          (SMALL_SW, dict(tiles_n=2, split_k=4)), (Problem.dense(128, 256, epilogue="swiglu"), dict(tiles_n=2, split_k=2))]
+          (SMALL_SW, dict(tiles_n=2, split_k=4)), (Problem.dense(128, 256, epilogue="swiglu"), dict(tiles_n=2, split_k=2)),
+          (SMALL_MX, dict(warps_k=2)), (SMALL_MX, dict(split_k=2, tiles_n=2)),
+          (SMALL_MX.variant("swiglu"), dict(tiles_n=2, split_k=2))]
 
 
-@pytest.mark.parametrize("prob, kw", _CASES, ids=lambda v: v.key.split(":", 2)[-1] if isinstance(v, Problem) else
+@pytest.mark.parametrize("prob, kw", _CASES, ids=lambda v: v.key.split("*", 1)[-1] if isinstance(v, Problem) else
                          "-".join(f"{k}{x}" for k, x in v.items()) or "plain")
 def test_grid_port_matches_float64(prob, kw):
     t = _t("cudadensecpu", **kw)

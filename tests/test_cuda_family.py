@@ -46,11 +46,13 @@ def test_space_and_verdicts():
     assert v.rejected and "128*warps_k=1024" in v.reason
     assert FAM.verdict(TP8_GATE_UP, Tactic("cuda", warps_k=4, stages=4, tiles_n=2), get_arch("sm120")).ok
     assert FAM.verdict(TP8_GATE_UP, Tactic("cuda", warps_k=4, stages=5, tiles_n=1), sm90).rejected   # not in schema
-    assert FAM.supports(Problem.dense(3072, 6144, w_fmt="mxfp4"))
+    assert FAM.supports(Problem.dense(3072, 6144, w_fmt="mxfp4")) is None       # MXFP4 too (docs section 8)
+    assert FAM.supports(Problem.dense(3072, 6144, w_fmt="fp8"))
     assert FAM.supports(Problem.dense(3000, 6144))                                       # N % 16
     v = FAM.verdict(Problem.dense(16 * 3, 6144), Tactic("cuda", warps_k=1, stages=2, tiles_n=2), sm90)
     assert v.rejected and "tiles_n" in v.reason
-    assert FAM.enumerate(Problem.dense(3072, 6144, w_fmt="mxfp4"), sm90) == []
+    assert len(FAM.enumerate(Problem.dense(3072, 6144, w_fmt="mxfp4"), sm90)) == 68
+    assert FAM.enumerate(Problem.dense(3072, 6144, a_fmt="nvfp4"), sm90) == []
     assert FAM.verdict(TP8_GATE_UP, FAM.default(TP8_GATE_UP, sm90), sm90).ok
     assert FAM.verdict(TP8_DOWN, FAM.default(TP8_DOWN, sm90), sm90).ok
 

@@ -59,7 +59,7 @@ def test_loaded_functions_do_not_spill():
         assert r["local_size_bytes"] == 0 and r["shared_size_bytes"] == B.smem_bytes(config(t, mt))
 
 
-# ---- split-K and SwiGLU (issue #26 items 2-3; family.DENSE_SPLIT_GPU_CHECKED waits on these) ----------
+# ---- split-K, SwiGLU and MXFP4 (issue #26 items 2-3; family.DENSE_SPLIT_GPU_CHECKED waits on these) -----
 TP8 = {"shared_gate_up": (512, 6144), "gate_up": (3072, 6144), "down": (6144, 1536), "shared_down": (6144, 256)}
 
 
@@ -71,8 +71,8 @@ def _fits(p, t, fam, arch):
 
 def _new_forms(p, fam, arch, extra=5):
     """The problem's default and a spread of its kept split-K (and, on swiglu problems, all) tactics."""
-    kept = [t for t in fam.enumerate(p, arch) if _fits(p, t, fam, arch)
-            and (t.params.get("split_k", 1) > 1 or p.epilogue == "swiglu")]
+    from autotune.tactics.cuda.dense import new_form
+    kept = [t for t in fam.enumerate(p, arch) if _fits(p, t, fam, arch) and new_form(p, t)]
     pick = [t for t in (fam.default(p, arch),) if t in kept]
     for want in (dict(split_k=2), dict(split_k=4), dict(split_k=8), dict(tiles_n=2, stages=2), dict(warps_k=8)):
         t = next((t for t in kept if all(t.params.get(k) == v for k, v in want.items()) and t not in pick), None)
@@ -81,12 +81,16 @@ def _new_forms(p, fam, arch, extra=5):
     return (pick or kept)[:1 + extra]
 
 
-@pytest.mark.parametrize("name, epi", [("shared_gate_up", "none"), ("shared_gate_up", "swiglu"), ("gate_up", "swiglu"),
-                                       ("down", "none"), ("shared_down", "none")])
-def test_split_k_and_swiglu_match_float64(name, epi):
-    """NaN-poisoned outputs (inputs.check), M = 1 (one M tile), 13, 64 and 100 (two 64-row tiles)."""
+@pytest.mark.parametrize("name, epi, fmt", [
+    ("shared_gate_up", "none", "nvfp4"), ("shared_gate_up", "swiglu", "nvfp4"), ("gate_up", "swiglu", "nvfp4"),
+    ("gate_up", "none", "nvfp4"), ("down", "none", "nvfp4"),
+    ("shared_gate_up", "none", "mxfp4"), ("shared_gate_up", "swiglu", "mxfp4"), ("shared_down", "none", "mxfp4")])
+def test_split_k_swiglu_and_mxfp4_match_float64(name, epi, fmt):
+    """NaN-poisoned outputs (inputs.check), M = 1 (one M tile), 13, 64 and 100 (two 64-row tiles).
+    (The shared down, K = 256, has 2 k-pairs: no split-K tactic of the space fits it; in MXFP4 its
+    plain tactics are new.)"""
     fam, arch = registry.get("cuda"), detect()
-    p = Problem.dense(*TP8[name], epilogue=epi)
+    p = Problem.dense(*TP8[name], w_fmt=fmt, epilogue=epi)
     ts = _new_forms(p, fam, arch)
     assert ts, p.key
     fails = []
@@ -185,8 +189,10 @@ def test_fp4mlp_on_cuda_tactics_matches_float64_and_replays():
     d.pin(p2, fam.default(p2, arch))
     torch.manual_seed(0)
     gate, up, down = torch.randn(256, 6144) * 0.02, torch.randn(256, 6144) * 0.1, torch.randn(6144, 256) * 0.05
-    m = FP4MLP.from_float(gate.cuda(), up.cuda(), down.cuda(), dispatcher=d)
-    g, u, dn = quantize(gate), quantize(up), quantize(down)
+    from autotune.runtime.nn import _cat_rows
+    g, u, dn = quantize(gate), quantize(up), quantize(down)             # on the CPU: the reference's bytes
+    m = FP4MLP(_cat_rows(g, u).to("cuda"), dn.to("cuda"), up_scale=u.global_scale.cuda(), dispatcher=d)
+    assert [d.rung_for(p, 1)[1].family for p in (p13, p2)] == ["cuda", "cuda"]
     for rows in (1, 16):
         x = torch.randn(rows, 6144)
         xd = x.to(torch.bfloat16).double()

@@ -1,5 +1,5 @@
-"""The dense kernel's (w4a16_mma.cu) tiling rules, its split-K and SwiGLU forms, and its grid ported to
-the CPU (`emulate`).
+"""The dense kernel's (w4a16_mma.cu) tiling rules, its split-K, SwiGLU and MXFP4 forms, and its grid
+ported to the CPU (`emulate`).
 
 * **Split-K** (`split_k` ∈ SPLIT_K, a tactic parameter present only when > 1, so the 32 tactics
   without it keep their ids): grid.z CTAs split K into equal contiguous ranges; each stores its fp32
@@ -11,6 +11,8 @@ the CPU (`emulate`).
 * **SwiGLU** (the dense problem's `swiglu` epilogue, vLLM's [gate; up] rows, y [M, N/2]): a CTA's
   `tiles_n` row tiles are tiles_n/2 gate tiles and the matching up tiles N/2 rows further on, so
   `tiles_n` must be even; the epilogue writes silu(gate)·up from the fp32 sums.
+* **MXFP4** (E8M0 scales per 32 k): the grouped kernel's scale words (layout.FORMAT: lanes t and
+  t^1 share one word, `SW` = 16), a 2-D weight packed as one stacked expert (layout.pack).
 * **Batch invariance**: a row's K order is fixed by the tactic (warps in warp order, splits in split
   order, whatever the M tile, the row chunk or the arrival order), and an MMA column (a row of x)
   never mixes with another, so every dense tactic is declared batch-invariant.
@@ -38,6 +40,12 @@ ROWS_PER_TILE = 64
 
 def split_k(tactic: Tactic) -> int:
     return int(tactic.params.get("split_k", 1))
+
+
+def new_form(problem: Problem, tactic: Tactic) -> bool:
+    """A form of the dense kernel added by issue #26 (split-K, SwiGLU, MXFP4 scales), as opposed to
+    the NVFP4 kernel whose 32 tactics ran on the H200 (docs/cuda-family.md section 5)."""
+    return split_k(tactic) > 1 or problem.epilogue == "swiglu" or problem.w_fmt != "nvfp4"
 
 
 def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
@@ -109,15 +117,15 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
     chunks the launcher cuts, grid (N tiles, M tiles, split), each CTA's weight tiles (SwiGLU's
     gate/up pairing), its K range (split, then warps, summed in warp order), the partials in a
     workspace [split, rows, N] and the counter per (M tile, N tile) whose last arrival sums them in
-    split order, runs the epilogue and resets it. Arithmetic: layout.emulate_dequantize (the
-    kernel's decode, exact) and float32 sums, not the tensor core's order: it checks indexing and
+    split order, runs the epilogue and resets it. Arithmetic: layout.emulate_dequantize_any (the
+    kernel's decode of either format, exact) and float32 sums, not the tensor core's order: it checks indexing and
     coverage, not bits. `trace` collects (chunk row 0, nt, mt, kz, tiles) of every CTA; `locks`
     (int32, zero) is the counters' buffer, left zero as the kernel leaves it."""
     from .build import m_tiles_for
     n, k, tn, wk, sk = problem.n, problem.k, int(tactic["tiles_n"]), int(tactic["warps_k"]), split_k(tactic)
     m = x.shape[0]
     out = torch.full((m, problem.out_n), float("nan"), dtype=torch.bfloat16) if out is None else out
-    wd = L.emulate_dequantize(w)                                   # fp32 [N, K], alpha applied
+    wd = L.emulate_dequantize_any(w)                               # fp32 [N, K], alpha applied
     xf = x.float()
     rows = chunk_rows(problem, tactic) or max(m, 1)
     kps = k // L.KPAIR // sk                                       # k-pairs per split

@@ -1,4 +1,4 @@
-"""The `cuda` family: a hand-written NVFP4 W4A16 decode GEMM (w4a16_mma.cu) compiled at run time by
+"""The `cuda` family: a hand-written NVFP4/MXFP4 W4A16 decode GEMM (w4a16_mma.cu) compiled at run time by
 NVRTC through CuPy, reading the weight in its own prepacked layout (layout.py).
 
 Tactic parameters: `warps_k` (warps splitting K inside a CTA, reduced in a fixed order),
@@ -39,18 +39,20 @@ _SCHEMA = {"warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
 _SPLIT_SCHEMA = {**_SCHEMA, "split_k": D.SPLIT_K}       # split-K tactics carry split_k; split 1 has none
 STATIC_SMEM_LIMIT = 48 * 1024          # a static __shared__ array can not opt in beyond 48 KiB
 _NO_CUPY = "CuPy is not installed (pip install fp4-autotune[cuda13] or [cuda12])"
-#: False until tests/test_cuda_gpu.py's split-K and SwiGLU tests have passed on a GPU: until then a
-#: dense split-K tactic, or any tactic on a dense swiglu problem, that fits is `unknown` (its shared
-#: memory exact, its results unseen on hardware), so a search measures it only with --measure-unknown
+#: False until tests/test_cuda_gpu.py's split-K, SwiGLU and MXFP4 tests have passed on a GPU: until
+#: then a dense split-K tactic, or any tactic on a dense swiglu or MXFP4 problem, that fits is
+#: `unknown` (its shared memory exact, its results unseen on hardware), so a search measures it only
+#: with --measure-unknown
 DENSE_SPLIT_GPU_CHECKED = False
-DENSE_UNRUN = ("unknown: the dense cuda kernel's split-K / SwiGLU forms have not run on a GPU yet "
+DENSE_UNRUN = ("unknown: the dense cuda kernel's split-K / SwiGLU / MXFP4 forms have not run on a GPU yet "
                "(tests/test_cuda_gpu.py runs them); --measure-unknown measures it")
 
 
 def config(tactic: Tactic, m_tiles: int, problem: Problem | None = None) -> B.Config:
     """The compiled variant of a dense tactic at an M tile (problem: its epilogue, SwiGLU or none)."""
     return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]),
-                    D.split_k(tactic), problem is not None and problem.epilogue == "swiglu")
+                    D.split_k(tactic), problem is not None and problem.epilogue == "swiglu",
+                    problem.w_fmt if problem is not None else "nvfp4")
 
 
 def arch_target(arch: Arch) -> str:
@@ -137,8 +139,9 @@ class CudaFamily(FamilyBase):
             return MOE.supports(problem)
         if problem.kind != "dense":
             return f"cuda family: dense and grouped_moe problems only, not {problem.kind}"
-        if problem.w_fmt != "nvfp4" or problem.a_fmt != "bf16" or problem.out_dtype != "bf16":
-            return f"cuda family: nvfp4 weights, bf16 x and y only, not {problem.w_fmt}/{problem.a_fmt}/{problem.out_dtype}"
+        if problem.w_fmt not in L.FORMAT or problem.a_fmt != "bf16" or problem.out_dtype != "bf16":
+            return (f"cuda family: nvfp4/mxfp4 weights, bf16 x and y only, not "
+                    f"{problem.w_fmt}/{problem.a_fmt}/{problem.out_dtype}")
         if problem.epilogue not in self.dense_epilogues:
             return f"cuda family: no {problem.epilogue} epilogue on dense problems"
         return L.check_shape(problem.n, problem.k)
@@ -178,7 +181,7 @@ class CudaFamily(FamilyBase):
         limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
         if smem > limit:
             return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
-        if (D.split_k(tactic) > 1 or problem.epilogue == "swiglu") and not DENSE_SPLIT_GPU_CHECKED:
+        if D.new_form(problem, tactic) and not DENSE_SPLIT_GPU_CHECKED:
             return Verdict(None, DENSE_UNRUN, smem, limit, int(tactic["stages"]))
         return Verdict.keep(smem, limit, int(tactic["stages"]))
 
@@ -215,8 +218,9 @@ class CudaFamily(FamilyBase):
     def pack_inplace(self, layout: str, weight: FP4Weight, *, already_packed: bool = False) -> Any | None:
         if weight.packed.ndim != 2:
             return None                       # stacked experts get their own packed copy
-        if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()):
-            return None                       # a strided weight gets its own packed copy
+        if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()) \
+                or weight.fmt != "nvfp4":
+            return None                       # a strided (or MXFP4) weight gets its own packed copy
         return L.wrap(weight) if already_packed else L.pack(weight, inplace=True)
 
     # ---- kernels --------------------------------------------------------------------------------

@@ -9,8 +9,9 @@
 // memset, graph-capturable (moe_mma's scheme).
 // SWIGLU = 1 (vLLM's [gate; up] rows, y [M][N/2]): the CTA's tiles 0..TN/2-1 are gate rows, tiles
 // TN/2..TN-1 the matching up rows N/2 further on; the epilogue writes silu(gate) * up in fp32.
-// Config (MT, WK, STAGES, TN, SPLITK, SWIGLU), the layout's bit constants (ROT*/MASK*) and the NVFP4
-// scale decode (SCALE_MUL, SCALE_ADD) come as -D macros.
+// Config (MT, WK, STAGES, TN, SPLITK, SWIGLU), the layout's bit constants (ROT*/MASK*) and the
+// format's scale decode (SCALE_MUL, SCALE_ADD, EPI_SCALE; SW = 16 for MXFP4, whose lanes t and t^1
+// share one 32-k block and so one scale word, absent = 32 for NVFP4) come as -D macros.
 // No headers: build.text prepends mma_common.cuh (the shared helpers); the same text compiles under
 // NVRTC and nvcc, for sm_80 and newer.
 #define NTHREADS (WK * 32)
@@ -22,6 +23,14 @@
 #endif
 #ifndef SWIGLU
 #define SWIGLU 0
+#endif
+#ifndef SW
+#define SW 32                 // scale words per row tile per k-pair (NVFP4: one per lane)
+#endif
+#if SW == 16
+#define SLANE(l) ((l) >> 1)   // MXFP4: lanes t and t^1 read one scale word
+#else
+#define SLANE(l) (l)
 #endif
 #if SWIGLU
 #define OUT_TN (TN / 2)       // output tiles per CTA: one per gate/up pair
@@ -51,7 +60,7 @@ static __device__ __forceinline__ void issue(unsigned char* wdst, unsigned char*
   }
 }
 
-// wq: fragment words [N/16][K/64][32][4]; sq: scale words [N/16][K/128][32]; x [M][K]; y [M][N]
+// wq: fragment words [N/16][K/64][32][4]; sq: scale words [N/16][K/128][SW]; x [M][K]; y [M][N]
 // (SWIGLU: [M][N/2]); ws [SPLITK][M][N] fp32 and locks [gridDim.y][gridDim.x] (zero between launches)
 // are read only when SPLITK > 1
 extern "C" __global__ void __launch_bounds__(NTHREADS)
@@ -72,7 +81,7 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
   // global sources advance by one k-pair per step: 64 words of 16 B, 32 scale words, 128 x elements
   // tile u of this CTA is row tile nt*TN + u (SWIGLU: gate tile nt*TN/2 + u, its up tile N/32 tiles
   // on); a tile's words are (K/64)*32 uint4 further on
-  const size_t wtile = (size_t)(K / 64) * 32, stile = (size_t)(K / 128) * 32;
+  const size_t wtile = (size_t)(K / 64) * 32, stile = (size_t)(K / 128) * SW;
 #if SWIGLU
   const int tile0 = nt * (TN / 2);
   const size_t wgap = (size_t)(N / 32 - TN / 2) * wtile, sgap = (size_t)(N / 32 - TN / 2) * stile;
@@ -81,7 +90,7 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
   const size_t wgap = 0, sgap = 0;
 #endif
   const uint4* wsrc = wq + (size_t)nt * (TN / (1 + SWIGLU)) * wtile + 2 * kp0 * 32 + lane;
-  const u32* ssrc = sq + (size_t)nt * (TN / (1 + SWIGLU)) * stile + kp0 * 32 + lane;
+  const u32* ssrc = sq + (size_t)nt * (TN / (1 + SWIGLU)) * stile + kp0 * SW + SLANE(lane);
   const u16* xrow[MT];
 #pragma unroll
   for (int j = 0; j < MT; ++j) {
@@ -105,7 +114,7 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
   for (int i = 0; i < STAGES - 1; ++i) {
     if (issued < kpairs) {
       issue(wslot0 + i * NTHREADS * 32 * TN, sslot0 + i * NTHREADS * 4 * TN, wnext, snext, wtile, stile, wgap, sgap);
-      wnext += 64; snext += 32; ++issued;
+      wnext += 64; snext += SW; ++issued;
     }
     commit();
   }
@@ -122,7 +131,7 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
     rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
     if (issued < kpairs) {
       issue(wslot0 + wslot * NTHREADS * 32 * TN, sslot0 + wslot * NTHREADS * 4 * TN, wnext, snext, wtile, stile, wgap, sgap);
-      wnext += 64; snext += 32; ++issued;
+      wnext += 64; snext += SW; ++issued;
       wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
     }
     commit();

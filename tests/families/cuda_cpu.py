@@ -14,7 +14,7 @@ BINDS: list[int] = []          # id of every pack a launcher was bound to
 
 
 def _mm(x: torch.Tensor, p: L.CudaPacked, out=None) -> torch.Tensor:
-    y = (x.float() @ L.emulate_dequantize(p).T).to(torch.bfloat16)
+    y = (x.float() @ L.emulate_dequantize_any(p).T).to(torch.bfloat16)
     return y if out is None else out.copy_(y)
 
 
