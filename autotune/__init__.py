@@ -21,6 +21,7 @@ _EXPORTS = {
     "Dispatcher": ("autotune.runtime.dispatch", "Dispatcher"),
     "FP4Linear": ("autotune.runtime.nn", "FP4Linear"),
     "FP4MoE": ("autotune.runtime.moe", "FP4MoE"),
+    "FP4MLP": ("autotune.runtime.nn", "FP4MLP"),
     "FP4GroupedGEMM": ("autotune.runtime.nn", "FP4GroupedGEMM"),
     "Buckets": ("autotune.core.buckets", "Buckets"),
     "FP4Weight": ("autotune.core.formats", "FP4Weight"),

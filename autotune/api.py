@@ -60,15 +60,17 @@ def _activation_choice(arch: Arch | str | None, activations: str | None):
 
 def model_problems(model: str | os.PathLike, *, tp: int = 1, ep: int = 1, include_attention: bool = False,
              only: str | None = None, fused_moe: bool = False, fold_shared: bool = False,
-             activations: str | None = None, arch: Arch | str | None = None) -> list[ProblemUse]:
+             activations: str | None = None, arch: Arch | str | None = None,
+             fused_mlp: bool = False) -> list[ProblemUse]:
     """The model's problems (fused_moe: with the routed experts' fused forms; fold_shared: with the
-    shared expert folded into the routed ones), narrowed to those whose key or a layer name
+    shared expert folded into the routed ones; fused_mlp: with the dense and shared gate_up's SwiGLU
+    form FP4MLP runs), narrowed to those whose key or a layer name
     contains one of the comma-separated strings in `only`. A W4A4 checkpoint's layers get the
     activation format the loaders pick on `arch` (default: the live device) under `activations`
     ("auto" | "w4a4" | "w4a16"; default $AUTOTUNE_ACTIVATIONS, else auto)."""
     try:
         uses = problems_for(model, tp=tp, ep=ep, include_attention=include_attention, fused_moe=fused_moe,
-                            fold_shared=fold_shared, act=_activation_choice(arch, activations))
+                            fold_shared=fold_shared, act=_activation_choice(arch, activations), fused_mlp=fused_mlp)
     except (ModelError, ValueError) as e:
         raise BadInput(str(e)) from None
     for u in uses:
@@ -178,7 +180,8 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, **kw) -> Sea
 
     The defaults tune what the runtime serves with its defaults: every family that imports (those
     the device cannot run are left out with the reason), the routed experts' fused forms FP4MoE
-    runs (fused_moe; `only` narrows), one worker per visible GPU, and the ranked strategy where a
+    runs (fused_moe) and the SwiGLU gate_up FP4MLP runs (fused_mlp; `only` narrows), one worker per
+    visible GPU, and the ranked strategy where a
     rank model covers the arch (else successive halving, and the notes say which).
     fold_shared: also the routed problems with the shared expert folded in (FP4MoE(shared=...))."""
     inp, top, nested = request.split({**kw, **({"model": model} if model is not None else {})})
@@ -191,7 +194,7 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, **kw) -> Sea
     model, cache = inp.model, inp.cache
     if inp.misses:
         keys = {u.problem.key for u in model_problems(model, tp=inp.tp, ep=inp.ep, include_attention=inp.include_attention,
-                                                      fused_moe=inp.fused_moe, fold_shared=inp.fold_shared,
+                                                      fused_moe=inp.fused_moe, fold_shared=inp.fold_shared, fused_mlp=inp.fused_mlp,
                                                       activations=inp.activations, arch=target)} if model else None
         uses, b = from_misses(cache, keys)
         uses = _only(uses, inp.only) if inp.only else uses
@@ -200,7 +203,8 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, **kw) -> Sea
     else:
         if isinstance(model, (str, os.PathLike)):
             uses = model_problems(model, tp=inp.tp, ep=inp.ep, include_attention=inp.include_attention, only=inp.only,
-                                  fused_moe=inp.fused_moe, fold_shared=inp.fold_shared, activations=inp.activations,
+                                  fused_moe=inp.fused_moe, fold_shared=inp.fold_shared, fused_mlp=inp.fused_mlp,
+                                  activations=inp.activations,
                                   arch=target)
         else:
             uses = [ProblemUse(p, (), 1) for p in model]
@@ -369,7 +373,7 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
         cache = settings.misses_url()
     store = open_store(cache, readonly=True)
     uses = model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True,
-                          fold_shared=True) if model else None
+                          fold_shared=True, fused_mlp=True) if model else None
     keys = {u.problem.key for u in uses} if uses else None
     names = {k: r.get("gpu_name") for k, r in store.device_records().items()}
     if misses:
@@ -416,7 +420,7 @@ def write_report(output: str | os.PathLike, *, cache=None, model: str | None = N
     if out.exists() and not out.is_dir():
         raise BadInput(f"output {out} exists and is not a directory")
     uses = model_problems(model, tp=tp, ep=ep, include_attention=True, fused_moe=True,
-                          fold_shared=True) if model else None
+                          fold_shared=True, fused_mlp=True) if model else None
     keys = {u.problem.key for u in uses} if uses else None
     if step_json is not None and not model:
         raise BadInput("--step-json needs --model (the layer counts of the step)")

@@ -49,6 +49,9 @@ class SearchInput:
     fused_moe: bool = knob(True, Opt(
         "--fused-moe/--no-fused-moe", "the routed experts' fused forms (w13+SwiGLU, w2 with the top_k sum) that FP4MoE "
         "serves, as their own problems", show_default=True))
+    fused_mlp: bool = knob(True, Opt(
+        "--fused-mlp/--no-fused-mlp", "the dense MLP's and shared expert's gate_up with the SwiGLU epilogue that "
+        "FP4MLP serves, as their own problems", show_default=True))
     fold_shared: bool = knob(False, Opt(
         "--fold-shared", "also the routed experts' problems with the shared expert folded in as one more, always "
         "routed expert (E+1, top_k+1: what FP4MoE(shared=...) runs)", switch=True))

@@ -6,7 +6,8 @@ peak device memory, with date, commit and versions.
     python3 bench/main_job_summary.py CACHE.db --search-json search.json --wall-s 312 -o summary.json
 
 "Defaults among the served layers" builds what an engine builds for the model with the runtime's
-defaults — FP4Linear for every dense GEMM (dense MLP, shared expert), FP4MoE (fused) for the routed
+defaults — FP4MLP for every SwiGLU MLP (the dense layers' and the shared expert's gate_up with the
+SwiGLU epilogue, then down), FP4Linear for any other dense GEMM, FP4MoE (fused) for the routed
 experts — on random weights, over a Dispatcher reading the cache, and asks each bound table which
 rung answers every tuned M: a problem the runtime serves that the search did not tune shows up here
 as defaults, whatever the search's own problem list says. bench/h200_main_job.sh runs it on the
@@ -70,15 +71,27 @@ def served_layers(cache: str, model: str, tp: int, ep: int, buckets, device: str
     from autotune.models import problems_for
     from autotune.runtime.dispatch import Dispatcher
     from autotune.runtime.moe import FP4MoE
-    from autotune.runtime.nn import FP4Linear
+    from autotune.runtime.nn import FP4Linear, FP4MLP
     from autotune.cache import Store
 
     d = Dispatcher(Store(cache, readonly=True), record_misses=False)
     uses = problems_for(model, tp=tp, ep=ep, fused_moe=False)
     gen = torch.Generator(device=device).manual_seed(0)
     modules: list[tuple[str, list]] = []
-    for u in uses:
-        if u.problem.kind == "dense":
+    dense = [u for u in uses if u.problem.kind == "dense"]
+    down = {layer.split(".down_proj[")[0]: u for u in dense for layer in u.layers if ".down_proj[" in layer}
+    paired: set[int] = set()
+    for u in dense:                       # a SwiGLU MLP: gate_up + the down of the same module
+        mod = next((layer.split(".gate_up_proj[")[0] for layer in u.layers if ".gate_up_proj[" in layer), None)
+        if mod is None or mod not in down:
+            continue
+        dn = down[mod]
+        mlp = FP4MLP(inputs.random_weight(u.problem, device, gen), inputs.random_weight(dn.problem, device, gen),
+                     dispatcher=d)
+        modules.append((", ".join(u.layers + dn.layers) + " (FP4MLP)", list(mlp.problems)))
+        paired.update((id(u), id(dn)))
+    for u in dense:
+        if id(u) not in paired:
             lin = FP4Linear(inputs.random_weight(u.problem, device, gen), dispatcher=d)
             modules.append((", ".join(u.layers), [lin.problem]))
     moe = [u for u in uses if u.problem.kind == "grouped_moe"]

@@ -235,6 +235,10 @@ class FamilyBase:
     compiles: ClassVar[bool] = False
     #: the family's declared sources (autotune.core.codekey); None: its own module and this one
     CODE: ClassVar[Code | None] = None
+    #: epilogues the family computes on dense problems (FP4MLP's `swiglu` gate_up): any other is
+    #: rejected by `verdict` before the family's rules, so a family written before the variant
+    #: existed never runs it as a plain GEMM (a silently wrong [M, N] result)
+    dense_epilogues: ClassVar[tuple[str, ...]] = ("none",)
 
     def available(self, device: str) -> tuple[bool, str]:
         return True, ""
@@ -252,6 +256,8 @@ class FamilyBase:
         if tactic.family != self.name:
             return Verdict.reject(f"tactic of family {tactic.family!r}, not {self.name!r}")
         why = self.validate(tactic) or self.supports(problem)
+        if not why and problem.kind == "dense" and problem.epilogue not in self.dense_epilogues:
+            why = f"the {self.name} family has no {problem.epilogue} epilogue on dense problems"
         if why:
             return Verdict.reject(why)
         return self.verdict_checked(problem, tactic, arch)

@@ -102,6 +102,8 @@ def problem_support(problem: Any) -> str | None:
         return f"cuBLASLt family does not multiply {problem.a_fmt} x {problem.w_fmt}"
     if problem.out_dtype != "bf16":
         return f"cuBLASLt family writes bf16, not {problem.out_dtype}"
+    if getattr(problem, "epilogue", "none") != "none":
+        return f"cuBLASLt family has no {problem.epilogue} epilogue"
     return None
 
 

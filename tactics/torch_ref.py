@@ -4,7 +4,8 @@ It runs everywhere (the CPU too) and is the designated default wherever Triton c
 variants are real trade-offs: the dtype the weight is dequantized to (bf16 halves the bytes,
 fp32 is faster on CPUs without bf16 units) and chunking over N (dequantize and multiply one
 slab of rows at a time, so the dequantized copy stays small and cache-resident).
-Grouped MoE dequantizes only the experts that receive tokens.
+Grouped MoE dequantizes only the experts that receive tokens. Every epilogue variant is computed
+here (dense and grouped SwiGLU, the grouped reduce), in fp32 after the matmul.
 
 W4A4 problems (a_fmt == w_fmt) are EMULATED: the activations are quantized by the reference
 quantizer (autotune.core.inputs.quantize_activations: NVFP4 under the weight's static
@@ -64,6 +65,14 @@ def _slab(x: torch.Tensor, part, dtype: torch.dtype, dst: torch.Tensor) -> None:
         dst.copy_(x @ w.T)
 
 
+def _swiglu_into(y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = silu(gate) · up of y's vLLM [gate; up] columns, in fp32 (the dense swiglu variant)."""
+    h = y.shape[-1] // 2
+    g, u = y[..., :h].float(), y[..., h:].float()
+    out.copy_(torch.nn.functional.silu(g) * u)
+    return out
+
+
 def bind_dense(problem, tactic: Tactic, packed) -> "callable":
     """launch(x, out=None) for one dense weight: the dtypes and the weight's row slabs (views, one
     per chunk) made once here; a call checks x, allocates y (not with out=) and runs the slabs."""
@@ -76,22 +85,24 @@ def bind_dense(problem, tactic: Tactic, packed) -> "callable":
     whole = slabs[0][2] if len(slabs) == 1 else None
     check = x_checker(problem, packed)
     w4a4 = problem.a_fmt != "bf16"
+    swiglu = problem.epilogue == "swiglu"
 
     def launch(x, out=None):
         check(x)
         if out is None:
-            out = x.new_empty((x.shape[0], n), dtype=odt)
+            out = x.new_empty((x.shape[0], problem.out_n), dtype=odt)
         else:
             check_out(problem, x, out)
         xd = x if x.dtype is dtype else x.to(dtype)
         if w4a4:
             xd = _act(problem, x, packed, dtype)
+        y = x.new_empty((x.shape[0], n), dtype=dtype) if swiglu else out     # [gate; up] before the epilogue
         if whole is not None:
-            _slab(xd, whole, dtype, out)
+            _slab(xd, whole, dtype, y)
         else:
             for n0, n1, part in slabs:
-                _slab(xd, part, dtype, out[:, n0:n1])
-        return out
+                _slab(xd, part, dtype, y[:, n0:n1])
+        return _swiglu_into(y, out) if swiglu else out
     return FunctionKernel(launch, weight=packed)
 
 
@@ -103,6 +114,7 @@ class TorchFamily(FamilyBase):
     depends_on = ("torch",)
     default_rank = 1      # the default wherever Triton cannot run (the CPU)
     w4a4_emulated = True  # its W4A4 tactics quantize activations in torch: no W4A4 kernel of the arch
+    dense_epilogues = ("none", "swiglu")
 
     def available(self, device: str) -> tuple[bool, str]:
         return True, ""
@@ -143,7 +155,10 @@ class TorchFamily(FamilyBase):
         if problem.kind == "dense":
             def kernel(x, w, out=None):
                 if out is None:
-                    out = torch.empty(x.shape[0], problem.n, dtype=odt, device=x.device)
+                    out = torch.empty(x.shape[0], problem.out_n, dtype=odt, device=x.device)
+                if problem.epilogue == "swiglu":       # [gate; up] in fp32, then silu(gate) · up
+                    y = torch.empty(x.shape[0], problem.n, dtype=torch.float32, device=x.device)
+                    return _swiglu_into(_dense(_act(problem, x, w, dtype), w, dtype, chunk, y), out)
                 return _dense(_act(problem, x, w, dtype), w, dtype, chunk, out)
             return FunctionKernel(kernel)
 

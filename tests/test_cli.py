@@ -87,14 +87,15 @@ def test_dry_run_for_sm120_prints_verdicts_with_reasons(tmp_path):
     r = autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", cache=tmp_path / "c.db")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    # the fused MoE forms FP4MoE serves are searched by default (#28): 4 dense + 2 plain + 2 fused
-    assert sum(l.startswith("dense:") or l.startswith("grouped_moe:") for l in lines) == 8
+    # the fused forms FP4MoE and FP4MLP serve are searched by default (#28, #26): 4 dense + 2 dense
+    # SwiGLU gate_up + 2 plain grouped + 2 fused grouped
+    assert sum(l.startswith("dense:") or l.startswith("grouped_moe:") for l in lines) == 10
     tri = [l for l in lines if "sm120: triton:" in l]
     assert tri and all("kept" in l for l in tri)
     assert any("rejected" in l and "> 101376" in l for l in tri)
     assert not (tmp_path / "c.db").exists()
     j = json.loads(autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", "--json").stdout)
-    assert j["arch"] == "sm120" and len(j["problems"]) == 8
+    assert j["arch"] == "sm120" and len(j["problems"]) == 10
     # every family by default (#28): the cutlass and cuda verdicts for sm120 are in the plan too
     assert {f["family"] for pr in j["problems"] for f in pr["families"]} >= {"triton", "torch", "cutlass", "cuda"}
 

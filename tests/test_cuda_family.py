@@ -33,9 +33,11 @@ def test_registered_and_absent_cleanly_without_cupy():
 def test_space_and_verdicts():
     sm90 = get_arch("sm90")
     space = FAM.enumerate(TP8_GATE_UP, sm90)
-    assert len(space) == 32
-    kept = [t for t in space if FAM.verdict(TP8_GATE_UP, t, sm90).ok]
-    rejected = {t.id: FAM.verdict(TP8_GATE_UP, t, sm90) for t in space if t not in kept}
+    # the 32 tactics without split_k (their ids unchanged) + 36 split-K ones (split 2/4/8 x 3 x 2 x 2)
+    plain = [t for t in space if "split_k" not in t.params]
+    assert len(space) == 68 and len(plain) == 32
+    kept = [t for t in plain if FAM.verdict(TP8_GATE_UP, t, sm90).ok]
+    rejected = {t.id: FAM.verdict(TP8_GATE_UP, t, sm90) for t in plain if t not in kept}
     assert kept and rejected
     for v in rejected.values():
         assert "static shared memory" in v.reason and v.smem_bytes > STATIC_SMEM_LIMIT
@@ -44,11 +46,13 @@ def test_space_and_verdicts():
     assert v.rejected and "128*warps_k=1024" in v.reason
     assert FAM.verdict(TP8_GATE_UP, Tactic("cuda", warps_k=4, stages=4, tiles_n=2), get_arch("sm120")).ok
     assert FAM.verdict(TP8_GATE_UP, Tactic("cuda", warps_k=4, stages=5, tiles_n=1), sm90).rejected   # not in schema
-    assert FAM.supports(Problem.dense(3072, 6144, w_fmt="mxfp4"))
+    assert FAM.supports(Problem.dense(3072, 6144, w_fmt="mxfp4")) is None       # MXFP4 too (docs section 8)
+    assert FAM.supports(Problem.dense(3072, 6144, w_fmt="fp8"))
     assert FAM.supports(Problem.dense(3000, 6144))                                       # N % 16
     v = FAM.verdict(Problem.dense(16 * 3, 6144), Tactic("cuda", warps_k=1, stages=2, tiles_n=2), sm90)
     assert v.rejected and "tiles_n" in v.reason
-    assert FAM.enumerate(Problem.dense(3072, 6144, w_fmt="mxfp4"), sm90) == []
+    assert len(FAM.enumerate(Problem.dense(3072, 6144, w_fmt="mxfp4"), sm90)) == 68
+    assert FAM.enumerate(Problem.dense(3072, 6144, a_fmt="nvfp4"), sm90) == []
     assert FAM.verdict(TP8_GATE_UP, FAM.default(TP8_GATE_UP, sm90), sm90).ok
     assert FAM.verdict(TP8_DOWN, FAM.default(TP8_DOWN, sm90), sm90).ok
 

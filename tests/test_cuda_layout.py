@@ -65,5 +65,18 @@ def test_refuses_scales_the_kernel_cannot_decode(bad):
 def test_refuses_shapes_and_formats():
     with pytest.raises(ValueError, match="multiple of 128"):
         L.pack(_random_weight(16, 64, 7))
+    with pytest.raises(ValueError, match="not in place"):          # MXFP4: into new storage only
+        L.pack(quantize(torch.randn(16, 128), "mxfp4"), inplace=True)
     with pytest.raises(ValueError, match="nvfp4"):
-        L.pack(quantize(torch.randn(16, 128), "mxfp4"))
+        L.pack(quantize(torch.randn(2, 16, 128), "mxfp4"))             # stacked: pack_experts
+
+
+def test_two_d_mxfp4_round_trip_and_decode():
+    """A 2-D MXFP4 weight (the dense kernel's MXFP4 form) packs as one stacked expert's layout:
+    unpack restores it bit for bit, the kernel's decode equals dequantize exactly."""
+    w = quantize(torch.randn(32, 256) * torch.logspace(-3, 2, 32)[:, None], "mxfp4")
+    p = L.pack(w)
+    assert (p.fmt, p.experts, tuple(p.scales.shape)) == ("mxfp4", 0, (32, 8)) and p.scales.numel() == w.scales.numel()
+    back = L.unpack(p)
+    assert torch.equal(back.packed, w.packed) and torch.equal(back.scales.view(torch.uint8), w.scales.view(torch.uint8))
+    assert torch.equal(L.emulate_dequantize_any(p), w.dequantize())

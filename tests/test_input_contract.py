@@ -16,7 +16,7 @@ from autotune.core.formats import quantize
 from autotune.core.operands import KERNEL_X, LAYER_X, OperandError, check_operands
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher
-from autotune.runtime.nn import FP4GroupedGEMM, FP4Linear, FP4MoE
+from autotune.runtime.nn import FP4GroupedGEMM, FP4Linear, FP4MLP, FP4MoE
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
 CANDIDATES = ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "int8", "uint8", "int32", "int64",
@@ -63,6 +63,7 @@ def _entries(disp):
     moe = FP4MoE.from_float(torch.randn(E, 16, K), torch.randn(E, 16, K), torch.randn(E, K, 16), TOP_K,
                             dispatcher=disp)
     bound = disp.bind(Problem.dense(N, K), w)
+    mlp = FP4MLP.from_float(torch.randn(16, K), torch.randn(16, K), torch.randn(K, 16), dispatcher=disp)
     tw = torch.full((3, TOP_K), 0.5)
 
     def bf(x):
@@ -82,6 +83,7 @@ def _entries(disp):
         "FP4Linear": (lin, lambda x: lin(bf(x)).to(x.dtype)),
         "FP4GroupedGEMM": (lambda x: gg(x, _ids(3)), lambda x: gg(bf(x), _ids(3)).to(x.dtype)),
         "FP4MoE": (lambda x: moe(x, _ids(3), tw), lambda x: moe(bf(x), _ids(3), tw).to(x.dtype)),
+        "FP4MLP": (mlp, lambda x: mlp(bf(x)).to(x.dtype)),
     }
 
 
@@ -106,7 +108,7 @@ def test_every_entry_follows_the_documented_table(disp):
                     call(x)
                 assert "\n" not in str(e.value) and dt in str(e.value), (name, dt, str(e.value))
                 refused += 1
-    assert accepted == 1 + 1 + 1 + 2 + 3 * 3 and refused == len(entries) * len(CANDIDATES) - accepted
+    assert accepted == 1 + 1 + 1 + 2 + 4 * 3 and refused == len(entries) * len(CANDIDATES) - accepted   # 4 layers
 
 
 def test_the_issue_case_int8_into_fp4linear_is_refused(disp):

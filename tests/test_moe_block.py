@@ -49,7 +49,7 @@ def test_variant_keys_shapes_and_checks():
     assert s.key == p.key + ":swiglu" and Problem.from_key(s.key) == s and Problem.from_key(r.key) == r
     assert s.out_n == 256 and "epilogue" not in s.to_dict()
     with pytest.raises(ValueError, match="grouped_moe variant"):
-        Problem("dense", epilogue="swiglu", n=8, k=16)
+        Problem("dense", epilogue="reduce", n=8, k=16)            # dense takes swiglu (FP4MLP), not reduce
     with pytest.raises(ValueError, match="even N"):
         Problem.moe(63, 64, 4, 2, epilogue="swiglu")
     w = quantize(torch.randn(4, 6144, 256))

@@ -135,12 +135,21 @@ def activations(problem: Problem, s: InputSet) -> torch.Tensor:
 
 
 def reference(problem: Problem, s: InputSet) -> torch.Tensor:
-    """float64 dequantize-then-matmul, on the inputs' device (activations quantized first for W4A4).
-    Grouped MoE: expert id -1 is a zero row (no contribution); then the problem's epilogue."""
+    """float64 dequantize-then-matmul, on the inputs' device (activations quantized first for W4A4),
+    then the problem's epilogue. Grouped MoE: expert id -1 is a zero row (no contribution)."""
     x = activations(problem, s)
     if problem.kind == "dense":
-        return x @ s.w.dequantize(torch.float64).T
+        return dense_reference(problem, x, s.w)
     return moe_reference(problem, x, s.w, s.topk_ids, s.topk_weights)
+
+
+def dense_reference(problem: Problem, x: torch.Tensor, w) -> torch.Tensor:
+    """float64 x · Wᵀ, then the epilogue: SwiGLU on vLLM's [gate; up] rows, silu(gate) · up, [M, N/2]."""
+    y = x.double() @ w.dequantize(torch.float64).T
+    if problem.epilogue == "swiglu":
+        h = problem.n // 2
+        y = y[..., :h] * torch.sigmoid(y[..., :h]) * y[..., h:]
+    return y
 
 
 def moe_reference(problem: Problem, x: torch.Tensor, w, topk_ids: torch.Tensor,

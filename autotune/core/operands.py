@@ -132,7 +132,7 @@ def check_layer_x(key: str, x: Any) -> None:
 def out_checker(problem: Problem):
     """`check(x, out)`: check_out for a dense bound launcher, the common case answered by attribute
     reads (class, dtype, shape, same device as x) and check_out's one-line error for anything else."""
-    want, n = _DTYPES[problem.out_dtype], problem.n
+    want, n = _DTYPES[problem.out_dtype], problem.out_n
 
     def check(x: Any, out: Any) -> None:
         if out.__class__ is not torch.Tensor or out.dtype is not want or out.ndim != 2 or out.shape[1] != n \
@@ -187,7 +187,9 @@ def check_operands(problem: Problem, x: Any, w: Any, topk_ids: Any = None, topk_
 
 
 def out_shape(problem: Problem, m: int) -> tuple[int, ...]:
-    if problem.kind != "grouped_moe" or problem.epilogue == "reduce":
+    if problem.kind != "grouped_moe":
+        return (m, problem.out_n)           # dense: N, or N/2 after SwiGLU
+    if problem.epilogue == "reduce":
         return (m, problem.n)
     return (m, problem.top_k, problem.out_n)
 

@@ -8,7 +8,10 @@ epilogue (the fused forms of an MoE block, each its own problem: tuned, checked 
 * "swiglu" (w13, vLLM's [gate; up] rows): y[M, top_k, N/2] = silu(x·W_gateᵀ) · (x·W_upᵀ) (× weight);
 * "reduce" (w2): x holds one row per (token, slot), [M, top_k, K]; y[M, N] = Σ_j weight[i, j] ·
   x[i, j] · W[ids[i, j]]ᵀ, slots routed nowhere (-1) contributing nothing.
-The key names a non-default epilogue (`...:e256:top8:swiglu`); keys of "none" problems are unchanged.
+A dense problem takes "swiglu" too (FP4MLP's gate_up, vLLM's [gate; up] rows): y[M, N/2] =
+silu(x·W_gateᵀ) · (x·W_upᵀ); "reduce" is grouped only.
+The key names a non-default epilogue (`...:e256:top8:swiglu`, `dense:...:n512:k6144:swiglu`); keys of
+"none" problems are unchanged.
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ class Problem:
             raise ValueError("a dense problem has experts=1 and top_k=1")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
-        if self.epilogue != "none" and self.kind != "grouped_moe":
+        if self.epilogue == "reduce" and self.kind != "grouped_moe":
             raise ValueError(f"the {self.epilogue} epilogue is a grouped_moe variant, not {self.kind}")
         if self.epilogue == "swiglu" and self.n % 2:
             raise ValueError(f"the swiglu epilogue needs an even N ([gate; up] rows), got N={self.n}")
@@ -83,15 +86,17 @@ class Problem:
 
     @classmethod
     def from_key(cls, key: str) -> "Problem":
-        m = re.fullmatch(r"(dense|grouped_moe):(\w+)\*(\w+)->(\w+):n(\d+):k(\d+)(?::e(\d+):top(\d+)(?::(swiglu|reduce))?)?", key)
-        if not m:
+        m = re.fullmatch(r"(dense|grouped_moe):(\w+)\*(\w+)->(\w+):n(\d+):k(\d+)"
+                         r"(?::e(\d+):top(\d+)(?::(swiglu|reduce))?|:(swiglu))?", key)
+        if not m or (m.group(1) == "dense") != (m.group(7) is None):
             raise ValueError(f"not a problem key: {key!r}")
-        kind, a, w, o, n, k, e, t, epi = m.groups()
-        return cls(kind, a, w, o, int(n), int(k), int(e or 1), int(t or 1), epi or "none")
+        kind, a, w, o, n, k, e, t, epi, dense_epi = m.groups()
+        return cls(kind, a, w, o, int(n), int(k), int(e or 1), int(t or 1), epi or dense_epi or "none")
 
     @classmethod
-    def dense(cls, n: int, k: int, w_fmt: str = "nvfp4", a_fmt: str = "bf16", out_dtype: str = "bf16") -> "Problem":
-        return cls("dense", a_fmt, w_fmt, out_dtype, n, k)
+    def dense(cls, n: int, k: int, w_fmt: str = "nvfp4", a_fmt: str = "bf16", out_dtype: str = "bf16",
+              epilogue: str = "none") -> "Problem":
+        return cls("dense", a_fmt, w_fmt, out_dtype, n, k, epilogue=epilogue)
 
     @classmethod
     def moe(cls, n: int, k: int, experts: int, top_k: int, w_fmt: str = "nvfp4", a_fmt: str = "bf16",
@@ -99,7 +104,7 @@ class Problem:
         return cls("grouped_moe", a_fmt, w_fmt, out_dtype, n, k, experts, top_k, epilogue)
 
     def variant(self, epilogue: str) -> "Problem":
-        """The same GEMM with another epilogue (a grouped_moe problem's fused or unfused form)."""
+        """The same GEMM with another epilogue (its fused or unfused form)."""
         return replace(self, epilogue=epilogue)
 
     @property

@@ -37,10 +37,11 @@ def load_model(model: str | os.PathLike) -> tuple[ArchConfig, QuantRule]:
 
 def problems_for(model: str | os.PathLike, tp: int = 1, ep: int = 1,
                  include_attention: bool = False, fused_moe: bool = False,
-                 fold_shared: bool = False, act=None) -> list[ProblemUse]:
+                 fold_shared: bool = False, act=None, fused_mlp: bool = False) -> list[ProblemUse]:
     """Per-GPU GEMM problems of `model` under tensor parallelism tp and expert parallelism ep
     (fused_moe: with the routed experts' fused forms; fold_shared: with the shared expert folded
-    into the routed problems; act: the W4A4 choice, see layers.build_problems)."""
+    into the routed problems; fused_mlp: with the dense and shared gate_up's SwiGLU form FP4MLP
+    runs; act: the W4A4 choice, see layers.build_problems)."""
     arch, rule = load_model(model)
     return build_problems(arch, rule, tp=tp, ep=ep, include_attention=include_attention, fused_moe=fused_moe,
-                          fold_shared=fold_shared, act=act)
+                          fold_shared=fold_shared, act=act, fused_mlp=fused_mlp)

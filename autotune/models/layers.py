@@ -11,7 +11,8 @@ Sharding implemented (tp = tensor-parallel size, ep = expert-parallel size):
     Requires ep | E and ep | tp. gpt-oss (MXFP4) shards I_e in whole 32-element blocks.
   * shared experts and dense MLPs stay tensor-parallel over tp even with EP (vLLM).
 Shared experts are separate dense problems; with fold_shared also, where the shared expert has the
-routed experts' per-expert shape, the folded forms FP4MoE(shared=...) runs.
+routed experts' per-expert shape, the folded forms FP4MoE(shared=...) runs. With fused_mlp the dense
+and shared gate_up also in their `swiglu` form, what FP4MLP runs (gate_up with SiLU·up in its kernel).
 """
 from __future__ import annotations
 
@@ -166,7 +167,7 @@ def _ranges(idx: list[int]) -> str:
 
 def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
                    include_attention: bool = False, fused_moe: bool = False,
-                   fold_shared: bool = False, act=None) -> list[ProblemUse]:
+                   fold_shared: bool = False, act=None, fused_mlp: bool = False) -> list[ProblemUse]:
     """Deduplicated per-GPU problems, sorted by Problem (kind, formats, n, k, experts, top_k).
     fused_moe: also the fused forms of the routed experts (w13 with the SwiGLU epilogue, w2 with
     the routing weights applied and top_k summed: what FP4MoE runs by default), as their own
@@ -174,6 +175,8 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
     fold_shared: also the routed problems with the shared expert folded in as one more, always
     routed expert, moe(n, k, E+1, top_k+1) (and their fused forms with fused_moe), in the layers
     where the shared expert is quantized and has the routed experts' per-expert (N, K).
+    fused_mlp: also the dense MLP's and the shared expert's gate_up with the SwiGLU epilogue
+    (`...:swiglu`, [M, N/2]: what FP4MLP runs, then the plain down), beside the plain gate_up.
     act: for a W4A4 checkpoint (rule.w4a4), Problem -> Problem choosing each quantized layer's
     activation format (autotune.runtime.activations.choose, bound to an arch and the setting);
     None keeps every problem W4A16."""
@@ -203,6 +206,8 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
         groups.setdefault(p, {}).setdefault(lin.name, []).extend(use)
         if lin.role in (SHARED_GATE_UP, SHARED_DOWN):
             shared[lin.role] = (p, set(use))
+        if fused_mlp and lin.role in (MLP_GATE_UP, SHARED_GATE_UP) and p.a_fmt == "bf16":
+            groups.setdefault(p.variant("swiglu"), {}).setdefault(f"{lin.name}+swiglu", []).extend(use)
         if lin.role not in (EXPERTS_W13, EXPERTS_W2):
             continue
         epi = "swiglu" if lin.role == EXPERTS_W13 else "reduce"

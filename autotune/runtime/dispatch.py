@@ -133,9 +133,11 @@ class Dispatcher:
         return t
 
     def _fast_path(self, t: Table) -> None:
-        """The (M, N, K) form's dict for bf16 x nvfp4 -> bf16 dense tables."""
+        """The (M, N, K) form's dict for bf16 x nvfp4 -> bf16 dense tables (plain GEMMs: a swiglu
+        problem of the same N, K is another function, reached through its Problem only)."""
         p = t.problem
-        if p.kind == "dense" and p.a_fmt == "bf16" and p.w_fmt == "nvfp4" and p.out_dtype == "bf16":
+        if p.kind == "dense" and p.a_fmt == "bf16" and p.w_fmt == "nvfp4" and p.out_dtype == "bf16" \
+                and p.epilogue == "none":
             self._dense.setdefault(p.n, {})[p.k] = t.__call__
 
     def _invariant(self, p: Problem, t: Tactic) -> bool:
@@ -150,7 +152,8 @@ class Dispatcher:
         pick, note = invariant_pick(p, items, t.default_tactic, self._invariant, self.arch.name)
         if pick is None:
             self._refused[p] = note
-            self._dense.get(p.n, {}).pop(p.k, None)
+            if p.epilogue == "none":
+                self._dense.get(p.n, {}).pop(p.k, None)
             return False
         t._set_pin(self._kernel(p, pick), pick)
         self.invariant_notes[p.key] = note or f"one tactic for every M: {pick}"

@@ -339,6 +339,8 @@ class FP4MoE(nn.Module):
         expert folded in where the checkpoint quantizes it (shared_experts=None: auto). Per-expert
         `experts.{e}.{gate,up,down}_proj`, ModelOpt's stacked bmm experts and gpt-oss's MXFP4
         `*_blocks` (interleaved rows, biases, clamped SwiGLU alpha 1.702, limit 7, unfused).
+        shared_experts=False and `FP4MLP.from_pretrained(path, f"{block}.shared_experts")` run the
+        shared expert apart (two kernels, its SiLU·up in the gate_up's epilogue).
         activations: "auto" | "w4a4" | "w4a16" (autotune.runtime.activations)."""
         from autotune.runtime.pretrained import load_moe
         kw = load_moe(path, block, top_k=top_k, tp_rank=tp_rank, tp_size=tp_size, experts=experts, ep_rank=ep_rank,

@@ -1,5 +1,6 @@
-"""FP4 layers that dispatch on every forward: FP4Linear and FP4GroupedGEMM (one grouped expert
-GEMM); FP4MoE, the whole routed-expert block, lives in autotune.runtime.moe and is re-exported here.
+"""FP4 layers that dispatch on every forward: FP4Linear, FP4MLP (a SwiGLU MLP in two kernels: the
+dense gate_up with the SwiGLU epilogue, then down) and FP4GroupedGEMM (one grouped expert GEMM);
+FP4MoE, the whole routed-expert block, lives in autotune.runtime.moe and is re-exported here.
 
 Each layer holds its FP4 weight as buffers and binds it once to its problem's table
 (`Dispatcher.bind` -> autotune.runtime.bound.BoundTable): the weight is checked against the problem,
@@ -112,10 +113,12 @@ class _FP4Base(nn.Module):
 
 class FP4Linear(_FP4Base):
     """y = x · Wᵀ (+ bias) with W an FP4 weight [N, K]; x [..., K] in bf16, fp16 or fp32 (computed
-    in bf16, returned in x's dtype; operands.LAYER_X)."""
+    in bf16, returned in x's dtype; operands.LAYER_X). epilogue="swiglu": W is vLLM's [gate; up]
+    rows and y = silu(x·W_gateᵀ) · (x·W_upᵀ), [..., N/2], in the same kernel (the dense swiglu
+    problem; FP4MLP's first half)."""
 
     def __init__(self, weight: FP4Weight, bias: Tensor | None = None, *, dispatcher: Dispatcher | None = None,
-                 one_copy: bool = False, a_fmt: str = "bf16"):
+                 one_copy: bool = False, a_fmt: str = "bf16", epilogue: str = "none"):
         """one_copy=True: the layer holds one copy of the weight: every M is served from one layout,
         written over `weight`'s storage where its family can (`Dispatcher.bind`'s one_copy); the
         checkpoint layout is gone then (`weight`, `state_dict` and `load_state_dict` refuse).
@@ -124,8 +127,14 @@ class FP4Linear(_FP4Base):
             raise ValueError(f"FP4Linear takes a 2-D weight [N, K]; got {weight.shape} (use FP4GroupedGEMM)")
         if a_fmt == "nvfp4" and weight.input_scale is None:
             raise ValueError("FP4Linear(a_fmt='nvfp4'): W4A4 needs the weight's static input_scale")
-        super().__init__(weight, Problem.dense(weight.n, weight.k, w_fmt=weight.fmt, a_fmt=a_fmt), dispatcher, one_copy)
-        self.in_features, self.out_features = weight.k, weight.n
+        if epilogue not in ("none", "swiglu"):
+            raise ValueError(f"FP4Linear epilogue must be 'none' or 'swiglu', got {epilogue!r}")
+        if epilogue == "swiglu" and (bias is not None or weight.n % 2):
+            raise ValueError(f"FP4Linear(epilogue='swiglu') takes [gate; up] rows (an even N, got {weight.n}) "
+                             "and no bias")
+        problem = Problem.dense(weight.n, weight.k, w_fmt=weight.fmt, a_fmt=a_fmt, epilogue=epilogue)
+        super().__init__(weight, problem, dispatcher, one_copy)
+        self.in_features, self.out_features = weight.k, problem.out_n
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
 
     @classmethod
@@ -191,6 +200,109 @@ class FP4Linear(_FP4Base):
         for m in sorted(set(ms), reverse=True):
             x = torch.zeros(m, self.in_features, dtype=torch.bfloat16, device=self.packed.device)
             _linear_impl(x, self.layer_id)
+
+
+class FP4MLP(nn.Module):
+    """A SwiGLU MLP in two kernels, y = down(silu(x·W_gateᵀ) ⊙ (x·W_upᵀ)): x [..., H] → [..., H] in
+    bf16, fp16 or fp32 (computed in bf16, returned in x's dtype), as a dense MLP layer or a shared
+    expert runs. gate_up [2I, H] holds vLLM's [gate; up] rows and is served by the dense `swiglu`
+    problem (its winners write silu(gate)·up from their fp32 sums: no elementwise kernel between
+    the GEMMs), down [H, I] by the plain dense problem; each an FP4Linear (`.gate_up`, `.down`),
+    bound once. W4A16 (bf16 activations).
+
+    ModelOpt quantizes gate_proj and up_proj each with its own global scale: gate_up carries the
+    gate's on both halves, so its up half comes out × gate/up; that factor passes linearly through
+    silu(gate)·up, so down's global scale takes up/gate (`up_scale`, an fp32 product, exact: as
+    FP4MoE does per expert)."""
+
+    def __init__(self, gate_up: FP4Weight, down: FP4Weight, *, up_scale: Tensor | None = None,
+                 dispatcher: Dispatcher | None = None, one_copy: bool = False):
+        super().__init__()
+        for name, w in (("gate_up", gate_up), ("down", down)):
+            if not isinstance(w, FP4Weight) or w.num_experts is not None or w.packed.ndim != 2:
+                raise ValueError(f"FP4MLP takes 2-D FP4 weights gate_up [2I, H] and down [H, I]; {name} is "
+                                 f"{getattr(w, 'shape', type(w).__name__)}")
+        two_i, h = gate_up.shape
+        if two_i % 2 or down.shape != (h, two_i // 2) or gate_up.fmt != down.fmt:
+            raise ValueError(f"FP4MLP: down {down.shape} ({down.fmt}) does not fit gate_up {gate_up.shape} "
+                             f"({gate_up.fmt}): expected [{h}, {two_i // 2}] in one format")
+        if up_scale is not None and (not isinstance(up_scale, Tensor) or up_scale.numel() != 1
+                                     or gate_up.global_scale.numel() != 1):
+            raise ValueError("FP4MLP up_scale is the up half's one global scale (gate_up carrying one, the gate's)")
+        if up_scale is not None:
+            from autotune.runtime.moe import _fold_up
+            g2 = _fold_up(gate_up.global_scale, down.global_scale, up_scale, None).reshape(down.global_scale.shape)
+            down = FP4Weight(down.packed, down.scales, g2.to(down.global_scale.device), down.fmt)
+        strip = lambda w: FP4Weight(w.packed, w.scales, w.global_scale, w.fmt)  # noqa: E731  (W4A16)
+        self.hidden, self.intermediate = h, two_i // 2
+        self.gate_up = FP4Linear(strip(gate_up), dispatcher=dispatcher, one_copy=one_copy, epilogue="swiglu")
+        self.down = FP4Linear(strip(down), dispatcher=dispatcher, one_copy=one_copy)
+
+    @property
+    def problems(self) -> tuple[Problem, Problem]:
+        """(the dense swiglu gate_up problem, the down problem): what the search tunes for it."""
+        return self.gate_up.problem, self.down.problem
+
+    @classmethod
+    def from_float(cls, gate: Tensor, up: Tensor, down: Tensor, fmt: str = "nvfp4", *,
+                   dispatcher: Dispatcher | None = None, one_copy: bool = False) -> "FP4MLP":
+        """From dense gate/up [I, H] and down [H, I], each quantized on its own (as ModelOpt does:
+        separate gate and up global scales)."""
+        if gate.ndim != 2 or up.shape != gate.shape:
+            raise ValueError(f"FP4MLP.from_float: gate and up must be [I, H] alike, got {tuple(gate.shape)}, "
+                             f"{tuple(up.shape)}")
+        g, u, d = quantize(gate, fmt), quantize(up, fmt), quantize(down, fmt)
+        return cls(_cat_rows(g, u), d, up_scale=u.global_scale if fmt == "nvfp4" else None,
+                   dispatcher=dispatcher, one_copy=one_copy)
+
+    @classmethod
+    def from_modelopt(cls, source: str | Mapping[str, Tensor], prefix: str, *, device: str = "cpu",
+                      dispatcher: Dispatcher | None = None, one_copy: bool = False) -> "FP4MLP":
+        """From a ModelOpt NVFP4 `.safetensors` path or a dict: `{prefix}.gate_proj`, `.up_proj`,
+        `.down_proj` (e.g. 'model.layers.0.mlp' or 'model.layers.3.mlp.shared_experts'), W4A16."""
+        from autotune.runtime.pretrained import one_linear
+        g, u, d = (one_linear(source, f"{prefix.rstrip('.')}.{p}", device) for p in ("gate_proj", "up_proj", "down_proj"))
+        return cls(_cat_rows(g, u), d, up_scale=u.global_scale, dispatcher=dispatcher, one_copy=one_copy)
+
+    @classmethod
+    def from_pretrained(cls, path, module: str, *, tp_rank: int = 0, tp_size: int = 1, device: str = "cpu",
+                        dispatcher: Dispatcher | None = None, one_copy: bool = False) -> "FP4MLP":
+        """One quantized MLP of a checkpoint (a dense layer's `model.layers.0.mlp`, or a shared
+        expert's `model.layers.3.mlp.shared_experts`; a directory, .safetensors or index.json), this
+        rank's slice: gate/up column-parallel (I / tp), down row-parallel (whole scale blocks); W4A16."""
+        from autotune.runtime.pretrained import load_mlp
+        gate_up, down, up_scale = load_mlp(path, module, tp_rank=tp_rank, tp_size=tp_size, device=device)
+        return cls(gate_up, down, up_scale=up_scale, dispatcher=dispatcher, one_copy=one_copy)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim == 2 and x.dtype is torch.bfloat16 and x.shape[1] == self.hidden and not torch.compiler.is_compiling():
+            # the engines' eager case: the two bound launchers, nothing between them
+            m = x.shape[0]
+            return self.down.bound.launcher(m)(self.gate_up.bound.launcher(m)(x))
+        check_layer_x(self.gate_up.problem.key, x)
+        if x.ndim == 0 or x.shape[-1] != self.hidden:
+            raise OperandError(f"{self.gate_up.problem.key}: x is {'x'.join(map(str, x.shape))}, expected "
+                               f"... x {self.hidden}")
+        xb = x.reshape(-1, self.hidden)
+        y = self.down(self.gate_up(xb if xb.dtype == torch.bfloat16 else xb.to(torch.bfloat16)))   # bf16 between
+        y = y.reshape(*x.shape[:-1], self.hidden)
+        return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+
+    def warmup(self, ms: Iterable[int]) -> None:
+        """Build and run every kernel these batch sizes reach (before CUDA-graph capture)."""
+        self.gate_up.warmup(ms)
+        self.down.warmup(ms)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden} -> {self.intermediate} (SwiGLU) -> {self.hidden}"
+
+
+def _cat_rows(gate: FP4Weight, up: FP4Weight) -> FP4Weight:
+    """vLLM's gate_up: [gate; up] rows, carrying the gate's global scale (up's goes to down's)."""
+    if gate.shape != up.shape or gate.fmt != up.fmt:
+        raise ValueError(f"gate {gate.shape} ({gate.fmt}) and up {up.shape} ({up.fmt}) must match")
+    return FP4Weight(torch.cat([gate.packed, up.packed], -2), torch.cat([gate.scales, up.scales], -2),
+                     gate.global_scale, gate.fmt)
 
 
 class FP4GroupedGEMM(_FP4Base):
@@ -259,7 +371,7 @@ def _linear_impl(x: Tensor, layer_id: int) -> Tensor:
 
 @_linear_impl.register_fake
 def _linear_fake(x: Tensor, layer_id: int) -> Tensor:
-    return x.new_empty((x.shape[0], _layer(layer_id).problem.n), dtype=torch.bfloat16)
+    return x.new_empty((x.shape[0], _layer(layer_id).problem.out_n), dtype=torch.bfloat16)
 
 
 def _moe_launch(layer: "FP4GroupedGEMM", x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None) -> Tensor:

@@ -1,5 +1,6 @@
-"""Whole modules from a checkpoint: what `FP4Linear.from_pretrained`, `FP4MoE.from_pretrained`
-and the `from_modelopt` constructors call. The bytes come from autotune.core.checkpoint (one
+"""Whole modules from a checkpoint: what `FP4Linear.from_pretrained`, `FP4MLP.from_pretrained`
+(a dense layer's MLP, or an MoE block's shared expert run apart from the routed ones),
+`FP4MoE.from_pretrained` and the `from_modelopt` constructors call. The bytes come from autotune.core.checkpoint (one
 reader); this module decides the layer's problem (W4A4 or W4A16: autotune.runtime.activations)
 and the engines' MoE conventions (routed + shared experts, expert_map for EP, gpt-oss's
 interleaved clamped SwiGLU with biases).
@@ -161,10 +162,21 @@ def one_linear(source, module: str, device: str = "cpu") -> FP4Weight:
     return open_checkpoint(source, assume_modelopt=True).linear(module).to(device)
 
 
-def shared_tuple(source, mod: str, device: str = "cpu") -> tuple:
-    ck = open_checkpoint(source, assume_modelopt=True)
-    g, u, d = (ck.linear(f"{mod}.{p}").to(device) for p in ("gate_proj", "up_proj", "down_proj"))
-    return cat_rows(g, u), d, u.global_scale
+def load_mlp(source, module: str, *, tp_rank: int = 0, tp_size: int = 1, device: str = "cpu",
+             assume_modelopt: bool = False) -> tuple[FP4Weight, FP4Weight, Tensor | None]:
+    """FP4MLP's (gate_up [2I/tp, H], down [H, I/tp], up_scale) for one SwiGLU MLP of a checkpoint
+    (`{module}.gate_proj`, `.up_proj`, `.down_proj`: a dense layer's mlp or an MoE block's
+    shared_experts), this rank's slice: gate/up column-parallel, down row-parallel; W4A16 (the
+    activation scales dropped). up_scale: the up half's global scale when it differs from the
+    gate's (FP4MLP folds up/gate into down's), else None."""
+    ck = open_checkpoint(source, assume_modelopt)
+    module = module.rstrip(".")
+    col, row = ("column", "row") if tp_size > 1 else (None, None)
+    g, u = (ck.linear(f"{module}.{p}", tp_rank=tp_rank, tp_size=tp_size, parallel=col) for p in ("gate_proj", "up_proj"))
+    d = ck.linear(f"{module}.down_proj", tp_rank=tp_rank, tp_size=tp_size, parallel=row)
+    g, u, d = (_drop_input(w).to(device) for w in (g, u, d))
+    same = g.fmt != "nvfp4" or torch.equal(u.global_scale.float().reshape(-1), g.global_scale.float().reshape(-1))
+    return cat_rows(g, u), d, None if same else u.global_scale
 
 
 def clamped_swiglu(y: Tensor, alpha: float, limit: float) -> Tensor:

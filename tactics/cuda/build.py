@@ -44,6 +44,9 @@ class Config:
     warps_k: int
     stages: int
     tiles_n: int = 1     # 16-row weight tiles per CTA (each warp covers all of them)
+    split_k: int = 1     # CTAs splitting K (fp32 partials; the last to arrive sums them in split order)
+    swiglu: bool = False  # vLLM's [gate; up] rows: half the tiles gate, half up, y = silu(gate) * up
+    fmt: str = "nvfp4"   # the weight format: its scale decode (layout.FORMAT)
 
     @property
     def threads(self) -> int:
@@ -100,8 +103,12 @@ def defines(c) -> dict[str, str]:
         d.update(SPLITK=str(c.split_k), SWIGLU=str(int(c.swiglu)), REDUCE=str(int(c.reduce)), SW=str(sw), SCALE_MUL=f"0x{mul:x}u",
                  SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")
     else:
-        mul, add, _, shift = L.FORMAT["nvfp4"]
+        mul, add, sw, shift = L.FORMAT[c.fmt]
         d.update(SCALE_MUL=f"0x{mul:x}u", SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")
+        if c.split_k > 1 or c.swiglu:                 # absent: the source's defaults (1, 0)
+            d.update(SPLITK=str(c.split_k), SWIGLU=str(int(c.swiglu)))
+        if c.fmt != "nvfp4":                          # absent: NVFP4's 32 scale words per k-pair
+            d.update(SW=str(sw))
     d.update(_layout_defines())
     return d
 

@@ -1,9 +1,12 @@
-"""The `cuda` family: a hand-written NVFP4 W4A16 decode GEMM (w4a16_mma.cu) compiled at run time by
+"""The `cuda` family: a hand-written NVFP4/MXFP4 W4A16 decode GEMM (w4a16_mma.cu) compiled at run time by
 NVRTC through CuPy, reading the weight in its own prepacked layout (layout.py).
 
 Tactic parameters: `warps_k` (warps splitting K inside a CTA, reduced in a fixed order),
-`stages` (depth of each thread's cp.async ring) and `tiles_n` (16-row weight tiles per CTA: more
-bytes per thread and per CTA, the activation loads and loop overhead shared). The M tile (8, 16, 32 or 64 rows of x per CTA)
+`stages` (depth of each thread's cp.async ring), `tiles_n` (16-row weight tiles per CTA: more
+bytes per thread and per CTA, the activation loads and loop overhead shared) and, on split-K
+tactics only, `split_k` (CTAs splitting K, summed in split order by the last to arrive: dense.py).
+Dense problems with the `swiglu` epilogue (FP4MLP's gate_up) run the same kernel with gate/up
+tile pairs and the SwiGLU epilogue. The M tile (8, 16, 32 or 64 rows of x per CTA)
 is picked per call from M; each is its own compiled variant. Verdicts are exact by construction:
 the shared memory is the static array the source declares (`build.smem_bytes`, checked against
 `ptxas -v` in CI); registers and spills are only known from a compile, so `precompile` and the
@@ -25,6 +28,7 @@ from autotune.tactics.base import FamilyBase, FunctionKernel, as_launcher
 
 from . import build as B
 from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
+from . import dense as D
 from . import layout as L
 from . import moe as MOE
 
@@ -32,12 +36,23 @@ WARPS_K = (1, 2, 4, 8)
 STAGES = (2, 3, 4, 6)
 TILES_N = (1, 2)
 _SCHEMA = {"warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
+_SPLIT_SCHEMA = {**_SCHEMA, "split_k": D.SPLIT_K}       # split-K tactics carry split_k; split 1 has none
 STATIC_SMEM_LIMIT = 48 * 1024          # a static __shared__ array can not opt in beyond 48 KiB
 _NO_CUPY = "CuPy is not installed (pip install fp4-autotune[cuda13] or [cuda12])"
+#: False until tests/test_cuda_gpu.py's split-K, SwiGLU and MXFP4 tests have passed on a GPU: until
+#: then a dense split-K tactic, or any tactic on a dense swiglu or MXFP4 problem, that fits is
+#: `unknown` (its shared memory exact, its results unseen on hardware), so a search measures it only
+#: with --measure-unknown
+DENSE_SPLIT_GPU_CHECKED = False
+DENSE_UNRUN = ("unknown: the dense cuda kernel's split-K / SwiGLU / MXFP4 forms have not run on a GPU yet "
+               "(tests/test_cuda_gpu.py runs them); --measure-unknown measures it")
 
 
-def config(tactic: Tactic, m_tiles: int) -> B.Config:
-    return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]))
+def config(tactic: Tactic, m_tiles: int, problem: Problem | None = None) -> B.Config:
+    """The compiled variant of a dense tactic at an M tile (problem: its epilogue, SwiGLU or none)."""
+    return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]),
+                    D.split_k(tactic), problem is not None and problem.epilogue == "swiglu",
+                    problem.w_fmt if problem is not None else "nvfp4")
 
 
 def arch_target(arch: Arch) -> str:
@@ -45,16 +60,9 @@ def arch_target(arch: Arch) -> str:
 
 
 def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
-    """The tactic's tiles divide the problem: the kernel assumes it (`kpairs = K / 128 / WK` drops
-    a K tail; the grid's N / (16 * tiles_n) CTAs leave a row tail unwritten), so the verdict, build
-    and bind all refuse a problem that breaks it."""
-    wk = int(tactic["warps_k"])
-    if problem.k % (L.KPAIR * wk):
-        return f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k={L.KPAIR * wk}"
-    tn = int(tactic["tiles_n"])
-    if problem.n % (L.ROWS * tn):
-        return f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}"
-    return None
+    """The tactic's tiles divide the problem (dense.check_tiling): the kernel assumes it, so the
+    verdict, build and bind all refuse a problem that breaks it."""
+    return D.check_tiling(problem, tactic)
 
 
 def check_aligned(p: L.CudaPacked) -> str | None:
@@ -95,7 +103,7 @@ class _PackCache:
 
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
-_CODE = (".family", ".build", ".launch", ".layout", ".moe", "..base", "..scratch", "autotune.core.arch", "autotune.core.codekey",
+_CODE = (".family", ".build", ".dense", ".launch", ".layout", ".moe", "..base", "..scratch", "autotune.core.arch", "autotune.core.codekey",
          "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
          "autotune.core.settings", "autotune.core.tactic")
 
@@ -109,6 +117,7 @@ class CudaFamily(FamilyBase):
     depends_on = ("cupy", "torch")       # CuPy brings NVRTC (the cubin cache also keys its version)
     default_rank = None
     compiles = True
+    dense_epilogues = ("none", "swiglu")
 
     def code(self, tactic: Tactic) -> Code:
         return self.MOE_CODE if MOE.is_moe(tactic) else self.CODE
@@ -130,21 +139,28 @@ class CudaFamily(FamilyBase):
             return MOE.supports(problem)
         if problem.kind != "dense":
             return f"cuda family: dense and grouped_moe problems only, not {problem.kind}"
-        if problem.w_fmt != "nvfp4" or problem.a_fmt != "bf16" or problem.out_dtype != "bf16":
-            return f"cuda family: nvfp4 weights, bf16 x and y only, not {problem.w_fmt}/{problem.a_fmt}/{problem.out_dtype}"
+        if problem.w_fmt not in L.FORMAT or problem.a_fmt != "bf16" or problem.out_dtype != "bf16":
+            return (f"cuda family: nvfp4/mxfp4 weights, bf16 x and y only, not "
+                    f"{problem.w_fmt}/{problem.a_fmt}/{problem.out_dtype}")
+        if problem.epilogue not in self.dense_epilogues:
+            return f"cuda family: no {problem.epilogue} epilogue on dense problems"
         return L.check_shape(problem.n, problem.k)
 
     def validate(self, tactic: Tactic) -> str | None:
         if "kernel" in tactic.params:          # the grouped member names its kernel; dense tactics do not
             return MOE.validate(tactic)
-        return check_params(tactic, _SCHEMA, "cuda")
+        return check_params(tactic, _SPLIT_SCHEMA if "split_k" in tactic.params else _SCHEMA, "cuda")
 
     def enumerate(self, problem: Problem, arch: Arch) -> list[Tactic]:
         if self.supports(problem):
             return []
         if problem.kind == "grouped_moe":
             return [Tactic(self.name, **t.params) for t in MOE.enumerate_space(problem)]
-        return [Tactic(self.name, warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in TILES_N]
+        tiles = (2,) if problem.epilogue == "swiglu" else TILES_N      # SwiGLU pairs a gate and an up tile
+        plain = [Tactic(self.name, warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in tiles]
+        split = [Tactic(self.name, warps_k=w, stages=s, tiles_n=n, split_k=k) for k in D.SPLIT_K
+                 for w in D.SPLIT_WARPS_K for s in D.SPLIT_STAGES for n in tiles]
+        return plain + split
 
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         if MOE.is_moe(tactic) != (problem.kind == "grouped_moe"):
@@ -161,16 +177,19 @@ class CudaFamily(FamilyBase):
         if why:
             return Verdict.reject(why)
         # the largest M tile is the worst case; every variant's figure is exact (the source's array)
-        smem = max(B.smem_bytes(config(tactic, t)) for t in B.M_TILES)
+        smem = max(B.smem_bytes(config(tactic, t, problem)) for t in B.M_TILES)
         limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
         if smem > limit:
             return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
+        if D.new_form(problem, tactic) and not DENSE_SPLIT_GPU_CHECKED:
+            return Verdict(None, DENSE_UNRUN, smem, limit, int(tactic["stages"]))
         return Verdict.keep(smem, limit, int(tactic["stages"]))
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
         if problem.kind == "grouped_moe":
             return Tactic(self.name, **MOE.default(problem, arch).params)
-        return Tactic(self.name, warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4, tiles_n=1)
+        return Tactic(self.name, warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4,
+                      tiles_n=2 if problem.epilogue == "swiglu" else 1)
 
     def precompile(self, problem: Problem, tactic: Tactic, arch: Arch) -> int | None:
         """NVRTC-compile every M variant into the cubin cache (no GPU needed); refuse spills."""
@@ -181,8 +200,8 @@ class CudaFamily(FamilyBase):
             return B.smem_bytes(c)
         smem = 0
         for t in B.M_TILES:
-            B.nvrtc_cubin(config(tactic, t), arch_target(arch))
-            smem = max(smem, B.smem_bytes(config(tactic, t)))
+            B.nvrtc_cubin(config(tactic, t, problem), arch_target(arch))
+            smem = max(smem, B.smem_bytes(config(tactic, t, problem)))
         return smem
 
     # ---- layout ---------------------------------------------------------------------------------
@@ -199,8 +218,9 @@ class CudaFamily(FamilyBase):
     def pack_inplace(self, layout: str, weight: FP4Weight, *, already_packed: bool = False) -> Any | None:
         if weight.packed.ndim != 2:
             return None                       # stacked experts get their own packed copy
-        if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()):
-            return None                       # a strided weight gets its own packed copy
+        if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()) \
+                or weight.fmt != "nvfp4":
+            return None                       # a strided (or MXFP4) weight gets its own packed copy
         return L.wrap(weight) if already_packed else L.pack(weight, inplace=True)
 
     # ---- kernels --------------------------------------------------------------------------------
@@ -214,10 +234,10 @@ class CudaFamily(FamilyBase):
         return MOE.figures(problem, tactic, m, sms) if MOE.is_moe(tactic) else {}
 
     def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool:
-        """The grouped kernel: a pair's K order is fixed by the tactic (warps in warp order, splits
-        in split order) whatever the batch, the group or the token chunk; the MMA's columns (pairs)
-        do not mix. The dense tactics are not declared (not checked)."""
-        return MOE.is_moe(tactic) and problem.kind == "grouped_moe"
+        """Both kernels: a row's (pair's) K order is fixed by the tactic (warps in warp order, splits
+        in split order) whatever the batch, the M tile, the row chunk, the group or the token chunk;
+        the MMA's columns (rows of x, pairs) do not mix (dense.py)."""
+        return MOE.is_moe(tactic) == (problem.kind == "grouped_moe")
 
     def _moe_runner(self, problem: Problem, tactic: Tactic, device: str):
         """`run(x, packed, topk_ids, topk_weights=None, out=None)` on a checked stacked pack (what a

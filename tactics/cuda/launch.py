@@ -2,7 +2,8 @@
 
 Pointers go in as integers, on PyTorch's current stream (so CUDA-graph capture records it); the
 global scale is read on the device (no host sync). Each M variant is compiled and checked
-(resources, see build.load) the first time that M tile is used on a device.
+(resources, see build.load) the first time that M tile is used on a device. Split-K tactics cut a
+large M into row chunks (dense.chunk_rows), each launched with the whole split.
 """
 from __future__ import annotations
 
@@ -16,22 +17,32 @@ from autotune.core.tactic import Tactic
 from autotune.tactics.base import LauncherBase
 
 from . import build as B
+from . import dense as D
 from . import layout as L
+from .dense import check_call  # noqa: F401  (re-exported: the launcher's argument check)
 
 
 class Launch(LauncherBase):
-    """run(x, packed, out): the kernel on PyTorch's current stream, no host sync; it owns no
-    scratch (the compiled functions stay cached in it)."""
+    """run(x, packed, out): the kernel on PyTorch's current stream, no host sync. Split-K tactics
+    take their fp32 workspace through `workspace(nbytes, device, stream)` (a buffer per stream owned
+    here by default; a shared scratch pool can replace the method) and own their tile counters,
+    zeroed once and left zero by every launch; `workspace_bytes(m)` says what a call needs. The
+    compiled functions stay cached in it; `release()` frees the scratch."""
 
     capture_safe = True
 
-    def __init__(self, problem: Problem, tactic: Tactic, device: str, config: Callable[[Tactic, int], B.Config]):
+    def __init__(self, problem: Problem, tactic: Tactic, device: str, config: Callable[..., B.Config]):
         import cupy
         self._cupy = cupy
         self.problem, self.tactic, self.config = problem, tactic, config
         self.device = torch.device(device)
+        self.split_k = D.split_k(tactic)
+        self.rows = D.chunk_rows(problem, tactic)          # rows per launch (split-K), None: any M
         self._streams: dict[int, Any] = {}
         self._fns: dict[tuple[int, int], tuple[int, Any]] = {}
+        self._ws: dict[int, torch.Tensor] = {}           # stream -> fp32 workspace
+        self._locks: dict[int, torch.Tensor] = {}        # stream -> int32 counters (zero between launches)
+        self._retired: list[torch.Tensor] = []           # outgrown: a graph captured earlier still points at them
 
     def _stream(self, dev: torch.device) -> Any:
         ptr = torch.cuda.current_stream(dev).cuda_stream
@@ -52,36 +63,70 @@ class Launch(LauncherBase):
         err: Exception | None = None
         for mt in [t for t in B.M_TILES if t <= m_tiles][::-1]:
             try:
-                hit = self._fns[key] = (mt, B.load(self.config(self.tactic, mt), f"sm_{major}{minor}", idx))
+                hit = self._fns[key] = (mt, B.load(self.config(self.tactic, mt, self.problem), f"sm_{major}{minor}", idx))
                 return hit
             except B.SpillError as e:
                 err = err or e
         raise err if err else RuntimeError("no M tile")
 
+    # ---- split-K scratch ------------------------------------------------------------------------
+    def workspace_bytes(self, m: int) -> int:
+        """Bytes of fp32 workspace a call with m rows needs (0 without split-K): [split, rows, N]
+        with rows = min(m, the row chunk)."""
+        return 4 * D.workspace_elems(self.problem, self.tactic, m)
+
+    def workspace(self, nbytes: int, device: torch.device, stream: int) -> torch.Tensor:
+        """At least `nbytes` of fp32 workspace for launches on `stream` (the one method a shared
+        scratch pool replaces): this launcher's own buffer per stream, grown at least by doubling;
+        an outgrown one is kept (a captured graph may still point at it)."""
+        need = -(-nbytes // 4)
+        b = self._ws.get(stream)
+        if b is None or b.numel() < need or b.device != device:
+            if b is not None:
+                self._retired.append(b)
+                need = max(need, 2 * b.numel()) if b.device == device else need
+            b = self._ws[stream] = torch.empty(need, dtype=torch.float32, device=device)
+        return b
+
+    def _counters(self, n: int, device: torch.device, stream: int) -> torch.Tensor:
+        b = self._locks.get(stream)
+        if b is None or b.numel() < n or b.device != device:
+            if b is not None:
+                self._retired.append(b)
+                n = max(n, 2 * b.numel()) if b.device == device else n
+            b = self._locks[stream] = torch.zeros(n, dtype=torch.int32, device=device)
+        return b
+
+    def release(self) -> None:
+        """Free the workspace, counters and outgrown buffers (a later call makes them again); a
+        graph captured before must not be replayed after this."""
+        self._ws.clear()
+        self._locks.clear()
+        self._retired.clear()
+
     def __call__(self, x: torch.Tensor, w: L.CudaPacked, out: torch.Tensor | None) -> torch.Tensor:
-        p = self.problem
-        if x.device.type != "cuda" or w.packed.device != x.device:
-            raise ValueError(f"{p.key}: cuda family needs x and the weight on one CUDA device, got "
-                             f"{x.device} and {w.packed.device}")
-        if x.dtype != torch.bfloat16 or x.ndim != 2 or x.shape[1] != p.k:
-            raise ValueError(f"{p.key}: x must be bf16 [M, {p.k}], got {x.dtype} {tuple(x.shape)}")
-        if (w.n, w.k) != (p.n, p.k):
-            raise ValueError(f"{p.key}: packed weight is {w.n}x{w.k}, the problem {p.n}x{p.k}")
-        m = x.shape[0]
-        if not x.is_contiguous() or x.data_ptr() % 16:
-            x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
-        if out is None:
-            out = torch.empty(m, p.n, dtype=torch.bfloat16, device=x.device)
-        elif out.dtype != torch.bfloat16 or tuple(out.shape) != (m, p.n) or not out.is_contiguous():
-            raise ValueError(f"{p.key}: out must be contiguous bf16 [{m}, {p.n}], got {out.dtype} {tuple(out.shape)}")
+        m, out = check_call(self.problem, x, w, out)
         if m == 0:
             return out
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
+        rows = self.rows or m
+        for r0 in range(0, m, rows):                # split-K: row chunks, each with the whole split
+            self._launch(x[r0:r0 + rows], w, out[r0:r0 + rows])
+        return out
+
+    def _launch(self, x: torch.Tensor, w: L.CudaPacked, out: torch.Tensor) -> None:
+        p, m = self.problem, x.shape[0]
         mt, fn = self.function(B.m_tiles_for(m), x.device)
-        c = self.config(self.tactic, mt)
-        grid = (p.n // (L.ROWS * c.tiles_n), -(-m // (8 * mt)), 1)
+        c = self.config(self.tactic, mt, p)
+        grid = (p.n // (L.ROWS * c.tiles_n), -(-m // (8 * mt)), c.split_k)
+        ws_ptr = lock_ptr = 0
+        stream = self._stream(x.device)
+        if c.split_k > 1:
+            ws_ptr = self.workspace(4 * c.split_k * m * p.n, x.device, stream.ptr).data_ptr()
+            lock_ptr = self._counters(grid[0] * grid[1], x.device, stream.ptr).data_ptr()
         args = (np.uint64(w.packed.data_ptr()), np.uint64(w.scales.data_ptr()), np.uint64(x.data_ptr()),
                 np.uint64(out.data_ptr()), np.uint64(w.global_scale.data_ptr()),
-                np.int32(m), np.int32(p.n), np.int32(p.k))
-        with self._stream(x.device):
+                np.int32(m), np.int32(p.n), np.int32(p.k), np.uint64(ws_ptr), np.uint64(lock_ptr))
+        with stream:
             fn(grid, (c.threads, 1, 1), args)
-        return out

@@ -139,10 +139,15 @@ def _scale_order(u: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 def pack(w: FP4Weight, inplace: bool = False) -> CudaPacked:
     """The layout of a 2-D NVFP4 weight. inplace=True overwrites w's own packed/scales storage
-    (the checkpoint layout is then gone; `unpack` brings it back)."""
+    (the checkpoint layout is then gone; `unpack` brings it back). A 2-D MXFP4 weight is packed as
+    one stacked expert (pack_experts' MXFP4 scale words), into new storage only."""
     refuse_held(w, "cuda layout pack")      # bytes packed in place already: packing again is garbage
+    if w.fmt == "mxfp4" and w.packed.ndim == 2 and not inplace:
+        one = pack_experts(FP4Weight(w.packed[None], w.scales[None], w.global_scale, w.fmt, w.input_scale))
+        return CudaPacked(one.packed[0], one.scales[0], one.global_scale.reshape(1), w.fmt, w.n, w.k, w.input_scale)
     if w.fmt != "nvfp4" or w.packed.ndim != 2:
-        raise ValueError(f"cuda layout takes a 2-D nvfp4 weight, got {w.fmt} {tuple(w.packed.shape)}")
+        raise ValueError(f"cuda layout takes a 2-D nvfp4 weight (or mxfp4, not in place), got {w.fmt} "
+                         f"{tuple(w.packed.shape)}")
     n, k = w.n, w.k
     why = check_shape(n, k)
     if why:
@@ -180,6 +185,9 @@ def words(p: CudaPacked) -> torch.Tensor:
 def unpack(p: CudaPacked) -> FP4Weight:
     """The checkpoint layout back, bit for bit."""
     n, k = p.n, p.k
+    if p.fmt != "nvfp4":                     # a 2-D MXFP4 pack is one stacked expert's layout
+        return unpack_experts(CudaPacked(p.packed[None], p.scales[None], p.global_scale, p.fmt, n, k,
+                                         p.input_scale, experts=1)).expert(0)
     w = words(p).long() & 0xFFFFFFFF
     pos = BITPOS.to(w.device)
     nib = torch.zeros(*w.shape, 4, 2, dtype=torch.int64, device=w.device)

@@ -85,6 +85,8 @@ def w4a16_support(problem: Problem, kernel: str, kind: str) -> str | None:
         return f"triton w4a16 kernel writes bf16, not {problem.out_dtype}"
     if problem.kind != kind:
         return f"triton kernel {kernel} does not run {problem.kind} problems"
+    if kind == "dense" and problem.epilogue != "none":
+        return f"triton kernel {kernel} has no {problem.epilogue} epilogue (the cuda and torch families have)"
     return None
 
 

@@ -95,6 +95,8 @@ class W4A4Member:
                     f"mxfp4*mxfp4), not {problem.a_fmt}*{problem.w_fmt}")
         if problem.out_dtype != "bf16":
             return f"triton w4a4 kernel writes bf16, not {problem.out_dtype}"
+        if problem.epilogue != "none":
+            return f"triton w4a4 kernel has no {problem.epilogue} epilogue"
         return None
 
     def space(self, problem: Problem, arch: Arch, axes: Mapping[str, tuple] | None = None) -> list[Tactic]:

@@ -14,7 +14,7 @@ BINDS: list[int] = []          # id of every pack a launcher was bound to
 
 
 def _mm(x: torch.Tensor, p: L.CudaPacked, out=None) -> torch.Tensor:
-    y = (x.float() @ L.emulate_dequantize(p).T).to(torch.bfloat16)
+    y = (x.float() @ L.emulate_dequantize_any(p).T).to(torch.bfloat16)
     return y if out is None else out.copy_(y)
 
 
@@ -32,3 +32,18 @@ class CudaCpu(CudaFamily):
         launch = super().bind(problem, tactic, packed, device)      # the cuda family's checks, unchanged
         BINDS.append(id(packed))
         return launch
+
+
+class CudaDenseCpu(CudaFamily):
+    """The cuda family whose dense runner is `autotune.tactics.cuda.dense.emulate` (the kernel's grid
+    ported to the CPU: row chunks, split-K partials and counters, SwiGLU's gate/up tile pairs) behind
+    the launcher's own argument check; everything else is the real family."""
+    name = "cudadensecpu"
+    depends_on = ("torch",)
+
+    def available(self, device: str) -> tuple[bool, str]:
+        return True, ""
+
+    def _runner(self, problem, tactic, device):
+        from autotune.tactics.cuda import dense as D
+        return D.emulate_runner(problem, tactic)
