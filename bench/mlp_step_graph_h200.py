@@ -25,7 +25,10 @@ Per form, per routing (uniform, skewed top-8: Gumbel top-k over a Zipf popularit
      measured in the same run (1 GiB device-to-device, read + written, median of 20);
   3. per-kernel times of PROFILE replays from the torch profiler (name, launches and µs per step);
   4. eager host time per FP4MoE forward (one layer, 30 forwards, the device synced only at the ends)
-     and the device syncs per eager forward (torch.cuda.set_sync_debug_mode("warn") counted).
+     and the device syncs per eager forward (torch.cuda.set_sync_debug_mode("warn") counted);
+  5. Dispatcher.routing_errors() after each routing: the layers' sticky bad-id words (must be none).
+--mlp linear,fp4mlp builds the dense and shared-expert MLPs as FP4Linear + SiLU·up + FP4Linear or as
+FP4MLP (the dense SwiGLU problem's winner writes silu(gate)·up: two kernels), one after the other.
 Writes DIR/mlp-step-graph.json after every (form, routing); prints one line per row and the table last.
 """
 from __future__ import annotations
@@ -128,19 +131,25 @@ def family_cache(src: str | None, family: str, tmp: str) -> str | None:
 class Step:
     """The 78 layers of one form, their static inputs, and the step as one callable."""
 
-    def __init__(self, kinds: dict, d, max_m: int, seed: int):
+    def __init__(self, kinds: dict, d, max_m: int, seed: int, mlp: str = "linear"):
         import torch
         from autotune.core import inputs
         from autotune.runtime.moe import FP4MoE
-        from autotune.runtime.nn import FP4Linear
+        from autotune.runtime.nn import FP4MLP, FP4Linear
         self.kinds, self.d = kinds, d
         g = torch.Generator(device=DEV).manual_seed(seed)
         w = lambda k: inputs.random_weight(kinds[k][0], DEV, g)  # noqa: E731
-        self.dense = [(FP4Linear(w("gate_up"), dispatcher=d), FP4Linear(w("down"), dispatcher=d))
-                      for _ in range(kinds["gate_up"][1])]
+
+        def pair(gu: str, dn: str):
+            # linear: FP4Linear gate_up, SiLU·up in torch, FP4Linear down; fp4mlp: FP4MLP (the dense
+            # SwiGLU problem writes silu(gate)·up itself: two kernels)
+            if mlp == "fp4mlp":
+                return (FP4MLP(w(gu), w(dn), dispatcher=d), None)
+            return (FP4Linear(w(gu), dispatcher=d), FP4Linear(w(dn), dispatcher=d))
+        self.dense = [pair("gate_up", "down") for _ in range(kinds["gate_up"][1])]
         w13p = kinds["w13"][0]
-        self.moe = [(FP4Linear(w("shared_gate_up"), dispatcher=d), FP4Linear(w("shared_down"), dispatcher=d),
-                     FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d)) for _ in range(kinds["w13"][1])]
+        self.moe = [(*pair("shared_gate_up", "shared_down"), FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d))
+                    for _ in range(kinds["w13"][1])]
         self.hidden, self.top_k, self.experts = w13p.k, w13p.top_k, w13p.experts
         self.x = torch.zeros(max_m, self.hidden, dtype=torch.bfloat16, device=DEV)
         self.ids = [torch.zeros(max_m, self.top_k, dtype=torch.int32, device=DEV) for _ in self.moe]
@@ -150,6 +159,8 @@ class Step:
     @staticmethod
     def _mlp(gate_up, down, x):
         import torch
+        if down is None:                 # FP4MLP
+            return gate_up(x)
         h = gate_up(x)
         i = h.shape[1] // 2
         return down(torch.nn.functional.silu(h[:, :i]) * h[:, i:])
@@ -189,8 +200,10 @@ class Step:
 
     def served(self, ms) -> dict:
         """(problem key → {M: "rung family[params]"}) for every problem of the step."""
-        probs = {self.dense[0][0].problem, self.dense[0][1].problem, self.moe[0][0].problem,
-                 self.moe[0][1].problem, self.moe[0][2].problem13, self.moe[0][2].problem2}
+        def of(m) -> list:
+            return [m.problem] if hasattr(m, "problem") else [m.gate_up.problem, m.down.problem]
+        probs = {*[p for mod in (*self.dense[0], *self.moe[0][:2]) if mod is not None for p in of(mod)],
+                 self.moe[0][2].problem13, self.moe[0][2].problem2}
         out = {}
         for p in sorted(probs, key=lambda p: p.key):
             out[p.key] = {str(m): (lambda r: f"{r[0]} {r[1]}")(self.d.rung_for(p, m)) for m in ms}
@@ -305,11 +318,11 @@ def render(path: Path) -> str:
            f"{r['copy_Bps'] / 1e12:.2f} TB/s (read + written); {r['layers']} layers, "
            + ("one CUDA graph per M" if r["gpu"] != "cpu" else "CPU smoke: eager, no graph")
            + f"; median of {r['rows_per_m']} replays, fresh x and routing before each.", "",
-           "| form | routing | M | step | byte floor | × floor | eager host µs / FP4MoE forward | syncs / forward |",
-           "|---|---|---:|---:|---:|---:|---:|---:|"]
+           "| form | MLPs | routing | M | step | byte floor | × floor | eager host µs / FP4MoE forward | syncs / forward |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for f in r["forms"]:
         for x in f["rows"]:
-            out.append(f"| {f['form']} | {f['routing']} | {x['m']} | {x['step_us'] / 1e3:.3f} ms | "
+            out.append(f"| {f['form']} | {f.get('mlp', 'linear')} | {f['routing']} | {x['m']} | {x['step_us'] / 1e3:.3f} ms | "
                        f"{x['floor_us'] / 1e3:.3f} ms | {x['x_floor']:.2f} | {x['eager_host_us']:.0f} | "
                        f"{'-' if x['eager_syncs'] is None else x['eager_syncs']} |")
     for f in r["forms"]:
@@ -327,6 +340,8 @@ def main() -> int:
     ap.add_argument("--ms", default="1,4,16,64" if not SMOKE else "1,3")
     ap.add_argument("--forms", default="winners,triton", help="winners and/or family names for the routed problems")
     ap.add_argument("--routing", default="uniform,skewed")
+    ap.add_argument("--mlp", default="linear", help="linear (FP4Linear + SiLU·up + FP4Linear), fp4mlp (FP4MLP), or both "
+                    "comma-separated: the dense and shared-expert MLPs")
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
@@ -350,22 +365,25 @@ def main() -> int:
            "problems": {k: [p.key, n] for k, (p, n) in kinds.items()}, "rows_per_m": ROUNDS, "forms": []}
     bad = 0
     t0 = time.time()
-    for form in a.forms.split(","):
+    for form, mlp in ((f, m) for f in a.forms.split(",") for m in a.mlp.split(",")):
         d = Dispatcher(family_cache(a.cache, form, tmp) or os.path.join(tmp, "none.db"), record_misses=False,
                        warn=False)
-        step = Step(kinds, d, max(ms), seed=1)
+        step = Step(kinds, d, max(ms), seed=1, mlp=mlp)
         for routing in a.routing.split(","):
             skew = {"uniform": 0.0, "skewed": SKEW}[routing]
             rows = []
             for m in ms:
                 try:
                     rows.append(time_step(step, m, skew, res["copy_Bps"]))
-                    print(json.dumps({"form": form, "routing": routing,
+                    print(json.dumps({"form": form, "mlp": mlp, "routing": routing,
                                       **{k: v for k, v in rows[-1].items() if k != "kernels"}}), flush=True)
                 except Exception as e:  # noqa: BLE001 - recorded as the row, the run goes on
                     bad += 1
                     print(f"{form} {routing} M={m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-            res["forms"].append({"form": form, "routing": routing, "served": step.served(ms), "rows": rows})
+            errs = d.routing_errors()      # the sticky bad-id words of every layer: none for these ids
+            bad += bool(errs)
+            res["forms"].append({"form": form, "mlp": mlp, "routing": routing, "served": step.served(ms), "rows": rows,
+                                 "routing_errors": errs})
             (out / "mlp-step-graph.json").write_text(json.dumps(res, indent=1))
         del step, d
         if DEV == "cuda":
