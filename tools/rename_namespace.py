@@ -34,7 +34,8 @@ PACKAGES = ("tactics", "cache")
 TOPS = (*PACKAGES, "cli")
 SUFFIXES = (".py", ".sh", ".md", ".cfg", ".toml")
 SKIP_DIRS = {".git", "__pycache__", "build", "dist", ".venv", "venv", "node_modules", ".mypy_cache",
-             ".pytest_cache", ".ruff_cache"}
+             ".pytest_cache", ".ruff_cache",
+             ".flashinfer", ".whl", ".gl", ".benchmarks"}    # installed or downloaded, git-ignored: not this tree's code
 LINKS = {"autotune/tactics": "../tactics", "autotune/cache": "../cache", "autotune/cli.py": "../cli.py"}
 SELF = Path(__file__).resolve()
 KEEP = {Path("tools/rename_namespace.py"), Path("tests/test_rename.py")}     # they spell the old names
