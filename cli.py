@@ -55,7 +55,7 @@ def _call(fn, *a, **kw):
 
 def _keys(model, tp, ep):
     return {u.problem.key for u in _call(api.model_problems, model, tp=tp, ep=ep, include_attention=True,
-                                         fused_moe=True, fold_shared=True)} if model else None
+                                         fused_moe=True, fold_shared=True, fused_mlp=True)} if model else None
 
 
 def _open_store(url, readonly=False):
