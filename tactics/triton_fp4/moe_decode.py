@@ -26,7 +26,7 @@ import os
 from typing import Any, Mapping
 
 from autotune.core.arch import Arch
-from autotune.core import settings as _settings
+from autotune.core.settings import check_ids as _check_ids_setting
 from autotune.core.codekey import Code
 from autotune.core.operands import x_per_pair
 from autotune.core.problem import Problem
@@ -230,7 +230,7 @@ def make_launcher(problem: Any, config: Mapping[str, Any], epilogue: str | None 
         why = f"block_k {config['block_k']} / block_n {config['block_n']} must divide K={problem.k} / N={problem.n}"
     if why:
         raise ValueError(why)
-    return MoEDecodeLauncher(problem, dict(config), epilogue, _settings.check_ids() if check_ids is None else check_ids)
+    return MoEDecodeLauncher(problem, dict(config), epilogue, _check_ids_setting() if check_ids is None else check_ids)
 
 
 def chunk_tokens(params: Mapping[str, Any], problem: Any) -> int | None:
