@@ -18,7 +18,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/env
 rc=0
 timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -m "gpu or requires_sm90" \
     tests/test_cuda_moe_gpu.py tests/test_cuda_gpu.py tests/test_mlp.py tests/test_nosync_gpu.py tests/test_nn.py \
-    2>&1 | tail -40 | tee "$OUT/gpu-tests.txt" || rc=1
+    > "$OUT/gpu-tests.txt" 2>&1 || rc=1
+tail -40 "$OUT/gpu-tests.txt"
 timeout "${BENCH_S:-300}" python3 bench/cuda_moe_h200.py --out "$OUT" --no-tests --budget-s "${BUDGET_S:-170}" \
     2>&1 | tail -60 | tee "$OUT/cuda-moe.txt" || rc=1
 exit $rc

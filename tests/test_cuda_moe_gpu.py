@@ -129,9 +129,14 @@ def test_reduce_matches_float64(fmt):
     ids[2, 5] = E + 3
     x3 = torch.randn(4, TOP_K, k, device="cuda").to(torch.bfloat16)
     out = torch.zeros(4, n, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="outside"):
-        fam.build(prob, fam.default(prob, _arch()), "cuda")(x3, packed, ids, tw, out=out)
+    kern = fam.build(prob, fam.default(prob, _arch()), "cuda")
+    kern(x3, packed, ids, tw, out=out)                         # default: no host read, the word stays set
+    assert int(kern.launcher.bad.item()) == 1
     assert torch.isnan(out[2]).all() and not torch.isnan(out[[0, 1, 3]]).any()
+    kern.launcher.bad.zero_()
+    kern.launcher.check_ids = True                             # AUTOTUNE_CHECK_IDS=1: the per-call raise
+    with pytest.raises(ValueError, match="outside"):
+        kern(x3, packed, ids, tw, out=out)
 
 
 def test_per_pair_x_int64_ids_and_token_chunks():

@@ -39,11 +39,11 @@ _SCHEMA = {"warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
 _SPLIT_SCHEMA = {**_SCHEMA, "split_k": D.SPLIT_K}       # split-K tactics carry split_k; split 1 has none
 STATIC_SMEM_LIMIT = 48 * 1024          # a static __shared__ array can not opt in beyond 48 KiB
 _NO_CUPY = "CuPy is not installed (pip install fp4-autotune[cuda13] or [cuda12])"
-#: False until tests/test_cuda_gpu.py's split-K, SwiGLU and MXFP4 tests have passed on a GPU: until
-#: then a dense split-K tactic, or any tactic on a dense swiglu or MXFP4 problem, that fits is
-#: `unknown` (its shared memory exact, its results unseen on hardware), so a search measures it only
-#: with --measure-unknown
-DENSE_SPLIT_GPU_CHECKED = False
+#: True since tests/test_cuda_gpu.py's split-K, SwiGLU and MXFP4 tests passed on the H200
+#: (2026-12-02, bench/h200_new_code.sh). While False a dense split-K tactic, or any tactic on a dense
+#: swiglu or MXFP4 problem, that fits is `unknown` (its shared memory exact, its results unseen on
+#: hardware), so a search measures it only with --measure-unknown
+DENSE_SPLIT_GPU_CHECKED = True
 DENSE_UNRUN = ("unknown: the dense cuda kernel's split-K / SwiGLU / MXFP4 forms have not run on a GPU yet "
                "(tests/test_cuda_gpu.py runs them); --measure-unknown measures it")
 

@@ -93,10 +93,11 @@ def enumerate_space(problem: Problem) -> list[Tactic]:
             for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
 
 
-#: False until tests/test_cuda_moe_gpu.py has passed on a GPU. Until then a tactic that fits is
-#: `unknown` through the family (its shared memory is exact, its results unseen on hardware), so a
-#: search measures it only with --measure-unknown and never on its own in the main job
-GPU_CHECKED = False
+#: True since tests/test_cuda_moe_gpu.py and bench/cuda_moe_h200.py's float64 checks of every config
+#: passed on the H200 (2026-12-02, bench/h200_new_code.sh). While False a tactic that fits is
+#: `unknown` through the family (its shared memory exact, its results unseen on hardware), so a
+#: search measures it only with --measure-unknown: set it False again for a kernel change not yet run
+GPU_CHECKED = True
 UNRUN = ("unknown: moe_mma has not run on a GPU yet (bench/cuda_moe_h200.py runs its GPU tests); "
          "--measure-unknown measures it")
 
