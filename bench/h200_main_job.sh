@@ -9,7 +9,9 @@
 #      peak worker memory, date, commit, versions);
 #   3. (MAX64=1; WHOLE=0 skips step 1) the same with --max-tokens 64 on another fresh cache → $OUT/main-job-h200-64.json;
 #   4. (COMPARE=1) bench/compare_winners.py --retime: its winners at M <= 64 against the committed
-#      full-search winners, both re-timed interleaved in one worker.
+#      full-search winners, both re-timed interleaved in one worker;
+#   5. (STEP=1) bench/mlp_step_graph_h200.py on its winners → $OUT/step/mlp-step-graph.json (issue #26).
+# COMPARE_DB=path (.db or .db.xz) takes the whole run's cache from an earlier call (WHOLE=0).
 # Run from the repo root with the wheels of ../shared/tools/device-wheels.sh (plus platformdirs) in .whl/:
 #   OUT=DIR bash bench/h200_main_job.sh            (the device tool sets OUT)
 set -uo pipefail
@@ -52,9 +54,18 @@ fi
 if [ "${MAX64:-0}" = 1 ]; then
   MAXT=64 run main-job-h200-64 "${SEARCH64_S:-120}" --max-tokens 64
 fi
+# COMPARE_DB / STEP_DB: the whole run's cache from an earlier call (.db or .db.xz), when step 1 did not run here
+whole_db() {
+  local src=${1:-$W/main-job-h200.db}
+  case $src in *.xz) xz -dc "$src" > "$W/whole.db"; echo "$W/whole.db";; *) echo "$src";; esac
+}
 if [ "${COMPARE:-0}" = 1 ]; then
   xz -dc docs/data/h200x2-glm5-tp8-full.db.xz > "$W/full.db"
-  timeout "${COMPARE_S:-120}" python3 bench/compare_winners.py "$W/main-job-h200.db" "$W/full.db" --retime \
+  timeout "${COMPARE_S:-120}" python3 bench/compare_winners.py "$(whole_db "${COMPARE_DB:-}")" "$W/full.db" --retime \
       --max-bucket 64 --json "$OUT/compare.json" 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
+fi
+if [ "${STEP:-0}" = 1 ]; then      # issue #26: the 78-layer MLP step as one CUDA graph, served by these winners
+  timeout "${STEP_S:-300}" python3 bench/mlp_step_graph_h200.py --cache "$(whole_db "${STEP_DB:-${COMPARE_DB:-}}")" \
+      --out "$OUT/step" --forms "${STEP_FORMS:-winners,triton}" --mlp "${STEP_MLP:-fp4mlp,linear}" 2>&1 | tail -60
 fi
 ls -la "$OUT"

@@ -105,14 +105,21 @@ class _Worker:
             self.p.kill()
         self.p.wait()
 
-    def close(self) -> None:
-        """Idle: let it exit; busy (a cancelled background compile): kill it."""
+    def hang_up(self) -> None:
+        """Idle: end its input, so it exits; busy (a cancelled background compile): kill it."""
         try:
             if self.item is not None:
                 raise OSError
             self.p.stdin.close()
+        except OSError:
+            self.kill()
+
+    def close(self) -> None:
+        """Wait for it to exit after `hang_up` (kill it past 10 s)."""
+        self.hang_up()
+        try:
             self.p.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             self.kill()
         for f in (self.p.stdin, self.p.stdout):
             try:
@@ -236,6 +243,8 @@ class Pool:
             self._cv.notify_all()
         self._wake()
         self._thread.join()
+        for w in self._workers:      # all at once: they exit side by side, not one after another
+            w.hang_up()
         for w in self._workers:
             w.close()
         self._workers = []
@@ -397,5 +406,17 @@ def main() -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """Leave without the interpreter's teardown: every reply is written and flushed, nothing else
+    is owed, and tearing down torch/Triton/CuPy with a CUDA context of many GB held took past the
+    parent's 10 s close wait on the H200 (the search's last ~12 s)."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -382,10 +382,14 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         setattr(e, "report", s.report)
         raise
     finally:
-        if s.pipe is not None:         # the background is dropped; the figures go into the stages
-            s.pipe.close(s.report.stages)
-        elif s.pool is not None:       # warmed up, then nothing to compile
-            s.pool.close()
+        try:
+            if s.pipe is not None:     # the background is dropped; the figures go into the stages
+                s.pipe.close(s.report.stages)
+            elif s.pool is not None:   # warmed up, then nothing to compile
+                s.pool.close()
+        except KeyboardInterrupt as e:   # stopped while closing: the report is still whole
+            setattr(e, "report", s.report)
+            raise
     if s.o.batch_invariant:
         s.invariant_winners(work)
     s.report.winners.sort(key=lambda w: (w.problem_key, w.bucket))
