@@ -55,8 +55,9 @@ if [ "${MAX64:-0}" = 1 ]; then
   MAXT=64 run main-job-h200-64 "${SEARCH64_S:-120}" --max-tokens 64
 fi
 # COMPARE_DB / STEP_DB: the whole run's cache from an earlier call (.db or .db.xz), when step 1 did not run here
-whole_db() {
+whole_db() {     # the whole run's cache; without one (WHOLE=0, no COMPARE_DB) the --max-tokens 64 run's
   local src=${1:-$W/main-job-h200.db}
+  [ -e "$src" ] || src=$W/main-job-h200-64.db
   case $src in *.xz) xz -dc "$src" > "$W/whole.db"; echo "$W/whole.db";; *) echo "$src";; esac
 }
 if [ "${COMPARE:-0}" = 1 ]; then

@@ -11,7 +11,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import and_, create_engine, delete, event, func, inspect, literal, not_, or_, select, true
@@ -32,7 +32,7 @@ from autotune.cache.guard import check_plain
 from autotune.cache.migrations import MigrationError, upgrade
 from autotune.cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)
-from autotune.cache.upsert import upsert
+from autotune.cache.upsert import upsert, upsert_many
 from autotune.cache.coderows import _CODE_KEYS, _TRIAL_COLS, CodeKeyRows
 
 T = TypeVar("T")
@@ -293,15 +293,23 @@ class Store(CodeKeyRows):
         upsert(s, ProblemRow, _problem_row(p), ["key"], "ignore")
 
     def put_trial(self, trial: Trial) -> None:
-        tac = _tactic_row(trial.params_json, trial.tactic_id)
-        row = {c: getattr(trial, c) for c in _TRIAL_COLS}
-        row["created_at"] = utcnow()
+        self.put_trials([trial])
+
+    def put_trials(self, trials: Sequence[Trial]) -> None:
+        """All in one transaction (a search's static rejections: ~1,200 rows, one commit, not 1,200)."""
+        rows = []
+        for trial in trials:
+            row = {c: getattr(trial, c) for c in _TRIAL_COLS}
+            row["created_at"] = utcnow()
+            rows.append((_tactic_row(trial.params_json, trial.tactic_id), trial.problem_key, row))
 
         def go(s: Session) -> None:
-            upsert(s, TacticRow, tac, ["id"], "ignore")
-            self._put_problem_key(s, trial.problem_key)
-            upsert(s, TrialRow, row, _TRIAL_KEY)
-        self._write(go)
+            for pk in dict.fromkeys(pk for _, pk, _ in rows):
+                self._put_problem_key(s, pk)
+            upsert_many(s, TacticRow, list({tac["id"]: tac for tac, _, _ in rows}.values()), ["id"], "ignore")
+            upsert_many(s, TrialRow, [row for _, _, row in rows], _TRIAL_KEY)
+        if rows:
+            self._write(go)
 
     def _cols(self, row, names):
         """The columns `names` of a row class; code_key as '' in a file older than code keys."""

@@ -37,3 +37,26 @@ def upsert(s: Session, model, row: dict, keys: list[str], mode: str = "replace",
         s.execute(table.update().where(*cond).values({add: table.c[add] + row[add]}))
     elif mode == "replace":
         s.execute(table.update().where(*cond).values({c: v for c, v in row.items() if c not in keys}))
+
+
+def upsert_many(s: Session, model, rows: list[dict], keys: list[str], mode: str = "replace") -> None:
+    """`upsert` of many rows with the same columns: one executemany statement on SQLite/PostgreSQL
+    (~1,200 static rejections of a search: one statement, not 1,200 compiled ones)."""
+    if not rows:
+        return
+    dialect = s.get_bind().dialect.name
+    if dialect not in ("sqlite", "postgresql") or mode not in ("replace", "ignore"):
+        for row in rows:
+            upsert(s, model, row, keys, mode)
+        return
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert
+    stmt = insert(model.__table__)
+    if mode == "ignore":
+        stmt = stmt.on_conflict_do_nothing(index_elements=keys)
+    else:
+        stmt = stmt.on_conflict_do_update(index_elements=keys,
+                                          set_={c: stmt.excluded[c] for c in rows[0] if c not in keys})
+    s.execute(stmt, rows)

@@ -203,9 +203,10 @@ class Halving:
     """Timing budget of one (problem, bucket), split over the rounds."""
 
     # seconds of timing per (problem, bucket) after the checks (per batch under --strategy ranked):
-    # the whole GLM-5 TP8 main job on one H200 measured its ranked batches at 2 s each for 66 of 168
-    # jobs in 330 s; 0.5 s leaves each finalist ~5 interleaved cycles of >= 1 graph replay
-    budget_s: float = knob(0.5, Opt(
+    # at 0.5 s the GLM-5 TP8 main job's timing took 70 of its 114 s with --max-tokens 64 on one H200;
+    # 0.3 s still leaves each finalist >= 3 interleaved cycles of >= 1 graph replay (a decode-size
+    # replay is 0.1-0.5 ms) — bench/h200_main_job.sh's compare checks the winners against a full search
+    budget_s: float = knob(0.3, Opt(
         "--budget-s", "successive halving: timing budget per (problem, bucket) in seconds (per batch with "
         "--strategy ranked)", show_default=True, check=seconds))
     eta: int = 3                # keep 1/eta per round

@@ -103,6 +103,7 @@ class _Search:
         self.report = SearchReport(self.target.name, self.env.device)
         self.pipe: pipeline.Pipeline | None = None
         self.pool = None                   # pipeline.prestart's compile pool, warming up while the search plans
+        self.executors: list | None = None  # workers.prestart's measuring workers, importing meanwhile
         self._lock = threading.Lock()
         self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
 
@@ -162,10 +163,9 @@ class _Search:
             # what this search's libraries and code stored before (a stale row is measured again)
             known = {t.tactic_id: t for t in store.get_trials(p.key, ALL_BUCKETS, env.device_key)
                      if registry.fresh(self.lib_keys, t)}
-            for r in rows:
-                if r.verdict.rejected and r.tactic.id not in known:
-                    store.put_trial(_trial(p, ALL_BUCKETS, r.tactic, env, self.lib_keys, "rejected", r.verdict.reason,
-                                           smem_model=r.verdict.smem_bytes))
+            store.put_trials([_trial(p, ALL_BUCKETS, r.tactic, env, self.lib_keys, "rejected", r.verdict.reason,
+                                     smem_model=r.verdict.smem_bytes)
+                              for r in rows if r.verdict.rejected and r.tactic.id not in known])
             runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names
                     and (self.o.measure_unknown or not r.verdict.unchecked)]
             if self.o.batch_invariant:
@@ -261,8 +261,11 @@ class _Search:
                 if not j.tactics:
                     sink.finished(j)
             o = self.o
-            run = workers_mod.run_ray if o.runner.ray else workers_mod.run_local
-            run(todo, o.runner, env.device, o.timer, o.halving, o.seed, sink)
+            if o.runner.ray:
+                workers_mod.run_ray(todo, o.runner, env.device, o.timer, o.halving, o.seed, sink)
+            else:
+                ex, self.executors = self.executors, None      # run_local closes them
+                workers_mod.run_local(todo, o.runner, env.device, o.timer, o.halving, o.seed, sink, ex)
             for j in claims.settled():     # skipped, and finished by their search meanwhile: read the winners
                 sink.finished(j)
         finally:
@@ -370,6 +373,8 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         return s.plan_only(s.plan())
     s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
     s.pool = pipeline.prestart(s.families, s.env.device, s.target, s.o.runner)   # compile workers import meanwhile
+    if not s.o.runner.ray:
+        s.executors = workers_mod.prestart(s.o.runner, s.env.device)              # so do the measuring workers
     try:
         work = s.store_static(s.plan(), s.runnable())
         s.prepare(work)
@@ -383,6 +388,8 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
         raise
     finally:
         try:
+            for _, ex in s.executors or ():    # the search ended before it ran them
+                ex.close()
             if s.pipe is not None:     # the background is dropped; the figures go into the stages
                 s.pipe.close(s.report.stages)
             elif s.pool is not None:   # warmed up, then nothing to compile

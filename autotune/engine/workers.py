@@ -79,9 +79,28 @@ class ProcessExecutor:
         self._log = tempfile.NamedTemporaryFile(prefix="autotune-worker-", suffix=".log", delete=False)
         self.restarts = 0
         self.pids: list[int] = []
+        self._spawning = False          # spawned, its ready line not read yet
 
     # -- process management
+    def spawn(self) -> "ProcessExecutor":
+        """Start the process and let it import and initialize meanwhile (the search plans while a
+        worker imports torch and the families); the first request waits for it to be ready."""
+        if self._p is None:
+            self._spawn()
+        return self
+
     def _start(self) -> None:
+        if self._p is None:
+            self._spawn()
+        self._spawning = False
+        try:
+            self._recv(START_TIMEOUT_S, "starting")
+        except WorkerLost as e:
+            raise WorkerStartError(f"a measuring worker could not start: {e.reason}") from None
+        if self._setup is not None:
+            self._request(self._setup, START_TIMEOUT_S)
+
+    def _spawn(self) -> None:
         env = dict(os.environ)
         if self.gpu is not None:     # index g of the devices this process sees, not physical device g
             visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
@@ -92,12 +111,7 @@ class ProcessExecutor:
                                    stdout=subprocess.PIPE, stderr=self._log, env=env, text=True, bufsize=1)
         self.pids.append(self._p.pid)
         self._send({"device": self.device, "families": self._families})
-        try:
-            self._recv(START_TIMEOUT_S, "starting")
-        except WorkerLost as e:
-            raise WorkerStartError(f"a measuring worker could not start: {e.reason}") from None
-        if self._setup is not None:
-            self._request(self._setup, START_TIMEOUT_S)
+        self._spawning = True
 
     def _send(self, msg: dict) -> None:
         try:
@@ -139,8 +153,8 @@ class ProcessExecutor:
         return lines[-1][:200] if lines else ""
 
     def _request(self, msg: dict, timeout: float) -> dict:
-        if self._p is None:
-            self.restarts += bool(self.pids)
+        if self._p is None or self._spawning:
+            self.restarts += bool(self.pids) and not self._spawning
             self._start()
         what = msg["op"] + (f" {Tactic.from_json(msg['tactic'])}" if "tactic" in msg else "")
         self._send(msg)
@@ -156,7 +170,7 @@ class ProcessExecutor:
     # -- Executor
     def setup(self, problem_key: str, bucket: int, seed: int) -> None:
         self._setup = {"op": "setup", "problem": problem_key, "bucket": bucket, "seed": seed}
-        if self._p is None:
+        if self._p is None or self._spawning:
             self._request({"op": "ping"}, START_TIMEOUT_S)   # starting replays the setup
         else:
             self._request(self._setup, self.timeout_s)
@@ -292,16 +306,30 @@ def _executors(runner, device: str) -> list[tuple[str, Executor]]:
             for i in range(runner.workers)]
 
 
-def run_local(jobs, runner, device: str, timer, halving, seed: int, sink: Sink) -> None:
+def prestart(runner, device: str) -> list[tuple[str, Executor]]:
+    """run_local's workers, spawned now so they import while the search plans (closed by run_local,
+    or by the caller when the search ends before it runs)."""
+    out = _executors(runner, device)
+    for _, ex in out:
+        if isinstance(ex, ProcessExecutor):
+            ex.spawn()
+    return out
+
+
+def run_local(jobs, runner, device: str, timer, halving, seed: int, sink: Sink,
+              executors: list[tuple[str, Executor]] | None = None) -> None:
     """Shard jobs over one worker per device (or per `runner.workers` on the CPU): each worker
     takes the next job as it frees up, so a slow bucket does not hold the others back.
-    `sink.start(job)`, called as a worker takes a job, returns the job to run (None: skip it)."""
+    `sink.start(job)`, called as a worker takes a job, returns the job to run (None: skip it).
+    `executors`: prestart's (this closes them), else made here."""
+    executors = executors or _executors(runner, device)
     if not jobs:
+        for _, ex in executors:
+            ex.close()
         return
     queue = list(reversed(jobs))   # pop() from the end keeps the planned order
     lock = threading.Lock()
     errors: list[BaseException] = []
-    executors = _executors(runner, device)
 
     def serve(label: str, ex: Executor) -> None:
         try:
