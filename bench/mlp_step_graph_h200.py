@@ -386,6 +386,8 @@ def main() -> int:
                                  "routing_errors": errs})
             (out / "mlp-step-graph.json").write_text(json.dumps(res, indent=1))
         del step, d
+        import gc
+        gc.collect()          # del + empty_cache alone left the first form resident (the second ran out of memory on the H200); reference cycles are the likely holder
         if DEV == "cuda":
             torch.cuda.empty_cache()
     shutil.rmtree(tmp, ignore_errors=True)

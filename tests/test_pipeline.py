@@ -138,6 +138,21 @@ def test_ranked_later_batches_are_compiled_by_the_pool_and_a_hang_fails_only_its
     assert [(w.bucket, w.tactic_id) for w in rep.winners] == [(1, _id("good", 0.0)), (4, _id("good", 0.0))]
 
 
+def test_ranked_background_compiles_go_problem_by_problem(tmp_path, corder):
+    """The background compiles one problem's later batches before the next problem's: the jobs run
+    problem by problem, so that is the order they need them in (level by level over every problem,
+    the first problems' jobs waited on compiles the last ones need much later). One compile worker:
+    its compile-starts are the pool's order."""
+    store = Store(tmp_path / "c.db")
+    _search(store, corder, [P1, P2], buckets=(1, 4), compile_workers=1, strategy="ranked",
+            rank_model=_model(corder), ranked=ONE_BY_ONE)
+    first = _id("good", 0.0)                     # the top prediction and the default: compiled ahead
+    starts = [(n, t) for e, n, t in _events(tmp_path) if e == "compile-start" and t != first]
+    later = {_id(m, s) for m, s in co.MEMBERS if (m, s) != ("good", 0.0)}
+    assert {t for _, t in starts} == later and len(starts) == 2 * len(later)     # every later batch, once each
+    assert [n for n, _ in starts] == [P1.n] * len(later) + [P2.n] * len(later)
+
+
 @pytest.mark.parametrize("strategy", ["halving", "ranked"])
 def test_the_same_winners_and_trials_as_the_barrier(tmp_path, corder, strategy):
     """Overlapped or not, the same tactics are measured with the same outcome and win; only where
