@@ -28,7 +28,9 @@ Per form, per routing (uniform, skewed top-8: Gumbel top-k over a Zipf popularit
      and the device syncs per eager forward (torch.cuda.set_sync_debug_mode("warn") counted);
   5. Dispatcher.routing_errors() after each routing: the layers' sticky bad-id words (must be none).
 --mlp linear,fp4mlp builds the dense and shared-expert MLPs as FP4Linear + SiLU·up + FP4Linear or as
-FP4MLP (the dense SwiGLU problem's winner writes silu(gate)·up: two kernels), one after the other.
+FP4MLP (the dense SwiGLU problem's winner writes silu(gate)·up: two kernels), one after the other;
+fold keeps FP4MLP for the dense layers and folds each shared expert into its FP4MoE as one more,
+always-routed expert (FP4MoE(shared=...): issue #26 item 4, fold or separate by measurement).
 Writes DIR/mlp-step-graph.json after every (form, routing); prints one line per row and the table last.
 """
 from __future__ import annotations
@@ -146,10 +148,17 @@ class Step:
             if mlp == "fp4mlp":
                 return (FP4MLP(w(gu), w(dn), dispatcher=d), None)
             return (FP4Linear(w(gu), dispatcher=d), FP4Linear(w(dn), dispatcher=d))
-        self.dense = [pair("gate_up", "down") for _ in range(kinds["gate_up"][1])]
         w13p = kinds["w13"][0]
-        self.moe = [(*pair("shared_gate_up", "shared_down"), FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d))
-                    for _ in range(kinds["w13"][1])]
+        if mlp == "fold":     # FP4MLP dense layers; the shared expert folded into the routed calls (e257:top9)
+            mlp = "fp4mlp"
+            self.dense = [pair("gate_up", "down") for _ in range(kinds["gate_up"][1])]
+            self.moe = [(None, None, FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d,
+                                            shared=(w("shared_gate_up"), w("shared_down"))))
+                        for _ in range(kinds["w13"][1])]
+        else:
+            self.dense = [pair("gate_up", "down") for _ in range(kinds["gate_up"][1])]
+            self.moe = [(*pair("shared_gate_up", "shared_down"), FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d))
+                        for _ in range(kinds["w13"][1])]
         self.hidden, self.top_k, self.experts = w13p.k, w13p.top_k, w13p.experts
         self.x = torch.zeros(max_m, self.hidden, dtype=torch.bfloat16, device=DEV)
         self.ids = [torch.zeros(max_m, self.top_k, dtype=torch.int32, device=DEV) for _ in self.moe]
@@ -169,7 +178,8 @@ class Step:
         x = self.x[:m]
         outs = [self._mlp(gu, dn, x) for gu, dn in self.dense]
         for (gu, dn, moe), ids, tw in zip(self.moe, self.ids, self.tw):
-            outs.append(moe(x, ids[:m], tw[:m]) + self._mlp(gu, dn, x))
+            y = moe(x, ids[:m], tw[:m])
+            outs.append(y if gu is None else y + self._mlp(gu, dn, x))
         return outs
 
     def refill(self, m: int, skew: float) -> float:
@@ -340,8 +350,9 @@ def main() -> int:
     ap.add_argument("--ms", default="1,4,16,64" if not SMOKE else "1,3")
     ap.add_argument("--forms", default="winners,triton", help="winners and/or family names for the routed problems")
     ap.add_argument("--routing", default="uniform,skewed")
-    ap.add_argument("--mlp", default="linear", help="linear (FP4Linear + SiLU·up + FP4Linear), fp4mlp (FP4MLP), or both "
-                    "comma-separated: the dense and shared-expert MLPs")
+    ap.add_argument("--mlp", default="linear", help="linear (FP4Linear + SiLU·up + FP4Linear), fp4mlp (FP4MLP), fold "
+                    "(FP4MLP dense layers, the shared expert folded into FP4MoE: its e257:top9 problems, tuned with "
+                    "`autotune search --fold-shared`), comma-separated: the dense and shared-expert MLPs")
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
