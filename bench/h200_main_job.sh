@@ -10,7 +10,9 @@
 #   3. (MAX64=1; WHOLE=0 skips step 1) the same with --max-tokens 64 on another fresh cache → $OUT/main-job-h200-64.json;
 #   4. (COMPARE=1) bench/compare_winners.py --retime: its winners at M <= 64 against the committed
 #      full-search winners, both re-timed interleaved in one worker;
-#   5. (STEP=1) bench/mlp_step_graph_h200.py on its winners → $OUT/step/mlp-step-graph.json (issue #26).
+#   5. (STEP=1) bench/mlp_step_graph_h200.py on its winners, one process per form (STEP_FORMS, STEP_MLP:
+#      space-separated) → $OUT/step-FORM-MLP/mlp-step-graph.json (issue #26); FOLD=1 first tunes the
+#      folded shared-expert problems into the same cache (for STEP_MLP=fold).
 # COMPARE_DB=path (.db or .db.xz) takes the whole run's cache from an earlier call (WHOLE=0).
 # Run from the repo root with the wheels of ../shared/tools/device-wheels.sh (plus platformdirs) in .whl/:
 #   OUT=DIR bash bench/h200_main_job.sh            (the device tool sets OUT)
@@ -66,7 +68,15 @@ if [ "${COMPARE:-0}" = 1 ]; then
       --max-bucket 64 --json "$OUT/compare.json" 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
 fi
 if [ "${STEP:-0}" = 1 ]; then      # issue #26: the 78-layer MLP step as one CUDA graph, served by these winners
-  timeout "${STEP_S:-300}" python3 bench/mlp_step_graph_h200.py --cache "$(whole_db "${STEP_DB:-${COMPARE_DB:-}}")" \
-      --out "$OUT/step" --forms "${STEP_FORMS:-winners,triton}" --mlp "${STEP_MLP:-fp4mlp,linear}" 2>&1 | tail -60
+  sdb=$(whole_db "${STEP_DB:-${COMPARE_DB:-}}")
+  if [ "${FOLD:-0}" = 1 ]; then    # item 4: tune the folded shared-expert problems (e257:top9) into the same cache first
+    timeout "${FOLD_S:-120}" python3 -m autotune.cli search --model glm5 --tp 8 --fold-shared --only e257 \
+        --max-tokens 64 --cache "$sdb" 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+  fi
+  # one form per process: each builds ~51 GB of layers
+  for form in ${STEP_FORMS:-winners triton}; do for mlp in ${STEP_MLP:-fp4mlp linear}; do
+    timeout "${STEP_S:-150}" python3 bench/mlp_step_graph_h200.py --cache "$sdb" --out "$OUT/step-$form-$mlp" \
+        --forms "$form" --mlp "$mlp" 2>&1 | grep -v -i warn | tail -14
+  done; done
 fi
 ls -la "$OUT"
