@@ -376,8 +376,12 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     if not s.o.runner.ray:
         s.executors = workers_mod.prestart(s.o.runner, s.env.device)              # so do the measuring workers
     try:
+        t0 = time.perf_counter()          # the search's own steps before the first job, as stages too
         work = s.store_static(s.plan(), s.runnable())
+        t1 = time.perf_counter()
         s.prepare(work)
+        s.report.stages.add("plan", t1 - t0)
+        s.report.stages.add("prepare", time.perf_counter() - t1)
         if pipeline.overlaps(s.o.runner):     # compile while measuring (autotune/engine/pipeline.py)
             s.run(s.compile_ahead(work, s.jobs(work)))
         else:                                 # Ray, --no-isolate: every precompile first
