@@ -76,3 +76,18 @@ def store_stage(what: str):
         raise
     except CacheError as e:
         raise StoreFailed(f"search stopped at the store stage, {what}: {e}") from None
+
+
+def exit_now(code: int) -> None:
+    """A worker process (measuring or compiling) leaves without the interpreter's teardown: every
+    reply is written and flushed, nothing else is owed, and tearing down torch/Triton/CuPy with a
+    CUDA context of many GB held took past the parent's 10 s close wait on the H200 (the search's
+    last ~12 s)."""
+    import os
+    import sys
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -32,7 +32,7 @@ from typing import Hashable, Iterable
 from autotune.core.arch import get_arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from autotune.engine.executor import WorkerStartError
+from autotune.engine.executor import WorkerStartError, exit_now
 from autotune.tactics import registry
 
 #: a new compile worker imports torch and the families first
@@ -406,17 +406,5 @@ def main() -> int:
     return 0
 
 
-def _exit(code: int) -> None:
-    """Leave without the interpreter's teardown: every reply is written and flushed, nothing else
-    is owed, and tearing down torch/Triton/CuPy with a CUDA context of many GB held took past the
-    parent's 10 s close wait on the H200 (the search's last ~12 s)."""
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit(main())
+    exit_now(main())

@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 
 from autotune.core import inputs
 from autotune.engine import timing
+from autotune.engine.executor import exit_now
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
@@ -311,17 +312,5 @@ def main() -> int:
     return 0
 
 
-def _exit(code: int) -> None:
-    """Leave without the interpreter's teardown: every reply is written and flushed, nothing else
-    is owed, and tearing down torch/Triton/CuPy with a CUDA context of many GB held took past the
-    parent's 10 s close wait on the H200 (the search's last ~12 s)."""
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit(main())
+    exit_now(main())
