@@ -36,9 +36,10 @@ def test_the_shipped_sm90_model_loads_knows_the_cuda_family_moe_decode_and_the_f
     m = rankmodel.load(path)
     assert m.covers(SM90) and not m.covers(CPU_ARCH) and strategy.shipped(CPU_ARCH) is None
     assert path.name == strategy.shipped_name(m)                   # named by its key
-    assert {"family=cuda", "family=triton", "p.kernel=moe_decode", "epilogue=swiglu", "epilogue=reduce"} <= set(m.names)
+    assert {"family=cuda", "family=triton", "p.kernel=moe_decode", "p.kernel=moe_mma", "epilogue=swiglu",
+            "epilogue=reduce"} <= set(m.names)
     assert set(FUSED) <= set(m.info["problems"]) and set(m.info["sources"]) == {
-        "h200x2-glm5-tp8-full", "cuda-search-h200", "moe-search-h200"}
+        "h200x2-glm5-tp8-full", "cuda-search-h200", "moe-search-h200", "main-job-h200"}
     assert {"torch", "triton", "cupy"} <= set(m.key["libs"])
 
 

@@ -4,7 +4,8 @@
 
 The committed H200 caches are read from copies in a temporary folder (never opened in place): the
 full GLM-5 TP8 search (triton, torch; dense and grouped MoE), the cuda family's search (dense, M <= 64)
-and the MoE search (moe_decode, the fused :swiglu / :reduce problems). One model is fitted on the
+the MoE search (moe_decode, the fused :swiglu / :reduce problems) and the ranked main job of
+2026-12-02 (moe_mma, the dense split-K / SwiGLU / MXFP4 forms, FP4MLP's SwiGLU problems). One model is fitted on the
 three together (rankdata.train_many: each cache's groups keep their own labels). The file is named
 by arch and the library versions in the model's key; an older shipped model of the same arch with
 other versions is left for the caller to remove (listed). Check it with
@@ -29,7 +30,10 @@ from autotune.cache.store import Store  # noqa: E402
 #: (name in the model's info, committed cache)
 CACHES = (("h200x2-glm5-tp8-full", "docs/data/h200x2-glm5-tp8-full.db.xz"),
           ("cuda-search-h200", "docs/data/cuda-search-h200/cuda-search.db"),
-          ("moe-search-h200", "docs/data/moe-search-h200.db"))
+          ("moe-search-h200", "docs/data/moe-search-h200.db"),
+          # the main job on one H200 (ranked, 2026-12-02): the first data of the cuda family's moe_mma and
+          # dense split-K/SwiGLU forms, which the three above predate (they entered every job as novel extras)
+          ("main-job-h200", "docs/data/main-job-h200.db.xz"))
 
 
 def copy(src: Path, dst: Path) -> Path:
