@@ -5,7 +5,10 @@
     python3 bench/search_cost.py --families triton,torch --buckets 1,16,256,4096 --max-tactics 0   # on a GPU
 
 Each search runs as the real CLI in a fresh process with a fresh cache; prints a markdown table.
-Smoke (CI): `--only dense:bf16*nvfp4->bf16:n6144:k256 --buckets 1 --max-tactics 2 --compile-tactics 1`, one small problem.
+Smoke (CI): `--only grouped_moe:bf16*nvfp4->bf16:n6144:k256:e256:top8:reduce --buckets 1 --max-tactics 2
+--compile-tactics 1`, one problem whose sm90 space has a single footprint-rejected Triton config: --compile-check's
+verdict audit (every footprint-rejected config, up to 200) then compiles 1, where a dense problem's compiles 24
+(~70 s of one compile worker on a CPU).
 """
 from __future__ import annotations
 
