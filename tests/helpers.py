@@ -1,9 +1,15 @@
 """Helpers shared by several test files."""
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import traceback
 from pathlib import Path
 
@@ -11,10 +17,73 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args, cache=None, env=None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """`autotune ARGS` as a real subprocess of this tree (AUTOTUNE_CACHE set when `cache` is given)."""
+    """`autotune ARGS` as a real process of this tree (AUTOTUNE_CACHE set when `cache` is given):
+    forked by tests/cli_forkserver.py (torch imported once) where its environment allows, else a
+    fresh `python -m autotune.cli`; the same exit status, output and timeout either way. A command
+    given more than the default time (the README's main job, tests/test_main_job.py) always runs as
+    a fresh process, exactly as a user runs it: 2 s of imports are nothing beside it."""
     e = {**os.environ, **(env or {}), **({"AUTOTUNE_CACHE": str(cache)} if cache is not None else {})}
-    return subprocess.run([sys.executable, "-m", "autotune.cli", *map(str, args)], cwd=ROOT, env=e,
-                          capture_output=True, text=True, timeout=timeout)
+    argv = [sys.executable, "-m", "autotune.cli", *map(str, args)]
+    server = _forkserver(e) if timeout <= 900 else None
+    if server is None:
+        return subprocess.run(argv, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+    return server.run(argv, e, timeout)
+
+
+class _ForkServer:
+    def __init__(self, env: dict[str, str]):
+        self.env, self.pid = dict(env), os.getpid()
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "cli_forkserver.py")], cwd=ROOT, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)   # no read-ahead: select sees every reply
+        self.lock = threading.Lock()
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """EOF ends the server (between commands: each run holds the lock until its child ended)."""
+        if os.getpid() == self.pid and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(60)
+
+    def usable(self, env: dict[str, str]) -> bool:
+        """Alive, in the process that started it (not a forked test child, e.g. as_nobody's), and
+        an environment that differs only in AUTOTUNE_* variables (and pytest's own
+        PYTEST_CURRENT_TEST, which it sets per test); the child gets the whole environment."""
+        if os.getpid() != self.pid or self.proc.poll() is not None:
+            return False
+        keys = (set(env) | set(self.env)) - {"PYTEST_CURRENT_TEST"}
+        return all(env.get(k) == self.env.get(k) for k in keys if not k.startswith("AUTOTUNE_"))
+
+    def run(self, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        with self.lock, tempfile.TemporaryDirectory() as d:
+            out, err = Path(d) / "out", Path(d) / "err"
+            out.touch(), err.touch()
+            req = {"args": argv[3:], "env": env, "cwd": str(ROOT), "out": str(out), "err": str(err)}
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+            child = json.loads(self.proc.stdout.readline())["pid"]
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            if not ready:                       # as subprocess.run: kill the command, then raise
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except ProcessLookupError:          # it ended as the time ran out
+                    pass
+            status = json.loads(self.proc.stdout.readline())["status"]
+            stdout, stderr = out.read_text(), err.read_text()
+        if not ready:
+            raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(argv, os.waitstatus_to_exitcode(status), stdout, stderr)
+
+
+_SERVER: list[_ForkServer] = []
+
+
+def _forkserver(env: dict[str, str]) -> _ForkServer | None:
+    if os.environ.get("AUTOTUNE_TEST_NO_FORKSERVER") == "1" or not hasattr(os, "fork"):
+        return None
+    if not _SERVER:
+        _SERVER.append(_ForkServer(dict(os.environ)))
+    return _SERVER[0] if _SERVER[0].usable(env) else None
 
 
 def as_nobody(fn) -> None:
