@@ -149,14 +149,14 @@ class Step:
                 return (FP4MLP(w(gu), w(dn), dispatcher=d), None)
             return (FP4Linear(w(gu), dispatcher=d), FP4Linear(w(dn), dispatcher=d))
         w13p = kinds["w13"][0]
-        if mlp == "fold":     # FP4MLP dense layers; the shared expert folded into the routed calls (e257:top9)
-            mlp = "fp4mlp"
-            self.dense = [pair("gate_up", "down") for _ in range(kinds["gate_up"][1])]
+        fold = mlp == "fold"  # FP4MLP dense layers; the shared expert folded into the routed calls (e257:top9)
+        mlp = "fp4mlp" if fold else mlp
+        self.dense = [pair("gate_up", "down") for _ in range(kinds["gate_up"][1])]
+        if fold:
             self.moe = [(None, None, FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d,
                                             shared=(w("shared_gate_up"), w("shared_down"))))
                         for _ in range(kinds["w13"][1])]
         else:
-            self.dense = [pair("gate_up", "down") for _ in range(kinds["gate_up"][1])]
             self.moe = [(*pair("shared_gate_up", "shared_down"), FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d))
                         for _ in range(kinds["w13"][1])]
         self.hidden, self.top_k, self.experts = w13p.k, w13p.top_k, w13p.experts

@@ -12,22 +12,9 @@ def upsert(s: Session, model, row: dict, keys: list[str], mode: str = "replace",
     "add" (existing[add] += row[add]).
     """
     table = model.__table__
-    dialect = s.get_bind().dialect.name
-    if dialect in ("sqlite", "postgresql"):
-        if dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:
-            from sqlalchemy.dialects.postgresql import insert
-        stmt = insert(table).values(**row)
-        if mode == "ignore":
-            stmt = stmt.on_conflict_do_nothing(index_elements=keys)
-        elif mode == "add":
-            stmt = stmt.on_conflict_do_update(index_elements=keys,
-                                              set_={add: table.c[add] + stmt.excluded[add]})
-        else:
-            stmt = stmt.on_conflict_do_update(
-                index_elements=keys, set_={c: stmt.excluded[c] for c in row if c not in keys})
-        s.execute(stmt)
+    stmt = _conflict_insert(s, table, row, keys, mode, add)
+    if stmt is not None:
+        s.execute(stmt, row)
         return
     cond = [table.c[k] == row[k] for k in keys]
     existing = s.execute(select(table).where(*cond).with_for_update()).first()
@@ -44,19 +31,27 @@ def upsert_many(s: Session, model, rows: list[dict], keys: list[str], mode: str 
     (~1,200 static rejections of a search: one statement, not 1,200 compiled ones)."""
     if not rows:
         return
-    dialect = s.get_bind().dialect.name
-    if dialect not in ("sqlite", "postgresql") or mode not in ("replace", "ignore"):
+    stmt = _conflict_insert(s, model.__table__, rows[0], keys, mode, None) if mode != "add" else None
+    if stmt is None:
         for row in rows:
             upsert(s, model, row, keys, mode)
         return
+    s.execute(stmt, rows)
+
+
+def _conflict_insert(s: Session, table, cols, keys: list[str], mode: str, add: str | None):
+    """INSERT ... ON CONFLICT for `mode` on SQLite/PostgreSQL (the rows go in as parameters), or
+    None on another dialect (select-then-write)."""
+    dialect = s.get_bind().dialect.name
     if dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert
-    else:
+    elif dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
-    stmt = insert(model.__table__)
-    if mode == "ignore":
-        stmt = stmt.on_conflict_do_nothing(index_elements=keys)
     else:
-        stmt = stmt.on_conflict_do_update(index_elements=keys,
-                                          set_={c: stmt.excluded[c] for c in rows[0] if c not in keys})
-    s.execute(stmt, rows)
+        return None
+    stmt = insert(table)
+    if mode == "ignore":
+        return stmt.on_conflict_do_nothing(index_elements=keys)
+    if mode == "add":
+        return stmt.on_conflict_do_update(index_elements=keys, set_={add: table.c[add] + stmt.excluded[add]})
+    return stmt.on_conflict_do_update(index_elements=keys, set_={c: stmt.excluded[c] for c in cols if c not in keys})

@@ -6,7 +6,7 @@ The committed H200 caches are read from copies in a temporary folder (never open
 full GLM-5 TP8 search (triton, torch; dense and grouped MoE), the cuda family's search (dense, M <= 64)
 the MoE search (moe_decode, the fused :swiglu / :reduce problems) and the ranked main job of
 2026-12-02 (moe_mma, the dense split-K / SwiGLU / MXFP4 forms, FP4MLP's SwiGLU problems). One model is fitted on the
-three together (rankdata.train_many: each cache's groups keep their own labels). The file is named
+four together (rankdata.train_many: each cache's groups keep their own labels). The file is named
 by arch and the library versions in the model's key; an older shipped model of the same arch with
 other versions is left for the caller to remove (listed). Check it with
 `python3 bench/rank_eval.py <the same caches>` (docs/search.md has the numbers).

@@ -144,6 +144,7 @@ class ProcessExecutor:
             self._p.kill()
             self._p.wait()
             self._p = None
+        self._spawning = False
 
     def _log_tail(self) -> str:
         try:
