@@ -234,10 +234,10 @@ class _Clocked:
         return self._timed("time", self._ex.time, *a)
 
     def forget(self, *a):
-        return self._timed("free", self._ex.forget, *a)
+        return self._timed("forget", self._ex.forget, *a)
 
     def end_job(self):
-        return self._timed("free", self._ex.end_job)
+        return self._timed("end job", self._ex.end_job)
 
     def close(self) -> None:
         self._ex.close()
