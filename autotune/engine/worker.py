@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import zlib
 from typing import Callable, Iterable
 
@@ -155,10 +156,13 @@ class Bench:
         """The job is over: drop every kernel, graph and input of it. Returns the device bytes still
         allocated (should be about `kept` — the problem's weights and packs), what is kept on purpose,
         and the job's peak."""
+        t0 = time.perf_counter()
         self._forget_all()
         self._sets = self._outs = []
         self._ref = None
+        t1 = time.perf_counter()
         self._free(release_cache=False)
+        t2 = time.perf_counter()
         out = {"allocated": self._allocated(), "kept": self.kept_bytes(), "peak": 0}
         if self.device == "cuda":
             import torch
@@ -167,6 +171,7 @@ class Bench:
             if out["allocated"] - out["kept"] > LEFT_BYTES and not self._named_live:
                 self._named_live = True      # once per worker: walking the heap costs ~0.3 s
                 out["live"] = live_tensors()
+        out["parts"] = {"drop": t1 - t0, "collect": t2 - t1, "figures": time.perf_counter() - t2}
         return out
 
     # -- requests
@@ -241,11 +246,15 @@ class Bench:
     def check(self, tactic: Tactic) -> dict:
         """Build (compiling if needed) and compare one call against the float64 reference."""
         def run() -> dict:
+            t0 = time.perf_counter()
             kernel = self._kernel(tactic)
+            t1 = time.perf_counter()
             packed = self._args(tactic, 0)[1]
+            t2 = time.perf_counter()
             err = inputs.check(self.problem, lambda x, w, *r, out=None: kernel(x, packed, *r, out=out),
                                self._sets[0], self._ref)
-            return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None)}
+            return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None),
+                    "parts": {"build": t1 - t0, "pack": t2 - t1, "run": time.perf_counter() - t2}}
         return self._retry_oom(tactic, run)
 
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:

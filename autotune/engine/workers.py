@@ -190,7 +190,7 @@ class ProcessExecutor:
         if self._p is None:
             return {}
         reply = self._request({"op": "end_job"}, self.timeout_s)
-        return {k: reply[k] for k in ("allocated", "kept", "peak", "live") if k in reply}
+        return {k: reply[k] for k in ("allocated", "kept", "peak", "live", "parts") if k in reply}
 
     def close(self) -> None:
         if self._p is not None:
@@ -217,11 +217,18 @@ class _Clocked:
 
     def _timed(self, stage: str, fn, *a):
         t0 = time.perf_counter()
+        out = None
         try:
-            return fn(*a)
+            out = fn(*a)
+            return out
         finally:
             if self._sink.stages is not None:
                 self._sink.stages.add(stage, time.perf_counter() - t0)
+                # the worker's own split of a request ("check: build", "end job: collect"): where the
+                # stage's time goes inside the worker, beside the whole as the search saw it
+                for part, sec in (out.get("parts") or {}).items() if isinstance(out, dict) else ():
+                    if isinstance(sec, (int, float)):
+                        self._sink.stages.add(f"{stage}: {part}", float(sec))
             self._sink.heartbeat()
 
     def setup(self, *a):
