@@ -154,7 +154,7 @@ class Step:
         self.dense = [pair("gate_up", "down") for _ in range(kinds["gate_up"][1])]
         if fold:
             self.moe = [(None, None, FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d,
-                                            shared=(w("shared_gate_up"), w("shared_down"))))
+                                            shared=(w("shared_gate_up"), w("shared_down")), fold_shared=True))
                         for _ in range(kinds["w13"][1])]
         else:
             self.moe = [(*pair("shared_gate_up", "shared_down"), FP4MoE(w("w13"), w("w2"), w13p.top_k, dispatcher=d))

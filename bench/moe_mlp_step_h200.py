@@ -121,7 +121,7 @@ def make_block(gate, up, down, d, fused: bool, expert_map=None, shared=None):
     from autotune.runtime.moe import FP4MoE, _stack13
     fold = None if shared is None else (_stack13(shared[0], shared[1]), shared[2], shared[1].global_scale)
     return FP4MoE(_stack13(gate, up), down, TOP_K, up_scale=up.global_scale, expert_map=expert_map,
-                  fused=fused, dispatcher=d, shared=fold)
+                  fused=fused, dispatcher=d, shared=fold, fold_shared=fold is not None)
 
 
 def shared_reference(x, gate, up, down):

@@ -259,13 +259,17 @@ def test_deepseek_routed_plus_shared_experts(disp):
     r, blk = refs("modelopt_deepseek"), "model.layers.1.mlp"
     x, ids, tw = _moe_inputs(r, blk)
     b = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, activations="w4a16", dispatcher=disp)
-    assert b.has_shared and b.num_experts == 5
+    assert b.has_shared and not b.shared_folded and b.num_experts == 4      # W4A16: apart, an FP4MLP
     assert rel(b(x, ids, tw), r[f"y.{blk}"]) < 1e-2
+    folded = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, activations="w4a16", dispatcher=disp,
+                                    fold_shared=True)
+    assert folded.shared_folded and folded.num_experts == 5
+    assert rel(folded(x, ids, tw), r[f"y.{blk}"]) < 1e-2
     routed = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, shared_experts=False, activations="w4a16",
                                     dispatcher=disp)
     assert rel(routed(x, ids, tw).double() + r[f"y.{blk}.shared_experts"], r[f"y.{blk}"]) < 1e-2
     w4 = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, activations="w4a4", dispatcher=disp)
-    assert w4.problem13.a_fmt == "nvfp4" and w4.w13_is.shape == (5,) and w4.w2_is.shape == (5,)  # shared: 5th
+    assert w4.shared_folded and w4.problem13.a_fmt == "nvfp4" and w4.w13_is.shape == (5,) and w4.w2_is.shape == (5,)  # shared: 5th
     assert rel(w4(x, ids, tw), r[f"y.{blk}"]) < 0.3         # W4A4 on inputs calibrated for it
 
 

@@ -70,7 +70,8 @@ def test_folded_block_matches_routed_plus_shared_float64(disp, fused):
     top_k, emap = 2, torch.tensor([3, -1, 0, 1, -1, 2, 4])
     sh = FP4MoE.shared_from_float(sg, su, sd)
     assert not torch.equal(sh[0].global_scale, sh[2])                           # shared gate ≠ up scale
-    blk = FP4MoE.from_float(gate, up, down, top_k, fused=fused, expert_map=emap, dispatcher=disp, shared=sh)
+    blk = FP4MoE.from_float(gate, up, down, top_k, fused=fused, expert_map=emap, dispatcher=disp, shared=sh,
+                            fold_shared=True)
     assert blk.problem13 == Problem.moe(64, 64, 6, 3, epilogue="swiglu" if fused else "none")
     assert blk.problem2 == Problem.moe(64, 32, 6, 3, epilogue="reduce" if fused else "none")
     assert blk.w13.shape == (6, 64, 64) and blk.w2.global_scale.shape == (6,) and "shared folded" in repr(blk)
@@ -89,9 +90,45 @@ def test_folded_block_matches_routed_plus_shared_float64(disp, fused):
     assert plain.problem13.top_k == 2 and plain.w13.shape == (5, 64, 64)          # default unchanged
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_shared_expert_apart_by_default_matches_float64(disp, fmt):
+    """The default form (measured faster at decode sizes on the H200): the routed block as without
+    a shared expert, plus an FP4MLP of the shared expert's own (its dense swiglu + down problems,
+    any intermediate size); the same float64 block as folding gives, -1 rows included."""
+    (gate, up, down), _ = _weights(h=64, i=64, seed=5)
+    torch.manual_seed(6)
+    sg, su, sd = torch.randn(96, 64) * 0.5, torch.randn(96, 64) * 3, torch.randn(64, 96)   # I_s != I
+    top_k, emap = 2, torch.tensor([3, -1, 0, 1, -1, 2, 4])
+    blk = FP4MoE.from_float(gate, up, down, top_k, fmt=fmt, expert_map=emap, dispatcher=disp,
+                            shared=FP4MoE.shared_from_float(sg, su, sd, fmt))
+    assert blk.has_shared and not blk.shared_folded and "folded" not in repr(blk)
+    assert blk.problem13 == Problem.moe(128, 64, 5, 2, w_fmt=fmt, epilogue="swiglu") and blk.w13.shape == (5, 128, 64)
+    assert blk.problems[2:] == (Problem.dense(192, 64, w_fmt=fmt, epilogue="swiglu"), Problem.dense(64, 96, w_fmt=fmt))
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    ids, tw = torch.tensor([[0, 1], [4, 1], [6, 2], [-1, -1]]), torch.rand(4, top_k)
+    y = blk(x, ids, tw)
+    ref = _ref(x, [quantize(w, fmt) for w in (gate, up, down)], [quantize(w, fmt) for w in (sg, su, sd)],
+               blk.local_ids(ids), tw)
+    assert float((y.double() - ref).norm() / ref.norm()) < 2e-2
+    assert float((y[3].double() - ref[3]).norm() / ref[3].norm()) < 2e-2        # shared expert only
+    bad = blk(x, torch.tensor([[0, 1], [9, 1], [6, 2], [-1, -1]]), tw)            # id 9 outside [-1, 7)
+    assert torch.isnan(bad[1]).all() and not torch.isnan(bad[[0, 2, 3]]).any()
+    assert blk.routing_errors() == [blk.label]
+
+
+def test_w4a4_shared_expert_runs_folded(disp):
+    """W4A4 activations: FP4MLP is W4A16, so the auto form folds and an explicit apart is refused."""
+    (gate, up, down), (sg, su, sd) = _weights(seed=7)
+    g, u, d = (quantize(w) for w in (gate, up, down))
+    with pytest.raises(ValueError, match="W4A4 activations runs folded in"):
+        FP4MoE(FP4MoE.from_float(gate, up, down, 2, dispatcher=disp).w13, d, 2, a_fmt="nvfp4", dispatcher=disp,
+               shared=FP4MoE.shared_from_float(sg, su, sd), fold_shared=False)
+
+
 def test_folded_block_keeps_one_copy_and_checks_routing(disp):
     (gate, up, down), (sg, su, sd) = _weights(seed=1)
-    blk = FP4MoE.from_float(gate, up, down, 2, dispatcher=disp, shared=FP4MoE.shared_from_float(sg, su, sd))
+    blk = FP4MoE.from_float(gate, up, down, 2, dispatcher=disp, shared=FP4MoE.shared_from_float(sg, su, sd),
+                            fold_shared=True)
     names = {n for n, _ in blk.named_buffers()}
     assert names == {f"{w}_{p}" for w in ("w13", "w2") for p in ("packed", "scales_u8", "gs_u8")}
     from autotune.core.operands import OperandError
@@ -115,7 +152,7 @@ def test_wrong_shared_inputs_are_refused(disp):
            ((w13s, w2s, torch.ones(3)), "shared up_scale must be one global scale")]
     for shared, msg in bad:
         with pytest.raises(ValueError, match=msg):
-            FP4MoE.from_float(gate, up, down, 2, dispatcher=disp, shared=shared)
+            FP4MoE.from_float(gate, up, down, 2, dispatcher=disp, shared=shared, fold_shared=True)
 
 
 def test_from_modelopt_folds_the_checkpoints_shared_experts(disp, tmp_path):
@@ -138,9 +175,13 @@ def test_from_modelopt_folds_the_checkpoints_shared_experts(disp, tmp_path):
                           torch.stack([p.global_scale for p in ps]), w.fmt) for w, ps in zip(routed, per)]
     ref = _ref(x, ref_routed, shared, ids, tw)
     for source in (str(tmp_path / "m.safetensors"), t):
-        blk = FP4MoE.from_modelopt(source, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts=True)
-        assert blk.has_shared and blk.problem13.top_k == 3 and blk.w13.shape == (4, 64, 64)
+        blk = FP4MoE.from_modelopt(source, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts=True,
+                                   fold_shared=True)
+        assert blk.shared_folded and blk.problem13.top_k == 3 and blk.w13.shape == (4, 64, 64)
         assert float((blk(x, ids, tw).double() - ref).norm() / ref.norm()) < 1e-2
+        apart = FP4MoE.from_modelopt(source, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts=True)
+        assert apart.has_shared and not apart.shared_folded and apart.w13.shape == (3, 64, 64)
+        assert float((apart(x, ids, tw).double() - ref).norm() / ref.norm()) < 1e-2
     with pytest.raises(KeyError, match="model.layers.5.mlp.shared_expert.gate_proj"):
         FP4MoE.from_modelopt(t, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts="shared_expert")
     with pytest.raises(ValueError, match="shared_experts= or shared=, not both"):
@@ -151,7 +192,7 @@ def test_from_modelopt_folds_the_checkpoints_shared_experts(disp, tmp_path):
 def test_mxfp4_folded_block(disp):
     (gate, up, down), (sg, su, sd) = _weights(h=64, i=64, seed=3)
     sh = FP4MoE.shared_from_float(sg, su, sd, "mxfp4")
-    blk = FP4MoE.from_float(gate, up, down, 2, fmt="mxfp4", dispatcher=disp, shared=sh)
+    blk = FP4MoE.from_float(gate, up, down, 2, fmt="mxfp4", dispatcher=disp, shared=sh, fold_shared=True)
     x, ids, tw = torch.randn(3, 64).to(torch.bfloat16), torch.tensor([[0, 4], [2, -1], [1, 3]]), torch.rand(3, 2)
     ref = _ref(x, [quantize(w, "mxfp4") for w in (gate, up, down)], [quantize(w, "mxfp4") for w in (sg, su, sd)],
                ids, tw)
@@ -218,7 +259,7 @@ _INTERP = textwrap.dedent("""
     d = Dispatcher(db, env=env, arch=ARCHS["cpu"], record_misses=False, warn=False)
     emap = torch.tensor([3, -1, 2, 1, -1, 0])
     blk = FP4MoE.from_float(gate, up, down, top_k, expert_map=emap, dispatcher=d,
-                            shared=FP4MoE.shared_from_float(sg, su, sd))
+                            shared=FP4MoE.shared_from_float(sg, su, sd), fold_shared=True)
     x, ids, tw = torch.randn(m, h).to(torch.bfloat16), torch.tensor([[0, 2], [1, 4], [5, 3]]), torch.rand(m, 2)
     y = blk(x, ids, tw)
     g, u, dn = (quantize(w).dequantize(torch.float64) for w in (gate, up, down))
@@ -232,7 +273,8 @@ _INTERP = textwrap.dedent("""
     rungs = [d.rung_for(p, m)[1].params.get("kernel") for p in (blk.problem13, blk.problem2)]
     # both launchers are moe_decode, which flags bad ids itself; folded, a caller's id E (the
     # shared expert's local id) goes through the id table to BAD: a NaN row and the word, no host read
-    nomap = FP4MoE.from_float(gate, up, down, top_k, dispatcher=d, shared=FP4MoE.shared_from_float(sg, su, sd))
+    nomap = FP4MoE.from_float(gate, up, down, top_k, dispatcher=d, shared=FP4MoE.shared_from_float(sg, su, sd),
+                              fold_shared=True)
     ls = (nomap.bound13.launcher(m), nomap.bound2.launcher(m))
     yb = nomap(x, torch.tensor([[0, 2], [1, e], [3, 3]]), tw)
     print(json.dumps(dict(err=float((y.double() - ref).norm() / ref.norm()), rungs=rungs,

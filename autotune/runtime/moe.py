@@ -21,11 +21,18 @@ Expert parallelism: `expert_map` [E_global] gives each global expert id its loca
 so). One routing alignment per layer: when both GEMMs' moe_decode launchers take the aligned
 route, one `moe_align` launch (at the larger BLOCK_M, regrouped for the smaller) serves both.
 
-Shared expert folded in (opt-in, `shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I, H] and [H, I]):
-stacked once at construction as local expert E (E+1 experts; the stacked tensors replace the
-separate ones), and every token's routing gains one slot (id E, weight 1.0), so the same two
-calls do routed + shared work: problems moe(…, E+1, top_k+1). Always local under an expert_map.
-Whether folding wins over two calls is not measured yet (docs/moe-decode.md).
+Shared expert (`shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I_s, H] and [H, I_s]), two forms:
+
+* apart (default, W4A16): an `FP4MLP` of its own (`.shared_mlp`: the dense `swiglu` gate_up and the
+  down problem, two kernels), its output added to the routed one. Measured on the H200 (GLM-5 TP8,
+  the 78-layer step as one CUDA graph, docs/moe-decode.md): faster than folding at M = 1, 4, 16
+  under uniform and skewed routing (2.68 vs 2.90 ms at M = 1), even with folding at M = 64.
+* folded (`fold_shared=True`; the only form for W4A4 activations, which FP4MLP does not run):
+  stacked once at construction as local expert E (E+1 experts; the stacked tensors replace the
+  separate ones), and every token's routing gains one slot (id E, weight 1.0), so the same two
+  calls do routed + shared work: problems moe(…, E+1, top_k+1), I_s = I. Always local under an
+  expert_map. The routing gains a concatenation per call (a few small kernels per layer), which
+  is what loses it the decode sizes.
 """
 from __future__ import annotations
 
@@ -41,15 +48,12 @@ from autotune.core.formats import FP4Weight, quantize
 from autotune.core.operands import OperandError, check_layer_x, check_routing
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
+from autotune.runtime.layers import FP4MLP, _fold_up, _per_expert
 
 _BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
 #: what an id outside [-1, E_global) becomes for the kernels: outside [-1, E) for every one of them
 BAD_ID = -2
-
-
-def _per_expert(g: Tensor, e: int) -> Tensor:
-    return g.float().reshape(-1).expand(e).contiguous() if g.numel() == 1 else g.float().reshape(e)
 
 
 class FP4MoE(nn.Module):
@@ -60,8 +64,10 @@ class FP4MoE(nn.Module):
                  expert_map: Tensor | None = None, fused: bool = True, dispatcher: Dispatcher | None = None,
                  shared: tuple | None = None, a_fmt: str = "bf16", activation: str = "silu",
                  bias13: Tensor | None = None, bias2: Tensor | None = None, swiglu_alpha: float = 1.702,
-                 swiglu_limit: float = 7.0):
-        """a_fmt="nvfp4": the W4A4 problems (w13/w2 input_scale per expert). activation="swigluoai":
+                 swiglu_limit: float = 7.0, fold_shared: bool | None = None):
+        """shared: the shared expert, apart (an FP4MLP) or, with fold_shared=True, folded in as
+        expert E; fold_shared=None folds only where apart cannot run (W4A4 activations).
+        a_fmt="nvfp4": the W4A4 problems (w13/w2 input_scale per expert). activation="swigluoai":
         gpt-oss's clamped SwiGLU on interleaved [gate, up] rows with biases bias13 [E, 2I] / bias2
         [E, H]; no kernel has that epilogue, so it runs unfused (plain grouped GEMMs, the activation,
         biases, routing weights and the top_k sum in torch)."""
@@ -77,13 +83,20 @@ class FP4MoE(nn.Module):
             raise ValueError(f"w2 {w2.shape} ({w2.fmt}) does not fit w13 {w13.shape} ({w13.fmt}): expected "
                              f"[{e}, {h}, {two_i // 2}] in one format")
         self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = e, top_k, h, two_i // 2, fused
+        if fold_shared is None:
+            fold_shared = a_fmt != "bf16"   # measured: apart is faster at decode sizes (module docstring)
+        if shared is not None and not fold_shared and a_fmt != "bf16":
+            raise ValueError("FP4MoE: a shared expert with W4A4 activations runs folded in (fold_shared=True); "
+                             "apart it is an FP4MLP, which is W4A16")
         self.routed_experts, self.has_shared = e, shared is not None
+        self.shared_folded = shared is not None and bool(fold_shared)
+        apart = shared if shared is not None and not fold_shared else None
         g2 = _fold_up(w13.global_scale, w2.global_scale, up_scale, e)
-        is13, is2 = _input_scales(w13, w2, up_scale, shared, e, a_fmt)
-        if shared is not None:              # local expert E; the stacked copy replaces the inputs
+        is13, is2 = _input_scales(w13, w2, up_scale, shared if self.shared_folded else None, e, a_fmt)
+        if self.shared_folded:              # local expert E; the stacked copy replaces the inputs
             w13, w2, g2 = _fold_shared(w13, w2, g2, shared)
             self.num_experts = e = e + 1
-        slots = top_k + self.has_shared
+        slots = top_k + self.shared_folded
         self.w13_fmt = w13.fmt
         self._gs_shapes = {}
         # every weight tensor as uint8 bytes: `model.to(torch.bfloat16)` must not cast the fp8 block
@@ -125,6 +138,7 @@ class FP4MoE(nn.Module):
                              "the same at every M: batch-invariant mode needs fused=True")
         self.bound13 = d.bind(self.problem13, self.w13, bad_word=self._word)
         self.bound2 = d.bind(self.problem2, self.w2, bad_word=self._word)
+        self.shared_mlp = None if apart is None else _shared_mlp(apart, w13, d)
         # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
         self.register_load_state_dict_post_hook(lambda mod, _keys: mod._rebind())
         self._aligners: dict[int, object] = {}
@@ -176,7 +190,7 @@ class FP4MoE(nn.Module):
         outside [-1, E) for every kernel, also with the shared expert's id E) — no index wraps and
         nothing is read on the host. None: no map, no folded expert (ids go to the kernels as they are)."""
         m = self.expert_map
-        if m is None and not self.has_shared:
+        if m is None and not self.shared_folded:
             return None
         m = m if m is not None else torch.arange(self.routed_experts, dtype=torch.int32, device=self.w13_packed.device)
         bad = m.new_full((1,), BAD_ID)
@@ -195,9 +209,9 @@ class FP4MoE(nn.Module):
                       device: str = "cpu", shared_experts: bool | str = False, **kw) -> "FP4MoE":
         """From a ModelOpt NVFP4 checkpoint (a .safetensors path or a dict): experts
         `{prefix}.experts.{e}.{gate_proj,up_proj,down_proj}` for e in `experts` (this rank's, in
-        local order; pass `expert_map` for the global ids). `shared_experts=True` also folds in
+        local order; pass `expert_map` for the global ids). `shared_experts=True` also takes
         `{prefix}.shared_experts.*` (DeepSeek-V3 / GLM-5 naming; a string names another module) as
-        `shared=` does, with its own gate and up global scales."""
+        `shared=`, with its own gate and up global scales (apart unless fold_shared=True)."""
         from autotune.runtime.pretrained import one_linear
 
         def one(name: str) -> FP4Weight:          # the checkpoint reader, W4A16 (from_pretrained does W4A4)
@@ -275,7 +289,7 @@ class FP4MoE(nn.Module):
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
         check_routing(self._routing, x, topk_ids, topk_weights, values=False)
         ids, bad_rows = self._routed_ids(topk_ids, l13, l2, x.device)
-        if self.has_shared:                 # every token also routed to local expert E, weight 1
+        if self.shared_folded:              # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
         k13, k2 = self._one_alignment(l13, l2, ids)
@@ -290,6 +304,8 @@ class FP4MoE(nn.Module):
                 h = torch.nn.functional.silu(y13[..., :self.intermediate]) * y13[..., self.intermediate:]
                 y2 = l2(h, ids, topk_weights, routing_checked=True, **k2)
                 y = y2.sum(1, dtype=torch.float32).to(torch.bfloat16)
+        if self.shared_mlp is not None:     # the shared expert apart: its two kernels, then one add
+            y = y + self.shared_mlp(x)
         if bad_rows is not None:            # the kernels' contract, where they cannot keep it themselves
             y = y.masked_fill(bad_rows[:, None], float("nan"))
         if self.check_ids and not capturing and self.routing_errors():
@@ -332,11 +348,13 @@ class FP4MoE(nn.Module):
     def from_pretrained(cls, path, block: str, *, top_k: int | None = None, tp_rank: int = 0, tp_size: int = 1,
                         experts: Sequence[int] | None = None, ep_rank: int = 0, ep_size: int = 1,
                         shared_experts: bool | str | None = None, activations: str | None = None, arch=None,
-                        device: str = "cpu", fused: bool = True, dispatcher: Dispatcher | None = None) -> "FP4MoE":
+                        device: str = "cpu", fused: bool = True, dispatcher: Dispatcher | None = None,
+                        fold_shared: bool | None = None) -> "FP4MoE":
         """One MoE block of a checkpoint (directory / .safetensors / index.json), this rank's part:
         routed experts `experts` (global ids) or the contiguous E/ep_size block of ep_rank (an
         expert_map then maps global ids), the expert intermediate split over tp_size, the shared
-        expert folded in where the checkpoint quantizes it (shared_experts=None: auto). Per-expert
+        expert included where the checkpoint quantizes it (shared_experts=None: auto), apart as an
+        FP4MLP (W4A16) or folded in (W4A4, or fold_shared=True). Per-expert
         `experts.{e}.{gate,up,down}_proj`, ModelOpt's stacked bmm experts and gpt-oss's MXFP4
         `*_blocks` (interleaved rows, biases, clamped SwiGLU alpha 1.702, limit 7, unfused).
         shared_experts=False and `FP4MLP.from_pretrained(path, f"{block}.shared_experts")` run the
@@ -345,7 +363,8 @@ class FP4MoE(nn.Module):
         from autotune.runtime.pretrained import load_moe
         kw = load_moe(path, block, top_k=top_k, tp_rank=tp_rank, tp_size=tp_size, experts=experts, ep_rank=ep_rank,
                       ep_size=ep_size, shared_experts=shared_experts, activations=activations, arch=arch, device=device)
-        return cls(kw.pop("w13"), kw.pop("w2"), kw.pop("top_k"), fused=fused, dispatcher=dispatcher, **kw)
+        return cls(kw.pop("w13"), kw.pop("w2"), kw.pop("top_k"), fused=fused, dispatcher=dispatcher,
+                   fold_shared=fold_shared, **kw)
 
     def _one_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
         """One routing alignment per layer when both launchers take one as `aligned=` (made by the
@@ -369,8 +388,13 @@ class FP4MoE(nn.Module):
             ids = (torch.arange(m * self.top_k, device=dev).reshape(m, self.top_k) % self.global_experts)
             self._run(x, ids.to(torch.int32), torch.full((m, self.top_k), 1.0 / self.top_k, device=dev))
 
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """Every problem this block dispatches: w13 and w2, and the shared expert's two when apart."""
+        return (self.problem13, self.problem2) + (self.shared_mlp.problems if self.shared_mlp is not None else ())
+
     def extra_repr(self) -> str:
-        shared = " + shared folded in" if self.has_shared else ""
+        shared = " + shared folded in" if self.shared_folded else ""
         return (f"{self.problem13.key} + {self.problem2.key}, experts {self.routed_experts}/{self.global_experts}"
                 f"{shared}")
 
@@ -381,14 +405,19 @@ class FP4MoE(nn.Module):
         return _stack13(g, u), d, (u.global_scale if fmt == "nvfp4" else None)
 
 
-def _fold_up(g13: Tensor, g2: Tensor, up_scale: Tensor | None, e: int | None) -> Tensor:
-    """w2's global scale × up/gate (exact: see the module docstring); e=None: one 2-D expert."""
-    if up_scale is None:
-        return g2
-    if e is None:
-        return g2.float() * (up_scale.float().to(g13.device) / g13.float())
-    gate = _per_expert(g13, e).to(g2.device)
-    return _per_expert(g2, e) * (_per_expert(up_scale.to(gate.device), e) / gate)
+def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher) -> nn.Module:
+    """The shared expert apart: an FP4MLP on (w13_s [2I_s, H], w2_s [H, I_s][, up_scale_s])."""
+    if not isinstance(shared, (tuple, list)) or len(shared) not in (2, 3):
+        raise ValueError("shared takes (w13 [2I, H], w2 [H, I]) or (w13, w2, up_scale)")
+    s13, s2, s_up = (*shared, None)[:3]
+    h = w13.shape[2]
+    for name, w in (("w13", s13), ("w2", s2)):
+        if not isinstance(w, FP4Weight) or w.fmt != w13.fmt or w.device != w13.device:
+            raise ValueError(f"shared {name} must be a {w13.fmt} FP4Weight on {w13.device}, got "
+                             f"{getattr(w, 'shape', type(w).__name__)} ({getattr(w, 'fmt', '?')})")
+    if s13.packed.ndim != 2 or s13.shape[1] != h:
+        raise ValueError(f"shared w13 must be [2I, {h}] (the routed experts' hidden size), got {s13.shape}")
+    return FP4MLP(s13, s2, up_scale=s_up, dispatcher=dispatcher)
 
 
 def _input_scales(w13: FP4Weight, w2: FP4Weight, up_scale: Tensor | None, shared: tuple | None, e: int,
