@@ -133,13 +133,6 @@ class Bench:
             import gc
             import torch
             gc.collect()      # a launcher in a reference cycle would keep its scratch until the next collection
-            if not gc.get_freeze_count():
-                # once, after the first collection: what lives now (torch, Triton, the families, the
-                # first problem's weights: ~200k objects) leaves the collector's view, so each later
-                # collection scans only what came since (~110 ms -> a few ms per job on a torch
-                # process). Frozen objects are still freed by reference counting; nothing
-                # tactic-sized is alive here (every kernel and graph was dropped first).
-                gc.freeze()
             if release_cache:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()

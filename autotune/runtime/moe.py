@@ -405,11 +405,16 @@ class FP4MoE(nn.Module):
         return _stack13(g, u), d, (u.global_scale if fmt == "nvfp4" else None)
 
 
-def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher) -> nn.Module:
-    """The shared expert apart: an FP4MLP on (w13_s [2I_s, H], w2_s [H, I_s][, up_scale_s])."""
+def _shared_parts(shared) -> tuple:
+    """`shared=` as (w13_s, w2_s, up_scale_s or None), or the one-line error."""
     if not isinstance(shared, (tuple, list)) or len(shared) not in (2, 3):
         raise ValueError("shared takes (w13 [2I, H], w2 [H, I]) or (w13, w2, up_scale)")
-    s13, s2, s_up = (*shared, None)[:3]
+    return (*shared, None)[:3]
+
+
+def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher) -> nn.Module:
+    """The shared expert apart: an FP4MLP on (w13_s [2I_s, H], w2_s [H, I_s][, up_scale_s])."""
+    s13, s2, s_up = _shared_parts(shared)
     h = w13.shape[2]
     for name, w in (("w13", s13), ("w2", s2)):
         if not isinstance(w, FP4Weight) or w.fmt != w13.fmt or w.device != w13.device:
@@ -451,9 +456,7 @@ def _input_scales(w13: FP4Weight, w2: FP4Weight, up_scale: Tensor | None, shared
 
 def _fold_shared(w13: FP4Weight, w2: FP4Weight, g2: Tensor, shared: tuple) -> tuple[FP4Weight, FP4Weight, Tensor]:
     """The routed stacks with the shared expert appended as expert E, per-expert global scales [E+1]."""
-    if not isinstance(shared, (tuple, list)) or len(shared) not in (2, 3):
-        raise ValueError("shared takes (w13 [2I, H], w2 [H, I]) or (w13, w2, up_scale)")
-    s13, s2, s_up = (*shared, None)[:3]
+    s13, s2, s_up = _shared_parts(shared)
     e, two_i, h = w13.shape
     for name, w, want in (("w13", s13, (two_i, h)), ("w2", s2, (h, two_i // 2))):
         if not isinstance(w, FP4Weight) or w.packed.ndim != 2 or w.shape != want or w.fmt != w13.fmt \

@@ -98,9 +98,9 @@ def load_moe(source, block: str, *, top_k: Optional[int] = None, tp_rank: int = 
              shared_experts: bool | str | None = None, activations: Optional[str] = None, arch=None,
              device: str = "cpu", assume_modelopt: bool = False) -> dict:
     """FP4MoE's constructor arguments for one MoE block of a checkpoint (this rank's experts and
-    intermediate slice). shared_experts: None (auto: take `{block}.shared_experts` as `shared=` when it is
-    quantized (FP4MoE runs it apart or folded in); a BF16-kept one is left to the caller, with a warning), True (must exist), False
-    (never), or another module name."""
+    intermediate slice). shared_experts: None (auto: take `{block}.shared_experts` as `shared=` when
+    it is quantized, FP4MoE runs it apart or folded in; a BF16-kept one is left to the caller, with a
+    warning), True (must exist), False (never), or another module name."""
     ck = open_checkpoint(source, assume_modelopt)
     block = block.rstrip(".")
     total = ck.num_experts(block)
