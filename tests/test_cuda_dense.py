@@ -248,11 +248,13 @@ def test_build_and_bind_refuse_what_the_verdict_refuses():
         FAM.build(SMALL_SW, _t(), "cuda")
 
 
-def test_workspace_is_one_method_grown_by_doubling(monkeypatch):
-    """Launch.workspace(nbytes, device, stream) is where a shared scratch pool plugs in: by default
-    a buffer per stream, grown at least by doubling, outgrown ones kept for graphs; release() frees."""
+def test_workspace_and_counters_come_from_the_pool(monkeypatch):
+    """Launch takes its split-K workspace and counters from a ScratchPool: its own (per stream,
+    grown at least by doubling, outgrown ones kept for graphs) until `attach` gives a shared one;
+    release() frees its own pool, never an attached one; a dense launch takes no bad-id word."""
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace())      # the constructor's import only
     from autotune.tactics.cuda.launch import Launch
+    from autotune.tactics.scratch import ScratchPool
     t = _t(warps_k=2, stages=2, tiles_n=1, split_k=4)
     run = Launch(Problem.dense(6144, 1536), t, "cpu", config)
     assert run.workspace_bytes(1) == 4 * 4 * 6144 and run.workspace_bytes(0) == 0
@@ -260,10 +262,21 @@ def test_workspace_is_one_method_grown_by_doubling(monkeypatch):
     a = run.workspace(1000, cpu, 7)
     assert a.dtype == torch.float32 and a.numel() == 250 and run.workspace(800, cpu, 7) is a
     b = run.workspace(1004, cpu, 7)
-    assert b.numel() == 500 and run._retired == [a]                           # doubled, the old one kept
+    assert b.numel() == 500 and run._own.retired == [a]                       # doubled, the old one kept
     assert run.workspace(4, cpu, 8) is not b                                  # another stream, its own
+    c = run.counters(12, cpu, 7)
+    assert c.dtype == torch.int32 and c.numel() == 12 and int(c.abs().sum()) == 0
     run.release()
-    assert not run._ws and not run._retired
+    assert run._own.bytes_held() == 0 and run._own.bytes_retired() == 0
+    shared = ScratchPool()
+    other = Launch(Problem.dense(1536, 6144), _t(warps_k=2, stages=2, tiles_n=1, split_k=2), "cpu", config)
+    for r in (run, other):
+        r.attach(shared, bad_word=torch.zeros(1, dtype=torch.int32))
+    assert run.bad_word() is None and other.bad_word() is None                 # no ids read: no word
+    assert run.workspace(run.workspace_bytes(1), cpu, 7) is other.workspace(other.workspace_bytes(1), cpu, 7)
+    assert run.counters(4, cpu, 7) is other.counters(4, cpu, 7)
+    run.release()
+    assert shared.bytes_held() > 0                                            # the shared pool is not its to free
     assert Launch(SMALL, _t(), "cpu", config).workspace_bytes(64) == 0
 
 

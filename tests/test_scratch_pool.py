@@ -152,3 +152,43 @@ def test_words_one_read_for_every_layer():
     words[290].fill_(1)
     assert pool.errors(clear=False) == ["layer3", "layer290"]
     assert pool.errors() == ["layer3", "layer290"] and pool.errors() == []
+
+
+def test_dense_split_k_layers_share_one_workspace(register_family, tmp_path):
+    """The dense kernel's split-K workspace and counters (its CPU grid port behind the launcher's
+    DenseScratch) come from the dispatcher's pool too: 6 FP4MLP layers with split-K tactics on
+    both problems hold one layer's largest need, give the bits their own pools give, leave the
+    counters zero, and a layer's release() does not free the shared pool."""
+    from autotune.core.problem import Problem
+    from autotune.runtime.layers import FP4MLP
+    from autotune.tactics.cuda import dense as D
+    register_family("cudadensecpu", "tests.families.cuda_cpu:CudaDenseCpu")
+    h, i, layers, m = 256, 256, 6, 5
+    t13 = Tactic("cudadensecpu", warps_k=1, stages=2, tiles_n=2, split_k=2)
+    t2 = Tactic("cudadensecpu", warps_k=1, stages=2, tiles_n=1, split_k=2)
+    p13, p2 = Problem.dense(2 * i, h, epilogue="swiglu"), Problem.dense(h, i)
+    d = _disp(tmp_path)
+    d.pin(p13, t13)
+    d.pin(p2, t2)
+    g = torch.Generator().manual_seed(5)
+    mlps = [FP4MLP.from_float(torch.randn(i, h, generator=g) * 0.1, torch.randn(i, h, generator=g),
+                              torch.randn(h, i, generator=g) * 0.1, dispatcher=d) for _ in range(layers)]
+    x = torch.randn(m, h, generator=g).to(torch.bfloat16)
+    hs = x
+    for f in mlps:
+        hs = _norm(f(hs))
+    assert torch.isfinite(hs).all()
+    need_ws = max(D.workspace_elems(p13, t13, m), D.workspace_elems(p2, t2, m)) * 4
+    held = {k[2]: b.numel() * b.element_size() for k, b in d.scratch.bufs.items()}
+    assert held["splitk.ws"] == need_ws and d.scratch.bytes_retired() == 0          # one layer's, not 6x
+    assert int(d.scratch.bufs[next(k for k in d.scratch.bufs if k[2] == "splitk.locks")].abs().sum()) == 0
+    # the same layers, each kernel on a pool of its own (as before the pool): the same bits
+    fam = registry.get("cudadensecpu")
+    own = [(fam.build(p13, t13, "cpu"), fam.build(p2, t2, "cpu")) for _ in mlps]
+    ref = x
+    for (k13, k2), f in zip(own, mlps):
+        ref = _norm(k2(k13(ref, *f.gate_up.bound.packs.values()), *f.down.bound.packs.values()))
+    assert torch.equal(ref, hs)
+    assert sum(k.run._own.bytes_held() > 0 for pair in own for k in pair) == 2 * layers
+    mlps[0].gate_up.bound.launcher(m).release()
+    assert d.scratch.bytes_held() >= need_ws

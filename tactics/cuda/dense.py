@@ -13,6 +13,10 @@ ported to the CPU (`emulate`).
   `tiles_n` must be even; the epilogue writes silu(gate)·up from the fp32 sums.
 * **MXFP4** (E8M0 scales per 32 k): the grouped kernel's scale words (layout.FORMAT: lanes t and
   t^1 share one word, `SW` = 16), a 2-D weight packed as one stacked expert (layout.pack).
+* **Scratch** (`DenseScratch`): the workspace and counters come from a ScratchPool, the launcher's
+  own or the dispatcher's after `attach` (named "splitk.ws" / "splitk.locks", as the grouped
+  kernel's: launches on one stream follow each other, and each leaves the counters zero), so 78
+  layers hold one layer's largest workspace, not 78.
 * **Batch invariance**: a row's K order is fixed by the tactic (warps in warp order, splits in split
   order, whatever the M tile, the row chunk or the arrival order), and an MMA column (a row of x)
   never mixes with another, so every dense tactic is declared batch-invariant.
@@ -25,6 +29,8 @@ import torch
 
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
+from autotune.tactics.base import LauncherBase
+from autotune.tactics.scratch import PoolUser, stream_key
 
 from . import layout as L
 
@@ -79,6 +85,40 @@ def workspace_elems(problem: Problem, tactic: Tactic, m: int) -> int:
     return 0 if rows is None else split_k(tactic) * min(m, rows) * problem.n
 
 
+class DenseScratch(PoolUser):
+    """The dense launcher's split-K scratch (the GPU launcher and the CPU port share it): fp32
+    workspace and int32 counters (zeroed once, left zero by every launch) per stream from a
+    ScratchPool, its own until `attach` gives the dispatcher's (tactics/scratch.py: grown at least
+    by doubling, outgrown buffers kept for captured graphs). `release()` frees its own pool only."""
+
+    problem: Problem
+    tactic: Tactic
+
+    def workspace_bytes(self, m: int) -> int:
+        """Bytes of fp32 workspace a call with m rows needs (0 without split-K): [split, rows, N]
+        with rows = min(m, the row chunk)."""
+        return 4 * workspace_elems(self.problem, self.tactic, m)
+
+    def workspace(self, nbytes: int, device: Any, stream: int | None = None) -> torch.Tensor:
+        s = stream_key(device) if stream is None else stream
+        return self.scratch.get(s, "splitk.ws", -(-nbytes // 4), torch.float32, device)
+
+    def counters(self, n: int, device: Any, stream: int | None = None) -> torch.Tensor:
+        s = stream_key(device) if stream is None else stream
+        return self.scratch.get(s, "splitk.locks", n, torch.int32, device, zero=True)
+
+    def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
+        super().attach(scratch)                 # a dense launch reads no ids: no bad-id word
+
+    def bad_word(self) -> Any:
+        return None
+
+    def release(self) -> None:
+        """Free its own scratch (a dispatcher's pool is the dispatcher's): a graph captured before
+        must not be replayed after this."""
+        self._own.clear()
+
+
 def tiles_of(problem: Problem, tiles_n: int, nt: int) -> list[int]:
     """The weight row tiles CTA column nt reads, in the kernel's order (SwiGLU: gate tiles, then
     the matching up tiles N/32 tiles further on)."""
@@ -112,7 +152,8 @@ def check_call(problem: Problem, x, w, out, cuda: bool = True):
 
 # --------------------------------------------------------------------------- CPU port of the grid
 def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, out: torch.Tensor | None = None,
-            m_tiles: int | None = None, locks: torch.Tensor | None = None, trace: list | None = None) -> torch.Tensor:
+            m_tiles: int | None = None, locks: torch.Tensor | None = None, trace: list | None = None,
+            ws: torch.Tensor | None = None) -> torch.Tensor:
     """The dense kernel's grid on the CPU, CTA by CTA, in the kernel's order of decisions: the row
     chunks the launcher cuts, grid (N tiles, M tiles, split), each CTA's weight tiles (SwiGLU's
     gate/up pairing), its K range (split, then warps, summed in warp order), the partials in a
@@ -120,7 +161,8 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
     split order, runs the epilogue and resets it. Arithmetic: layout.emulate_dequantize_any (the
     kernel's decode of either format, exact) and float32 sums, not the tensor core's order: it checks indexing and
     coverage, not bits. `trace` collects (chunk row 0, nt, mt, kz, tiles) of every CTA; `locks`
-    (int32, zero) is the counters' buffer, left zero as the kernel leaves it."""
+    (int32, zero) is the counters' buffer, left zero as the kernel leaves it; `ws` (fp32, at least
+    [split, rows, N] elements) the workspace, overwritten (NaN first: the kernel's is garbage)."""
     from .build import m_tiles_for
     n, k, tn, wk, sk = problem.n, problem.k, int(tactic["tiles_n"]), int(tactic["warps_k"]), split_k(tactic)
     m = x.shape[0]
@@ -135,7 +177,11 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
         mc = xs.shape[0]
         mt = m_tiles if m_tiles is not None else m_tiles_for(mc)
         grid = (n // (L.ROWS * tn), -(-mc // (8 * mt)), sk)
-        ws = torch.full((sk, mc, n), float("nan"))
+        if ws is None:
+            part_ws = torch.full((sk, mc, n), float("nan"))
+        else:
+            part_ws = ws[:sk * mc * n].view(sk, mc, n)
+            part_ws.fill_(float("nan"))
         cnt = locks if locks is not None else torch.zeros(grid[0] * grid[1], dtype=torch.int32)
         for kz in reversed(range(sk)):                             # arrival order must not matter
             for my in range(grid[1]):
@@ -150,14 +196,14 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
                         k0 = (kz * kps + wp * kpw) * L.KPAIR
                         part += xs[mrows, k0:k0 + kpw * L.KPAIR] @ wd[wrows, k0:k0 + kpw * L.KPAIR].T
                     if sk > 1:
-                        ws[kz][mrows[:, None], wrows[None, :]] = part
+                        part_ws[kz][mrows[:, None], wrows[None, :]] = part
                         slot = my * grid[0] + nt
                         cnt[slot] += 1
                         if int(cnt[slot]) != sk:
                             continue
                         part = torch.zeros(len(mrows), len(wrows))
                         for s in range(sk):                        # split order
-                            part += ws[s][mrows[:, None], wrows[None, :]]
+                            part += part_ws[s][mrows[:, None], wrows[None, :]]
                         cnt[slot] = 0
                     _epilogue(problem, tn, nt, part, ys, mrows)
     return out
@@ -175,9 +221,25 @@ def _epilogue(problem: Problem, tn: int, nt: int, acc: torch.Tensor, y: torch.Te
 
 
 def emulate_runner(problem: Problem, tactic: Tactic) -> Any:
-    """`run(x, packed, out=None)` on the CPU: `emulate` behind the launcher's own argument checks
-    (a test family's runner)."""
-    def run(x, w, out=None):
-        m, out = check_call(problem, x, w, out, cuda=False)
-        return emulate(problem, tactic, x, w, out) if m else out
-    return run
+    """`run(x, packed, out=None)` on the CPU: `emulate` behind the launcher's own argument checks,
+    its workspace and counters from its DenseScratch (a test family's runner)."""
+    return _CpuRun(problem, tactic)
+
+
+class _CpuRun(DenseScratch, LauncherBase):
+    capture_safe = False
+
+    def __init__(self, problem: Problem, tactic: Tactic):
+        self.problem, self.tactic = problem, tactic
+        self._init_pool()
+
+    def __call__(self, x, w, out=None):
+        m, out = check_call(self.problem, x, w, out, cuda=False)
+        if not m:
+            return out
+        if split_k(self.tactic) == 1:
+            return emulate(self.problem, self.tactic, x, w, out)
+        rows = min(m, chunk_rows(self.problem, self.tactic) or m)
+        tiles = self.problem.n // (L.ROWS * int(self.tactic["tiles_n"])) * -(-rows // 8)   # most (N, M) tiles
+        return emulate(self.problem, self.tactic, x, w, out, locks=self.counters(tiles, x.device),
+                       ws=self.workspace(self.workspace_bytes(m), x.device))

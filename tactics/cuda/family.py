@@ -24,7 +24,7 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
-from autotune.tactics.base import FamilyBase, FunctionKernel, as_launcher
+from autotune.tactics.base import FamilyBase, LauncherBase, as_launcher
 
 from . import build as B
 from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
@@ -100,6 +100,25 @@ class _PackCache:
 
     def clear(self) -> None:
         self._items.clear()
+
+
+class _DenseKernel(LauncherBase):
+    """`kernel(x, w, out=None)`: the dense runner on a weight packed once (`_PackCache`); `attach`
+    reaches the runner (its split-K scratch joins the dispatcher's pool), `release` frees both."""
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.cache = run, _PackCache()
+        self.capture_safe = run.capture_safe
+
+    def __call__(self, x: Any, w: Any, out: Any = None) -> Any:
+        return self.run(x, self.cache(w), out)
+
+    def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
+        getattr(self.run, "attach", lambda *a: None)(scratch, bad_word)
+
+    def release(self) -> None:
+        self.run.release()
+        self.cache.clear()
 
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
@@ -263,16 +282,7 @@ class CudaFamily(FamilyBase):
         why = self.validate(tactic) or self.supports(problem) or check_tiling(problem, tactic)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
-        run = as_launcher(self._runner(problem, tactic, device))
-        cache = _PackCache()
-
-        def kernel(x, w, out=None):
-            return run(x, cache(w), out)
-
-        def release() -> None:
-            run.release()
-            cache.clear()
-        return FunctionKernel(kernel, capture_safe=run.capture_safe, release=release)
+        return _DenseKernel(as_launcher(self._runner(problem, tactic, device)))
 
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str):
         """The weight checked once (its layout, shape, tiling, alignment), then the shared bound

@@ -22,12 +22,12 @@ from . import layout as L
 from .dense import check_call  # noqa: F401  (re-exported: the launcher's argument check)
 
 
-class Launch(LauncherBase):
+class Launch(D.DenseScratch, LauncherBase):
     """run(x, packed, out): the kernel on PyTorch's current stream, no host sync. Split-K tactics
-    take their fp32 workspace through `workspace(nbytes, device, stream)` (a buffer per stream owned
-    here by default; a shared scratch pool can replace the method) and own their tile counters,
-    zeroed once and left zero by every launch; `workspace_bytes(m)` says what a call needs. The
-    compiled functions stay cached in it; `release()` frees the scratch."""
+    take their fp32 workspace and tile counters (zeroed once, left zero by every launch) from a
+    ScratchPool, their own until `attach` gives the dispatcher's (dense.DenseScratch);
+    `workspace_bytes(m)` says what a call needs. The compiled functions stay cached in it;
+    `release()` frees its own scratch."""
 
     capture_safe = True
 
@@ -40,9 +40,7 @@ class Launch(LauncherBase):
         self.rows = D.chunk_rows(problem, tactic)          # rows per launch (split-K), None: any M
         self._streams: dict[int, Any] = {}
         self._fns: dict[tuple[int, int], tuple[int, Any]] = {}
-        self._ws: dict[int, torch.Tensor] = {}           # stream -> fp32 workspace
-        self._locks: dict[int, torch.Tensor] = {}        # stream -> int32 counters (zero between launches)
-        self._retired: list[torch.Tensor] = []           # outgrown: a graph captured earlier still points at them
+        self._init_pool()
 
     def _stream(self, dev: torch.device) -> Any:
         ptr = torch.cuda.current_stream(dev).cuda_stream
@@ -69,41 +67,6 @@ class Launch(LauncherBase):
                 err = err or e
         raise err if err else RuntimeError("no M tile")
 
-    # ---- split-K scratch ------------------------------------------------------------------------
-    def workspace_bytes(self, m: int) -> int:
-        """Bytes of fp32 workspace a call with m rows needs (0 without split-K): [split, rows, N]
-        with rows = min(m, the row chunk)."""
-        return 4 * D.workspace_elems(self.problem, self.tactic, m)
-
-    def workspace(self, nbytes: int, device: torch.device, stream: int) -> torch.Tensor:
-        """At least `nbytes` of fp32 workspace for launches on `stream` (the one method a shared
-        scratch pool replaces): this launcher's own buffer per stream, grown at least by doubling;
-        an outgrown one is kept (a captured graph may still point at it)."""
-        need = -(-nbytes // 4)
-        b = self._ws.get(stream)
-        if b is None or b.numel() < need or b.device != device:
-            if b is not None:
-                self._retired.append(b)
-                need = max(need, 2 * b.numel()) if b.device == device else need
-            b = self._ws[stream] = torch.empty(need, dtype=torch.float32, device=device)
-        return b
-
-    def _counters(self, n: int, device: torch.device, stream: int) -> torch.Tensor:
-        b = self._locks.get(stream)
-        if b is None or b.numel() < n or b.device != device:
-            if b is not None:
-                self._retired.append(b)
-                n = max(n, 2 * b.numel()) if b.device == device else n
-            b = self._locks[stream] = torch.zeros(n, dtype=torch.int32, device=device)
-        return b
-
-    def release(self) -> None:
-        """Free the workspace, counters and outgrown buffers (a later call makes them again); a
-        graph captured before must not be replayed after this."""
-        self._ws.clear()
-        self._locks.clear()
-        self._retired.clear()
-
     def __call__(self, x: torch.Tensor, w: L.CudaPacked, out: torch.Tensor | None) -> torch.Tensor:
         m, out = check_call(self.problem, x, w, out)
         if m == 0:
@@ -124,7 +87,7 @@ class Launch(LauncherBase):
         stream = self._stream(x.device)
         if c.split_k > 1:
             ws_ptr = self.workspace(4 * c.split_k * m * p.n, x.device, stream.ptr).data_ptr()
-            lock_ptr = self._counters(grid[0] * grid[1], x.device, stream.ptr).data_ptr()
+            lock_ptr = self.counters(grid[0] * grid[1], x.device, stream.ptr).data_ptr()
         args = (np.uint64(w.packed.data_ptr()), np.uint64(w.scales.data_ptr()), np.uint64(x.data_ptr()),
                 np.uint64(out.data_ptr()), np.uint64(w.global_scale.data_ptr()),
                 np.int32(m), np.int32(p.n), np.int32(p.k), np.uint64(ws_ptr), np.uint64(lock_ptr))
