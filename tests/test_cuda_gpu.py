@@ -209,3 +209,9 @@ def test_fp4mlp_on_cuda_tactics_matches_float64_and_replays():
     gr.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, eager)
+    # the split-K workspace and counters came from the dispatcher's pool (#26 item 6): a second
+    # MLP on the same tactics adds no workspace, and gives the same rows for the same weights
+    held = d.scratch.bytes_held()
+    assert {k[2] for k in d.scratch.bufs} >= {"splitk.ws", "splitk.locks"}
+    m2 = FP4MLP(_cat_rows(g, u).to("cuda"), dn.to("cuda"), up_scale=u.global_scale.cuda(), dispatcher=d)
+    assert torch.equal(m2(x), eager) and d.scratch.bytes_held() == held

@@ -192,3 +192,41 @@ def test_dense_split_k_layers_share_one_workspace(register_family, tmp_path):
     assert sum(k.run._own.bytes_held() > 0 for pair in own for k in pair) == 2 * layers
     mlps[0].gate_up.bound.launcher(m).release()
     assert d.scratch.bytes_held() >= need_ws
+
+
+def test_launchers_keep_pointers_only_while_the_pool_keeps_them(monkeypatch):
+    """A launcher keeps its scratch pointers per (size, device, stream) and asks the pool again
+    after anything that may have freed or replaced them: trim/clear (the epoch), an attach (another
+    pool), a buffer zeroed under capture still to zero (dirty); beyond that no pool lookup."""
+    import sys
+    import types
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace())      # the constructor's import only
+    from autotune.core.problem import Problem
+    from autotune.tactics.cuda.family import config
+    from autotune.tactics.cuda.launch import Launch
+    run = Launch(Problem.dense(6144, 1536), Tactic("cuda", warps_k=2, stages=2, tiles_n=1, split_k=4), "cpu", config)
+    cpu = torch.device("cpu")
+    made = []
+
+    def make():
+        made.append(1)
+        return (run.workspace(4096, cpu, 0).data_ptr(),)
+    first = run._pointers((1, cpu, 0), 0, make)
+    assert run._pointers((1, cpu, 0), 0, make) == first and len(made) == 1        # kept
+    run.scratch.trim()
+    run._pointers((1, cpu, 0), 0, make)
+    assert len(made) == 2                                                      # epoch changed
+    shared = ScratchPool()
+    run.attach(shared)
+    p2 = run._pointers((1, cpu, 0), 0, make)
+    assert len(made) == 3 and p2 == (shared.bufs[("cpu", 0, "splitk.ws")].data_ptr(),)
+    shared.dirty.add(("cpu", 5, "splitk.locks"))
+    assert run._pointers((1, cpu, 0), 0, make) == p2 and len(made) == 3       # another stream's: no matter
+    shared.dirty.add(("cpu", 0, "splitk.locks"))
+    run._pointers((1, cpu, 0), 0, make)
+    run._pointers((1, cpu, 0), 0, make)
+    assert len(made) == 5                                                      # dirty: asked every time
+    shared.dirty.clear()
+    assert run._pointers((1, cpu, 0), 0, make) == p2 and len(made) == 5          # kept again (still valid)
+    run._pointers((2, cpu, 0), 0, make)
+    assert len(made) == 6                                                      # another key: its own

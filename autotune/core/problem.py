@@ -69,10 +69,15 @@ class Problem:
             raise ValueError(f"the swiglu epilogue needs an even N ([gate; up] rows), got N={self.n}")
         if self.top_k > self.experts:
             raise ValueError(f"top_k={self.top_k} exceeds the expert count {self.experts}")
+        object.__setattr__(self, "_key", self._make_key())     # not a field: eq, hash, order, asdict ignore it
 
     @property
     def key(self) -> str:
-        """Stable string key, e.g. 'dense:bf16*nvfp4->bf16:n3072:k6144'."""
+        """Stable string key, e.g. 'dense:bf16*nvfp4->bf16:n3072:k6144' (made once, in
+        __post_init__: layers name their problem on every call)."""
+        return getattr(self, "_key")     # set in __post_init__, not a field (eq, hash, order, asdict skip it)
+
+    def _make_key(self) -> str:
         s = f"{self.kind}:{self.a_fmt}*{self.w_fmt}->{self.out_dtype}:n{self.n}:k{self.k}"
         if self.kind == "grouped_moe":
             s += f":e{self.experts}:top{self.top_k}"

@@ -34,8 +34,8 @@ M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 
 
 def m_tiles_for(m: int) -> int:
     """Smallest n8-tile count covering min(M, 64) rows of x; larger M loops over grid.y."""
-    need = -(-min(max(m, 1), 64) // 8)
-    return next(t for t in M_TILES if t >= need)
+    need = -(-min(max(m, 1), 64) // 8)          # 1..8; M_TILES are the powers of two up to 8
+    return 1 if need == 1 else 2 if need == 2 else 4 if need <= 4 else 8
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,16 @@ import torch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics.base import LauncherBase
+from autotune.tactics.scratch import stream_key
 
 from . import build as B
 from . import dense as D
 from . import layout as L
 from .dense import check_call  # noqa: F401  (re-exported: the launcher's argument check)
+
+
+#: plans kept per launcher (one per M seen; decode serves a few Ms): beyond it, made per call
+MAX_PLANS = 256
 
 
 class Launch(D.DenseScratch, LauncherBase):
@@ -40,10 +45,11 @@ class Launch(D.DenseScratch, LauncherBase):
         self.rows = D.chunk_rows(problem, tactic)          # rows per launch (split-K), None: any M
         self._streams: dict[int, Any] = {}
         self._fns: dict[tuple[int, int], tuple[int, Any]] = {}
+        self._plans: dict[tuple[int, Any], tuple] = {}   # (M, device index) -> function, grid, block, workspace bytes, int32s
         self._init_pool()
 
-    def _stream(self, dev: torch.device) -> Any:
-        ptr = torch.cuda.current_stream(dev).cuda_stream
+    def _stream(self, ptr: int, dev: torch.device) -> Any:
+        """CuPy's handle of the stream `ptr` (what the launch's `stream=` takes), made once per stream."""
         s = self._streams.get(ptr)
         if s is None:
             s = self._streams[ptr] = self._cupy.cuda.ExternalStream(ptr, dev.index or 0)  # Stream.from_external needs CuPy 14
@@ -73,23 +79,31 @@ class Launch(D.DenseScratch, LauncherBase):
             return out
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
-        rows = self.rows or m
+        rows = self.rows
+        if rows is None or m <= rows:               # one launch: no views made
+            self._launch(x, w, out)
+            return out
         for r0 in range(0, m, rows):                # split-K: row chunks, each with the whole split
             self._launch(x[r0:r0 + rows], w, out[r0:r0 + rows])
         return out
 
     def _launch(self, x: torch.Tensor, w: L.CudaPacked, out: torch.Tensor) -> None:
-        p, m = self.problem, x.shape[0]
-        mt, fn = self.function(B.m_tiles_for(m), x.device)
-        c = self.config(self.tactic, mt, p)
-        grid = (p.n // (L.ROWS * c.tiles_n), -(-m // (8 * mt)), c.split_k)
+        p, m, dev = self.problem, x.shape[0], x.device
+        plan = self._plans.get((m, dev.index))
+        if plan is None:                # what depends on M only: the variant, grid, the int32 arguments
+            mt, fn = self.function(B.m_tiles_for(m), dev)
+            c = self.config(self.tactic, mt, p)
+            grid = (p.n // (L.ROWS * c.tiles_n), -(-m // (8 * mt)), c.split_k)
+            plan = (fn, grid, (c.threads, 1, 1), 4 * c.split_k * m * p.n, (np.int32(m), np.int32(p.n), np.int32(p.k)))
+            if len(self._plans) < MAX_PLANS:
+                self._plans[(m, dev.index)] = plan
+        fn, grid, block, ws_bytes, ints = plan
         ws_ptr = lock_ptr = 0
-        stream = self._stream(x.device)
-        if c.split_k > 1:
-            ws_ptr = self.workspace(4 * c.split_k * m * p.n, x.device, stream.ptr).data_ptr()
-            lock_ptr = self.counters(grid[0] * grid[1], x.device, stream.ptr).data_ptr()
-        args = (np.uint64(w.packed.data_ptr()), np.uint64(w.scales.data_ptr()), np.uint64(x.data_ptr()),
-                np.uint64(out.data_ptr()), np.uint64(w.global_scale.data_ptr()),
-                np.int32(m), np.int32(p.n), np.int32(p.k), np.uint64(ws_ptr), np.uint64(lock_ptr))
-        with stream:
-            fn(grid, (c.threads, 1, 1), args)
+        stream = stream_key(dev)
+        if grid[2] > 1:
+            ws_ptr, lock_ptr = self._pointers((m, dev, stream), stream, lambda: (
+                self.workspace(ws_bytes, dev, stream).data_ptr(), self.counters(grid[0] * grid[1], dev, stream).data_ptr()))
+        # pointers as Python ints (8 bytes in CuPy's launch), the int32s made once per M (moe.py says why)
+        args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), w.global_scale.data_ptr(),
+                *ints, ws_ptr, lock_ptr)
+        fn(grid, block, args, stream=self._stream(stream, dev))

@@ -1,0 +1,182 @@
+"""The host's part of one eager FP4MoE forward (issue #26: "eager FP4MoE host time ≤ 40 µs per
+forward at M = 1"), on the CPU: the cuda family's real launchers (MoeLaunch for w13/w2, Launch for
+the shared expert's FP4MLP) with only the CuPy launch replaced by a no-op, so what is timed is our
+Python and the torch ops around the kernels (on CPU tensors: a torch op on CUDA costs the host a
+few µs more). The H200 figure is bench/mlp_step_graph_h200.py's "eager host µs".
+
+    python3 bench/moe_host_cpu.py [--experts 16] [--reps 30] [--batch 200] [--profile 15] [--json out.json]
+
+GLM-5 TP8's MoE layer (H 6144, I 256 per rank, top 8, one shared expert) with `--experts` local
+experts (the host path does not depend on E), M = 1, forms: routed only, shared apart (default),
+shared folded. Figures: µs per forward, p50 / p90 over batches; `--profile N` prints the N
+functions with the most own time (cProfile) for the default form.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import platform
+import pstats
+import statistics
+import sys
+import time
+import types
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+H, I, TOP_K = 6144, 256, 8
+
+
+def _null(*args, **kw):
+    return None
+
+
+class _NullStream:
+    ptr = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def null_family():
+    """The cuda family whose two launchers run every line of theirs but the CuPy launch."""
+    if "cupy" not in sys.modules:
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            sys.modules["cupy"] = types.SimpleNamespace()      # the launchers' constructor import only
+    from autotune.tactics.cuda import launch as LA, moe as MOE
+    from autotune.tactics.cuda.family import CudaFamily
+
+    class NullMoe(MOE.MoeLaunch):
+        def check(self, x, w, topk_ids, topk_weights, out):       # the same checks but the CUDA device's
+            return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False)
+
+        def function(self, dev):
+            return _null
+
+        def _stream(self, *args):
+            return _NullStream()
+
+    class NullDense(LA.Launch):
+        def __call__(self, x, w, out):
+            real = LA.check_call
+            LA.check_call = lambda *a: real(*a, cuda=False)              # the CUDA device's check only
+            try:
+                return super().__call__(x, w, out)
+            finally:
+                LA.check_call = real
+
+        def function(self, m_tiles, dev):
+            return m_tiles, _null
+
+        def _stream(self, *args):
+            return _NullStream()
+
+    class NullCuda(CudaFamily):
+        name = "cudanull"
+        depends_on = ("torch",)
+
+        def available(self, device):
+            return True, ""
+
+        def _runner(self, problem, tactic, device):
+            from autotune.tactics.cuda.family import config
+            return NullDense(problem, tactic, device, config)
+
+        def _moe_runner(self, problem, tactic, device):
+            return NullMoe(problem, tactic, device)
+    return NullCuda
+
+
+def pick(fam, problem, arch, split: bool):
+    """A kept tactic of the family for `problem`: with split-K when `split` (as the H200's M = 1
+    winners take), else without."""
+    for t in fam.enumerate(problem, arch):
+        if (int(t.params.get("split_k", 1)) > 1) == split and fam.verdict(problem, t, arch).ok is not False:
+            return t
+    raise SystemExit(f"no kept cuda tactic for {problem.key} (split={split})")
+
+
+def per_call(fn, reps: int, batch: int) -> dict:
+    fn()
+    per = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        for _ in range(batch):
+            fn()
+        per.append((time.perf_counter_ns() - t0) / batch / 1000)
+    per.sort()
+    return {"p50": statistics.median(per), "p90": per[int(0.9 * (len(per) - 1))]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--experts", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=200)
+    ap.add_argument("--profile", type=int, default=15)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    warnings.simplefilter("ignore")
+    import torch
+    from autotune.core.arch import ARCHS
+    from autotune.core.env import cpu
+    from autotune.runtime.dispatch import Dispatcher
+    from autotune.runtime.moe import FP4MoE
+    from autotune.tactics import registry
+
+    registry.FAMILIES["cudanull"] = f"{__name__}:NullCuda"
+    globals()["NullCuda"] = null_family()
+    registry.get.cache_clear()
+    fam, arch = registry.get("cudanull"), ARCHS["sm90"]
+    torch.manual_seed(0)
+    e = a.experts
+    w13 = torch.randn(e, 2 * I, H) * 0.02
+    w2 = torch.randn(e, H, I) * 0.02
+    shared = (torch.randn(I, H) * 0.02, torch.randn(I, H) * 0.02, torch.randn(H, I) * 0.02)
+    x = torch.randn(1, H).to(torch.bfloat16)
+    ids = torch.randint(0, e, (1, TOP_K))
+    tw = torch.rand(1, TOP_K)
+    rows = {}
+    profile = ""
+    for form in ("routed only", "shared apart", "shared folded"):
+        d = Dispatcher(None, env=cpu(), arch=arch, record_misses=False, warn=False)
+        kw = {} if form == "routed only" else {"shared": FP4MoE.shared_from_float(*shared),
+                                               "fold_shared": form == "shared folded"}
+        blk = FP4MoE.from_float(w13[:, :I], w13[:, I:], w2, TOP_K, dispatcher=d, **kw)
+        for p in [blk.problem13, blk.problem2] + list(getattr(blk.shared_mlp, "problems", ()) if blk.shared_mlp else ()):
+            d.pin(p, pick(fam, p, arch, split=p.n < 2048))       # split-K where N is small (w13, gate_up)
+        fwd = (lambda blk=blk: blk(x, ids, tw))
+        fwd()
+        rows[form] = per_call(fwd, a.reps, a.batch)
+        if form == "shared apart" and a.profile:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(a.batch):
+                fwd()
+            pr.disable()
+            s = io.StringIO()
+            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.profile)
+            profile = s.getvalue()
+    print(f"FP4MoE eager forward, host only (no-op CuPy launch), M = 1, H {H}, I {I}, top {TOP_K}, "
+          f"E {e}, {platform.processor() or platform.machine()}, torch {torch.__version__}")
+    print("| form | µs / forward p50 | p90 |\n|---|---:|---:|")
+    for form, r in rows.items():
+        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} |")
+    if profile:
+        print(profile[profile.find("   ncalls"):])
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "experts": e, "torch": torch.__version__}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
