@@ -40,7 +40,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "batch_invariant_cost.py": ("run", "{db} --json {out}/b.json"),
     "rank_h200.py": ("here", "test_smoke_outputs_say_what_they_measured: compare re-times the differing winner"),
     "eager_cpu.py": ("run", "--reps 2 --batch 8 --json {out}/e.json"),
-    "moe_host_cpu.py": ("run", "--experts 8 --reps 2 --batch 4 --profile 3 --json {out}/h.json"),
+    "moe_host.py": ("run", "--experts 8 --reps 2 --batch 4 --profile 3 --json {out}/h.json"),
     "dispatch_latency.py": ("run", "--reps 2 --batch 4 --calls 16 --json {out}/d.json"),
     "triton_smem_table.py": ("run", "--jobs 1 --limit 1 --archs sm90"),
     "moe_decode_sass.py": ("run", "--arch sm90"),

@@ -1,10 +1,15 @@
 """The host's part of one eager FP4MoE forward (issue #26: "eager FP4MoE host time ≤ 40 µs per
-forward at M = 1"), on the CPU: the cuda family's real launchers (MoeLaunch for w13/w2, Launch for
-the shared expert's FP4MLP) with only the CuPy launch replaced by a no-op, so what is timed is our
-Python and the torch ops around the kernels (on CPU tensors: a torch op on CUDA costs the host a
-few µs more). The H200 figure is bench/mlp_step_graph_h200.py's "eager host µs".
+forward at M = 1"), on the cuda family's launchers (MoeLaunch for w13/w2, Launch for the shared
+expert's FP4MLP), pinned.
 
-    python3 bench/moe_host_cpu.py [--experts 16] [--reps 30] [--batch 200] [--profile 15] [--json out.json]
+* `--device cpu` (default): the real launchers with only the CuPy launch replaced by a no-op, so
+  what is timed is our Python and the torch ops around the kernels (on CPU tensors: a torch op on
+  CUDA costs the host a few µs more).
+* `--device cuda`: the real kernels; the loop issues `--batch` forwards and syncs only after it, so
+  the figure is host time per forward as long as the GPU keeps up (it does at M = 1: ~30 µs of
+  kernels), and the device syncs one forward makes are counted (torch's sync debug mode).
+
+    python3 bench/moe_host.py [--device cpu|cuda] [--experts 16] [--reps 30] [--batch 200] [--profile 15] [--json out.json]
 
 GLM-5 TP8's MoE layer (H 6144, I 256 per rank, top 8, one shared expert) with `--experts` local
 experts (the host path does not depend on E), M = 1, forms: routed only, shared apart (default),
@@ -120,6 +125,7 @@ def per_call(fn, reps: int, batch: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=200)
@@ -134,22 +140,30 @@ def main() -> None:
     from autotune.runtime.moe import FP4MoE
     from autotune.tactics import registry
 
-    registry.FAMILIES["cudanull"] = f"{__name__}:NullCuda"
-    globals()["NullCuda"] = null_family()
-    registry.get.cache_clear()
-    fam, arch = registry.get("cudanull"), ARCHS["sm90"]
+    dev = a.device
+    if dev == "cpu":
+        registry.FAMILIES["cudanull"] = f"{__name__}:NullCuda"
+        globals()["NullCuda"] = null_family()
+        registry.get.cache_clear()
+        fam, arch = registry.get("cudanull"), ARCHS["sm90"]
+    else:
+        from autotune.core.arch import detect
+        fam, arch = registry.get("cuda"), detect()
     torch.manual_seed(0)
     e = a.experts
-    w13 = torch.randn(e, 2 * I, H) * 0.02
-    w2 = torch.randn(e, H, I) * 0.02
-    shared = (torch.randn(I, H) * 0.02, torch.randn(I, H) * 0.02, torch.randn(H, I) * 0.02)
-    x = torch.randn(1, H).to(torch.bfloat16)
-    ids = torch.randint(0, e, (1, TOP_K))
-    tw = torch.rand(1, TOP_K)
+    w13 = (torch.randn(e, 2 * I, H) * 0.02).to(dev)        # quantized where they serve
+    w2 = (torch.randn(e, H, I) * 0.02).to(dev)
+    shared = tuple((torch.randn(*s) * 0.02).to(dev) for s in ((I, H), (I, H), (H, I)))
+    x = torch.randn(1, H).to(torch.bfloat16).to(dev)
+    ids = torch.randint(0, e, (1, TOP_K)).to(dev)
+    tw = torch.rand(1, TOP_K).to(dev)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    syncs = {}
     rows = {}
     profile = ""
     for form in ("routed only", "shared apart", "shared folded"):
-        d = Dispatcher(None, env=cpu(), arch=arch, record_misses=False, warn=False)
+        d = Dispatcher(None, env=cpu(), arch=arch, record_misses=False, warn=False) if dev == "cpu" else \
+            Dispatcher(None, record_misses=False, warn=False)
         kw = {} if form == "routed only" else {"shared": FP4MoE.shared_from_float(*shared),
                                                "fold_shared": form == "shared folded"}
         blk = FP4MoE.from_float(w13[:, :I], w13[:, I:], w2, TOP_K, dispatcher=d, **kw)
@@ -157,7 +171,18 @@ def main() -> None:
             d.pin(p, pick(fam, p, arch, split=p.n < 2048))       # split-K where N is small (w13, gate_up)
         fwd = (lambda blk=blk: blk(x, ids, tw))
         fwd()
+        sync()
         rows[form] = per_call(fwd, a.reps, a.batch)
+        sync()
+        if dev == "cuda":
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    fwd()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs[form] = sum("synchroniz" in str(w.message) for w in caught)
         if form == "shared apart" and a.profile:
             pr = cProfile.Profile()
             pr.enable()
@@ -167,15 +192,17 @@ def main() -> None:
             s = io.StringIO()
             pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.profile)
             profile = s.getvalue()
-    print(f"FP4MoE eager forward, host only (no-op CuPy launch), M = 1, H {H}, I {I}, top {TOP_K}, "
+    what = "host only (no-op CuPy launch)" if dev == "cpu" else f"real kernels on {torch.cuda.get_device_name()}"
+    print(f"FP4MoE eager forward, {what}, M = 1, H {H}, I {I}, top {TOP_K}, "
           f"E {e}, {platform.processor() or platform.machine()}, torch {torch.__version__}")
-    print("| form | µs / forward p50 | p90 |\n|---|---:|---:|")
+    print("| form | µs / forward p50 | p90 | syncs / forward |\n|---|---:|---:|---:|")
     for form, r in rows.items():
-        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} |")
+        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} | {syncs.get(form, '-')} |")
     if profile:
         print(profile[profile.find("   ncalls"):])
     if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows, "experts": e, "torch": torch.__version__}, indent=1))
+        Path(a.json).write_text(json.dumps({"rows": rows, "syncs": syncs, "device": dev, "experts": e,
+                                            "torch": torch.__version__}, indent=1))
 
 
 if __name__ == "__main__":
