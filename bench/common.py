@@ -19,3 +19,10 @@ def existing(path: str) -> str:
     if not os.path.isfile(path):
         raise argparse.ArgumentTypeError(f"no such file: {path}")
     return path
+
+
+def is_sync_warning(w) -> bool:
+    """A warning of torch's sync debug mode for one device sync (not its one-time "prototype"
+    notice, which also says "synchronizing": counted as a sync on the first forward before)."""
+    msg = str(w.message)
+    return "synchroniz" in msg and "prototype" not in msg

@@ -50,6 +50,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import is_sync_warning  # noqa: E402
 from bench.common import existing  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
@@ -309,7 +310,7 @@ def eager(step: Step, m: int) -> dict:
                 moe(x, ids, tw)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        syncs = sum(is_sync_warning(w) for w in caught)
         _sync()
     return {"eager_host_us": (t1 - t0) / EAGER_CALLS * 1e6, "eager_syncs": syncs}
 

@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import is_sync_warning  # noqa: E402
 
 H, I, TOP_K = 6144, 256, 8
 
@@ -132,6 +133,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=15)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.experts < TOP_K:
+        ap.error(f"--experts must be at least top_k = {TOP_K}")
     warnings.simplefilter("ignore")
     import torch
     from autotune.core.arch import ARCHS
@@ -182,7 +185,7 @@ def main() -> None:
                     fwd()
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
-            syncs[form] = sum("synchroniz" in str(w.message) for w in caught)
+            syncs[form] = sum(is_sync_warning(w) for w in caught)
         if form == "shared apart" and a.profile:
             pr = cProfile.Profile()
             pr.enable()
