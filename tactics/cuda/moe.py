@@ -291,7 +291,7 @@ class MoeLaunch(MoeScratch):
         gs = w.global_scale
         # pointers go as Python ints (CuPy passes an int as 8 bytes, the kernel's pointer size);
         # the int32 arguments as NumPy scalars made once per form: a NumPy scalar per argument per
-        # launch cost ~15 µs of host time per launch (bench/moe_host_cpu.py)
+        # launch cost ~10 µs of host time per launch on a 2-core CPU (bench/moe_host.py)
         form = (pairs, ids.dtype == torch.int64, x.dim() == 3, routed, gs.numel() > 1)
         ints = self._ints.get(form)
         if ints is None:
