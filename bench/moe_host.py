@@ -19,21 +19,19 @@ functions with the most own time (cProfile) for the default form.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import json
 import platform
 import pstats
-import statistics
 import sys
-import time
 import types
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import is_sync_warning  # noqa: E402
+from bench.eager_cpu import per_call  # noqa: E402  (µs per call, p50 / p90 over batches)
 
 H, I, TOP_K = 6144, 256, 8
 
@@ -110,18 +108,6 @@ def pick(fam, problem, arch, split: bool):
         if (int(t.params.get("split_k", 1)) > 1) == split and fam.verdict(problem, t, arch).ok is not False:
             return t
     raise SystemExit(f"no kept cuda tactic for {problem.key} (split={split})")
-
-
-def per_call(fn, reps: int, batch: int) -> dict:
-    fn()
-    per = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        for _ in range(batch):
-            fn()
-        per.append((time.perf_counter_ns() - t0) / batch / 1000)
-    per.sort()
-    return {"p50": statistics.median(per), "p90": per[int(0.9 * (len(per) - 1))]}
 
 
 def main() -> None:
