@@ -12,7 +12,8 @@
 #      full-search winners, both re-timed interleaved in one worker;
 #   5. (STEP=1) bench/mlp_step_graph_h200.py on its winners, one process per form (STEP_FORMS, STEP_MLP:
 #      space-separated) → $OUT/step-FORM-MLP/mlp-step-graph.json (issue #26); FOLD=1 first tunes the
-#      folded shared-expert problems into the same cache (for STEP_MLP=fold).
+#      folded shared-expert problems into the same cache (for STEP_MLP=fold); STEP_PDL="1 0" runs each
+#      form with programmatic dependent launch on and off (AUTOTUNE_PDL, issue #26 item 7).
 # COMPARE_DB=path (.db or .db.xz) takes the whole run's cache from an earlier call (WHOLE=0).
 # Run from the repo root with the wheels of ../shared/tools/device-wheels.sh (plus platformdirs) in .whl/:
 #   OUT=DIR bash bench/h200_main_job.sh            (the device tool sets OUT)
@@ -74,9 +75,11 @@ if [ "${STEP:-0}" = 1 ]; then      # issue #26: the 78-layer MLP step as one CUD
         --max-tokens 64 --cache "$sdb" 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
   fi
   # one form per process: each builds ~51 GB of layers
-  for form in ${STEP_FORMS:-winners triton}; do for mlp in ${STEP_MLP:-fp4mlp linear}; do
-    timeout "${STEP_S:-150}" python3 bench/mlp_step_graph_h200.py --cache "$sdb" --out "$OUT/step-$form-$mlp" \
-        --forms "$form" --mlp "$mlp" 2>&1 | grep -v -i warn | tail -14
-  done; done
+  # STEP_PDL="1 0": each form with programmatic dependent launch on, then off (AUTOTUNE_PDL; item 7)
+  for form in ${STEP_FORMS:-winners triton}; do for mlp in ${STEP_MLP:-fp4mlp linear}; do for pdl in ${STEP_PDL:-1}; do
+    sfx=$([ "${STEP_PDL:-1}" = 1 ] && echo "" || echo "-pdl$pdl")
+    AUTOTUNE_PDL=$pdl timeout "${STEP_S:-150}" python3 bench/mlp_step_graph_h200.py --cache "$sdb" \
+        --out "$OUT/step-$form-$mlp$sfx" --forms "$form" --mlp "$mlp" 2>&1 | grep -v -i warn | tail -14
+  done; done; done
 fi
 ls -la "$OUT"

@@ -2,7 +2,7 @@
 forward at M = 1"), on the cuda family's launchers (MoeLaunch for w13/w2, Launch for the shared
 expert's FP4MLP), pinned.
 
-* `--device cpu` (default): the real launchers with only the CuPy launch replaced by a no-op, so
+* `--device cpu` (default): the real launchers with only the launch (pdl.runner's) replaced by a no-op, so
   what is timed is our Python and the torch ops around the kernels (on CPU tensors: a torch op on
   CUDA costs the host a few µs more).
 * `--device cuda`: the real kernels; the loop issues `--batch` forwards and syncs only after it, so
@@ -40,23 +40,8 @@ def _null(*args, **kw):
     return None
 
 
-class _NullStream:
-    ptr = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def null_family():
-    """The cuda family whose two launchers run every line of theirs but the CuPy launch."""
-    if "cupy" not in sys.modules:
-        try:
-            import cupy  # noqa: F401
-        except ImportError:
-            sys.modules["cupy"] = types.SimpleNamespace()      # the launchers' constructor import only
+    """The cuda family whose two launchers run every line of theirs but the launch."""
     from autotune.tactics.cuda import launch as LA, moe as MOE
     from autotune.tactics.cuda.family import CudaFamily
 
@@ -64,11 +49,8 @@ def null_family():
         def check(self, x, w, topk_ids, topk_weights, out):       # the same checks but the CUDA device's
             return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False)
 
-        def function(self, dev):
+        def _run(self, dev):
             return _null
-
-        def _stream(self, *args):
-            return _NullStream()
 
     class NullDense(LA.Launch):
         def __call__(self, x, w, out):
@@ -80,10 +62,10 @@ def null_family():
                 LA.check_call = real
 
         def function(self, m_tiles, dev):
-            return m_tiles, _null
+            return m_tiles, None
 
-        def _stream(self, *args):
-            return _NullStream()
+        def _run(self, fn, c, dev):
+            return _null
 
     class NullCuda(CudaFamily):
         name = "cudanull"

@@ -21,6 +21,11 @@ serving process that sets one later is honoured).
                               launch (a host sync) and raises on expert ids outside [-1, E); default
                               off: the word is sticky on the device, read by FP4MoE.routing_errors() /
                               Dispatcher.routing_errors() (docs/moe-decode.md, "No host sync")
+    AUTOTUNE_PDL              the cuda family's launches with programmatic dependent launch (each
+                              kernel's start overlaps the previous kernel's end; sm_90+, through
+                              cuda-bindings): 1/true on where the GPU has it, 0/false off; unset: on.
+                              A search's measuring worker sets 0 unless it is set, so trials time
+                              each kernel alone, as every other family's are (docs/cuda-family.md)
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ ACTIVATIONS = "AUTOTUNE_ACTIVATIONS"
 ACTIVATION_CHOICES = ("auto", "w4a4", "w4a16")
 VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 CHECK_IDS = "AUTOTUNE_CHECK_IDS"
+PDL = "AUTOTUNE_PDL"
 
 
 def cache_url() -> str | None:
@@ -74,14 +80,24 @@ def cuda_cubins() -> str | None:
     return os.environ.get(CUDA_CUBINS, "").strip() or None
 
 
+def _switch(name: str, default: bool) -> bool:
+    """A 1/true / 0/false variable; unset or empty: `default`; anything else raises in one line."""
+    v = os.environ.get(name, "").strip().lower()
+    if v == "":
+        return default
+    if v in ("1", "true", "0", "false"):
+        return v in ("1", "true")
+    raise ValueError(f"{name} must be 1, true, 0 or false, got {v!r}")
+
+
 def check_ids() -> bool:
     """$AUTOTUNE_CHECK_IDS: 1/true on (a host read and a raise per eager MoE call), else off."""
-    v = os.environ.get(CHECK_IDS, "").strip().lower()
-    if v in ("", "0", "false"):
-        return False
-    if v in ("1", "true"):
-        return True
-    raise ValueError(f"{CHECK_IDS} must be 1, true, 0 or false, got {v!r}")
+    return _switch(CHECK_IDS, False)
+
+
+def pdl() -> bool:
+    """$AUTOTUNE_PDL: 1/true or unset on (where the GPU and cuda-bindings have it), 0/false off."""
+    return _switch(PDL, True)
 
 
 def batch_invariant() -> bool:

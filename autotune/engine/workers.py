@@ -28,6 +28,7 @@ from autotune.engine.options import DEFAULT_TIMEOUT_S, Runner  # noqa: F401  (de
 from autotune.engine.sink import Collect, Sink
 from autotune.engine.stages import Stages  # noqa: F401  (re-exported)
 from autotune.engine.worker import Bench, EXIT_POISONED, error_text
+from autotune.core import settings
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
 
@@ -107,6 +108,7 @@ class ProcessExecutor:
             env["CUDA_VISIBLE_DEVICES"] = visible[self.gpu] if self.gpu < len(visible) else str(self.gpu)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault(settings.PDL, "0")   # a trial times its kernel alone (no overlap with the one before)
         self._p = subprocess.Popen([sys.executable, "-m", "autotune.engine.worker"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=self._log, env=env, text=True, bufsize=1)
         self.pids.append(self._p.pid)

@@ -122,7 +122,7 @@ class _DenseKernel(LauncherBase):
 
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
-_CODE = (".family", ".build", ".dense", ".launch", ".layout", ".moe", "..base", "..scratch", "autotune.core.arch", "autotune.core.codekey",
+_CODE = (".family", ".build", ".dense", ".launch", ".layout", ".moe", ".pdl", "..base", "..scratch", "autotune.core.arch", "autotune.core.codekey",
          "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
          "autotune.core.settings", "autotune.core.tactic")
 

@@ -1,6 +1,7 @@
 """Launching the cuda family's kernel from PyTorch tensors through CuPy (imported here only).
 
-Pointers go in as integers, on PyTorch's current stream (so CUDA-graph capture records it); the
+Pointers go in as integers, on PyTorch's current stream, through pdl.runner (programmatic
+dependent launch on sm_90+, else CuPy's launch) (so CUDA-graph capture records it); the
 global scale is read on the device (no host sync). Each M variant is compiled and checked
 (resources, see build.load) the first time that M tile is used on a device. Split-K tactics cut a
 large M into row chunks (dense.chunk_rows), each launched with the whole split.
@@ -20,6 +21,7 @@ from autotune.tactics.scratch import stream_key
 from . import build as B
 from . import dense as D
 from . import layout as L
+from . import pdl as P
 from .dense import check_call  # noqa: F401  (re-exported: the launcher's argument check)
 
 
@@ -37,23 +39,17 @@ class Launch(D.DenseScratch, LauncherBase):
     capture_safe = True
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, config: Callable[..., B.Config]):
-        import cupy
-        self._cupy = cupy
         self.problem, self.tactic, self.config = problem, tactic, config
         self.device = torch.device(device)
         self.split_k = D.split_k(tactic)
         self.rows = D.chunk_rows(problem, tactic)          # rows per launch (split-K), None: any M
-        self._streams: dict[int, Any] = {}
         self._fns: dict[tuple[int, int], tuple[int, Any]] = {}
-        self._plans: dict[tuple[int, Any], tuple] = {}   # (M, device index) -> function, grid, block, workspace bytes, int32s
+        self._plans: dict[tuple[int, Any], tuple] = {}   # (M, device index) -> run, grid, block, workspace bytes, int32s
         self._init_pool()
 
-    def _stream(self, ptr: int, dev: torch.device) -> Any:
-        """CuPy's handle of the stream `ptr` (what the launch's `stream=` takes), made once per stream."""
-        s = self._streams.get(ptr)
-        if s is None:
-            s = self._streams[ptr] = self._cupy.cuda.ExternalStream(ptr, dev.index or 0)  # Stream.from_external needs CuPy 14
-        return s
+    def _run(self, fn: Any, c: B.Config, dev: torch.device) -> P.Run:
+        """How `fn` launches on `dev` (pdl.runner: with programmatic dependent launch on sm_90+)."""
+        return P.runner(fn, B.text(c), B.kernel_name(c), dev.index or 0)
 
     def function(self, m_tiles: int, dev: torch.device) -> tuple[int, Any]:
         """(M tile, function): the wanted tile, or the largest smaller one when the wanted variant
@@ -94,10 +90,10 @@ class Launch(D.DenseScratch, LauncherBase):
             mt, fn = self.function(B.m_tiles_for(m), dev)
             c = self.config(self.tactic, mt, p)
             grid = (p.n // (L.ROWS * c.tiles_n), -(-m // (8 * mt)), c.split_k)
-            plan = (fn, grid, (c.threads, 1, 1), 4 * c.split_k * m * p.n, (np.int32(m), np.int32(p.n), np.int32(p.k)))
+            plan = (self._run(fn, c, dev), grid, (c.threads, 1, 1), 4 * c.split_k * m * p.n, (np.int32(m), np.int32(p.n), np.int32(p.k)))
             if len(self._plans) < MAX_PLANS:
                 self._plans[(m, dev.index)] = plan
-        fn, grid, block, ws_bytes, ints = plan
+        run, grid, block, ws_bytes, ints = plan
         ws_ptr = lock_ptr = 0
         stream = stream_key(dev)
         if grid[2] > 1:
@@ -106,4 +102,4 @@ class Launch(D.DenseScratch, LauncherBase):
         # pointers as Python ints (8 bytes in CuPy's launch), the int32s made once per M (moe.py says why)
         args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), w.global_scale.data_ptr(),
                 *ints, ws_ptr, lock_ptr)
-        fn(grid, block, args, stream=self._stream(stream, dev))
+        run(grid, block, args, stream)

@@ -55,6 +55,20 @@ static __device__ __forceinline__ uint4 ldg16(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// Programmatic dependent launch (sm_90+; no-ops where the launch carries no such attribute):
+// `pdl_wait` blocks until the previous kernel in the stream has finished and its writes are
+// visible, `pdl_release` lets the next kernel's CTAs start (they then block in their own wait).
+// Nothing a kernel reads from another kernel, and nothing it writes, comes before its wait.
+static __device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_release() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 static __device__ __forceinline__ u16 to_bf16(float f) {
   u16 h;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));

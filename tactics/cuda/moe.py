@@ -33,6 +33,7 @@ from autotune.tactics.scratch import PoolUser, capturing, stream_key
 
 from . import build as B
 from . import layout as L
+from . import pdl as P
 
 KERNEL = B.MOE_KERNEL
 WARPS_K = (1, 2, 4, 8)
@@ -226,23 +227,23 @@ class MoeLaunch(MoeScratch):
     checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
-        import cupy
-        self._cupy = cupy
         self.problem, self.tactic = problem, tactic
         self.cfg = config(problem, tactic)
         self.device = torch.device(device)
         self.n_out = problem.out_n
-        self._streams: dict[int, Any] = {}
+        self._runs: dict[int, P.Run] = {}
         self._fns: dict[int, Any] = {}
         self._ints: dict[tuple, tuple] = {}              # the int32 arguments per call form
         self._init_scratch(check_ids)
 
-    def _stream(self, ptr: int, dev: torch.device) -> Any:
-        """CuPy's handle of the stream `ptr` (what the launch's `stream=` takes), made once per stream."""
-        s = self._streams.get(ptr)
-        if s is None:
-            s = self._streams[ptr] = self._cupy.cuda.ExternalStream(ptr, dev.index or 0)
-        return s
+    def _run(self, dev: torch.device) -> P.Run:
+        """How the kernel launches on `dev` (pdl.runner: programmatic dependent launch on sm_90+),
+        made once per device."""
+        idx = dev.index or 0
+        run = self._runs.get(idx)
+        if run is None:
+            run = self._runs[idx] = P.runner(self.function(dev), B.text(self.cfg), B.kernel_name(self.cfg), idx)
+        return run
 
     def function(self, dev: torch.device) -> Any:
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
@@ -302,8 +303,7 @@ class MoeLaunch(MoeScratch):
                 self._ints[form] = ints
         args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
                 ids.data_ptr(), tw_.data_ptr(), ws, locks, bad.data_ptr(), red, cnt) + ints
-        self.function(dev)((pairs, p.n // (L.ROWS * c.tiles_n), c.split_k), (c.threads, 1, 1), args,
-                           stream=self._stream(stream, dev))
+        self._run(dev)((pairs, p.n // (L.ROWS * c.tiles_n), c.split_k), (c.threads, 1, 1), args, stream)
 
 
 class MoeKernel:

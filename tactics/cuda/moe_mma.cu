@@ -17,11 +17,16 @@
 // applied) goes to red [P][N]; a counter per (token, N tile) counts the token's slots (pairs routed
 // nowhere count too, as zero or NaN rows); the CTA that brings the last one sums the token's rows in
 // slot order (deterministic), writes y[token] and resets the counter.
+// Programmatic dependent launch (launch.py): a CTA waits for the previous kernel (pdl_wait) before
+// it reads anything, then lets the next kernel start.
 // Config (MT, WK, STAGES, TN, SPLITK, SWIGLU, REDUCE), the format's (SW, SCALE_MUL, SCALE_ADD,
 // EPI_SCALE) and the layout's constants come as -D macros. No headers: build.text prepends
 // mma_common.cuh; the same text compiles under NVRTC and nvcc, for sm_80 and newer.
 #define NTHREADS (WK * 32)
 #define CAP (8 * MT)
+#ifndef EARLY
+#define EARLY 1               // the weight prologue before the rank scan (off only for A/B benches)
+#endif
 #define PIPE_BYTES (STAGES * NTHREADS * 36 * TN)
 #define RED_BYTES (WK * TN * MT * 4 * 32 * 4)
 #define SMEM_BYTES (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES)
@@ -67,6 +72,23 @@ static __device__ __forceinline__ void issue(unsigned char* wdst, unsigned char*
   }
 }
 
+// the ring's first STAGES - 1 k-pairs (advancing wp, sp); returns how many were issued
+static __device__ __forceinline__ int prologue(unsigned char* wslot0, unsigned char* sslot0, const uint4* (&wp)[TN],
+                                               const u32* (&sp)[TN], int kpairs) {
+  int issued = 0;
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (issued < kpairs) {
+      issue(wslot0 + i * NTHREADS * 32 * TN, sslot0 + i * NTHREADS * 4 * TN, wp, sp);
+#pragma unroll
+      for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
+      ++issued;
+    }
+    commit();
+  }
+  return issued;
+}
+
 // wq: fragment words [E][N/16][K/64][32][4]; sq: scale words [E][N/16][K/128][SW];
 // x [tokens][K] or [P][K] (x_pair); y [P][N or N/2]; gscale [E] (gs_stride 1) or [1];
 // ids [P] (int32/int64); tw [P] fp32 (routed); ws [SPLITK][P][N] fp32; locks [P][gridDim.y]; bad [1];
@@ -83,6 +105,8 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   const int q = blockIdx.x, nt = blockIdx.y, kz = blockIdx.z;
   const int nout = SWIGLU ? N / 2 : N;
   (void)nout;                                     // unused by the REDUCE variant
+  pdl_wait();                                     // every read of inputs and every write after it
+  pdl_release();
   const long long eid = load_id(ids, ids64, q);
   if (eid < 0 || eid >= n_exp) {                   // no expert: this pair's row, written by split 0
     if (kz == 0) {
@@ -112,41 +136,10 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
     }
     return;
   }
-  // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform
-  int rank = 0;
-  for (int j0 = 0; j0 < q; j0 += NTHREADS) {
-    const int j = j0 + tid;
-    rank += __syncthreads_count(j < q && load_id(ids, ids64, j) == eid);
-  }
-  if (rank % CAP) return;
-  if (warp == 0) {                                 // gather the next CAP pairs of this expert, in order
-    int cnt = 0;
-    for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
-      const int j = j0 + lane;
-      const bool hit = j < P && load_id(ids, ids64, j) == eid;
-      const u32 m = __ballot_sync(0xffffffffu, hit);
-      const int pos = cnt + __popc(m & ((1u << lane) - 1u));
-      if (hit && pos < CAP) rows_s[pos] = j;
-      cnt += __popc(m);
-    }
-    for (int i = lane; i < CAP; i += 32)
-      if (i >= cnt) rows_s[i] = -1;
-  }
-  __syncthreads();
   const int e = (int)eid;
   const int kps = K / 128 / SPLITK;                // k-pairs of this split
   const int kpairs = kps / WK;                     // k-pairs this warp reduces
   const int kp0 = kz * kps + warp * kpairs;
-  const u16* xrow[MT];
-  const int r0 = rows_s[0];
-#pragma unroll
-  for (int j = 0; j < MT; ++j) {
-    // a row past the group feeds only output columns never stored: read the group's first row
-    int p = rows_s[8 * j + g];
-    if (p < 0) p = r0;
-    const int xr = x_pair ? p : p / top_k;
-    xrow[j] = x + (size_t)xr * K + kp0 * 128 + 16 * t;
-  }
   const size_t wtile = (size_t)(K / 64) * 32, stile = (size_t)(K / 128) * SW;
   const uint4* const wexp = wq + (size_t)e * (N / 16) * wtile;
   const u32* const sexp = sq + (size_t)e * (N / 16) * stile;
@@ -171,17 +164,47 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
 
   unsigned char* const wslot0 = smem + tid * 32 * TN;
   unsigned char* const sslot0 = smem + STAGES * NTHREADS * 32 * TN + tid * 4 * TN;
-  int issued = 0, wslot;
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (issued < kpairs) {
-      issue(wslot0 + i * NTHREADS * 32 * TN, sslot0 + i * NTHREADS * 4 * TN, wp, sp);
-#pragma unroll
-      for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
-      ++issued;
-    }
-    commit();
+  // the weight prologue before the rank scan (EARLY): the CTA's expert is known from its own id, so
+  // its first STAGES-1 k-pairs are in flight while the scan and the gather read ids (two L2 round
+  // trips); a CTA that turns out not to lead drops them
+  int issued = EARLY ? prologue(wslot0, sslot0, wp, sp, kpairs) : 0, wslot;
+  // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform
+  int rank = 0;
+  for (int j0 = 0; j0 < q; j0 += NTHREADS) {
+    const int j = j0 + tid;
+    rank += __syncthreads_count(j < q && load_id(ids, ids64, j) == eid);
   }
+  if (rank % CAP) {                                // not a leader: its early reads are dropped
+    wait_pending<0>();
+    return;
+  }
+  if (warp == 0) {                                 // gather the next CAP pairs of this expert, in order
+    int cnt = 0;
+    for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
+      const int j = j0 + lane;
+      const bool hit = j < P && load_id(ids, ids64, j) == eid;
+      const u32 m = __ballot_sync(0xffffffffu, hit);
+      const int pos = cnt + __popc(m & ((1u << lane) - 1u));
+      if (hit && pos < CAP) rows_s[pos] = j;
+      cnt += __popc(m);
+    }
+    for (int i = lane; i < CAP; i += 32)
+      if (i >= cnt) rows_s[i] = -1;
+  }
+  __syncthreads();
+  const u16* xrow[MT];
+  const int r0 = rows_s[0];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    // a row past the group feeds only output columns never stored: read the group's first row
+    int p = rows_s[8 * j + g];
+    if (p < 0) p = r0;
+    const int xr = x_pair ? p : p / top_k;
+    xrow[j] = x + (size_t)xr * K + kp0 * 128 + 16 * t;
+  }
+#if !EARLY
+  issued = prologue(wslot0, sslot0, wp, sp, kpairs);
+#endif
   int rslot = 0;
   wslot = STAGES - 1;
 #pragma unroll 4

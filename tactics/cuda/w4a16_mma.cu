@@ -7,6 +7,8 @@
 // and bumps a counter per (M tile, N tile); the last to arrive sums the partials in split order
 // (deterministic whatever arrives last), runs the epilogue and resets the counter: one launch, no
 // memset, graph-capturable (moe_mma's scheme).
+// Launched with programmatic dependent launch (pdl.py), a CTA waits for the previous kernel
+// (pdl_wait) before it reads or writes anything, then lets the next kernel start.
 // SWIGLU = 1 (vLLM's [gate; up] rows, y [M][N/2]): the CTA's tiles 0..TN/2-1 are gate rows, tiles
 // TN/2..TN-1 the matching up rows N/2 further on; the epilogue writes silu(gate) * up in fp32.
 // Config (MT, WK, STAGES, TN, SPLITK, SWIGLU), the layout's bit constants (ROT*/MASK*) and the
@@ -98,6 +100,8 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
     const int m = min(m0 + 8 * j + g, M - 1);
     xrow[j] = x + (size_t)m * K + kp0 * 128 + 16 * t;
   }
+  pdl_wait();                  // every read and write comes after it
+  pdl_release();
   float acc[TN][MT][4];
 #pragma unroll
   for (int u = 0; u < TN; ++u)
