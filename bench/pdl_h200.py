@@ -51,8 +51,8 @@ def kernels(fam, tactics: dict, pdl: bool, early: bool) -> dict:
     ks = {}
     for name, p in PROBS.items():
         k = fam.build(p, tactics[name], "cuda")
-        if not early and hasattr(k, "launcher"):
-            k.launcher.cfg = dataclasses.replace(k.launcher.cfg, early=False)
+        if hasattr(k, "launcher"):
+            k.launcher.cfg = dataclasses.replace(k.launcher.cfg, early=early)
         ks[name] = k
     return ks
 
