@@ -1,7 +1,7 @@
 """Launching the cuda family's kernel from PyTorch tensors through CuPy (imported here only).
 
-Pointers go in as integers, on PyTorch's current stream, through pdl.runner (programmatic
-dependent launch on sm_90+, else CuPy's launch) (so CUDA-graph capture records it); the
+Pointers go in as integers, on PyTorch's current stream (so CUDA-graph capture records it), through
+pdl.runner (programmatic dependent launch on sm_90+, else CuPy's launch); the
 global scale is read on the device (no host sync). Each M variant is compiled and checked
 (resources, see build.load) the first time that M tile is used on a device. Split-K tactics cut a
 large M into row chunks (dense.chunk_rows), each launched with the whole split.
