@@ -1,6 +1,6 @@
 """Where a cuda grouped-MoE decode kernel's time goes at M = 1 (issue #26: the stage targets' "why").
 
-    python3 bench/moe_latency_h200.py --out DIR [--budget-s 200]   # probes + config sweep (GPU)
+    python3 bench/moe_latency_h200.py --out DIR [--budget-s 200] [--baseline SRC]   # probes + sweep (GPU)
     python3 bench/moe_latency_h200.py --ncu-launch                  # one launch per kernel between
                                                                     # cudaProfilerStart/Stop: run it under
                                                                     # ncu (bench/h200_moe_latency.sh)
@@ -17,7 +17,10 @@ w13:swiglu (N = 512, K = 6144) and w2:reduce (N = 6144, K = 256, routing weights
    graph-replayed device copy moving the same bytes as the kernel's weights (read + written), the
    smallest time a kernel touching those bytes can take here.
 2. **Sweep**: every moe_mma config the verdicts keep (m_tiles 1) at M = 1 and 4 for both problems,
-   timed the same way (cubins compiled first by a process pool). The sweep checks nothing against
+   timed the same way (cubins compiled first by a process pool); with `--baseline SRC` each config
+   is also timed compiled from SRC's text (another revision) and with -DXPRE=0 (this text without
+   its x prefetch): an A/B/C from one run; with `--store DB` its timings are written as trials (a
+   rank-model source, tools/fit_rank_models.py). The sweep checks nothing against
    float64: the family's GPU tests do (bench/h200_moe_latency.sh runs them first).
 3. `--ncu-launch`: the served M = 1 kernels (both routed ones, the shared expert's gate_up:swiglu and
    down) and w13:swiglu at M = 16, one launch each inside cudaProfilerStart/Stop, so
@@ -187,21 +190,62 @@ class Bench:
 
     def probe_kernel(self, prob: Problem, t: Tactic, stage: str):
         """The family's kernel for (prob, t) with its launcher's function replaced by the probe's."""
+        from autotune.tactics.cuda import build as B
+        from autotune.tactics.cuda import moe as MOE
+        return self.text_kernel(prob, t, probe_text(B.text(MOE.config(prob, t)), stage))
+
+    def text_kernel(self, prob: Problem, t: Tactic, txt: str, extra: tuple = ()):
+        """The family's kernel for (prob, t) with its launcher's function compiled from `txt` (with
+        `extra` NVRTC options)."""
         import cupy
         from autotune.tactics.cuda import build as B
         from autotune.tactics.cuda import pdl as P
         k = self.fam.build(prob, t, "cuda")
         run = k.launcher
         cfg = run.cfg
-        txt = probe_text(B.text(cfg), stage)
-        mod = cupy.RawModule(code=txt, options=("-default-device", *B.options(cfg)), name_expressions=None)
+        mod = cupy.RawModule(code=txt, options=("-default-device", *B.options(cfg), *extra), name_expressions=None)
         fn = mod.get_function(B.kernel_name(cfg))
         run._fns[0] = fn
         run._runs[0] = P.runner(fn, txt, B.kernel_name(cfg), 0)
         return k
 
 
-def run_gpu(out: Path, budget_s: float) -> int:
+def baseline_text(d: Path | None) -> str | None:
+    """Another revision's moe_mma text (DIR/mma_common.cuh + DIR/moe_mma.cu, as build.text joins
+    them), timed beside this one's config by config: an A/B from one run."""
+    return None if d is None else (d / "mma_common.cuh").read_text() + "\n" + (d / "moe_mma.cu").read_text()
+
+
+def store_sweep(path: Path, rows: list, fam, arch) -> int:
+    """The sweep's timings of this revision's code as trials of a cache at `path` (status ok, keyed
+    by device, libraries and code like the engine's): a source the rank model can be fitted on
+    (tools/fit_rank_models.py), the one complete measurement of moe_mma's space at M = 1 and 4."""
+    from autotune.cache.store import Store
+    from autotune.core import env as ENV
+    from autotune.core.records import Trial
+    from autotune.tactics import registry
+    from autotune.tactics.cuda import moe as MOE
+    env = ENV.current(0)
+    lib = env.lib_key(fam.depends_on)
+    probs = {p.key: p for p in (W13, W2)}
+    trials = []
+    for r in rows:
+        if "us" not in r:
+            continue
+        prob, t = probs[r["problem"]], moe_t(r["tactic"]["warps_k"], r["tactic"]["split_k"], r["tactic"]["tiles_n"],
+                                             r["tactic"]["stages"], r["tactic"]["m_tiles"])
+        trials.append(Trial(prob.key, r["m"], t.id, "cuda", t.to_json(), env.device_key, lib, "ok",
+                            "bench/moe_latency_h200.py sweep", r["us"], None, 0, None,
+                            MOE.verdict(prob, t, arch).smem_bytes, code_key=registry.code_key(t, lib)))
+    with Store(str(path)) as st:
+        st.put_environment(env, fam.depends_on)
+        for prob in probs.values():
+            st.put_problem(prob)
+        st.put_trials(trials)
+    return len(trials)
+
+
+def run_gpu(out: Path, budget_s: float, baseline: Path | None = None, store: Path | None = None) -> int:
     import torch
     t0 = time.time()
     path = out / "moe_latency.json"
@@ -209,6 +253,7 @@ def run_gpu(out: Path, budget_s: float) -> int:
            "torch": torch.__version__, "pdl": os.environ.get("AUTOTUNE_PDL"), "probes": [], "sweep": [],
            "command": "python3 bench/moe_latency_h200.py --out $OUT"}
     b = Bench()
+    from autotune.tactics.cuda import build as B
     from autotune.tactics.cuda import moe as MOE
     fails = 0
 
@@ -236,6 +281,8 @@ def run_gpu(out: Path, budget_s: float) -> int:
     doc["compile_errors"] = errs[:5]
     doc["compile_s"] = round(time.time() - t0, 1)
     print(f"{len(jobs)} sweep configs compiled ({len(errs)} failed) at {doc['compile_s']} s", flush=True)
+    base_txt, base_k = baseline_text(baseline), {}
+    doc["baseline"] = str(baseline) if baseline else None
     for m in (1, 4):
         for prob, t in jobs:
             if time.time() - t0 > budget_s:
@@ -244,6 +291,13 @@ def run_gpu(out: Path, budget_s: float) -> int:
             r = {"problem": prob.key, "m": m, "tactic": t.params}
             try:
                 r["us"] = b.time_kernel(b.fam.build(prob, t, "cuda"), prob, m)
+                if base_txt is not None:
+                    key = (prob.key, t.id)
+                    if key not in base_k:
+                        base_k[key] = b.text_kernel(prob, t, base_txt)
+                        base_k[key + ("x0",)] = b.text_kernel(prob, t, B.text(MOE.config(prob, t)), ("-DXPRE=0",))
+                    r["baseline_us"] = b.time_kernel(base_k[key], prob, m)
+                    r["no_xpre_us"] = b.time_kernel(base_k[key + ("x0",)], prob, m)
             except Exception as exc:
                 fails += 1
                 r["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -253,9 +307,12 @@ def run_gpu(out: Path, budget_s: float) -> int:
             rows = sorted((r for r in doc["sweep"] if r["m"] == m and r["problem"] == prob.key and "us" in r),
                           key=lambda r: r["us"])
             for r in rows[:6]:
-                print(f"M={m} {prob.key} {r['us']:.2f} us {r['tactic']}", flush=True)
+                ab = f" (baseline {r['baseline_us']:.2f}, no x prefetch {r['no_xpre_us']:.2f})" if "baseline_us" in r else ""
+                print(f"M={m} {prob.key} {r['us']:.2f} us{ab} {r['tactic']}", flush=True)
             if rows:
                 print(f"M={m} {prob.key}: {len(rows)} timed, median {statistics.median(r['us'] for r in rows):.2f} us", flush=True)
+    if store is not None:
+        doc["stored_trials"] = store_sweep(store, doc["sweep"], b.fam, b.arch)
     save()
     return 1 if fails else 0
 
@@ -296,7 +353,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=200.0, help="the sweep stops being started past this")
     ap.add_argument("--ncu-launch", action="store_true")
+    ap.add_argument("--store", type=Path, help="write the sweep's timings as trials of this cache (SQLite)")
     ap.add_argument("--plan", action="store_true")
+    ap.add_argument("--baseline", type=Path, help="a folder holding another revision's mma_common.cuh and "
+                    "moe_mma.cu: the sweep times each config with that text too")
     ap.add_argument("--compile", action="store_true", help="with --plan: compile each probe with nvcc for sm_90")
     a = ap.parse_args()
     if a.plan:
@@ -306,7 +366,7 @@ def main() -> int:
     if a.out is None:
         ap.error("--out DIR (or --plan, --ncu-launch) is required")
     a.out.mkdir(parents=True, exist_ok=True)
-    return run_gpu(a.out, a.budget_s)
+    return run_gpu(a.out, a.budget_s, a.baseline, a.store)
 
 
 if __name__ == "__main__":

@@ -47,8 +47,16 @@ def loop_mix(cubin: Path, tool: str) -> collections.Counter:
                 best = body
     if best is None:
         raise ValueError("no loop with an HMMA found")
-    op = lambda t: t.split()[1] if t.startswith("@") else t.split()[0]  # noqa: E731
-    return collections.Counter(op(t) for t in best)
+    return collections.Counter(_op(t) for t in best)
+
+
+def _op(text: str) -> str:
+    """The opcode; `IMAD.U32 Rd, RZ, RZ, URn` is a move from a uniform register (ring addresses
+    kept in the uniform datapath), not the scale decode's multiply-add: counted apart as IMAD.U32.MOV."""
+    parts = text.split()[1:] if text.startswith("@") else text.split()
+    if parts[0] == "IMAD.U32" and re.match(r"R\d+, RZ, RZ, UR\d+$", " ".join(parts[1:])):
+        return "IMAD.U32.MOV"
+    return parts[0]
 
 
 def measure(c: B.Config, arch: str, tool: str) -> dict:

@@ -62,13 +62,14 @@ static __device__ __forceinline__ float ld_cg(const float* p) {
 }
 #endif
 
-static __device__ __forceinline__ void issue(unsigned char* wdst, unsigned char* sdst,
+// one k-pair of every row tile into ring stage `st` (mma_common.cuh's layout)
+static __device__ __forceinline__ void issue(unsigned char* wslot0, unsigned char* sslot0, int st,
                                              const uint4* const w[TN], const u32* const s[TN]) {
 #pragma unroll
   for (int u = 0; u < TN; ++u) {
-    cp16(wdst + u * 32, w[u]);
-    cp16(wdst + u * 32 + 16, w[u] + 32);
-    cp4(sdst + u * 4, s[u]);
+    cp16(wslot0 + RING_W(st, u, 0), w[u]);
+    cp16(wslot0 + RING_W(st, u, 1), w[u] + 32);
+    cp4(sslot0 + RING_S(st, u), s[u]);
   }
 }
 
@@ -79,7 +80,7 @@ static __device__ __forceinline__ int prologue(unsigned char* wslot0, unsigned c
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
     if (issued < kpairs) {
-      issue(wslot0 + i * NTHREADS * 32 * TN, sslot0 + i * NTHREADS * 4 * TN, wp, sp);
+      issue(wslot0, sslot0, i, wp, sp);
 #pragma unroll
       for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
       ++issued;
@@ -87,6 +88,29 @@ static __device__ __forceinline__ int prologue(unsigned char* wslot0, unsigned c
     commit();
   }
   return issued;
+}
+
+// one k-pair of the main loop: (XPRE) the next k-pair's x into `xn` first, then wait for this
+// k-pair's ring stage, read it, refill the ring, and multiply with `xc`
+static __device__ __forceinline__ void kstep(int i, int kpairs, unsigned char* wslot0, unsigned char* sslot0,
+                                             int& rslot, int& wslot, int& issued, const uint4* (&wp)[TN],
+                                             const u32* (&sp)[TN], const u16* (&xrow)[MT], const uint4 (&xc)[MT][4],
+                                             uint4 (&xn)[MT][4], float (&acc)[TN][MT][4]) {
+  if (XPRE && i + 1 < kpairs) load_x(xrow, xn);
+  wait_pending<STAGES - 2>();
+  uint4 wv2[TN][2];
+  u32 sv[TN];
+  read_slot(wslot0, sslot0, rslot, wv2, sv);
+  rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
+  if (issued < kpairs) {
+    issue(wslot0, sslot0, wslot, wp, sp);
+#pragma unroll
+    for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
+    ++issued;
+    wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
+  }
+  commit();
+  mma_kpair(wv2, sv, xc, acc);
 }
 
 // wq: fragment words [E][N/16][K/64][32][4]; sq: scale words [E][N/16][K/128][SW];
@@ -162,8 +186,8 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
 #pragma unroll
     for (int j = 0; j < MT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
 
-  unsigned char* const wslot0 = smem + tid * 32 * TN;
-  unsigned char* const sslot0 = smem + STAGES * NTHREADS * 32 * TN + tid * 4 * TN;
+  unsigned char* const wslot0 = smem + tid * 16;                 // this thread's column of the ring
+  unsigned char* const sslot0 = smem + RING_WBYTES + tid * 4;
   // the weight prologue before the rank scan (EARLY): the CTA's expert is known from its own id, so
   // its first STAGES-1 k-pairs are in flight while the scan and the gather read ids (two L2 round
   // trips); a CTA that turns out not to lead drops them
@@ -207,25 +231,23 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
 #endif
   int rslot = 0;
   wslot = STAGES - 1;
+#if XPRE
+  // two steps per trip, the x registers swapping roles: no copies between the sets
+  uint4 xa[MT][4], xb[MT][4];                        // [tile][kgroup*2 + half]
+  load_x(xrow, xa);
+#pragma unroll 2
+  for (int i = 0; i < kpairs; i += 2) {
+    kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xa, xb, acc);
+    if (i + 1 < kpairs) kstep(i + 1, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xb, xa, acc);
+  }
+#else
 #pragma unroll 4
   for (int i = 0; i < kpairs; ++i) {
-    uint4 xv[MT][4];                                 // [tile][kgroup*2 + half]
+    uint4 xv[MT][4];
     load_x(xrow, xv);
-    wait_pending<STAGES - 2>();
-    uint4 wv2[TN][2];
-    u32 sv[TN];
-    read_slot(wslot0, sslot0, rslot, wv2, sv);
-    rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
-    if (issued < kpairs) {
-      issue(wslot0 + wslot * NTHREADS * 32 * TN, sslot0 + wslot * NTHREADS * 4 * TN, wp, sp);
-#pragma unroll
-      for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
-      ++issued;
-      wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
-    }
-    commit();
-    mma_kpair(wv2, sv, xv, acc);
+    kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xv, xv, acc);
   }
+#endif
   wait_pending<0>();
   __syncthreads();
   float* wred = reinterpret_cast<float*>(smem);       // [WK][TN*MT*4][32]

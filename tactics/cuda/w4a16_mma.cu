@@ -48,18 +48,40 @@ static __device__ __forceinline__ float ld_cg(const float* p) {
 }
 #endif
 
-// one k-pair of every row tile into this thread's ring slot: TN x 2 x 16 B words, TN x 4 B scales.
-// SWIGLU: the up tiles (u >= TN/2) lie `wgap`/`sgap` further on (N/2 rows past their gate tiles)
-static __device__ __forceinline__ void issue(unsigned char* wdst, unsigned char* sdst, const uint4* w,
+// one k-pair of every row tile into ring stage `st` (mma_common.cuh's layout): TN x 2 x 16 B words,
+// TN x 4 B scales. SWIGLU: the up tiles (u >= TN/2) lie `wgap`/`sgap` further on (N/2 rows past
+// their gate tiles)
+static __device__ __forceinline__ void issue(unsigned char* wslot0, unsigned char* sslot0, int st, const uint4* w,
                                              const u32* s, size_t wtile, size_t stile, size_t wgap, size_t sgap) {
 #pragma unroll
   for (int u = 0; u < TN; ++u) {
     const size_t wo = u * wtile + (SWIGLU && u >= TN / 2 ? wgap : 0);
     const size_t so = u * stile + (SWIGLU && u >= TN / 2 ? sgap : 0);
-    cp16(wdst + u * 32, w + wo);
-    cp16(wdst + u * 32 + 16, w + wo + 32);
-    cp4(sdst + u * 4, s + so);
+    cp16(wslot0 + RING_W(st, u, 0), w + wo);
+    cp16(wslot0 + RING_W(st, u, 1), w + wo + 32);
+    cp4(sslot0 + RING_S(st, u), s + so);
   }
+}
+
+// one k-pair of the main loop: (XPRE) the next k-pair's x into `xn` first, then wait for this
+// k-pair's ring stage, read it, refill the ring, and multiply with `xc`
+static __device__ __forceinline__ void kstep(int i, int kpairs, unsigned char* wslot0, unsigned char* sslot0,
+                                             int& rslot, int& wslot, int& issued, const uint4*& wnext, const u32*& snext,
+                                             size_t wtile, size_t stile, size_t wgap, size_t sgap, const u16* (&xrow)[MT],
+                                             const uint4 (&xc)[MT][4], uint4 (&xn)[MT][4], float (&acc)[TN][MT][4]) {
+  if (XPRE && i + 1 < kpairs) load_x(xrow, xn);
+  wait_pending<STAGES - 2>();
+  uint4 wv2[TN][2];
+  u32 sv[TN];
+  read_slot(wslot0, sslot0, rslot, wv2, sv);
+  rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
+  if (issued < kpairs) {
+    issue(wslot0, sslot0, wslot, wnext, snext, wtile, stile, wgap, sgap);
+    wnext += 64; snext += SW; ++issued;
+    wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
+  }
+  commit();
+  mma_kpair(wv2, sv, xc, acc);
 }
 
 // wq: fragment words [N/16][K/64][32][4]; sq: scale words [N/16][K/128][SW]; x [M][K]; y [M][N]
@@ -70,7 +92,7 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
           u16* __restrict__ y, const float* __restrict__ gscale, int M, int N, int K,
           float* __restrict__ ws, int* __restrict__ locks) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
-  // ring: [STAGES][NTHREADS] x TN*32 B of fragment words, then [STAGES][NTHREADS] x TN*4 B of scales
+  // ring: mma_common.cuh's layout (fragment words, then scales), each thread reading only its own bytes
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int nt = blockIdx.x, m0 = blockIdx.y * (8 * MT);
@@ -108,39 +130,40 @@ w4a16_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* _
 #pragma unroll
     for (int j = 0; j < MT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
 
-  // this thread's slots in the ring: its own bytes only, so no barrier guards reuse
-  unsigned char* const wslot0 = smem + tid * 32 * TN;
-  unsigned char* const sslot0 = smem + STAGES * NTHREADS * 32 * TN + tid * 4 * TN;
+  // this thread's column of the ring: its own bytes only, so no barrier guards reuse
+  unsigned char* const wslot0 = smem + tid * 16;
+  unsigned char* const sslot0 = smem + RING_WBYTES + tid * 4;
   const uint4* wnext = wsrc;
   const u32* snext = ssrc;
   int issued = 0, wslot = 0;
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
     if (issued < kpairs) {
-      issue(wslot0 + i * NTHREADS * 32 * TN, sslot0 + i * NTHREADS * 4 * TN, wnext, snext, wtile, stile, wgap, sgap);
+      issue(wslot0, sslot0, i, wnext, snext, wtile, stile, wgap, sgap);
       wnext += 64; snext += SW; ++issued;
     }
     commit();
   }
   int rslot = 0;
   wslot = STAGES - 1;
+#if XPRE
+  // two steps per trip, the x registers swapping roles: no copies between the sets
+  uint4 xa[MT][4], xb[MT][4];                        // [tile][kgroup*2 + half]
+  load_x(xrow, xa);
+#pragma unroll 2
+  for (int i = 0; i < kpairs; i += 2) {
+    kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wnext, snext, wtile, stile, wgap, sgap, xrow, xa, xb, acc);
+    if (i + 1 < kpairs)
+      kstep(i + 1, kpairs, wslot0, sslot0, rslot, wslot, issued, wnext, snext, wtile, stile, wgap, sgap, xrow, xb, xa, acc);
+  }
+#else
 #pragma unroll 4
   for (int i = 0; i < kpairs; ++i) {
-    uint4 xv[MT][4];                                 // [tile][kgroup*2 + half]
+    uint4 xv[MT][4];
     load_x(xrow, xv);
-    wait_pending<STAGES - 2>();
-    uint4 wv2[TN][2];
-    u32 sv[TN];
-    read_slot(wslot0, sslot0, rslot, wv2, sv);
-    rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
-    if (issued < kpairs) {
-      issue(wslot0 + wslot * NTHREADS * 32 * TN, sslot0 + wslot * NTHREADS * 4 * TN, wnext, snext, wtile, stile, wgap, sgap);
-      wnext += 64; snext += SW; ++issued;
-      wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
-    }
-    commit();
-    mma_kpair(wv2, sv, xv, acc);
+    kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wnext, snext, wtile, stile, wgap, sgap, xrow, xv, xv, acc);
   }
+#endif
   wait_pending<0>();
   __syncthreads();
   float* red = reinterpret_cast<float*>(smem);        // [WK][TN*MT*4][32]
