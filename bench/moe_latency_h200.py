@@ -71,7 +71,7 @@ _ACC_SINK = ("{ float s_ = 0.f; for (int u_ = 0; u_ < TN; ++u_) for (int j_ = 0;
              "if (__float_as_uint(s_) == 0x7f80deadu) y[0] = 0; if (P >= 0) return; }")
 PROBES = [
     ("launch", "  pdl_release();\n  const long long eid", "if (P >= 0) return;"),
-    ("id", "  const long long eid = load_id(ids, ids64, q);\n", "  if (P >= 0 && eid != -7) return;\n"),
+    ("id", "  const long long eid = pair_id(ids, ids64, q, top_k, ids_cols, shared_e);\n", "  if (P >= 0 && eid != -7) return;\n"),
     ("route", "  __syncthreads();\n  const u16* xrow[MT];", "\n  if (P >= 0 && rows_s[0] != -7) return;"),
     ("loop", "  wait_pending<0>();\n  __syncthreads();\n", "  " + _ACC_SINK + "\n"),
 ]

@@ -35,6 +35,10 @@ class Launcher(Protocol):
     #: launches with programmatic dependent launch (overlaps the previous kernel's tail); no
     #: launcher here does yet
     pdl: bool
+    #: grouped MoE with a shared expert folded in as expert E - 1: takes `shared_slot=True`, then
+    #: topk_ids / topk_weights are [M, top_k - 1] and every token's last slot is that expert with
+    #: weight 1, added by the kernel (the caller concatenates nothing)
+    shared_slot: bool
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -73,6 +77,7 @@ class LauncherBase:
     batch_invariant: bool = False
     checks_ids: bool = False
     pdl: bool = False
+    shared_slot: bool = False
 
     def aligned_block_m(self, m: int) -> int | None:
         return None
@@ -169,6 +174,10 @@ class BoundMoEKernel(BoundKernel):
     def checks_ids(self) -> bool:  # type: ignore[override]
         return self.kernel.checks_ids
 
+    @property
+    def shared_slot(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.kernel, "shared_slot", False))
+
     def aligned_block_m(self, m: int) -> int | None:
         return self.kernel.aligned_block_m(m)
 
@@ -179,7 +188,7 @@ class BoundMoEKernel(BoundKernel):
                  routing_checked: bool = False, **extra: Any) -> Any:
         problem, packed = self.problem, self.weight
         check_x(problem, x, packed)
-        if not routing_checked:
+        if not routing_checked and not extra.get("shared_slot"):   # with a shared slot the kernel's own check
             check_routing(problem, x, topk_ids, topk_weights)
         if out is not None:
             check_out(problem, x, out)

@@ -237,3 +237,36 @@ def test_dense_tactic_on_grouped_problem_refused():
     prob = Problem.moe(*SHAPES["w2"], E, TOP_K)
     with pytest.raises(ValueError, match="dense cuda tactic"):
         _fam().build(prob, Tactic("cuda", warps_k=1, stages=2, tiles_n=1), "cuda")
+
+
+@pytest.mark.parametrize("epi", ["swiglu", "reduce"])
+def test_a_shared_slot_gives_the_bits_of_the_concatenated_one(epi):
+    """GLM-5's shared expert folded in as expert 256 (e257:top9): with shared_slot=True the kernel
+    adds it as each token's last slot (ids and weights [M, 8]); the same bits as the slot
+    concatenated, float64-close, and the shared expert's own id in topk_ids is out of range."""
+    name = "w13" if epi == "swiglu" else "w2"
+    n, k = SHAPES[name]
+    prob = Problem.moe(n, k, E + 1, TOP_K + 1, epilogue=epi)
+    fam = _fam()
+    w = inputs.seeded_weight(prob, "cuda", 41)
+    packed = fam.pack("cuda-mma-a-frag-v1", w)
+    for m in (1, 5, 64):
+        ids, tw = _ids(m, 300 + m)
+        tw = tw if epi == "reduce" else None
+        x = (torch.randn(m, TOP_K + 1, k, device="cuda") if epi == "reduce" else
+             torch.randn(m, k, device="cuda")).to(torch.bfloat16)
+        full = torch.cat([ids, ids.new_full((m, 1), E)], 1)
+        tfull = None if tw is None else torch.cat([tw, tw.new_ones((m, 1))], 1)
+        ref = inputs.moe_reference(prob, x.double(), w, full, tfull)
+        for t in _tactics(prob, 2):
+            kern = fam.build(prob, t, "cuda")
+            assert kern.shared_slot
+            a = kern(x, packed, ids, tw, shared_slot=True)
+            b = kern(x, packed, full, tfull)
+            assert torch.equal(a, b), (m, t)
+            assert _err(a, ref) < 1e-2, (m, t)
+        bad = ids.clone()
+        bad[0, 1] = E                                        # the shared expert is not a routable id
+        out = kern(x, packed, bad, tw, shared_slot=True)
+        row = out[0] if epi == "reduce" else out[0, 1]
+        assert torch.isnan(row).all() and not torch.isnan(out[1:]).any()

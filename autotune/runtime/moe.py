@@ -31,8 +31,8 @@ Shared expert (`shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I_s, H] and [H, I_s])
   stacked once at construction as local expert E (E+1 experts; the stacked tensors replace the
   separate ones), and every token's routing gains one slot (id E, weight 1.0), so the same two
   calls do routed + shared work: problems moe(…, E+1, top_k+1), I_s = I. Always local under an
-  expert_map. The routing gains a concatenation per call (a few small kernels per layer), which
-  is what loses it the decode sizes.
+  expert_map. cuda `moe_mma` adds that slot itself (`shared_slot`); for other members the routing
+  is concatenated per call (small kernels per layer: what lost folding the decode sizes, part 5).
 """
 from __future__ import annotations
 
@@ -288,11 +288,13 @@ class FP4MoE(nn.Module):
             raise OperandError(f"{self.problem2.key}: FP4MoE needs topk_weights [M, {self.top_k}]")
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
         check_routing(self._routing, x, topk_ids, topk_weights, values=False)
-        ids, bad_rows = self._routed_ids(topk_ids, l13, l2, x.device)
-        if self.shared_folded:              # every token also routed to local expert E, weight 1
+        # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
+        slot = self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
+        ids, bad_rows = self._routed_ids(topk_ids, l13, l2, x.device, table=not slot or self.expert_map is not None)
+        if self.shared_folded and not slot:  # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
-        k13, k2 = self._one_alignment(l13, l2, ids)
+        k13, k2 = ({"shared_slot": True}, {"shared_slot": True}) if slot else self._one_alignment(l13, l2, ids)
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             y = l2(h, ids, topk_weights, routing_checked=True, **k2)
@@ -313,14 +315,14 @@ class FP4MoE(nn.Module):
                                f"(their rows are NaN; {settings.CHECK_IDS}=1 raises)")
         return y
 
-    def _routed_ids(self, topk_ids: Tensor, l13, l2, device) -> tuple[Tensor, Tensor | None]:
+    def _routed_ids(self, topk_ids: Tensor, l13, l2, device, table: bool = True) -> tuple[Tensor, Tensor | None]:
         """(the kernels' ids, None or the [M] rows to make NaN), with no host read. Launchers that
         check ids (`checks_ids`: NaN rows and the layer's word for ids outside [-1, E)) get them as
         they are, or through the id table (expert_map / folded shared expert), where a bad id
         becomes BAD. For others (the torch family, moe_w4a16) the block does it itself on the
         device: bad ids become -1 for the kernels, the word is set and the rows are made NaN."""
-        if l13.checks_ids and l2.checks_ids:
-            return self.local_ids(topk_ids), None
+        if l13.checks_ids and l2.checks_ids:        # table=False: a shared slot's kernels range-check E - 1 themselves
+            return (self.local_ids(topk_ids) if table else topk_ids), None
         bad = (topk_ids < -1) | (topk_ids >= self.global_experts)
         rows = bad.any(1)
         word = self._word(device)

@@ -133,10 +133,14 @@ def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, flo
 
 
 # --------------------------------------------------------------------------- launch
-def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool = True):
+def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool = True, shared_slot: bool = False):
     """One-line ValueErrors for anything the kernel would misread; returns (M, out). cuda=False
-    (the CPU port) skips the device-type check only."""
+    (the CPU port) skips the device-type check only. shared_slot: topk_ids / topk_weights hold
+    top_k - 1 columns (the kernel adds expert E - 1 as every token's last slot)."""
     p = problem
+    cols = p.top_k - 1 if shared_slot else p.top_k
+    if shared_slot and (p.top_k < 2 or p.experts < 2):
+        raise ValueError(f"{p.key}: a shared slot needs top_k >= 2 and E >= 2 (the shared expert is E - 1)")
     dims = 3 if x_per_pair(p, x) else 2
     if (not torch.is_tensor(x) or x.dim() != dims or x.dtype != torch.bfloat16 or x.shape[-1] != p.k
             or (dims == 3 and x.shape[1] != p.top_k)):
@@ -153,13 +157,13 @@ def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool =
         raise ValueError(f"{p.key}: global_scale must be fp32 with 1 or {p.experts} values")
     m = x.shape[0]
     if (not torch.is_tensor(topk_ids) or topk_ids.dtype not in (torch.int32, torch.int64)
-            or tuple(topk_ids.shape) != (m, p.top_k) or topk_ids.device != x.device):
-        raise ValueError(f"{p.key}: topk_ids must be int32/int64 [{m}, {p.top_k}] on {x.device}, got "
+            or tuple(topk_ids.shape) != (m, cols) or topk_ids.device != x.device):
+        raise ValueError(f"{p.key}: topk_ids must be int32/int64 [{m}, {cols}] on {x.device}, got "
                          f"{getattr(topk_ids, 'dtype', None)} {tuple(getattr(topk_ids, 'shape', ()))}")
     if topk_weights is not None and (not torch.is_tensor(topk_weights) or not topk_weights.is_floating_point()
-                                     or tuple(topk_weights.shape) != (m, p.top_k)
+                                     or tuple(topk_weights.shape) != (m, cols)
                                      or topk_weights.device != x.device):
-        raise ValueError(f"{p.key}: topk_weights must be a float [{m}, {p.top_k}] tensor on {x.device}")
+        raise ValueError(f"{p.key}: topk_weights must be a float [{m}, {cols}] tensor on {x.device}")
     shape = (m, p.n) if p.epilogue == "reduce" else (m, p.top_k, p.out_n)
     if out is None:
         out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
@@ -225,6 +229,7 @@ class MoeLaunch(MoeScratch):
 
     capture_safe = True       # current stream, scratch sized by M, no host read by default
     checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
+    shared_slot = True        # shared_slot=True: the kernel adds expert E - 1 as each token's last slot
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         self.problem, self.tactic = problem, tactic
@@ -253,29 +258,31 @@ class MoeLaunch(MoeScratch):
             fn = self._fns[idx] = B.load(self.cfg, f"sm_{major}{minor}", idx)
         return fn
 
-    def check(self, x, w, topk_ids, topk_weights, out):
-        return check_call(self.problem, x, w, topk_ids, topk_weights, out)
+    def check(self, x, w, topk_ids, topk_weights, out, **shared):
+        return check_call(self.problem, x, w, topk_ids, topk_weights, out, **shared)
 
     def chunk_tokens(self) -> int:
         return max(1, MAX_PAIRS // self.problem.top_k)
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None):
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False):
         p = self.problem
-        m, out = self.check(x, w, topk_ids, topk_weights, out)
+        shared = {"shared_slot": True} if shared_slot else {}
+        m, out = self.check(x, w, topk_ids, topk_weights, out, **shared)
         if m == 0:
             return out
         rows = self.chunk_tokens()
         if m > rows:                                   # token chunks, each its own launch
             for t0 in range(0, m, rows):
                 sl = slice(t0, min(m, t0 + rows))
-                self._launch(x[sl], w, topk_ids[sl], None if topk_weights is None else topk_weights[sl], out[sl])
+                self._launch(x[sl], w, topk_ids[sl], None if topk_weights is None else topk_weights[sl], out[sl],
+                             shared_slot)
         else:
-            self._launch(x, w, topk_ids, topk_weights, out)
+            self._launch(x, w, topk_ids, topk_weights, out, shared_slot)
         if self.check_ids:
             raise_if_bad(self._word(x.device))
         return out
 
-    def _launch(self, x, w, ids, tw, out) -> None:
+    def _launch(self, x, w, ids, tw, out, shared_slot: bool = False) -> None:
         p, c = self.problem, self.cfg
         m = x.shape[0]
         pairs = m * p.top_k
@@ -293,12 +300,13 @@ class MoeLaunch(MoeScratch):
         # pointers go as Python ints (CuPy passes an int as 8 bytes, the kernel's pointer size);
         # the int32 arguments as NumPy scalars made once per form: a NumPy scalar per argument per
         # launch cost ~10 µs of host time per launch on a 2-core CPU (bench/moe_host.py)
-        form = (pairs, ids.dtype == torch.int64, x.dim() == 3, routed, gs.numel() > 1)
+        form = (pairs, ids.dtype == torch.int64, x.dim() == 3, routed, gs.numel() > 1, shared_slot)
         ints = self._ints.get(form)
         if ints is None:
             import numpy as np
+            shared_e, cols = (p.experts - 1, p.top_k - 1) if shared_slot else (-1, p.top_k)
             ints = (np.int32(pairs), np.int32(p.n), np.int32(p.k), np.int32(p.top_k), np.int32(p.experts),
-                    *(np.int32(f) for f in form[1:]))
+                    *(np.int32(f) for f in form[1:5]), np.int32(shared_e), np.int32(cols))
             if len(self._ints) < 256:                   # decode serves a few Ms: beyond, made per call
                 self._ints[form] = ints
         args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
@@ -319,9 +327,13 @@ class MoeKernel:
         self.launcher, self._cache = run, cache
         self.capture_safe = bool(getattr(run, "capture_safe", False))
         self.checks_ids = bool(getattr(run, "checks_ids", False))
+        self.shared_slot = bool(getattr(run, "shared_slot", False))
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None):
-        return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out)
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None, shared_slot=False):
+        shared = {"shared_slot": True} if shared_slot else {}
+        if shared_slot and not self.shared_slot:
+            raise ValueError("this moe_mma runner takes no shared slot")
+        return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out, **shared)
 
     def aligned_block_m(self, m: int) -> int | None:
         return None               # no routing alignment: topk_ids are read as they are
@@ -358,7 +370,7 @@ def raise_if_bad(bad) -> None:
 def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, topk_ids: torch.Tensor,
             topk_weights: torch.Tensor | None = None, out: torch.Tensor | None = None,
             bad: torch.Tensor | None = None, trace: list | None = None, ws: torch.Tensor | None = None,
-            red: torch.Tensor | None = None) -> torch.Tensor:
+            red: torch.Tensor | None = None, shared_slot: bool = False) -> torch.Tensor:
     """The kernel's grid on the CPU, CTA by CTA, in the kernel's order of decisions: the invalid-id
     rows, the rank scan and the lead test, the gathered group (8·m_tiles pairs at most), the split
     ranges over K (warps inside a split summed in warp order, splits in split order), the SwiGLU
@@ -367,9 +379,15 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
     checks indexing and coverage, not bits. `trace` collects (q, nt, kz, expert, pairs) of every
     lead CTA. Token chunks as the launcher cuts them. ws / red: the launcher's split-K workspace
     (≥ split_k·P·N fp32) and reduce rows (≥ P·N fp32) from its scratch pool, used as the kernel
-    uses them (each split's partials stored, then summed in split order); None: local tensors."""
+    uses them (each split's partials stored, then summed in split order); None: local tensors.
+    shared_slot: as the kernel's (ids and weights [M, top_k - 1], expert E - 1 added last)."""
     cfg = config(problem, tactic)
     m = topk_ids.shape[0]
+    if shared_slot:             # the kernel's pair_id / pair_weight: expert E - 1 last, a routed id >= E - 1 out of range
+        e = problem.experts - 1
+        topk_ids = torch.cat([topk_ids.masked_fill(topk_ids >= e, -2), topk_ids.new_full((m, 1), e)], 1)
+        if topk_weights is not None:
+            topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
     shape = (m, problem.n) if cfg.reduce else (m, problem.top_k, problem.out_n)
     out = torch.full(shape, float("nan"), dtype=torch.bfloat16) if out is None else out
     rows = max(1, MAX_PAIRS // problem.top_k)

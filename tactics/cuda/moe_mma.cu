@@ -8,6 +8,8 @@
 // of x rows per 8 pairs) and runs w4a16_mma's main loop on that expert's weight. Every other CTA exits
 // after the rank scan. Id -1 (expert not on this rank): a zero row, no weight read; an id outside
 // [-1, E): a NaN row and the sticky `bad` word set, so an invalid id never yields a plausible row.
+// A shared expert folded in as expert E - 1 (shared_e >= 0) is every token's last slot without being
+// in topk_ids (pair_id): the caller concatenates no ids and no weights (docs/moe-decode.md part 8).
 //
 // SPLITK > 1: each split stores its fp32 partial rows to ws [SPLITK][P][N]; the last split of a
 // (pair slot, N tile) to arrive (counter per slot and tile, fenced) sums the partials in split
@@ -53,6 +55,25 @@ static __device__ __forceinline__ long long load_id(const void* ids, int ids64, 
   }
   return v;
 }
+// pair q's expert: topk_ids[q], or with a shared slot (shared_e >= 0: a shared expert folded in as
+// expert shared_e = E - 1) the token's last slot is that expert, which topk_ids does not hold (its
+// rows have ids_cols = top_k - 1 ids), and a routed id >= shared_e is out of range (-2: a NaN row)
+static __device__ __forceinline__ long long pair_id(const void* ids, int ids64, int q, int top_k, int ids_cols,
+                                                    int shared_e) {
+  if (shared_e < 0) return load_id(ids, ids64, q);
+  const int tok = q / top_k, slot = q - tok * top_k;
+  if (slot == top_k - 1) return shared_e;
+  const long long v = load_id(ids, ids64, tok * ids_cols + slot);
+  return v >= shared_e ? -2 : v;
+}
+
+// pair p's routing weight: tw[p], or with a shared slot 1 for it and the routed slots' from tw [M][ids_cols]
+static __device__ __forceinline__ float pair_weight(const float* tw, int p, int top_k, int ids_cols, int shared_e) {
+  if (shared_e < 0) return tw[p];
+  const int tok = p / top_k, slot = p - tok * top_k;
+  return slot == top_k - 1 ? 1.f : tw[tok * ids_cols + slot];
+}
+
 #if SPLITK > 1 || REDUCE
 // another CTA's partial: from L2 (L1 is not coherent across SMs)
 static __device__ __forceinline__ float ld_cg(const float* p) {
@@ -115,13 +136,14 @@ static __device__ __forceinline__ void kstep(int i, int kpairs, unsigned char* w
 
 // wq: fragment words [E][N/16][K/64][32][4]; sq: scale words [E][N/16][K/128][SW];
 // x [tokens][K] or [P][K] (x_pair); y [P][N or N/2]; gscale [E] (gs_stride 1) or [1];
-// ids [P] (int32/int64); tw [P] fp32 (routed); ws [SPLITK][P][N] fp32; locks [P][gridDim.y]; bad [1];
+// ids [P] (int32/int64; with a shared slot [P / top_k][ids_cols]); tw [P] fp32 (routed; likewise); ws [SPLITK][P][N] fp32; locks [P][gridDim.y]; bad [1];
 // REDUCE: y [P / top_k][N], red [P][N] fp32, cnt [P / top_k][gridDim.y]
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __restrict__ x,
         u16* __restrict__ y, const float* __restrict__ gscale, const void* __restrict__ ids,
         const float* __restrict__ tw, float* __restrict__ ws, int* __restrict__ locks, int* __restrict__ bad,
-        float* __restrict__ red, int* __restrict__ cnt, int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride) {
+        float* __restrict__ red, int* __restrict__ cnt, int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride,
+        int shared_e, int ids_cols) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   __shared__ int rows_s[CAP];                     // the group's pair indices, -1 past its end
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -131,7 +153,7 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   (void)nout;                                     // unused by the REDUCE variant
   pdl_wait();                                     // every read of inputs and every write after it
   pdl_release();
-  const long long eid = load_id(ids, ids64, q);
+  const long long eid = pair_id(ids, ids64, q, top_k, ids_cols, shared_e);
   if (eid < 0 || eid >= n_exp) {                   // no expert: this pair's row, written by split 0
     if (kz == 0) {
       const bool isbad = eid != -1;
@@ -196,7 +218,7 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   int rank = 0;
   for (int j0 = 0; j0 < q; j0 += NTHREADS) {
     const int j = j0 + tid;
-    rank += __syncthreads_count(j < q && load_id(ids, ids64, j) == eid);
+    rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == eid);
   }
   if (rank % CAP) {                                // not a leader: its early reads are dropped
     wait_pending<0>();
@@ -206,7 +228,7 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
     int cnt = 0;
     for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
       const int j = j0 + lane;
-      const bool hit = j < P && load_id(ids, ids64, j) == eid;
+      const bool hit = j < P && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == eid;
       const u32 m = __ballot_sync(0xffffffffu, hit);
       const int pos = cnt + __popc(m & ((1u << lane) - 1u));
       if (hit && pos < CAP) rows_s[pos] = j;
@@ -317,7 +339,7 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
         const float up = acc[u + TN / 2][j][c] * alpha;
         v = v / (1.f + __expf(-v)) * up;
 #endif
-        if (routed) v *= tw[p];
+        if (routed) v *= pair_weight(tw, p, top_k, ids_cols, shared_e);
 #if REDUCE
         red[(size_t)p * N + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = v;
 #else

@@ -13,6 +13,7 @@ from autotune.tactics.cuda.family import CudaFamily
 class _CpuMoeRun(MOE.MoeScratch):
     capture_safe = False
     checks_ids = True
+    shared_slot = True
 
     def __init__(self, problem, tactic, check_ids=None):
         self.problem, self.tactic = problem, tactic
@@ -24,12 +25,13 @@ class _CpuMoeRun(MOE.MoeScratch):
         self.released += 1
         super().release()
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None):
-        m, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False)
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot=False):
+        m, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, shared_slot=shared_slot)
         pairs = min(m, self.chunk_tokens()) * self.problem.top_k      # the largest launch's pairs
         ws, _, bad = self._scratch(pairs, x.device)
         red, _ = self._reduce_scratch(pairs, x.device)
-        MOE.emulate(self.problem, self.tactic, x, w, topk_ids, topk_weights, out, bad, ws=ws, red=red)
+        MOE.emulate(self.problem, self.tactic, x, w, topk_ids, topk_weights, out, bad, ws=ws, red=red,
+                    shared_slot=shared_slot)
         if self.check_ids:
             MOE.raise_if_bad(bad)
         return out
