@@ -46,8 +46,8 @@ def null_family():
     from autotune.tactics.cuda.family import CudaFamily
 
     class NullMoe(MOE.MoeLaunch):
-        def check(self, x, w, topk_ids, topk_weights, out):       # the same checks but the CUDA device's
-            return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False)
+        def check(self, x, w, topk_ids, topk_weights, out, **shared):   # the same checks but the CUDA device's
+            return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, **shared)
 
         def _run(self, dev):
             return _null

@@ -39,7 +39,7 @@ def test_the_shipped_sm90_model_loads_knows_the_cuda_family_moe_decode_and_the_f
     assert {"family=cuda", "family=triton", "p.kernel=moe_decode", "p.kernel=moe_mma", "epilogue=swiglu",
             "epilogue=reduce"} <= set(m.names)
     assert set(FUSED) <= set(m.info["problems"]) and set(m.info["sources"]) == {
-        "h200x2-glm5-tp8-full", "cuda-search-h200", "moe-search-h200", "main-job-h200"}
+        "h200x2-glm5-tp8-full", "cuda-search-h200", "moe-search-h200", "main-job-h200", "moe-latency-h200-ab"}
     assert {"torch", "triton", "cupy"} <= set(m.key["libs"])
 
 

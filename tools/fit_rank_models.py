@@ -37,6 +37,7 @@ CACHES = (("h200x2-glm5-tp8-full", "docs/data/h200x2-glm5-tp8-full.db.xz"),
           # every moe_mma config the verdicts keep (m_tiles 1) timed at M = 1 and 4 for w13:swiglu and
           # w2:reduce (bench/moe_latency_h200.py --store, 2026-12-03): the ranked main job had measured
           # 6 of them per bucket and missed the best at both
+          # (the file rebuilt from the run's committed JSON, no GPU: python3 tools/sweep_db_from_json.py)
           ("moe-latency-h200-ab", "docs/data/moe-latency-h200-ab/moe-sweep-h200.db"))
 
 

@@ -1,0 +1,164 @@
+"""Rebuild the moe_mma sweep cache of bench/moe_latency_h200.py --store from the run's committed JSON (no GPU).
+
+    python3 tools/sweep_db_from_json.py            # writes docs/data/moe-latency-h200-ab/moe-sweep-h200.db
+    python3 tools/sweep_db_from_json.py --json RUN/moe_latency.json --out X.db --code-rev REV --force
+
+The 2026-12-03 H200 run committed its JSON (docs/data/moe-latency-h200-ab/moe_latency.json, every
+sweep row with its time) but not the SQLite cache its `--store` wrote, which tools/fit_rank_models.py
+reads. This writes that cache again through the bench's own `store_sweep` (the same trials: status
+ok, median_us the row's `us`, the verdict's smem, keyed by device, libraries and code), with two
+inputs the GPU run took from the live machine taken from committed files instead:
+
+* the environment: the device record of the same H200 with the same libraries in another committed
+  cache of that machine (--env-cache, default the main job's docs/data/main-job-h200.db.xz), rebuilt
+  as an `Env` and checked against its stored device key and the JSON's GPU and torch version;
+* the code keys: of the revision that measured (--code-rev, default the commit that committed the
+  JSON), computed over that revision's sources (`git archive` of autotune/ and tactics/ into a
+  temporary folder, autotune.core.codekey.code_key_at), not over the code installed here, which may
+  have changed since (a stored trial of other code is stale: neither served nor counted).
+
+The file is written in a temporary folder, made self-contained (rollback journal, no -wal/-shm) and
+copied to --out; its trial count is checked against the JSON's `stored_trials`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import lzma
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune.cache.store import Store  # noqa: E402
+from autotune.core.arch import arch_for_cc  # noqa: E402
+from autotune.core.env import KNOWN_LIBS, Env  # noqa: E402
+from autotune.core.tactic import canonical_json  # noqa: E402
+from autotune.tactics import registry  # noqa: E402
+
+RUN = "docs/data/moe-latency-h200-ab"
+JSON = f"{RUN}/moe_latency.json"
+OUT = f"{RUN}/moe-sweep-h200.db"
+ENV_CACHE = "docs/data/main-job-h200.db.xz"
+
+
+def bench():
+    """bench/moe_latency_h200.py as a module (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location("moe_latency_h200", ROOT / "bench/moe_latency_h200.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def env_of(record: dict) -> Env:
+    """An Env from a stored device record (Env.to_dict's form), checked to write the same record back."""
+    libs = dict(record["libs"])
+    order = [d for d in KNOWN_LIBS if d in libs] + sorted(d for d in libs if d not in KNOWN_LIBS)
+    env = Env(record["gpu_name"], record["cc"], int(record["sm_count"]), record["device"], record.get("driver"),
+              record.get("cuda_runtime"), record.get("cublas"), record.get("package"),
+              tuple((d, libs[d]) for d in order))
+    if canonical_json(env.to_dict()) != canonical_json(record):
+        raise SystemExit(f"device record {record.get('device_key')} does not rebuild as an Env: {record}")
+    return env
+
+
+def stored_env(cache: Path, device_key: str | None, tmp: Path) -> Env:
+    """The environment of a committed cache (.xz decompressed into `tmp`; opened read-only)."""
+    if cache.suffix == ".xz":
+        plain = tmp / cache.stem
+        with lzma.open(cache) as f, open(plain, "wb") as out:
+            shutil.copyfileobj(f, out)
+        cache = plain
+    with Store(str(cache), readonly=True) as st:
+        recs = st.device_records()
+    if device_key is None:
+        if len(recs) != 1:
+            raise SystemExit(f"{cache}: {len(recs)} devices ({', '.join(recs)}): name one with --device-key")
+        device_key = next(iter(recs))
+    if device_key not in recs:
+        raise SystemExit(f"{cache}: no device {device_key} (has {', '.join(recs)})")
+    return env_of(recs[device_key])
+
+
+def git(*args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True).stdout
+
+
+def committing_rev(path: str) -> str:
+    """The commit that last changed `path` (the committed run's code)."""
+    rev = git("log", "-1", "--format=%H", "--", path).decode().strip()
+    if not rev:
+        raise SystemExit(f"{path} is not committed: give --code-rev")
+    return rev
+
+
+def checkout(rev: str, dst: Path) -> Path:
+    """autotune/ and tactics/ (the code keys' sources) of `rev` under `dst`."""
+    data = git("archive", "--format=tar", rev, "autotune", "tactics")
+    tar_path = dst / "src.tar"
+    tar_path.write_bytes(data)
+    src = dst / "src"
+    with tarfile.open(tar_path) as tf:
+        tf.extractall(src, filter="tar")
+    return src
+
+
+def rebuild(doc: dict, out: Path, env: Env, code_root: Path | None, tmp: Path) -> int:
+    """store_sweep's cache of `doc`'s sweep at `out` (built in `tmp`, copied once checked); the trial count."""
+    mod = bench()
+    fam = registry.get("cuda")
+    arch = arch_for_cc(*(int(x) for x in env.cc.split(".")))
+    db = tmp / out.name
+    n = mod.store_sweep(db, doc["sweep"], fam, arch, env=env, code_root=code_root)
+    with Store(str(db)) as st:
+        st.make_self_contained()
+    con = sqlite3.connect(db)
+    stored = con.execute("select count(*) from trials").fetchone()[0]
+    con.close()
+    if stored != n or n != doc.get("stored_trials", n):
+        raise SystemExit(f"wrote {n} trials, the cache holds {stored}, the run stored {doc.get('stored_trials')}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(db, out)
+    return n
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=ROOT / JSON, help="the run's moe_latency.json")
+    ap.add_argument("--out", type=Path, default=ROOT / OUT, help="the cache to write (SQLite)")
+    ap.add_argument("--env-cache", type=Path, default=ROOT / ENV_CACHE,
+                    help="a committed cache of the same GPU and libraries (its device record is the run's environment)")
+    ap.add_argument("--device-key", help="which device of --env-cache (default: its only one)")
+    ap.add_argument("--code-rev", help="the revision that measured (default: the commit that committed --json); "
+                    "'installed': the code installed here")
+    ap.add_argument("--force", action="store_true", help="replace --out if it exists")
+    a = ap.parse_args(argv)
+    if a.out.exists() and not a.force:
+        raise SystemExit(f"{a.out} exists (--force replaces it)")
+    doc = json.loads(a.json.read_text())
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        env = stored_env(a.env_cache, a.device_key, tmp)
+        torch_v = dict(env.libs).get("torch")
+        if doc.get("gpu") != env.gpu_name or not (torch_v and str(doc.get("torch", "")).split("+")[0] == torch_v):
+            raise SystemExit(f"the run ({doc.get('gpu')}, torch {doc.get('torch')}) is not the environment of "
+                             f"{a.env_cache} ({env.gpu_name}, torch {torch_v})")
+        if a.code_rev is None and not a.json.resolve().is_relative_to(ROOT):
+            raise SystemExit(f"{a.json} is outside the repository: give --code-rev")
+        rev = a.code_rev or committing_rev(str(a.json.resolve().relative_to(ROOT)))
+        code_root = None if rev == "installed" else checkout(rev, tmp)
+        n = rebuild(doc, a.out, env, code_root, tmp)
+    print(f"wrote {a.out} ({a.out.stat().st_size / 1024:.0f} KiB): {n} trials on {env.gpu_name} "
+          f"({env.device_key}, libs {dict(env.libs)}), code of {rev}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
