@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job as a GPU check (issue #28), in one device call on the H200:
-#   0. (GPU_TESTS=1) the worker-memory GPU test: several buckets of a real MoE problem in one worker;
+#   0. (GPU_TESTS=1) the worker-memory GPU test (several buckets of a real MoE problem in one worker),
+#      the launchers' GPU tests and the cuda family's (dense, moe_mma incl. its shared slot, PDL, no sync);
 #   1. `autotune search --model glm5 --tp 8` on a fresh cache (fresh Triton and cubin caches too:
 #      compile time counts), default flags, cut with SIGINT at SEARCH_S seconds (the CLI then still
 #      prints what it measured and where the time went);
@@ -28,8 +29,9 @@ W=$(mktemp -d)
 } 2>&1 | tee "$OUT/env.txt"
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then   # the worker-memory test and the GPU tests of the launchers the worker drives
-  timeout "${GPU_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -m "gpu or requires_sm90" tests/test_workers_gpu.py \
-      tests/test_launcher.py tests/test_bound.py tests/test_moe_block.py 2>&1 | tail -5 | tee "$OUT/gpu-tests.txt"
+  timeout "${GPU_TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -m "gpu or requires_sm90" tests/test_workers_gpu.py \
+      tests/test_launcher.py tests/test_bound.py tests/test_moe_block.py tests/test_cuda_gpu.py tests/test_cuda_moe_gpu.py \
+      tests/test_cuda_pdl_gpu.py tests/test_nosync_gpu.py 2>&1 | tail -5 | tee "$OUT/gpu-tests.txt"
 fi
 
 run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then show and the summary
