@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #26 item 7 in one device call on the H200, then the README's main job on the same code:
 #   1. the PDL GPU tests and the cuda family's GPU tests (float64, graphs, no-sync) on this code;
-#   2. bench/pdl_h200.py: the 24-layer chain, PDL off/on x moe_mma's weight prologue late/early,
+#   2. bench/pdl_h200.py: the 24-layer chain, PDL off/on,
 #      on the committed main-job cache's winners → $OUT/pdl-h200.json;
 #   3. bench/moe_host.py --device cuda with AUTOTUNE_PDL=1 and 0 (host µs per eager FP4MoE forward);
 #   4. (MAIN=1, the default) bench/h200_main_job.sh with WHOLE/MAX64 as given (files: 8 at most come back).

@@ -1,23 +1,23 @@
-"""Programmatic dependent launch and the grouped kernel's early weight prologue, measured with and
-without (issue #26 item 7).
+"""Programmatic dependent launch, measured with and without (issue #26 item 7).
 
     python3 bench/pdl_h200.py [--cache DB] [--layers 24] [--ms 1,4,16] [--json out.json]
-    python3 bench/pdl_h200.py --plan          # the chain and the four forms, without a GPU
+    python3 bench/pdl_h200.py --plan          # the chain and the two forms, without a GPU
 
 GLM-5 TP8's MoE layer as the cuda family runs it — routed w13:swiglu -> w2:reduce (moe_mma), the
 shared expert's gate_up:swiglu -> down (w4a16_mma), one torch add — `--layers` times, each layer its
 own random NVFP4 weights (≈ 0.9 GB a layer, so a replay finds nothing in the L2), an RMS norm between
 layers (as a decoder's attention block sits there: it keeps the chain finite and breaks the PDL chain
-as a real step does), captured as ONE CUDA graph per M and form. The four forms: PDL off / on
-(AUTOTUNE_PDL, read when a launcher makes its first plan) × moe_mma's weight prologue after / before
-its rank scan (build.MoeConfig.early; the cubins differ by that macro only). Tactics: the cache's winners per (problem, M) when --cache is given, else the family's
-defaults. Per M: the median of 20 replays (uniform top-8 routing, fresh before each replay, outside
-the timing), µs per layer, and the outputs of all four forms checked equal bit for bit.
+as a real step does), captured as ONE CUDA graph per M and form. The two forms: PDL off / on
+(AUTOTUNE_PDL, read when a launcher makes its first plan). (The 2026-12-03 run also timed moe_mma's
+weight prologue before its rank scan, `EARLY`: 0-9 % slower, since taken out of the kernel; its
+numbers are in docs/data/pdl-h200.json.) Tactics: the cache's winners per (problem, M) when --cache
+is given, else the family's defaults. Per M: the median of 20 replays (uniform top-8 routing, fresh
+before each replay, outside the timing), µs per layer, and the outputs of both forms checked equal
+bit for bit.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -33,7 +33,7 @@ from autotune.core.problem import Problem  # noqa: E402
 E, TOP_K, H, I = 256, 8, 6144, 256
 PROBS = {"w13": Problem.moe(2 * I, H, E, TOP_K, epilogue="swiglu"), "w2": Problem.moe(H, I, E, TOP_K, epilogue="reduce"),
          "gate_up": Problem.dense(2 * I, H, epilogue="swiglu"), "down": Problem.dense(H, I)}
-FORMS = [(pdl, early) for pdl in (False, True) for early in (False, True)]
+FORMS = (False, True)              # PDL off, on
 
 
 def tactic_for(d, fam, arch, p, m):
@@ -44,17 +44,10 @@ def tactic_for(d, fam, arch, p, m):
     return fam.default(p, arch)
 
 
-def kernels(fam, tactics: dict, pdl: bool, early: bool) -> dict:
-    """name -> built kernel; PDL as the launchers' first plan finds AUTOTUNE_PDL; the late prologue
-    by replacing the grouped launchers' config (the same tactic otherwise)."""
+def kernels(fam, tactics: dict, pdl: bool) -> dict:
+    """name -> built kernel; PDL as the launchers' first plan finds AUTOTUNE_PDL."""
     os.environ["AUTOTUNE_PDL"] = "1" if pdl else "0"
-    ks = {}
-    for name, p in PROBS.items():
-        k = fam.build(p, tactics[name], "cuda")
-        if hasattr(k, "launcher"):
-            k.launcher.cfg = dataclasses.replace(k.launcher.cfg, early=early)
-        ks[name] = k
-    return ks
+    return {name: fam.build(p, tactics[name], "cuda") for name, p in PROBS.items()}
 
 
 def layer(ks, w, x, ids, tw):
@@ -75,7 +68,7 @@ def main() -> int:
     ms = [int(v) for v in a.ms.split(",")]
     if a.plan:
         print("per layer:", " -> ".join(p.key for p in PROBS.values()), "+ add + RMS norm")
-        print("forms (pdl, early):", FORMS, "M:", ms, "layers:", a.layers)
+        print("forms (pdl):", FORMS, "M:", ms, "layers:", a.layers)
         return 0
     import warnings
 
@@ -100,8 +93,8 @@ def main() -> int:
         ids = torch.empty(m, TOP_K, dtype=torch.int64, device="cuda")
         tw = torch.empty(m, TOP_K, dtype=torch.float32, device="cuda")
         outs, row = {}, {"m": m, "tactics": {n: t.id for n, t in tactics.items()}}
-        for pdl, early in FORMS:
-            ks = kernels(fam, tactics, pdl, early)
+        for pdl in FORMS:
+            ks = kernels(fam, tactics, pdl)
 
             def step():
                 y = x
@@ -132,24 +125,24 @@ def main() -> int:
             ids.copy_(inputs.routing(m, E, TOP_K, torch.Generator().manual_seed(m), skew=0.0)[0])
             tw.fill_(0.125)
             g.replay()
-            outs[(pdl, early)] = y.clone()
-            key = f"pdl={int(pdl)} early={int(early)}"
+            outs[pdl] = y.clone()
+            key = f"pdl={int(pdl)}"
             row[key] = {"step_us": statistics.median(samples), "per_layer_us": statistics.median(samples) / a.layers}
             print(m, key, f"{row[key]['step_us']:.1f} us, {row[key]['per_layer_us']:.2f} us/layer", flush=True)
             del g
             torch.cuda.synchronize()
-        ref = outs[(False, False)]
+        ref = outs[False]
         row["bitwise_equal"] = all(torch.equal(o, ref) for o in outs.values()) and bool(torch.isfinite(ref.float()).all())
-        row["max_abs_diff"] = {f"pdl={int(k[0])} early={int(k[1])}": float((o.float() - ref.float()).abs().max())
+        row["max_abs_diff"] = {f"pdl={int(k)}": float((o.float() - ref.float()).abs().max())
                                for k, o in outs.items()}
         print(m, "finite:", bool(torch.isfinite(ref.float()).all()), "max |diff| vs plain:", row["max_abs_diff"], flush=True)
         doc["rows"].append(row)
         if a.json:
             Path(a.json).write_text(json.dumps(doc, indent=1))
-    print(f"| M | " + " | ".join(f"PDL {int(p)} early {int(f)} µs/layer" for p, f in FORMS) + " | same bits |")
+    print(f"| M | " + " | ".join(f"PDL {int(p)} µs/layer" for p in FORMS) + " | same bits |")
     print("|---:|" + "---:|" * len(FORMS) + "---|")
     for r in doc["rows"]:
-        print(f"| {r['m']} | " + " | ".join(f"{r[f'pdl={int(p)} early={int(f)}']['per_layer_us']:.2f}" for p, f in FORMS)
+        print(f"| {r['m']} | " + " | ".join(f"{r[f'pdl={int(p)}']['per_layer_us']:.2f}" for p in FORMS)
               + f" | {r['bitwise_equal']} |")
     return 0 if all(r["bitwise_equal"] for r in doc["rows"]) else 1
 

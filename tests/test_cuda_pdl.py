@@ -47,13 +47,13 @@ def test_sm90_ptx_waits_first_and_releases_sm80_has_neither(c):
     assert "ld.global" not in before and "st.global" not in before and "cp.async" not in before
 
 
-def test_the_grouped_weight_prologue_runs_before_the_rank_scan_unless_early_is_off():
-    import dataclasses
-    for early in (True, False):
-        body = _ptx(dataclasses.replace(GROUPED, early=early), "sm_90")
-        body = body[body.index(".entry"):]
-        first_copy, scan = body.index("cp.async.cg.shared.global"), body.index("bar.red.popc")
-        assert (first_copy < scan) is early, early
+def test_the_grouped_weight_prologue_runs_after_the_rank_scan():
+    """A CTA that does not lead fetches no weight: the first cp.async follows the rank scan's
+    barrier (issued before it, the early prologue measured 0-9 % slower and was taken out)."""
+    body = _ptx(GROUPED, "sm_90")
+    body = body[body.index(".entry"):]
+    assert body.index("bar.red.popc") < body.index("cp.async.cg.shared.global")
+    assert "EARLY" not in B.defines(GROUPED) and "EARLY" not in B.text(GROUPED)
 
 
 def test_signatures_parse_and_refuse_other_types():

@@ -65,7 +65,6 @@ class MoeConfig:
     fmt: str = "nvfp4"
     swiglu: bool = False
     reduce: bool = False  # w2: routing-weighted top_k sum per token in the same launch
-    early: bool = False  # the weight prologue before the rank scan (moe_mma.cu; measured slower: A/B benches only)
 
     @property
     def threads(self) -> int:
@@ -110,8 +109,6 @@ def defines(c) -> dict[str, str]:
             d.update(SPLITK=str(c.split_k), SWIGLU=str(int(c.swiglu)))
         if c.fmt != "nvfp4":                          # absent: NVFP4's 32 scale words per k-pair
             d.update(SW=str(sw))
-    if isinstance(c, MoeConfig) and c.early:          # absent: the source's default (0)
-        d["EARLY"] = "1"
     d.update(_layout_defines())
     return d
 

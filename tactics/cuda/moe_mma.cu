@@ -26,9 +26,6 @@
 // mma_common.cuh; the same text compiles under NVRTC and nvcc, for sm_80 and newer.
 #define NTHREADS (WK * 32)
 #define CAP (8 * MT)
-#ifndef EARLY
-#define EARLY 0               // 1: the weight prologue before the rank scan (measured slower on the H200)
-#endif
 #define PIPE_BYTES (STAGES * NTHREADS * 36 * TN)
 #define RED_BYTES (WK * TN * MT * 4 * 32 * 4)
 #define SMEM_BYTES (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES)
@@ -210,18 +207,14 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
 
   unsigned char* const wslot0 = smem + tid * 16;                 // this thread's column of the ring
   unsigned char* const sslot0 = smem + RING_WBYTES + tid * 4;
-  // the weight prologue before the rank scan (EARLY): the CTA's expert is known from its own id, so
-  // its first STAGES-1 k-pairs are in flight while the scan and the gather read ids (two L2 round
-  // trips); a CTA that turns out not to lead drops them
-  int issued = EARLY ? prologue(wslot0, sslot0, wp, sp, kpairs) : 0, wslot;
   // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform
   int rank = 0;
   for (int j0 = 0; j0 < q; j0 += NTHREADS) {
     const int j = j0 + tid;
     rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == eid);
   }
-  if (rank % CAP) {                                // not a leader: its early reads are dropped
-    wait_pending<0>();
+  if (rank % CAP) {                                // not a leader (nothing pending: the wait is free, and
+    wait_pending<0>();                             // kept, so sm_90 builds the same SASS as with the early prologue's code)
     return;
   }
   if (warp == 0) {                                 // gather the next CAP pairs of this expert, in order
@@ -248,11 +241,10 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
     const int xr = x_pair ? p : p / top_k;
     xrow[j] = x + (size_t)xr * K + kp0 * 128 + 16 * t;
   }
-#if !EARLY
-  issued = prologue(wslot0, sslot0, wp, sp, kpairs);
-#endif
-  int rslot = 0;
-  wslot = STAGES - 1;
+  // the weight prologue after the scan: issued before it, the ring's first k-pairs were fetched by
+  // CTAs that do not lead too (0-9 % slower on the H200, docs/moe-decode.md part 7)
+  int issued = prologue(wslot0, sslot0, wp, sp, kpairs);
+  int rslot = 0, wslot = STAGES - 1;
 #if XPRE
   // two steps per trip, the x registers swapping roles: no copies between the sets
   uint4 xa[MT][4], xb[MT][4];                        // [tile][kgroup*2 + half]
