@@ -23,6 +23,8 @@ from autotune.engine import rankmodel
 from autotune.tactics import registry
 
 ALL_BUCKETS = 0
+#: per (problem, bucket), the fastest tactic of at most this many sources goes into a model's info
+BESTS = 2
 
 
 @dataclass
@@ -125,6 +127,24 @@ def rows(g: Group, arch: Arch, sms: int) -> tuple[list[str], list[dict], list[fl
     return ids, feats, labels
 
 
+def bests(gs: Sequence[Group], order: Sequence[str]) -> dict[str, list[str]]:
+    """Per (problem, bucket), `rankmodel.best_key`: the fastest tactic of each source that timed it
+    (among its final-round times where it has them), the sources taken in reverse `order` (the
+    newest, listed last, first), at most BESTS ids. Only the given groups: a held-out fold's
+    (problem, bucket) has none."""
+    rank = {name: i for i, name in enumerate(order)}
+    per: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for g in gs:
+        pool = {i: us for i, us in g.timed.items() if i in g.ok} or g.timed
+        fastest = min(pool, key=lambda i: (pool[i], i))
+        per[rankmodel.best_key(g.problem.key, g.bucket)].append((-rank.get(g.source, -1), fastest))
+    out = {}
+    for k, pairs in sorted(per.items()):
+        ids = list(dict.fromkeys(i for _, i in sorted(pairs)))
+        out[k] = ids[:BESTS]
+    return out
+
+
 def train(store, device_key: str, groups_: list[Group] | None = None, rounds: int = rankmodel.ROUNDS,
           memo: dict | None = None) -> rankmodel.Model:
     """Fit a model on one device's groups of `store` (or the given subset, for held-out evaluation;
@@ -172,7 +192,8 @@ def train_many(sources: Sequence[Source], groups_: list[Group] | None = None, ro
            "sms": one(sorted({sms for _, _, sms, _ in dev.values()})),
            "device_key": one(sorted({s.device_key for s, *_ in dev.values()})),
            "libs": {k: ",".join(sorted(v)) for k, v in sorted(libs.items())}}
-    info = {"rows": len(X), "groups": len(gs), "problems": sorted({g.problem.key for g in gs})}
+    info = {"rows": len(X), "groups": len(gs), "problems": sorted({g.problem.key for g in gs}),
+            "bests": bests(gs, list(dev))}
     if len(sources) > 1:
         info["sources"] = {name: sum(g.source == name for g in gs) for name in dev}
     return rankmodel.fit(X, y, key, info, rounds)

@@ -208,6 +208,17 @@ class Model:
     def covers(self, arch: Arch) -> bool:
         return self.key.get("arch") == arch.name
 
+    def bests(self, problem_key: str, bucket: int) -> tuple[str, ...]:
+        """The tactic ids its training data timed fastest at (problem, bucket), newest source first
+        (`info["bests"]`, rankdata.bests): measured first by a ranked search, since the trees smooth
+        over what one run saw, e.g. a sweep of a kernel's new text. () where it holds none or the
+        file's entry is not a list of ids."""
+        table = self.info.get("bests") if isinstance(self.info, dict) else None
+        got = table.get(best_key(problem_key, bucket)) if isinstance(table, dict) else None
+        if not isinstance(got, list) or not all(isinstance(i, str) for i in got):
+            return ()
+        return tuple(got)
+
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "version": VERSION, "key": self.key, "info": self.info,
                            "features": self.names, "lightgbm": self.booster}, sort_keys=True, indent=1)
@@ -223,6 +234,11 @@ class Model:
         if d.get("version") != VERSION:
             raise ValueError(f"rank model version {d.get('version')!r}; this build reads {VERSION}")
         return cls(list(d["features"]), str(d["lightgbm"]), dict(d["key"]), dict(d.get("info", {})))
+
+
+def best_key(problem_key: str, bucket: int) -> str:
+    """`info["bests"]`'s key of a (problem, bucket)."""
+    return f"{problem_key}@{int(bucket)}"
 
 
 def fit(rows: Sequence[Mapping[str, float]], labels: Sequence[float], key: dict, info: dict | None = None,

@@ -124,7 +124,8 @@ def load_model(given, store, arch: Arch, libs: Mapping[str, str | None] | None =
 
 def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: Arch, sms: int, store,
           device_key: str, cfg: ranked.Ranked, lib_keys: dict | None = None) -> dict[tuple[str, int], ranked.RankPlan]:
-    """Per (problem, bucket): the kept tactics in predicted order, the default as an extra, and the
+    """Per (problem, bucket): the kept tactics in predicted order; as extras the default, the
+    fastest tactics the model's own data timed there (Model.bests) and novel members; and the
     times the cache already holds for them (a resumed search counts those as measured; with
     `lib_keys`, only those measured under these libraries and the code installed here). One
     prediction over every (problem, bucket, tactic) row: the tree walk costs per call, not per row."""
@@ -137,14 +138,15 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
     for k, fs in feats.items():
         preds[k], i = flat[i:i + len(fs)], i + len(fs)
     for w in work:
-        ids = {r.tactic.id for r in w.kept}
+        by_id = {r.tactic.id: r.tactic for r in w.kept}
         for b in buckets:
             f, p = feats[(w.problem.key, b)], preds[(w.problem.key, b)]
             known = {t.tactic_id: t.median_us for t in store.get_trials(w.problem.key, b, device_key)
-                     if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in ids
+                     if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in by_id
                      and (lib_keys is None or registry.fresh(lib_keys, t))}
+            best = [by_id[i] for i in model.bests(w.problem.key, b) if i in by_id]
             out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in w.kept], p,
-                                                      [w.default, *_novel(w.kept, f, p, names, cfg.min_first)],
+                                                      [w.default, *best, *_novel(w.kept, f, p, names, cfg.min_first)],
                                                       known, cfg)
     return out
 
@@ -159,7 +161,7 @@ def _novel(kept, feats, preds, names: set, n: int) -> list[Tactic]:
 
 def first_ids(plan: ranked.RankPlan) -> list[str]:
     """The tactic ids a job measures first whatever its neighbours did: the model's top and the
-    static extras (the default, novel members). A (problem, bucket) whose winner is stored and
+    static extras (the default, the model's bests, novel members). A (problem, bucket) whose winner is stored and
     whose first batch is in the cache is finished: a resumed search measures nothing there, even
     though its neighbours' winners (the warm starts) may have changed since it ran."""
     return [t.id for t in (*plan.order[:ranked.Ranker(plan).first], *plan.extras)]

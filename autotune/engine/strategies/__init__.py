@@ -41,7 +41,7 @@ def unregister(name: str) -> None:
 
 
 register("ranked", "autotune.engine.strategies.ranked:RankedStrategy",
-         "only the rank model's top candidates, neighbouring buckets' winners and the default, with an adaptive "
+         "only the rank model's top candidates, its bests, neighbouring buckets' winners and the default, with an adaptive "
          "stop (no model for the arch: halving)")
 register("halving", "autotune.engine.strategies.halving:HalvingStrategy", "every kept tactic, successive halving")
 register("exhaustive", "autotune.engine.strategies.exhaustive:ExhaustiveStrategy", "every kept tactic fully timed")

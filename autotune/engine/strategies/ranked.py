@@ -1,5 +1,6 @@
 """`--strategy ranked` (the default): per (problem, bucket) only what the ranking model puts first,
-the neighbouring buckets' winners and the default, with the adaptive stop (autotune.engine.ranked's
+its bests (the fastest its training data timed there), the neighbouring buckets' winners and the
+default, with the adaptive stop (autotune.engine.ranked's
 batches, autotune.engine.strategy's model loading and plans). Without a model covering the arch it
 measures as halving does, and the notes say so."""
 from __future__ import annotations
