@@ -62,6 +62,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "eager_h200.py": ("parts", "import and --help: every row times CUDA calls or graphs"),
     "cuda_moe_h200.py": ("run", "--plan"),
     "pdl_h200.py": ("run", "--plan"),
+    "rank_bests.py": ("run", "--json {out}/rb.json"),
     "moe_latency_h200.py": ("run", "--plan"),
     "verdict_audit.py": ("parts", "import and --help; the audit it drives is tested in tests/test_code_keys.py"),
     "checkpoint_gpu.py": ("parts", "import and --help: it builds the checkpoint layers on a CUDA device"),

@@ -69,7 +69,7 @@ def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
 
 def test_a_ranked_search_measures_first_what_the_moe_mma_sweep_found_fastest():
     """The 2026-12-03 sweep of moe_mma's new text (docs/data/moe-latency-h200-ab) found configs the
-    trees, fitted mostly on the older text, rank 20th and 43rd: the model's bests put them in the
+    trees, fitted mostly on the older text, rank 21st and 44th (bench/rank_bests.py): the model's bests put them in the
     first batch, so the next main job on the H200 measures them."""
     sweep = json.loads((ROOT / "docs/data/moe-latency-h200-ab/moe_latency.json").read_text())["sweep"]
     m = rankmodel.load(strategy.shipped(SM90))

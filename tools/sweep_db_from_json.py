@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import lzma
 import shutil
 import sqlite3
 import subprocess
@@ -42,6 +41,7 @@ from autotune.core.arch import arch_for_cc  # noqa: E402
 from autotune.core.env import KNOWN_LIBS, Env  # noqa: E402
 from autotune.core.tactic import canonical_json  # noqa: E402
 from autotune.tactics import registry  # noqa: E402
+from tools.fit_rank_models import copy  # noqa: E402  (a committed cache decompressed, never opened in place)
 
 RUN = "docs/data/moe-latency-h200-ab"
 JSON = f"{RUN}/moe_latency.json"
@@ -72,10 +72,7 @@ def env_of(record: dict) -> Env:
 def stored_env(cache: Path, device_key: str | None, tmp: Path) -> Env:
     """The environment of a committed cache (.xz decompressed into `tmp`; opened read-only)."""
     if cache.suffix == ".xz":
-        plain = tmp / cache.stem
-        with lzma.open(cache) as f, open(plain, "wb") as out:
-            shutil.copyfileobj(f, out)
-        cache = plain
+        cache = copy(cache, tmp / cache.stem)
     with Store(str(cache), readonly=True) as st:
         recs = st.device_records()
     if device_key is None:

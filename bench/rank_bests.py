@@ -1,0 +1,87 @@
+"""What a rank model's bests add to a ranked search, without a GPU (docs/search.md, docs/moe-decode.md part 8).
+
+    python3 bench/rank_bests.py [--model glm5] [--tp 8] [--arch sm90] [--rank-model PATH] [--json out.json]
+
+For the model's problems as the main job tunes them (fused MoE and FP4MLP forms included) on the
+arch's kept tactics of the cuda, triton and torch families, at the decode and prefill buckets up to
+8192: per job the first batch the trees alone give (their top, the default, novel members) and how
+many of the model's bests are not in it (what the bests add). Then, for the moe_mma sweep committed
+in docs/data/moe-latency-h200-ab, where the trees alone rank each (problem, M)'s fastest config,
+and whether the first batch with bests holds it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SWEEP = ROOT / "docs/data/moe-latency-h200-ab/moe_latency.json"
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="glm5")
+    ap.add_argument("--tp", type=int, default=8)
+    ap.add_argument("--arch", default="sm90")
+    ap.add_argument("--sms", type=int, default=132, help="SM count the plans are made for (the H200's 132)")
+    ap.add_argument("--rank-model", help="a model file (default: the one shipped for the arch)")
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    from autotune.cache import Store
+    from autotune.core.arch import ARCHS
+    from autotune.engine import rankmodel, ranked, strategy
+    from autotune.engine.search import _Work, plan
+    from autotune.models import problems_for
+    from autotune.tactics import registry
+    arch = ARCHS[a.arch]
+    path = Path(a.rank_model) if a.rank_model else strategy.shipped(arch)
+    if path is None:
+        raise SystemExit(f"no rank model shipped for {arch.name}: give --rank-model")
+    m = rankmodel.load(path)
+    uses = problems_for(a.model, tp=a.tp, fused_moe=True, fused_mlp=True)
+    probs = list({u.problem.key: u.problem for u in uses}.values())
+    fams = [registry.get(n) for n in ("cuda", "triton", "torch")]
+    work = []
+    for p, rows in plan(probs, fams, arch).items():
+        kept = [r for r in rows if r.verdict.ok is True]
+        if kept:
+            work.append(_Work(p, kept, registry.designated_default(p, arch, "cuda")))   # as the search does
+    plans = strategy.plans(m, work, BUCKETS, arch, a.sms, Store(), "dev", ranked.Ranked())
+    first_n = added = 0
+    for (pk, b), pl in plans.items():
+        trees = {t.id for t in pl.order[:ranked.Ranker(pl).first]}
+        trees |= {t.id for t in pl.extras if t.id not in m.bests(pk, b)}
+        first_n += len(trees)
+        added += len(set(strategy.first_ids(pl)) - trees)
+    found: list[dict] = []
+    doc = {"rank_model": path.name, "jobs": len(plans), "first_batch_without_bests": first_n,
+           "added_by_bests": added, "sweep": found}
+    print(f"{a.model} TP{a.tp} on {arch.name}, {path.name}: {len(plans)} jobs, first batches without bests "
+          f"{first_n} measurements, bests add {added}")
+    sweep = json.loads(SWEEP.read_text())["sweep"]
+    for w in work:
+        for b in (1, 4):
+            timed = [r for r in sweep if r["problem"] == w.problem.key and r["m"] == b and "us" in r]
+            if not timed:
+                continue
+            fast = min(timed, key=lambda r: r["us"])
+            pl = plans[(w.problem.key, b)]
+            tid = next(t.id for t in pl.order if t.family == "cuda"
+                       and all(t.params.get(k) == v for k, v in fast["tactic"].items()))
+            row = {"problem": w.problem.key, "m": b, "us": fast["us"], "tree_rank": pl.order.index(
+                next(t for t in pl.order if t.id == tid)) + 1, "kept": len(pl.order),
+                   "first_batch": ranked.Ranker(pl).first, "measured_first": tid in strategy.first_ids(pl)}
+            found.append(row)
+            print(f"{w.problem.key} M={b}: the sweep's fastest ({fast['us']:.2f} us) ranks {row['tree_rank']} of "
+                  f"{row['kept']} by the trees (first batch {row['first_batch']}); measured first: {row['measured_first']}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
