@@ -2,7 +2,8 @@
 the space and verdicts (shared memory = ptxas for sm_90 and sm_120 through nvcc 13), the host-side
 argument checks of build/bind/launch, and the kernel's grid ported to the CPU (autotune.tactics.cuda.moe.
 emulate through tests/families/cuda_moe_cpu.py) against the float64 reference: -1 ids, bad ids,
-groups larger than a CTA's capacity, split-K, SwiGLU, routing weights, token chunks."""
+groups larger than a CTA's capacity, split-K, SwiGLU, routing weights, token chunks, and the
+aligned route (large M: moe_align's blocks, the direct route's groups)."""
 import dataclasses
 import re
 
@@ -367,3 +368,88 @@ def test_bench_candidates_are_all_kept():
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count(" kept") >= 20 and "REJECTED" not in r.stdout
+
+
+# ---- the aligned route (large M) ---------------------------------------------------------------------
+def test_routes_by_pair_count_and_workspace():
+    none, red = W2, W2.variant("reduce")
+    c1, c2 = MOE.config(none, _t()), MOE.config(red, _t(split_k=2))
+    assert MOE.route(none, c1, MOE.ALIGN_PAIRS // 8) == ("direct", MOE.MAX_PAIRS // 8)
+    assert MOE.route(none, c1, MOE.ALIGN_PAIRS // 8 + 1) == ("aligned", MOE.ALIGN_PAIRS // 8 + 1)  # no workspace: one launch
+    assert MOE.route(none, c1, 8192, shared_slot=True) == ("direct", MOE.MAX_PAIRS // 8)     # its ids are not in topk_ids
+    per_token = 8 * 6144 * 4 * (2 + 1)                      # split-K partials and reduce rows per token
+    assert MOE.route(red, c2, 8192) == ("aligned", MOE.WS_BYTES // per_token)
+    assert MOE.WS_BYTES // per_token * per_token <= MOE.WS_BYTES
+    run = MOE.MoeLaunch(red, _t(split_k=2), "cpu")
+    assert run.aligned_block_m(1) is None and run.aligned_block_m(64) == MOE.ALIGN_BLOCK_M
+    assert run.aligned_block_m(8192) is None                 # token chunks align each on their own
+    assert run.chunk_tokens(8192) == MOE.WS_BYTES // per_token
+
+
+def test_aligned_grid():
+    for mt, wk in ((1, 1), (2, 4)):
+        c = MOE.config(W13, _t(m_tiles=mt, warps_k=wk))
+        assert MOE.grid_x(c, 300) == (300, 300)
+        g_main = 300 // 16 + 8
+        gx, groups = MOE.grid_x(c, 300, g_main, 16)
+        assert groups == g_main * 16 // (8 * mt) and gx == groups + -(-300 // (8 * 32 * wk))
+        assert MOE.grid_x(c, 300, g_main, 64)[1] == g_main * 64 // (8 * mt)
+    with pytest.raises(ValueError, match="BLOCK_M=8"):
+        MOE.grid_x(MOE.config(W13, _t(m_tiles=2)), 300, 10, 8)
+
+
+def test_span_of_routed_nowhere_rows_fits_the_ring():
+    """The CTAs after the groups list up to SPAN = 8 * threads pair ids in the ring's shared array:
+    it holds them in every kept config (the ring is >= 2 stages x 36 B per thread)."""
+    src = B.MOE_SOURCE.read_text()
+    assert "#define SPAN (8 * NTHREADS)" in src and "#define SMEM_BYTES (PIPE_BYTES > RED_BYTES" in src
+    for prob in (W13.variant("swiglu"), W2.variant("reduce"), W2):
+        for t in MOE.enumerate_space(prob):
+            if MOE.verdict(prob, t, SM90).ok:
+                c = MOE.config(prob, t)
+                ring = B.smem_bytes(c) - 4 * 8 * c.m_tiles  # the static array besides the group's pair list
+                assert 4 * 8 * c.threads <= ring, t
+
+
+@pytest.mark.parametrize("cap", [8, 16])
+def test_aligned_groups_are_the_direct_groups(cap):
+    """moe_align's blocks cut in groups of CAP rows give the direct route's lead groups (an expert's
+    pairs in pair order, ranks [i*CAP, (i+1)*CAP)), so a row's bits do not depend on the route."""
+    g = torch.Generator().manual_seed(cap)
+    for experts, pairs in ((5, 300), (40, 512), (3, 257)):
+        ids = torch.randint(0, experts, (pairs,), generator=g)
+        ids[torch.randint(0, pairs, (pairs // 5,), generator=g)] = -1
+        ids[7] = experts                                     # bad ids are in no group either
+        ids[11] = -4
+        flat = ids.tolist()
+        direct = MOE._groups(flat, experts, cap, False)
+        aligned = MOE._groups(flat, experts, cap, True)
+        assert sorted((e, tuple(gr)) for _, e, gr in aligned) == sorted((e, tuple(gr)) for _, e, gr in direct)
+        assert sorted(p for _, _, gr in aligned for p in gr) == [p for p, v in enumerate(flat) if 0 <= v < experts]
+
+
+@pytest.mark.parametrize("epi, kw", [("none", dict()), ("swiglu", dict(tiles_n=2, split_k=2)),
+                                     ("reduce", dict(split_k=2, m_tiles=2))])
+def test_aligned_route_matches_float64(epi, kw):
+    """M = 80 of top-4 (320 pairs > ALIGN_PAIRS) through the CPU port: the aligned route, -1 slots zero
+    rows (reduce: nothing added), a bad id a NaN row and the word set."""
+    prob = Problem.moe(64, 256, 12, 4, epilogue=epi)
+    m = 80
+    s = inputs.make_inputs(prob, m, "cpu", 21)[0]
+    ids = s.topk_ids.clone()
+    ids[::3, 1] = -1
+    x = torch.randn(m, 4, 256).to(torch.bfloat16) if epi == "reduce" else s.x
+    ref = inputs.moe_reference(prob, x.double(), s.w, ids, s.topk_weights)
+    trace: list = []
+    out = MOE.emulate(prob, _t(**kw), x, L.pack_experts(s.w), ids, s.topk_weights, trace=trace)
+    assert MOE.route(prob, MOE.config(prob, _t(**kw)), m)[0] == "aligned"
+    assert not torch.isnan(out).any() and float((out.double() - ref).norm() / ref.norm()) < 1e-2
+    assert max(q for q, _, _ in trace) < 2 * (320 // 16 + 12)   # group CTAs of the blocks, not pair slots
+    if epi != "reduce":
+        assert torch.equal(out[0, 1], torch.zeros_like(out[0, 1]))
+    bad = ids.clone()
+    bad[2, 3] = 12
+    word = torch.zeros(1, dtype=torch.int32)
+    out = MOE.emulate(prob, _t(**kw), x, L.pack_experts(s.w), bad, s.topk_weights, bad=word)
+    row = out[2] if epi == "reduce" else out[2, 3]
+    assert int(word) == 1 and torch.isnan(row).all()

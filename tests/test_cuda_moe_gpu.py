@@ -2,7 +2,8 @@
 GLM-5 TP8 shapes (E = 256, top-8; w13 512x6144, w2 6144x256), NVFP4 and MXFP4: float64 checks
 with -1 ids and NaN-poisoned outputs, bad ids (NaN rows, the bad-id word, the raise), SwiGLU,
 per-pair x, int64 ids, token chunks, graph replay = eager bit for bit, split-K deterministic,
-a token's rows the same bits at M = 1 and M = 64, and the loaded variants' resources."""
+a token's rows the same bits at M = 1 and M = 64, the aligned route (large M) the direct route's
+bits, and the loaded variants' resources."""
 import importlib.util
 
 import pytest
@@ -144,7 +145,7 @@ def test_per_pair_x_int64_ids_and_token_chunks():
     prob = Problem.moe(n, k, E, TOP_K)
     w, packed = _weight("w2", "nvfp4")
     kern = _fam().build(prob, _fam().default(prob, _arch()), "cuda")
-    ids, tw = _ids(100, 3)                                   # 800 pairs: two launches
+    ids, tw = _ids(100, 3)                                   # 800 pairs: the aligned route
     x3 = torch.randn(100, TOP_K, k, device="cuda").to(torch.bfloat16)
     ref = inputs.moe_reference(prob, x3.double(), w, ids, tw)
     out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -270,3 +271,55 @@ def test_a_shared_slot_gives_the_bits_of_the_concatenated_one(epi):
         out = kern(x, packed, bad, tw, shared_slot=True)
         row = out[0] if epi == "reduce" else out[0, 1]
         assert torch.isnan(row).all() and not torch.isnan(out[1:]).any()
+
+
+@pytest.mark.parametrize("epi", ["none", "swiglu", "reduce"])
+def test_the_aligned_route_gives_the_direct_routes_bits(epi, monkeypatch):
+    """Above ALIGN_PAIRS pairs moe_align's blocks replace the rank scan: the same groups, so the same
+    bits as the direct route (forced here by raising ALIGN_PAIRS), also with an alignment a caller
+    shares at a larger BLOCK_M (aligned=) and under graph replay; -1 ids (half the slots, as expert
+    parallelism routes) zero rows, bad ids NaN rows and the word set, both written by the CTAs
+    after the groups."""
+    from autotune.tactics.cuda import moe as MOE
+    from autotune.tactics.triton_fp4.moe_align import Aligner
+    name = "w2" if epi == "reduce" else "w13"
+    n, k = SHAPES[name]
+    prob = Problem.moe(n, k, E, TOP_K, epilogue=epi)
+    fam = _fam()
+    w = inputs.seeded_weight(prob, "cuda", 51)
+    packed = fam.pack("cuda-mma-a-frag-v1", w)
+    m = 48                                                   # 384 pairs
+    ids, tw = _ids(m, 500)
+    ids[::2, ::2] = -1
+    x = (torch.randn(m, TOP_K, k, device="cuda") if epi == "reduce" else torch.randn(m, k, device="cuda")
+         ).to(torch.bfloat16)
+    ref = inputs.moe_reference(prob, x.double(), w, ids, tw)
+    for t in _tactics(prob, 3):
+        kern = fam.build(prob, t, "cuda")
+        assert MOE.route(prob, kern.launcher.cfg, m)[0] == "aligned" and kern.aligned_block_m(m) == 16
+        a = kern(x, packed, ids, tw)
+        assert _err(a, ref) < 1e-2, t
+        al = Aligner(E, 64)(ids)                              # a layer's shared alignment at BLOCK_M 64
+        assert torch.equal(kern(x, packed, ids, tw, aligned=al), a), t
+        g = torch.cuda.CUDAGraph()
+        y = torch.empty_like(a)
+        with torch.cuda.graph(g):
+            kern(x, packed, ids, tw, out=y)
+        y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, a), t
+        with monkeypatch.context() as mp:
+            mp.setattr(MOE, "ALIGN_PAIRS", 1 << 20)
+            assert MOE.route(prob, kern.launcher.cfg, m)[0] == "direct"
+            assert torch.equal(kern(x, packed, ids, tw), a), t
+        bad = ids.clone()
+        bad[1, 1], bad[5, 0] = E, -3
+        kern.launcher.bad.zero_()
+        out = kern(x, packed, bad, tw)
+        assert int(kern.launcher.bad.item()) == 1
+        kern.launcher.bad.zero_()
+        rows = [out[1], out[5]] if epi == "reduce" else [out[1, 1], out[5, 0]]
+        assert all(torch.isnan(r).all() for r in rows), t
+        keep = [i for i in range(m) if i not in (1, 5)]
+        assert torch.equal(out[keep], a[keep]), t

@@ -7,8 +7,13 @@ word set (nothing reads it on the host unless `check_ids`: then after an eager c
 graph capture; the runtime reads it with FP4MoE.routing_errors()), the routing
 weight multiplied in when given; the `swiglu` problem variant writes silu(gate)·up of vLLM's
 [gate; up] rows, the `reduce` variant (w2, x one row per pair) each token's routing-weighted sum
-over its top_k slots, [M, N], in slot order. Not here yet: an aligned route; above MAX_PAIRS pairs
-a call is cut into token chunks (each CTA scans the ids before it: O(P) per CTA).
+over its top_k slots, [M, N], in slot order.
+
+Routes (`route`): up to ALIGN_PAIRS pairs the ids are read as they are (each CTA scans the ids
+before its own: O(P) per CTA); above, moe_align's routing alignment (one Triton launch, or one a
+caller shares as `aligned=`, BLOCK_M a multiple of 8·m_tiles) gives the same groups with no scan,
+cut in token chunks only where the split-K workspace and reduce rows would pass WS_BYTES. A shared
+slot (its ids are not in topk_ids) always takes the direct route, MAX_PAIRS pairs per launch.
 
 Tactic parameters: `warps_k` (warps splitting K in a CTA), `stages` (cp.async ring depth),
 `tiles_n` (16-row weight tiles per CTA; SwiGLU: half gate, half up), `m_tiles` (a group holds up to
@@ -45,8 +50,16 @@ SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "warps_k": WARPS_K, "stages": S
                             "m_tiles": M_TILES, "split_k": SPLIT_K}
 EPILOGUES = ("none", "swiglu", "reduce")
 FORMATS = ("nvfp4", "mxfp4")
-#: pairs per launch: each CTA scans the ids before its own, so larger calls are cut into token chunks
+#: direct route, pairs per launch: each CTA scans the ids before its own, so larger calls are cut
+#: into token chunks (a shared slot's calls only: others take the aligned route above ALIGN_PAIRS)
 MAX_PAIRS = 512
+#: the aligned route above this many pairs (moe_decode's DIRECT_MAX_PAIRS, so one alignment can serve
+#: a layer's Triton and cuda launchers)
+ALIGN_PAIRS = 256
+#: BLOCK_M of the alignment the aligned route makes (moe_align's smallest; groups of 8 or 16 rows)
+ALIGN_BLOCK_M = 16
+#: aligned route: a launch's split-K workspace plus reduce rows stay under this (token chunks above)
+WS_BYTES = 256 << 20
 STATIC_SMEM_LIMIT = 48 * 1024
 
 
@@ -133,6 +146,26 @@ def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, flo
 
 
 # --------------------------------------------------------------------------- launch
+def route(problem: Problem, cfg: B.MoeConfig, m: int, shared_slot: bool = False) -> tuple[str, int]:
+    """How a call with M tokens runs: ('direct' | 'aligned', tokens per launch)."""
+    if shared_slot or m * problem.top_k <= ALIGN_PAIRS:
+        return "direct", max(1, MAX_PAIRS // problem.top_k)
+    per_token = problem.top_k * problem.n * 4 * ((cfg.split_k if cfg.split_k > 1 else 0) + int(cfg.reduce))
+    return "aligned", (max(1, WS_BYTES // per_token) if per_token else max(m, 1))
+
+
+def grid_x(cfg: B.MoeConfig, pairs: int, g_main: int = 0, block_m: int = 0) -> tuple[int, int]:
+    """(grid.x, CTAs that may lead a group) of one launch: direct P and P; aligned g_main · BLOCK_M /
+    CAP groups, then ⌈P / SPAN⌉ CTAs for the rows of pairs routed nowhere (moe_mma.cu)."""
+    if not g_main:
+        return pairs, pairs
+    cap = 8 * cfg.m_tiles
+    if block_m % cap:
+        raise ValueError(f"an alignment for BLOCK_M={block_m} cannot feed groups of {cap} rows")
+    groups = g_main * (block_m // cap)
+    return groups + -(-pairs // (8 * cfg.threads)), groups
+
+
 def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool = True, shared_slot: bool = False):
     """One-line ValueErrors for anything the kernel would misread; returns (M, out). cuda=False
     (the CPU port) skips the device-type check only. shared_slot: topk_ids / topk_weights hold
@@ -184,17 +217,17 @@ class MoeScratch(PoolUser):
         self.check_ids = settings.check_ids() if check_ids is None else check_ids
         self._init_pool()
 
-    def _scratch(self, pairs: int, dev: torch.device, s: int | None = None):
-        """ws [split_k, P, N] fp32 (split-K only), counters [P, N tiles] zeroed once (the kernel
-        leaves them zero), bad [1]: from the pool (grown at least by doubling, outgrown buffers
-        kept for graphs: tactics/scratch.py)."""
+    def _scratch(self, pairs: int, dev: torch.device, s: int | None = None, groups: int = 0):
+        """ws [split_k, P, N] fp32 (split-K only), counters [max(P, groups), N tiles] zeroed once
+        (the kernel leaves them zero), bad [1]: from the pool (grown at least by doubling, outgrown
+        buffers kept for graphs: tactics/scratch.py)."""
         sk, tiles = self.cfg.split_k, self.problem.n // (L.ROWS * self.cfg.tiles_n)
         s, pool = stream_key(dev) if s is None else s, self.scratch
         if sk == 1:             # the kernel touches neither: placeholders that never grow a real buffer
             return (pool.get(s, "unused.f32", 4, torch.float32, dev), pool.get(s, "unused.i32", 4, torch.int32, dev),
                     self._word(dev))
         ws = pool.get(s, "splitk.ws", sk * pairs * self.problem.n, torch.float32, dev)
-        locks = pool.get(s, "splitk.locks", pairs * tiles, torch.int32, dev, zero=True)
+        locks = pool.get(s, "splitk.locks", max(pairs, groups) * tiles, torch.int32, dev, zero=True)
         return ws, locks, self._word(dev)
 
     def _reduce_scratch(self, pairs: int, dev: torch.device, s: int | None = None):
@@ -207,16 +240,18 @@ class MoeScratch(PoolUser):
         return (pool.get(s, "reduce.rows", rows, torch.float32, dev),
                 pool.get(s, "reduce.cnt", cnts, torch.int32, dev, zero=True))
 
-    def _scratch_pointers(self, pairs: int, dev: torch.device, s: int) -> tuple[int, int, int, int]:
+    def _scratch_pointers(self, pairs: int, dev: torch.device, s: int, groups: int = 0) -> tuple[int, int, int, int]:
         """(ws, counters, reduce rows, reduce counters) pointers of a launch of `pairs` pairs."""
-        ws, locks, _ = self._scratch(pairs, dev, s)
+        ws, locks, _ = self._scratch(pairs, dev, s, groups)
         red, cnt = self._reduce_scratch(pairs, dev, s)
         return ws.data_ptr(), locks.data_ptr(), red.data_ptr(), cnt.data_ptr()
 
     def release(self) -> None:
-        """Free its own scratch (workspace, counters, outgrown buffers; a dispatcher's pool is the
-        dispatcher's); the bad-id word is kept. A graph captured before must not be replayed after this."""
+        """Free its own scratch (workspace, counters, outgrown buffers, its routing aligner; a
+        dispatcher's pool is the dispatcher's); the bad-id word is kept. A graph captured before must
+        not be replayed after this."""
         self._own.clear()
+        self._aligner = None
 
 
 class MoeLaunch(MoeScratch):
@@ -239,6 +274,7 @@ class MoeLaunch(MoeScratch):
         self._runs: dict[int, P.Run] = {}
         self._fns: dict[int, Any] = {}
         self._ints: dict[tuple, tuple] = {}              # the int32 arguments per call form
+        self._aligner = None                             # the aligned route's own (without aligned=)
         self._init_scratch(check_ids)
 
     def _run(self, dev: torch.device) -> P.Run:
@@ -261,28 +297,49 @@ class MoeLaunch(MoeScratch):
     def check(self, x, w, topk_ids, topk_weights, out, **shared):
         return check_call(self.problem, x, w, topk_ids, topk_weights, out, **shared)
 
-    def chunk_tokens(self) -> int:
-        return max(1, MAX_PAIRS // self.problem.top_k)
+    def chunk_tokens(self, m: int = 1) -> int:
+        """Tokens per launch of a call with M tokens (`route`)."""
+        return route(self.problem, self.cfg, m)[1]
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False):
+    def aligned_block_m(self, m: int) -> int | None:
+        """BLOCK_M of the alignment a call with M tokens takes as `aligned=` (the aligned route in
+        one launch), or None."""
+        kind, rows = route(self.problem, self.cfg, m)
+        return ALIGN_BLOCK_M if kind == "aligned" and m <= rows else None
+
+    def aligner(self, experts: int, block_m: int):
+        """moe_align's Aligner (the alignment `aligned=` takes; Triton's, shared with its members)."""
+        from autotune.tactics.triton_fp4.moe_align import Aligner
+        return Aligner(experts, block_m)
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None):
         p = self.problem
         shared = {"shared_slot": True} if shared_slot else {}
         m, out = self.check(x, w, topk_ids, topk_weights, out, **shared)
         if m == 0:
             return out
-        rows = self.chunk_tokens()
+        kind, rows = route(p, self.cfg, m, shared_slot)
+        if aligned is not None and (kind != "aligned" or m > rows or aligned.pairs != m * p.top_k
+                                    or aligned.block_m % (8 * self.cfg.m_tiles)):
+            raise ValueError(f"{p.key}: an alignment of {aligned.pairs} pairs at BLOCK_M={aligned.block_m} does "
+                             f"not serve this call ({m} tokens, route {kind}, {rows} tokens per launch)")
         if m > rows:                                   # token chunks, each its own launch
             for t0 in range(0, m, rows):
                 sl = slice(t0, min(m, t0 + rows))
                 self._launch(x[sl], w, topk_ids[sl], None if topk_weights is None else topk_weights[sl], out[sl],
-                             shared_slot)
+                             shared_slot, kind)
         else:
-            self._launch(x, w, topk_ids, topk_weights, out, shared_slot)
+            self._launch(x, w, topk_ids, topk_weights, out, shared_slot, kind, aligned)
         if self.check_ids:
             raise_if_bad(self._word(x.device))
         return out
 
-    def _launch(self, x, w, ids, tw, out, shared_slot: bool = False) -> None:
+    def _align(self, ids):
+        if self._aligner is None:
+            self._aligner = self.aligner(self.problem.experts, ALIGN_BLOCK_M)
+        return self._aligner(ids)
+
+    def _launch(self, x, w, ids, tw, out, shared_slot: bool = False, kind: str = "direct", al=None) -> None:
         p, c = self.problem, self.cfg
         m = x.shape[0]
         pairs = m * p.top_k
@@ -290,35 +347,43 @@ class MoeLaunch(MoeScratch):
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
         ids = ids.contiguous()
-        stream = stream_key(dev)
-        ws, locks, red, cnt = self._pointers((pairs, dev, stream), stream,
-                                             lambda: self._scratch_pointers(pairs, dev, stream))
         bad = self._word(dev)
+        if kind == "aligned":
+            al = self._align(ids) if al is None else al
+            g_main, bm, srt, blk = al.max_blocks, al.block_m, al.sorted_ids.data_ptr(), al.expert_ids.data_ptr()
+        else:
+            g_main, bm, srt, blk = 0, 8 * c.m_tiles, bad.data_ptr(), bad.data_ptr()   # never read
+        gx, groups = grid_x(c, pairs, g_main, bm)
+        stream = stream_key(dev)
+        ws, locks, red, cnt = self._pointers((pairs, groups, dev, stream), stream,
+                                             lambda: self._scratch_pointers(pairs, dev, stream, groups))
         routed = tw is not None
         tw_ = tw.to(torch.float32).contiguous() if routed else bad      # never read unrouted
         gs = w.global_scale
         # pointers go as Python ints (CuPy passes an int as 8 bytes, the kernel's pointer size);
         # the int32 arguments as NumPy scalars made once per form: a NumPy scalar per argument per
         # launch cost ~10 µs of host time per launch on a 2-core CPU (bench/moe_host.py)
-        form = (pairs, ids.dtype == torch.int64, x.dim() == 3, routed, gs.numel() > 1, shared_slot)
+        form = (pairs, ids.dtype == torch.int64, x.dim() == 3, routed, gs.numel() > 1, shared_slot, g_main, bm)
         ints = self._ints.get(form)
         if ints is None:
             import numpy as np
             shared_e, cols = (p.experts - 1, p.top_k - 1) if shared_slot else (-1, p.top_k)
-            ints = (np.int32(pairs), np.int32(p.n), np.int32(p.k), np.int32(p.top_k), np.int32(p.experts),
-                    *(np.int32(f) for f in form[1:5]), np.int32(shared_e), np.int32(cols))
+            ints = ((np.int32(pairs), np.int32(p.n), np.int32(p.k), np.int32(p.top_k), np.int32(p.experts),
+                     *(np.int32(f) for f in form[1:5]), np.int32(shared_e), np.int32(cols)),
+                    (np.int32(g_main), np.int32(bm)))
             if len(self._ints) < 256:                   # decode serves a few Ms: beyond, made per call
                 self._ints[form] = ints
-        args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
-                ids.data_ptr(), tw_.data_ptr(), ws, locks, bad.data_ptr(), red, cnt) + ints
-        self._run(dev)((pairs, p.n // (L.ROWS * c.tiles_n), c.split_k), (c.threads, 1, 1), args, stream)
+        args = ((w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
+                 ids.data_ptr(), tw_.data_ptr(), ws, locks, bad.data_ptr(), red, cnt) + ints[0] + (srt, blk)
+                + ints[1])
+        self._run(dev)((gx, p.n // (L.ROWS * c.tiles_n), c.split_k), (c.threads, 1, 1), args, stream)
 
 
 class MoeKernel:
     """`kernel(x, w, topk_ids, topk_weights=None, out=None, aligned=None)`: what `build` returns
     (and `bind` wraps): a runner (MoeLaunch, or a test family's) on the packed weight, a plain
-    FP4Weight packed once per weight object when `cache` is given. `aligned=` (an alignment a caller
-    shares between kernels) is accepted and ignored: this kernel reads the ids itself."""
+    FP4Weight packed once per weight object when `cache` is given. `aligned=`: a routing alignment a
+    caller shares between a layer's kernels (asked for by `aligned_block_m`), passed to the runner."""
 
     batch_invariant = True        # the family declares it for every moe_mma tactic
     pdl = False
@@ -330,16 +395,22 @@ class MoeKernel:
         self.shared_slot = bool(getattr(run, "shared_slot", False))
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None, shared_slot=False):
-        shared = {"shared_slot": True} if shared_slot else {}
+        kw = {"shared_slot": True} if shared_slot else {}
         if shared_slot and not self.shared_slot:
             raise ValueError("this moe_mma runner takes no shared slot")
-        return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out, **shared)
+        if aligned is not None:
+            kw["aligned"] = aligned
+        return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out, **kw)
 
     def aligned_block_m(self, m: int) -> int | None:
-        return None               # no routing alignment: topk_ids are read as they are
+        fn = getattr(self.launcher, "aligned_block_m", None)
+        return fn(m) if fn is not None else None
 
     def aligner(self, experts: int, block_m: int):
-        raise NotImplementedError("cuda moe_mma takes no shared routing alignment")
+        fn = getattr(self.launcher, "aligner", None)
+        if fn is None:
+            raise NotImplementedError("this moe_mma runner takes no shared routing alignment")
+        return fn(experts, block_m)
 
     def attach(self, scratch=None, bad_word=None) -> None:
         """The runner takes the dispatcher's pool and word (tactics/base.py Launcher.attach)."""
@@ -376,8 +447,9 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
     ranges over K (warps inside a split summed in warp order, splits in split order), the SwiGLU
     pairing of gate/up tiles and the routing weight. Arithmetic: layout.emulate_dequantize_any (the
     kernel's decode, exact) and float32 sums — not the tensor core's accumulation order, so it
-    checks indexing and coverage, not bits. `trace` collects (q, nt, kz, expert, pairs) of every
-    lead CTA. Token chunks as the launcher cuts them. ws / red: the launcher's split-K workspace
+    checks indexing and coverage, not bits. `trace` collects (q, expert, pairs) of every lead CTA
+    (q: the pair slot on the direct route, the group's CTA on the aligned one). Routes and token
+    chunks as the launcher takes them (`route`; the aligned route's blocks from moe_align.reference). ws / red: the launcher's split-K workspace
     (≥ split_k·P·N fp32) and reduce rows (≥ P·N fp32) from its scratch pool, used as the kernel
     uses them (each split's partials stored, then summed in split order); None: local tensors.
     shared_slot: as the kernel's (ids and weights [M, top_k - 1], expert E - 1 added last)."""
@@ -390,15 +462,38 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
     shape = (m, problem.n) if cfg.reduce else (m, problem.top_k, problem.out_n)
     out = torch.full(shape, float("nan"), dtype=torch.bfloat16) if out is None else out
-    rows = max(1, MAX_PAIRS // problem.top_k)
+    kind, rows = route(problem, cfg, m, shared_slot)
     for t0 in range(0, m, rows):
         sl = slice(t0, min(m, t0 + rows))
         _emulate_launch(problem, cfg, x[sl], w, topk_ids[sl],
-                        None if topk_weights is None else topk_weights[sl], out[sl], bad, trace, ws, red)
+                        None if topk_weights is None else topk_weights[sl], out[sl], bad, trace, ws, red,
+                        kind == "aligned")
     return out
 
 
-def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace, ws=None, red_buf=None) -> None:
+def _groups(ids: list[int], experts: int, cap: int, aligned: bool) -> list[tuple[int, int, list[int]]]:
+    """(q, expert, pairs) of every lead CTA in grid order, as the kernel forms them."""
+    pairs = len(ids)
+    if not aligned:                                      # a pair slot leads at rank 0 mod CAP
+        out = []
+        for q, eid in enumerate(ids):
+            if 0 <= eid < experts and sum(1 for j in range(q) if ids[j] == eid) % cap == 0:
+                out.append((q, eid, [j for j in range(q, pairs) if ids[j] == eid][:cap]))
+        return out
+    from autotune.tactics.triton_fp4.moe_align import reference
+    srt, blocks, _ = reference(torch.tensor(ids), experts, ALIGN_BLOCK_M)
+    sub = ALIGN_BLOCK_M // cap
+    out = []
+    for b, eid in enumerate(blocks):                     # blocks past the padded total: none here
+        for i in range(sub):
+            rows = [p for p in srt[b * ALIGN_BLOCK_M + i * cap:b * ALIGN_BLOCK_M + (i + 1) * cap] if p < pairs]
+            if rows:                                     # a CTA of padding only exits
+                out.append((b * sub + i, eid, rows))
+    return out
+
+
+def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace, ws=None, red_buf=None,
+                    aligned: bool = False) -> None:
     ids = topk_ids.reshape(-1).tolist()
     pairs = len(ids)
     n, k = problem.n, problem.k
@@ -417,17 +512,13 @@ def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace, ws=None, 
     yflat = red if cfg.reduce else out.reshape(pairs, problem.out_n)
     xflat = x.reshape(-1, k).float()
     deq: dict[int, torch.Tensor] = {}
-    for q in range(pairs):                               # grid.x
-        eid = ids[q]
-        if eid < 0 or eid >= problem.experts:            # split 0 of every N tile writes its columns
+    for q, eid in enumerate(ids):                        # rows of pairs routed nowhere (split 0, every N tile)
+        if eid < 0 or eid >= problem.experts:
             for nt in range(n_tiles):
                 yflat[q, nt * out_tile:(nt + 1) * out_tile] = 0.0 if eid == -1 else float("nan")
             if eid != -1 and bad is not None:
                 bad.fill_(1)
-            continue
-        if sum(1 for j in range(q) if ids[j] == eid) % cap:
-            continue                                     # not a lead: every CTA of q exits
-        group = [j for j in range(q, pairs) if ids[j] == eid][:cap]
+    for q, eid, group in _groups(ids, problem.experts, cap, aligned):     # the lead CTAs
         if trace is not None:
             trace.append((q, eid, tuple(group)))
         if eid not in deq:

@@ -2,12 +2,18 @@
 // p = token * TOPK + slot with expert e = ids[p], y[p] = x[token or p] (bf16) * W_e^T (NVFP4 or MXFP4),
 // times the routing weight when given; optionally SwiGLU on vLLM's [gate; up] rows (SWIGLU).
 //
-// Grid (P pair slots, N row-tile groups, SPLITK K splits), read straight from topk_ids (no alignment
-// launch). The CTA of pair slot q leads when q's rank among the pairs routed to its expert (in pair
-// order) is a multiple of CAP = 8*MT; it gathers the next CAP pairs of that expert (one n8 MMA tile
-// of x rows per 8 pairs) and runs w4a16_mma's main loop on that expert's weight. Every other CTA exits
-// after the rank scan. Id -1 (expert not on this rank): a zero row, no weight read; an id outside
-// [-1, E): a NaN row and the sticky `bad` word set, so an invalid id never yields a plausible row.
+// Direct route (g_main = 0): grid (P pair slots, N row-tile groups, SPLITK K splits), read straight
+// from topk_ids (no alignment launch). The CTA of pair slot q leads when q's rank among the pairs
+// routed to its expert (in pair order) is a multiple of CAP = 8*MT; it gathers the next CAP pairs of
+// that expert (one n8 MMA tile of x rows per 8 pairs) and runs w4a16_mma's main loop on that
+// expert's weight. Every other CTA exits after the rank scan (O(P) per CTA: small P only). Id -1
+// (expert not on this rank): a zero row, no weight read; an id outside [-1, E): a NaN row and the
+// sticky `bad` word set, so an invalid id never yields a plausible row.
+// Aligned route (g_main > 0, large P): moe_align's blocks of bm sorted pair ids (one expert per
+// block, stable, padded with the sentinel P; blk_e[b] = -1 past the padded total) cut in bm / CAP
+// groups, one CTA each: the same groups as the direct route's leaders (ranks [i*CAP, (i+1)*CAP) of
+// an expert's pairs), so a row's bits do not depend on the route. Pairs routed nowhere are in no
+// block: the ceil(P / SPAN) CTAs after the groups write their rows, SPAN pairs each.
 // A shared expert folded in as expert E - 1 (shared_e >= 0) is every token's last slot without being
 // in topk_ids (pair_id): the caller concatenates no ids and no weights (docs/moe-decode.md part 8).
 //
@@ -26,6 +32,7 @@
 // mma_common.cuh; the same text compiles under NVRTC and nvcc, for sm_80 and newer.
 #define NTHREADS (WK * 32)
 #define CAP (8 * MT)
+#define SPAN (8 * NTHREADS)   // aligned route: pairs per CTA that writes the rows of pairs routed nowhere
 #define PIPE_BYTES (STAGES * NTHREADS * 36 * TN)
 #define RED_BYTES (WK * TN * MT * 4 * 32 * 4)
 #define SMEM_BYTES (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES)
@@ -80,6 +87,41 @@ static __device__ __forceinline__ float ld_cg(const float* p) {
 }
 #endif
 
+// pair q routed nowhere, N tile nt (split 0 only): id -1 a zero row, any other id outside [0, E) a
+// NaN row and `bad` set. REDUCE: the pair's fp32 row, counted toward its token (every slot counts);
+// the CTA that brings a token's last slot sums its rows in slot order. CTA-collective (every thread
+// with the same q: REDUCE synchronizes; flag_s is a shared int).
+static __device__ __forceinline__ void empty_pair(int q, bool isbad, int nt, u16* __restrict__ y, int* __restrict__ bad,
+                                                  float* __restrict__ red, int* __restrict__ cnt, int N, int nout,
+                                                  int top_k, int* flag_s) {
+  const int tid = threadIdx.x;
+  if (isbad && nt == 0 && tid == 0) atomicExch(bad, 1);
+#if REDUCE
+  (void)nout;
+  const float fv = isbad ? __int_as_float(0x7fc00000) : 0.f;
+  for (int c = tid; c < 16 * TN; c += NTHREADS) red[(size_t)q * N + nt * 16 * TN + c] = fv;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *flag_s = atomicAdd(cnt + (size_t)(q / top_k) * gridDim.y + nt, 1) == top_k - 1;
+  __syncthreads();
+  if (*flag_s) {                                   // this row completed its token: sum it
+    __threadfence();
+    const int tok = q / top_k;
+    for (int c = tid; c < 16 * TN; c += NTHREADS) {
+      float s = 0.f;
+      for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
+      y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
+    }
+    if (tid == 0) atomicExch(cnt + (size_t)tok * gridDim.y + nt, 0);
+  }
+  __syncthreads();                                 // flag_s is read before the next call writes it
+#else
+  (void)red; (void)cnt; (void)N; (void)top_k; (void)flag_s;
+  const u16 v = isbad ? (u16)0x7FC0 : (u16)0;     // bf16 NaN / +0
+  for (int c = tid; c < 16 * OUT_TN; c += NTHREADS) y[(size_t)q * nout + nt * 16 * OUT_TN + c] = v;
+#endif
+}
+
 // one k-pair of every row tile into ring stage `st` (mma_common.cuh's layout)
 static __device__ __forceinline__ void issue(unsigned char* wslot0, unsigned char* sslot0, int st,
                                              const uint4* const w[TN], const u32* const s[TN]) {
@@ -133,14 +175,15 @@ static __device__ __forceinline__ void kstep(int i, int kpairs, unsigned char* w
 
 // wq: fragment words [E][N/16][K/64][32][4]; sq: scale words [E][N/16][K/128][SW];
 // x [tokens][K] or [P][K] (x_pair); y [P][N or N/2]; gscale [E] (gs_stride 1) or [1];
-// ids [P] (int32/int64; with a shared slot [P / top_k][ids_cols]); tw [P] fp32 (routed; likewise); ws [SPLITK][P][N] fp32; locks [P][gridDim.y]; bad [1];
-// REDUCE: y [P / top_k][N], red [P][N] fp32, cnt [P / top_k][gridDim.y]
+// ids [P] (int32/int64; with a shared slot [P / top_k][ids_cols]); tw [P] fp32 (routed; likewise); ws [SPLITK][P][N] fp32;
+// locks [max(P, group CTAs)][gridDim.y]; bad [1]; REDUCE: y [P / top_k][N], red [P][N] fp32, cnt [P / top_k][gridDim.y];
+// aligned route (g_main > 0): srt [g_main * bm] sorted pair ids, blk_e [g_main] experts (bm a multiple of CAP)
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __restrict__ x,
         u16* __restrict__ y, const float* __restrict__ gscale, const void* __restrict__ ids,
         const float* __restrict__ tw, float* __restrict__ ws, int* __restrict__ locks, int* __restrict__ bad,
         float* __restrict__ red, int* __restrict__ cnt, int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride,
-        int shared_e, int ids_cols) {
+        int shared_e, int ids_cols, const int* __restrict__ srt, const int* __restrict__ blk_e, int g_main, int bm) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   __shared__ int rows_s[CAP];                     // the group's pair indices, -1 past its end
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -150,36 +193,39 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   (void)nout;                                     // unused by the REDUCE variant
   pdl_wait();                                     // every read of inputs and every write after it
   pdl_release();
-  const long long eid = pair_id(ids, ids64, q, top_k, ids_cols, shared_e);
-  if (eid < 0 || eid >= n_exp) {                   // no expert: this pair's row, written by split 0
-    if (kz == 0) {
-      const bool isbad = eid != -1;
-      if (isbad && nt == 0 && tid == 0) atomicExch(bad, 1);
-#if REDUCE
-      const float fv = isbad ? __int_as_float(0x7fc00000) : 0.f;
-      for (int c = tid; c < 16 * TN; c += NTHREADS) red[(size_t)q * N + nt * 16 * TN + c] = fv;
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) rows_s[0] = atomicAdd(cnt + (size_t)(q / top_k) * gridDim.y + nt, 1) == top_k - 1;
-      __syncthreads();
-      if (rows_s[0]) {                             // this row completed its token: sum it
-        __threadfence();
-        const int tok = q / top_k;
-        for (int c = tid; c < 16 * TN; c += NTHREADS) {
-          float s = 0.f;
-          for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
-          y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
-        }
-        if (tid == 0) atomicExch(cnt + (size_t)tok * gridDim.y + nt, 0);
-      }
-#else
-      const u16 v = isbad ? (u16)0x7FC0 : (u16)0;   // bf16 NaN / +0
-      for (int c = tid; c < 16 * OUT_TN; c += NTHREADS) y[(size_t)q * nout + nt * 16 * OUT_TN + c] = v;
-#endif
+  const int groups = g_main > 0 ? g_main * (bm / CAP) : P;   // CTAs that may lead a group
+  int e, b0 = 0;                                  // aligned: the group's first sorted row
+  if (g_main > 0 && q >= groups) {                 // aligned: rows of pairs routed nowhere, SPAN per CTA
+    if (kz != 0) return;
+    int* const list = reinterpret_cast<int*>(smem);  // SPAN ints fit the ring: 36 * STAGES * TN >= 72 B per thread
+    if (tid == 0) rows_s[0] = 0;
+    __syncthreads();
+    const int s0 = (q - groups) * SPAN, s1 = min(P, s0 + SPAN);
+    for (int j = s0 + tid; j < s1; j += NTHREADS) {
+      const long long v = pair_id(ids, ids64, j, top_k, ids_cols, shared_e);
+      if (v < 0 || v >= n_exp) list[atomicAdd(rows_s, 1)] = v == -1 ? j : -j - 1;   // bad ids as -j - 1
+    }
+    __syncthreads();
+    const int n = rows_s[0];                       // the order does not matter: each row is its own
+    for (int i = 0; i < n; ++i) {
+      const int c = list[i];
+      empty_pair(c >= 0 ? c : -c - 1, c < 0, nt, y, bad, red, cnt, N, nout, top_k, rows_s + 1);
     }
     return;
   }
-  const int e = (int)eid;
+  if (g_main > 0) {                                // aligned: group q is CAP rows of block q / (bm / CAP)
+    const int sub = bm / CAP, b = q / sub;
+    b0 = b * bm + (q - b * sub) * CAP;
+    e = blk_e[b];
+    if (e < 0 || e >= n_exp || srt[b0] >= P) return;   // past the padded total, or padding only
+  } else {
+    const long long eid = pair_id(ids, ids64, q, top_k, ids_cols, shared_e);
+    if (eid < 0 || eid >= n_exp) {                 // no expert: this pair's row, written by split 0
+      if (kz == 0) empty_pair(q, eid != -1, nt, y, bad, red, cnt, N, nout, top_k, rows_s);
+      return;
+    }
+    e = (int)eid;
+  }
   const int kps = K / 128 / SPLITK;                // k-pairs of this split
   const int kpairs = kps / WK;                     // k-pairs this warp reduces
   const int kp0 = kz * kps + warp * kpairs;
@@ -207,28 +253,32 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
 
   unsigned char* const wslot0 = smem + tid * 16;                 // this thread's column of the ring
   unsigned char* const sslot0 = smem + RING_WBYTES + tid * 4;
-  // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform
-  int rank = 0;
-  for (int j0 = 0; j0 < q; j0 += NTHREADS) {
-    const int j = j0 + tid;
-    rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == eid);
-  }
-  if (rank % CAP) {                                // not a leader (nothing pending: the wait is free, and
-    wait_pending<0>();                             // kept, so sm_90 builds the same SASS as with the early prologue's code)
-    return;
-  }
-  if (warp == 0) {                                 // gather the next CAP pairs of this expert, in order
-    int cnt = 0;
-    for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
-      const int j = j0 + lane;
-      const bool hit = j < P && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == eid;
-      const u32 m = __ballot_sync(0xffffffffu, hit);
-      const int pos = cnt + __popc(m & ((1u << lane) - 1u));
-      if (hit && pos < CAP) rows_s[pos] = j;
-      cnt += __popc(m);
+  if (g_main > 0) {                                // the group's rows: sentinels (padding) as -1
+    if (tid < CAP) {
+      const int p = srt[b0 + tid];
+      rows_s[tid] = p < P ? p : -1;
     }
-    for (int i = lane; i < CAP; i += 32)
-      if (i >= cnt) rows_s[i] = -1;
+  } else {
+    // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform
+    int rank = 0;
+    for (int j0 = 0; j0 < q; j0 += NTHREADS) {
+      const int j = j0 + tid;
+      rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e);
+    }
+    if (rank % CAP) return;                        // not a leader (nothing issued yet)
+    if (warp == 0) {                               // gather the next CAP pairs of this expert, in order
+      int cnt = 0;
+      for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
+        const int j = j0 + lane;
+        const bool hit = j < P && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e;
+        const u32 m = __ballot_sync(0xffffffffu, hit);
+        const int pos = cnt + __popc(m & ((1u << lane) - 1u));
+        if (hit && pos < CAP) rows_s[pos] = j;
+        cnt += __popc(m);
+      }
+      for (int i = lane; i < CAP; i += 32)
+        if (i >= cnt) rows_s[i] = -1;
+    }
   }
   __syncthreads();
   const u16* xrow[MT];

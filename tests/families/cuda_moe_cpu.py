@@ -27,7 +27,7 @@ class _CpuMoeRun(MOE.MoeScratch):
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot=False):
         m, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, shared_slot=shared_slot)
-        pairs = min(m, self.chunk_tokens()) * self.problem.top_k      # the largest launch's pairs
+        pairs = min(m, MOE.route(self.problem, self.cfg, m, shared_slot)[1]) * self.problem.top_k   # the largest launch's
         ws, _, bad = self._scratch(pairs, x.device)
         red, _ = self._reduce_scratch(pairs, x.device)
         MOE.emulate(self.problem, self.tactic, x, w, topk_ids, topk_weights, out, bad, ws=ws, red=red,
@@ -36,8 +36,8 @@ class _CpuMoeRun(MOE.MoeScratch):
             MOE.raise_if_bad(bad)
         return out
 
-    def chunk_tokens(self) -> int:
-        return max(1, MOE.MAX_PAIRS // self.problem.top_k)
+    def chunk_tokens(self, m: int = 1) -> int:
+        return MOE.route(self.problem, self.cfg, m)[1]
 
 
 class CudaMoeCpu(CudaFamily):
