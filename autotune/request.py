@@ -52,9 +52,9 @@ class SearchInput:
     fused_mlp: bool = knob(True, Opt(
         "--fused-mlp/--no-fused-mlp", "the dense MLP's and shared expert's gate_up with the SwiGLU epilogue that "
         "FP4MLP serves, as their own problems", show_default=True))
-    fold_shared: bool = knob(False, Opt(
-        "--fold-shared", "also the routed experts' problems with the shared expert folded in as one more, always "
-        "routed expert (E+1, top_k+1: what FP4MoE(shared=...) runs)", switch=True))
+    fold_shared: bool = knob(True, Opt(
+        "--fold-shared/--no-fold-shared", "also the routed experts' problems with the shared expert folded in as "
+        "one more, always routed expert (E+1, top_k+1: what FP4MoE(shared=...) runs by default)", show_default=True))
     activations: str | None = knob(None, Opt(
         "--activations", "a W4A4 checkpoint (static activation scales): auto = the W4A4 problems where the arch has a "
         "W4A4 tactic, else W4A16 with a warning; the loaders (from_pretrained) read the same setting "

@@ -6,9 +6,9 @@ peak device memory, with date, commit and versions.
     python3 bench/main_job_summary.py CACHE.db --search-json search.json --wall-s 312 -o summary.json
 
 "Defaults among the served layers" builds what an engine builds for the model with the runtime's
-defaults — FP4MLP for every SwiGLU MLP (the dense layers' and the shared expert's gate_up with the
-SwiGLU epilogue, then down), FP4Linear for any other dense GEMM, FP4MoE (fused) for the routed
-experts — on random weights, over a Dispatcher reading the cache, and asks each bound table which
+defaults — FP4MLP for every SwiGLU MLP (the dense layers' gate_up with the SwiGLU epilogue, then
+down), FP4Linear for any other dense GEMM, FP4MoE (fused) for the routed experts with the shared
+expert given as `shared=` (folded in by default where it fits, else its own FP4MLP) — on random weights, over a Dispatcher reading the cache, and asks each bound table which
 rung answers every tuned M: a problem the runtime serves that the search did not tune shows up here
 as defaults, whatever the search's own problem list says. bench/h200_main_job.sh runs it on the
 H200; tests/test_main_job.py runs it on the CPU main job in CI.
@@ -81,9 +81,14 @@ def served_layers(cache: str, model: str, tp: int, ep: int, buckets, device: str
     dense = [u for u in uses if u.problem.kind == "dense"]
     down = {layer.split(".down_proj[")[0]: u for u in dense for layer in u.layers if ".down_proj[" in layer}
     paired: set[int] = set()
+    shared = None                         # the shared expert's (gate_up, down) uses: FP4MoE(shared=...) takes them
     for u in dense:                       # a SwiGLU MLP: gate_up + the down of the same module
         mod = next((layer.split(".gate_up_proj[")[0] for layer in u.layers if ".gate_up_proj[" in layer), None)
         if mod is None or mod not in down:
+            continue
+        if mod.endswith("shared_experts"):
+            shared = (u, down[mod])
+            paired.update((id(u), id(down[mod])))
             continue
         dn = down[mod]
         mlp = FP4MLP(inputs.random_weight(u.problem, device, gen), inputs.random_weight(dn.problem, device, gen),
@@ -98,9 +103,13 @@ def served_layers(cache: str, model: str, tp: int, ep: int, buckets, device: str
     w13 = next((u for u in moe if any(".w13" in layer for layer in u.layers)), None)
     w2 = next((u for u in moe if any(".w2" in layer for layer in u.layers)), None)
     if w13 is not None and w2 is not None:
+        sh = None if shared is None else tuple(inputs.random_weight(u.problem, device, gen) for u in shared)
         block = FP4MoE(inputs.random_weight(w13.problem, device, gen), inputs.random_weight(w2.problem, device, gen),
-                       w13.problem.top_k, dispatcher=d)
-        modules.append((", ".join(w13.layers + w2.layers) + " (FP4MoE)", [block.problem13, block.problem2]))
+                       w13.problem.top_k, dispatcher=d, shared=sh)
+        names = w13.layers + w2.layers + ([] if shared is None else shared[0].layers + shared[1].layers)
+        form = "" if shared is None else (", shared folded in" if block.shared_folded else ", shared apart")
+        probs = [block.problem13, block.problem2] + ([] if block.shared_mlp is None else list(block.shared_mlp.problems))
+        modules.append((", ".join(names) + f" (FP4MoE{form})", probs))
     rows, rungs = [], Counter()
     for name, problems in modules:
         for p in problems:       # exact: this M's own winner; nearest: a neighbouring bucket's; default

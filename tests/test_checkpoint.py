@@ -258,11 +258,11 @@ def test_loaders_refuse_a_non_fp4_checkpoint_in_one_line(disp):
 def test_deepseek_routed_plus_shared_experts(disp):
     r, blk = refs("modelopt_deepseek"), "model.layers.1.mlp"
     x, ids, tw = _moe_inputs(r, blk)
-    b = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, activations="w4a16", dispatcher=disp)
-    assert b.has_shared and not b.shared_folded and b.num_experts == 4      # W4A16: apart, an FP4MLP
+    b = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, activations="w4a16", dispatcher=disp,
+                               fold_shared=False)
+    assert b.has_shared and not b.shared_folded and b.num_experts == 4      # apart: an FP4MLP
     assert rel(b(x, ids, tw), r[f"y.{blk}"]) < 1e-2
-    folded = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, activations="w4a16", dispatcher=disp,
-                                    fold_shared=True)
+    folded = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, activations="w4a16", dispatcher=disp)
     assert folded.shared_folded and folded.num_experts == 5
     assert rel(folded(x, ids, tw), r[f"y.{blk}"]) < 1e-2
     routed = FP4MoE.from_pretrained(DATA / "modelopt_deepseek", blk, shared_experts=False, activations="w4a16",

@@ -72,13 +72,15 @@ def test_only_narrows_the_problems(tmp_path):
     r = autotune("search", "--model", "glm5", "--tp", "8", "--only", "grouped_moe", "--dry-run", cache=tmp_path / "c.db")
     assert r.returncode == 0, r.stderr
     keys = [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(("dense:", "grouped_moe:"))]
-    # with --only the fused forms (what FP4MoE runs) are candidates too; --no-fused-moe drops them
-    assert len(keys) == 4 and all(k.startswith("grouped_moe:") for k in keys)
-    assert sorted(k.rsplit(":", 1)[1] for k in keys) == ["reduce", "swiglu", "top8", "top8"]
+    # with --only the fused forms (what FP4MoE runs) are candidates too; --no-fused-moe drops them.
+    # 4 routed (e256:top8) + the same 4 with the shared expert folded in (e257:top9, --fold-shared by default)
+    assert len(keys) == 8 and all(k.startswith("grouped_moe:") for k in keys)
+    assert sorted(k.rsplit(":", 1)[1] for k in keys) == ["reduce", "reduce", "swiglu", "swiglu",
+                                                         "top8", "top8", "top9", "top9"]
     r = autotune("search", "--model", "glm5", "--tp", "8", "--only", "grouped_moe", "--no-fused-moe", "--dry-run",
                  cache=tmp_path / "c.db")
     assert r.returncode == 0 and [ln.split()[0] for ln in r.stdout.splitlines()
-                                  if ln.startswith("grouped_moe:")] == [k for k in keys if k.endswith("top8")]
+                                  if ln.startswith("grouped_moe:")] == [k for k in keys if k.endswith(("top8", "top9"))]
     r = autotune("search", "--model", "glm5", "--tp", "8", "--only", "down_proj", "--dry-run", cache=tmp_path / "c.db")
     assert r.returncode == 0 and "mlp.down_proj" in r.stdout and "grouped_moe:" not in r.stdout
 
@@ -88,14 +90,15 @@ def test_dry_run_for_sm120_prints_verdicts_with_reasons(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     # the fused forms FP4MoE and FP4MLP serve are searched by default (#28, #26): 4 dense + 2 dense
-    # SwiGLU gate_up + 2 plain grouped + 2 fused grouped
-    assert sum(l.startswith("dense:") or l.startswith("grouped_moe:") for l in lines) == 10
+    # SwiGLU gate_up + 2 plain grouped + 2 fused grouped, + those 4 grouped with the shared expert
+    # folded in (e257:top9, --fold-shared by default)
+    assert sum(l.startswith("dense:") or l.startswith("grouped_moe:") for l in lines) == 14
     tri = [l for l in lines if "sm120: triton:" in l]
     assert tri and all("kept" in l for l in tri)
     assert any("rejected" in l and "> 101376" in l for l in tri)
     assert not (tmp_path / "c.db").exists()
     j = json.loads(autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", "--json").stdout)
-    assert j["arch"] == "sm120" and len(j["problems"]) == 10
+    assert j["arch"] == "sm120" and len(j["problems"]) == 14          # 10 + 4 with the shared expert folded in
     # every family by default (#28): the cutlass and cuda verdicts for sm120 are in the plan too
     assert {f["family"] for pr in j["problems"] for f in pr["families"]} >= {"triton", "torch", "cutlass", "cuda"}
 

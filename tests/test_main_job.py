@@ -32,9 +32,10 @@ def glm5_cache(tmp_path_factory):
 def test_main_job_fills_a_winner_for_every_problem_and_bucket(glm5_cache):
     path, out, _ = glm5_cache
     # what FP4MoE and FP4MLP serve is in the default search: 8 problems + the dense and shared gate_up's
-    # SwiGLU forms (issue #26 item 3)
-    uses = problems_for("glm5", tp=8, fused_moe=True, fused_mlp=True)
-    assert len(uses) == 10
+    # SwiGLU forms (issue #26 item 3) + the routed experts' 4 with the shared expert folded in
+    # (e257:top9: what FP4MoE(shared=...) runs by default; --fold-shared is the search's default)
+    uses = problems_for("glm5", tp=8, fused_moe=True, fused_mlp=True, fold_shared=True)
+    assert len(uses) == 14
     winners = {(w.problem_key, w.bucket) for w in Store(path, readonly=True).winners()}
     assert winners == {(u.problem.key, b) for u in uses for b in hybrid(16)}
     assert "no GPU" in out and "winners in" in out
@@ -62,7 +63,7 @@ def test_show_lists_the_winners(glm5_cache):
     assert r.returncode == 0
     import json
     rows = json.loads(r.stdout)
-    assert len(rows) == 10 * 5 and all(row["gpu"] for row in rows)
+    assert len(rows) == 14 * 5 and all(row["gpu"] for row in rows)   # 10 problems + 4 with the shared expert folded in
 
 
 @pytest.mark.parametrize("fmt", ["sqlite", "json"])
@@ -71,12 +72,13 @@ def test_export_then_import_into_a_fresh_cache(glm5_cache, tmp_path, fmt):
     gpu = Store(path, readonly=True).devices()[0]["gpu_name"]
     out = tmp_path / f"glm5.{fmt}"
     r = autotune("cache", "export", "-o", out, "--gpu", gpu, "--model", "glm5", "--tp", "8", "--format", fmt, cache=path)
-    assert r.returncode == 0 and "exported 50 winners" in r.stdout, r.stderr
+    # 14 problems (10 + 4 with the shared expert folded in) x 5 buckets
+    assert r.returncode == 0 and "exported 70 winners" in r.stdout, r.stderr
     r = autotune("cache", "export", "-o", out, "--format", fmt, cache=path)          # never overwrites
     assert r.returncode == 2
     fresh = tmp_path / "fresh.db"
     r = autotune("cache", "import", out, cache=fresh)
-    assert r.returncode == 0 and "imported 50 winners" in r.stdout, r.stderr
+    assert r.returncode == 0 and "imported 70 winners" in r.stdout, r.stderr
     a = {(w.problem_key, w.bucket, w.tactic_id) for w in Store(path, readonly=True).winners()}
     b = {(w.problem_key, w.bucket, w.tactic_id) for w in Store(fresh, readonly=True).winners()}
     assert a == b
@@ -89,8 +91,9 @@ def test_a_search_without_a_terminal_prints_progress_lines(glm5_cache):
     lines, one at least per problem, the last with every trial and job done."""
     _, _, err = glm5_cache
     lines = [ln for ln in err.splitlines() if ln.startswith("progress: ")]
-    assert sum(ln.endswith(" done") for ln in lines) == 10
-    last = re.fullmatch(r"progress: (\d+)/(\d+) trials, 50/50 \(problem, bucket\) jobs; \S+ done", lines[-1])
+    # 14 problems (10 + 4 with the shared expert folded in), 5 buckets each
+    assert sum(ln.endswith(" done") for ln in lines) == 14
+    last = re.fullmatch(r"progress: (\d+)/(\d+) trials, 70/70 \(problem, bucket\) jobs; \S+ done", lines[-1])
     assert last and last[1] == last[2], lines[-1]
 
 
@@ -111,9 +114,9 @@ def test_search_and_show_count_kept_and_rejected_alike(glm5_cache):
 def test_the_main_job_summary_has_no_framework_failure_and_no_default_among_the_served_layers(glm5_cache):
     """#28: the summary bench/h200_main_job.sh writes for the H200, here for the README's CPU command:
     every (problem, bucket) has a winner, no trial failed for a cause outside its tactic, and the
-    layers the runtime builds for GLM-5 TP8 with its defaults (FP4MLP for the dense and shared
-    MLPs: gate_up with the SwiGLU epilogue, then down; FP4MoE fused for the routed experts) are
-    served by winners at every tuned M."""
+    layers the runtime builds for GLM-5 TP8 with its defaults (FP4MLP for the dense MLPs: gate_up
+    with the SwiGLU epilogue, then down; FP4MoE fused for the routed experts with the shared expert
+    folded in, I_s = I at TP8) are served by winners at every tuned M."""
     import importlib.util
     from pathlib import Path
     path, _, err = glm5_cache
@@ -123,12 +126,15 @@ def test_the_main_job_summary_has_no_framework_failure_and_no_default_among_the_
     spec.loader.exec_module(mod)
     s = mod.summarize(str(path), max_tokens=16, device="cpu", command="autotune search --model glm5 --tp 8 --max-tokens 16")
     assert s["trials"]["framework_failures"] == 0 and s["trials"]["failed"] == 0
-    assert s["winners"] == 10 * 5
+    assert s["winners"] == 14 * 5                  # 10 problems + 4 with the shared expert folded in
     served = s["served"]
-    assert served["defaults"] == 0 and served["by_rung"] == {"exact": 6 * 5}, served   # every M its own winner
-    moe = [r["problem"] for r in served["modules"] if "FP4MoE" in r["layers"]]
-    assert sorted(k.rsplit(":", 1)[1] for k in moe) == ["reduce", "swiglu"]
+    # 2 FP4MLP problems (the dense layers) + 2 FP4MoE problems (routed + shared folded in), every M its own winner
+    assert served["defaults"] == 0 and served["by_rung"] == {"exact": 4 * 5}, served
+    moe = [r for r in served["modules"] if "FP4MoE" in r["layers"]]
+    assert sorted(r["problem"] for r in moe) == ["grouped_moe:bf16*nvfp4->bf16:n512:k6144:e257:top9:swiglu",
+                                                 "grouped_moe:bf16*nvfp4->bf16:n6144:k256:e257:top9:reduce"], served
+    assert all("shared folded in" in r["layers"] and "mlp.shared_experts.gate_up_proj" in r["layers"]
+               for r in moe), served
     mlp = sorted(r["problem"] for r in served["modules"] if "FP4MLP" in r["layers"])
-    assert mlp == ["dense:bf16*nvfp4->bf16:n3072:k6144:swiglu", "dense:bf16*nvfp4->bf16:n512:k6144:swiglu",
-                   "dense:bf16*nvfp4->bf16:n6144:k1536", "dense:bf16*nvfp4->bf16:n6144:k256"], served
+    assert mlp == ["dense:bf16*nvfp4->bf16:n3072:k6144:swiglu", "dense:bf16*nvfp4->bf16:n6144:k1536"], served
     assert "families measured on cpu: torch; left out: triton (" in err    # said at the start, with reasons

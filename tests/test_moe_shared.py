@@ -91,10 +91,10 @@ def test_folded_block_matches_routed_plus_shared_float64(disp, fused):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_shared_expert_apart_by_default_matches_float64(disp, fmt):
-    """The default form (measured faster at decode sizes on the H200): the routed block as without
-    a shared expert, plus an FP4MLP of the shared expert's own (its dense swiglu + down problems,
-    any intermediate size); the same float64 block as folding gives, -1 rows included."""
+def test_shared_expert_apart_where_it_cannot_fold_matches_float64(disp, fmt):
+    """Apart (the default where the shared expert does not fit the routed stack, I_s != I): the routed
+    block as without a shared expert, plus an FP4MLP of the shared expert's own (its dense swiglu +
+    down problems, any intermediate size); the same float64 block as folding gives, -1 rows included."""
     (gate, up, down), _ = _weights(h=64, i=64, seed=5)
     torch.manual_seed(6)
     sg, su, sd = torch.randn(96, 64) * 0.5, torch.randn(96, 64) * 3, torch.randn(64, 96)   # I_s != I
@@ -179,7 +179,10 @@ def test_from_modelopt_folds_the_checkpoints_shared_experts(disp, tmp_path):
                                    fold_shared=True)
         assert blk.shared_folded and blk.problem13.top_k == 3 and blk.w13.shape == (4, 64, 64)
         assert float((blk(x, ids, tw).double() - ref).norm() / ref.norm()) < 1e-2
-        apart = FP4MoE.from_modelopt(source, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts=True)
+        dflt = FP4MoE.from_modelopt(source, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts=True)
+        assert dflt.shared_folded                            # the default where it fits (I_s = I)
+        apart = FP4MoE.from_modelopt(source, "model.layers.5.mlp", range(3), 2, dispatcher=disp, shared_experts=True,
+                                     fold_shared=False)
         assert apart.has_shared and not apart.shared_folded and apart.w13.shape == (3, 64, 64)
         assert float((apart(x, ids, tw).double() - ref).norm() / ref.norm()) < 1e-2
     with pytest.raises(KeyError, match="model.layers.5.mlp.shared_expert.gate_proj"):
@@ -217,14 +220,20 @@ def test_folded_problems_listed_only_when_asked():
     assert problems_for("glm5", tp=8, ep=8, fold_shared=True) == problems_for("glm5", tp=8, ep=8)
 
 
-def test_cli_search_lists_the_folded_problems_only_with_fold_shared(tmp_path):
+def test_cli_search_lists_the_folded_problems_by_default_and_drops_them_with_no_fold_shared(tmp_path):
+    """The search tunes what FP4MoE(shared=...) runs by default (the shared expert folded in where it
+    fits): the e257:top9 problems are listed without a flag, --fold-shared changes nothing, and
+    --no-fold-shared drops exactly those 4."""
     from helpers import run_cli
     args = ("search", "--model", "glm5", "--tp", "8", "--only", "grouped_moe", "--dry-run")
     keys = lambda r: sorted(ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith("grouped_moe:"))  # noqa: E731
-    r0, r1 = run_cli(*args, cache=tmp_path / "c.db"), run_cli(*args, "--fold-shared", cache=tmp_path / "c.db")
-    assert r0.returncode == 0 and r1.returncode == 0, r0.stderr + r1.stderr
-    assert [k for k in keys(r0) if ":e257:" in k] == []
-    assert sorted(set(keys(r1)) - set(keys(r0))) == sorted(
+    dflt, on, off = (run_cli(*args, *flag, cache=tmp_path / "c.db")
+                     for flag in ((), ("--fold-shared",), ("--no-fold-shared",)))
+    assert dflt.returncode == 0 and on.returncode == 0 and off.returncode == 0, dflt.stderr + on.stderr + off.stderr
+    assert keys(dflt) == keys(on)
+    assert keys(off) and [k for k in keys(off) if ":e257:" in k] == []
+    assert set(keys(off)) <= set(keys(dflt))
+    assert sorted(set(keys(dflt)) - set(keys(off))) == sorted(
         [Problem.moe(512, 6144, 257, 9, epilogue=e).key for e in ("none", "swiglu")]
         + [Problem.moe(6144, 256, 257, 9, epilogue=e).key for e in ("none", "reduce")])
 

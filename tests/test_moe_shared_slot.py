@@ -122,3 +122,29 @@ def test_the_launch_check_takes_top_k_minus_one_columns_only_with_the_slot():
     one = Problem.moe(64, 256, 5, 1)
     with pytest.raises(ValueError, match="a shared slot needs top_k >= 2"):
         MOE.check_call(one, x, w, torch.zeros(2, 0, dtype=torch.int32), None, None, cuda=False, shared_slot=True)
+
+
+def test_large_m_concatenates_the_slot_and_shares_one_alignment(tmp_path, fam, monkeypatch):
+    """Above ALIGN_PAIRS pairs the launchers take moe_align's alignment, which a shared slot cannot
+    use (its ids are not in topk_ids): FP4MoE then concatenates the slot and gives both launchers
+    one alignment, the form the search timed; below, the kernel adds the slot. Both match float64."""
+    blk, routed, shared = _block(tmp_path, seed=3)
+    seen = []
+    real = fam._CpuMoeRun.__call__
+
+    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False, aligned=None):
+        seen.append((tuple(ids.shape), shared_slot, None if aligned is None else aligned.block_m))
+        return real(self, x, w, ids, tw, out, shared_slot=shared_slot, aligned=aligned)
+    monkeypatch.setattr(fam._CpuMoeRun, "__call__", spy)
+    g = torch.Generator().manual_seed(4)
+    for m, want in ((4, [((4, TOP_K), True, None)] * 2),
+                    (90, [((90, TOP_K + 1), False, MOE.ALIGN_BLOCK_M)] * 2)):     # 270 pairs > 256
+        seen.clear()
+        x = torch.randn(m, H, generator=g).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(m)]).int()
+        ids[::7, 0] = -1
+        tw = torch.rand(m, TOP_K, generator=g)
+        y = blk(x, ids, tw)
+        assert seen == want, m
+        ref = _ref(x, routed, shared, ids, tw)
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-2, m

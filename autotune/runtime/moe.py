@@ -23,16 +23,17 @@ route, one `moe_align` launch (at the larger BLOCK_M, regrouped for the smaller)
 
 Shared expert (`shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I_s, H] and [H, I_s]), two forms:
 
-* apart (default, W4A16): an `FP4MLP` of its own (`.shared_mlp`: the dense `swiglu` gate_up and the
-  down problem, two kernels), its output added to the routed one. Measured on the H200 (GLM-5 TP8,
-  the 78-layer step as one CUDA graph, docs/moe-decode.md): faster than folding at M = 1, 4, 16
-  under uniform and skewed routing (2.68 vs 2.90 ms at M = 1), even with folding at M = 64.
-* folded (`fold_shared=True`; the only form for W4A4 activations, which FP4MLP does not run):
-  stacked once at construction as local expert E (E+1 experts; the stacked tensors replace the
-  separate ones), and every token's routing gains one slot (id E, weight 1.0), so the same two
-  calls do routed + shared work: problems moe(…, E+1, top_k+1), I_s = I. Always local under an
-  expert_map. cuda `moe_mma` adds that slot itself (`shared_slot`); for other members the routing
-  is concatenated per call (small kernels per layer: what lost folding the decode sizes, part 5).
+* folded (default where it can be: I_s = I, the routed experts' format; the only form for W4A4
+  activations, which FP4MLP does not run): stacked once at construction as local expert E (E+1
+  experts; the stacked tensors replace the separate ones), and every token's routing gains one
+  slot (id E, weight 1.0), so the same two calls do routed + shared work: problems moe(…, E+1,
+  top_k+1). Always local under an expert_map. cuda `moe_mma` adds that slot itself (`shared_slot`)
+  where neither launcher takes a routing alignment (small M); otherwise the slot is concatenated
+  per call and one alignment serves both. Measured on the H200 (GLM-5 TP8, the 78-layer step as
+  one CUDA graph, docs/moe-decode.md part 9): 1.66 vs 2.12 ms apart at M = 1, 3.79 vs 4.36 at
+  M = 4; apart 4 % faster at M = 16 (uniform routing).
+* apart (`fold_shared=False`, or I_s ≠ I): an `FP4MLP` of its own (`.shared_mlp`: the dense
+  `swiglu` gate_up and the down problem, two kernels), its output added to the routed one.
 """
 from __future__ import annotations
 
@@ -65,8 +66,9 @@ class FP4MoE(nn.Module):
                  shared: tuple | None = None, a_fmt: str = "bf16", activation: str = "silu",
                  bias13: Tensor | None = None, bias2: Tensor | None = None, swiglu_alpha: float = 1.702,
                  swiglu_limit: float = 7.0, fold_shared: bool | None = None):
-        """shared: the shared expert, apart (an FP4MLP) or, with fold_shared=True, folded in as
-        expert E; fold_shared=None folds only where apart cannot run (W4A4 activations).
+        """shared: the shared expert, folded in as expert E or apart (an FP4MLP, fold_shared=False);
+        fold_shared=None folds where the shared expert fits the routed stack (I_s = I, one format:
+        the faster form at decode sizes, module docstring) and always for W4A4 activations.
         a_fmt="nvfp4": the W4A4 problems (w13/w2 input_scale per expert). activation="swigluoai":
         gpt-oss's clamped SwiGLU on interleaved [gate, up] rows with biases bias13 [E, 2I] / bias2
         [E, H]; no kernel has that epilogue, so it runs unfused (plain grouped GEMMs, the activation,
@@ -83,8 +85,8 @@ class FP4MoE(nn.Module):
             raise ValueError(f"w2 {w2.shape} ({w2.fmt}) does not fit w13 {w13.shape} ({w13.fmt}): expected "
                              f"[{e}, {h}, {two_i // 2}] in one format")
         self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = e, top_k, h, two_i // 2, fused
-        if fold_shared is None:
-            fold_shared = a_fmt != "bf16"   # measured: apart is faster at decode sizes (module docstring)
+        if fold_shared is None:             # measured: folded is faster at M <= 4 (module docstring)
+            fold_shared = a_fmt != "bf16" or (shared is not None and _foldable(shared, w13))
         if shared is not None and not fold_shared and a_fmt != "bf16":
             raise ValueError("FP4MoE: a shared expert with W4A4 activations runs folded in (fold_shared=True); "
                              "apart it is an FP4MLP, which is W4A16")
@@ -289,7 +291,9 @@ class FP4MoE(nn.Module):
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
         check_routing(self._routing, x, topk_ids, topk_weights, values=False)
         # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
-        slot = self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
+        # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
+        slot = (self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
+                and l13.aligned_block_m(m) is None and l2.aligned_block_m(m) is None)
         ids, bad_rows = self._routed_ids(topk_ids, l13, l2, x.device, table=not slot or self.expert_map is not None)
         if self.shared_folded and not slot:  # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
@@ -454,6 +458,15 @@ def _input_scales(w13: FP4Weight, w2: FP4Weight, up_scale: Tensor | None, shared
         out13.append(i13)
         out2.append(i2)
     return torch.cat(out13).contiguous(), torch.cat(out2).contiguous()
+
+
+def _foldable(shared: tuple, w13: FP4Weight) -> bool:
+    """The shared expert fits the routed stack as one more expert (what _fold_shared checks)."""
+    s13, s2, _ = _shared_parts(shared)
+    _, two_i, h = w13.shape
+    return all(isinstance(w, FP4Weight) and w.packed.ndim == 2 and w.shape == want and w.fmt == w13.fmt
+               and w.global_scale.numel() == 1 and w.device == w13.device
+               for w, want in ((s13, (two_i, h)), (s2, (h, two_i // 2))))
 
 
 def _fold_shared(w13: FP4Weight, w2: FP4Weight, g2: Tensor, shared: tuple) -> tuple[FP4Weight, FP4Weight, Tensor]:

@@ -108,7 +108,8 @@ def enumerate_space(problem: Problem) -> list[Tactic]:
 
 
 #: True since tests/test_cuda_moe_gpu.py and bench/cuda_moe_h200.py's float64 checks of every config
-#: passed on the H200 (2026-12-02, bench/h200_new_code.sh). While False a tactic that fits is
+#: passed on the H200 (2026-12-02, bench/h200_new_code.sh; the aligned route's and the shared slot's
+#: GPU tests on 2026-12-04, docs/moe-decode.md part 9). While False a tactic that fits is
 #: `unknown` through the family (its shared memory exact, its results unseen on hardware), so a
 #: search measures it only with --measure-unknown: set it False again for a kernel change not yet run
 GPU_CHECKED = True
@@ -152,6 +153,15 @@ def route(problem: Problem, cfg: B.MoeConfig, m: int, shared_slot: bool = False)
         return "direct", max(1, MAX_PAIRS // problem.top_k)
     per_token = problem.top_k * problem.n * 4 * ((cfg.split_k if cfg.split_k > 1 else 0) + int(cfg.reduce))
     return "aligned", (max(1, WS_BYTES // per_token) if per_token else max(m, 1))
+
+
+def check_alignment(problem: Problem, cfg: B.MoeConfig, m: int, kind: str, rows: int, aligned) -> None:
+    """A caller's alignment (`aligned=`) must be for this call's pairs, in one aligned launch, at a
+    BLOCK_M the groups divide."""
+    if aligned is not None and (kind != "aligned" or m > rows or aligned.pairs != m * problem.top_k
+                                or aligned.block_m % (8 * cfg.m_tiles)):
+        raise ValueError(f"{problem.key}: an alignment of {aligned.pairs} pairs at BLOCK_M={aligned.block_m} does "
+                         f"not serve this call ({m} tokens, route {kind}, {rows} tokens per launch)")
 
 
 def grid_x(cfg: B.MoeConfig, pairs: int, g_main: int = 0, block_m: int = 0) -> tuple[int, int]:
@@ -319,10 +329,7 @@ class MoeLaunch(MoeScratch):
         if m == 0:
             return out
         kind, rows = route(p, self.cfg, m, shared_slot)
-        if aligned is not None and (kind != "aligned" or m > rows or aligned.pairs != m * p.top_k
-                                    or aligned.block_m % (8 * self.cfg.m_tiles)):
-            raise ValueError(f"{p.key}: an alignment of {aligned.pairs} pairs at BLOCK_M={aligned.block_m} does "
-                             f"not serve this call ({m} tokens, route {kind}, {rows} tokens per launch)")
+        check_alignment(p, self.cfg, m, kind, rows, aligned)
         if m > rows:                                   # token chunks, each its own launch
             for t0 in range(0, m, rows):
                 sl = slice(t0, min(m, t0 + rows))

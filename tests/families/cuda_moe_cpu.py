@@ -20,13 +20,17 @@ class _CpuMoeRun(MOE.MoeScratch):
         self.cfg = MOE.config(problem, tactic)
         self._init_scratch(check_ids)
         self.released = 0
+        self.aligned_calls = 0
 
     def release(self) -> None:
         self.released += 1
         super().release()
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot=False):
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot=False, aligned=None):
         m, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, shared_slot=shared_slot)
+        kind, rows = MOE.route(self.problem, self.cfg, m, shared_slot)
+        MOE.check_alignment(self.problem, self.cfg, m, kind, rows, aligned)     # emulate forms the same groups
+        self.aligned_calls += aligned is not None
         pairs = min(m, MOE.route(self.problem, self.cfg, m, shared_slot)[1]) * self.problem.top_k   # the largest launch's
         ws, _, bad = self._scratch(pairs, x.device)
         red, _ = self._reduce_scratch(pairs, x.device)
@@ -38,6 +42,30 @@ class _CpuMoeRun(MOE.MoeScratch):
 
     def chunk_tokens(self, m: int = 1) -> int:
         return MOE.route(self.problem, self.cfg, m)[1]
+
+    def aligned_block_m(self, m: int) -> int | None:     # MoeLaunch's
+        kind, rows = MOE.route(self.problem, self.cfg, m)
+        return MOE.ALIGN_BLOCK_M if kind == "aligned" and m <= rows else None
+
+    def aligner(self, experts: int, block_m: int):
+        """moe_align's alignment made on the CPU from its plain-Python reference (Triton's Aligner
+        needs a GPU): the same sorted ids, blocks and sizes."""
+        return lambda ids: cpu_alignment(ids, experts, block_m)
+
+
+def cpu_alignment(ids, experts: int, block_m: int):
+    import torch
+
+    from autotune.tactics.triton_fp4 import moe_align as A
+    pairs = ids.numel()
+    srt, blocks, npad = A.reference(ids, experts, block_m)
+    mb = A.max_blocks(pairs, experts, block_m)
+    sorted_ids = torch.full((mb * block_m,), pairs, dtype=torch.int32)
+    sorted_ids[:npad] = torch.tensor(srt, dtype=torch.int32)
+    expert_ids = torch.full((mb,), -1, dtype=torch.int32)
+    expert_ids[:len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    return A.Alignment(sorted_ids, expert_ids, torch.tensor([npad], dtype=torch.int32),
+                       torch.zeros(1, dtype=torch.int32), pairs, block_m, mb, 0)
 
 
 class CudaMoeCpu(CudaFamily):
