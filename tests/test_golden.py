@@ -10,7 +10,8 @@ own commit that says why. Changed on purpose so far: search_sm120_cutlass_torch_
 --max-tactics sample leaves unmeasured are counted apart, as `show` counts them); and, with #24,
 show_h200_json.txt gained each winner's "code_key" ("" for this schema-1 cache: no code key, so
 never served) and search_sm120_cutlass_torch_json.txt "unknown_reasons" per family (why verdicts
-stayed unknown).
+stayed unknown); and with the shared expert folded in by default (2026-12-04, issue #26 item 4) the
+four `search_*` dry runs list the folded problems (`e257:top9`) the search now tunes by default.
 """
 from __future__ import annotations
 
