@@ -16,6 +16,8 @@
 #      folded shared-expert problems into the same cache (for STEP_MLP=fold); STEP_PDL="1 0" runs each
 #      form with programmatic dependent launch on and off (AUTOTUNE_PDL, issue #26 item 7).
 # COMPARE_DB=path (.db or .db.xz) takes the whole run's cache from an earlier call (WHOLE=0).
+# The whole search takes ≈ 500 s since run 12: GPU tests in one call, then `WHOLE=1 KEEP=1`, and if
+# it was cut, `RESUME_DB=/root/keep/main-job-h200.db.xz` in the next (the machine stays warm 30 s).
 # Run from the repo root with the wheels of ../shared/tools/device-wheels.sh (plus platformdirs) in .whl/:
 #   OUT=DIR bash bench/h200_main_job.sh            (the device tool sets OUT)
 set -uo pipefail
@@ -38,6 +40,13 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
   local name=$1 secs=$2; shift 2
   local db=$W/$name.db cmd="autotune search --model glm5 --tp 8 $*"
   local t0 t1 rc
+  # RESUME_DB (.db or .db.xz; the whole run only): continue a search an earlier call cut (the
+  # summary then covers the whole cache, its wall this part's); KEEP=1 leaves the cache in
+  # /root/keep/NAME.db, where the next call on the same (still warm) machine finds it
+  if [ -n "${RESUME_DB:-}" ] && [ "$name" = main-job-h200 ]; then
+    case $RESUME_DB in *.xz) xz -dc "$RESUME_DB" > "$db";; *) cp "$RESUME_DB" "$db";; esac
+    cmd="$cmd (resumed)"
+  fi
   t0=$(date +%s.%N)
   timeout -s INT -k 30 "$secs" python3 -m autotune.cli search --model glm5 --tp 8 "$@" --cache "$db" --json \
       > "$W/$name.json" 2> "$W/$name.err"
@@ -51,6 +60,7 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
   python3 bench/main_job_summary.py "$db" --search-json "$W/$name.json" --wall-s "$wall" --command "$cmd" \
       --max-tokens "${MAXT:-8192}" -o "$OUT/$name.json" 2>&1 | tail -1 | tee -a "$OUT/summary.txt"
   xz -T0 -c "$db" > "$OUT/$name.db.xz"
+  if [ "${KEEP:-0}" = 1 ]; then mkdir -p /root/keep && cp "$OUT/$name.db.xz" /root/keep/; fi
 }
 
 if [ "${WHOLE:-1}" = 1 ]; then     # WHOLE=0: only the --max-tokens 64 run (a short device call)

@@ -70,7 +70,7 @@ _ACC_SINK = ("{ float s_ = 0.f; for (int u_ = 0; u_ < TN; ++u_) for (int j_ = 0;
              "for (int c_ = 0; c_ < 4; ++c_) s_ += acc[u_][j_][c_]; "
              "if (__float_as_uint(s_) == 0x7f80deadu) y[0] = 0; if (P >= 0) return; }")
 PROBES = [
-    ("launch", "  pdl_release();\n  const long long eid", "if (P >= 0) return;"),
+    ("launch", "  pdl_release();\n  const int groups", "if (P >= 0) return;"),
     ("id", "  const long long eid = pair_id(ids, ids64, q, top_k, ids_cols, shared_e);\n", "  if (P >= 0 && eid != -7) return;\n"),
     ("route", "  __syncthreads();\n  const u16* xrow[MT];", "\n  if (P >= 0 && rows_s[0] != -7) return;"),
     ("loop", "  wait_pending<0>();\n  __syncthreads();\n", "  " + _ACC_SINK + "\n"),
@@ -89,7 +89,7 @@ def probe_text(text: str, stage: str) -> str:
         raise ValueError(f"probe {stage}: its marker occurs {n} times in moe_mma's text (want 1)")
     if stage == "launch":      # insert between the release and the id read
         head, tail = text.split(marker)
-        return head + "  pdl_release();\n  " + code + "\n  const long long eid" + tail
+        return head + "  pdl_release();\n  " + code + "\n  const int groups" + tail
     i = text.index(marker) + len(marker)
     return text[:i] + code + text[i:]
 

@@ -19,6 +19,7 @@ from autotune.tactics import registry
 from autotune.tactics.cuda import build as B
 from autotune.tactics.cuda import layout as L
 from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda import moe_emulate as EMU
 from autotune.tactics.cuda.family import CudaFamily
 from tests.families.cuda_moe_cpu import CudaMoeCpu
 
@@ -337,7 +338,7 @@ def test_groups_cover_every_pair_once_in_order():
     for mt in (1, 2):
         trace: list = []
         s = inputs.make_inputs(prob, m, "cpu", 6)[0]
-        out = MOE.emulate(prob, _t(m_tiles=mt), s.x, L.pack_experts(s.w), ids, None, trace=trace)
+        out = EMU.emulate(prob, _t(m_tiles=mt), s.x, L.pack_experts(s.w), ids, None, trace=trace)
         seen = [p for _, _, grp in trace for p in grp]
         flat = ids.reshape(-1).tolist()
         assert sorted(seen) == [p for p in range(len(flat)) if flat[p] >= 0]
@@ -422,8 +423,8 @@ def test_aligned_groups_are_the_direct_groups(cap):
         ids[7] = experts                                     # bad ids are in no group either
         ids[11] = -4
         flat = ids.tolist()
-        direct = MOE._groups(flat, experts, cap, False)
-        aligned = MOE._groups(flat, experts, cap, True)
+        direct = EMU._groups(flat, experts, cap, False)
+        aligned = EMU._groups(flat, experts, cap, True)
         assert sorted((e, tuple(gr)) for _, e, gr in aligned) == sorted((e, tuple(gr)) for _, e, gr in direct)
         assert sorted(p for _, _, gr in aligned for p in gr) == [p for p, v in enumerate(flat) if 0 <= v < experts]
 
@@ -441,7 +442,7 @@ def test_aligned_route_matches_float64(epi, kw):
     x = torch.randn(m, 4, 256).to(torch.bfloat16) if epi == "reduce" else s.x
     ref = inputs.moe_reference(prob, x.double(), s.w, ids, s.topk_weights)
     trace: list = []
-    out = MOE.emulate(prob, _t(**kw), x, L.pack_experts(s.w), ids, s.topk_weights, trace=trace)
+    out = EMU.emulate(prob, _t(**kw), x, L.pack_experts(s.w), ids, s.topk_weights, trace=trace)
     assert MOE.route(prob, MOE.config(prob, _t(**kw)), m)[0] == "aligned"
     assert not torch.isnan(out).any() and float((out.double() - ref).norm() / ref.norm()) < 1e-2
     assert max(q for q, _, _ in trace) < 2 * (320 // 16 + 12)   # group CTAs of the blocks, not pair slots
@@ -450,6 +451,6 @@ def test_aligned_route_matches_float64(epi, kw):
     bad = ids.clone()
     bad[2, 3] = 12
     word = torch.zeros(1, dtype=torch.int32)
-    out = MOE.emulate(prob, _t(**kw), x, L.pack_experts(s.w), bad, s.topk_weights, bad=word)
+    out = EMU.emulate(prob, _t(**kw), x, L.pack_experts(s.w), bad, s.topk_weights, bad=word)
     row = out[2] if epi == "reduce" else out[2, 3]
     assert int(word) == 1 and torch.isnan(row).all()

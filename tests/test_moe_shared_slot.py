@@ -1,6 +1,6 @@
 """A shared expert folded in without concatenation (docs/moe-decode.md part 8): cuda `moe_mma` takes
 `shared_slot=True`, then topk_ids / topk_weights are [M, top_k - 1] and the kernel adds expert E - 1
-as every token's last slot with weight 1 (moe_mma.cu pair_id / pair_weight; moe.emulate is its CPU
+as every token's last slot with weight 1 (moe_mma.cu pair_id / pair_weight; moe_emulate.emulate is its CPU
 port). FP4MoE(fold_shared=True) uses it where both of its launchers take it, and concatenates the
 slot otherwise. Checked on the CPU through the cuda family's CPU port against float64 and against
 the concatenated form; the kernel itself against the concatenated form in tests/test_cuda_moe_gpu.py."""

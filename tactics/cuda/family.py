@@ -122,7 +122,8 @@ class _DenseKernel(LauncherBase):
 
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
-_CODE = (".family", ".build", ".dense", ".launch", ".layout", ".moe", ".pdl", "..base", "..scratch", "autotune.core.arch", "autotune.core.codekey",
+#: (moe_align: the aligned route's routing alignment, Triton's kernel)
+_CODE = (".family", ".build", ".dense", ".launch", ".layout", ".moe", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
          "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
          "autotune.core.settings", "autotune.core.tactic")
 

@@ -1,4 +1,4 @@
-"""A test-only copy of the `cuda` family whose grouped-MoE runner is `autotune.tactics.cuda.moe.emulate`
+"""A test-only copy of the `cuda` family whose grouped-MoE runner is `autotune.tactics.cuda.moe_emulate.emulate`
 (the kernel's grid ported to the CPU, CTA by CTA) behind the launcher's own argument check; every
 other part (space, verdicts, stacked layout, build/bind checks, the shared bound launcher, the
 launcher's scratch: split-K workspace and reduce rows from its ScratchPool, the bad-id word, the
@@ -7,6 +7,7 @@ against float64."""
 from __future__ import annotations
 
 from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda import moe_emulate as EMU
 from autotune.tactics.cuda.family import CudaFamily
 
 
@@ -34,7 +35,7 @@ class _CpuMoeRun(MOE.MoeScratch):
         pairs = min(m, MOE.route(self.problem, self.cfg, m, shared_slot)[1]) * self.problem.top_k   # the largest launch's
         ws, _, bad = self._scratch(pairs, x.device)
         red, _ = self._reduce_scratch(pairs, x.device)
-        MOE.emulate(self.problem, self.tactic, x, w, topk_ids, topk_weights, out, bad, ws=ws, red=red,
+        EMU.emulate(self.problem, self.tactic, x, w, topk_ids, topk_weights, out, bad, ws=ws, red=red,
                     shared_slot=shared_slot)
         if self.check_ids:
             MOE.raise_if_bad(bad)
