@@ -216,13 +216,14 @@ def baseline_text(d: Path | None) -> str | None:
     return None if d is None else (d / "mma_common.cuh").read_text() + "\n" + (d / "moe_mma.cu").read_text()
 
 
-def store_sweep(path: Path, rows: list, fam, arch, env=None, code_root: Path | None = None) -> int:
+def store_sweep(path: Path, rows: list, fam, arch, env=None, code_root: Path | None = None, code=None) -> int:
     """The sweep's timings of this revision's code as trials of a cache at `path` (status ok, keyed
     by device, libraries and code like the engine's): a source the rank model can be fitted on
     (tools/fit_rank_models.py), the one complete measurement of moe_mma's space at M = 1 and 4.
     env: the environment measured (None: GPU 0's, live); code_root: a checkout of the revision that
-    measured (None: the code installed here), its code keys taken from there. Both for rebuilding
-    the cache from a committed JSON without a GPU (tools/sweep_db_from_json.py)."""
+    measured (None: the code installed here), its code keys taken from there, with `code` (that
+    revision's own declaration of moe_mma's sources; None: this install's). For rebuilding the cache
+    from a committed JSON without a GPU (tools/sweep_db_from_json.py)."""
     from autotune.cache.store import Store
     from autotune.core import env as ENV
     from autotune.core.codekey import code_key_at
@@ -242,7 +243,7 @@ def store_sweep(path: Path, rows: list, fam, arch, env=None, code_root: Path | N
                             "bench/moe_latency_h200.py sweep", r["us"], None, 0, None,
                             MOE.verdict(prob, t, arch).smem_bytes,
                             code_key=registry.code_key(t, lib) if code_root is None
-                            else code_key_at(lib, registry.code_of(t), code_root)))
+                            else code_key_at(lib, code or registry.code_of(t), code_root)))
     with Store(str(path)) as st:
         st.put_environment(env, fam.depends_on)
         for prob in probs.values():

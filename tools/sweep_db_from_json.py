@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -107,13 +108,37 @@ def checkout(rev: str, dst: Path) -> Path:
     return src
 
 
+_DECLARED = """
+import json, autotune
+from autotune.core.tactic import Tactic
+from autotune.tactics import registry
+c = registry.code_of(Tactic("cuda", kernel="moe_mma", warps_k=1, stages=2, tiles_n=1, m_tiles=1, split_k=1))
+print(json.dumps([autotune.__file__, c.member, list(c.modules), [list(f) for f in c.files]]))
+"""
+
+
+def declared_code(src: Path):
+    """moe_mma's Code as the checkout under `src` declares it (its module list may differ from this
+    install's: a module declared since must not enter the key of a revision that did not declare it)."""
+    from autotune.core.codekey import Code
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    p = subprocess.run([sys.executable, "-c", _DECLARED], cwd=src, env=env, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"could not read the revision's code declaration: {p.stderr.strip().splitlines()[-1:]}")
+    where, member, modules, files = json.loads(p.stdout.strip().splitlines()[-1])
+    if not Path(where).resolve().is_relative_to(src.resolve()):
+        raise SystemExit(f"the revision's declaration was read from {where}, not from {src}")
+    return Code(member, tuple(modules), tuple(tuple(f) for f in files))
+
+
 def rebuild(doc: dict, out: Path, env: Env, code_root: Path | None, tmp: Path) -> int:
     """store_sweep's cache of `doc`'s sweep at `out` (built in `tmp`, copied once checked); the trial count."""
     mod = bench()
     fam = registry.get("cuda")
     arch = arch_for_cc(*(int(x) for x in env.cc.split(".")))
     db = tmp / out.name
-    n = mod.store_sweep(db, doc["sweep"], fam, arch, env=env, code_root=code_root)
+    code = None if code_root is None else declared_code(code_root)
+    n = mod.store_sweep(db, doc["sweep"], fam, arch, env=env, code_root=code_root, code=code)
     with Store(str(db)) as st:
         st.make_self_contained()
     con = sqlite3.connect(db)
