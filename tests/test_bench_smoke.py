@@ -63,6 +63,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "cuda_moe_h200.py": ("run", "--plan"),
     "pdl_h200.py": ("run", "--plan"),
     "rank_bests.py": ("run", "--json {out}/rb.json"),
+    "cuda_moe_regs.py": ("run", "--json {out}/regs.json"),     # nvcc (CI has it), this tree's text only
     "moe_latency_h200.py": ("run", "--plan"),
     "verdict_audit.py": ("parts", "import and --help; the audit it drives is tested in tests/test_code_keys.py"),
     "checkpoint_gpu.py": ("parts", "import and --help: it builds the checkpoint layers on a CUDA device"),

@@ -379,8 +379,9 @@ def test_routes_by_pair_count_and_workspace():
     assert MOE.route(none, c1, MOE.ALIGN_PAIRS // 8 + 1) == ("aligned", MOE.ALIGN_PAIRS // 8 + 1)  # no workspace: one launch
     assert MOE.route(none, c1, 8192, shared_slot=True) == ("direct", MOE.MAX_PAIRS // 8)     # its ids are not in topk_ids
     per_token = 8 * 6144 * 4 * (2 + 1)                      # split-K partials and reduce rows per token
-    assert MOE.route(red, c2, 8192) == ("aligned", MOE.WS_BYTES // per_token)
-    assert MOE.WS_BYTES // per_token * per_token <= MOE.WS_BYTES
+    chunk = MOE.route(red, c2, 8192)[1]
+    assert chunk == MOE.WS_BYTES // per_token
+    assert chunk * per_token <= MOE.WS_BYTES < (chunk + 1) * per_token   # the largest chunk under the cap
     run = MOE.MoeLaunch(red, _t(split_k=2), "cpu")
     assert run.aligned_block_m(1) is None and run.aligned_block_m(64) == MOE.ALIGN_BLOCK_M
     assert run.aligned_block_m(8192) is None                 # token chunks align each on their own
@@ -454,3 +455,27 @@ def test_aligned_route_matches_float64(epi, kw):
     out = EMU.emulate(prob, _t(**kw), x, L.pack_experts(s.w), bad, s.topk_weights, bad=word)
     row = out[2] if epi == "reduce" else out[2, 3]
     assert int(word) == 1 and torch.isnan(row).all()
+
+
+def test_a_callers_alignment_is_checked_before_the_kernel_reads_it():
+    """The kernel reads sorted_ids[max_blocks · BLOCK_M] and expert_ids[max_blocks] without bounds:
+    an alignment of other pairs, a BLOCK_M the groups do not divide, buffers short, of another dtype
+    or on another device are refused in one line."""
+    from tests.families.cuda_moe_cpu import cpu_alignment
+    prob, m = W2.variant("reduce"), 40                     # 320 pairs: the aligned route
+    cfg = MOE.config(prob, _t(m_tiles=2))
+    kind, rows = MOE.route(prob, cfg, m)
+    ids = torch.randint(0, 256, (m, 8))
+    good = cpu_alignment(ids, 256, 16)
+    MOE.check_alignment(prob, cfg, m, kind, rows, good, "cpu")
+    MOE.check_alignment(prob, cfg, m, kind, rows, None, "cpu")
+    bad = [(cpu_alignment(ids[:39], 256, 16), "320 tokens|does not serve"),
+           (dataclasses.replace(good, block_m=8), "BLOCK_M=8"),
+           (dataclasses.replace(good, sorted_ids=good.sorted_ids[:-1]), "sorted_ids must be"),
+           (dataclasses.replace(good, expert_ids=good.expert_ids.long()), "expert_ids must be"),
+           (dataclasses.replace(good, expert_ids=good.expert_ids.to("meta")), "expert_ids must be")]
+    for al, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            MOE.check_alignment(prob, cfg, m, kind, rows, al, "cpu")
+    with pytest.raises(ValueError, match="route direct"):
+        MOE.check_alignment(prob, cfg, 4, *MOE.route(prob, cfg, 4), good, "cpu")

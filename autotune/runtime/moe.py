@@ -293,13 +293,14 @@ class FP4MoE(nn.Module):
         check_routing(self._routing, x, topk_ids, topk_weights, values=False)
         # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
         # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
+        need = (l13.aligned_block_m(m), l2.aligned_block_m(m))
         slot = (self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
-                and l13.aligned_block_m(m) is None and l2.aligned_block_m(m) is None)
+                and need == (None, None))
         ids, bad_rows = self._routed_ids(topk_ids, l13, l2, x.device, table=not slot or self.expert_map is not None)
         if self.shared_folded and not slot:  # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
-        k13, k2 = ({"shared_slot": True}, {"shared_slot": True}) if slot else self._one_alignment(l13, l2, ids)
+        k13, k2 = ({"shared_slot": True}, {"shared_slot": True}) if slot else self._one_alignment(l13, l2, ids, need)
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             y = l2(h, ids, topk_weights, routing_checked=True, **k2)
@@ -373,10 +374,10 @@ class FP4MoE(nn.Module):
         return cls(kw.pop("w13"), kw.pop("w2"), kw.pop("top_k"), fused=fused, dispatcher=dispatcher,
                    fold_shared=fold_shared, **kw)
 
-    def _one_alignment(self, l13, l2, ids: Tensor) -> tuple[dict, dict]:
-        """One routing alignment per layer when both launchers take one as `aligned=` (made by the
-        launcher that needs the larger BLOCK_M, regrouped for the other); {} otherwise."""
-        need = [launch.aligned_block_m(ids.shape[0]) for launch in (l13, l2)]
+    def _one_alignment(self, l13, l2, ids: Tensor, need: tuple) -> tuple[dict, dict]:
+        """One routing alignment per layer when both launchers take one as `aligned=` (`need`: their
+        `aligned_block_m` at this M; made by the launcher that needs the larger BLOCK_M, regrouped for
+        the other); {} otherwise."""
         if None in need:
             return {}, {}
         bm = max(need)

@@ -59,25 +59,30 @@ def _input_scales(w13: FP4Weight, w2: FP4Weight, up_scale: Tensor | None, shared
     return torch.cat(out13).contiguous(), torch.cat(out2).contiguous()
 
 
-def _foldable(shared: tuple, w13: FP4Weight) -> bool:
-    """The shared expert fits the routed stack as one more expert (what _fold_shared checks)."""
+def _misfit(shared: tuple, w13: FP4Weight) -> str | None:
+    """Why the shared expert cannot be stacked onto the routed experts as one more, or None."""
     s13, s2, _ = _shared_parts(shared)
     _, two_i, h = w13.shape
-    return all(isinstance(w, FP4Weight) and w.packed.ndim == 2 and w.shape == want and w.fmt == w13.fmt
-               and w.global_scale.numel() == 1 and w.device == w13.device
-               for w, want in ((s13, (two_i, h)), (s2, (h, two_i // 2))))
+    for name, w, want in (("w13", s13, (two_i, h)), ("w2", s2, (h, two_i // 2))):
+        if not isinstance(w, FP4Weight) or w.packed.ndim != 2 or w.shape != want or w.fmt != w13.fmt \
+                or w.global_scale.numel() != 1 or w.device != w13.device:
+            return (f"shared {name} must be a 2-D {w13.fmt} FP4Weight {list(want)} with one global scale "
+                    f"on {w13.device}, got {getattr(w, 'shape', type(w).__name__)} "
+                    f"({getattr(w, 'fmt', '?')}, {getattr(w, 'device', '?')})")
+    return None
+
+
+def _foldable(shared: tuple, w13: FP4Weight) -> bool:
+    return _misfit(shared, w13) is None
 
 
 def _fold_shared(w13: FP4Weight, w2: FP4Weight, g2: Tensor, shared: tuple) -> tuple[FP4Weight, FP4Weight, Tensor]:
     """The routed stacks with the shared expert appended as expert E, per-expert global scales [E+1]."""
     s13, s2, s_up = _shared_parts(shared)
-    e, two_i, h = w13.shape
-    for name, w, want in (("w13", s13, (two_i, h)), ("w2", s2, (h, two_i // 2))):
-        if not isinstance(w, FP4Weight) or w.packed.ndim != 2 or w.shape != want or w.fmt != w13.fmt \
-                or w.global_scale.numel() != 1 or w.device != w13.device:
-            raise ValueError(f"shared {name} must be a 2-D {w13.fmt} FP4Weight {list(want)} with one global scale "
-                             f"on {w13.device}, got {getattr(w, 'shape', type(w).__name__)} "
-                             f"({getattr(w, 'fmt', '?')}, {getattr(w, 'device', '?')})")
+    e = w13.shape[0]
+    why = _misfit(shared, w13)
+    if why:
+        raise ValueError(why)
     if s_up is not None and (not isinstance(s_up, Tensor) or s_up.numel() != 1):
         raise ValueError(f"shared up_scale must be one global scale, got {getattr(s_up, 'shape', type(s_up).__name__)}")
     sg2 = _fold_up(s13.global_scale, s2.global_scale, s_up, None).reshape(1)

@@ -140,6 +140,8 @@ def default(problem: Problem, arch: Arch) -> Tactic:
 
 
 def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+    # the direct route's launch size: kept as the shipped rank model was fitted on it (the aligned
+    # route, M > 32 at top-8, launches fewer CTAs; a refit with route-aware figures is still to do)
     pairs = min(m * problem.top_k, MAX_PAIRS)
     ctas = pairs * problem.n // (L.ROWS * int(tactic["tiles_n"])) * int(tactic["split_k"])
     return {"ctas": float(ctas), "threads": float(32 * int(tactic["warps_k"]))}
@@ -154,13 +156,22 @@ def route(problem: Problem, cfg: B.MoeConfig, m: int, shared_slot: bool = False)
     return "aligned", (max(1, WS_BYTES // per_token) if per_token else max(m, 1))
 
 
-def check_alignment(problem: Problem, cfg: B.MoeConfig, m: int, kind: str, rows: int, aligned) -> None:
+def check_alignment(problem: Problem, cfg: B.MoeConfig, m: int, kind: str, rows: int, aligned, device) -> None:
     """A caller's alignment (`aligned=`) must be for this call's pairs, in one aligned launch, at a
-    BLOCK_M the groups divide."""
-    if aligned is not None and (kind != "aligned" or m > rows or aligned.pairs != m * problem.top_k
-                                or aligned.block_m % (8 * cfg.m_tiles)):
+    BLOCK_M the groups divide, its int32 buffers on `device` and as large as its block count says
+    (the kernel reads sorted_ids[max_blocks · BLOCK_M] and expert_ids[max_blocks] unchecked)."""
+    if aligned is None:
+        return
+    if kind != "aligned" or m > rows or aligned.pairs != m * problem.top_k or aligned.block_m % (8 * cfg.m_tiles):
         raise ValueError(f"{problem.key}: an alignment of {aligned.pairs} pairs at BLOCK_M={aligned.block_m} does "
                          f"not serve this call ({m} tokens, route {kind}, {rows} tokens per launch)")
+    for name, t, n in (("sorted_ids", aligned.sorted_ids, aligned.max_blocks * aligned.block_m),
+                       ("expert_ids", aligned.expert_ids, aligned.max_blocks)):
+        if (not torch.is_tensor(t) or t.dtype != torch.int32 or t.device != torch.device(device)
+                or not t.is_contiguous() or t.numel() < n):
+            raise ValueError(f"{problem.key}: the alignment's {name} must be a contiguous int32 tensor of >= {n} "
+                             f"values on {device}, got {getattr(t, 'dtype', type(t).__name__)} "
+                             f"{tuple(getattr(t, 'shape', ()))} on {getattr(t, 'device', '?')}")
 
 
 def grid_x(cfg: B.MoeConfig, pairs: int, g_main: int = 0, block_m: int = 0) -> tuple[int, int]:
@@ -225,6 +236,16 @@ class MoeScratch(PoolUser):
     def _init_scratch(self, check_ids: bool | None) -> None:
         self.check_ids = settings.check_ids() if check_ids is None else check_ids
         self._init_pool()
+
+    def chunk_tokens(self, m: int = 1) -> int:
+        """Tokens per launch of a call with M tokens (`route`)."""
+        return route(self.problem, self.cfg, m)[1]
+
+    def aligned_block_m(self, m: int) -> int | None:
+        """BLOCK_M of the alignment a call with M tokens takes as `aligned=` (the aligned route in
+        one launch), or None."""
+        kind, rows = route(self.problem, self.cfg, m)
+        return ALIGN_BLOCK_M if kind == "aligned" and m <= rows else None
 
     def _scratch(self, pairs: int, dev: torch.device, s: int | None = None, groups: int = 0):
         """ws [split_k, P, N] fp32 (split-K only), counters [max(P, groups), N tiles] zeroed once
@@ -306,16 +327,6 @@ class MoeLaunch(MoeScratch):
     def check(self, x, w, topk_ids, topk_weights, out, **shared):
         return check_call(self.problem, x, w, topk_ids, topk_weights, out, **shared)
 
-    def chunk_tokens(self, m: int = 1) -> int:
-        """Tokens per launch of a call with M tokens (`route`)."""
-        return route(self.problem, self.cfg, m)[1]
-
-    def aligned_block_m(self, m: int) -> int | None:
-        """BLOCK_M of the alignment a call with M tokens takes as `aligned=` (the aligned route in
-        one launch), or None."""
-        kind, rows = route(self.problem, self.cfg, m)
-        return ALIGN_BLOCK_M if kind == "aligned" and m <= rows else None
-
     def aligner(self, experts: int, block_m: int):
         """moe_align's Aligner (the alignment `aligned=` takes; Triton's, shared with its members)."""
         from autotune.tactics.triton_fp4.moe_align import Aligner
@@ -328,7 +339,7 @@ class MoeLaunch(MoeScratch):
         if m == 0:
             return out
         kind, rows = route(p, self.cfg, m, shared_slot)
-        check_alignment(p, self.cfg, m, kind, rows, aligned)
+        check_alignment(p, self.cfg, m, kind, rows, aligned, x.device)
         if m > rows:                                   # token chunks, each its own launch
             for t0 in range(0, m, rows):
                 sl = slice(t0, min(m, t0 + rows))

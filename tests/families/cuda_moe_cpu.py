@@ -30,7 +30,7 @@ class _CpuMoeRun(MOE.MoeScratch):
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot=False, aligned=None):
         m, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, shared_slot=shared_slot)
         kind, rows = MOE.route(self.problem, self.cfg, m, shared_slot)
-        MOE.check_alignment(self.problem, self.cfg, m, kind, rows, aligned)     # emulate forms the same groups
+        MOE.check_alignment(self.problem, self.cfg, m, kind, rows, aligned, x.device)   # emulate forms the same groups
         self.aligned_calls += aligned is not None
         pairs = min(m, MOE.route(self.problem, self.cfg, m, shared_slot)[1]) * self.problem.top_k   # the largest launch's
         ws, _, bad = self._scratch(pairs, x.device)
@@ -40,13 +40,6 @@ class _CpuMoeRun(MOE.MoeScratch):
         if self.check_ids:
             MOE.raise_if_bad(bad)
         return out
-
-    def chunk_tokens(self, m: int = 1) -> int:
-        return MOE.route(self.problem, self.cfg, m)[1]
-
-    def aligned_block_m(self, m: int) -> int | None:     # MoeLaunch's
-        kind, rows = MOE.route(self.problem, self.cfg, m)
-        return MOE.ALIGN_BLOCK_M if kind == "aligned" and m <= rows else None
 
     def aligner(self, experts: int, block_m: int):
         """moe_align's alignment made on the CPU from its plain-Python reference (Triton's Aligner

@@ -1,0 +1,83 @@
+"""ptxas resources (registers, static shared memory, spills) of sampled `moe_mma` configs, compiled
+by nvcc for sm_90 and sm_120 — this tree's kernel text, and with `--rev REV` that revision's
+moe_mma.cu + mma_common.cuh beside it (built with this tree's -D options: for revisions whose macros
+match). CPU only; the numbers docs/moe-decode.md part 9 gives for the aligned route's cost.
+
+    python3 bench/cuda_moe_regs.py [--rev a5b7e0b] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: (m_tiles, warps_k, stages, tiles_n, split_k, swiglu, reduce): served decode configs and the corners
+CONFIGS = [(1, 4, 4, 1, 4, 0, 0), (2, 4, 4, 2, 1, 1, 0), (2, 4, 2, 2, 1, 0, 1), (1, 1, 2, 1, 8, 0, 1),
+           (2, 2, 4, 4, 2, 0, 0), (2, 4, 2, 4, 4, 1, 0)]
+ARCHS = ("sm_90", "sm_120")
+
+
+def resources(build, texts: tuple[Path, Path] | None) -> dict[str, dict]:
+    """name → ptxas resources of every config on every arch; `texts` (common, kernel) replace the
+    tree's sources for the compile."""
+    saved = build.COMMON, build.MOE_SOURCE
+    if texts is not None:
+        build.COMMON, build.MOE_SOURCE = texts
+    try:
+        out = {}
+        for mt, wk, st, tn, sk, sw, red in CONFIGS:
+            c = build.MoeConfig(mt, wk, st, tn, sk, "nvfp4", bool(sw), bool(red))
+            for arch in ARCHS:
+                r = build.nvcc_resources(c, arch)
+                out[f"mt{mt} wk{wk} st{st} tn{tn} sk{sk}{' swiglu' if sw else ''}{' reduce' if red else ''} {arch}"] = {
+                    "registers": r.registers, "smem": r.smem, "spills": r.spills}
+        return out
+    finally:
+        build.COMMON, build.MOE_SOURCE = saved
+
+
+def at_rev(rev: str, d: Path) -> tuple[Path, Path]:
+    paths = []
+    for name in ("mma_common.cuh", "moe_mma.cu"):
+        data = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tactics/cuda/{name}"], capture_output=True,
+                              check=True).stdout
+        (d / name).write_bytes(data)
+        paths.append(d / name)
+    return paths[0], paths[1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", help="also compile this revision's kernel text")
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    from autotune.tactics.cuda import build as B
+    if B.nvcc() is None:
+        print("nvcc not on PATH", file=sys.stderr)
+        return 2
+    now = resources(B, None)
+    with tempfile.TemporaryDirectory() as t:
+        old = resources(B, at_rev(a.rev, Path(t))) if a.rev else None
+    print("| config | arch |" + (f" registers {a.rev} |" if old else "") + " registers | smem B | spills |")
+    print("|---|---|" + ("---:|" if old else "") + "---:|---:|---|")
+    for k, v in now.items():
+        cfg, arch = k.rsplit(" ", 1)
+        was = f" {old[k]['registers']} |" if old else ""
+        print(f"| {cfg} | {arch} |{was} {v['registers']} | {v['smem']} | {v['spills']} |")
+    if old:
+        d = [v["registers"] - old[k]["registers"] for k, v in now.items()]
+        print(f"register change: {min(d):+d} to {max(d):+d} over {len(d)} builds; smem equal: "
+              f"{all(v['smem'] == old[k]['smem'] for k, v in now.items())}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rev": a.rev, "now": now, "rev_resources": old}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
