@@ -156,12 +156,14 @@ def test_fp4moe_takes_its_alignment_from_the_launcher_that_needs_the_larger_bloc
     l13, l2 = _Routed(16), _Routed(64)
     blk = SimpleNamespace(_aligners={}, num_experts=8)
     ids = torch.zeros(4, 2, dtype=torch.int32)
-    k13, k2 = FP4MoE._one_alignment(blk, l13, l2, ids)
+    need = lambda a, b: (a.aligned_block_m(4), b.aligned_block_m(4))  # noqa: E731  (what FP4MoE._run asks once)
+    k13, k2 = FP4MoE._one_alignment(blk, l13, l2, ids, need(l13, l2))
     assert (k13, k2) == ({"aligned": ("aligned", 64, 16)}, {"aligned": ("aligned", 64, 64)})
     assert l2.asked == [(8, 64)] and l13.asked == []
-    FP4MoE._one_alignment(blk, l13, l2, ids)             # one aligner per layer and BLOCK_M
+    FP4MoE._one_alignment(blk, l13, l2, ids, need(l13, l2))     # one aligner per layer and BLOCK_M
     assert l2.asked == [(8, 64)]
-    assert FP4MoE._one_alignment(blk, l13, LauncherBase(), ids) == ({}, {})
+    base = LauncherBase()
+    assert FP4MoE._one_alignment(blk, l13, base, ids, need(l13, base)) == ({}, {})
 
 
 def test_moe_decode_offers_moe_align():
