@@ -100,7 +100,7 @@ def short(t) -> str:
 
 def cuda_verdict(prob, t, arch):
     """The member's exact verdict: through the family a kept moe_mma tactic reads `unknown` until the
-    kernel has run on a GPU (moe.GPU_CHECKED), and this run is that check."""
+    kernel's text has passed its GPU tests (moe.gpu_checked, gpu_checked.json), and this run is that check."""
     from autotune.tactics.cuda import moe as MOE
     return MOE.verdict(prob, t, arch)
 

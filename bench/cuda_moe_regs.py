@@ -1,6 +1,6 @@
 """ptxas resources (registers, static shared memory, spills) of sampled `moe_mma` configs, compiled
 by nvcc for sm_90 and sm_120 — this tree's kernel text, and with `--rev REV` that revision's
-moe_mma.cu + mma_common.cuh beside it (built with this tree's -D options: for revisions whose macros
+mma_common.cuh (+ moe_common.cuh where it has one) + moe_mma.cu beside it (built with this tree's -D options: for revisions whose macros
 match). CPU only; the numbers docs/moe-decode.md part 9 gives for the aligned route's cost.
 
     python3 bench/cuda_moe_regs.py [--rev a5b7e0b] [--json out.json]
@@ -23,12 +23,12 @@ CONFIGS = [(1, 4, 4, 1, 4, 0, 0), (2, 4, 4, 2, 1, 1, 0), (2, 4, 2, 2, 1, 0, 1), 
 ARCHS = ("sm_90", "sm_120")
 
 
-def resources(build, texts: tuple[Path, Path] | None) -> dict[str, dict]:
-    """name → ptxas resources of every config on every arch; `texts` (common, kernel) replace the
-    tree's sources for the compile."""
-    saved = build.COMMON, build.MOE_SOURCE
+def resources(build, texts: tuple[Path, ...] | None) -> dict[str, dict]:
+    """name → ptxas resources of every config on every arch; `texts` (the files of moe_mma's text, in
+    order) replace the tree's sources for the compile."""
+    saved = build.SOURCES[build.MOE_KERNEL]
     if texts is not None:
-        build.COMMON, build.MOE_SOURCE = texts
+        build.SOURCES[build.MOE_KERNEL] = texts
     try:
         out = {}
         for mt, wk, st, tn, sk, sw, red in CONFIGS:
@@ -39,17 +39,20 @@ def resources(build, texts: tuple[Path, Path] | None) -> dict[str, dict]:
                     "registers": r.registers, "smem": r.smem, "spills": r.spills}
         return out
     finally:
-        build.COMMON, build.MOE_SOURCE = saved
+        build.SOURCES[build.MOE_KERNEL] = saved
 
 
-def at_rev(rev: str, d: Path) -> tuple[Path, Path]:
+def at_rev(rev: str, d: Path) -> tuple[Path, ...]:
     paths = []
-    for name in ("mma_common.cuh", "moe_mma.cu"):
-        data = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tactics/cuda/{name}"], capture_output=True,
-                              check=True).stdout
-        (d / name).write_bytes(data)
+    for name in ("mma_common.cuh", "moe_common.cuh", "moe_mma.cu"):
+        r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tactics/cuda/{name}"], capture_output=True)
+        if r.returncode and name == "moe_common.cuh":     # before the routing helpers moved out of moe_mma.cu
+            continue
+        if r.returncode:
+            raise SystemExit(f"{rev}: no tactics/cuda/{name}")
+        (d / name).write_bytes(r.stdout)
         paths.append(d / name)
-    return paths[0], paths[1]
+    return tuple(paths)
 
 
 def main(argv=None) -> int:

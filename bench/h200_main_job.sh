@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job as a GPU check (issue #28), in one device call on the H200:
 #   0. (GPU_TESTS=1) the worker-memory GPU test (several buckets of a real MoE problem in one worker),
-#      the launchers' GPU tests and the cuda family's (dense, moe_mma incl. its shared slot, PDL, no sync);
+#      the launchers' GPU tests and the cuda family's (dense, moe_mma incl. its shared slot, moe_tok, PDL,
+#      no sync); all passed: tools/mark_gpu_checked.py records the kernels' texts (→ $OUT/gpu_checked.json);
 #   1. `autotune search --model glm5 --tp 8` on a fresh cache (fresh Triton and cubin caches too:
 #      compile time counts), default flags, cut with SIGINT at SEARCH_S seconds (the CLI then still
 #      prints what it measured and where the time went);
@@ -34,6 +35,12 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then   # the worker-memory test and the GPU tests 
   timeout "${GPU_TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -m "gpu or requires_sm90" tests/test_workers_gpu.py \
       tests/test_launcher.py tests/test_bound.py tests/test_moe_block.py tests/test_cuda_gpu.py tests/test_cuda_moe_gpu.py \
       tests/test_cuda_pdl_gpu.py tests/test_nosync_gpu.py 2>&1 | tee "$OUT/gpu-tests-full.txt" | tail -5 | tee "$OUT/gpu-tests.txt"
+  # every test passed, none skipped: record the cuda kernels' texts as GPU-checked (tactics/cuda/checked.py), so the
+  # main job below measures them; commit $OUT/gpu_checked.json and the log (docs/data/) from this call
+  rev=$(git rev-parse --short HEAD 2>/dev/null || echo tree)
+  if python3 tools/mark_gpu_checked.py "$OUT/gpu-tests-full.txt" --log-name "gpu-tests-h200-$rev.txt" 2>&1 | tee -a "$OUT/summary.txt"; then
+    cp tactics/cuda/gpu_checked.json "$OUT/gpu_checked.json"
+  fi
 fi
 
 run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then show and the summary

@@ -16,7 +16,8 @@ w13:swiglu (N = 512, K = 6144) and w2:reduce (N = 6144, K = 256, routing weights
    CUDA-graph replays over a cold-L2 rotation; differences place the time. Beside them: a
    graph-replayed device copy moving the same bytes as the kernel's weights (read + written), the
    smallest time a kernel touching those bytes can take here.
-2. **Sweep**: every moe_mma config the verdicts keep (m_tiles 1) at M = 1 and 4 for both problems,
+2. **Sweep**: every moe_mma config the verdicts keep (m_tiles 1) at M = 1 and 4 for both problems, and
+   w2:reduce's every kept moe_tok config (the token-major kernel) beside them, w2:reduce also at M = 16,
    timed the same way (cubins compiled first by a process pool); with `--baseline SRC` each config
    is also timed compiled from SRC's text (another revision) and with -DXPRE=0 (this text without
    its x prefetch): an A/B/C from one run; with `--store DB` its timings are written as trials (a
@@ -96,7 +97,7 @@ def probe_text(text: str, stage: str) -> str:
 
 def sweep_tactics(prob: Problem, arch) -> list[Tactic]:
     from autotune.tactics.cuda import moe as MOE
-    return [t for t in MOE.enumerate_space(prob) if t["m_tiles"] == 1 and MOE.verdict(prob, t, arch).ok]
+    return [t for t in MOE.enumerate_space(prob) if t.params.get("m_tiles", 1) == 1 and MOE.verdict(prob, t, arch).ok]
 
 
 def plan(compile_: bool) -> int:
@@ -211,9 +212,13 @@ class Bench:
 
 
 def baseline_text(d: Path | None) -> str | None:
-    """Another revision's moe_mma text (DIR/mma_common.cuh + DIR/moe_mma.cu, as build.text joins
-    them), timed beside this one's config by config: an A/B from one run."""
-    return None if d is None else (d / "mma_common.cuh").read_text() + "\n" + (d / "moe_mma.cu").read_text()
+    """Another revision's moe_mma text (DIR/mma_common.cuh [+ DIR/moe_common.cuh where that revision
+    has one] + DIR/moe_mma.cu, as build.text joins them), timed beside this one's config by config:
+    an A/B from one run (moe_mma configs only)."""
+    if d is None:
+        return None
+    names = ["mma_common.cuh"] + (["moe_common.cuh"] if (d / "moe_common.cuh").exists() else []) + ["moe_mma.cu"]
+    return "\n".join((d / n).read_text() for n in names)
 
 
 def store_sweep(path: Path, rows: list, fam, arch, env=None, code_root: Path | None = None, code=None) -> int:
@@ -237,8 +242,8 @@ def store_sweep(path: Path, rows: list, fam, arch, env=None, code_root: Path | N
     for r in rows:
         if "us" not in r:
             continue
-        prob, t = probs[r["problem"]], moe_t(r["tactic"]["warps_k"], r["tactic"]["split_k"], r["tactic"]["tiles_n"],
-                                             r["tactic"]["stages"], r["tactic"]["m_tiles"])
+        prob = probs[r["problem"]]
+        t = Tactic("cuda", **({"kernel": "moe_mma"} | r["tactic"]))    # sweeps before moe_tok stored no kernel
         trials.append(Trial(prob.key, r["m"], t.id, "cuda", t.to_json(), env.device_key, lib, "ok",
                             "bench/moe_latency_h200.py sweep", r["us"], None, 0, None,
                             MOE.verdict(prob, t, arch).smem_bytes,
@@ -290,15 +295,17 @@ def run_gpu(out: Path, budget_s: float, baseline: Path | None = None, store: Pat
     print(f"{len(jobs)} sweep configs compiled ({len(errs)} failed) at {doc['compile_s']} s", flush=True)
     base_txt, base_k = baseline_text(baseline), {}
     doc["baseline"] = str(baseline) if baseline else None
-    for m in (1, 4):
+    for m in (1, 4, 16):
         for prob, t in jobs:
+            if m == 16 and prob is not W2:                  # w2:reduce at M = 16: where moe_tok stops paying
+                continue
             if time.time() - t0 > budget_s:
                 doc["sweep_cut"] = f"budget {budget_s} s reached"
                 break
             r = {"problem": prob.key, "m": m, "tactic": t.params}
             try:
                 r["us"] = b.time_kernel(b.fam.build(prob, t, "cuda"), prob, m)
-                if base_txt is not None:
+                if base_txt is not None and not MOE.is_tok(t):
                     key = (prob.key, t.id)
                     if key not in base_k:
                         base_k[key] = b.text_kernel(prob, t, base_txt)
@@ -310,7 +317,7 @@ def run_gpu(out: Path, budget_s: float, baseline: Path | None = None, store: Pat
                 r["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             doc["sweep"].append(r)
         save()
-        for prob in (W13, W2):
+        for prob in ((W13, W2) if m < 16 else (W2,)):
             rows = sorted((r for r in doc["sweep"] if r["m"] == m and r["problem"] == prob.key and "us" in r),
                           key=lambda r: r["us"])
             for r in rows[:6]:

@@ -20,7 +20,7 @@ from autotune.tactics import registry
 from autotune.tactics.cuda import build as B
 from autotune.tactics.cuda import dense as D
 from autotune.tactics.cuda import layout as L
-from autotune.tactics.cuda.family import DENSE_SPLIT_GPU_CHECKED, DENSE_UNRUN, CudaFamily, config
+from autotune.tactics.cuda.family import DENSE_UNRUN, CudaFamily, config, dense_gpu_checked
 from tests.families.cuda_cpu import CudaDenseCpu
 
 FAM, CPU = CudaFamily(), CudaDenseCpu()
@@ -38,7 +38,7 @@ def _t(fam="cuda", **kw):
 
 def _fits(problem, tactic, arch=SM90) -> bool:
     """Kept by the exact rules: through the family a split-K or SwiGLU tactic is `unknown` until its
-    GPU tests have passed (family.DENSE_SPLIT_GPU_CHECKED), with that reason and the exact figure."""
+    GPU tests have passed (family.dense_gpu_checked, gpu_checked.json), with that reason and the exact figure."""
     v = FAM.verdict(problem, tactic, arch)
     return v.ok is True or (v.ok is None and v.reason == DENSE_UNRUN and v.smem_bytes is not None)
 
@@ -114,7 +114,7 @@ def test_swiglu_and_split_space():
     assert len(space) == 16 + 18 and all(t["tiles_n"] == 2 for t in space)     # gate + up tile per CTA
     assert {t.params.get("split_k", 1) for t in space} == {1, 2, 4, 8}
     kept = [t for t in space if _fits(SHARED_GU_SW, t)]
-    assert kept and all(FAM.verdict(SHARED_GU_SW, t, SM90).ok is (True if DENSE_SPLIT_GPU_CHECKED else None)
+    assert kept and all(FAM.verdict(SHARED_GU_SW, t, SM90).ok is (True if dense_gpu_checked() else None)
                         for t in kept)
     # K = 6144 is 48 k-pairs: warps_k * split_k must divide it
     v = FAM.verdict(SHARED_GU, _t(warps_k=8, stages=2, tiles_n=1, split_k=4), SM90)
@@ -135,7 +135,7 @@ def test_mxfp4_dense_is_supported_and_unknown_until_run():
     assert FAM.supports(p) is None and len(FAM.enumerate(p, SM90)) == 68
     t = _t(warps_k=4, stages=4)
     v = FAM.verdict(p, t, SM90)
-    assert _fits(p, t) and (v.ok is True) == DENSE_SPLIT_GPU_CHECKED
+    assert _fits(p, t) and (v.ok is True) == dense_gpu_checked()
     assert config(t, 1, p).fmt == "mxfp4" and D.new_form(p, t) and not D.new_form(SHARED_GU, t)
     from autotune.core.formats import quantize
     w = quantize(torch.randn(64, 512), "mxfp4")

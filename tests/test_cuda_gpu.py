@@ -59,7 +59,7 @@ def test_loaded_functions_do_not_spill():
         assert r["local_size_bytes"] == 0 and r["shared_size_bytes"] == B.smem_bytes(config(t, mt))
 
 
-# ---- split-K, SwiGLU and MXFP4 (issue #26 items 2-3; family.DENSE_SPLIT_GPU_CHECKED waits on these) -----
+# ---- split-K, SwiGLU and MXFP4 (issue #26 items 2-3; gpu_checked.json records w4a16_mma's text when these pass) -----
 TP8 = {"shared_gate_up": (512, 6144), "gate_up": (3072, 6144), "down": (6144, 1536), "shared_down": (6144, 256)}
 
 

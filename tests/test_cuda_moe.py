@@ -105,15 +105,15 @@ def test_registered_for_grouped_problems():
 
 def _fits(problem, tactic, arch) -> bool:
     """Kept by the member's exact rules: through the family that is `unknown` until the kernel has run
-    on a GPU (moe.GPU_CHECKED), with that reason and the exact figure."""
+    on a GPU (moe.gpu_checked: gpu_checked.json), with that reason and the exact figure."""
     v = FAM.verdict(problem, tactic, arch)
-    return v.ok is True or (v.ok is None and v.reason == MOE.UNRUN and v.smem_bytes is not None)
+    return v.ok is True or (v.ok is None and v.reason == MOE.unrun(tactic) and v.smem_bytes is not None)
 
 
 def test_an_unrun_kernel_is_unknown_until_checked_on_a_gpu():
     v, exact = FAM.verdict(W13, FAM.default(W13, SM90), SM90), MOE.verdict(W13, FAM.default(W13, SM90), SM90)
     assert exact.ok is True and v.smem_bytes == exact.smem_bytes
-    assert (v.ok is None and v.unchecked) == (not MOE.GPU_CHECKED)       # the search leaves it unmeasured
+    assert (v.ok is None and v.unchecked) == (not MOE.gpu_checked(FAM.default(W13, SM90)))   # the search leaves it unmeasured
 
 
 def test_verdicts():

@@ -3,7 +3,7 @@ GLM-5 TP8 shapes (E = 256, top-8; w13 512x6144, w2 6144x256), NVFP4 and MXFP4: f
 with -1 ids and NaN-poisoned outputs, bad ids (NaN rows, the bad-id word, the raise), SwiGLU,
 per-pair x, int64 ids, token chunks, graph replay = eager bit for bit, split-K deterministic,
 a token's rows the same bits at M = 1 and M = 64, the aligned route (large M) the direct route's
-bits, and the loaded variants' resources."""
+bits, and the loaded variants' resources; the token-major w2 kernel (moe_tok) likewise."""
 import importlib.util
 
 import pytest
@@ -45,9 +45,12 @@ def _weight(name, fmt):
 
 
 def _tactics(prob, extra=4):
-    """The default and a spread of kept tactics (split-K, m_tiles 2, wider row tiles)."""
+    """The default and a spread of moe_mma's kept tactics (split-K, m_tiles 2, wider row tiles): kept
+    by the member's exact verdict (through the family an unchecked text is `unknown`: these tests
+    are its check)."""
+    from autotune.tactics.cuda import moe as MOE
     fam, arch = _fam(), _arch()
-    kept = [t for t in fam.enumerate(prob, arch) if fam.verdict(prob, t, arch).ok]
+    kept = [t for t in fam.enumerate(prob, arch) if not MOE.is_tok(t) and MOE.verdict(prob, t, arch).ok]
     pick = [fam.default(prob, arch)]
     for want in (dict(split_k=2), dict(split_k=8), dict(m_tiles=2), dict(tiles_n=4), dict(tiles_n=2, stages=2)):
         t = next((t for t in kept if all(t[k] == v for k, v in want.items()) and t not in pick), None)
@@ -65,6 +68,18 @@ def _ids(m, seed, off=True):
 
 def _err(out, ref):
     return float((out.double() - ref).norm() / ref.norm())
+
+
+def _replays_bits(call, want) -> bool:
+    """call(y) captured in a CUDA graph, replayed into a NaN-filled y: the bits of `want`?"""
+    g = torch.cuda.CUDAGraph()
+    y = torch.empty_like(want)
+    with torch.cuda.graph(g):
+        call(y)
+    y.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return torch.equal(y, want)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -301,14 +316,7 @@ def test_the_aligned_route_gives_the_direct_routes_bits(epi, monkeypatch):
         assert _err(a, ref) < 1e-2, t
         al = Aligner(E, 64)(ids)                              # a layer's shared alignment at BLOCK_M 64
         assert torch.equal(kern(x, packed, ids, tw, aligned=al), a), t
-        g = torch.cuda.CUDAGraph()
-        y = torch.empty_like(a)
-        with torch.cuda.graph(g):
-            kern(x, packed, ids, tw, out=y)
-        y.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y, a), t
+        assert _replays_bits(lambda y: kern(x, packed, ids, tw, out=y), a), t
         with monkeypatch.context() as mp:
             mp.setattr(MOE, "ALIGN_PAIRS", 1 << 20)
             assert MOE.route(prob, kern.launcher.cfg, m)[0] == "direct"
@@ -323,3 +331,84 @@ def test_the_aligned_route_gives_the_direct_routes_bits(epi, monkeypatch):
         assert all(torch.isnan(r).all() for r in rows), t
         keep = [i for i in range(m) if i not in (1, 5)]
         assert torch.equal(out[keep], a[keep]), t
+
+
+# ---- moe_tok: the token-major w2 with the top_k sum ---------------------------------------------------
+def _tok_tactics(prob):
+    from autotune.tactics.cuda import moe as MOE
+    fam, arch = _fam(), _arch()
+    kept = [t for t in fam.enumerate(prob, arch) if MOE.is_tok(t) and MOE.verdict(prob, t, arch).ok]
+    pick = []
+    for want in (dict(warps_k=1, stages=2, tiles_n=1), dict(warps_k=2, stages=4, tiles_n=2),
+                 dict(warps_k=1, stages=4, tiles_n=4), dict(warps_k=2, stages=2, tiles_n=4)):
+        pick += [t for t in kept if all(t[k] == v for k, v in want.items())][:1]
+    assert len(pick) == 4, kept
+    return pick
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_tok_matches_float64_and_is_deterministic(fmt):
+    """moe_tok against float64 at M = 1, 4, 16, 100 (a -1 slot, NaN-poisoned output), the same bits
+    again, under graph replay, and a token's row the same bits alone and in a batch."""
+    n, k = SHAPES["w2"]
+    prob = Problem.moe(n, k, E, TOP_K, fmt, epilogue="reduce")
+    w, packed = _weight("w2", fmt)
+    fam = _fam()
+    for t in _tok_tactics(prob):
+        kern = fam.build(prob, t, "cuda")
+        for m in (1, 4, 16, 100):
+            ids, tw = _ids(m, 70 + m)
+            x3 = torch.randn(m, TOP_K, k, device="cuda").to(torch.bfloat16)
+            ref = inputs.moe_reference(prob, x3.double(), w, ids, tw)
+            out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            kern(x3, packed, ids, tw, out=out)
+            torch.cuda.synchronize()
+            assert not torch.isnan(out).any() and _err(out, ref) < 1e-2, (m, t)
+            assert torch.equal(kern(x3, packed, ids, tw), out), (m, t)
+            assert torch.equal(kern(x3[:1], packed, ids[:1], tw[:1]), out[:1]), (m, t)
+        assert _replays_bits(lambda y: kern(x3, packed, ids, tw, out=y), out), t
+
+
+def test_tok_bad_ids_and_the_shared_slot():
+    n, k = SHAPES["w2"]
+    prob = Problem.moe(n, k, E, TOP_K, epilogue="reduce")
+    w, packed = _weight("w2", "nvfp4")
+    fam = _fam()
+    t = _tok_tactics(prob)[1]
+    kern = fam.build(prob, t, "cuda")
+    ids, tw = _ids(4, 12)
+    ids[2, 5], ids[3, 0] = E + 3, -2
+    x3 = torch.randn(4, TOP_K, k, device="cuda").to(torch.bfloat16)
+    out = kern(x3, packed, ids, tw)
+    assert int(kern.launcher.bad.item()) == 1                              # no host read by default
+    assert torch.isnan(out[2]).all() and torch.isnan(out[3]).all() and not torch.isnan(out[:2]).any()
+    kern.launcher.bad.zero_()
+    kern.launcher.check_ids = True
+    with pytest.raises(ValueError, match="outside"):
+        kern(x3, packed, ids, tw)
+    # the shared expert folded in as expert 256 (e257:top9): the kernel adds it, the same bits as concatenated
+    sprob = Problem.moe(n, k, E + 1, TOP_K + 1, epilogue="reduce")
+    sw = inputs.seeded_weight(sprob, "cuda", 43)
+    spacked = fam.pack("cuda-mma-a-frag-v1", sw)
+    skern = fam.build(sprob, next(tt for tt in _tok_tactics(sprob)), "cuda")
+    assert skern.shared_slot
+    for m in (1, 5, 64):
+        ids, tw = _ids(m, 310 + m)
+        x3 = torch.randn(m, TOP_K + 1, k, device="cuda").to(torch.bfloat16)
+        full = torch.cat([ids, ids.new_full((m, 1), E)], 1)
+        tfull = torch.cat([tw, tw.new_ones((m, 1))], 1)
+        a = skern(x3, spacked, ids, tw, shared_slot=True)
+        assert torch.equal(a, skern(x3, spacked, full, tfull)), m
+        assert _err(a, inputs.moe_reference(sprob, x3.double(), sw, full, tfull)) < 1e-2, m
+
+
+def test_tok_loaded_variants_match_the_verdict():
+    from autotune.tactics.cuda import build as B
+    from autotune.tactics.cuda import moe as MOE
+    arch = _arch()
+    for fmt in ("nvfp4", "mxfp4"):
+        prob = Problem.moe(*SHAPES["w2"], E, TOP_K, fmt, epilogue="reduce")
+        for t in _tok_tactics(prob):
+            c = MOE.config(prob, t)
+            r = B.runtime_resources(B.load(c, f"sm_{arch.cc_int}", 0))
+            assert r["shared_size_bytes"] == B.smem_bytes(c) and r["local_size_bytes"] == 0

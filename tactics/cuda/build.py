@@ -27,8 +27,16 @@ from . import layout as L
 SOURCE = Path(__file__).with_name("w4a16_mma.cu")
 KERNEL = "w4a16_mma"
 MOE_SOURCE = Path(__file__).with_name("moe_mma.cu")
-COMMON = Path(__file__).with_name("mma_common.cuh")      # helpers both kernels share, prepended
+TOK_SOURCE = Path(__file__).with_name("moe_tok.cu")
+COMMON = Path(__file__).with_name("mma_common.cuh")      # helpers every kernel shares, prepended
+MOE_COMMON = Path(__file__).with_name("moe_common.cuh")  # routing helpers of the grouped kernels, next
 MOE_KERNEL = "moe_mma"
+TOK_KERNEL = "moe_tok"
+#: each kernel's text: the files build.text joins, in order
+SOURCES = {KERNEL: (COMMON, SOURCE), MOE_KERNEL: (COMMON, MOE_COMMON, MOE_SOURCE),
+           TOK_KERNEL: (COMMON, MOE_COMMON, TOK_SOURCE)}
+#: moe_tok.cu's MAXK: slots per token its CTA holds (top_k of the problem, the shared slot included)
+TOK_MAX_SLOTS = 32
 M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 64 per CTA row
 
 
@@ -65,6 +73,8 @@ class MoeConfig:
     fmt: str = "nvfp4"
     swiglu: bool = False
     reduce: bool = False  # w2: routing-weighted top_k sum per token in the same launch
+    token: bool = False   # moe_tok.cu: one CTA per (token, N tile), its slots summed in registers
+                          # (reduce only; m_tiles 1, split_k 1)
 
     @property
     def threads(self) -> int:
@@ -81,6 +91,8 @@ def _ring_and_reduction(c) -> int:
 def smem_bytes(c) -> int:
     """The static arrays the source declares: max(cp.async ring, cross-warp reduction); the grouped
     kernel adds its group's pair list (8 * m_tiles ints)."""
+    if isinstance(c, MoeConfig) and c.token:       # the ring (its 2-value reduction is smaller), then
+        return c.stages * c.threads * 36 * c.tiles_n + 3 * 4 * TOK_MAX_SLOTS + 4   # slot rows, experts, scales, count
     if isinstance(c, MoeConfig):
         return _ring_and_reduction(c) + 4 * 8 * c.m_tiles
     return _ring_and_reduction(c)
@@ -118,13 +130,20 @@ def options(c) -> list[str]:
 
 
 def kernel_name(c) -> str:
-    return MOE_KERNEL if isinstance(c, MoeConfig) else KERNEL
+    if isinstance(c, MoeConfig):
+        return TOK_KERNEL if c.token else MOE_KERNEL
+    return KERNEL
+
+
+def source_text(kernel: str) -> str:
+    """Kernel `kernel`'s text: the shared helpers, then the kernel (one text: NVRTC and nvcc need no
+    include path)."""
+    return "\n".join(f.read_text() for f in SOURCES[kernel])
 
 
 def text(c=None) -> str:
-    """The source of config c's kernel (the dense one without a config): the shared helpers, then
-    the kernel (one text: NVRTC and nvcc need no include path)."""
-    return COMMON.read_text() + "\n" + (MOE_SOURCE if isinstance(c, MoeConfig) else SOURCE).read_text()
+    """The source of config c's kernel (the dense one without a config)."""
+    return source_text(kernel_name(c))
 
 
 # --------------------------------------------------------------------------- nvcc (CI, tools)

@@ -27,10 +27,12 @@ from autotune.core.tactic import Tactic, Verdict, check_params
 from autotune.tactics.base import FamilyBase, LauncherBase, as_launcher
 
 from . import build as B
+from . import checked as CK
 from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
 from . import dense as D
 from . import layout as L
 from . import moe as MOE
+from .moe_tok import TokLaunch
 
 WARPS_K = (1, 2, 4, 8)
 STAGES = (2, 3, 4, 6)
@@ -39,13 +41,15 @@ _SCHEMA = {"warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
 _SPLIT_SCHEMA = {**_SCHEMA, "split_k": D.SPLIT_K}       # split-K tactics carry split_k; split 1 has none
 STATIC_SMEM_LIMIT = 48 * 1024          # a static __shared__ array can not opt in beyond 48 KiB
 _NO_CUPY = "CuPy is not installed (pip install fp4-autotune[cuda13] or [cuda12])"
-#: True since tests/test_cuda_gpu.py's split-K, SwiGLU and MXFP4 tests passed on the H200
-#: (2026-12-02, bench/h200_new_code.sh). While False a dense split-K tactic, or any tactic on a dense
-#: swiglu or MXFP4 problem, that fits is `unknown` (its shared memory exact, its results unseen on
-#: hardware), so a search measures it only with --measure-unknown
-DENSE_SPLIT_GPU_CHECKED = True
-DENSE_UNRUN = ("unknown: the dense cuda kernel's split-K / SwiGLU / MXFP4 forms have not run on a GPU yet "
-               "(tests/test_cuda_gpu.py runs them); --measure-unknown measures it")
+#: while the dense kernel's text has not passed its GPU tests (checked.py, tests/test_cuda_gpu.py) a
+#: tactic that fits is `unknown` (its shared memory exact, its results unseen on hardware), so a
+#: search measures it only with --measure-unknown
+DENSE_UNRUN = CK.unrun(B.KERNEL)
+
+
+def dense_gpu_checked() -> bool:
+    """Whether w4a16_mma's current text has passed its GPU tests (gpu_checked.json)."""
+    return CK.checked(B.KERNEL)
 
 
 def config(tactic: Tactic, m_tiles: int, problem: Problem | None = None) -> B.Config:
@@ -123,7 +127,7 @@ class _DenseKernel(LauncherBase):
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
 #: (moe_align: the aligned route's routing alignment, Triton's kernel)
-_CODE = (".family", ".build", ".dense", ".launch", ".layout", ".moe", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
+_CODE = (".family", ".build", ".checked", ".dense", ".launch", ".layout", ".moe", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
          "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
          "autotune.core.settings", "autotune.core.tactic")
 
@@ -133,17 +137,22 @@ class CudaFamily(FamilyBase):
     #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
     #: one kernel per .cu text; family.py imports both kernels' Python, so an edit there moves both
     CODE = Code.of("cuda/w4a16_mma", __package__, *_CODE, files=((".", "w4a16_mma.cu"), (".", "mma_common.cuh")))
-    MOE_CODE = Code.of("cuda/moe_mma", __package__, *_CODE, files=((".", "moe_mma.cu"), (".", "mma_common.cuh")))
+    MOE_CODE = Code.of("cuda/moe_mma", __package__, *_CODE, files=((".", "moe_mma.cu"), (".", "moe_common.cuh"),
+                                                                  (".", "mma_common.cuh")))
+    TOK_CODE = Code.of("cuda/moe_tok", __package__, *_CODE, files=((".", "moe_tok.cu"), (".", "moe_common.cuh"),
+                                                                  (".", "mma_common.cuh")))
     depends_on = ("cupy", "torch")       # CuPy brings NVRTC (the cubin cache also keys its version)
     default_rank = None
     compiles = True
     dense_epilogues = ("none", "swiglu")
 
     def code(self, tactic: Tactic) -> Code:
+        if MOE.is_tok(tactic):
+            return self.TOK_CODE
         return self.MOE_CODE if MOE.is_moe(tactic) else self.CODE
 
     def codes(self) -> tuple[Code, ...]:
-        return (self.CODE, self.MOE_CODE)
+        return (self.CODE, self.MOE_CODE, self.TOK_CODE)
 
     def available(self, device: str) -> tuple[bool, str]:
         if not str(device).startswith("cuda"):
@@ -188,8 +197,8 @@ class CudaFamily(FamilyBase):
                                   f"{problem.kind} problem")
         if MOE.is_moe(tactic):
             v = MOE.verdict(problem, tactic, arch)
-            if v.ok is True and not MOE.GPU_CHECKED:
-                return Verdict(None, MOE.UNRUN, v.smem_bytes, v.smem_limit, v.stages)
+            if v.ok is True and not MOE.gpu_checked(tactic):
+                return Verdict(None, MOE.unrun(tactic), v.smem_bytes, v.smem_limit, v.stages)
             return v
         if arch.cc_int < 80:
             return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
@@ -201,7 +210,7 @@ class CudaFamily(FamilyBase):
         limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
         if smem > limit:
             return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
-        if D.new_form(problem, tactic) and not DENSE_SPLIT_GPU_CHECKED:
+        if not dense_gpu_checked():
             return Verdict(None, DENSE_UNRUN, smem, limit, int(tactic["stages"]))
         return Verdict.keep(smem, limit, int(tactic["stages"]))
 
@@ -262,7 +271,7 @@ class CudaFamily(FamilyBase):
     def _moe_runner(self, problem: Problem, tactic: Tactic, device: str):
         """`run(x, packed, topk_ids, topk_weights=None, out=None)` on a checked stacked pack (what a
         test family replaces); CuPy is imported here, after every check of build and bind."""
-        return MOE.MoeLaunch(problem, tactic, device)
+        return TokLaunch(problem, tactic, device) if MOE.is_tok(tactic) else MOE.MoeLaunch(problem, tactic, device)
 
     def _moe_checks(self, problem: Problem, tactic: Tactic) -> str | None:
         why = self.validate(tactic) or self.supports(problem)

@@ -15,6 +15,10 @@ caller shares as `aligned=`, BLOCK_M a multiple of 8·m_tiles) gives the same gr
 cut in token chunks only where the split-K workspace and reduce rows would pass WS_BYTES. A shared
 slot (its ids are not in topk_ids) always takes the direct route, MAX_PAIRS pairs per launch.
 
+A second kernel serves the `reduce` variant (w2) at decode: `kernel="moe_tok"` (moe_tok.cu,
+moe_tok.py), one CTA per (token, N tile) summing the token's slots in registers (no scratch, no
+counters); tactic parameters `warps_k`, `stages`, `tiles_n` (m_tiles 1, split_k 1).
+
 Tactic parameters: `warps_k` (warps splitting K in a CTA), `stages` (cp.async ring depth),
 `tiles_n` (16-row weight tiles per CTA; SwiGLU: half gate, half up), `m_tiles` (a group holds up to
 8·m_tiles pairs of one expert), `split_k` (CTAs splitting K, summed in split order by the last one
@@ -36,10 +40,12 @@ from autotune.core.tactic import Tactic, Verdict, check_params
 from autotune.tactics.scratch import PoolUser, capturing, stream_key
 
 from . import build as B
+from . import checked as CK
 from . import layout as L
 from . import pdl as P
 
 KERNEL = B.MOE_KERNEL
+TOK_KERNEL = B.TOK_KERNEL
 WARPS_K = (1, 2, 4, 8)
 STAGES = (2, 4)
 TILES_N = (1, 2, 4)
@@ -47,6 +53,7 @@ M_TILES = (1, 2)
 SPLIT_K = (1, 2, 4, 8)
 SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N,
                             "m_tiles": M_TILES, "split_k": SPLIT_K}
+TOK_SCHEMA: dict[str, tuple] = {"kernel": (TOK_KERNEL,), "warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
 EPILOGUES = ("none", "swiglu", "reduce")
 FORMATS = ("nvfp4", "mxfp4")
 #: direct route, pairs per launch: each CTA scans the ids before its own, so larger calls are cut
@@ -63,10 +70,18 @@ STATIC_SMEM_LIMIT = 48 * 1024
 
 
 def is_moe(tactic: Tactic) -> bool:
-    return tactic.params.get("kernel") == KERNEL
+    """A grouped-MoE tactic of the cuda family (either kernel)."""
+    return tactic.params.get("kernel") in (KERNEL, TOK_KERNEL)
+
+
+def is_tok(tactic: Tactic) -> bool:
+    return tactic.params.get("kernel") == TOK_KERNEL
 
 
 def config(problem: Problem, tactic: Tactic) -> B.MoeConfig:
+    if is_tok(tactic):
+        return B.MoeConfig(1, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]), 1,
+                           problem.w_fmt, False, True, token=True)
     return B.MoeConfig(int(tactic["m_tiles"]), int(tactic["warps_k"]), int(tactic["stages"]),
                        int(tactic["tiles_n"]), int(tactic["split_k"]), problem.w_fmt, problem.epilogue == "swiglu",
                        problem.epilogue == "reduce")
@@ -84,12 +99,25 @@ def supports(problem: Problem) -> str | None:
 
 
 def validate(tactic: Tactic) -> str | None:
+    if is_tok(tactic):
+        return check_params(tactic, TOK_SCHEMA, "cuda moe_tok")
     return check_params(tactic, SCHEMA, "cuda moe_mma")
+
+
+def check_tok(problem: Problem) -> str | None:
+    """moe_tok runs the reduce variant only, one lane of warp 0 per slot."""
+    if problem.epilogue != "reduce":
+        return f"cuda moe_tok sums each token's slots: the reduce variant only, not {problem.epilogue}"
+    if problem.top_k > B.TOK_MAX_SLOTS:
+        return f"cuda moe_tok holds {B.TOK_MAX_SLOTS} slots per token, the problem has top_k={problem.top_k}"
+    return None
 
 
 def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
     """The tiles divide the problem (the kernel drops a K tail and leaves a row tail unwritten)."""
-    wk, sk, tn = int(tactic["warps_k"]), int(tactic["split_k"]), int(tactic["tiles_n"])
+    if is_tok(tactic) and check_tok(problem):
+        return check_tok(problem)
+    wk, sk, tn = int(tactic["warps_k"]), int(tactic.params.get("split_k", 1)), int(tactic["tiles_n"])
     if problem.k % (L.KPAIR * wk * sk):
         return f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k*split_k={L.KPAIR * wk * sk}"
     if problem.n % (L.ROWS * tn):
@@ -102,18 +130,27 @@ def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
 
 
 def enumerate_space(problem: Problem) -> list[Tactic]:
-    return [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=m, split_k=k)
-            for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
+    space = [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=m, split_k=k)
+             for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
+    if not check_tok(problem):
+        space += [Tactic("cuda", kernel=TOK_KERNEL, warps_k=w, stages=s, tiles_n=n)
+                  for w in WARPS_K for s in STAGES for n in TILES_N]
+    return space
 
 
-#: True since tests/test_cuda_moe_gpu.py and bench/cuda_moe_h200.py's float64 checks of every config
-#: passed on the H200 (2026-12-02, bench/h200_new_code.sh; the aligned route's and the shared slot's
-#: GPU tests on 2026-12-04, docs/moe-decode.md part 9). While False a tactic that fits is
-#: `unknown` through the family (its shared memory exact, its results unseen on hardware), so a
-#: search measures it only with --measure-unknown: set it False again for a kernel change not yet run
-GPU_CHECKED = True
-UNRUN = ("unknown: moe_mma has not run on a GPU yet (bench/cuda_moe_h200.py runs its GPU tests); "
-         "--measure-unknown measures it")
+#: a kernel that fits is `unknown` through the family until its text has passed its GPU tests
+#: (checked.py: tests/test_cuda_moe_gpu.py, recorded in gpu_checked.json by tools/mark_gpu_checked.py)
+UNRUN = CK.unrun(KERNEL)
+TOK_UNRUN = CK.unrun(TOK_KERNEL)
+
+
+def gpu_checked(tactic: Tactic) -> bool:
+    """Whether this tactic's kernel text has passed its GPU tests (checked.py)."""
+    return CK.checked(TOK_KERNEL if is_tok(tactic) else KERNEL)
+
+
+def unrun(tactic: Tactic) -> str:
+    return TOK_UNRUN if is_tok(tactic) else UNRUN
 
 
 def verdict(problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
@@ -140,6 +177,9 @@ def default(problem: Problem, arch: Arch) -> Tactic:
 
 
 def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+    if is_tok(tactic):                 # one CTA per (token, N tile)
+        return {"ctas": float(max(m, 1) * problem.n // (L.ROWS * int(tactic["tiles_n"]))),
+                "threads": float(32 * int(tactic["warps_k"]))}
     # the direct route's launch size: kept as the shipped rank model was fitted on it (the aligned
     # route, M > 32 at top-8, launches fewer CTAs; a refit with route-aware figures is still to do)
     pairs = min(m * problem.top_k, MAX_PAIRS)
@@ -149,7 +189,10 @@ def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, flo
 
 # --------------------------------------------------------------------------- launch
 def route(problem: Problem, cfg: B.MoeConfig, m: int, shared_slot: bool = False) -> tuple[str, int]:
-    """How a call with M tokens runs: ('direct' | 'aligned', tokens per launch)."""
+    """How a call with M tokens runs: ('direct' | 'aligned' | 'token', tokens per launch); moe_tok
+    ('token') takes any M in one launch."""
+    if cfg.token:
+        return "token", max(m, 1)
     if shared_slot or m * problem.top_k <= ALIGN_PAIRS:
         return "direct", max(1, MAX_PAIRS // problem.top_k)
     per_token = problem.top_k * problem.n * 4 * ((cfg.split_k if cfg.split_k > 1 else 0) + int(cfg.reduce))

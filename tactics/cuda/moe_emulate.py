@@ -25,7 +25,8 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
     chunks as the launcher takes them (`route`; the aligned route's blocks from moe_align.reference). ws / red: the launcher's split-K workspace
     (≥ split_k·P·N fp32) and reduce rows (≥ P·N fp32) from its scratch pool, used as the kernel
     uses them (each split's partials stored, then summed in split order); None: local tensors.
-    shared_slot: as the kernel's (ids and weights [M, top_k - 1], expert E - 1 added last)."""
+    shared_slot: as the kernel's (ids and weights [M, top_k - 1], expert E - 1 added last).
+    moe_tok tactics (`kernel="moe_tok"`) run moe_tok.cu's grid instead (`_emulate_token`)."""
     cfg = config(problem, tactic)
     m = topk_ids.shape[0]
     if shared_slot:             # the kernel's pair_id / pair_weight: expert E - 1 last, a routed id >= E - 1 out of range
@@ -35,6 +36,9 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
     shape = (m, problem.n) if cfg.reduce else (m, problem.top_k, problem.out_n)
     out = torch.full(shape, float("nan"), dtype=torch.bfloat16) if out is None else out
+    if cfg.token:
+        _emulate_token(problem, cfg, x, w, topk_ids, topk_weights, out, bad, trace)
+        return out
     kind, rows = route(problem, cfg, m, shared_slot)
     for t0 in range(0, m, rows):
         sl = slice(t0, min(m, t0 + rows))
@@ -131,3 +135,36 @@ def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace, ws=None, 
         for sl in range(problem.top_k):
             tot += red.reshape(-1, problem.top_k, n)[:, sl]
         out.copy_(tot.to(torch.bfloat16))
+
+
+def _emulate_token(problem, cfg, x, w, topk_ids, tw, out, bad, trace) -> None:
+    """moe_tok.cu's grid, CTA (token, N tile) by CTA: the token's slots with an expert in slot order,
+    each warp's K range of a slot times the slot's scale (here the routing weight: the decode folds
+    the global scale in) summed into the warp's row in slot order, then the warps in warp order; a
+    token with an id outside [-1, E) a NaN row and `bad` set; no slot with an expert, a zero row.
+    `trace` collects (token, slots' experts) per token that reads weights."""
+    n, k, top_k = problem.n, problem.k, problem.top_k
+    kpairs = k // L.KPAIR // cfg.warps_k                   # per warp and slot
+    xs = x.reshape(-1, k).float()                          # per pair (reduce: x [M, top_k, K])
+    deq: dict[int, torch.Tensor] = {}
+    for tok, row in enumerate(topk_ids.tolist()):
+        if any(e < -1 or e >= problem.experts for e in row):
+            out[tok] = float("nan")
+            if bad is not None:
+                bad.fill_(1)
+            continue
+        slots = [(s, e) for s, e in enumerate(row) if e >= 0]
+        if trace is not None and slots:
+            trace.append((tok, tuple(e for _, e in slots)))
+        total = torch.zeros(n)
+        for wp in range(cfg.warps_k):                      # warp order
+            k0, k1 = wp * kpairs * L.KPAIR, (wp + 1) * kpairs * L.KPAIR
+            acc = torch.zeros(n)
+            for s, e in slots:                             # slot order, every N tile at once
+                if e not in deq:
+                    deq[e] = L.emulate_dequantize_any(L.expert(w, e))
+                xr = xs[tok * top_k + s] if x.dim() == 3 else xs[tok]
+                part = deq[e][:, k0:k1] @ xr[k0:k1]
+                acc += part * (float(tw[tok, s]) if tw is not None else 1.0)
+            total += acc
+        out[tok] = total.to(torch.bfloat16)

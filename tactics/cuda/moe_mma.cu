@@ -29,7 +29,8 @@
 // it reads anything, then lets the next kernel start.
 // Config (MT, WK, STAGES, TN, SPLITK, SWIGLU, REDUCE), the format's (SW, SCALE_MUL, SCALE_ADD,
 // EPI_SCALE) and the layout's constants come as -D macros. No headers: build.text prepends
-// mma_common.cuh; the same text compiles under NVRTC and nvcc, for sm_80 and newer.
+// mma_common.cuh and moe_common.cuh (pair_id, pair_weight); the same text compiles under NVRTC and nvcc,
+// for sm_80 and newer.
 #define NTHREADS (WK * 32)
 #define CAP (8 * MT)
 #define SPAN (8 * NTHREADS)   // aligned route: pairs per CTA that writes the rows of pairs routed nowhere
@@ -46,37 +47,6 @@
 #else
 #define SLANE(l) (l)
 #endif
-
-// topk_ids as int32 or int64 (ids64): compared as 64-bit, so no id is truncated into range
-static __device__ __forceinline__ long long load_id(const void* ids, int ids64, int j) {
-  long long v;
-  if (ids64) {
-    asm volatile("ld.global.nc.s64 %0, [%1];" : "=l"(v) : "l"(reinterpret_cast<const long long*>(ids) + j));
-  } else {
-    int i;
-    asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(i) : "l"(reinterpret_cast<const int*>(ids) + j));
-    v = i;
-  }
-  return v;
-}
-// pair q's expert: topk_ids[q], or with a shared slot (shared_e >= 0: a shared expert folded in as
-// expert shared_e = E - 1) the token's last slot is that expert, which topk_ids does not hold (its
-// rows have ids_cols = top_k - 1 ids), and a routed id >= shared_e is out of range (-2: a NaN row)
-static __device__ __forceinline__ long long pair_id(const void* ids, int ids64, int q, int top_k, int ids_cols,
-                                                    int shared_e) {
-  if (shared_e < 0) return load_id(ids, ids64, q);
-  const int tok = q / top_k, slot = q - tok * top_k;
-  if (slot == top_k - 1) return shared_e;
-  const long long v = load_id(ids, ids64, tok * ids_cols + slot);
-  return v >= shared_e ? -2 : v;
-}
-
-// pair p's routing weight: tw[p], or with a shared slot 1 for it and the routed slots' from tw [M][ids_cols]
-static __device__ __forceinline__ float pair_weight(const float* tw, int p, int top_k, int ids_cols, int shared_e) {
-  if (shared_e < 0) return tw[p];
-  const int tok = p / top_k, slot = p - tok * top_k;
-  return slot == top_k - 1 ? 1.f : tw[tok * ids_cols + slot];
-}
 
 #if SPLITK > 1 || REDUCE
 // another CTA's partial: from L2 (L1 is not coherent across SMs)
@@ -120,17 +90,6 @@ static __device__ __forceinline__ void empty_pair(int q, bool isbad, int nt, u16
   const u16 v = isbad ? (u16)0x7FC0 : (u16)0;     // bf16 NaN / +0
   for (int c = tid; c < 16 * OUT_TN; c += NTHREADS) y[(size_t)q * nout + nt * 16 * OUT_TN + c] = v;
 #endif
-}
-
-// one k-pair of every row tile into ring stage `st` (mma_common.cuh's layout)
-static __device__ __forceinline__ void issue(unsigned char* wslot0, unsigned char* sslot0, int st,
-                                             const uint4* const w[TN], const u32* const s[TN]) {
-#pragma unroll
-  for (int u = 0; u < TN; ++u) {
-    cp16(wslot0 + RING_W(st, u, 0), w[u]);
-    cp16(wslot0 + RING_W(st, u, 1), w[u] + 32);
-    cp4(sslot0 + RING_S(st, u), s[u]);
-  }
 }
 
 // the ring's first STAGES - 1 k-pairs (advancing wp, sp); returns how many were issued
@@ -217,7 +176,8 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
     const int sub = bm / CAP, b = q / sub;
     b0 = b * bm + (q - b * sub) * CAP;
     e = blk_e[b];
-    if (e < 0 || e >= n_exp || srt[b0] >= P) return;   // past the padded total, or padding only
+    if (e < 0 || e >= n_exp || (unsigned)srt[b0] >= (unsigned)P) return;   // past the padded total, padding only
+                                                   // (or a row outside [0, P): the group's first row is read below)
   } else {
     const long long eid = pair_id(ids, ids64, q, top_k, ids_cols, shared_e);
     if (eid < 0 || eid >= n_exp) {                 // no expert: this pair's row, written by split 0
@@ -255,8 +215,8 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   unsigned char* const sslot0 = smem + RING_WBYTES + tid * 4;
   if (g_main > 0) {                                // the group's rows: sentinels (padding) as -1
     if (tid < CAP) {
-      const int p = srt[b0 + tid];
-      rows_s[tid] = p < P ? p : -1;
+      const int p = srt[b0 + tid];               // padding (the sentinel P) and any value outside [0, P): no row
+      rows_s[tid] = (unsigned)p < (unsigned)P ? p : -1;
     }
   } else {
     // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform

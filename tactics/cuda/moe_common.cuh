@@ -1,0 +1,43 @@
+// Routing helpers of the cuda family's grouped-MoE kernels (moe_mma.cu, moe_tok.cu): build.text prepends
+// this file after mma_common.cuh, so both kernels read ids and weights, and fill their rings, the same way.
+// topk_ids as int32 or int64 (ids64): compared as 64-bit, so no id is truncated into range
+static __device__ __forceinline__ long long load_id(const void* ids, int ids64, int j) {
+  long long v;
+  if (ids64) {
+    asm volatile("ld.global.nc.s64 %0, [%1];" : "=l"(v) : "l"(reinterpret_cast<const long long*>(ids) + j));
+  } else {
+    int i;
+    asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(i) : "l"(reinterpret_cast<const int*>(ids) + j));
+    v = i;
+  }
+  return v;
+}
+// pair q's expert: topk_ids[q], or with a shared slot (shared_e >= 0: a shared expert folded in as
+// expert shared_e = E - 1) the token's last slot is that expert, which topk_ids does not hold (its
+// rows have ids_cols = top_k - 1 ids), and a routed id >= shared_e is out of range (-2: a NaN row)
+static __device__ __forceinline__ long long pair_id(const void* ids, int ids64, int q, int top_k, int ids_cols,
+                                                    int shared_e) {
+  if (shared_e < 0) return load_id(ids, ids64, q);
+  const int tok = q / top_k, slot = q - tok * top_k;
+  if (slot == top_k - 1) return shared_e;
+  const long long v = load_id(ids, ids64, tok * ids_cols + slot);
+  return v >= shared_e ? -2 : v;
+}
+
+// pair p's routing weight: tw[p], or with a shared slot 1 for it and the routed slots' from tw [M][ids_cols]
+static __device__ __forceinline__ float pair_weight(const float* tw, int p, int top_k, int ids_cols, int shared_e) {
+  if (shared_e < 0) return tw[p];
+  const int tok = p / top_k, slot = p - tok * top_k;
+  return slot == top_k - 1 ? 1.f : tw[tok * ids_cols + slot];
+}
+
+// one k-pair of every row tile into ring stage `st` (mma_common.cuh's layout)
+static __device__ __forceinline__ void issue(unsigned char* wslot0, unsigned char* sslot0, int st,
+                                             const uint4* const w[TN], const u32* const s[TN]) {
+#pragma unroll
+  for (int u = 0; u < TN; ++u) {
+    cp16(wslot0 + RING_W(st, u, 0), w[u]);
+    cp16(wslot0 + RING_W(st, u, 1), w[u] + 32);
+    cp4(sslot0 + RING_S(st, u), s[u]);
+  }
+}

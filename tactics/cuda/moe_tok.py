@@ -1,0 +1,63 @@
+"""The launcher of the cuda family's token-major grouped-MoE kernel (`kernel="moe_tok"`, moe_tok.cu):
+w2's `reduce` variant at decode, one CTA per (token, N tile) summing the token's routed slots in
+registers. The kernel needs no scratch (no split-K workspace, no reduce rows, no counters) and no
+routing alignment: a call of any M is one launch of grid (M, N / (16 · tiles_n)). Its argument
+checks, the bad-id word and the shared slot are moe_mma's (moe.check_call, MoeScratch).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
+from autotune.tactics.scratch import stream_key
+
+from . import layout as L
+from . import moe as MOE
+
+
+class TokLaunch(MOE.MoeLaunch):
+    """(x, w, topk_ids, topk_weights=None, out=None, shared_slot=False) → bf16 [M, N] on a checked
+    stacked CudaPacked: each token's routing-weighted sum over its top_k slots. `aligned=` is refused
+    (the kernel reads topk_ids as they are; aligned_block_m is None at every M)."""
+
+    def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
+        if not MOE.is_tok(tactic):
+            raise ValueError(f"TokLaunch runs moe_tok tactics, not {tactic}")
+        super().__init__(problem, tactic, device, check_ids)
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None):
+        p = self.problem
+        if aligned is not None:
+            raise ValueError(f"{p.key}: cuda moe_tok reads topk_ids as they are and takes no routing alignment")
+        m, out = self.check(x, w, topk_ids, topk_weights, out, **({"shared_slot": True} if shared_slot else {}))
+        if m == 0:
+            return out
+        self._launch(x, w, topk_ids, topk_weights, out, shared_slot)
+        if self.check_ids:
+            MOE.raise_if_bad(self._word(x.device))
+        return out
+
+    def _launch(self, x, w, ids, tw, out, shared_slot: bool = False, kind: str = "token", al=None) -> None:
+        p, c = self.problem, self.cfg
+        m, dev = x.shape[0], x.device
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.contiguous().clone() if x.data_ptr() % 16 else x.contiguous()
+        ids = ids.contiguous()
+        bad = self._word(dev)
+        routed = tw is not None
+        tw_ = tw.to(torch.float32).contiguous() if routed else bad      # never read unrouted
+        gs = w.global_scale
+        # the int32 arguments as NumPy scalars made once per call form, pointers as Python ints (moe.py)
+        form = (m, ids.dtype == torch.int64, x.dim() == 3, routed, gs.numel() > 1, shared_slot)
+        ints = self._ints.get(form)
+        if ints is None:
+            shared_e, cols = (p.experts - 1, p.top_k - 1) if shared_slot else (-1, p.top_k)
+            ints = (np.int32(m), np.int32(p.n), np.int32(p.k), np.int32(p.top_k), np.int32(p.experts),
+                    *(np.int32(f) for f in form[1:5]), np.int32(shared_e), np.int32(cols))
+            if len(self._ints) < 256:                   # decode serves a few Ms: beyond, made per call
+                self._ints[form] = ints
+        args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
+                ids.data_ptr(), tw_.data_ptr(), bad.data_ptr()) + ints
+        self._run(dev)((m, p.n // (L.ROWS * c.tiles_n), 1), (c.threads, 1, 1), args, stream_key(dev))

@@ -1,0 +1,97 @@
+"""Which cuda kernel texts count as GPU-checked (tactics/cuda/checked.py): a kernel is kept by the
+family only while its current text's digest is the one recorded in gpu_checked.json from a passing
+GPU-test log (tools/mark_gpu_checked.py); any edit to the text makes it `unknown` again by itself."""
+import json
+
+import pytest
+
+from autotune.core.arch import get_arch
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
+from autotune.tactics.cuda import build as B
+from autotune.tactics.cuda import checked as CK
+from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda.family import DENSE_UNRUN, CudaFamily
+from tools import mark_gpu_checked as MARK
+
+FAM, SM90 = CudaFamily(), get_arch("sm90")
+W2R = Problem.moe(6144, 256, 256, 8, epilogue="reduce")
+MMA = Tactic("cuda", kernel="moe_mma", warps_k=1, stages=2, tiles_n=1, m_tiles=1, split_k=1)
+TOK = Tactic("cuda", kernel="moe_tok", warps_k=1, stages=2, tiles_n=1)
+DENSE = Tactic("cuda", warps_k=4, stages=4, tiles_n=1)
+
+
+@pytest.fixture
+def record(tmp_path, monkeypatch):
+    path = tmp_path / "gpu_checked.json"
+    monkeypatch.setattr(CK, "RECORD", path)
+    return path
+
+
+def _write(path, **digests):
+    path.write_text(json.dumps({k: {"digest": d, "log": "x.txt", "passed": 1, "date": "2026-12-04", "gpu": "g"}
+                                for k, d in digests.items()}))
+
+
+def test_the_verdict_follows_the_record(record):
+    assert FAM.verdict(W2R, TOK, SM90).unchecked and FAM.verdict(W2R, MMA, SM90).unchecked   # no record
+    assert FAM.verdict(Problem.dense(512, 6144), DENSE, SM90).reason == DENSE_UNRUN
+    _write(record, moe_tok=CK.digest("moe_tok"), moe_mma="0" * 16, w4a16_mma=CK.digest("w4a16_mma"))
+    assert FAM.verdict(W2R, TOK, SM90).ok is True
+    v = FAM.verdict(W2R, MMA, SM90)                       # a stale digest: an older text passed, not this one
+    assert v.ok is None and v.reason == MOE.UNRUN and v.smem_bytes == B.smem_bytes(MOE.config(W2R, MMA))
+    assert FAM.verdict(Problem.dense(512, 6144), DENSE, SM90).ok is True
+
+
+def test_an_edited_text_is_unchecked(record, tmp_path, monkeypatch):
+    _write(record, moe_tok=CK.digest("moe_tok"))
+    assert CK.checked("moe_tok")
+    edited = tmp_path / "moe_tok.cu"
+    edited.write_text(B.TOK_SOURCE.read_text() + "// a comment is an edit too\n")
+    with monkeypatch.context() as mp:
+        mp.setitem(B.SOURCES, "moe_tok", (B.COMMON, B.MOE_COMMON, edited))
+        CK.digest.cache_clear()
+        try:
+            assert not CK.checked("moe_tok")
+        finally:
+            CK.digest.cache_clear()
+    assert CK.checked("moe_tok")
+
+
+def test_the_committed_record_names_committed_logs():
+    from pathlib import Path
+    docs = Path(__file__).resolve().parents[1] / "docs" / "data"
+    rec = CK.record()
+    assert set(rec) <= set(B.SOURCES)
+    for kernel, entry in rec.items():
+        assert len(entry["digest"]) == 16 and (docs / entry["log"]).is_file(), (kernel, entry)
+        assert entry["passed"] > 0
+
+
+@pytest.mark.parametrize("line,n", [("65 passed, 46 deselected, 9 warnings in 169.65s (0:02:49)", 65),
+                                    ("=== 3 passed in 1.0s ===", 3)])
+def test_a_passing_log_qualifies(line, n):
+    assert MARK.passed(f"....\n{line}\n") == n
+
+
+@pytest.mark.parametrize("log", ["1 failed, 64 passed in 3s", "60 passed, 5 skipped in 3s", "2 errors in 1s",
+                                 "0 passed", "collected 65 items\n....", "64 passed, 1 xpassed in 2s"])
+def test_anything_else_does_not(log):
+    with pytest.raises(ValueError):
+        MARK.passed(log)
+
+
+def test_the_tool_records_the_current_digests(tmp_path):
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps({"w4a16_mma": {"digest": "old", "log": "a.txt", "passed": 1}}))
+    log = tmp_path / "gpu-tests-full.txt"
+    log.write_text("...\n12 passed in 3.2s\n")
+    assert MARK.main([str(log), "--record", str(rec), "--kernel", "moe_tok", "--gpu", "H", "--log-name", "t.txt"]) == 0
+    got = json.loads(rec.read_text())
+    assert got["w4a16_mma"]["digest"] == "old"                      # other kernels left as they were
+    assert got["moe_tok"] == {"digest": CK.digest("moe_tok"), "log": "t.txt", "passed": 12,
+                              "date": got["moe_tok"]["date"], "gpu": "H"}
+    log.write_text("...\n1 failed, 11 passed in 3.2s\n")
+    before = rec.read_text()
+    assert MARK.main([str(log), "--record", str(rec), "--gpu", "H"]) == 1
+    assert rec.read_text() == before                                # nothing written on a failing log

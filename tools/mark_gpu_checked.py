@@ -1,0 +1,70 @@
+"""Record in tactics/cuda/gpu_checked.json that the cuda kernels' current texts passed their GPU tests.
+
+    python3 tools/mark_gpu_checked.py LOG [--log-name NAME] [--kernel moe_mma ...] [--record PATH] [--gpu NAME]
+
+LOG is the pytest output of the GPU tests (bench/h200_main_job.sh GPU_TESTS=1 keeps it as
+gpu-tests-full.txt). It qualifies only when its summary line says tests passed and none failed, errored
+or were skipped (a skipped GPU test, e.g. without CuPy, checked nothing). Each named kernel (default:
+every cuda kernel) is then recorded with its text's digest (tactics/cuda/checked.py), the log's name
+(--log-name: the name it is committed under in docs/data/) and count, the date and the GPU; the file
+is replaced atomically. Exit 1 with one line otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def passed(log: str) -> int:
+    """Tests passed by the log's last pytest summary line; ValueError unless every test passed."""
+    lines = [ln for ln in log.splitlines() if re.search(r"\d+ (passed|failed|error|errors|skipped)\b", ln)]
+    if not lines:
+        raise ValueError("no pytest summary line in the log (cut before it ended?)")
+    last = lines[-1]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b", last)}
+    bad = {k: v for k, v in counts.items() if k != "passed" and v}
+    if bad or not counts.get("passed"):
+        raise ValueError(f"the GPU tests did not all pass: {last.strip()}")
+    return counts["passed"]
+
+
+def main(argv=None) -> int:
+    from autotune.tactics.cuda import build as B
+    from autotune.tactics.cuda import checked as C
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("log", type=Path)
+    ap.add_argument("--kernel", action="append", choices=sorted(B.SOURCES), help="default: every cuda kernel")
+    ap.add_argument("--log-name", help="the log's name under docs/data/ (default: LOG's file name)")
+    ap.add_argument("--record", type=Path, default=C.RECORD)
+    ap.add_argument("--gpu", default=None, help="default: torch's name of device 0")
+    a = ap.parse_args(argv)
+    try:
+        n = passed(a.log.read_text(errors="replace"))
+    except (OSError, ValueError) as e:
+        print(f"mark_gpu_checked: {a.log}: {e}", file=sys.stderr)
+        return 1
+    gpu = a.gpu
+    if gpu is None:
+        import torch
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "unknown"
+    rec = dict(C.record(a.record))
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    for k in a.kernel or sorted(B.SOURCES):
+        rec[k] = {"digest": C.digest(k), "log": a.log_name or a.log.name, "passed": n, "date": date, "gpu": gpu}
+    tmp = a.record.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, a.record)
+    print(f"mark_gpu_checked: {', '.join(a.kernel or sorted(B.SOURCES))} recorded ({n} passed, {gpu})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
