@@ -4,6 +4,7 @@ mma_common.cuh (+ moe_common.cuh where it has one) + moe_mma.cu beside it (built
 match). CPU only; the numbers docs/moe-decode.md part 9 gives for the aligned route's cost.
 
     python3 bench/cuda_moe_regs.py [--rev a5b7e0b] [--json out.json]
+    python3 bench/cuda_moe_regs.py --tok            # moe_tok's configs the verdicts keep at GLM-5 TP8's w2:reduce
 """
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ sys.path.insert(0, str(ROOT))
 CONFIGS = [(1, 4, 4, 1, 4, 0, 0), (2, 4, 4, 2, 1, 1, 0), (2, 4, 2, 2, 1, 0, 1), (1, 1, 2, 1, 8, 0, 1),
            (2, 2, 4, 4, 2, 0, 0), (2, 4, 2, 4, 4, 1, 0)]
 ARCHS = ("sm_90", "sm_120")
+#: moe_tok (warps_k, stages, tiles_n) at GLM-5 TP8's w2:reduce (K = 256: warps_k <= 2)
+TOK_CONFIGS = [(wk, st, tn) for wk in (1, 2) for st in (2, 4, 8) for tn in (1, 2, 4)
+               if st * 32 * wk * 36 * tn <= 48 * 1024]      # the verdict's static-array limit
+
+
+def tok_resources(build) -> dict[str, dict]:
+    out = {}
+    for wk, st, tn in TOK_CONFIGS:
+        c = build.MoeConfig(1, wk, st, tn, 1, "nvfp4", reduce=True, token=True)
+        for arch in ARCHS:
+            r = build.nvcc_resources(c, arch)
+            out[f"moe_tok wk{wk} st{st} tn{tn} {arch}"] = {"registers": r.registers, "smem": r.smem, "spills": r.spills}
+    return out
 
 
 def resources(build, texts: tuple[Path, ...] | None) -> dict[str, dict]:
@@ -59,12 +73,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", help="also compile this revision's kernel text")
     ap.add_argument("--json")
+    ap.add_argument("--tok", action="store_true", help="moe_tok's configs instead of moe_mma's")
     a = ap.parse_args(argv)
     from autotune.tactics.cuda import build as B
     if B.nvcc() is None:
         print("nvcc not on PATH", file=sys.stderr)
         return 2
-    now = resources(B, None)
+    if a.tok and a.rev:
+        print("--tok compiles this tree's moe_tok only (no --rev)", file=sys.stderr)
+        return 2
+    now = tok_resources(B) if a.tok else resources(B, None)
     with tempfile.TemporaryDirectory() as t:
         old = resources(B, at_rev(a.rev, Path(t))) if a.rev else None
     print("| config | arch |" + (f" registers {a.rev} |" if old else "") + " registers | smem B | spills |")

@@ -12,9 +12,9 @@ expert's FP4MLP), pinned.
     python3 bench/moe_host.py [--device cpu|cuda] [--experts 16] [--reps 30] [--batch 200] [--profile 15] [--json out.json]
 
 GLM-5 TP8's MoE layer (H 6144, I 256 per rank, top 8, one shared expert) with `--experts` local
-experts (the host path does not depend on E), M = 1, forms: routed only, shared apart (default),
-shared folded. Figures: µs per forward, p50 / p90 over batches; `--profile N` prints the N
-functions with the most own time (cProfile) for the default form.
+experts (the host path does not depend on E), M = 1, forms: routed only, shared apart, shared folded
+(the default), and shared folded with w2 on moe_tok. Figures: µs per forward, p50 / p90 over
+batches; `--profile N` prints the N functions with the most own time (cProfile) for "shared folded".
 """
 from __future__ import annotations
 
@@ -44,9 +44,17 @@ def null_family():
     """The cuda family whose two launchers run every line of theirs but the launch."""
     from autotune.tactics.cuda import launch as LA, moe as MOE
     from autotune.tactics.cuda.family import CudaFamily
+    from autotune.tactics.cuda.moe_tok import TokLaunch
 
     class NullMoe(MOE.MoeLaunch):
         def check(self, x, w, topk_ids, topk_weights, out, **shared):   # the same checks but the CUDA device's
+            return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, **shared)
+
+        def _run(self, dev):
+            return _null
+
+    class NullTok(TokLaunch):
+        def check(self, x, w, topk_ids, topk_weights, out, **shared):
             return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, **shared)
 
         def _run(self, dev):
@@ -79,14 +87,16 @@ def null_family():
             return NullDense(problem, tactic, device, config)
 
         def _moe_runner(self, problem, tactic, device):
-            return NullMoe(problem, tactic, device)
+            return (NullTok if MOE.is_tok(tactic) else NullMoe)(problem, tactic, device)
     return NullCuda
 
 
-def pick(fam, problem, arch, split: bool):
+def pick(fam, problem, arch, split: bool, kernel: str | None = None):
     """A kept tactic of the family for `problem`: with split-K when `split` (as the H200's M = 1
-    winners take), else without."""
+    winners take), else without; of grouped kernel `kernel` where given (moe_mma or moe_tok)."""
     for t in fam.enumerate(problem, arch):
+        if kernel is not None and t.params.get("kernel", kernel) != kernel:
+            continue
         if (int(t.params.get("split_k", 1)) > 1) == split and fam.verdict(problem, t, arch).ok is not False:
             return t
     raise SystemExit(f"no kept cuda tactic for {problem.key} (split={split})")
@@ -132,14 +142,15 @@ def main() -> None:
     syncs = {}
     rows = {}
     profile = ""
-    for form in ("routed only", "shared apart", "shared folded"):
+    for form in ("routed only", "shared apart", "shared folded", "shared folded, w2 moe_tok"):
         d = Dispatcher(None, env=cpu(), arch=arch, record_misses=False, warn=False) if dev == "cpu" else \
             Dispatcher(None, record_misses=False, warn=False)
         kw = {} if form == "routed only" else {"shared": FP4MoE.shared_from_float(*shared),
-                                               "fold_shared": form == "shared folded"}
+                                               "fold_shared": form.startswith("shared folded")}
         blk = FP4MoE.from_float(w13[:, :I], w13[:, I:], w2, TOP_K, dispatcher=d, **kw)
         for p in [blk.problem13, blk.problem2] + list(getattr(blk.shared_mlp, "problems", ()) if blk.shared_mlp else ()):
-            d.pin(p, pick(fam, p, arch, split=p.n < 2048))       # split-K where N is small (w13, gate_up)
+            tok = p is blk.problem2 and form.endswith("moe_tok")   # w2:reduce on the token-major kernel
+            d.pin(p, pick(fam, p, arch, split=p.n < 2048, kernel="moe_tok" if tok else "moe_mma"))   # split-K where N is small
         fwd = (lambda blk=blk: blk(x, ids, tw))
         fwd()
         sync()
@@ -154,7 +165,7 @@ def main() -> None:
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             syncs[form] = sum(is_sync_warning(w) for w in caught)
-        if form == "shared apart" and a.profile:
+        if form == "shared folded" and a.profile:
             pr = cProfile.Profile()
             pr.enable()
             for _ in range(a.batch):

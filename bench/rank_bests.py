@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     from autotune.engine.search import _Work, plan
     from autotune.models import problems_for
     from autotune.tactics import registry
+    from autotune.tactics.cuda import checked as CK
     arch = ARCHS[a.arch]
     path = Path(a.rank_model) if a.rank_model else strategy.shipped(arch)
     if path is None:
@@ -47,7 +48,9 @@ def main(argv=None) -> int:
     fams = [registry.get(n) for n in ("cuda", "triton", "torch")]
     work = []
     for p, rows in plan(probs, fams, arch).items():
-        kept = [r for r in rows if r.verdict.ok is True]
+        # as the main job sees them once the GPU tests have recorded the cuda kernels' texts
+        # (tactics/cuda/gpu_checked.json): a tactic unknown only for want of that record counts as kept
+        kept = [r for r in rows if r.verdict.ok is True or CK.awaiting_record(r.verdict)]
         if kept:
             work.append(_Work(p, kept, registry.designated_default(p, arch, "cuda")))   # as the search does
     plans = strategy.plans(m, work, BUCKETS, arch, a.sms, Store(), "dev", ranked.Ranked())

@@ -340,9 +340,10 @@ def _tok_tactics(prob):
     kept = [t for t in fam.enumerate(prob, arch) if MOE.is_tok(t) and MOE.verdict(prob, t, arch).ok]
     pick = []
     for want in (dict(warps_k=1, stages=2, tiles_n=1), dict(warps_k=2, stages=4, tiles_n=2),
-                 dict(warps_k=1, stages=4, tiles_n=4), dict(warps_k=2, stages=2, tiles_n=4)):
+                 dict(warps_k=1, stages=4, tiles_n=4), dict(warps_k=2, stages=2, tiles_n=4),
+                 dict(warps_k=1, stages=8, tiles_n=2)):
         pick += [t for t in kept if all(t[k] == v for k, v in want.items())][:1]
-    assert len(pick) == 4, kept
+    assert len(pick) == 5, kept
     return pick
 
 

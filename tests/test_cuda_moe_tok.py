@@ -42,7 +42,7 @@ def _t(fam="cuda", **kw):
 # ---- space and verdicts ---------------------------------------------------------------------------
 def test_space_is_the_reduce_variant_only():
     toks = [t for t in FAM.enumerate(W2R, SM90) if MOE.is_tok(t)]
-    assert len(toks) == 24 and all(MOE.is_moe(t) and set(t.params) == {"kernel", "warps_k", "stages", "tiles_n"}
+    assert len(toks) == 36 and all(MOE.is_moe(t) and set(t.params) == {"kernel", "warps_k", "stages", "tiles_n"}
                                    for t in toks)
     for p in (W2R.variant("none"), Problem.moe(512, 6144, 256, 8, epilogue="swiglu")):
         assert not [t for t in FAM.enumerate(p, SM90) if MOE.is_tok(t)]
@@ -76,7 +76,8 @@ def test_verdicts_are_exact_and_unknown_until_gpu_checked():
 
 _TOK = [B.MoeConfig(1, 1, 2, 1, 1, "nvfp4", reduce=True, token=True),
         B.MoeConfig(1, 2, 4, 4, 1, "nvfp4", reduce=True, token=True),      # the largest kept at GLM-5's w2
-        B.MoeConfig(1, 8, 2, 2, 1, "mxfp4", reduce=True, token=True)]
+        B.MoeConfig(1, 8, 2, 2, 1, "mxfp4", reduce=True, token=True),
+        B.MoeConfig(1, 1, 8, 2, 1, "nvfp4", reduce=True, token=True)]       # the deepest ring
 
 
 @NO_NVCC

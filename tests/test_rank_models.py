@@ -45,14 +45,15 @@ def test_the_shipped_sm90_model_loads_knows_the_cuda_family_moe_decode_and_the_f
 
 def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
     """Every categorical feature of every kept cuda/triton/torch tactic of a dense and both fused
-    GLM-5 TP8 problems is one the shipped model was fitted on: no tactic enters as a never-seen
-    extra (the model of docs/data, fitted before cuda and the fused problems, has them all as new)."""
+    GLM-5 TP8 problems is one the shipped model was fitted on, but moe_tok's (added after the fit): no
+    other tactic enters as a never-seen extra (the model of docs/data, fitted before cuda and the fused
+    problems, has them all as new)."""
     m = rankmodel.load(strategy.shipped(SM90))
     probs = [Problem.from_key("dense:bf16*nvfp4->bf16:n3072:k6144"), *map(Problem.from_key, FUSED)]
     fams = [registry.get(n) for n in ("cuda", "triton", "torch")]
     work = []
     for p, rows in plan(probs, fams, SM90).items():
-        kept = [r for r in rows if r.verdict.ok is True]
+        kept = [r for r in rows if _kept(r.verdict)]
         work.append(_Work(p, kept, kept[0].tactic))
     assert any(r.tactic.family == "cuda" for w in work for r in w.kept)
     plans = strategy.plans(m, work, [1, 64], SM90, 132, Store(), "dev", ranked.Ranked())
@@ -62,9 +63,22 @@ def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
             p = plans[(w.problem.key, b)]
             bests = tuple(i for i in m.bests(w.problem.key, b) if i in ids)
             assert bests                                            # the committed data timed every one of these jobs
-            # the default, then the model's bests: no never-seen extra
-            assert [t.id for t in p.extras] == list(dict.fromkeys((w.default.id, *bests))), (w.problem.key, b)
+            # the default, then the model's bests, then never-seen members: only moe_tok (added after the
+            # fit, kernel=moe_tok a category the trees never saw), only on the reduce problem it runs
+            seen = list(dict.fromkeys((w.default.id, *bests)))
+            extras = [t.id for t in p.extras]
+            assert extras[:len(seen)] == seen, (w.problem.key, b)
+            novel = p.extras[len(seen):]
+            assert all(t.params.get("kernel") == "moe_tok" for t in novel), (w.problem.key, b)
+            assert bool(novel) == (w.problem.epilogue == "reduce"), (w.problem.key, b)
             assert len(p.order) == len(w.kept) and all(abs(x) < 10 for x in p.pred)
+
+
+def _kept(v) -> bool:
+    """Kept as a search sees it once the GPU tests have recorded the cuda kernels' texts (a verdict
+    unknown only for want of that record counts: tactics/cuda/checked.py)."""
+    from autotune.tactics.cuda.checked import awaiting_record
+    return v.ok is True or awaiting_record(v)
 
 
 def test_a_ranked_search_measures_first_what_the_moe_mma_sweep_found_fastest():
@@ -77,7 +91,7 @@ def test_a_ranked_search_measures_first_what_the_moe_mma_sweep_found_fastest():
     fam = registry.get("cuda")
     work = []
     for p, rows in plan(probs, [fam, registry.get("triton")], SM90).items():
-        kept = [r for r in rows if r.verdict.ok is True]
+        kept = [r for r in rows if _kept(r.verdict)]
         work.append(_Work(p, kept, fam.default(p, SM90)))
     plans = strategy.plans(m, work, [1, 4], SM90, 132, Store(), "dev", ranked.Ranked())
     for w in work:

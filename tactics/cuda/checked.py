@@ -54,5 +54,10 @@ def checked(kernel: str, path: Path | None = None) -> bool:
 
 def unrun(kernel: str) -> str:
     """The `unknown` verdict's reason for a kernel whose text has not passed its GPU tests."""
-    return (f"unknown: this {kernel} text has not passed its GPU tests (tactics/cuda/gpu_checked.json; "
-            "bench/h200_main_job.sh GPU_TESTS=1 runs and records them); --measure-unknown measures it")
+    return f"unknown: this {kernel} text has not passed its GPU tests (gpu_checked.json); --measure-unknown measures it"
+
+
+def awaiting_record(verdict) -> bool:
+    """A verdict that is `unknown` only because its kernel's text has no GPU-check record (kept by the
+    exact rules): what the search sees as kept once the GPU tests have recorded that text."""
+    return verdict.ok is None and verdict.reason in {unrun(k) for k in B.SOURCES}

@@ -53,7 +53,10 @@ M_TILES = (1, 2)
 SPLIT_K = (1, 2, 4, 8)
 SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N,
                             "m_tiles": M_TILES, "split_k": SPLIT_K}
-TOK_SCHEMA: dict[str, tuple] = {"kernel": (TOK_KERNEL,), "warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
+#: moe_tok streams all of a token's slots through one ring (top_k x K / 128 k-pairs per CTA, 18 at GLM-5's
+#: w2): a deeper ring keeps more bytes in flight per SM where a CTA has few warps
+TOK_STAGES = (2, 4, 8)
+TOK_SCHEMA: dict[str, tuple] = {"kernel": (TOK_KERNEL,), "warps_k": WARPS_K, "stages": TOK_STAGES, "tiles_n": TILES_N}
 EPILOGUES = ("none", "swiglu", "reduce")
 FORMATS = ("nvfp4", "mxfp4")
 #: direct route, pairs per launch: each CTA scans the ids before its own, so larger calls are cut
@@ -134,7 +137,7 @@ def enumerate_space(problem: Problem) -> list[Tactic]:
              for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
     if not check_tok(problem):
         space += [Tactic("cuda", kernel=TOK_KERNEL, warps_k=w, stages=s, tiles_n=n)
-                  for w in WARPS_K for s in STAGES for n in TILES_N]
+                  for w in WARPS_K for s in TOK_STAGES for n in TILES_N]
     return space
 
 
