@@ -11,7 +11,10 @@ own commit that says why. Changed on purpose so far: search_sm120_cutlass_torch_
 show_h200_json.txt gained each winner's "code_key" ("" for this schema-1 cache: no code key, so
 never served) and search_sm120_cutlass_torch_json.txt "unknown_reasons" per family (why verdicts
 stayed unknown); and with the shared expert folded in by default (2026-12-04, issue #26 item 4) the
-four `search_*` dry runs list the folded problems (`e257:top9`) the search now tunes by default.
+four `search_*` dry runs list the folded problems (`e257:top9`) the search now tunes by default; and
+(2026-12-04, twelfth session) search_sm90 / search_sm120 count the grouped cuda tactics `unknown`
+(moe_mma's text changed and moe_tok is new: neither has passed its GPU tests, tactics/cuda/checked.py)
+and the reduce problems count moe_tok's tactics.
 """
 from __future__ import annotations
 
