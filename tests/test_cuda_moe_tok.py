@@ -224,3 +224,31 @@ def test_fp4moe_serves_it_for_w2_with_the_shared_slot(tmp_path, register_family,
     blk(torch.randn(m, H).to(torch.bfloat16), big, torch.rand(m, TOP_K, generator=g))
     # w13 aligns on its own (moe_tok shares no alignment), the slot concatenated for both
     assert seen == [(False, (m, TOP_K + 1), False, False), (True, (m, TOP_K + 1), False, False)]
+
+
+def test_the_launch_matches_the_kernels_signature():
+    """What TokLaunch passes (the launch itself captured, on CPU tensors) is what moe_tok.cu declares:
+    one pointer per 'P', one int32 per 'i' (pdl.signature packs exactly these), grid (M, N tiles, 1),
+    the shared slot's E - 1 and id columns, and the bad-id word as the 8th pointer."""
+    import numpy as np
+    from autotune.tactics.cuda import pdl as P
+    prob = Problem.moe(64, 256, 6, 3, epilogue="reduce")
+    calls = []
+
+    class Captured(TokLaunch):
+        def check(self, x, w, topk_ids, topk_weights, out, **shared):
+            return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, **shared)
+
+        def _run(self, dev):
+            return lambda grid, block, args, stream: calls.append((grid, block, args))
+    run = Captured(prob, _t(tiles_n=2, warps_k=2), "cpu")
+    s = inputs.make_inputs(prob, 5, "cpu", 1)[0]
+    w = L.pack_experts(s.w)
+    run(s.x, w, s.topk_ids, s.topk_weights)
+    run(s.x, w, s.topk_ids[:, :2].contiguous(), s.topk_weights[:, :2].contiguous(), shared_slot=True)
+    fmt = P.signature(B.text(run.cfg), "moe_tok")[1:]
+    for (grid, block, args), shared_e, cols in zip(calls, (-1, 5), (3, 2)):
+        assert grid == (5, 64 // 32, 1) and block == (64, 1, 1) and len(args) == len(fmt)
+        assert all(isinstance(a, int) if f == "P" else isinstance(a, np.int32) for a, f in zip(args, fmt))
+        assert args[7] == run.bad.data_ptr() and args[2] == s.x.data_ptr()
+        assert [int(v) for v in args[8:]] == [5, 64, 256, 3, 6, 0, 1, 1, 1, shared_e, cols]
