@@ -140,6 +140,12 @@ def usable(problem: Problem, tactic: Tactic, arch: Arch, device: str) -> str | N
     return None
 
 
+def useful(problem: Problem, tactic: Tactic, m: int) -> bool:
+    """Whether the search times `tactic` at bucket M (Family.useful; a family without the method: True)."""
+    fn = getattr(get(tactic.family), "useful", None)
+    return True if fn is None else bool(fn(problem, tactic, m))
+
+
 # -- which code measured a stored row (autotune.core.codekey) ---------------------------------
 
 #: what a stale-code row's reason starts with (the Dispatcher counts `skipped` by it)

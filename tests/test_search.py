@@ -225,3 +225,25 @@ def test_unchecked_verdicts_are_not_measured_unless_asked(tmp_path, register_fam
         search([DENSE], families=[fam], store=s, buckets=Buckets.of((1,)), timer=FAST, env=CPU, measure_unknown=True)
         measured = {t.tactic_id for t in s.get_trials(DENSE.key, 1, CPU.device_key)}
     assert {t.id for t in unchecked} <= measured
+
+
+@pytest.mark.parametrize("strategy", ["halving", "ranked"])
+def test_a_tactic_its_family_calls_useless_at_a_bucket_is_not_timed_there(tmp_path, register_family, strategy):
+    """Family.useful (a decode-only kernel, e.g. cuda moe_tok past 2 pairs per expert): the search
+    times the chunked tactics at M = 1 only, the unchunked ones and the default everywhere; winners
+    in every bucket. The ranked strategy plans from the same rows (engine.strategy.kept_at)."""
+    register_family("decodeonly", "tests.families.decodeonly:DecodeOnlyFamily")
+    fam = registry.get("decodeonly")
+    store = Store(tmp_path / "c.db")
+    wide = Problem.dense(1024, 256)                                  # chunk_n 512 < N: a kept chunked tactic
+    rep = search([wide], families=[fam], store=store, buckets=Buckets.of((1, 4)), timer=FAST, env=CPU,
+                 strategy=strategy)
+    assert rep.failed == 0
+    dev = rep.winners[0].device_key
+    timed = {b: {t.tactic_id for t in store.get_trials(wide.key, b, dev) if t.status in ("ok", "dropped")}
+             for b in (1, 4)}
+    kept = [t for t in fam.enumerate(wide, CPU_ARCH) if fam.verdict(wide, t, CPU_ARCH).ok]
+    chunked = {t.id for t in kept if t["chunk_n"]}
+    assert chunked and chunked & timed[1] and not chunked & timed[4]
+    assert {w.bucket for w in store.winners()} == {1, 4}
+    assert fam.default(wide, CPU_ARCH).id in timed[4]

@@ -233,12 +233,13 @@ class _Search:
         """Each (problem, bucket) as the strategy measures it (ranked: its plan; finished ones empty)."""
         out = []
         for w in work:
-            ids = {r.tactic.id for r in w.kept}
             for b in self.buckets:
-                todo = self.remaining(w.problem, b, [r.tactic for r in w.kept])
+                kept = strategy.kept_at(w, b)          # a family may call a tactic useless at this M (Family.useful)
+                todo = self.remaining(w.problem, b, [r.tactic for r in kept])
                 job, resumed = self.strategy.job(self, Job(w.problem, b, todo, w.default.id,
-                                                           {r.tactic.id: r.verdict.smem_bytes for r in w.kept}), ids)
-                self.report.resumed += (len(w.kept) - len(todo)) if resumed else 0
+                                                           {r.tactic.id: r.verdict.smem_bytes for r in kept}),
+                                                 {r.tactic.id for r in kept})
+                self.report.resumed += (len(kept) - len(todo)) if resumed else 0
                 out.append(job)
         return out
 

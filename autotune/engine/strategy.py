@@ -122,31 +122,39 @@ def load_model(given, store, arch: Arch, libs: Mapping[str, str | None] | None =
     return (m, _said(m, str(path))) if m is not None else (None, bad)
 
 
+def kept_at(w, bucket: int) -> list:
+    """The job's kept rows the search times at `bucket`: those their family calls useful there
+    (Family.useful; the designated default always)."""
+    return [r for r in w.kept if r.tactic.id == w.default.id or registry.useful(w.problem, r.tactic, bucket)]
+
+
 def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: Arch, sms: int, store,
           device_key: str, cfg: ranked.Ranked, lib_keys: dict | None = None) -> dict[tuple[str, int], ranked.RankPlan]:
-    """Per (problem, bucket): the kept tactics in predicted order; as extras the default, the
+    """Per (problem, bucket): the kept tactics useful there (`kept_at`) in predicted order; as extras the default, the
     fastest tactics the model's own data timed there (Model.bests) and novel members; and the
     times the cache already holds for them (a resumed search counts those as measured; with
     `lib_keys`, only those measured under these libraries and the code installed here). One
     prediction over every (problem, bucket, tactic) row: the tree walk costs per call, not per row."""
     out, names = {}, set(model.names)
     work = list(work)
-    feats = {(w.problem.key, b): [rankdata.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes) for r in w.kept]
-             for w in work for b in buckets}
+    rows = {(w.problem.key, b): kept_at(w, b) for w in work for b in buckets}
+    feats = {k: [rankdata.row(w.problem, r.tactic, k[1], arch, sms, r.verdict.smem_bytes) for r in rows[k]]
+             for w in work for k in ((w.problem.key, b) for b in buckets)}
     flat = model.predict([f for fs in feats.values() for f in fs])
     preds, i = {}, 0
     for k, fs in feats.items():
         preds[k], i = flat[i:i + len(fs)], i + len(fs)
     for w in work:
-        by_id = {r.tactic.id: r.tactic for r in w.kept}
         for b in buckets:
+            kept = rows[(w.problem.key, b)]
+            by_id = {r.tactic.id: r.tactic for r in kept}
             f, p = feats[(w.problem.key, b)], preds[(w.problem.key, b)]
             known = {t.tactic_id: t.median_us for t in store.get_trials(w.problem.key, b, device_key)
                      if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in by_id
                      and (lib_keys is None or registry.fresh(lib_keys, t))}
             best = [by_id[i] for i in model.bests(w.problem.key, b) if i in by_id]
-            out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in w.kept], p,
-                                                      [w.default, *best, *_novel(w.kept, f, p, names, cfg.min_first)],
+            out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in kept], p,
+                                                      [w.default, *best, *_novel(kept, f, p, names, cfg.min_first)],
                                                       known, cfg)
     return out
 

@@ -262,6 +262,9 @@ class CudaFamily(FamilyBase):
     def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
         return MOE.figures(problem, tactic, m, sms) if MOE.is_moe(tactic) else {}
 
+    def useful(self, problem: Problem, tactic: Tactic, m: int) -> bool:
+        return MOE.useful(problem, tactic, m)
+
     def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool:
         """Both kernels: a row's (pair's) K order is fixed by the tactic (warps in warp order, splits
         in split order) whatever the batch, the M tile, the row chunk, the group or the token chunk;

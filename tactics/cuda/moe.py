@@ -179,6 +179,16 @@ def default(problem: Problem, arch: Arch) -> Tactic:
     return Tactic("cuda", kernel=KERNEL, warps_k=wk, stages=4, tiles_n=tn, m_tiles=1, split_k=sk)
 
 
+#: moe_tok re-reads an expert's weight for every token routed to it (moe_mma: once per group of up to
+#: 8·m_tiles pairs), so past 2 pairs per expert on average it reads >= 2x the bytes: the search does not time it there
+TOK_PAIRS_PER_EXPERT = 2
+
+
+def useful(problem: Problem, tactic: Tactic, m: int) -> bool:
+    """moe_tok only while M·top_k <= TOK_PAIRS_PER_EXPERT·E (GLM-5 TP8's folded w2: M <= 57)."""
+    return not is_tok(tactic) or m * problem.top_k <= TOK_PAIRS_PER_EXPERT * problem.experts
+
+
 def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
     if is_tok(tactic):                 # one CTA per (token, N tile)
         return {"ctas": float(max(m, 1) * problem.n // (L.ROWS * int(tactic["tiles_n"]))),
