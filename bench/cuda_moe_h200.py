@@ -14,7 +14,7 @@ variant with one x row per pair); M = 1, 4, 16, 64.
 1. `pytest -q tests/test_cuda_moe_gpu.py` in a subprocess (its own CUDA context: a fault there
    cannot poison the timings), its summary line kept.
 2. The copy rate: a 1 GiB device-to-device copy, bytes read + written, median of 20.
-3. Every candidate config (cuda and Triton) at every M against float64 (NaN-poisoned output, a -1
+3. Every candidate config (cuda `moe_mma` and, for w2_reduce, `moe_tok`; Triton) at every M against float64 (NaN-poisoned output, a -1
    slot at M > 1); a failure is one line and the config is not timed.
 4. Timings with autotune.engine.timing.time_calls: CUDA-graph replay of one call per input set,
    sets with distinct weights (a pool of 3 E=256 expert sets) and fresh random x and routing,
@@ -67,6 +67,8 @@ CUDA_CANDS = {
     "w13_swiglu": [(4, 4, 2, 1, 2), (8, 2, 2, 1, 2), (2, 8, 2, 1, 4), (4, 2, 4, 1, 2)],
     "w2_reduce": [(2, 1, 1, 1, 2), (2, 1, 4, 1, 2), (1, 2, 2, 1, 4), (1, 2, 4, 1, 2)],
 }
+# moe_tok candidates (the token-major reduce kernel): (warps_k, stages, tiles_n)
+TOK_CANDS = {"w2_reduce": [(1, 2, 1), (1, 4, 2), (2, 4, 2), (1, 8, 1), (1, 8, 2), (2, 2, 4)]}
 # Triton moe_decode candidates: its tuned winners at these shapes in docs/moe-decode.md (M = 1 and M >= 16
 # for w13, every M for w2), compiled at their first launch (both routes: M = 64 is 512 pairs, aligned)
 _TRI = lambda bn, bk, sk, st: dict(kernel="moe_decode", route="direct", block_m=16, block_n=bn, block_k=bk,  # noqa: E731
@@ -89,10 +91,14 @@ def cuda_tactics(name: str, prob: Problem, arch) -> list[Tactic]:
         t = Tactic("cuda", kernel="moe_mma", warps_k=wk, stages=st, tiles_n=tn, m_tiles=mt, split_k=sk)
         if t not in out:
             out.append(t)
+    for wk, st, tn in TOK_CANDS.get(name, ()):
+        out.append(Tactic("cuda", kernel="moe_tok", warps_k=wk, stages=st, tiles_n=tn))
     return out
 
 
 def short(t) -> str:
+    if isinstance(t, Tactic) and t.params.get("kernel") == "moe_tok":
+        return f"tok wk{t['warps_k']} tn{t['tiles_n']} st{t['stages']}"
     if isinstance(t, Tactic):
         return f"wk{t['warps_k']} sk{t['split_k']} tn{t['tiles_n']} mt{t['m_tiles']} st{t['stages']}"
     return f"{t['route'][0]} {t['block_m']}x{t['block_n']}x{t['block_k']} s{t['split_k']} st{t['num_stages']}"
