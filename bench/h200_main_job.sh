@@ -3,6 +3,8 @@
 #   0. (GPU_TESTS=1) the worker-memory GPU test (several buckets of a real MoE problem in one worker),
 #      the launchers' GPU tests and the cuda family's (dense, moe_mma incl. its shared slot, moe_tok, PDL,
 #      no sync); all passed: tools/mark_gpu_checked.py records the kernels' texts (→ $OUT/gpu_checked.json);
+#   0b. (SWEEP=1) bench/moe_latency_h200.py's probes and config sweep (moe_tok beside moe_mma);
+#       (HOST=1) bench/moe_host.py --device cuda with its profile;
 #   1. `autotune search --model glm5 --tp 8` on a fresh cache (fresh Triton and cubin caches too:
 #      compile time counts), default flags, cut with SIGINT at SEARCH_S seconds (the CLI then still
 #      prints what it measured and where the time went);
@@ -41,6 +43,20 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then   # the worker-memory test and the GPU tests 
   if python3 tools/mark_gpu_checked.py "$OUT/gpu-tests-full.txt" --log-name "gpu-tests-h200-$rev.txt" 2>&1 | tee -a "$OUT/summary.txt"; then
     cp tactics/cuda/gpu_checked.json "$OUT/gpu_checked.json"
   fi
+fi
+
+# SWEEP=1: where the grouped kernels' time goes (bench/moe_latency_h200.py: probes of the served M = 1
+# configs, then every kept m_tiles-1 moe_mma config and moe_tok's beside them at M = 1, 4 (and 16 for
+# w2:reduce), CUDA-graph replays, cold L2, PDL off) → $OUT/latency/; its timings also as trials of
+# $OUT/moe-sweep.db (a rank-model source). With GPU_TESTS=1 WHOLE=0 it fits one call (≈ 200 + 260 s).
+if [ "${SWEEP:-0}" = 1 ]; then
+  AUTOTUNE_PDL=0 timeout "${SWEEP_S:-300}" python3 bench/moe_latency_h200.py --out "$OUT/latency" \
+      --budget-s "${SWEEP_BUDGET:-200}" --store "$OUT/moe-sweep.db" 2>&1 | tail -30 | tee -a "$OUT/summary.txt"
+fi
+# HOST=1: the host's part of an eager FP4MoE forward on this machine, with its cProfile (issue #26 stage 2)
+if [ "${HOST:-0}" = 1 ]; then
+  timeout "${HOST_S:-120}" python3 bench/moe_host.py --device cuda --experts 32 --profile 25 \
+      --json "$OUT/moe-host.json" 2>&1 | tail -45 | tee "$OUT/moe-host.txt"
 fi
 
 run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then show and the summary
