@@ -11,6 +11,7 @@ from autotune.core import inputs
 from autotune.core.arch import detect
 from autotune.core.problem import Problem
 from autotune.tactics import registry
+from autotune.tactics.cuda.checked import awaiting_record
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="CuPy not installed")]
@@ -20,7 +21,8 @@ pytestmark = [pytest.mark.gpu,
                          ids=lambda p: p.key)
 def test_configs_match_float64(p):
     fam, arch = registry.get("cuda"), detect()
-    kept = [t for t in fam.enumerate(p, arch) if fam.verdict(p, t, arch).ok]
+    kept = [t for t in fam.enumerate(p, arch)      # unknown only for want of the record: these tests are its check
+            if fam.verdict(p, t, arch).ok or awaiting_record(fam.verdict(p, t, arch))]
     assert kept
     for m in (1, 13, 64, 100):
         s = inputs.make_inputs(p, m, "cuda", seed=m)[0]
