@@ -75,10 +75,16 @@ def test_a_passing_log_qualifies(line, n):
 
 
 @pytest.mark.parametrize("log", ["1 failed, 64 passed in 3s", "60 passed, 5 skipped in 3s", "2 errors in 1s",
-                                 "0 passed", "collected 65 items\n....", "64 passed, 1 xpassed in 2s"])
+                                 "0 passed", "collected 65 items\n....", "64 passed, 1 xpassed in 2s",
+                                 "SKIPPED [2] tests/test_cuda_moe_gpu.py:40: CuPy not installed\n60 passed, 2 skipped",
+                                 "SKIPPED [1] tests/test_bound.py:9: x\n60 passed, 2 skipped in 3s"])
 def test_anything_else_does_not(log):
     with pytest.raises(ValueError):
         MARK.passed(log)
+
+
+def test_a_named_skip_outside_the_cuda_files_is_allowed():
+    assert MARK.passed("SKIPPED [2] tests/test_bound.py:9: needs FlashInfer\n60 passed, 2 skipped in 3s") == 60
 
 
 def test_the_tool_records_the_current_digests(tmp_path):

@@ -3,8 +3,9 @@
     python3 tools/mark_gpu_checked.py LOG [--log-name NAME] [--kernel moe_mma ...] [--record PATH] [--gpu NAME]
 
 LOG is the pytest output of the GPU tests (bench/h200_main_job.sh GPU_TESTS=1 keeps it as
-gpu-tests-full.txt). It qualifies only when its summary line says tests passed and none failed, errored
-or were skipped (a skipped GPU test, e.g. without CuPy, checked nothing). Each named kernel (default:
+gpu-tests-full.txt, run with -rs). It qualifies only when its summary line says tests passed and none
+failed, errored or xpassed, and no test of the cuda GPU files was skipped (a skipped GPU test, e.g.
+without CuPy, checked nothing; a skip elsewhere must be named by -rs). Each named kernel (default:
 every cuda kernel) is then recorded with its text's digest (tactics/cuda/checked.py), the log's name
 (--log-name: the name it is committed under in docs/data/) and count, the date and the GPU; the file
 is replaced atomically. Exit 1 with one line otherwise.
@@ -23,16 +24,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+#: the GPU tests of the cuda kernels: a skip in one of these checked nothing
+CUDA_GPU_TESTS = ("test_cuda_gpu.py", "test_cuda_moe_gpu.py", "test_cuda_pdl_gpu.py", "test_nosync_gpu.py")
+
+
 def passed(log: str) -> int:
-    """Tests passed by the log's last pytest summary line; ValueError unless every test passed."""
+    """Tests passed by the log's last pytest summary line; ValueError unless none failed, errored or
+    xpassed and none was skipped in the cuda GPU test files (a skip elsewhere is allowed only where
+    the log names its file: pytest -rs prints `SKIPPED [n] path:line: reason`)."""
     lines = [ln for ln in log.splitlines() if re.search(r"\d+ (passed|failed|error|errors|skipped)\b", ln)]
     if not lines:
         raise ValueError("no pytest summary line in the log (cut before it ended?)")
     last = lines[-1]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b", last)}
-    bad = {k: v for k, v in counts.items() if k != "passed" and v}
+    bad = {k: v for k, v in counts.items() if k not in ("passed", "skipped") and v}
     if bad or not counts.get("passed"):
         raise ValueError(f"the GPU tests did not all pass: {last.strip()}")
+    if counts.get("skipped"):
+        where = re.findall(r"^SKIPPED \[(\d+)\] ([^:\s]+)", log, re.M)
+        named = sum(int(n) for n, _ in where)
+        cuda = sorted({f for _, f in where if Path(f).name in CUDA_GPU_TESTS})
+        if named < counts["skipped"] or cuda:
+            raise ValueError(f"skipped GPU tests checked nothing: {', '.join(cuda) or 'files not named (run pytest -rs)'}"
+                             f" ({last.strip()})")
     return counts["passed"]
 
 
