@@ -24,6 +24,7 @@ from autotune.tactics.cuda import pdl
 
 DENSE = B.Config(1, 4, 2, tiles_n=2, split_k=4, swiglu=True)
 GROUPED = B.MoeConfig(1, 4, 2, 2, 2, swiglu=True)
+TOKEN = B.MoeConfig(1, 2, 8, 2, 1, reduce=True, token=True)       # moe_tok
 
 
 def _ptx(c, arch):
@@ -36,7 +37,7 @@ def _ptx(c, arch):
     return r.stdout
 
 
-@pytest.mark.parametrize("c", [DENSE, GROUPED], ids=["dense", "grouped"])
+@pytest.mark.parametrize("c", [DENSE, GROUPED, TOKEN], ids=["dense", "grouped", "token"])
 def test_sm90_ptx_waits_first_and_releases_sm80_has_neither(c):
     p90, p80 = _ptx(c, "sm_90"), _ptx(c, "sm_80")
     for op in ("griddepcontrol.wait", "griddepcontrol.launch_dependents"):
