@@ -101,3 +101,16 @@ def test_the_tool_records_the_current_digests(tmp_path):
     before = rec.read_text()
     assert MARK.main([str(log), "--record", str(rec), "--gpu", "H"]) == 1
     assert rec.read_text() == before                                # nothing written on a failing log
+
+
+def test_a_built_package_ships_every_file_the_kernels_and_the_record_read():
+    """setup.cfg's package data covers each file build.text joins and the record (a wheel of
+    2026-12-04 lacked mma_common.cuh: every cuda compile would have failed in such an install)."""
+    import configparser
+    import fnmatch
+    from pathlib import Path
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    pats = [p.strip() for p in cfg["options.package_data"]["autotune.tactics.cuda"].split(",")]
+    files = {f.name for fs in B.SOURCES.values() for f in fs} | {CK.RECORD.name}
+    assert all(any(fnmatch.fnmatch(f, p) for p in pats) for f in files), (files, pats)
