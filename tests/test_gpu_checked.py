@@ -43,19 +43,21 @@ def test_the_verdict_follows_the_record(record):
     assert FAM.verdict(Problem.dense(512, 6144), DENSE, SM90).ok is True
 
 
-def test_an_edited_text_is_unchecked(record, tmp_path, monkeypatch):
-    _write(record, moe_tok=CK.digest("moe_tok"))
-    assert CK.checked("moe_tok")
-    edited = tmp_path / "moe_tok.cu"
-    edited.write_text(B.TOK_SOURCE.read_text() + "// a comment is an edit too\n")
-    with monkeypatch.context() as mp:
-        mp.setitem(B.SOURCES, "moe_tok", (B.COMMON, B.MOE_COMMON, edited))
-        CK.digest.cache_clear()
-        try:
-            assert not CK.checked("moe_tok")
-        finally:
-            CK.digest.cache_clear()
-    assert CK.checked("moe_tok")
+def test_an_edited_kernel_or_its_launch_code_is_unchecked(record, tmp_path):
+    """The digest covers the kernel's text, build/layout/pdl and its launcher: an edit to any of them
+    (a comment in the .cu text too) leaves the kernel unrecorded; other kernels keep theirs."""
+    import shutil
+    from pathlib import Path
+    src = Path(B.__file__).parent
+    _write(record, moe_tok=CK.digest("moe_tok"), w4a16_mma=CK.digest("w4a16_mma"))
+    for name, text in (("moe_tok.cu", "\n// a comment is an edit too\n"), ("moe_tok.py", "\nX = 1\n"),
+                       ("moe_common.cuh", "\n// shared by both grouped kernels\n")):
+        root = tmp_path / name
+        shutil.copytree(src, root / "autotune" / "tactics" / "cuda")
+        with open(root / "autotune" / "tactics" / "cuda" / name, "a") as f:
+            f.write(text)
+        assert CK.checked("moe_tok") and not CK.checked("moe_tok", root=root), name
+        assert CK.checked("w4a16_mma", root=root)            # its code is untouched by these edits
 
 
 def test_the_committed_record_names_committed_logs():
@@ -87,19 +89,29 @@ def test_a_named_skip_outside_the_cuda_files_is_allowed():
     assert MARK.passed("SKIPPED [2] tests/test_bound.py:9: needs FlashInfer\n60 passed, 2 skipped in 3s") == 60
 
 
+def test_a_kernel_needs_its_own_passed_tests():
+    log = ("PASSED tests/test_cuda_moe_gpu.py::test_matches_float64[w2-nvfp4]\n"
+           "PASSED tests/test_cuda_gpu.py::test_configs_match_float64[x]\n")
+    assert MARK.evidence(log, "moe_mma") == 1 and MARK.evidence(log, "w4a16_mma") == 1
+    assert MARK.evidence(log, "moe_tok") == 0                      # moe_mma's tests say nothing of moe_tok
+    assert MARK.evidence("PASSED tests/test_cuda_moe_gpu.py::test_tok_bad_ids_and_the_shared_slot\n", "moe_tok") == 1
+
+
 def test_the_tool_records_the_current_digests(tmp_path):
     rec = tmp_path / "rec.json"
     rec.write_text(json.dumps({"w4a16_mma": {"digest": "old", "log": "a.txt", "passed": 1}}))
     log = tmp_path / "gpu-tests-full.txt"
     log.write_text("...\n12 passed in 3.2s\n")
+    assert MARK.main([str(log), "--record", str(rec), "--kernel", "moe_tok", "--gpu", "H"]) == 1   # no moe_tok test in it
+    log.write_text("PASSED tests/test_cuda_moe_gpu.py::test_tok_bad_ids_and_the_shared_slot\n12 passed in 3.2s\n")
     assert MARK.main([str(log), "--record", str(rec), "--kernel", "moe_tok", "--gpu", "H", "--log-name", "t.txt"]) == 0
     got = json.loads(rec.read_text())
     assert got["w4a16_mma"]["digest"] == "old"                      # other kernels left as they were
     assert got["moe_tok"] == {"digest": CK.digest("moe_tok"), "log": "t.txt", "passed": 12,
                               "date": got["moe_tok"]["date"], "gpu": "H"}
-    log.write_text("...\n1 failed, 11 passed in 3.2s\n")
+    log.write_text("PASSED tests/test_cuda_moe_gpu.py::test_tok_bad_ids_and_the_shared_slot\n1 failed, 11 passed in 3.2s\n")
     before = rec.read_text()
-    assert MARK.main([str(log), "--record", str(rec), "--gpu", "H"]) == 1
+    assert MARK.main([str(log), "--record", str(rec), "--kernel", "moe_tok", "--gpu", "H"]) == 1
     assert rec.read_text() == before                                # nothing written on a failing log
 
 

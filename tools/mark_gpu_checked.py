@@ -3,10 +3,11 @@
     python3 tools/mark_gpu_checked.py LOG [--log-name NAME] [--kernel moe_mma ...] [--record PATH] [--gpu NAME]
 
 LOG is the pytest output of the GPU tests (bench/h200_main_job.sh GPU_TESTS=1 keeps it as
-gpu-tests-full.txt, run with -rs). It qualifies only when its summary line says tests passed and none
-failed, errored or xpassed, and no test of the cuda GPU files was skipped (a skipped GPU test, e.g.
-without CuPy, checked nothing; a skip elsewhere must be named by -rs). Each named kernel (default:
-every cuda kernel) is then recorded with its text's digest (tactics/cuda/checked.py), the log's name
+gpu-tests-full.txt, run with -rA). It qualifies only when its summary line says tests passed and none
+failed, errored or xpassed, no test of the cuda GPU files was skipped (a skipped GPU test, e.g.
+without CuPy, checked nothing; a skip elsewhere must be named by -rA), and each kernel recorded has
+PASSED lines of its own tests (KERNEL_TESTS). Each named kernel (default:
+every cuda kernel) is then recorded with its code's digest (tactics/cuda/checked.py), the log's name
 (--log-name: the name it is committed under in docs/data/) and count, the date and the GPU; the file
 is replaced atomically. Exit 1 with one line otherwise.
 """
@@ -26,12 +27,25 @@ sys.path.insert(0, str(ROOT))
 
 #: the GPU tests of the cuda kernels: a skip in one of these checked nothing
 CUDA_GPU_TESTS = ("test_cuda_gpu.py", "test_cuda_moe_gpu.py", "test_cuda_pdl_gpu.py", "test_nosync_gpu.py")
+#: per kernel, the tests (file, name prefix, whether the prefix is required or excluded) that must have passed
+KERNEL_TESTS = {"w4a16_mma": ("test_cuda_gpu.py", "test_", True),
+                "moe_mma": ("test_cuda_moe_gpu.py", "test_tok_", False),
+                "moe_tok": ("test_cuda_moe_gpu.py", "test_tok_", True)}
+
+
+def evidence(log: str, kernel: str) -> int:
+    """How many of `kernel`'s own GPU tests the log shows PASSED (pytest -rA prints one line each)."""
+    fname, prefix, want = KERNEL_TESTS[kernel]
+    n = 0
+    for path, name in re.findall(r"^PASSED (\S+?)::(\w+)", log, re.M):
+        n += Path(path).name == fname and name.startswith(prefix) == want
+    return n
 
 
 def passed(log: str) -> int:
     """Tests passed by the log's last pytest summary line; ValueError unless none failed, errored or
     xpassed and none was skipped in the cuda GPU test files (a skip elsewhere is allowed only where
-    the log names its file: pytest -rs prints `SKIPPED [n] path:line: reason`)."""
+    the log names its file: pytest -rA (or -rs) prints `SKIPPED [n] path:line: reason`)."""
     lines = [ln for ln in log.splitlines() if re.search(r"\d+ (passed|failed|error|errors|skipped)\b", ln)]
     if not lines:
         raise ValueError("no pytest summary line in the log (cut before it ended?)")
@@ -45,7 +59,7 @@ def passed(log: str) -> int:
         named = sum(int(n) for n, _ in where)
         cuda = sorted({f for _, f in where if Path(f).name in CUDA_GPU_TESTS})
         if named < counts["skipped"] or cuda:
-            raise ValueError(f"skipped GPU tests checked nothing: {', '.join(cuda) or 'files not named (run pytest -rs)'}"
+            raise ValueError(f"skipped GPU tests checked nothing: {', '.join(cuda) or 'files not named (run pytest -rA)'}"
                              f" ({last.strip()})")
     return counts["passed"]
 
@@ -69,14 +83,21 @@ def main(argv=None) -> int:
     if gpu is None:
         import torch
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "unknown"
+    kernels = a.kernel or sorted(B.SOURCES)
+    log = a.log.read_text(errors="replace")
+    missing = [k for k in kernels if not evidence(log, k)]
+    if missing:                                       # a log without a kernel's own tests checked nothing of it
+        print(f"mark_gpu_checked: {a.log}: no PASSED line of {', '.join(missing)}'s GPU tests "
+              "(run them with pytest -rA)", file=sys.stderr)
+        return 1
     rec = dict(C.record(a.record))
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
-    for k in a.kernel or sorted(B.SOURCES):
+    for k in kernels:
         rec[k] = {"digest": C.digest(k), "log": a.log_name or a.log.name, "passed": n, "date": date, "gpu": gpu}
     tmp = a.record.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, a.record)
-    print(f"mark_gpu_checked: {', '.join(a.kernel or sorted(B.SOURCES))} recorded ({n} passed, {gpu})")
+    print(f"mark_gpu_checked: {', '.join(kernels)} recorded ({n} passed, {gpu})")
     return 0
 
 

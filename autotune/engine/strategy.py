@@ -138,8 +138,8 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
     out, names = {}, set(model.names)
     work = list(work)
     rows = {(w.problem.key, b): kept_at(w, b) for w in work for b in buckets}
-    feats = {k: [rankdata.row(w.problem, r.tactic, k[1], arch, sms, r.verdict.smem_bytes) for r in rows[k]]
-             for w in work for k in ((w.problem.key, b) for b in buckets)}
+    feats = {(w.problem.key, b): [rankdata.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes)
+                                  for r in rows[(w.problem.key, b)]] for w in work for b in buckets}
     flat = model.predict([f for fs in feats.values() for f in fs])
     preds, i = {}, 0
     for k, fs in feats.items():

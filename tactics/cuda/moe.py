@@ -118,8 +118,8 @@ def check_tok(problem: Problem) -> str | None:
 
 def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
     """The tiles divide the problem (the kernel drops a K tail and leaves a row tail unwritten)."""
-    if is_tok(tactic) and check_tok(problem):
-        return check_tok(problem)
+    if is_tok(tactic) and (why := check_tok(problem)):
+        return why
     wk, sk, tn = int(tactic["warps_k"]), int(tactic.params.get("split_k", 1)), int(tactic["tiles_n"])
     if problem.k % (L.KPAIR * wk * sk):
         return f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k*split_k={L.KPAIR * wk * sk}"
@@ -147,13 +147,17 @@ UNRUN = CK.unrun(KERNEL)
 TOK_UNRUN = CK.unrun(TOK_KERNEL)
 
 
+def kernel_of(tactic: Tactic) -> str:
+    return TOK_KERNEL if is_tok(tactic) else KERNEL
+
+
 def gpu_checked(tactic: Tactic) -> bool:
-    """Whether this tactic's kernel text has passed its GPU tests (checked.py)."""
-    return CK.checked(TOK_KERNEL if is_tok(tactic) else KERNEL)
+    """Whether this tactic's kernel code has passed its GPU tests (checked.py)."""
+    return CK.checked(kernel_of(tactic))
 
 
 def unrun(tactic: Tactic) -> str:
-    return TOK_UNRUN if is_tok(tactic) else UNRUN
+    return CK.unrun(kernel_of(tactic))
 
 
 def verdict(problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:

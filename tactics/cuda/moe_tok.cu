@@ -122,7 +122,8 @@ moe_tok(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
     const long long e = lane < top_k ? pair_id(ids, ids64, p, top_k, ids_cols, shared_e) : -1;
     const bool hit = e >= 0 && e < n_exp;
     const u32 m = __ballot_sync(0xffffffffu, hit);
-    const bool any_bad = __any_sync(0xffffffffu, e < -1 || e >= n_exp);
+    // top_k > MAXK cannot be held (the launcher refuses it): every row NaN rather than slots dropped
+    const bool any_bad = __any_sync(0xffffffffu, e < -1 || e >= n_exp) || top_k > MAXK;
     if (hit) {
       const int pos = __popc(m & ((1u << lane) - 1u));
       slot_x[pos] = x_pair ? p : tok;

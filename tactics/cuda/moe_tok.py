@@ -25,6 +25,9 @@ class TokLaunch(MOE.MoeLaunch):
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         if not MOE.is_tok(tactic):
             raise ValueError(f"TokLaunch runs moe_tok tactics, not {tactic}")
+        why = MOE.validate(tactic) or MOE.supports(problem) or MOE.check_tiling(problem, tactic)
+        if why:                                     # the kernel holds top_k <= 32 slots and full tiles
+            raise ValueError(f"{problem.key} {tactic}: {why}")
         super().__init__(problem, tactic, device, check_ids)
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None):
@@ -34,12 +37,12 @@ class TokLaunch(MOE.MoeLaunch):
         m, out = self.check(x, w, topk_ids, topk_weights, out, **({"shared_slot": True} if shared_slot else {}))
         if m == 0:
             return out
-        self._launch(x, w, topk_ids, topk_weights, out, shared_slot)
+        self._launch_tok(x, w, topk_ids, topk_weights, out, shared_slot)
         if self.check_ids:
             MOE.raise_if_bad(self._word(x.device))
         return out
 
-    def _launch(self, x, w, ids, tw, out, shared_slot: bool = False, kind: str = "token", al=None) -> None:
+    def _launch_tok(self, x, w, ids, tw, out, shared_slot: bool) -> None:
         p, c = self.problem, self.cfg
         m, dev = x.shape[0], x.device
         if not x.is_contiguous() or x.data_ptr() % 16:
