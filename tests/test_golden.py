@@ -14,7 +14,8 @@ stayed unknown); and with the shared expert folded in by default (2026-12-04, is
 four `search_*` dry runs list the folded problems (`e257:top9`) the search now tunes by default; and
 (2026-12-04, twelfth session) search_sm90 / search_sm120 count the grouped cuda tactics `unknown`
 (moe_mma's text changed and moe_tok is new: neither has passed its GPU tests, tactics/cuda/checked.py)
-and the reduce problems count moe_tok's tactics.
+and the reduce problems count moe_tok's tactics; then (same session's review) every cuda tactic, the
+dense ones too, since the record digests a kernel's build and launch code as well and build.py changed.
 """
 from __future__ import annotations
 
