@@ -14,7 +14,8 @@ expert's FP4MLP), pinned.
 GLM-5 TP8's MoE layer (H 6144, I 256 per rank, top 8, one shared expert) with `--experts` local
 experts (the host path does not depend on E), M = 1, forms: routed only, shared apart, shared folded
 (the default), and shared folded with w2 on moe_tok. Figures: µs per forward, p50 / p90 over
-batches; `--profile N` prints the N functions with the most own time (cProfile) for "shared folded".
+batches, and the torch operators one forward dispatches; `--profile N` prints the N functions with
+the most own time (cProfile) for "shared folded".
 """
 from __future__ import annotations
 
@@ -46,19 +47,18 @@ def null_family():
     from autotune.tactics.cuda.family import CudaFamily
     from autotune.tactics.cuda.moe_tok import TokLaunch
 
-    class NullMoe(MOE.MoeLaunch):
-        def check(self, x, w, topk_ids, topk_weights, out, **shared):   # the same checks but the CUDA device's
-            return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, **shared)
-
-        def _run(self, dev):
-            return _null
-
-    class NullTok(TokLaunch):
+    class NullGrouped:                   # both grouped launchers: every check but the CUDA device's, no launch
         def check(self, x, w, topk_ids, topk_weights, out, **shared):
             return MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, **shared)
 
         def _run(self, dev):
             return _null
+
+    class NullMoe(NullGrouped, MOE.MoeLaunch):
+        pass
+
+    class NullTok(NullGrouped, TokLaunch):
+        pass
 
     class NullDense(LA.Launch):
         def __call__(self, x, w, out):
@@ -89,6 +89,21 @@ def null_family():
         def _moe_runner(self, problem, tactic, device):
             return (NullTok if MOE.is_tok(tactic) else NullMoe)(problem, tactic, device)
     return NullCuda
+
+
+def aten_ops(fwd) -> int:
+    """The torch operators one forward dispatches (each costs host time on a GPU: an allocation, a cat)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        fwd()
+    return Count.n
 
 
 def pick(fam, problem, arch, split: bool, kernel: str | None = None):
@@ -139,7 +154,7 @@ def main() -> None:
     ids = torch.randint(0, e, (1, TOP_K)).to(dev)
     tw = torch.rand(1, TOP_K).to(dev)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    syncs = {}
+    syncs, ops = {}, {}
     rows = {}
     profile = ""
     for form in ("routed only", "shared apart", "shared folded", "shared folded, w2 moe_tok"):
@@ -156,6 +171,7 @@ def main() -> None:
         sync()
         rows[form] = per_call(fwd, a.reps, a.batch)
         sync()
+        ops[form] = aten_ops(fwd)
         if dev == "cuda":
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -177,13 +193,13 @@ def main() -> None:
     what = "host only (no-op CuPy launch)" if dev == "cpu" else f"real kernels on {torch.cuda.get_device_name()}"
     print(f"FP4MoE eager forward, {what}, M = 1, H {H}, I {I}, top {TOP_K}, "
           f"E {e}, {platform.processor() or platform.machine()}, torch {torch.__version__}")
-    print("| form | µs / forward p50 | p90 | syncs / forward |\n|---|---:|---:|---:|")
+    print("| form | µs / forward p50 | p90 | aten ops / forward | syncs / forward |\n|---|---:|---:|---:|---:|")
     for form, r in rows.items():
-        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} | {syncs.get(form, '-')} |")
+        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} | {ops[form]} | {syncs.get(form, '-')} |")
     if profile:
         print(profile[profile.find("   ncalls"):])
     if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows, "syncs": syncs, "device": dev, "experts": e,
+        Path(a.json).write_text(json.dumps({"rows": rows, "syncs": syncs, "aten_ops": ops, "device": dev, "experts": e,
                                             "torch": torch.__version__}, indent=1))
 
 
