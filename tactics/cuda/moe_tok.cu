@@ -114,9 +114,9 @@ moe_tok(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tok = blockIdx.x, nt = blockIdx.y;
-  (void)M;
   pdl_wait();                                     // every read of inputs and every write after it
   pdl_release();
+  if (tok >= M) return;                           // the launcher's grid is (M, N tiles): never, unless misused
   if (warp == 0) {                                // the token's slots, one lane each (top_k <= MAXK)
     const int p = tok * top_k + lane;
     const long long e = lane < top_k ? pair_id(ids, ids64, p, top_k, ids_cols, shared_e) : -1;
