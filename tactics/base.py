@@ -13,7 +13,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkabl
 from autotune.core.arch import Arch
 from autotune.core.codekey import Code
 from autotune.core.formats import FP4Weight
-from autotune.core.operands import check_out, check_routing, check_weight, check_x, out_checker, x_checker
+from autotune.core.operands import check_out, check_routing, check_weight, out_checker, x_checker
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
@@ -187,7 +187,7 @@ class BoundMoEKernel(BoundKernel):
     def __call__(self, x: Any, topk_ids: Any, topk_weights: Any = None, out: Any = None,  # type: ignore[override]
                  routing_checked: bool = False, **extra: Any) -> Any:
         problem, packed = self.problem, self.weight
-        check_x(problem, x, packed)
+        self._check(x)
         if not routing_checked and not extra.get("shared_slot"):   # with a shared slot the kernel's own check
             check_routing(problem, x, topk_ids, topk_weights)
         if out is not None:

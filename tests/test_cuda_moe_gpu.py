@@ -413,3 +413,59 @@ def test_tok_loaded_variants_match_the_verdict():
             c = MOE.config(prob, t)
             r = B.runtime_resources(B.load(c, f"sm_{arch.cc_int}", 0))
             assert r["shared_size_bytes"] == B.smem_bytes(c) and r["local_size_bytes"] == 0
+
+
+def _planned_vs_whole(kern, packed, prob, k, m, seed):
+    """A launcher's repeat path (moe_plan.py) against its whole way on fresh inputs: the same bits,
+    eager, on a side stream (whole way: another stream) and under graph replay; the plan was used."""
+    launcher = kern.launcher
+    calls = []
+    real = launcher.check
+    launcher.check = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    try:
+        for s in (seed, seed + 1):
+            ids, tw = _ids(m, s)
+            shape = (m, TOP_K, k) if prob.epilogue == "reduce" else (m, k)
+            x = torch.randn(*shape, device="cuda").to(torch.bfloat16)
+            before = len(calls)
+            planned = kern(x, packed, ids, tw)
+            used = len(calls) == before
+            launcher._forget()
+            whole = kern(x, packed, ids, tw)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                other = kern(x, packed, ids, tw)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            assert torch.equal(planned, whole) and torch.equal(other, whole), (m, s)
+            assert s == seed or used, "the second call was not planned"
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):                                   # its own stream: the whole way, captured
+            y = kern(x, packed, ids, tw)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, whole)
+    finally:
+        launcher.check = real
+
+
+def test_a_planned_launch_gives_the_whole_ways_bits():
+    fam = _fam()
+    for name, epi in (("w13", "swiglu"), ("w2", "reduce")):
+        n, k = SHAPES[name]
+        prob = Problem.moe(n, k, E, TOP_K, "nvfp4", epilogue=epi)
+        _, packed = _weight(name, "nvfp4")
+        for t in _tactics(prob, 1):
+            kern = fam.build(prob, t, "cuda")
+            for m in (1, 4):
+                _planned_vs_whole(kern, packed, prob, k, m, 500 + m)
+
+
+def test_tok_a_planned_launch_gives_the_whole_ways_bits():
+    n, k = SHAPES["w2"]
+    prob = Problem.moe(n, k, E, TOP_K, "nvfp4", epilogue="reduce")
+    _, packed = _weight("w2", "nvfp4")
+    kern = _fam().build(prob, _tok_tactics(prob)[1], "cuda")
+    for m in (1, 4):
+        _planned_vs_whole(kern, packed, prob, k, m, 600 + m)

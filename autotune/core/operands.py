@@ -96,9 +96,12 @@ def check_x(problem: Problem, x: Any, w: Any) -> None:
 
 def x_checker(problem: Problem, w: Any):
     """`check(x)`: check_x for one bound weight, with the common case answered by four attribute
-    reads (dtype, ndim, K, device index) and check_x's one-line error for anything else."""
+    reads (dtype, the shape past M, device index) and check_x's one-line error for anything else.
+    The shape past M is (K,), or (top_k, K) for the grouped `reduce` variant (one row per pair); a
+    grouped plain problem's [M, top_k, K] form takes check_x."""
     want = KERNEL_X[problem.a_fmt][0]           # the common dtype; check_x accepts the others
     k, dev = problem.k, w.packed.device
+    tail = (problem.top_k, k) if problem.kind == "grouped_moe" and problem.epilogue == "reduce" else (k,)
     idx = dev.index if dev.type == "cuda" else None
 
     if dev.type not in ("cpu", "cuda"):
@@ -107,14 +110,12 @@ def x_checker(problem: Problem, w: Any):
         return check
     if idx is None:
         def check_cpu(x: Any) -> None:
-            if x.__class__ is not torch.Tensor or x.dtype is not want or x.ndim != 2 or x.shape[1] != k \
-                    or not x.is_cpu:
+            if x.__class__ is not torch.Tensor or x.dtype is not want or x.shape[1:] != tail or not x.is_cpu:
                 check_x(problem, x, w)
         return check_cpu
 
     def check_cuda(x: Any) -> None:
-        if x.__class__ is not torch.Tensor or x.dtype is not want or x.ndim != 2 or x.shape[1] != k \
-                or x.get_device() != idx:
+        if x.__class__ is not torch.Tensor or x.dtype is not want or x.shape[1:] != tail or x.get_device() != idx:
             check_x(problem, x, w)
     return check_cuda
 
@@ -173,6 +174,25 @@ def check_routing(problem: Problem, x: torch.Tensor, topk_ids: Any, topk_weights
         # no host sync: a device-side assert stops the stream instead of computing a wrong row
         torch._assert_async(((topk_ids >= NO_EXPERT) & (topk_ids < problem.experts)).all(),
                             f"{problem.key}: expert id outside [-1, {problem.experts})")
+
+
+def routing_checker(problem: Problem):
+    """`check(x, topk_ids, topk_weights)`: check_routing(values=False) for one layer, the common case
+    (int32/int64 ids and float weights, [M, top_k] on x's device) answered by attribute reads and
+    check_routing's one-line error for anything else."""
+    shape_k, ok_ids = problem.top_k, (torch.int32, torch.int64)
+
+    def check(x: torch.Tensor, topk_ids: Any, topk_weights: Any) -> None:
+        dev = x.get_device()
+        if (topk_ids.__class__ is not torch.Tensor or topk_ids.dtype not in ok_ids
+                or topk_ids.shape != (x.shape[0], shape_k) or topk_ids.get_device() != dev
+                or (topk_weights is not None
+                    and (topk_weights.__class__ is not torch.Tensor or not topk_weights.is_floating_point()
+                         or topk_weights.shape != topk_ids.shape or topk_weights.get_device() != dev))
+                or (dev < 0 and (x.is_meta or topk_ids.is_meta
+                                 or (topk_weights is not None and topk_weights.is_meta)))):
+            check_routing(problem, x, topk_ids, topk_weights, values=False)
+    return check
 
 
 def check_operands(problem: Problem, x: Any, w: Any, topk_ids: Any = None, topk_weights: Any = None,

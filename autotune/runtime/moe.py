@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from autotune.core import settings
 from autotune.core.formats import FP4Weight, quantize
-from autotune.core.operands import OperandError, check_layer_x, check_routing
+from autotune.core.operands import OperandError, check_layer_x, routing_checker
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 from autotune.runtime.layers import _fold_up
@@ -133,6 +133,8 @@ class FP4MoE(nn.Module):
         self.problem13 = Problem.moe(two_i, h, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi13)
         self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
+        self._check_routing = routing_checker(self._routing)
+        self._forms: dict[int, tuple] = {}       # per M: (l13, l2, their alignments' BLOCK_M, shared slot)
         d = self._dispatcher = dispatcher or default_dispatcher()
         self.layer_id = next(_IDS)
         self.label = f"FP4MoE#{self.layer_id} {self.problem13.key}"
@@ -290,12 +292,18 @@ class FP4MoE(nn.Module):
         if topk_weights is None:
             raise OperandError(f"{self.problem2.key}: FP4MoE needs topk_weights [M, {self.top_k}]")
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
-        check_routing(self._routing, x, topk_ids, topk_weights, values=False)
-        # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
-        # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
-        need = (l13.aligned_block_m(m), l2.aligned_block_m(m))
-        slot = (self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
-                and need == (None, None))
+        self._check_routing(x, topk_ids, topk_weights)
+        form = self._forms.get(m)
+        if form is None or form[0] is not l13 or form[1] is not l2:
+            # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
+            # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
+            need = (l13.aligned_block_m(m), l2.aligned_block_m(m))
+            slot = (self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
+                    and need == (None, None))
+            form = (l13, l2, need, slot)
+            if len(self._forms) < 256:       # per M, for the launchers serving it now (a rebind replaces them)
+                self._forms[m] = form
+        need, slot = form[2], form[3]
         ids, bad_rows = self._routed_ids(topk_ids, l13, l2, x.device, table=not slot or self.expert_map is not None)
         if self.shared_folded and not slot:  # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)

@@ -42,6 +42,7 @@ from . import build as B
 from . import checked as CK
 from . import layout as L
 from . import pdl as P
+from .moe_plan import Planned, plannable
 from .moe_checks import check_alignment, check_call  # noqa: F401  (the launchers' argument checks, re-exported)
 
 KERNEL = B.MOE_KERNEL
@@ -286,7 +287,7 @@ class MoeScratch(PoolUser):
         self._aligner = None
 
 
-class MoeLaunch(MoeScratch):
+class MoeLaunch(Planned, MoeScratch):
     """(x, w, topk_ids, topk_weights=None, out=None) → bf16 [M, top_k, N] (SwiGLU: N/2) on a checked
     stacked CudaPacked. Takes its split-K workspace, the per-(pair slot, N tile) counters (left zero
     by every launch) and the reduce rows from a ScratchPool (its own, or the dispatcher's after
@@ -308,6 +309,15 @@ class MoeLaunch(MoeScratch):
         self._ints: dict[tuple, tuple] = {}              # the int32 arguments per call form
         self._aligner = None                             # the aligned route's own (without aligned=)
         self._init_scratch(check_ids)
+        self._init_plans()                               # the repeat path (moe_plan.py)
+
+    def attach(self, scratch=None, bad_word=None) -> None:
+        super().attach(scratch, bad_word)
+        self._forget()
+
+    def release(self) -> None:
+        super().release()
+        self._forget()
 
     def _run(self, dev: torch.device) -> P.Run:
         """How the kernel launches on `dev` (pdl.runner: programmatic dependent launch on sm_90+),
@@ -335,8 +345,13 @@ class MoeLaunch(MoeScratch):
         return Aligner(experts, block_m)
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None):
+        if out is None and aligned is None and not self.check_ids:      # a form seen before: its plan
+            y = self._planned(x, w, topk_ids, topk_weights, shared_slot)
+            if y is not None:
+                return y
         p = self.problem
         shared = {"shared_slot": True} if shared_slot else {}
+        fresh = out is None and aligned is None and not self.check_ids
         m, out = self.check(x, w, topk_ids, topk_weights, out, **shared)
         if m == 0:
             return out
@@ -348,7 +363,8 @@ class MoeLaunch(MoeScratch):
                 self._launch(x[sl], w, topk_ids[sl], None if topk_weights is None else topk_weights[sl], out[sl],
                              shared_slot, kind)
         else:
-            self._launch(x, w, topk_ids, topk_weights, out, shared_slot, kind, aligned)
+            self._launch(x, w, topk_ids, topk_weights, out, shared_slot, kind, aligned,
+                         remember=fresh and kind == "direct" and plannable(x, topk_ids, topk_weights))
         if self.check_ids:
             raise_if_bad(self._word(x.device))
         return out
@@ -358,7 +374,9 @@ class MoeLaunch(MoeScratch):
             self._aligner = self.aligner(self.problem.experts, ALIGN_BLOCK_M)
         return self._aligner(ids)
 
-    def _launch(self, x, w, ids, tw, out, shared_slot: bool = False, kind: str = "direct", al=None) -> None:
+    def _launch(self, x, w, ids, tw, out, shared_slot: bool = False, kind: str = "direct", al=None,
+                remember: bool = False) -> None:
+        """One launch; `remember`: leave its plan (x, ids and tw are launched as given)."""
         p, c = self.problem, self.cfg
         m = x.shape[0]
         pairs = m * p.top_k
@@ -395,7 +413,10 @@ class MoeLaunch(MoeScratch):
         args = ((w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
                  ids.data_ptr(), tw_.data_ptr(), ws, locks, bad.data_ptr(), red, cnt) + ints[0] + (srt, blk)
                 + ints[1])
-        self._run(dev)((gx, p.n // (L.ROWS * c.tiles_n), c.split_k), (c.threads, 1, 1), args, stream)
+        grid, block, run = (gx, p.n // (L.ROWS * c.tiles_n), c.split_k), (c.threads, 1, 1), self._run(dev)
+        run(grid, block, args, stream)
+        if remember:
+            self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run)
 
 
 class MoeKernel:

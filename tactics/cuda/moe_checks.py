@@ -17,6 +17,8 @@ def check_alignment(problem: Problem, cfg: B.MoeConfig, m: int, kind: str, rows:
     (the kernel reads sorted_ids[max_blocks · BLOCK_M] and expert_ids[max_blocks] unchecked)."""
     if aligned is None:
         return
+    if not all(isinstance(getattr(aligned, a, None), int) for a in ("pairs", "block_m", "max_blocks")):
+        raise ValueError(f"{problem.key}: aligned= must be a routing alignment (moe_align's), got {type(aligned).__name__}")
     if kind != "aligned" or m > rows or aligned.pairs != m * problem.top_k or aligned.block_m % (8 * cfg.m_tiles):
         raise ValueError(f"{problem.key}: an alignment of {aligned.pairs} pairs at BLOCK_M={aligned.block_m} does "
                          f"not serve this call ({m} tokens, route {kind}, {rows} tokens per launch)")

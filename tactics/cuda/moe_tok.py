@@ -15,6 +15,7 @@ from autotune.tactics.scratch import stream_key
 
 from . import layout as L
 from . import moe as MOE
+from .moe_plan import plannable
 
 
 class TokLaunch(MOE.MoeLaunch):
@@ -34,15 +35,21 @@ class TokLaunch(MOE.MoeLaunch):
         p = self.problem
         if aligned is not None:
             raise ValueError(f"{p.key}: cuda moe_tok reads topk_ids as they are and takes no routing alignment")
+        fresh = out is None and not self.check_ids
+        if fresh:                                       # a form seen before: its plan (moe_plan.py)
+            y = self._planned(x, w, topk_ids, topk_weights, shared_slot)
+            if y is not None:
+                return y
         m, out = self.check(x, w, topk_ids, topk_weights, out, **({"shared_slot": True} if shared_slot else {}))
         if m == 0:
             return out
-        self._launch_tok(x, w, topk_ids, topk_weights, out, shared_slot)
+        self._launch_tok(x, w, topk_ids, topk_weights, out, shared_slot,
+                         remember=fresh and plannable(x, topk_ids, topk_weights))
         if self.check_ids:
             MOE.raise_if_bad(self._word(x.device))
         return out
 
-    def _launch_tok(self, x, w, ids, tw, out, shared_slot: bool) -> None:
+    def _launch_tok(self, x, w, ids, tw, out, shared_slot: bool, remember: bool = False) -> None:
         p, c = self.problem, self.cfg
         m, dev = x.shape[0], x.device
         if not x.is_contiguous() or x.data_ptr() % 16:
@@ -63,4 +70,7 @@ class TokLaunch(MOE.MoeLaunch):
                 self._ints[form] = ints
         args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
                 ids.data_ptr(), tw_.data_ptr(), bad.data_ptr()) + ints
-        self._run(dev)((m, p.n // (L.ROWS * c.tiles_n), 1), (c.threads, 1, 1), args, stream_key(dev))
+        grid, block, run, stream = (m, p.n // (L.ROWS * c.tiles_n), 1), (c.threads, 1, 1), self._run(dev), stream_key(dev)
+        run(grid, block, args, stream)
+        if remember:
+            self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run)

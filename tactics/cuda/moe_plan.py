@@ -1,0 +1,101 @@
+"""The grouped launchers' repeat path (issue #26: eager host time at decode).
+
+A decode step calls each launcher with the same shapes every time; only the tensors' addresses
+change. The first call of a form goes the whole way (moe_checks.check_call, the route, the scratch
+pool, the argument tuple) and, where it was one launch on tensors taken as they are, leaves a
+`Plan`: the launch's arguments with the four per-call pointers (x, out, topk_ids, topk_weights)
+left open. A later call matching the plan — the same weight object (a frozen CudaPacked checked in
+full before), x / ids / weights of the plan's class, dtype, shape and device, contiguous, x 16-byte
+aligned, out not given, the same stream, the scratch pool unchanged — fills them and launches;
+anything else returns None and takes the whole way, which raises the one-line errors. The launch's
+arguments are the whole way's, bit for bit (tests/test_cuda_moe_plan.py compares them).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from autotune.tactics.scratch import stream_key
+
+BF16, F32 = torch.bfloat16, torch.float32
+Tensor = torch.Tensor
+#: positions of the per-call pointers in both kernels' arguments: packed, scales, x, out, gs, ids, weights, ...
+X, OUT, IDS, TW = 2, 3, 5, 6
+#: plans kept per launcher (decode serves a few Ms and two forms)
+MAX_PLANS = 64
+
+
+class Plan:
+    """One launch form: `plan(x, ids, tw)` → out, or None where the call is not this form."""
+
+    __slots__ = ("x_shape", "ids_dtype", "ids_shape", "dev", "device", "out_shape", "grid", "block", "head",
+                 "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner")
+
+    def __init__(self, owner: Any, x: Tensor, ids: Tensor, out: Tensor, grid: tuple, block: tuple, args: tuple,
+                 stream: int, run: Any):
+        self.owner, self.run, self.grid, self.block, self.stream = owner, run, grid, block, stream
+        self.x_shape, self.ids_dtype, self.ids_shape = x.shape, ids.dtype, ids.shape
+        self.dev, self.device, self.out_shape = x.get_device(), x.device, out.shape
+        self.head, self.mid, self.tail = args[:X], args[OUT + 1:IDS], args[TW + 1:]
+        self.bad_ptr = args[TW]          # the unrouted form's weights pointer (the word, never read)
+        self.pool, self.epoch = owner.scratch, owner.scratch.epoch
+
+    def __call__(self, x: Tensor, ids: Any, tw: Any) -> Tensor | None:
+        dev = self.dev
+        if (x.dtype is not BF16 or x.shape != self.x_shape or x.get_device() != dev or not x.is_contiguous()
+                or x.data_ptr() % 16 or ids.__class__ is not Tensor or ids.dtype is not self.ids_dtype
+                or ids.shape != self.ids_shape or ids.get_device() != dev or not ids.is_contiguous()):
+            return None
+        if tw is None:
+            tp = self.bad_ptr
+        elif (tw.__class__ is not Tensor or tw.dtype is not F32 or tw.shape != self.ids_shape
+              or tw.get_device() != dev or not tw.is_contiguous()):
+            return None
+        else:
+            tp = tw.data_ptr()
+        pool = self.owner.scratch
+        if pool is not self.pool or pool.epoch != self.epoch or pool.dirty or stream_key(self.device) != self.stream:
+            return None
+        out = torch.empty(self.out_shape, dtype=BF16, device=self.device)
+        self.run(self.grid, self.block, self.head + (x.data_ptr(), out.data_ptr()) + self.mid
+                 + (ids.data_ptr(), tp) + self.tail, self.stream)
+        return out
+
+
+class Planned:
+    """Mixin for MoeLaunch / TokLaunch: plans per (M, x's dims, shared slot, routed), for one weight
+    object; `_forget()` on attach / release (the pool or the word may change)."""
+
+    _plans: dict
+    _plan_w: Any = None
+
+    def _init_plans(self) -> None:
+        self._plans, self._plan_w = {}, None
+
+    def _forget(self) -> None:
+        self._plans.clear()
+        self._plan_w = None
+
+    def _planned(self, x: Any, w: Any, ids: Any, tw: Any, shared_slot: bool) -> Tensor | None:
+        if w is not self._plan_w or x.__class__ is not Tensor:
+            return None
+        plan = self._plans.get((x.shape[0], x.dim(), shared_slot, tw is None))
+        return None if plan is None else plan(x, ids, tw)
+
+    def _remember(self, x: Tensor, w: Any, ids: Tensor, tw: Any, shared_slot: bool, out: Tensor, grid: tuple,
+                  block: tuple, args: tuple, stream: int, run: Any) -> None:
+        """After a whole-way call that launched once on x / ids / tw as given (no copy, no cast)."""
+        if w is not self._plan_w:
+            self._plans.clear()
+            self._plan_w = w
+        if len(self._plans) < MAX_PLANS:
+            self._plans[(x.shape[0], x.dim(), shared_slot, tw is None)] = Plan(self, x, ids, out, grid, block, args,
+                                                                               stream, run)
+
+
+def plannable(x: Tensor, ids: Tensor, tw: Any) -> bool:
+    """Did the whole way launch on these tensors as they are (so a plan's open pointers are theirs)?"""
+    return (x.__class__ is Tensor and x.is_contiguous() and not x.data_ptr() % 16 and ids.__class__ is Tensor
+            and ids.is_contiguous() and (tw is None or (tw.__class__ is Tensor and tw.dtype is F32
+                                                        and tw.is_contiguous())))
