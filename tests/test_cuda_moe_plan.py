@@ -102,6 +102,8 @@ def _off_plan(prob, m):
             ("ids not contiguous", (x, ids.t().contiguous().t(), tw), {}, False),
             ("ids shape", (x, ids[:, :2].contiguous(), tw), {}, True),
             ("ids float", (x, ids.float(), tw), {}, True),
+            ("ids on meta (the index -1 the CPU's too)", (x, ids.to("meta"), tw), {}, True),
+            ("weights on meta", (x, ids, tw.to("meta")), {}, True),
             ("weights bf16 (cast)", (x, ids, tw.bfloat16()), {}, False),
             ("weights shape", (x, ids, tw[:, :1].contiguous()), {}, True),
             ("weights int", (x, ids, ids.clone()), {}, True),

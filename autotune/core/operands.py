@@ -115,7 +115,8 @@ def x_checker(problem: Problem, w: Any):
         return check_cpu
 
     def check_cuda(x: Any) -> None:
-        if x.__class__ is not torch.Tensor or x.dtype is not want or x.shape[1:] != tail or x.get_device() != idx:
+        if x.__class__ is not torch.Tensor or x.dtype is not want or x.shape[1:] != tail or not x.is_cuda \
+                or x.get_device() != idx:
             check_x(problem, x, w)
     return check_cuda
 
@@ -183,14 +184,14 @@ def routing_checker(problem: Problem):
     shape_k, ok_ids = problem.top_k, (torch.int32, torch.int64)
 
     def check(x: torch.Tensor, topk_ids: Any, topk_weights: Any) -> None:
-        dev = x.get_device()
-        if (topk_ids.__class__ is not torch.Tensor or topk_ids.dtype not in ok_ids
+        dev, cuda, cpu = x.get_device(), x.is_cuda, x.is_cpu      # one device type and index, not just an index
+        if (not (cuda or cpu) or topk_ids.__class__ is not torch.Tensor or topk_ids.dtype not in ok_ids
                 or topk_ids.shape != (x.shape[0], shape_k) or topk_ids.get_device() != dev
+                or topk_ids.is_cuda is not cuda or topk_ids.is_cpu is not cpu
                 or (topk_weights is not None
                     and (topk_weights.__class__ is not torch.Tensor or not topk_weights.is_floating_point()
-                         or topk_weights.shape != topk_ids.shape or topk_weights.get_device() != dev))
-                or (dev < 0 and (x.is_meta or topk_ids.is_meta
-                                 or (topk_weights is not None and topk_weights.is_meta)))):
+                         or topk_weights.shape != topk_ids.shape or topk_weights.get_device() != dev
+                         or topk_weights.is_cuda is not cuda or topk_weights.is_cpu is not cpu))):
             check_routing(problem, x, topk_ids, topk_weights, values=False)
     return check
 

@@ -41,16 +41,20 @@ class Plan:
         self.bad_ptr = args[TW]          # the unrouted form's weights pointer (the word, never read)
         self.pool, self.epoch = owner.scratch, owner.scratch.epoch
 
+    def _on(self, t: Tensor) -> bool:
+        """On the plan's device: CUDA device `dev` (get_device alone would take another accelerator's
+        index), or the CPU (the null launchers of tests and bench/moe_host.py)."""
+        return t.is_cuda and t.get_device() == self.dev if self.dev >= 0 else t.is_cpu
+
     def __call__(self, x: Tensor, ids: Any, tw: Any) -> Tensor | None:
-        dev = self.dev
-        if (x.dtype is not BF16 or x.shape != self.x_shape or x.get_device() != dev or not x.is_contiguous()
+        if (x.dtype is not BF16 or x.shape != self.x_shape or not self._on(x) or not x.is_contiguous()
                 or x.data_ptr() % 16 or ids.__class__ is not Tensor or ids.dtype is not self.ids_dtype
-                or ids.shape != self.ids_shape or ids.get_device() != dev or not ids.is_contiguous()):
+                or ids.shape != self.ids_shape or not self._on(ids) or not ids.is_contiguous()):
             return None
         if tw is None:
             tp = self.bad_ptr
         elif (tw.__class__ is not Tensor or tw.dtype is not F32 or tw.shape != self.ids_shape
-              or tw.get_device() != dev or not tw.is_contiguous()):
+              or not self._on(tw) or not tw.is_contiguous()):
             return None
         else:
             tp = tw.data_ptr()
