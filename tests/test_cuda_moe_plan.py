@@ -134,7 +134,7 @@ def test_a_call_off_the_plan_takes_the_whole_way(cls, prob, tactic):
     assert run.checks == checks                                 # planned again
     w2 = _weight(prob, seed=3)                                  # another weight object: the whole way
     run(x, w2, ids, tw)
-    assert run.checks == checks + 1 and run._plan_w is w2
+    assert run.checks == checks + 1 and run._plan_w() is w2
     run.check_ids = True                                        # the opt-in raise: never planned
     run(x, w2, ids, tw)
     assert run.checks == checks + 2
@@ -202,3 +202,25 @@ def test_x_checker_takes_the_reduce_variants_rows_per_pair():
     for bad in (torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(128, dtype=torch.bfloat16)):
         with pytest.raises(OperandError):
             check13(bad)
+
+
+def test_a_plan_pins_no_weight():
+    """Plans and the pack cache's alignment memo hold the weight weakly: a launcher or kernel kept past
+    its job (a worker's compiled kernels) frees the packs it ran on."""
+    import gc
+    import weakref
+
+    from autotune.tactics.cuda.family import _PackCache
+    run, w = MoeRec(W13, MMA, "cpu"), _weight(W13)
+    cache = _PackCache()
+    x, ids, tw = _operands(W13, 1, 0)
+    run(x, cache(w), ids, tw)
+    assert cache(w) is w and run._plans
+    ref = weakref.ref(w)
+    del w
+    gc.collect()
+    assert ref() is None
+    w2 = _weight(W13, seed=4)
+    checks = run.checks
+    run(x, cache(w2), ids, tw)
+    assert run.checks == checks + 1 and run._plan_w() is w2

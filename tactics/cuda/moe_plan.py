@@ -12,6 +12,7 @@ arguments are the whole way's, bit for bit (tests/test_cuda_moe_plan.py compares
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -69,7 +70,7 @@ class Plan:
 
 class Planned:
     """Mixin for MoeLaunch / TokLaunch: plans per (M, x's dims, shared slot, routed), for one weight
-    object; `_forget()` on attach / release (the pool or the word may change)."""
+    object (held weakly); `_forget()` on attach / release (the pool or the word may change)."""
 
     _plans: dict
     _plan_w: Any = None
@@ -82,7 +83,8 @@ class Planned:
         self._plan_w = None
 
     def _planned(self, x: Any, w: Any, ids: Any, tw: Any, shared_slot: bool) -> Tensor | None:
-        if w is not self._plan_w or x.__class__ is not Tensor:
+        ref = self._plan_w
+        if ref is None or ref() is not w or x.__class__ is not Tensor:
             return None
         plan = self._plans.get((x.shape[0], x.dim(), shared_slot, tw is None))
         return None if plan is None else plan(x, ids, tw)
@@ -90,9 +92,9 @@ class Planned:
     def _remember(self, x: Tensor, w: Any, ids: Tensor, tw: Any, shared_slot: bool, out: Tensor, grid: tuple,
                   block: tuple, args: tuple, stream: int, run: Any) -> None:
         """After a whole-way call that launched once on x / ids / tw as given (no copy, no cast)."""
-        if w is not self._plan_w:
+        if self._plan_w is None or self._plan_w() is not w:
             self._plans.clear()
-            self._plan_w = w
+            self._plan_w = weakref.ref(w)      # weak: a launcher kept past its job pins no pack
         if len(self._plans) < MAX_PLANS:
             self._plans[(x.shape[0], x.dim(), shared_slot, tw is None)] = Plan(self, x, ids, out, grid, block, args,
                                                                                stream, run)
