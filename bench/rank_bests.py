@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     if path is None:
         raise SystemExit(f"no rank model shipped for {arch.name}: give --rank-model")
     m = rankmodel.load(path)
-    uses = problems_for(a.model, tp=a.tp, fused_moe=True, fused_mlp=True)
+    uses = problems_for(a.model, tp=a.tp, fused_moe=True, fused_mlp=True, fold_shared=True)   # as the main job (--fold-shared)
     probs = list({u.problem.key: u.problem for u in uses}.values())
     fams = [registry.get(n) for n in ("cuda", "triton", "torch")]
     work = []
@@ -54,10 +54,12 @@ def main(argv=None) -> int:
         if kept:
             work.append(_Work(p, kept, registry.designated_default(p, arch, "cuda")))   # as the search does
     plans = strategy.plans(m, work, BUCKETS, arch, a.sms, Store(), "dev", ranked.Ranked())
+    probs_by_key = {p.key: p for p in probs}
     first_n = added = 0
     for (pk, b), pl in plans.items():
         trees = {t.id for t in pl.order[:ranked.Ranker(pl).first]}
-        trees |= {t.id for t in pl.extras if t.id not in m.bests(pk, b)}
+        own = set(m.bests(pk, b)) | set(m.sibling_bests(probs_by_key[pk], b))
+        trees |= {t.id for t in pl.extras if t.id not in own}
         first_n += len(trees)
         added += len(set(strategy.first_ids(pl)) - trees)
     found: list[dict] = []
@@ -69,21 +71,34 @@ def main(argv=None) -> int:
     for w in work:
         for b in (1, 4):
             timed = [r for r in sweep if r["problem"] == w.problem.key and r["m"] == b and "us" in r]
-            if not timed:
-                continue
+            of = w.problem.key
+            if not timed:        # the shared expert folded in (e257:top9): its sibling's sweep (e256:top8)
+                sib = [r for r in sweep if r["m"] == b and "us" in r and _sibling(r["problem"], w.problem)]
+                if not sib:
+                    continue
+                timed, of = sib, sib[0]["problem"]
             fast = min(timed, key=lambda r: r["us"])
             pl = plans[(w.problem.key, b)]
             tid = next(t.id for t in pl.order if t.family == "cuda"
                        and all(t.params.get(k) == v for k, v in fast["tactic"].items()))
-            row = {"problem": w.problem.key, "m": b, "us": fast["us"], "tree_rank": pl.order.index(
+            row = {"problem": w.problem.key, "swept": of, "m": b, "us": fast["us"], "tree_rank": pl.order.index(
                 next(t for t in pl.order if t.id == tid)) + 1, "kept": len(pl.order),
                    "first_batch": ranked.Ranker(pl).first, "measured_first": tid in strategy.first_ids(pl)}
             found.append(row)
-            print(f"{w.problem.key} M={b}: the sweep's fastest ({fast['us']:.2f} us) ranks {row['tree_rank']} of "
+            via = "" if of == w.problem.key else " (swept as its sibling " + of.split(":")[-3] + ":" + of.split(":")[-2] + ")"
+            print(f"{w.problem.key} M={b}{via}: the sweep's fastest ({fast['us']:.2f} us) ranks {row['tree_rank']} of "
                   f"{row['kept']} by the trees (first batch {row['first_batch']}); measured first: {row['measured_first']}")
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1))
     return 0
+
+
+def _sibling(key: str, p) -> bool:
+    """Is problem `key` p's GEMM over one expert and one slot more or fewer (Model.sibling_bests)?"""
+    from autotune.core.problem import Problem
+    q = Problem.from_key(key)
+    return (q != p and q.kind == p.kind == "grouped_moe" and max(abs(q.experts - p.experts), abs(q.top_k - p.top_k)) <= 1
+            and (q.a_fmt, q.w_fmt, q.out_dtype, q.n, q.k, q.epilogue) == (p.a_fmt, p.w_fmt, p.out_dtype, p.n, p.k, p.epilogue))
 
 
 if __name__ == "__main__":

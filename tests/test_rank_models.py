@@ -105,6 +105,50 @@ def test_a_ranked_search_measures_first_what_the_moe_mma_sweep_found_fastest():
             assert tid in m.bests(w.problem.key, b)
 
 
+def test_the_folded_problems_start_from_their_siblings_sweep():
+    """GLM-5's shared expert folded in (e257:top9) is the same GEMM as the routed experts' (e256:top8)
+    over one more expert and slot; the shipped model's data never timed it at M = 1, where the trees
+    rank the sibling sweep's fastest 42nd (w13) and 15th (w2), past the first batch (bench/rank_bests.py).
+    Its siblings' bests (Model.sibling_bests) put them in the first batch."""
+    sweep = json.loads((ROOT / "docs/data/moe-latency-h200-ab/moe_latency.json").read_text())["sweep"]
+    m = rankmodel.load(strategy.shipped(SM90))
+    fam = registry.get("cuda")
+    work = []
+    for p, rows in plan([Problem.from_key(k.replace("e256:top8", "e257:top9")) for k in FUSED],
+                        [fam, registry.get("triton")], SM90).items():
+        work.append(_Work(p, [r for r in rows if _kept(r.verdict)], fam.default(p, SM90)))
+    plans = strategy.plans(m, work, [1, 4], SM90, 132, Store(), "dev", ranked.Ranked())
+    for w in work:
+        sib = w.problem.key.replace("e257:top9", "e256:top8")
+        for b in (1, 4):
+            assert m.bests(w.problem.key, b) == ()                 # no data of its own
+            fastest = min((r for r in sweep if r["problem"] == sib and r["m"] == b and "us" in r),
+                          key=lambda r: r["us"])["tactic"]
+            tid = next(r.tactic.id for r in w.kept if r.tactic.family == "cuda"
+                       and all(r.tactic.params.get(k) == v for k, v in fastest.items()))
+            assert tid in m.sibling_bests(w.problem, b) and tid in strategy.first_ids(plans[(w.problem.key, b)])
+
+
+def test_sibling_bests_are_one_expert_and_slot_away_on_the_same_gemm():
+    base = "grouped_moe:bf16*nvfp4->bf16:n512:k6144:e256:top8:swiglu"
+    table = {f"{base}@1": ["a", "b"], f"{base}@4": ["c"],
+             "grouped_moe:bf16*nvfp4->bf16:n512:k6144:e255:top7:swiglu@1": ["d"],           # one fewer of each
+             "grouped_moe:bf16*nvfp4->bf16:n512:k6144:e259:top11:swiglu@1": ["x"],          # two more: too far
+             "grouped_moe:bf16*nvfp4->bf16:n512:k6144:e257:top9@1": ["y"],                  # another epilogue
+             "grouped_moe:bf16*mxfp4->bf16:n512:k6144:e257:top9:swiglu@1": ["z"],           # another format
+             "grouped_moe:bf16*nvfp4->bf16:n1024:k6144:e257:top9:swiglu@1": ["w"],          # another N
+             "grouped_moe:bf16*nvfp4->bf16:n512:k6144:e257:top9:swiglu@1": ["own"],
+             "not a key@1": ["v"], 7: ["u"], f"{base}@x": ["t"],
+             "grouped_moe:bf16*nvfp4->bf16:n512:k6144:e256:top9:swiglu@1": [1, 2]}           # hostile entry: none
+    m = rankmodel.Model(["n"], "", {"arch": "sm90"}, {"bests": table})
+    fold = Problem.from_key("grouped_moe:bf16*nvfp4->bf16:n512:k6144:e257:top9:swiglu")
+    assert m.sibling_bests(fold, 1) == ("a", "b") and m.sibling_bests(fold, 4) == ("c",)
+    assert m.bests(fold.key, 1) == ("own",) and m.sibling_bests(fold, 2) == ()
+    assert m.sibling_bests(Problem.from_key(base), 1) == ("d", "own")            # the reverse (equally near: by key)
+    assert m.sibling_bests(Problem.from_key("dense:bf16*nvfp4->bf16:n512:k6144:swiglu"), 1) == ()
+    assert rankmodel.Model(["n"], "", {"arch": "sm90"}, {"bests": ["a"]}).sibling_bests(fold, 1) == ()
+
+
 def _group(pk, b, source, timed, ok=()):
     g = rankdata.Group(Problem.from_key(pk), b, "dev", source=source)
     g.timed.update(timed)

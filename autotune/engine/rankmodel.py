@@ -219,6 +219,29 @@ class Model:
             return ()
         return tuple(got)
 
+    def sibling_bests(self, problem: Problem, bucket: int) -> tuple[str, ...]:
+        """The bests (at this bucket) of the grouped problems that are `problem`'s GEMM — kind,
+        formats, N, K, epilogue — over one expert and one slot more or fewer: a model whose data
+        timed the routed experts (e256:top8) but not the shared expert folded in (e257:top9), or the
+        reverse, starts the other from the same fastest tiles. Nearest first, the problem's own
+        bests excluded (see `bests`); () for a dense problem."""
+        table = self.info.get("bests") if isinstance(self.info, dict) else None
+        if problem.kind != "grouped_moe" or not isinstance(table, dict):
+            return ()
+        tail, near = f"@{int(bucket)}", []
+        for key in table:
+            if not isinstance(key, str) or not key.endswith(tail):
+                continue
+            try:
+                q = Problem.from_key(key[:-len(tail)])
+            except ValueError:
+                continue
+            d = (abs(q.experts - problem.experts), abs(q.top_k - problem.top_k))
+            if q != problem and max(d) <= 1 and (q.kind, q.a_fmt, q.w_fmt, q.out_dtype, q.n, q.k, q.epilogue) == \
+                    (problem.kind, problem.a_fmt, problem.w_fmt, problem.out_dtype, problem.n, problem.k, problem.epilogue):
+                near.append((sum(d), q.key, self.bests(q.key, bucket)))
+        return tuple(dict.fromkeys(i for _, _, ids in sorted(near) for i in ids))
+
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "version": VERSION, "key": self.key, "info": self.info,
                            "features": self.names, "lightgbm": self.booster}, sort_keys=True, indent=1)

@@ -131,7 +131,8 @@ def kept_at(w, bucket: int) -> list:
 def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: Arch, sms: int, store,
           device_key: str, cfg: ranked.Ranked, lib_keys: dict | None = None) -> dict[tuple[str, int], ranked.RankPlan]:
     """Per (problem, bucket): the kept tactics useful there (`kept_at`) in predicted order; as extras the default, the
-    fastest tactics the model's own data timed there (Model.bests) and novel members; and the
+    fastest tactics the model's own data timed there (Model.bests, then its siblings': Model.sibling_bests) and novel
+    members; and the
     times the cache already holds for them (a resumed search counts those as measured; with
     `lib_keys`, only those measured under these libraries and the code installed here). One
     prediction over every (problem, bucket, tactic) row: the tree walk costs per call, not per row."""
@@ -152,7 +153,8 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
             known = {t.tactic_id: t.median_us for t in store.get_trials(w.problem.key, b, device_key)
                      if t.status in ("ok", "dropped") and t.median_us and t.tactic_id in by_id
                      and (lib_keys is None or registry.fresh(lib_keys, t))}
-            best = [by_id[i] for i in model.bests(w.problem.key, b) if i in by_id]
+            best = [by_id[i] for i in dict.fromkeys((*model.bests(w.problem.key, b), *model.sibling_bests(w.problem, b)))
+                    if i in by_id]
             out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in kept], p,
                                                       [w.default, *best, *_novel(kept, f, p, names, cfg.min_first)],
                                                       known, cfg)
