@@ -224,3 +224,19 @@ def test_a_plan_pins_no_weight():
     checks = run.checks
     run(x, cache(w2), ids, tw)
     assert run.checks == checks + 1 and run._plan_w() is w2
+
+
+def test_a_pack_whose_storage_was_swapped_takes_the_whole_way():
+    """`.data =` on a pack's tensor keeps the object and moves its storage: the plan's weight pointers
+    are re-read against it, and the whole way launches on the new storage."""
+    run, w = MoeRec(W13, MMA, "cpu"), _weight(W13)
+    x, ids, tw = _operands(W13, 1, 0)
+    run(x, w, ids, tw)
+    run(x, w, ids, tw)
+    assert run.checks == 1
+    for t in (w.packed, w.scales, w.global_scale):
+        t.data = t.data.clone()
+        checks = run.checks
+        run(x, w, ids, tw)
+        assert run.checks == checks + 1 and run.calls[-1][2][:2] == (w.packed.data_ptr(), w.scales.data_ptr())
+        assert run.calls[-1][2][4] == w.global_scale.data_ptr()

@@ -5,7 +5,7 @@ change. The first call of a form goes the whole way (moe_checks.check_call, the 
 pool, the argument tuple) and, where it was one launch on tensors taken as they are, leaves a
 `Plan`: the launch's arguments with the four per-call pointers (x, out, topk_ids, topk_weights)
 left open. A later call matching the plan — the same weight object (a frozen CudaPacked checked in
-full before), x / ids / weights of the plan's class, dtype, shape and device, contiguous, x 16-byte
+full before) over the same storage, x / ids / weights of the plan's class, dtype, shape and device, contiguous, x 16-byte
 aligned, out not given, the same stream, the scratch pool unchanged — fills them and launches;
 anything else returns None and takes the whole way, which raises the one-line errors. The launch's
 arguments are the whole way's, bit for bit (tests/test_cuda_moe_plan.py compares them).
@@ -28,7 +28,7 @@ MAX_PLANS = 64
 
 
 class Plan:
-    """One launch form: `plan(x, ids, tw)` → out, or None where the call is not this form."""
+    """One launch form: `plan(x, w, ids, tw)` → out, or None where the call is not this form."""
 
     __slots__ = ("x_shape", "ids_dtype", "ids_shape", "dev", "device", "out_shape", "grid", "block", "head",
                  "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner")
@@ -47,7 +47,10 @@ class Plan:
         index), or the CPU (the null launchers of tests and bench/moe_host.py)."""
         return t.is_cuda and t.get_device() == self.dev if self.dev >= 0 else t.is_cpu
 
-    def __call__(self, x: Tensor, ids: Any, tw: Any) -> Tensor | None:
+    def __call__(self, x: Tensor, w: Any, ids: Any, tw: Any) -> Tensor | None:
+        if (w.packed.data_ptr() != self.head[0] or w.scales.data_ptr() != self.head[1]   # storage swapped under the
+                or w.global_scale.data_ptr() != self.mid[0]):                          # same pack (.data =): re-read
+            return None
         if (x.dtype is not BF16 or x.shape != self.x_shape or not self._on(x) or not x.is_contiguous()
                 or x.data_ptr() % 16 or ids.__class__ is not Tensor or ids.dtype is not self.ids_dtype
                 or ids.shape != self.ids_shape or not self._on(ids) or not ids.is_contiguous()):
@@ -87,7 +90,7 @@ class Planned:
         if ref is None or ref() is not w or x.__class__ is not Tensor:
             return None
         plan = self._plans.get((x.shape[0], x.dim(), shared_slot, tw is None))
-        return None if plan is None else plan(x, ids, tw)
+        return None if plan is None else plan(x, w, ids, tw)
 
     def _remember(self, x: Tensor, w: Any, ids: Tensor, tw: Any, shared_slot: bool, out: Tensor, grid: tuple,
                   block: tuple, args: tuple, stream: int, run: Any) -> None:
