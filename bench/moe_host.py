@@ -106,6 +106,50 @@ def aten_ops(fwd) -> int:
     return Count.n
 
 
+EMPTY = r"""extern "C" __global__ void empty_moe(const void* a0, const void* a1, const void* a2, void* a3,
+    const void* a4, const void* a5, const void* a6, void* a7, int* a8, int* a9, float* a10, int* a11, int i0, int i1,
+    int i2, int i3, int i4, int i5, int i6, int i7, int i8, int i9, int i10, const int* p0, const int* p1, int j0,
+    int j1) {}"""
+
+
+def parts(dev: str, reps: int = 20000) -> dict:
+    """The host cost of each piece a folded forward repeats (µs per call, best of 5): the output's
+    allocation, the capture query, the raw stream read and, on a GPU, one launch of an empty kernel
+    with moe_mma's 27 arguments through the family's launch path (pdl.runner: cuLaunchKernelEx on
+    sm_90+). Synced after each block of calls, so a launch is timed as the host issues it."""
+    import timeit
+
+    import torch
+    from autotune.tactics.scratch import stream_key
+    d = torch.device(dev, 0) if dev == "cuda" else torch.device("cpu")
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+    def best(fn, n=reps):
+        fn()
+        sync()
+        out = []
+        for _ in range(5):
+            t = timeit.timeit(fn, number=n)
+            sync()
+            out.append(t / n * 1e6)
+        return round(min(out), 3)
+    got = {"torch.empty [1, 9, 256] bf16": best(lambda: torch.empty((1, 9, 256), dtype=torch.bfloat16, device=d)),
+           "stream_key (raw current stream)": best(lambda: stream_key(d))}
+    if dev == "cuda":
+        got["torch.cuda.is_current_stream_capturing"] = best(torch.cuda.is_current_stream_capturing)
+        import cupy
+        from autotune.tactics.cuda import pdl
+        fn = cupy.RawKernel(EMPTY, "empty_moe")
+        fn.compile()
+        run = pdl.runner(fn, EMPTY, "empty_moe", 0)
+        import numpy as np
+        args = tuple([torch.zeros(1, device=d).data_ptr()] * 12 + [np.int32(1)] * 11 + [0, 0] + [np.int32(0)] * 2)
+        s = stream_key(d)
+        got[f"empty kernel launch ({type(run).__name__}, 27 arguments)"] = best(
+            lambda: run((9, 16, 2), (256, 1, 1), args, s), 5000)
+    return got
+
+
 def pick(fam, problem, arch, split: bool, kernel: str | None = None):
     """A kept tactic of the family for `problem`: with split-K when `split` (as the H200's M = 1
     winners take), else without; of grouped kernel `kernel` where given (moe_mma or moe_tok)."""
@@ -196,10 +240,15 @@ def main() -> None:
     print("| form | µs / forward p50 | p90 | aten ops / forward | syncs / forward |\n|---|---:|---:|---:|---:|")
     for form, r in rows.items():
         print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} | {ops[form]} | {syncs.get(form, '-')} |")
+    pieces = parts(dev)
+    print("| piece of a forward | µs per call |\n|---|---:|")
+    for k, v in pieces.items():
+        print(f"| {k} | {v} |")
     if profile:
         print(profile[profile.find("   ncalls"):])
     if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows, "syncs": syncs, "aten_ops": ops, "device": dev, "experts": e,
+        Path(a.json).write_text(json.dumps({"rows": rows, "syncs": syncs, "aten_ops": ops, "parts": pieces,
+                                            "device": dev, "experts": e,
                                             "torch": torch.__version__}, indent=1))
 
 

@@ -240,3 +240,17 @@ def test_a_pack_whose_storage_was_swapped_takes_the_whole_way():
         run(x, w, ids, tw)
         assert run.checks == checks + 1 and run.calls[-1][2][:2] == (w.packed.data_ptr(), w.scales.data_ptr())
         assert run.calls[-1][2][4] == w.global_scale.data_ptr()
+
+
+def test_the_host_benchs_empty_kernel_takes_moe_mmas_arguments():
+    """bench/moe_host.py times one launch of an empty kernel as the launch part of a forward: it must
+    take what moe_mma takes (pdl.signature: the buffer the launch packs)."""
+    import importlib.util
+
+    from autotune.tactics.cuda import build as B
+    from autotune.tactics.cuda import pdl
+    from tests.helpers import ROOT
+    spec = importlib.util.spec_from_file_location("moe_host", ROOT / "bench" / "moe_host.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert pdl.signature(bench.EMPTY, "empty_moe") == pdl.signature(B.text(MOE.config(W13, MMA)), "moe_mma")
