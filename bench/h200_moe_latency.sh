@@ -3,7 +3,8 @@
 # targets), in one device call on the H200:
 #   1. Nsight Compute (--clock-control none, caches flushed before each pass, --set full) on one
 #      launch of each served M = 1 kernel (w13:swiglu, w2:reduce, the shared expert's gate_up:swiglu
-#      and down) and of w13:swiglu at M = 16: bench/moe_latency_h200.py --ncu-launch;
+#      and down), of w13:swiglu at M = 16 and of w2:reduce at M = 16 and 64 (with its alignment launch):
+#      bench/moe_latency_h200.py --ncu-launch;
 #      → $OUT/ncu_details.txt (every section), $OUT/ncu_source.csv.gz (per-SASS-line stall samples);
 #   2. bench/moe_latency_h200.py: the stage probes and the config sweep → $OUT/moe_latency.json.
 # Run from the repo root with .whl carried (../shared/tools/device-wheels.sh platformdirs):

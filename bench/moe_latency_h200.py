@@ -24,7 +24,7 @@ w13:swiglu (N = 512, K = 6144) and w2:reduce (N = 6144, K = 256, routing weights
    rank-model source, tools/fit_rank_models.py). The sweep checks nothing against
    float64: the family's GPU tests do (bench/h200_moe_latency.sh runs them first).
 3. `--ncu-launch`: the served M = 1 kernels (both routed ones, the shared expert's gate_up:swiglu and
-   down) and w13:swiglu at M = 16, one launch each inside cudaProfilerStart/Stop, so
+   down), w13:swiglu at M = 16 and w2:reduce at M = 16 and 64, one launch each inside cudaProfilerStart/Stop, so
    `ncu --profile-from-start off` profiles exactly those.
 The search's trials time with PDL off; so do these (AUTOTUNE_PDL=0 unless set).
 Writes DIR/moe_latency.json after every phase.
@@ -62,7 +62,10 @@ SERVED = {"w13_swiglu": (W13, moe_t(8, 2, 2, 2)), "w2_reduce": (W2, moe_t(2, 1, 
 NCU = [("w13_swiglu_m1", W13, moe_t(8, 2, 2, 2), 1), ("w2_reduce_m1", W2, moe_t(2, 1, 4, 2), 1),
        ("gate_up_swiglu_m1", GATE_UP, Tactic("cuda", warps_k=2, stages=2, tiles_n=2, split_k=8), 1),
        ("down_m1", DOWN, Tactic("cuda", warps_k=2, stages=6, tiles_n=1), 1),
-       ("w13_swiglu_m16", W13, moe_t(8, 1, 2, 2), 16)]
+       ("w13_swiglu_m16", W13, moe_t(8, 1, 2, 2), 16),
+       # w2:reduce sits at 2.3-2.4x its bytes at M = 16 and 64 where w13 is at 1.04-1.08x (docs/moe-decode.md
+       # part 11): the folded step's served config there (docs/data/mlp-step-h200/winners-fold-c5148b3.json)
+       ("w2_reduce_m16", W2, moe_t(1, 1, 4, 2), 16), ("w2_reduce_m64", W2, moe_t(1, 1, 4, 2), 64)]
 
 # ---- probes: (stage, the line the cut follows, the code inserted after it) -------------------------
 # each cut keeps what came before it live (a branch on the value read) and returns; `P >= 0` is
