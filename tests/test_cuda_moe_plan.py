@@ -154,7 +154,10 @@ def test_the_pool_attach_and_release_retire_plans():
     assert run.checks == 2
     run(x, w, ids, tw)
     assert run.checks == 2
-    pool.dirty.add(("cpu", 0, "splitk.locks"))                  # a buffer zeroed under capture, still to zero
+    pool.dirty.add(("cuda:0", 12345, "splitk.locks"))           # another stream's (a capture's): still planned
+    run(x, w, ids, tw)
+    assert run.checks == 2
+    pool.dirty.add(("cpu", 0, "splitk.locks"))                  # this stream's, zeroed under capture, still to zero
     run(x, w, ids, tw)
     assert run.checks == 3
     pool.dirty.clear()

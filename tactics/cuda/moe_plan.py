@@ -63,7 +63,10 @@ class Plan:
         else:
             tp = tw.data_ptr()
         pool = self.owner.scratch
-        if pool is not self.pool or pool.epoch != self.epoch or pool.dirty or stream_key(self.device) != self.stream:
+        # a buffer still to zero on this stream (made under a capture): the whole way zeroes it; another
+        # stream's (a graph's capture stream) does not concern this launch
+        if (pool is not self.pool or pool.epoch != self.epoch or stream_key(self.device) != self.stream
+                or (pool.dirty and any(k[1] == self.stream for k in pool.dirty))):
             return None
         out = torch.empty(self.out_shape, dtype=BF16, device=self.device)
         self.run(self.grid, self.block, self.head + (x.data_ptr(), out.data_ptr()) + self.mid
