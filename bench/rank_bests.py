@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from autotune.cache import Store
     from autotune.core.arch import ARCHS
+    from autotune.core.problem import Problem
     from autotune.engine import rankmodel, ranked, strategy
     from autotune.engine.search import _Work, plan
     from autotune.models import problems_for
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
             timed = [r for r in sweep if r["problem"] == w.problem.key and r["m"] == b and "us" in r]
             of = w.problem.key
             if not timed:        # the shared expert folded in (e257:top9): its sibling's sweep (e256:top8)
-                sib = [r for r in sweep if r["m"] == b and "us" in r and _sibling(r["problem"], w.problem)]
+                sib = [r for r in sweep if r["m"] == b and "us" in r and rankmodel.sibling_distance(w.problem, Problem.from_key(r["problem"])) is not None]
                 if not sib:
                     continue
                 timed, of = sib, sib[0]["problem"]
@@ -91,14 +92,6 @@ def main(argv=None) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1))
     return 0
-
-
-def _sibling(key: str, p) -> bool:
-    """Is problem `key` p's GEMM over one expert and one slot more or fewer (Model.sibling_bests)?"""
-    from autotune.core.problem import Problem
-    q = Problem.from_key(key)
-    return (q != p and q.kind == p.kind == "grouped_moe" and max(abs(q.experts - p.experts), abs(q.top_k - p.top_k)) <= 1
-            and (q.a_fmt, q.w_fmt, q.out_dtype, q.n, q.k, q.epilogue) == (p.a_fmt, p.w_fmt, p.out_dtype, p.n, p.k, p.epilogue))
 
 
 if __name__ == "__main__":

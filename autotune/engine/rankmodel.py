@@ -236,10 +236,9 @@ class Model:
                 q = Problem.from_key(key[:-len(tail)])
             except ValueError:
                 continue
-            d = (abs(q.experts - problem.experts), abs(q.top_k - problem.top_k))
-            if q != problem and max(d) <= 1 and (q.kind, q.a_fmt, q.w_fmt, q.out_dtype, q.n, q.k, q.epilogue) == \
-                    (problem.kind, problem.a_fmt, problem.w_fmt, problem.out_dtype, problem.n, problem.k, problem.epilogue):
-                near.append((sum(d), q.key, self.bests(q.key, bucket)))
+            d = sibling_distance(problem, q)
+            if d is not None:
+                near.append((d, q.key, self.bests(q.key, bucket)))
         return tuple(dict.fromkeys(i for _, _, ids in sorted(near) for i in ids))
 
     def to_json(self) -> str:
@@ -257,6 +256,18 @@ class Model:
         if d.get("version") != VERSION:
             raise ValueError(f"rank model version {d.get('version')!r}; this build reads {VERSION}")
         return cls(list(d["features"]), str(d["lightgbm"]), dict(d["key"]), dict(d.get("info", {})))
+
+
+def sibling_distance(p: Problem, q: Problem) -> int | None:
+    """Experts + slots between grouped problems that are one GEMM (kind, formats, N, K, epilogue)
+    over at most one expert and one slot more or fewer (the shared expert folded in: e257:top9 beside
+    e256:top8); None for any other pair, the problem itself included."""
+    if p.kind != "grouped_moe" or q == p:
+        return None
+    d = (abs(q.experts - p.experts), abs(q.top_k - p.top_k))
+    same = (q.kind, q.a_fmt, q.w_fmt, q.out_dtype, q.n, q.k, q.epilogue) == \
+        (p.kind, p.a_fmt, p.w_fmt, p.out_dtype, p.n, p.k, p.epilogue)
+    return sum(d) if same and max(d) <= 1 else None
 
 
 def best_key(problem_key: str, bucket: int) -> str:
