@@ -192,7 +192,7 @@ def stale_code(row) -> str | None:
     if not row.code_key:
         return f"{STALE_CODE}: no code key (stored before code keys were)"
     if row.code_key != _join(row.lib_key, c):
-        return f"{STALE_CODE}: {c.member} changed since"
+        return f"{STALE_CODE}: {c.member} (or the search's input draw) changed since"
     return None
 
 

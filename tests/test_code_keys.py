@@ -38,6 +38,25 @@ FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
 BUILTIN = ("torch", "triton", "cutlass", "cublaslt", "cuda")
 
 
+def _other_python() -> str | None:
+    """A Python of the other tokenizer (3.11 beside 3.12 or the reverse) that runs here, if any
+    (AUTOTUNE_OTHER_PY names one off PATH)."""
+    import os
+    import shutil as sh
+    import subprocess
+    import sys
+    want = "3.12" if sys.version_info[:2] <= (3, 11) else "3.11"
+    exe = os.environ.get("AUTOTUNE_OTHER_PY") or sh.which(f"python{want}")
+    if exe is None:
+        return None
+    ok = subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == tuple(map(int, sys.argv[1].split('.')))", want],
+                        capture_output=True)
+    return exe if ok.returncode == 0 else None
+
+
+OTHER_PY = _other_python()
+
+
 def _entries():
     """(Code, the module that defines the member) of every built-in member."""
     out = [(m.code, type(m).__module__) for m in MEMBERS]
@@ -66,7 +85,7 @@ def test_every_member_declares_the_project_modules_its_code_imports():
     missing = {}
     for code, module in _entries():
         assert module in code.modules, f"{code.member} does not declare its own module {module}"
-        lost = _closure(graph, module) - set(code.modules)
+        lost = _closure(graph, module) - set(code.modules) - set(codekey.BY_VALUE)
         if lost:
             missing[code.member] = sorted(lost)
     assert missing == {}, f"members import project modules they do not declare: {missing}"
@@ -130,6 +149,50 @@ def _cache(path, *winners) -> Path:
 
 def _winner(bucket=4, **kw) -> Winner:
     return Winner(P.key, bucket, CPU.device_key, T.id, "torch", T.to_json(), LIB, 10.0, T.id, 10.0, 1.0, **kw)
+
+
+# f-strings in every form 3.12's tokenizer splits into pieces (nested fields, format specs, quotes
+# inside fields, triple-quoted over lines, a docstring beside them); the expected text is 3.11's
+# one-STRING-token view of them, written out so any interpreter is held to it.
+F_SRC = '''def f(x, w):
+    """A docstring: dropped."""
+    a = f"{x!r:>{w}} and {{braces}}"  # a comment
+    b = f'{ {"k": x}["k"] } {f"{x}"}'
+    c = f"""one
+{x}
+two"""
+    return a + b + c
+'''
+F_TOKENS = "\n".join([
+    "def f ( x , w ) :", "INDENT",
+    'a = f"{x!r:>{w}} and {{braces}}"',
+    'b = f\'{ {"k": x}["k"] } {f"{x}"}\'',
+    'c = f"""one\n{x}\ntwo"""',
+    "return a + b + c", "DEDENT"])
+
+
+def test_the_code_digest_reads_f_strings_alike_on_every_python():
+    # the device (Python 3.12) records GPU checks by digest and CI (3.11) reads them: the two
+    # tokenizers must give one stream (they differ on f-strings unless folded back)
+    assert codekey._python_tokens(F_SRC) == F_TOKENS
+
+
+@pytest.mark.skipif(not OTHER_PY, reason="no second Python (3.11/3.12) on PATH to compare against")
+def test_another_python_digests_every_project_module_alike():
+    import subprocess
+    import sys
+    prog = ("import hashlib, json, pathlib, sys; sys.path.insert(0, sys.argv[1]); "
+            "from autotune.core.codekey import _python_tokens as t; "
+            "r = pathlib.Path(sys.argv[1]); print(json.dumps({str(f.relative_to(r)): "
+            "hashlib.sha256(t(f.read_text(encoding='utf-8')).encode()).hexdigest() "
+            "for d in ('autotune', 'tactics', 'cache') for f in sorted((r / d).rglob('*.py'))}))")
+    got = {}
+    for py in (sys.executable, OTHER_PY):
+        run = subprocess.run([py, "-c", prog, str(ROOT)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-400:]
+        got[py] = __import__("json").loads(run.stdout)
+    a, b = got.values()
+    assert len(a) > 100 and a == b
 
 
 def test_dispatch_serves_a_winner_only_under_the_code_that_measured_it(tmp_path):

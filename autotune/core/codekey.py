@@ -7,6 +7,10 @@ files it compiles (a .cu text). `code_key(lib_key, code)` joins a digest of thos
 library key; every trial and winner stores it, and a stored row whose key differs from the live one
 is neither served nor counted as measured.
 
+The key also covers how the search draws what it times (measure.py: a grouped problem's routing), so
+a time drawn one way is never served under a draw of another; the digest alone (the GPU-check
+record's) does not.
+
 The digest reads the files (never imports them: a Triton kernel module imports Triton). Python is
 tokenized and comments, blank lines and bare string statements (docstrings) dropped, so editing
 prose keeps the key and editing code changes it. It is computed once per process per Code.
@@ -23,10 +27,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from autotune.core import measure
 from autotune.core.tactic import canonical_json
 
+#: modules whose effect every key carries by value (measure.form()), so no member declares them
+BY_VALUE = ("autotune.core.measure",)
+
 #: the digest format: bump when _python_tokens changes, so no key of the old form ever matches
-_FORM = 1
+#: (2: f-strings folded to one token, so 3.11 and 3.12 give one digest)
+_FORM = 2
 
 
 @dataclass(frozen=True)
@@ -84,19 +93,53 @@ def data_file(package: str, name: str, root: Path | None = None) -> Path:
     return f
 
 
+#: token types that open and close a string with fields (3.12's f-strings, 3.14's t-strings); absent
+#: before 3.12, where the tokenizer gives the whole literal as one STRING token
+_OPEN = {getattr(tokenize, n) for n in ("FSTRING_START", "TSTRING_START") if hasattr(tokenize, n)}
+_CLOSE = {getattr(tokenize, n) for n in ("FSTRING_END", "TSTRING_END") if hasattr(tokenize, n)}
+
+
+def _tokens(text: str):
+    """(type, string) of each token, with every f-string folded back into one STRING token of its
+    source text, as Python 3.11 and earlier tokenize it: the digest must not depend on which Python
+    computes it (the device's 3.12 records GPU checks that CI's 3.11 reads)."""
+    lines = text.splitlines(keepends=True)
+    depth, start = 0, (0, 0)
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type in _OPEN:
+            if depth == 0:
+                start = tok.start
+            depth += 1
+        elif depth:
+            if tok.type in _CLOSE:
+                depth -= 1
+                if depth == 0:
+                    yield tokenize.STRING, _span(lines, start, tok.end)
+        else:
+            yield tok.type, tok.string
+
+
+def _span(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> str:
+    """The source text between two tokenize positions (1-based rows, 0-based columns)."""
+    (r0, c0), (r1, c1) = start, end
+    if r0 == r1:
+        return lines[r0 - 1][c0:c1]
+    return lines[r0 - 1][c0:] + "".join(lines[r0:r1 - 1]) + lines[r1 - 1][:c1]
+
+
 def _python_tokens(text: str) -> str:
     """The code of a Python source, without comments, blank lines and bare string statements."""
     out: list[str] = []
     line: list[tuple[int, str]] = []
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type in skip:
+    for typ, string in _tokens(text):
+        if typ in skip:
             continue
-        if tok.type in (tokenize.INDENT, tokenize.DEDENT):
-            out.append(tokenize.tok_name[tok.type])
+        if typ in (tokenize.INDENT, tokenize.DEDENT):
+            out.append(tokenize.tok_name[typ])
             continue
-        if tok.type != tokenize.NEWLINE:
-            line.append((tok.type, tok.string))
+        if typ != tokenize.NEWLINE:
+            line.append((typ, string))
             continue
         if not all(t == tokenize.STRING for t, _ in line):       # a docstring or bare string: no code
             out.append(" ".join(s for _, s in line))
@@ -131,9 +174,15 @@ def digest(code: Code, root: Path | None = None) -> str:
 @lru_cache(maxsize=4096)
 def code_key(lib_key: str, code: Code) -> str:
     """The key stored with every trial and winner: the library key joined with the sources'."""
-    return hashlib.sha256(canonical_json({"lib": lib_key, "code": digest(code)}).encode()).hexdigest()[:16]
+    return _join(lib_key, digest(code))
+
+
+def _join(lib_key: str, code_digest: str) -> str:
+    # the search's draw joins here, not in the digest: a GPU check (checked.py) is of the code alone
+    return hashlib.sha256(canonical_json({"lib": lib_key, "code": code_digest, "measure": measure.form()})
+                          .encode()).hexdigest()[:16]
 
 
 def code_key_at(lib_key: str, code: Code, root: Path) -> str:
     """code_key over the sources under `root` (a modified copy, for tests)."""
-    return hashlib.sha256(canonical_json({"lib": lib_key, "code": digest(code, root)}).encode()).hexdigest()[:16]
+    return _join(lib_key, digest(code, root))

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from autotune.core.formats import FP4Weight, quantize, quantize_activation_nvfp4
+from autotune.core.measure import ROUTING_SKEW
 from autotune.core.operands import out_shape
 from autotune.core.problem import Problem
 
@@ -73,8 +74,9 @@ def seeded_weight(problem: Problem, device: str, seed: int):
     return random_weight(problem, device, _generator(device, seed))
 
 
-def routing(m: int, experts: int, top_k: int, gen: torch.Generator, skew: float = 1.2):
-    """Top-k expert ids per token from a Zipf-like popularity (realistic, not uniform). CPU generator."""
+def routing(m: int, experts: int, top_k: int, gen: torch.Generator, skew: float = ROUTING_SKEW):
+    """Top-k distinct expert ids per token, expert popularity Zipf-like with exponent `skew` (the
+    search's draw by default: uniform, measure.py says why). CPU generator."""
     pop = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64) ** skew
     pop = pop[torch.randperm(experts, generator=gen)]
     ids = torch.multinomial(pop.expand(m, experts), top_k, replacement=False, generator=gen)

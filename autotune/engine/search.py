@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
-from autotune.core import codekey, winner as winner_rule
+from autotune.core import codekey, measure, winner as winner_rule
 from autotune.engine import audit, claims as job_claims, pipeline, strategies, strategy, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
@@ -152,6 +152,8 @@ class _Search:
     def _store_static(self, planned: dict[Problem, list[Planned]], names: set[str]) -> list[_Work]:
         store, env = self.store, self.env
         work = []
+        if any(p.kind == "grouped_moe" for p in planned):   # the report's byte counts follow the draw
+            store.put_meta(measure.META_KEY, f"{measure.ROUTING_SKEW:g}")
         for p, rows in planned.items():
             store.put_problem(p)
             default = registry.designated_default(p, self.target, env.device)

@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from autotune.core import measure
 from autotune.core.problem import BLOCK, Problem
 from autotune.core.records import Trial, Winner
 from autotune.report import ceilings as ceil_mod
@@ -257,11 +258,11 @@ def _verdicts(trials: list[Trial]) -> list[FamilyVerdicts]:
 
 
 def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines: dict[str, float],
-           ceil: ceil_mod.Ceilings | None, fp4_native: bool) -> Point:
+           ceil: ceil_mod.Ceilings | None, fp4_native: bool, skew: float) -> Point:
     m = w.bucket
     flops = float(p.flops(m))
-    nbytes = call_bytes(p, m)
-    ai = intensity(p, m)
+    nbytes = call_bytes(p, m, skew)      # under the routing draw the cache was measured with
+    ai = intensity(p, m, skew)
     secs = w.median_us * 1e-6              # > 0: autotune.cache.rows.check_winner passed
     tfl = flops / secs / 1e12
     gbs = nbytes / secs / 1e9
@@ -301,6 +302,7 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
     the model asked for) names each problem's layers and runs per forward."""
     by_key = {u.problem.key: u for u in uses or ()}
     meta = store.meta()
+    skew = measure.skew_of(meta)
     devices = store.device_records()
     winners, skip_w = checked(store.winners(), check_winner)
     trials, skip_t = checked(store.trials(), check_trial)
@@ -347,7 +349,7 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
                     for fam, (us, _) in best.get((bk, w.bucket), {}).items():
                         base[f"{q.a_fmt}×{q.w_fmt} {fam}"] = us
                 pts.append(_point(p, w, tactic_label(dflt.to_json()) if dflt else w.default_tactic_id,
-                                  best.get((key, w.bucket), {}), base, ceil, fp4_native))
+                                  best.get((key, w.bucket), {}), base, ceil, fp4_native, skew))
             u = by_key.get(key)
             pviews.append(ProblemView(key, pts, bkeys, tuple(u.layers) if u else (), u.per_forward if u else None,
                                       arch, {w.bucket: w.params_json for w in wins if w.problem_key == key}))
@@ -359,7 +361,7 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
                 libs[t.lib_key] = _libset(store, t.lib_key)
         dmiss = [{"problem": m.problem_key, "m": m.m, "count": m.count} for m in misses
                  if m.device_key == dk and (problem_keys is None or m.problem_key in problem_keys)]
-        sv = step_view(pviews, uses) if uses else None
+        sv = step_view(pviews, uses, skew) if uses else None
         views.append(DeviceView(dk, rec, arch, rec.get("cc") == "cpu", ceil.to_dict() if ceil else None,
                                 pviews, _verdicts(dtrials), dmiss, libs,
                                 with_ceilings(sv, ceil.to_dict() if ceil else None) if sv else None))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from autotune.core.problem import Problem
 from autotune.report.names import layer_label
+from autotune.core.measure import ROUTING_SKEW
 from autotune.report.traffic import call_bytes
 
 DECODE_MAX = 256      # decode batch sizes; prefill-sized M is the time pictures' business
@@ -79,7 +80,7 @@ def _kind(name: str) -> str | None:
     return None
 
 
-def step_view(problems: list, uses: list) -> StepView | None:
+def step_view(problems: list, uses: list, skew: float = ROUTING_SKEW) -> StepView | None:
     """The estimate from one device's ProblemViews and the model's ProblemUses; None when the model
     has no MLP layers."""
     views = {v.key: v for v in problems}
@@ -114,7 +115,7 @@ def step_view(problems: list, uses: list) -> StepView | None:
         pts = {p.bucket: p for p in v.points}
         parts.append(StepPart(_kind(u.layers[0]), layer_label(u.layers, u.per_forward, u.problem.key),
                               u.problem.key, u.per_forward, {m: pts[m].winner_us for m in common},
-                              {m: call_bytes(u.problem, m) for m in common}))
+                              {m: call_bytes(u.problem, m, skew) for m in common}))
     return StepView(common, parts if common else [], None, False, missing)
 
 

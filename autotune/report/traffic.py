@@ -3,18 +3,18 @@
 The byte count is the minimum traffic of one call: every operand read once, the output written
 once. Weights: the packed FP4 values plus one scale byte per block (the global scale is
 negligible). A grouped-MoE call reads only the experts its tokens are routed to; the count is the
-expectation under the benchmark's routing (autotune.core.inputs.routing: Zipf popularity, exponent 1.2,
-top_k distinct experts per token), so a point's intensity matches what was timed.
+expectation under the search's routing draw (autotune.core.measure: top_k distinct experts per
+token, uniform unless a skew is given), so a point's intensity matches what was timed.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
+from autotune.core.measure import ROUTING_SKEW
 from autotune.core.problem import BLOCK, Problem
 
 #: bits per element of each operand format
 BITS = {"nvfp4": 4, "mxfp4": 4, "fp8": 8, "bf16": 16, "fp16": 16, "fp32": 32}
-ROUTING_SKEW = 1.2  # autotune.core.inputs.routing's default
 
 
 def _operand_bytes(fmt: str, elems: int) -> float:
@@ -23,11 +23,12 @@ def _operand_bytes(fmt: str, elems: int) -> float:
 
 
 @lru_cache(maxsize=4096)
-def experts_touched(experts: int, top_k: int, m: int) -> float:
-    """Expected distinct experts hit by m tokens (per-token inclusion ~ top_k × popularity)."""
+def experts_touched(experts: int, top_k: int, m: int, skew: float = ROUTING_SKEW) -> float:
+    """Expected distinct experts hit by m tokens (per-token inclusion ~ top_k × popularity, exact
+    when uniform; `skew`: the draw's Zipf exponent, the search's by default)."""
     if experts == 1:
         return 1.0
-    pop = [1.0 / (i + 1) ** ROUTING_SKEW for i in range(experts)]
+    pop = [1.0 / (i + 1) ** skew for i in range(experts)]
     total = sum(pop)
     out = 0.0
     for p in pop:
@@ -36,10 +37,10 @@ def experts_touched(experts: int, top_k: int, m: int) -> float:
     return min(float(experts), out)
 
 
-def call_bytes(p: Problem, m: int) -> float:
+def call_bytes(p: Problem, m: int, skew: float = ROUTING_SKEW) -> float:
     """The fused forms move what their kernel reads and writes: SwiGLU writes N/2 per (token, slot);
     the top_k reduce reads one activation row per (token, slot) and writes one output row per token."""
-    w = experts_touched(p.experts, p.top_k, m) * _operand_bytes(p.w_fmt, p.n * p.k)
+    w = experts_touched(p.experts, p.top_k, m, skew) * _operand_bytes(p.w_fmt, p.n * p.k)
     x_rows = m * p.top_k if p.epilogue == "reduce" else m
     y_rows = m if p.epilogue == "reduce" else m * p.top_k
     x = _operand_bytes(p.a_fmt, x_rows * p.k)
@@ -47,6 +48,6 @@ def call_bytes(p: Problem, m: int) -> float:
     return w + x + y
 
 
-def intensity(p: Problem, m: int) -> float:
+def intensity(p: Problem, m: int, skew: float = ROUTING_SKEW) -> float:
     """FLOPs per byte of minimum traffic."""
-    return p.flops(m) / call_bytes(p, m)
+    return p.flops(m) / call_bytes(p, m, skew)
