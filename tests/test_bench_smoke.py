@@ -67,6 +67,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "moe_latency_h200.py": ("run", "--plan"),
     "verdict_audit.py": ("parts", "import and --help; the audit it drives is tested in tests/test_code_keys.py"),
     "checkpoint_gpu.py": ("parts", "import and --help: it builds the checkpoint layers on a CUDA device"),
+    "floor_table.py": ("run", "{main13} --json {out}/ft.json"),    # the thirteenth main job's committed cache
     "main_job_summary.py": ("run", "{db} --model {model} --tp 1 --max-tokens 4 --device cpu -o {out}/s.json"),
     "common.py": ("parts", "used by the others' --help (test_help_creates_nothing)"),
 }
@@ -112,7 +113,7 @@ def fixtures(tmp_path_factory):
     b.commit()
     b.close()
     return {"db": str(d / "c.db"), "db2": str(d / "c2.db"), "model": str(d / "model"),
-            "moe_db": str(DATA / "moe-search-h200.db")}
+            "moe_db": str(DATA / "moe-search-h200.db"), "main13": str(DATA / "main-job-h200-thirteenth.db.xz")}
 
 
 RUN = sorted(s for s, (how, _) in SMOKE.items() if how == "run" or how.startswith("env "))
