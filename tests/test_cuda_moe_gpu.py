@@ -60,7 +60,8 @@ def _tactics(prob, extra=4):
 
 
 def _ids(m, seed, off=True):
-    ids, tw = inputs.routing(m, E, TOP_K, torch.Generator().manual_seed(seed))
+    # skewed (hot experts hold more pairs than a group: several lead CTAs per expert, the rank scan's case)
+    ids, tw = inputs.routing(m, E, TOP_K, torch.Generator().manual_seed(seed), skew=1.2)
     if off and m > 1:
         ids[m // 2, 3] = -1                                   # an expert not on this rank
     return ids.cuda(), tw.cuda()

@@ -82,7 +82,7 @@ def _runs(ks):
 def test_a_pdl_chain_gives_the_bits_of_plain_launches_eager_and_in_a_graph(monkeypatch, m):
     from autotune.tactics.cuda import pdl
     layers = _layers(6)
-    ids, tw = inputs.routing(m, E, TOP_K, torch.Generator().manual_seed(m))
+    ids, tw = inputs.routing(m, E, TOP_K, torch.Generator().manual_seed(m), skew=1.2)
     ids, tw = ids.cuda(), tw.cuda()
     x = (torch.randn(m, H, device="cuda") * 0.5).to(torch.bfloat16)
     plain = _kernels(monkeypatch, "0")

@@ -281,7 +281,7 @@ _MOE_INTERP = textwrap.dedent("""
     fam, out = TritonFamily(), []
     for fmt, m, n, k, e, top_k, cfgs in json.loads(sys.argv[1]):
         p = Problem.moe(n, k, e, top_k, fmt)
-        s = inputs.make_inputs(p, m, "cpu", seed=5)[0]       # skewed top-k routing
+        s = inputs.make_inputs(p, m, "cpu", seed=5, skew=1.2)[0]       # skewed top-k routing
         ref = inputs.reference(p, s)
         for bm, bn, bk in cfgs:
             t = Tactic("triton", kernel="moe_w4a16", block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=2)

@@ -94,8 +94,9 @@ def set_bytes(problem: Problem, m: int) -> int:
 
 
 def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 1,
-                weights: Sequence | None = None) -> list[InputSet]:
-    """n_sets input sets; `weights` (at least n_sets of them) are reused instead of drawn."""
+                weights: Sequence | None = None, skew: float = ROUTING_SKEW) -> list[InputSet]:
+    """n_sets input sets; `weights` (at least n_sets of them) are reused instead of drawn; `skew`:
+    the routing draw's Zipf exponent (the search's: uniform; tests ask for hot experts)."""
     # routing comes from its own CPU stream (offset seed: on the CPU the two would otherwise coincide)
     gen, cpu_gen = _generator(device, seed), torch.Generator().manual_seed(seed + 1)
     sets = []
@@ -104,7 +105,7 @@ def make_inputs(problem: Problem, m: int, device: str, seed: int, n_sets: int = 
         x = torch.randn(*lead, problem.k, generator=gen, device=gen.device).to(torch.bfloat16)
         w = weights[i] if weights is not None else random_weight(problem, device, gen)
         if problem.kind == "grouped_moe":
-            ids, tw = routing(m, problem.experts, problem.top_k, cpu_gen)
+            ids, tw = routing(m, problem.experts, problem.top_k, cpu_gen, skew)
             sets.append(InputSet(x, w, ids.to(device), tw.to(device)))
         else:
             sets.append(InputSet(x, w))
