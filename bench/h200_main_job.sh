@@ -55,6 +55,14 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then   # the worker-memory test and the GPU tests 
   fi
 fi
 
+# AB=1 AB_BASE=DIR: bench/moe_scan_ab_h200.py — this tree's moe_mma against DIR's texts (another
+# revision's mma_common.cuh, moe_common.cuh, moe_mma.cu), bits compared, then timed interleaved at
+# M = 16 and 64 (the fourteenth session's id-scan change; AB_CACHE: whose winners, default the thirteenth's)
+if [ "${AB:-0}" = 1 ]; then
+  timeout "${AB_S:-200}" python3 bench/moe_scan_ab_h200.py --baseline "${AB_BASE:?AB_BASE=DIR}" \
+      --cache "${AB_CACHE:-docs/data/main-job-h200-thirteenth.db.xz}" --out "$OUT" 2>&1 | grep -v -i warn | tail -20
+fi
+
 # SWEEP=1: where the grouped kernels' time goes (bench/moe_latency_h200.py: probes of the served M = 1
 # configs, then every kept m_tiles-1 moe_mma config and moe_tok's beside them at M = 1, 4 (and 16 for
 # w2:reduce), CUDA-graph replays, cold L2, PDL off) → $OUT/latency/; its timings also as trials of

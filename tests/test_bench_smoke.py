@@ -67,6 +67,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "moe_latency_h200.py": ("run", "--plan"),
     "verdict_audit.py": ("parts", "import and --help; the audit it drives is tested in tests/test_code_keys.py"),
     "checkpoint_gpu.py": ("parts", "import and --help: it builds the checkpoint layers on a CUDA device"),
+    "moe_scan_ab_h200.py": ("run", "--plan --cache {main13}"),
     "floor_table.py": ("run", "{main13} --json {out}/ft.json"),    # the thirteenth main job's committed cache
     "main_job_summary.py": ("run", "{db} --model {model} --tp 1 --max-tokens 4 --device cpu -o {out}/s.json"),
     "common.py": ("parts", "used by the others' --help (test_help_creates_nothing)"),
