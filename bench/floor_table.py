@@ -155,7 +155,8 @@ def main(argv=None) -> int:
         return 1
     rate, source = a.rate, "--rate"
     if rate is None:
-        rate, source = json.loads(a.step_json.read_text())["copy_Bps"], str(a.step_json)
+        rate = json.loads(a.step_json.read_text())["copy_Bps"]
+        source = str(a.step_json.resolve().relative_to(ROOT)) if a.step_json.resolve().is_relative_to(ROOT) else str(a.step_json)
     if not rate or rate <= 0:
         print(f"floor_table: the copy rate must be positive, got {rate}", file=sys.stderr)
         return 1
