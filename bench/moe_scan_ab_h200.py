@@ -10,8 +10,9 @@ job's cache (.db or .db.xz): its moe_mma winner (else the family's default) at M
 GLM-5 TP8's routed (`e256:top8`) and folded (`e257:top9`, shared expert as each token's last slot)
 w13:swiglu and w2:reduce, and for w2 also the one-warp config part 9's folded step served, are the
 configs. Each runs the route the launcher picks (a
-folded call always the direct route; routed above 256 pairs the aligned route) and, where that is
-the aligned route, the direct route forced too. Routing is uniform (the search's draw). Per config:
+shared-slot call always the direct route — FP4MoE makes one only up to 256 pairs and concatenates and
+aligns above, so the folded M = 64 rows time the scan at 576 pairs, not a served call; routed above 256
+pairs the aligned route) and, where that is the aligned route, the direct route forced too. Routing is uniform (the search's draw). Per config:
 both kernels' outputs on one input set compared bit for bit (the scan changes no row), then CUDA-graph
 replays over a cold-L2 rotation, new and old interleaved three times, medians. Writes
 DIR/moe_scan_ab.json; exit 1 if any output differs or any kernel fails.

@@ -225,7 +225,7 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   } else {
     // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform. Each thread
     // counts its ids SCAN_U loads at a time (one round trip per SCAN_U * NTHREADS ids, not one per
-    // NTHREADS: the scan was most of a w2 CTA's life at M >= 16, docs/moe-decode.md part 13), then one
+    // NTHREADS: w2's one-warp CTAs made up to 8 + 8 dependent rounds at 256 pairs, part 13), then one
     // block sum; the count, and so every row's bits, are the same
     int rank = 0;
     for (int j0 = tid; j0 < q; j0 += SCAN_U * NTHREADS) {
