@@ -15,7 +15,9 @@ four `search_*` dry runs list the folded problems (`e257:top9`) the search now t
 (2026-12-04, twelfth session) search_sm90 / search_sm120 count the grouped cuda tactics `unknown`
 (moe_mma's text changed and moe_tok is new: neither has passed its GPU tests, tactics/cuda/checked.py)
 and the reduce problems count moe_tok's tactics; then (same session's review) every cuda tactic, the
-dense ones too, since the record digests a kernel's build and launch code as well and build.py changed.
+dense ones too, since the record digests a kernel's build and launch code as well and build.py changed;
+then (2026-12-05, fourteenth session) search_sm90 / search_sm120 (and the list-tactics run) keep them
+again: with code-key form 2 the record's digests are the same on Python 3.11 as on the device's 3.12.
 """
 from __future__ import annotations
 

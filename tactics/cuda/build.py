@@ -90,11 +90,11 @@ def _ring_and_reduction(c) -> int:
 
 def smem_bytes(c) -> int:
     """The static arrays the source declares: max(cp.async ring, cross-warp reduction); the grouped
-    kernel adds its group's pair list (8 * m_tiles ints) and, over one warp, each warp's rank count."""
+    kernel adds its group's pair list (8 * m_tiles ints)."""
     if isinstance(c, MoeConfig) and c.token:       # the ring (its 2-value reduction is smaller), then
         return c.stages * c.threads * 36 * c.tiles_n + 3 * 4 * TOK_MAX_SLOTS + 4   # slot rows, experts, scales, count
     if isinstance(c, MoeConfig):
-        return _ring_and_reduction(c) + 4 * 8 * c.m_tiles + (4 * c.warps_k if c.warps_k > 1 else 0)
+        return _ring_and_reduction(c) + 4 * 8 * c.m_tiles
     return _ring_and_reduction(c)
 
 

@@ -33,7 +33,6 @@
 // for sm_80 and newer.
 #define NTHREADS (WK * 32)
 #define CAP (8 * MT)
-#define SCAN_U 8              // direct route: id loads each thread has in flight in the rank scan and gather
 #define SPAN (8 * NTHREADS)   // aligned route: pairs per CTA that writes the rows of pairs routed nowhere
 #define PIPE_BYTES (STAGES * NTHREADS * 36 * TN)
 #define RED_BYTES (WK * TN * MT * 4 * 32 * 4)
@@ -146,9 +145,6 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
         int shared_e, int ids_cols, const int* __restrict__ srt, const int* __restrict__ blk_e, int g_main, int bm) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   __shared__ int rows_s[CAP];                     // the group's pair indices, -1 past its end
-#if WK > 1
-  __shared__ int scan_s[WK];                      // direct route: each warp's count for the rank
-#endif
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int q = blockIdx.x, nt = blockIdx.y, kz = blockIdx.z;
@@ -223,46 +219,22 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
       rows_s[tid] = (unsigned)p < (unsigned)P ? p : -1;
     }
   } else {
-    // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform. Each thread
-    // counts its ids SCAN_U loads at a time (one round trip per SCAN_U * NTHREADS ids, not one per
-    // NTHREADS: w2's one-warp CTAs made up to 8 + 8 dependent rounds at 256 pairs, part 13), then one
-    // block sum; the count, and so every row's bits, are the same
+    // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform
     int rank = 0;
-    for (int j0 = tid; j0 < q; j0 += SCAN_U * NTHREADS) {
-      long long v[SCAN_U];
-#pragma unroll
-      for (int u = 0; u < SCAN_U; ++u) {
-        const int j = j0 + u * NTHREADS;
-        v[u] = j < q ? pair_id(ids, ids64, j, top_k, ids_cols, shared_e) : -3;
-      }
-#pragma unroll
-      for (int u = 0; u < SCAN_U; ++u) rank += v[u] == e;
+    for (int j0 = 0; j0 < q; j0 += NTHREADS) {
+      const int j = j0 + tid;
+      rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e);
     }
-    rank = __reduce_add_sync(0xffffffffu, rank);
-#if WK > 1
-    if (lane == 0) scan_s[warp] = rank;
-    __syncthreads();
-    rank = 0;
-#pragma unroll
-    for (int w = 0; w < WK; ++w) rank += scan_s[w];
-#endif
     if (rank % CAP) return;                        // not a leader (nothing issued yet)
     if (warp == 0) {                               // gather the next CAP pairs of this expert, in order
       int cnt = 0;
-      for (int j0 = q; j0 < P && cnt < CAP; j0 += 32 * SCAN_U) {
-        bool hit[SCAN_U];                          // SCAN_U loads in flight, then the ballots in order
-#pragma unroll
-        for (int u = 0; u < SCAN_U; ++u) {
-          const int j = j0 + u * 32 + lane;
-          hit[u] = j < P && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e;
-        }
-#pragma unroll
-        for (int u = 0; u < SCAN_U; ++u) {
-          const u32 m = __ballot_sync(0xffffffffu, hit[u]);
-          const int pos = cnt + __popc(m & ((1u << lane) - 1u));
-          if (hit[u] && pos < CAP) rows_s[pos] = j0 + u * 32 + lane;
-          cnt += __popc(m);
-        }
+      for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
+        const int j = j0 + lane;
+        const bool hit = j < P && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e;
+        const u32 m = __ballot_sync(0xffffffffu, hit);
+        const int pos = cnt + __popc(m & ((1u << lane) - 1u));
+        if (hit && pos < CAP) rows_s[pos] = j;
+        cnt += __popc(m);
       }
       for (int i = lane; i < CAP; i += 32)
         if (i >= cnt) rows_s[i] = -1;
