@@ -114,8 +114,9 @@ def run_gpu(out: Path, baseline: Path, won: dict) -> int:
     names = ["mma_common.cuh", "moe_common.cuh", "moe_mma.cu"]
     old_txt = "\n".join((baseline / n).read_text() for n in names)
     fam = registry.get("cuda")
+    rows: list[dict] = []
     doc = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "baseline": str(baseline), "routing": "uniform", "rows": []}
+           "torch": torch.__version__, "baseline": str(baseline), "routing": "uniform", "rows": rows}
     gen = torch.Generator().manual_seed(0)
     packs: dict = {}
     bad = 0
@@ -159,7 +160,7 @@ def run_gpu(out: Path, baseline: Path, won: dict) -> int:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             finally:
                 MOE.ALIGN_PAIRS = saved
-            doc["rows"].append(row)
+            rows.append(row)
             print(name, m, route, t.params, {k: v for k, v in row.items() if k.endswith("_us") or k in ("bits_equal", "error")},
                   flush=True)
             (out / "moe_scan_ab.json").write_text(json.dumps(doc, indent=1, default=str))
