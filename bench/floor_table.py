@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
-import re
 import sqlite3
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,35 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP_JSON = ROOT / "docs" / "data" / "mlp-step-h200" / "winners-fold-c5148b3.json"
 
 
-def _count(layers: tuple[str, ...]) -> int:
-    """Layers named like "mlp.experts.w13[3-77]" → how many."""
-    n = 0
-    for name in layers:
-        m = re.search(r"\[([^\]]*)\]$", name)
-        for part in (m.group(1).split(",") if m else ["0"]):
-            a, _, b = part.strip().partition("-")
-            n += int(b or a) - int(a) + 1
-    return n
-
-
 def step_problems(model: str, tp: int) -> dict[str, dict[str, tuple[Problem, int]]]:
-    """form → kind → (the problem the step's layers serve, how many layers) for both forms."""
-    from autotune.models import problems_for
-    by: dict[str, tuple[Problem, int]] = {}
-    for u in problems_for(model, tp=tp):
-        name = u.layers[0]
-        kind = ("shared_gate_up" if "shared_experts.gate_up" in name else "shared_down" if "shared_experts.down" in name
-                else "w13" if ".w13" in name else "w2" if ".w2" in name else "gate_up" if "gate_up" in name
-                else "down" if "down" in name else None)
-        if kind is not None:
-            by[kind] = (u.problem, _count(u.layers))
-    need = {"gate_up", "down", "shared_gate_up", "shared_down", "w13", "w2"}
-    if set(by) != need:
-        raise SystemExit(f"floor_table: {model} TP{tp}: expected layer kinds {sorted(need)}, got {sorted(by)}")
+    """form → kind → (the problem the step's layers serve, how many layers) for both forms: the step
+    bench's layer kinds (bench/mlp_step_graph_h200.plan), each form's problems as FP4MoE serves them."""
+    from bench.mlp_step_graph_h200 import plan
+    by: dict[str, tuple[Problem, int]] = plan(model, tp)
     (w13, n_moe), (w2, _) = by["w13"], by["w2"]
     dense = {"gate_up": (by["gate_up"][0].variant("swiglu"), by["gate_up"][1]), "down": by["down"]}
-    folded = {"w13": Problem.moe(w13.n, w13.k, w13.experts + 1, w13.top_k + 1, w_fmt=w13.w_fmt).variant("swiglu"),
-              "w2": Problem.moe(w2.n, w2.k, w2.experts + 1, w2.top_k + 1, w_fmt=w2.w_fmt).variant("reduce")}
+    # the shared expert as one expert and one slot more (autotune.models.layers' fold_shared)
+    folded = {"w13": replace(w13, experts=w13.experts + 1, top_k=w13.top_k + 1).variant("swiglu"),
+              "w2": replace(w2, experts=w2.experts + 1, top_k=w2.top_k + 1).variant("reduce")}
     return {
         "fold": {**dense, "w13": (folded["w13"], n_moe), "w2": (folded["w2"], n_moe)},
         "apart": {**dense, "shared_gate_up": (by["shared_gate_up"][0].variant("swiglu"), n_moe),
