@@ -68,6 +68,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "verdict_audit.py": ("parts", "import and --help; the audit it drives is tested in tests/test_code_keys.py"),
     "checkpoint_gpu.py": ("parts", "import and --help: it builds the checkpoint layers on a CUDA device"),
     "moe_scan_ab_h200.py": ("run", "--plan --cache {main13}"),
+    "ncu_phases.py": ("run", "{ncu_src} --kernel 5 --json {out}/ph.json"),   # the fourteenth's committed export
     "floor_table.py": ("run", "{main13} --json {out}/ft.json"),    # the thirteenth main job's committed cache
     "main_job_summary.py": ("run", "{db} --model {model} --tp 1 --max-tokens 4 --device cpu -o {out}/s.json"),
     "common.py": ("parts", "used by the others' --help (test_help_creates_nothing)"),
@@ -114,7 +115,8 @@ def fixtures(tmp_path_factory):
     b.commit()
     b.close()
     return {"db": str(d / "c.db"), "db2": str(d / "c2.db"), "model": str(d / "model"),
-            "moe_db": str(DATA / "moe-search-h200.db"), "main13": str(DATA / "main-job-h200-thirteenth.db.xz")}
+            "moe_db": str(DATA / "moe-search-h200.db"), "main13": str(DATA / "main-job-h200-thirteenth.db.xz"),
+            "ncu_src": str(DATA / "ncu-h200-fourteenth" / "ncu_source.csv.gz")}
 
 
 RUN = sorted(s for s, (how, _) in SMOKE.items() if how == "run" or how.startswith("env "))
