@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import existing  # noqa: E402
 
-from autotune.engine import rankdata, rankmodel, ranked  # noqa: E402
+from autotune.engine import rankdata, rankmodel, ranked, strategy  # noqa: E402
 from autotune.cache.store import Store  # noqa: E402
 
 TARGET_SHARE, TARGET_GAP, TARGET_HITS = 0.10, 0.03, 0.95
@@ -59,8 +59,8 @@ def replay(model, g, memo, default_id, extras, cfg):
     """(kept, measured, winner id) of the ranked strategy on one stored group."""
     ids, feats, _ = memo[g.key]
     kept = [(i, f) for i, f in zip(ids, feats) if i in g.timed or (i in g.negative and i not in g.rejected)]
-    plan = ranked.plan_for([g.tactics[i] for i, _ in kept], model.predict([f for _, f in kept]),
-                           [g.tactics[i] for i in [default_id, *extras] if i in g.tactics], cfg=cfg)
+    plan = strategy.every_member(ranked.plan_for([g.tactics[i] for i, _ in kept], model.predict([f for _, f in kept]),
+                                                 [g.tactics[i] for i in [default_id, *extras] if i in g.tactics], cfg=cfg))
     measured, pick = ranked.simulate(plan, g.timed, default_id)
     return len(kept), len(measured), pick
 

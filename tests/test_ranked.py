@@ -283,3 +283,24 @@ def test_rank_eval_sklearn_learner_restores_rankmodel_fit(tmp_path, monkeypatch)
     with pytest.raises(RuntimeError, match="boom"):
         rank_eval.main([str(tmp_path / "c.db"), "--learner", "sklearn"])
     assert seen == [rank_eval._Sklearn.fit] and rankmodel.fit is fit
+
+
+def test_every_kernel_gets_its_best_predicted_tactic_into_the_first_batch():
+    """The trees rank configs of one kernel better than kernels against each other (the fourteenth
+    main job never measured moe_mma on w2:reduce from M = 32 up): a kernel with no tactic in the first
+    batch adds its best-predicted one; one already there, or in the extras, adds nothing."""
+    from autotune.engine import strategy
+    a = [Tactic("cuda", kernel="moe_a", warps_k=w) for w in (1, 2, 4)]
+    b = [Tactic("cuda", kernel="moe_b", warps_k=w) for w in (1, 2)]
+    c = [Tactic("triton", block_m=m) for m in (16, 32)]
+    order = (a[0], a[1], a[2], c[0], b[1], b[0], c[1])          # predicted order
+    cfg = ranked.Ranked(min_first=2, first_share=0.0, step=1)
+    plan = ranked.RankPlan(order, tuple(range(len(order))), (a[0],), {}, cfg)
+    out = strategy.every_member(plan)
+    assert ranked.Ranker(out).first == 2
+    assert out.extras == (a[0], c[0], b[1])                       # triton's and moe_b's best predicted
+    assert out.order == plan.order and out.pred == plan.pred
+    assert strategy.every_member(ranked.RankPlan(order, plan.pred, (a[0], c[1], b[0]), {}, cfg)).extras == \
+        (a[0], c[1], b[0])                                        # each kernel already in: nothing added
+    first = next(iter(ranked.Ranker(out).batches({})))
+    assert {strategy._member(t) for t in first} == {("cuda", "moe_a"), ("cuda", "moe_b"), ("triton", "")}

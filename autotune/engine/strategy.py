@@ -8,7 +8,7 @@ The strategies and the search (autotune.engine.search) call these steps; none of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -155,10 +155,29 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
                      and (lib_keys is None or registry.fresh(lib_keys, t))}
             best = [by_id[i] for i in dict.fromkeys((*model.bests(w.problem.key, b), *model.sibling_bests(w.problem, b)))
                     if i in by_id]
-            out[(w.problem.key, b)] = ranked.plan_for([r.tactic for r in kept], p,
-                                                      [w.default, *best, *_novel(kept, f, p, names, cfg.min_first)],
-                                                      known, cfg)
+            out[(w.problem.key, b)] = every_member(ranked.plan_for(
+                [r.tactic for r in kept], p, [w.default, *best, *_novel(kept, f, p, names, cfg.min_first)], known, cfg))
     return out
+
+
+def _member(t: Tactic) -> tuple[str, str]:
+    """A tactic's kernel: its family and, where the family has several, its `kernel` parameter."""
+    return t.family, str(t.params.get("kernel", ""))
+
+
+def every_member(plan: ranked.RankPlan) -> ranked.RankPlan:
+    """Each kernel the job keeps tactics of gets its best-predicted one into the first batch. The
+    trees rank configs of one kernel better than kernels against each other: the fourteenth main job
+    never measured moe_mma on w2:reduce from M = 32 up (its first batches held moe_tok and Triton
+    only), and served Triton there at 215 µs (M = 128) where the unfused w2's cuda winner took 122
+    (docs/moe-decode.md part 13). Adds nothing where every kernel is in the first batch already."""
+    first = ranked.Ranker(plan).first
+    have = {_member(t) for t in (*plan.order[:first], *plan.extras)}
+    tops: dict[tuple[str, str], Tactic] = {}
+    for t in plan.order:                    # predicted order: the first of each kernel is its best
+        tops.setdefault(_member(t), t)
+    add = [t for m, t in tops.items() if m not in have]
+    return replace(plan, extras=tuple(dict.fromkeys((*plan.extras, *add)))) if add else plan
 
 
 def _novel(kept, feats, preds, names: set, n: int) -> list[Tactic]:
