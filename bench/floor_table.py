@@ -19,7 +19,6 @@ by hand, against uniform bytes while the times were Zipf-drawn: part 13).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import lzma
 import sqlite3
@@ -31,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.core import measure  # noqa: E402
+from bench import common  # noqa: E402
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.report.traffic import call_bytes, experts_touched  # noqa: E402
 
@@ -115,8 +115,8 @@ def render(t: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("cache", type=Path)
+    ap = common.parser(__doc__)
+    ap.add_argument("cache", type=common.existing)
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--m", default="1,4,16,64", help="token counts (each must be a bucket of the cache)")
@@ -126,9 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skew", type=float, help="the routing draw's Zipf exponent (default: the cache's meta row)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    if not a.cache.is_file():
-        print(f"floor_table: no cache {a.cache}", file=sys.stderr)
-        return 1
+    a.cache = Path(a.cache)
     try:
         ms = [int(x) for x in a.m.split(",")]
     except ValueError:

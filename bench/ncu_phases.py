@@ -15,13 +15,15 @@ share of stall samples and of executed instructions in each phase.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import gzip
 import io
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import common  # noqa: E402
 
 PHASES = ("route", "prologue", "main loop", "epilogue")
 
@@ -63,14 +65,12 @@ def phases(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("source", type=Path)
+    ap = common.parser(__doc__)
+    ap.add_argument("source", type=common.existing)
     ap.add_argument("--kernel", type=int, help="only this section (0-based, in profiling order)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    if not a.source.is_file():
-        print(f"ncu_phases: no file {a.source}", file=sys.stderr)
-        return 1
+    a.source = Path(a.source)
     raw = a.source.read_bytes()
     text = (gzip.decompress(raw) if a.source.suffix == ".gz" else raw).decode("utf-8", "replace")
     secs = sections(text)
