@@ -126,3 +126,34 @@ def test_a_built_package_ships_every_file_the_kernels_and_the_record_read():
     pats = [p.strip() for p in cfg["options.package_data"]["autotune.tactics.cuda"].split(",")]
     files = {f.name for fs in B.SOURCES.values() for f in fs} | {CK.RECORD.name}
     assert all(any(fnmatch.fnmatch(f, p) for p in pats) for f in files), (files, pats)
+
+
+def test_carry_moves_an_entry_to_a_new_digest_form_only_where_the_old_form_saw_this_code(tmp_path):
+    """tools/carry_gpu_checked.py: an entry whose digest the old form gives for today's files is
+    rewritten with today's digest (log, count, date, GPU kept, `carried` added); an entry the old form
+    does not match (other code passed) is left as it was, so its kernel stays `unknown`."""
+    import sys
+    from pathlib import Path
+    from tools import carry_gpu_checked as CARRY
+    src = (Path(CK.__file__).resolve().parents[2] / "autotune" / "core" / "codekey.py").read_text()
+    assert "_FORM = 2\n" in src
+    old = tmp_path / "old_codekey.py"                  # an "earlier form": the same reader, another header
+    old.write_text(src.replace("_FORM = 2\n", "_FORM = 1\n"))
+    codes = {k: [CK.code(k).member, list(CK.code(k).modules), [list(f) for f in CK.code(k).files]]
+             for k in ("moe_mma", "moe_tok")}
+    was = CARRY.old_digests(old, sys.executable, codes)
+    assert was["moe_mma"] != CK.digest("moe_mma")      # the form is in the digest
+    rec = tmp_path / "rec.json"
+    entry = {"log": "gpu-tests-x.txt", "passed": 71, "date": "2026-12-05", "gpu": "NVIDIA H200"}
+    rec.write_text(json.dumps({"moe_mma": {**entry, "digest": was["moe_mma"]},
+                               "moe_tok": {**entry, "digest": "0" * 16}}))
+    assert CARRY.main(["--old-codekey", str(old), "--python", sys.executable, "--record", str(rec)]) == 0
+    got = json.loads(rec.read_text())
+    assert got["moe_mma"] == {**entry, "digest": CK.digest("moe_mma"), "carried": got["moe_mma"]["carried"]}
+    assert was["moe_mma"] in got["moe_mma"]["carried"]
+    assert got["moe_tok"] == {**entry, "digest": "0" * 16}
+    assert CK.checked("moe_mma", rec) and not CK.checked("moe_tok", rec)
+    # nothing left to carry: one line, exit 1, the file unchanged
+    before = rec.read_text()
+    assert CARRY.main(["--old-codekey", str(old), "--python", sys.executable, "--record", str(rec)]) == 1
+    assert rec.read_text() == before

@@ -26,13 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # run by PYTHON: OLD.py's digest of each declared Code under ROOT, importing nothing of the project
-# (OLD.py's one project import, canonical_json, is not used by its digest)
+# (OLD.py's project imports — canonical_json, form 2's measure — are not used by its digest: stubs)
 _PROG = """
 import json, sys, types, importlib.util
 from pathlib import Path
-for name in ("autotune", "autotune.core", "autotune.core.tactic"):
+for name in ("autotune", "autotune.core", "autotune.core.tactic", "autotune.core.measure"):
     sys.modules.setdefault(name, types.ModuleType(name))
 sys.modules["autotune.core.tactic"].canonical_json = json.dumps
+sys.modules["autotune.core"].measure = sys.modules["autotune.core.measure"]
 spec = importlib.util.spec_from_file_location("old_codekey", sys.argv[1])
 old = importlib.util.module_from_spec(spec)
 sys.modules["old_codekey"] = old
