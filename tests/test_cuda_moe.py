@@ -141,7 +141,7 @@ def test_verdicts():
 # tiles and an 8-way split, the reduce epilogue with a split, the smallest MXFP4 reduce variant
 _CONFIGS = [B.MoeConfig(1, 4, 4, 1, 4), B.MoeConfig(2, 4, 4, 2, 1, "mxfp4"), B.MoeConfig(1, 1, 4, 4, 8, "nvfp4", True),
             B.MoeConfig(2, 2, 4, 2, 2, "nvfp4", reduce=True), B.MoeConfig(1, 1, 2, 1, 1, "mxfp4", reduce=True),
-            B.MoeConfig(2, 8, 2, 2, 1)]       # 8 warps: the largest kept array (the rank scan's 8 counts)
+            B.MoeConfig(2, 8, 2, 2, 1)]       # 8 warps
 
 
 @NO_NVCC
