@@ -79,3 +79,19 @@ def test_a_grouped_search_records_its_draw_and_the_report_counts_bytes_by_it(tmp
     point = next(p for v in collect(store).devices for pv in v.problems if pv.key == moe.key for p in pv.points)
     assert point.bytes == call_bytes(moe, 4, 1.2) < call_bytes(moe, 4, 0.0)
     store.close()
+
+
+def test_a_cache_whose_draw_row_is_not_a_number_is_refused_in_one_line(tmp_path):
+    import shutil
+    import sqlite3
+    from pathlib import Path
+    from helpers import run_cli
+    db = tmp_path / "c.db"
+    shutil.copyfile(Path(__file__).resolve().parents[1] / "docs" / "data" / "h200-glm5-tp8.db", db)
+    con = sqlite3.connect(db)
+    con.execute("insert or replace into meta(key, value) values (?, ?)", (measure.META_KEY, "uniform"))
+    con.commit()
+    con.close()
+    r = run_cli("show", cache=str(db))
+    assert r.returncode == 2 and "routing_skew='uniform' is not a number" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

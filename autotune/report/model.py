@@ -22,6 +22,7 @@ from autotune.report.step import StepView, step_view, with_ceilings
 from autotune.report.names import family_default, layer_label, layer_title, short_tactic
 from autotune.report.traffic import call_bytes, intensity
 from autotune.core.arch import ARCHS, arch_for_cc
+from autotune.cache.files import CacheError
 from autotune.cache.rows import check_miss, check_trial, check_winner
 
 
@@ -302,7 +303,10 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
     the model asked for) names each problem's layers and runs per forward."""
     by_key = {u.problem.key: u for u in uses or ()}
     meta = store.meta()
-    skew = measure.skew_of(meta)
+    try:
+        skew = measure.skew_of(meta)    # the routing draw the grouped times were measured under
+    except ValueError as e:
+        raise CacheError(str(e)) from None
     devices = store.device_records()
     winners, skip_w = checked(store.winners(), check_winner)
     trials, skip_t = checked(store.trials(), check_trial)
