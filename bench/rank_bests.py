@@ -5,7 +5,9 @@
 For the model's problems as the main job tunes them (fused MoE and FP4MLP forms included) on the
 arch's kept tactics of the cuda, triton and torch families, at the decode and prefill buckets up to
 8192: per job the first batch the trees alone give (their top, the default, novel members) and how
-many of the model's bests are not in it (what the bests add). Then, for the moe_mma sweep committed
+many of the model's bests are not in it (what the bests add); what `every_kernel` adds (each kept
+kernel's best-predicted tactic, strategy.every_member), per kernel, with how much slower than the
+job's top the trees predicted those tactics. Then, for the moe_mma sweep committed
 in docs/data/moe-latency-h200-ab, where the trees alone rank each (problem, M)'s fastest config,
 and whether the first batch with bests holds it.
 """
@@ -64,10 +66,21 @@ def main(argv=None) -> int:
         first_n += len(trees)
         added += len(set(strategy.first_ids(pl)) - trees)
     found: list[dict] = []
+    # the same plans without every_kernel: what the rule adds, per kernel, and the trees' view of it
+    bare = strategy.plans(m, work, BUCKETS, arch, a.sms, Store(), "dev", ranked.Ranked(every_kernel=False))
+    by_kernel: dict[str, dict] = {}
+    for key, pl in plans.items():
+        pos = {t.id: i for i, t in enumerate(pl.order)}
+        for t in pl.extras[len(bare[key].extras):]:
+            k = by_kernel.setdefault("/".join(filter(None, strategy.kernel_of(t))), {"added": 0, "max_log2_slower": 0.0})
+            k["added"] += 1
+            k["max_log2_slower"] = max(k["max_log2_slower"], round(pl.pred[pos[t.id]] - pl.pred[0], 2))
     doc = {"rank_model": path.name, "jobs": len(plans), "first_batch_without_bests": first_n,
-           "added_by_bests": added, "sweep": found}
+           "added_by_bests": added, "added_by_every_kernel": by_kernel, "sweep": found}
     print(f"{a.model} TP{a.tp} on {arch.name}, {path.name}: {len(plans)} jobs, first batches without bests "
           f"{first_n} measurements, bests add {added}")
+    print("every_kernel adds " + ", ".join(f"{k} {v['added']} (predicted up to 2^{v['max_log2_slower']} x the top)"
+                                          for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1]["added"])))
     sweep = json.loads(SWEEP.read_text())["sweep"]
     for w in work:
         for b in (1, 4):

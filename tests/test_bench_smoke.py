@@ -68,6 +68,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "verdict_audit.py": ("parts", "import and --help; the audit it drives is tested in tests/test_code_keys.py"),
     "checkpoint_gpu.py": ("parts", "import and --help: it builds the checkpoint layers on a CUDA device"),
     "moe_scan_ab_h200.py": ("run", "--plan --cache {main13}"),
+    "kernel_coverage.py": ("run", "{db} --json {out}/kc.json"),
     "ncu_phases.py": ("run", "{ncu_src} --kernel 5 --json {out}/ph.json"),   # the fourteenth's committed export
     "floor_table.py": ("run", "{main13} --json {out}/ft.json"),    # the thirteenth main job's committed cache
     "main_job_summary.py": ("run", "{db} --model {model} --tp 1 --max-tokens 4 --device cpu -o {out}/s.json"),

@@ -54,8 +54,6 @@ def _other_python() -> str | None:
     return exe if ok.returncode == 0 else None
 
 
-OTHER_PY = _other_python()
-
 
 def _entries():
     """(Code, the module that defines the member) of every built-in member."""
@@ -177,8 +175,10 @@ def test_the_code_digest_reads_f_strings_alike_on_every_python():
     assert codekey._python_tokens(F_SRC) == F_TOKENS
 
 
-@pytest.mark.skipif(not OTHER_PY, reason="no second Python (3.11/3.12) on PATH to compare against")
 def test_another_python_digests_every_project_module_alike():
+    other = _other_python()              # asked here, not at import: a subprocess per collection otherwise
+    if other is None:
+        pytest.skip("no second Python (3.11/3.12) on PATH to compare against")
     import subprocess
     import sys
     prog = ("import hashlib, json, pathlib, sys; sys.path.insert(0, sys.argv[1]); "
@@ -187,7 +187,7 @@ def test_another_python_digests_every_project_module_alike():
             "hashlib.sha256(t(f.read_text(encoding='utf-8')).encode()).hexdigest() "
             "for d in ('autotune', 'tactics', 'cache') for f in sorted((r / d).rglob('*.py'))}))")
     got = {}
-    for py in (sys.executable, OTHER_PY):
+    for py in (sys.executable, other):
         run = subprocess.run([py, "-c", prog, str(ROOT)], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr[-400:]
         got[py] = __import__("json").loads(run.stdout)

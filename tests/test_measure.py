@@ -61,6 +61,9 @@ def test_skew_of_reads_the_caches_row_and_old_caches_read_as_zipf():
     assert measure.skew_of({measure.META_KEY: "0"}) == 0.0
     with pytest.raises(ValueError, match="not a number"):
         measure.skew_of({measure.META_KEY: "uniform"})
+    for bad in ("nan", "-1", "inf"):
+        with pytest.raises(ValueError, match="not a Zipf exponent"):
+            measure.skew_of({measure.META_KEY: bad})
 
 
 def test_a_grouped_search_records_its_draw_and_the_report_counts_bytes_by_it(tmp_path):

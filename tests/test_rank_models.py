@@ -71,16 +71,16 @@ def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
             # ... then each kernel's best-predicted tactic where its kernel is not in the first batch yet
             # (strategy._every_member): never a second tactic of one kernel, never a kernel already there
             first = ranked.Ranker(p).first
-            head = {strategy._member(t) for t in p.order[:first]}
+            head = {strategy.kernel_of(t) for t in p.order[:first]}
             rest = p.extras[len(seen):]
-            tops = [t for t in rest if strategy._member(t) not in head and t.params.get("kernel") != "moe_tok"]
-            assert len({strategy._member(t) for t in tops}) == len(tops), (w.problem.key, b)
-            assert all(t == next(o for o in p.order if strategy._member(o) == strategy._member(t)) for t in tops)
+            tops = [t for t in rest if strategy.kernel_of(t) not in head and t.params.get("kernel") != "moe_tok"]
+            assert len({strategy.kernel_of(t) for t in tops}) == len(tops), (w.problem.key, b)
+            assert all(t == next(o for o in p.order if strategy.kernel_of(o) == strategy.kernel_of(t)) for t in tops)
             novel = [t for t in rest if t not in tops]
             assert all(t.params.get("kernel") == "moe_tok" for t in novel), (w.problem.key, b)
             assert any(t.params.get("kernel") == "moe_tok" for t in novel) == (w.problem.epilogue == "reduce"), \
                 (w.problem.key, b)
-            assert {strategy._member(t) for t in (*p.order[:first], *p.extras)} == {strategy._member(t) for t in p.order}
+            assert {strategy.kernel_of(t) for t in (*p.order[:first], *p.extras)} == {strategy.kernel_of(t) for t in p.order}
             assert len(p.order) == len(w.kept) and all(abs(x) < 10 for x in p.pred)
 
 

@@ -302,5 +302,8 @@ def test_every_kernel_gets_its_best_predicted_tactic_into_the_first_batch():
     assert out.order == plan.order and out.pred == plan.pred
     assert strategy.every_member(ranked.RankPlan(order, plan.pred, (a[0], c[1], b[0]), {}, cfg)).extras == \
         (a[0], c[1], b[0])                                        # each kernel already in: nothing added
+    off = ranked.RankPlan(order, plan.pred, (a[0],), {}, ranked.Ranked(min_first=2, first_share=0.0, step=1,
+                                                                    every_kernel=False))
+    assert strategy.every_member(off) is off                      # the knob turns it off
     first = next(iter(ranked.Ranker(out).batches({})))
-    assert {strategy._member(t) for t in first} == {("cuda", "moe_a"), ("cuda", "moe_b"), ("triton", "")}
+    assert {strategy.kernel_of(t) for t in first} == {("cuda", "moe_a"), ("cuda", "moe_b"), ("triton", "")}

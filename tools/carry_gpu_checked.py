@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     for k, entry in rec.items():
         if old.get(k) == entry.get("digest") and entry.get("digest") != C.digest(k):
             rec[k] = {**entry, "digest": C.digest(k),
-                      "carried": f"form-{entry.get('form', 1)} digest {entry['digest']} of this code (Python {version})"}
+                      "carried": f"earlier-form digest {entry['digest']} of this code (Python {version})"}
             carried.append(k)
     left = sorted(set(rec) - set(carried))
     if not carried:

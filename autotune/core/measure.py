@@ -25,10 +25,15 @@ LEGACY_SKEW = 1.2
 def skew_of(meta: Mapping[str, str]) -> float:
     """The routing draw a cache's times were measured under, from its meta rows."""
     v = meta.get(META_KEY)
+    if v is None:
+        return LEGACY_SKEW
     try:
-        return LEGACY_SKEW if v is None else float(v)
+        skew = float(v)
     except ValueError:
         raise ValueError(f"cache meta {META_KEY}={v!r} is not a number") from None
+    if not 0 <= skew < float("inf"):           # NaN fails this too
+        raise ValueError(f"cache meta {META_KEY}={v!r} is not a Zipf exponent >= 0")
+    return skew
 
 
 def form() -> str:

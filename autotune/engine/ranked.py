@@ -31,6 +31,7 @@ class Ranked:
     step: int = 6               # each further batch
     stop_margin: float = 0.03   # measure on while a candidate is predicted within this of the best
     max_share: float = 0.15     # never more than this share of the kept tactics (extras aside)
+    every_kernel: bool = True   # each kernel's best-predicted tactic joins the first batch (strategy.every_member)
 
     def __post_init__(self):
         if self.min_first < 1 or self.step < 1:

@@ -160,7 +160,7 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
     return out
 
 
-def _member(t: Tactic) -> tuple[str, str]:
+def kernel_of(t: Tactic) -> tuple[str, str]:
     """A tactic's kernel: its family and, where the family has several, its `kernel` parameter."""
     return t.family, str(t.params.get("kernel", ""))
 
@@ -170,12 +170,15 @@ def every_member(plan: ranked.RankPlan) -> ranked.RankPlan:
     trees rank configs of one kernel better than kernels against each other: the fourteenth main job
     never measured moe_mma on w2:reduce from M = 32 up (its first batches held moe_tok and Triton
     only), and served Triton there at 215 µs (M = 128) where the unfused w2's cuda winner took 122
-    (docs/moe-decode.md part 13). Adds nothing where every kernel is in the first batch already."""
+    (docs/moe-decode.md part 13). Adds nothing where every kernel is in the first batch already, or
+    with `Ranked(every_kernel=False)`."""
+    if not plan.cfg.every_kernel:
+        return plan
     first = ranked.Ranker(plan).first
-    have = {_member(t) for t in (*plan.order[:first], *plan.extras)}
+    have = {kernel_of(t) for t in (*plan.order[:first], *plan.extras)}
     tops: dict[tuple[str, str], Tactic] = {}
     for t in plan.order:                    # predicted order: the first of each kernel is its best
-        tops.setdefault(_member(t), t)
+        tops.setdefault(kernel_of(t), t)
     add = [t for m, t in tops.items() if m not in have]
     return replace(plan, extras=tuple(dict.fromkeys((*plan.extras, *add)))) if add else plan
 

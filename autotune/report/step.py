@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.core.measure import ROUTING_SKEW
 from autotune.core.problem import Problem
 from autotune.report.names import layer_label
-from autotune.core.measure import ROUTING_SKEW
 from autotune.report.traffic import call_bytes
 
 DECODE_MAX = 256      # decode batch sizes; prefill-sized M is the time pictures' business
