@@ -6,6 +6,7 @@ groups larger than a CTA's capacity, split-K, SwiGLU, routing weights, token chu
 aligned route (large M: moe_align's blocks, the direct route's groups)."""
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ FAM, CPU = CudaFamily(), CudaMoeCpu()
 SM90 = get_arch("sm90")
 W13 = Problem.moe(512, 6144, 256, 8)                 # GLM-5 TP8 routed w13 ([gate; up], 2 x 2048 / 8)
 W2 = Problem.moe(6144, 256, 256, 8)                  # GLM-5 TP8 routed w2
+W2R = W2.variant("reduce")
 NO_NVCC = pytest.mark.skipif(B.nvcc() is None, reason="nvcc not on PATH")
 
 
@@ -141,7 +143,8 @@ def test_verdicts():
 # tiles and an 8-way split, the reduce epilogue with a split, the smallest MXFP4 reduce variant
 _CONFIGS = [B.MoeConfig(1, 4, 4, 1, 4), B.MoeConfig(2, 4, 4, 2, 1, "mxfp4"), B.MoeConfig(1, 1, 4, 4, 8, "nvfp4", True),
             B.MoeConfig(2, 2, 4, 2, 2, "nvfp4", reduce=True), B.MoeConfig(1, 1, 2, 1, 1, "mxfp4", reduce=True),
-            B.MoeConfig(2, 8, 2, 2, 1)]       # 8 warps
+            B.MoeConfig(2, 8, 2, 2, 1),       # 8 warps
+            B.MoeConfig(1, 1, 2, 4, 1, "nvfp4", reduce=True, n_walk=4)]   # a walk: the same arrays
 
 
 @NO_NVCC
@@ -480,3 +483,52 @@ def test_a_callers_alignment_is_checked_before_the_kernel_reads_it():
             MOE.check_alignment(prob, cfg, m, kind, rows, al, "cpu")
     with pytest.raises(ValueError, match="route direct"):
         MOE.check_alignment(prob, cfg, 4, *MOE.route(prob, cfg, 4), good, "cpu")
+
+
+def test_a_walk_is_a_reduce_tactic_of_split_k_1_whose_tiles_divide_n():
+    """n_walk (N tiles per CTA after its route) only on w2:reduce with split_k 1, N a multiple of
+    16·tiles_n·n_walk; a tactic without it keeps its id (walks one tile); the grid shrinks by n_walk."""
+    walk = _t(warps_k=1, stages=2, tiles_n=4, m_tiles=1, split_k=1)
+    assert MOE.validate(walk) is None and MOE.n_walk(walk) == 1
+    w4 = Tactic("cuda", **{**walk.params, "n_walk": 4})
+    assert MOE.validate(w4) is None and MOE.config(W2R, w4).n_walk == 4 and w4.id != walk.id
+    assert "n_walk" in MOE.validate(Tactic("cuda", **{**walk.params, "n_walk": 3}))
+    assert MOE.check_tiling(W2R, w4) is None
+    assert "split_k 1 only" in MOE.check_tiling(W2R, Tactic("cuda", **{**w4.params, "split_k": 2}))
+    assert "split_k 1 only" in MOE.check_tiling(W13.variant("swiglu"), Tactic("cuda", **{**w4.params, "tiles_n": 2}))
+    assert "n_walk" in MOE.check_tiling(Problem.moe(192, 256, 8, 2, epilogue="reduce"), w4)   # 192 % 256
+    space = MOE.enumerate_space(W2R)
+    walks = [t for t in space if MOE.n_walk(t) > 1]
+    assert walks and all(t["split_k"] == 1 and t["m_tiles"] == 1 for t in walks)
+    assert not [t for t in MOE.enumerate_space(W13) if MOE.n_walk(t) > 1]
+    assert MOE.figures(W2R, w4, 16, 132)["ctas"] * 4 == MOE.figures(W2R, walk, 16, 132)["ctas"]
+    assert B.defines(MOE.config(W2R, w4))["NW"] == "4" and "NW" not in B.defines(MOE.config(W2R, walk))
+
+
+@NO_NVCC
+def test_without_a_walk_the_kernel_compiles_as_before_the_walk_existed():
+    """The walk's text keeps one tile's code where it was: NW 1 gives main's SASS, instruction for
+    instruction (the GPU-checked kernel's binaries are unchanged for every tactic without n_walk)."""
+    import re
+    import shutil
+    import subprocess
+    tool = shutil.which("cuobjdump") or next(iter(Path(__import__("triton").__file__).parent.glob("backends/nvidia/bin/cuobjdump")), None)
+    rev = subprocess.run(["git", "-C", str(Path(__file__).parents[1]), "rev-parse", "--verify", "-q", "f1b1cea"],
+                         capture_output=True, text=True)
+    if tool is None or rev.returncode != 0:
+        pytest.skip("no cuobjdump, or no git history with f1b1cea (the walk's base text)")
+    old = "\n".join(subprocess.run(["git", "-C", str(Path(__file__).parents[1]), "show", f"f1b1cea:tactics/cuda/{n}"],
+                                   capture_output=True, text=True, check=True).stdout
+                    for n in ("mma_common.cuh", "moe_common.cuh", "moe_mma.cu"))
+
+    def sass(txt, c, d):
+        src, out = d / "k.cu", d / "k.cubin"
+        src.write_text(txt)
+        subprocess.run([B.nvcc(), "-cubin", "-arch=sm_90", "-O3", *B.options(c), "-o", str(out), str(src)],
+                       check=True, capture_output=True)
+        s = subprocess.run([str(tool), "-sass", str(out)], capture_output=True, text=True, check=True).stdout
+        return [re.sub(r"/\*[0-9a-f]{4}\*/", "", ln).split(";")[0].strip() for ln in s.splitlines() if ";" in ln]
+    import tempfile
+    for c in (B.MoeConfig(1, 1, 2, 4, 1, "nvfp4", reduce=True), B.MoeConfig(1, 4, 4, 2, 4, "nvfp4", True)):
+        with tempfile.TemporaryDirectory() as d:
+            assert sass(old, c, Path(d)) == sass(B.text(c), c, Path(d)), c

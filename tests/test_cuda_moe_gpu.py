@@ -53,10 +53,12 @@ def _tactics(prob, extra=4):
     kept = [t for t in fam.enumerate(prob, arch) if not MOE.is_tok(t) and MOE.verdict(prob, t, arch).ok]
     pick = [fam.default(prob, arch)]
     for want in (dict(split_k=2), dict(split_k=8), dict(m_tiles=2), dict(tiles_n=4), dict(tiles_n=2, stages=2)):
-        t = next((t for t in kept if all(t[k] == v for k, v in want.items()) and t not in pick), None)
+        t = next((t for t in kept if all(t.params.get(k) == v for k, v in want.items()) and t not in pick), None)
         if t is not None:
             pick.append(t)
-    return pick[:1 + extra]
+    # and on the reduce problems a walk (n_walk: N tiles per CTA after its route), beside the rest
+    walk = next((t for t in kept if t.params.get("n_walk") == 4), None)
+    return pick[:1 + extra] + ([walk] if walk is not None else [])
 
 
 def _ids(m, seed, off=True):

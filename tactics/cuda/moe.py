@@ -57,6 +57,11 @@ SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "warps_k": WARPS_K, "stages": S
 #: moe_tok streams all of a token's slots through one ring (top_k x K / 128 k-pairs per CTA, 18 at GLM-5's
 #: w2): a deeper ring keeps more bytes in flight per SM where a CTA has few warps
 TOK_STAGES = (2, 4, 8)
+#: moe_mma on w2:reduce: N tiles one CTA walks after its route, so the route (id read, rank scan,
+#: gather) and the CTA's start are paid once per walk (docs/moe-decode.md part 13); a tactic without
+#: the parameter walks one tile, as before it existed (its id unchanged)
+N_WALK = (2, 4, 8)
+WALK_SCHEMA: dict[str, tuple] = {**SCHEMA, "n_walk": N_WALK}
 TOK_SCHEMA: dict[str, tuple] = {"kernel": (TOK_KERNEL,), "warps_k": WARPS_K, "stages": TOK_STAGES, "tiles_n": TILES_N}
 EPILOGUES = ("none", "swiglu", "reduce")
 FORMATS = ("nvfp4", "mxfp4")
@@ -88,7 +93,11 @@ def config(problem: Problem, tactic: Tactic) -> B.MoeConfig:
                            problem.w_fmt, False, True, token=True)
     return B.MoeConfig(int(tactic["m_tiles"]), int(tactic["warps_k"]), int(tactic["stages"]),
                        int(tactic["tiles_n"]), int(tactic["split_k"]), problem.w_fmt, problem.epilogue == "swiglu",
-                       problem.epilogue == "reduce")
+                       problem.epilogue == "reduce", n_walk=n_walk(tactic))
+
+
+def n_walk(tactic: Tactic) -> int:
+    return int(tactic.params.get("n_walk", 1))
 
 
 def supports(problem: Problem) -> str | None:
@@ -105,7 +114,7 @@ def supports(problem: Problem) -> str | None:
 def validate(tactic: Tactic) -> str | None:
     if is_tok(tactic):
         return check_params(tactic, TOK_SCHEMA, "cuda moe_tok")
-    return check_params(tactic, SCHEMA, "cuda moe_mma")
+    return check_params(tactic, WALK_SCHEMA if "n_walk" in tactic.params else SCHEMA, "cuda moe_mma")
 
 
 def check_tok(problem: Problem) -> str | None:
@@ -126,6 +135,11 @@ def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
         return f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k*split_k={L.KPAIR * wk * sk}"
     if problem.n % (L.ROWS * tn):
         return f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}"
+    nw = n_walk(tactic)
+    if nw > 1 and (sk > 1 or problem.epilogue != "reduce"):
+        return f"n_walk={nw} walks the reduce epilogue's N tiles with split_k 1 only"
+    if problem.n % (L.ROWS * tn * nw):
+        return f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n*n_walk={L.ROWS * tn * nw}"
     if problem.epilogue == "swiglu" and tn % 2:
         return "the swiglu epilogue pairs gate and up tiles: tiles_n must be even"
     if problem.epilogue == "swiglu" and (problem.n // 2) % (L.ROWS * tn // 2):
@@ -136,6 +150,11 @@ def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
 def enumerate_space(problem: Problem) -> list[Tactic]:
     space = [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=m, split_k=k)
              for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
+    if problem.epilogue == "reduce":
+        # m_tiles 1: the walk keeps more live than one tile (wk1 tn4: 168 registers against 128), and two
+        # row tiles on top spill on both archs (mt2 wk4 st2 tn2 nw2, ptxas 13.0)
+        space += [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=1, split_k=1, n_walk=v)
+                  for w in WARPS_K for s in STAGES for n in TILES_N for v in N_WALK]
     if not check_tok(problem):
         space += [Tactic("cuda", kernel=TOK_KERNEL, warps_k=w, stages=s, tiles_n=n)
                   for w in WARPS_K for s in TOK_STAGES for n in TILES_N]
@@ -201,7 +220,7 @@ def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, flo
     # the direct route's launch size: kept as the shipped rank model was fitted on it (the aligned
     # route, M > 32 at top-8, launches fewer CTAs; a refit with route-aware figures is still to do)
     pairs = min(m * problem.top_k, MAX_PAIRS)
-    ctas = pairs * problem.n // (L.ROWS * int(tactic["tiles_n"])) * int(tactic["split_k"])
+    ctas = pairs * problem.n // (L.ROWS * int(tactic["tiles_n"]) * n_walk(tactic)) * int(tactic["split_k"])
     return {"ctas": float(ctas), "threads": float(32 * int(tactic["warps_k"]))}
 
 
@@ -413,7 +432,7 @@ class MoeLaunch(Planned, MoeScratch):
         args = ((w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
                  ids.data_ptr(), tw_.data_ptr(), ws, locks, bad.data_ptr(), red, cnt) + ints[0] + (srt, blk)
                 + ints[1])
-        grid, block, run = (gx, p.n // (L.ROWS * c.tiles_n), c.split_k), (c.threads, 1, 1), self._run(dev)
+        grid, block, run = (gx, p.n // (L.ROWS * c.tiles_n * c.n_walk), c.split_k), (c.threads, 1, 1), self._run(dev)
         run(grid, block, args, stream)
         if remember:
             self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run)
