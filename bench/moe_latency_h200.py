@@ -100,7 +100,8 @@ def probe_text(text: str, stage: str) -> str:
 
 def sweep_tactics(prob: Problem, arch) -> list[Tactic]:
     from autotune.tactics.cuda import moe as MOE
-    return [t for t in MOE.enumerate_space(prob) if t.params.get("m_tiles", 1) == 1 and MOE.verdict(prob, t, arch).ok]
+    from autotune.tactics.cuda import moe_search as MOE_SEARCH
+    return [t for t in MOE_SEARCH.enumerate_space(prob) if t.params.get("m_tiles", 1) == 1 and MOE.verdict(prob, t, arch).ok]
 
 
 def plan(compile_: bool) -> int:

@@ -39,6 +39,10 @@ class Launcher(Protocol):
     #: topk_ids / topk_weights are [M, top_k - 1] and every token's last slot is that expert with
     #: weight 1, added by the kernel (the caller concatenates nothing)
     shared_slot: bool
+    #: grouped MoE: takes `prefetch=(packed, scales)`, the next kernel's stacked weights (each [E, ...],
+    #: contiguous, 16-byte aligned, a multiple of 16 bytes per expert), and puts the slices of the
+    #: experts this call routes to into L2 (a hint: results do not change)
+    prefetches: bool
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -78,6 +82,7 @@ class LauncherBase:
     checks_ids: bool = False
     pdl: bool = False
     shared_slot: bool = False
+    prefetches: bool = False
 
     def aligned_block_m(self, m: int) -> int | None:
         return None
@@ -177,6 +182,10 @@ class BoundMoEKernel(BoundKernel):
     @property
     def shared_slot(self) -> bool:  # type: ignore[override]
         return bool(getattr(self.kernel, "shared_slot", False))
+
+    @property
+    def prefetches(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.kernel, "prefetches", False))
 
     def aligned_block_m(self, m: int) -> int | None:
         return self.kernel.aligned_block_m(m)

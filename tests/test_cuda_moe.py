@@ -20,6 +20,7 @@ from autotune.tactics import registry
 from autotune.tactics.cuda import build as B
 from autotune.tactics.cuda import layout as L
 from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda import moe_search as MOE_SEARCH
 from autotune.tactics.cuda import moe_emulate as EMU
 from autotune.tactics.cuda.family import CudaFamily
 from tests.families.cuda_moe_cpu import CudaMoeCpu
@@ -410,7 +411,7 @@ def test_span_of_routed_nowhere_rows_fits_the_ring():
     src = B.MOE_SOURCE.read_text()
     assert "#define SPAN (8 * NTHREADS)" in src and "#define SMEM_BYTES (PIPE_BYTES > RED_BYTES" in src
     for prob in (W13.variant("swiglu"), W2.variant("reduce"), W2):
-        for t in MOE.enumerate_space(prob):
+        for t in MOE_SEARCH.enumerate_space(prob):
             if MOE.verdict(prob, t, SM90).ok:
                 c = MOE.config(prob, t)
                 ring = B.smem_bytes(c) - 4 * 8 * c.m_tiles  # the static array besides the group's pair list
@@ -497,38 +498,9 @@ def test_a_walk_is_a_reduce_tactic_of_split_k_1_whose_tiles_divide_n():
     assert "split_k 1 only" in MOE.check_tiling(W2R, Tactic("cuda", **{**w4.params, "split_k": 2}))
     assert "split_k 1 only" in MOE.check_tiling(W13.variant("swiglu"), Tactic("cuda", **{**w4.params, "tiles_n": 2}))
     assert "n_walk" in MOE.check_tiling(Problem.moe(192, 256, 8, 2, epilogue="reduce"), w4)   # 192 % 256
-    space = MOE.enumerate_space(W2R)
+    space = MOE_SEARCH.enumerate_space(W2R)
     walks = [t for t in space if MOE.n_walk(t) > 1]
     assert walks and all(t["split_k"] == 1 and t["m_tiles"] == 1 for t in walks)
-    assert not [t for t in MOE.enumerate_space(W13) if MOE.n_walk(t) > 1]
-    assert MOE.figures(W2R, w4, 16, 132)["ctas"] * 4 == MOE.figures(W2R, walk, 16, 132)["ctas"]
+    assert not [t for t in MOE_SEARCH.enumerate_space(W13) if MOE.n_walk(t) > 1]
+    assert MOE_SEARCH.figures(W2R, w4, 16, 132)["ctas"] * 4 == MOE_SEARCH.figures(W2R, walk, 16, 132)["ctas"]
     assert B.defines(MOE.config(W2R, w4))["NW"] == "4" and "NW" not in B.defines(MOE.config(W2R, walk))
-
-
-@NO_NVCC
-def test_without_a_walk_the_kernel_compiles_as_before_the_walk_existed():
-    """The walk's text keeps one tile's code where it was: NW 1 gives main's SASS, instruction for
-    instruction (the GPU-checked kernel's binaries are unchanged for every tactic without n_walk)."""
-    import re
-    import shutil
-    import subprocess
-    tool = shutil.which("cuobjdump") or next(iter(Path(__import__("triton").__file__).parent.glob("backends/nvidia/bin/cuobjdump")), None)
-    rev = subprocess.run(["git", "-C", str(Path(__file__).parents[1]), "rev-parse", "--verify", "-q", "f1b1cea"],
-                         capture_output=True, text=True)
-    if tool is None or rev.returncode != 0:
-        pytest.skip("no cuobjdump, or no git history with f1b1cea (the walk's base text)")
-    old = "\n".join(subprocess.run(["git", "-C", str(Path(__file__).parents[1]), "show", f"f1b1cea:tactics/cuda/{n}"],
-                                   capture_output=True, text=True, check=True).stdout
-                    for n in ("mma_common.cuh", "moe_common.cuh", "moe_mma.cu"))
-
-    def sass(txt, c, d):
-        src, out = d / "k.cu", d / "k.cubin"
-        src.write_text(txt)
-        subprocess.run([B.nvcc(), "-cubin", "-arch=sm_90", "-O3", *B.options(c), "-o", str(out), str(src)],
-                       check=True, capture_output=True)
-        s = subprocess.run([str(tool), "-sass", str(out)], capture_output=True, text=True, check=True).stdout
-        return [re.sub(r"/\*[0-9a-f]{4}\*/", "", ln).split(";")[0].strip() for ln in s.splitlines() if ";" in ln]
-    import tempfile
-    for c in (B.MoeConfig(1, 1, 2, 4, 1, "nvfp4", reduce=True), B.MoeConfig(1, 4, 4, 2, 4, "nvfp4", True)):
-        with tempfile.TemporaryDirectory() as d:
-            assert sass(old, c, Path(d)) == sass(B.text(c), c, Path(d)), c

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from autotune.core import settings
@@ -43,7 +44,7 @@ from . import checked as CK
 from . import layout as L
 from . import pdl as P
 from .moe_plan import Planned, plannable
-from .moe_checks import check_alignment, check_call  # noqa: F401  (the launchers' argument checks, re-exported)
+from .moe_checks import check_alignment, check_call, check_prefetch  # noqa: F401  (the launchers' argument checks, re-exported)
 
 KERNEL = B.MOE_KERNEL
 TOK_KERNEL = B.TOK_KERNEL
@@ -76,6 +77,8 @@ ALIGN_BLOCK_M = 16
 #: aligned route: a launch's split-K workspace plus reduce rows stay under this (token chunks above)
 WS_BYTES = 256 << 20
 STATIC_SMEM_LIMIT = 48 * 1024
+#: moe_mma's last four arguments without a prefetch (null pointers: the kernel prefetches nothing)
+NO_PREFETCH = (0, 0, np.int32(0), np.int32(0))
 
 
 def is_moe(tactic: Tactic) -> bool:
@@ -147,20 +150,6 @@ def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
     return None
 
 
-def enumerate_space(problem: Problem) -> list[Tactic]:
-    space = [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=m, split_k=k)
-             for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
-    if problem.epilogue == "reduce":
-        # m_tiles 1: the walk keeps more live than one tile (wk1 tn4: 168 registers against 128), and two
-        # row tiles on top spill on both archs (mt2 wk4 st2 tn2 nw2, ptxas 13.0)
-        space += [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=1, split_k=1, n_walk=v)
-                  for w in WARPS_K for s in STAGES for n in TILES_N for v in N_WALK]
-    if not check_tok(problem):
-        space += [Tactic("cuda", kernel=TOK_KERNEL, warps_k=w, stages=s, tiles_n=n)
-                  for w in WARPS_K for s in TOK_STAGES for n in TILES_N]
-    return space
-
-
 #: a kernel that fits is `unknown` through the family until its text has passed its GPU tests
 #: (checked.py: tests/test_cuda_moe_gpu.py, recorded in gpu_checked.json by tools/mark_gpu_checked.py)
 UNRUN = CK.unrun(KERNEL)
@@ -191,37 +180,6 @@ def verdict(problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
     if smem > limit:
         return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
     return Verdict.keep(smem, limit, int(tactic["stages"]))
-
-
-def default(problem: Problem, arch: Arch) -> Tactic:
-    """4 warps (fewer where K has fewer k-pairs), K split so M = 1 still fills the SMs, 2 row tiles
-    for SwiGLU (gate + up)."""
-    kp = problem.k // L.KPAIR
-    wk = max(w for w in WARPS_K if kp % w == 0 and w <= 4)
-    sk = max(s for s in SPLIT_K if kp % (wk * s) == 0 and kp // (wk * s) >= 2 or s == 1)
-    tn = 2 if problem.epilogue == "swiglu" else 1
-    return Tactic("cuda", kernel=KERNEL, warps_k=wk, stages=4, tiles_n=tn, m_tiles=1, split_k=sk)
-
-
-#: moe_tok re-reads an expert's weight for every token routed to it (moe_mma: once per group of up to
-#: 8·m_tiles pairs), so past 2 pairs per expert on average it reads >= 2x the bytes: the search does not time it there
-TOK_PAIRS_PER_EXPERT = 2
-
-
-def useful(problem: Problem, tactic: Tactic, m: int) -> bool:
-    """moe_tok only while M·top_k <= TOK_PAIRS_PER_EXPERT·E (GLM-5 TP8's folded w2: M <= 57)."""
-    return not is_tok(tactic) or m * problem.top_k <= TOK_PAIRS_PER_EXPERT * problem.experts
-
-
-def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
-    if is_tok(tactic):                 # one CTA per (token, N tile)
-        return {"ctas": float(max(m, 1) * problem.n // (L.ROWS * int(tactic["tiles_n"]))),
-                "threads": float(32 * int(tactic["warps_k"]))}
-    # the direct route's launch size: kept as the shipped rank model was fitted on it (the aligned
-    # route, M > 32 at top-8, launches fewer CTAs; a refit with route-aware figures is still to do)
-    pairs = min(m * problem.top_k, MAX_PAIRS)
-    ctas = pairs * problem.n // (L.ROWS * int(tactic["tiles_n"]) * n_walk(tactic)) * int(tactic["split_k"])
-    return {"ctas": float(ctas), "threads": float(32 * int(tactic["warps_k"]))}
 
 
 # --------------------------------------------------------------------------- launch
@@ -317,6 +275,7 @@ class MoeLaunch(Planned, MoeScratch):
     capture_safe = True       # current stream, scratch sized by M, no host read by default
     checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
     shared_slot = True        # shared_slot=True: the kernel adds expert E - 1 as each token's last slot
+    prefetches = True         # prefetch=(a, b): the next kernel's stacked weights, sliced into L2 (direct route)
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         self.problem, self.tactic = problem, tactic
@@ -327,6 +286,7 @@ class MoeLaunch(Planned, MoeScratch):
         self._fns: dict[int, Any] = {}
         self._ints: dict[tuple, tuple] = {}              # the int32 arguments per call form
         self._aligner = None                             # the aligned route's own (without aligned=)
+        self._pf: tuple = (None, (), NO_PREFETCH)        # the last prefetch= checked: (it, its pointers, the args)
         self._init_scratch(check_ids)
         self._init_plans()                               # the repeat path (moe_plan.py)
 
@@ -363,9 +323,24 @@ class MoeLaunch(Planned, MoeScratch):
         from autotune.tactics.triton_fp4.moe_align import Aligner
         return Aligner(experts, block_m)
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None):
+    def _prefetch(self, pf, x) -> tuple:
+        """The kernel's four prefetch arguments for `prefetch=` (checked: moe_checks.check_prefetch; the
+        last one checked is remembered with its pointers, so a decode step's repeat costs two reads)."""
+        if pf is None:
+            return NO_PREFETCH
+        seen = self._pf
+        if pf is seen[0] and pf[0].data_ptr() == seen[1][0] and pf[1].data_ptr() == seen[1][1]:
+            return seen[2]
+        a, b, ea, eb = check_prefetch(self.problem, pf, x)
+        args = (a.data_ptr(), b.data_ptr(), np.int32(ea), np.int32(eb))
+        self._pf = (pf, args[:2], args)
+        return args
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None,
+                 prefetch=None):
+        pf = self._prefetch(prefetch, x) if prefetch is not None else NO_PREFETCH
         if out is None and aligned is None and not self.check_ids:      # a form seen before: its plan
-            y = self._planned(x, w, topk_ids, topk_weights, shared_slot)
+            y = self._planned(x, w, topk_ids, topk_weights, shared_slot, pf)
             if y is not None:
                 return y
         p = self.problem
@@ -383,7 +358,8 @@ class MoeLaunch(Planned, MoeScratch):
                              shared_slot, kind)
         else:
             self._launch(x, w, topk_ids, topk_weights, out, shared_slot, kind, aligned,
-                         remember=fresh and kind == "direct" and plannable(x, topk_ids, topk_weights))
+                         remember=fresh and kind == "direct" and plannable(x, topk_ids, topk_weights),
+                         pf=pf if kind == "direct" else NO_PREFETCH)
         if self.check_ids:
             raise_if_bad(self._word(x.device))
         return out
@@ -394,8 +370,10 @@ class MoeLaunch(Planned, MoeScratch):
         return self._aligner(ids)
 
     def _launch(self, x, w, ids, tw, out, shared_slot: bool = False, kind: str = "direct", al=None,
-                remember: bool = False) -> None:
-        """One launch; `remember`: leave its plan (x, ids and tw are launched as given)."""
+                remember: bool = False, pf: tuple = None) -> None:
+        """One launch; `remember`: leave its plan (x, ids and tw are launched as given); `pf`: the
+        prefetch arguments (`_prefetch`; direct route only, none by default)."""
+        pf = NO_PREFETCH if pf is None else pf
         p, c = self.problem, self.cfg
         m = x.shape[0]
         pairs = m * p.top_k
@@ -431,11 +409,11 @@ class MoeLaunch(Planned, MoeScratch):
                 self._ints[form] = ints
         args = ((w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
                  ids.data_ptr(), tw_.data_ptr(), ws, locks, bad.data_ptr(), red, cnt) + ints[0] + (srt, blk)
-                + ints[1])
+                + ints[1] + pf)
         grid, block, run = (gx, p.n // (L.ROWS * c.tiles_n * c.n_walk), c.split_k), (c.threads, 1, 1), self._run(dev)
         run(grid, block, args, stream)
         if remember:
-            self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run)
+            self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run, pf)
 
 
 class MoeKernel:
@@ -452,13 +430,18 @@ class MoeKernel:
         self.capture_safe = bool(getattr(run, "capture_safe", False))
         self.checks_ids = bool(getattr(run, "checks_ids", False))
         self.shared_slot = bool(getattr(run, "shared_slot", False))
+        self.prefetches = bool(getattr(run, "prefetches", False))
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None, shared_slot=False):
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None, shared_slot=False, prefetch=None):
         kw = {"shared_slot": True} if shared_slot else {}
         if shared_slot and not self.shared_slot:
             raise ValueError("this moe_mma runner takes no shared slot")
         if aligned is not None:
             kw["aligned"] = aligned
+        if prefetch is not None:
+            if not self.prefetches:
+                raise ValueError("this moe_mma runner takes no prefetch")
+            kw["prefetch"] = prefetch
         return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out, **kw)
 
     def aligned_block_m(self, m: int) -> int | None:

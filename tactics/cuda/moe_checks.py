@@ -69,3 +69,25 @@ def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool =
           or not out.is_contiguous() or out.device != x.device):
         raise ValueError(f"{p.key}: out must be a contiguous bf16 {shape} tensor on {x.device}")
     return m, out
+
+
+def check_prefetch(problem: Problem, pf, x) -> tuple:
+    """`prefetch=(a, b)`: the next kernel's two stacked weight tensors (packed codes and scales), each
+    [E, ...] of this problem's E experts, contiguous, on x's device, 16-byte aligned with a multiple of
+    16 bytes per expert (the bulk prefetch's rule) — what the kernel slices into L2 by expert id.
+    Returns (a, b, bytes per expert of a, of b); a one-line ValueError otherwise."""
+    p = problem
+    if not isinstance(pf, tuple) or len(pf) != 2 or not all(torch.is_tensor(t) for t in pf):
+        raise ValueError(f"{p.key}: prefetch must be a tuple of two weight tensors (packed, scales), got "
+                         f"{type(pf).__name__}")
+    per = []
+    for t in pf:
+        nbytes = t.numel() * t.element_size()
+        if (t.dim() < 1 or t.shape[0] != p.experts or not t.is_contiguous() or t.device != x.device
+                or t.data_ptr() % 16 or nbytes % p.experts or (nbytes // p.experts) % 16
+                or nbytes // p.experts >= 1 << 31):
+            raise ValueError(f"{p.key}: prefetch tensors must be contiguous [{p.experts}, ...] on {x.device}, "
+                             f"16-byte aligned, a multiple of 16 bytes (< 2 GiB) per expert; got "
+                             f"{t.dtype} {tuple(t.shape)} on {t.device}")
+        per.append(nbytes // p.experts)
+    return pf[0], pf[1], per[0], per[1]

@@ -30,6 +30,9 @@
 // NW > 1 (REDUCE, SPLITK 1): CTA (q, y) runs its route once and then N tiles y*NW .. y*NW + NW - 1 one
 // after another (the same per-tile arithmetic, so the same bits as NW 1): the route and the CTA's
 // start are paid once per walk (docs/moe-decode.md part 13).
+// Prefetch (pfa non-null, direct route): the CTAs of each expert's first group put that expert's slice
+// of the next kernel's weights (w2's, given by w13's caller) into L2 after their route, so the next
+// kernel reads L2, not DRAM, where both kernels' bytes fit in it (small M: the runtime decides).
 // Config (MT, WK, STAGES, TN, SPLITK, SWIGLU, REDUCE, NW), the format's (SW, SCALE_MUL, SCALE_ADD,
 // EPI_SCALE) and the layout's constants come as -D macros. No headers: build.text prepends
 // mma_common.cuh and moe_common.cuh (pair_id, pair_weight); the same text compiles under NVRTC and nvcc,
@@ -146,13 +149,16 @@ static __device__ __forceinline__ void kstep(int i, int kpairs, unsigned char* w
 // x [tokens][K] or [P][K] (x_pair); y [P][N or N/2]; gscale [E] (gs_stride 1) or [1];
 // ids [P] (int32/int64; with a shared slot [P / top_k][ids_cols]); tw [P] fp32 (routed; likewise); ws [SPLITK][P][N] fp32;
 // locks [max(P, group CTAs)][gridDim.y]; bad [1]; REDUCE: y [P / top_k][N], red [P][N] fp32, cnt [P / top_k][N tiles];
-// aligned route (g_main > 0): srt [g_main * bm] sorted pair ids, blk_e [g_main] experts (bm a multiple of CAP)
+// aligned route (g_main > 0): srt [g_main * bm] sorted pair ids, blk_e [g_main] experts (bm a multiple of CAP);
+// pfa / pfb (direct route; null: none): the next kernel's stacked weights, pfa_bytes / pfb_bytes per expert
+// (multiples of 16, 16-byte aligned): the first group of each expert prefetches its slice of both into L2
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __restrict__ x,
         u16* __restrict__ y, const float* __restrict__ gscale, const void* __restrict__ ids,
         const float* __restrict__ tw, float* __restrict__ ws, int* __restrict__ locks, int* __restrict__ bad,
         float* __restrict__ red, int* __restrict__ cnt, int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride,
-        int shared_e, int ids_cols, const int* __restrict__ srt, const int* __restrict__ blk_e, int g_main, int bm) {
+        int shared_e, int ids_cols, const int* __restrict__ srt, const int* __restrict__ blk_e, int g_main, int bm,
+        const char* __restrict__ pfa, const char* __restrict__ pfb, int pfa_bytes, int pfb_bytes) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   __shared__ int rows_s[CAP];                     // the group's pair indices, -1 past its end
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -238,6 +244,14 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
       rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e);
     }
     if (rank % CAP) return;                        // not a leader (nothing issued yet)
+    if (rank == 0 && pfa != nullptr) {             // the expert's first group: its slice of the next kernel's
+      const int s = blockIdx.y * gridDim.z + kz, ns = gridDim.y * gridDim.z;   // weights into L2 (pfa/pfb)
+      long long a0, al, c0, cl;
+      pf_slice(s, ns, pfa_bytes, &a0, &al);
+      pf_slice(s, ns, pfb_bytes, &c0, &cl);
+      prefetch_l2(pfa + (size_t)e * pfa_bytes + a0, al, tid, NTHREADS);
+      prefetch_l2(pfb + (size_t)e * pfb_bytes + c0, cl, tid, NTHREADS);
+    }
     if (warp == 0) {                               // gather the next CAP pairs of this expert, in order
       int cnt = 0;
       for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {

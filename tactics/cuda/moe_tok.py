@@ -23,6 +23,8 @@ class TokLaunch(MOE.MoeLaunch):
     stacked CudaPacked: each token's routing-weighted sum over its top_k slots. `aligned=` is refused
     (the kernel reads topk_ids as they are; aligned_block_m is None at every M)."""
 
+    prefetches = False        # w2's kernel: no kernel after it in the layer to prefetch for
+
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         if not MOE.is_tok(tactic):
             raise ValueError(f"TokLaunch runs moe_tok tactics, not {tactic}")
