@@ -105,7 +105,10 @@ def text_kernel(fam, prob: Problem, t: Tactic, txt: str):
     mod = cupy.RawModule(code=txt, options=("-default-device", *B.options(run.cfg)), name_expressions=None)
     fn = mod.get_function(B.kernel_name(run.cfg))
     run._fns[0] = fn
-    run._runs[0] = P.runner(fn, txt, B.kernel_name(run.cfg), 0)
+    r = P.runner(fn, txt, B.kernel_name(run.cfg), 0)
+    n = len(P.signature(txt, B.kernel_name(run.cfg))) - 1
+    # an older text may take fewer arguments (before the prefetch's four, appended last): pass its own
+    run._runs[0] = lambda grid, block, args, stream: r(grid, block, args[:n], stream)
     return k
 
 

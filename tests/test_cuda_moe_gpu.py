@@ -479,7 +479,8 @@ def test_tok_a_planned_launch_gives_the_whole_ways_bits():
 def test_a_prefetch_of_the_next_kernels_weights_changes_no_bit(epi):
     """w13 with `prefetch=` (w2's stacked pack, sliced into L2 by each expert's first group): the bits
     of the call without it, eagerly and replayed from a graph, with -1 and bad ids, a shared slot and
-    on the aligned route (where it prefetches nothing); nothing faults."""
+    on the aligned route (where it prefetches nothing); nothing faults. `scratch_out=True` (the output
+    in the pool's one view, reused): the same bits."""
     n, k = SHAPES["w13"]
     fam = _fam()
     for experts, slot in ((E, False), (E + 1, True)):
@@ -502,6 +503,8 @@ def test_a_prefetch_of_the_next_kernels_weights_changes_no_bit(epi):
                 assert kern.prefetches
                 want = kern(x, packed, ids, None, **kw)
                 assert torch.equal(kern(x, packed, ids, None, prefetch=pf, **kw), want), (m, t, slot)
+                h = kern(x, packed, ids, None, prefetch=pf, scratch_out=True, **kw)    # into the pool's view
+                assert torch.equal(h, want) and h.data_ptr() == kern(x, packed, ids, None, scratch_out=True, **kw).data_ptr()
                 assert _replays_bits(lambda y: kern(x, packed, ids, None, out=y, prefetch=pf, **kw), want), (m, t)
                 wb = kern(x, packed, bad, None, **kw).nan_to_num(7.0)
                 assert torch.equal(kern(x, packed, bad, None, prefetch=pf, **kw).nan_to_num(7.0), wb), (m, t, slot)

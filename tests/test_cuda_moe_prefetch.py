@@ -14,7 +14,7 @@ import torch
 
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from autotune.runtime import moe as RM
+from autotune.runtime import prefetch as PF
 from autotune.tactics.cuda import build as B
 from autotune.tactics.cuda import moe as MOE
 from tests.families.cuda_moe_cpu import cpu_alignment
@@ -160,9 +160,9 @@ def test_moe_tok_takes_no_prefetch():
 def test_the_rule_fits_glm5_at_m1_only_on_an_h200():
     """GLM-5 TP8 folded (257 experts, 9 slots): w13 1.77 MB + w2 0.88 MB per expert; the H200's 60 MiB L2."""
     per, l2 = 512 * 6144 // 2 + 512 * 6144 // 16 + 6144 * 256 // 2 + 6144 * 256 // 16, 62914560
-    assert RM.prefetch_fits(9, 257, per, l2) and not RM.prefetch_fits(18, 257, per, l2)
-    assert RM.prefetch_fits(10 ** 6, 4, per, l2)              # few experts: any M fits
-    assert not RM.prefetch_fits(1, 257, per, 0)               # no L2 known (CPU): never
+    assert PF.fits(9, 257, per, l2) and not PF.fits(18, 257, per, l2)
+    assert PF.fits(10 ** 6, 4, per, l2)              # few experts: any M fits
+    assert not PF.fits(1, 257, per, 0)               # no L2 known (CPU): never
 
 
 @pytest.fixture
@@ -216,3 +216,71 @@ def test_prefetch_w2_reads_its_variable(monkeypatch):
     monkeypatch.setenv(settings.PREFETCH_W2, "yes")
     with pytest.raises(ValueError, match="AUTOTUNE_PREFETCH_W2"):
         settings.prefetch_w2()
+
+
+# -- scratch_out: w13's h in the dispatcher's pool (no allocation per forward) ------------------------
+
+def test_scratch_out_writes_the_pools_view_and_a_plan_reuses_it():
+    from autotune.tactics.scratch import ScratchPool
+    run, w = MoeRec(W13, MMA, "cpu"), _weight(W13)
+    pool = ScratchPool()
+    run.attach(pool)
+    pool.get(0, "moe.out", 4 * W13.k, torch.bfloat16, "cpu")     # room for an x inside it (below)
+    x, ids, tw = _operands(W13, 3, 0)
+    y = run(x, w, ids, tw, scratch_out=True)
+    buf = pool.bufs[("cpu", 0, "moe.out")]
+    assert y.data_ptr() == buf.data_ptr() and y.shape == (3, W13.top_k, W13.out_n)
+    assert run.calls[-1][2][3] == buf.data_ptr()                 # the kernel's out pointer
+    checks = run.checks
+    x2, ids2, tw2 = _operands(W13, 3, 1)
+    y2 = run(x2, w, ids2, tw2, scratch_out=True)                 # planned: the same view, no allocation
+    assert run.checks == checks and y2 is y
+    assert run(x2, w, ids2, tw2).data_ptr() != buf.data_ptr()   # without it: a fresh output (another plan)
+    inside = buf[:3 * W13.k].view(3, W13.k)                      # x taken from the scratch output: refused,
+    for fresh in (True, False):                                  # the whole way and past a plan alike
+        if fresh:
+            run._forget()
+        with pytest.raises(ValueError, match="overlaps the scratch output"):
+            run(inside, w, ids, tw, scratch_out=True)
+
+
+def _layer(d, seed):
+    """A folded FP4MoE layer on dispatcher `d` (tests/test_moe_shared_slot.py's shapes, cudamoecpu pinned)."""
+    from autotune.runtime.moe import FP4MoE
+    from tests.test_moe_shared_slot import E, H, I, T13, T2, TOP_K
+    g = torch.Generator().manual_seed(seed)
+    routed = [torch.randn(E, I, H, generator=g), torch.randn(E, I, H, generator=g) * 2, torch.randn(E, H, I, generator=g)]
+    shared = [torch.randn(I, H, generator=g) * 0.5, torch.randn(I, H, generator=g), torch.randn(H, I, generator=g)]
+    blk = FP4MoE.from_float(*routed, TOP_K, dispatcher=d, shared=FP4MoE.shared_from_float(*shared), fold_shared=True)
+    d.pin(blk.problem13, T13)
+    d.pin(blk.problem2, T2)
+    from autotune.core.formats import quantize
+    return blk, [quantize(w) for w in routed], [quantize(w) for w in shared]
+
+
+def test_two_layers_share_the_scratch_h_and_match_float64(tmp_path, fam):
+    """Two folded FP4MoE layers of one dispatcher, the second fed the first's output: w13 writes h into
+    the same pool buffer for both (the CPU port NaN-fills it, then writes it as the kernel does), and
+    both layers match float64."""
+    import warnings
+
+    from autotune.core.arch import ARCHS
+    from autotune.core.env import cpu
+    from autotune.runtime.dispatch import Dispatcher
+    from tests.test_moe_shared_slot import E, H, TOP_K, _ref
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = Dispatcher(tmp_path / "none.db", env=cpu(), arch=ARCHS["sm90"], record_misses=False, warn=False)
+    (a, ra, sa), (b, rb, sb) = _layer(d, 0), _layer(d, 1)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, H, generator=g).to(torch.bfloat16)
+    ids = [torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(3)]).int() for _ in range(2)]
+    tw = [torch.rand(3, TOP_K, generator=g) for _ in range(2)]
+    ya = a(x, ids[0], tw[0])
+    yb = b(ya, ids[1], tw[1])
+    r13a, r13b = a.bound13.launcher(3).kernel.launcher, b.bound13.launcher(3).kernel.launcher
+    assert r13a is not r13b and r13a.scratch is r13b.scratch is d.scratch
+    assert r13a.scratch_outs == 1 and r13b.scratch_outs == 1 and ("cpu", 0, "moe.out") in d.scratch.bufs
+    for y, xin, r, s_, i, t in ((ya, x, ra, sa, ids[0], tw[0]), (yb, ya, rb, sb, ids[1], tw[1])):
+        ref = _ref(xin, r, s_, i, t)
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-2

@@ -198,9 +198,9 @@ def test_fp4moe_serves_it_for_w2_with_the_shared_slot(tmp_path, register_family,
     seen = []
     real = fam._CpuMoeRun.__call__
 
-    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False, aligned=None):
+    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False, aligned=None, **extra):
         seen.append((MOE.is_tok(self.tactic), tuple(ids.shape), shared_slot, aligned is not None))
-        return real(self, x, w, ids, tw, out, shared_slot=shared_slot, aligned=aligned)
+        return real(self, x, w, ids, tw, out, shared_slot=shared_slot, aligned=aligned, **extra)
     monkeypatch.setattr(fam._CpuMoeRun, "__call__", spy)
     x = torch.randn(3, H).to(torch.bfloat16)
     ids = torch.tensor([[0, 1], [3, -1], [2, 0]], dtype=torch.int32)

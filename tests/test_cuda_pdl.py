@@ -119,8 +119,8 @@ def test_both_launchers_pass_what_the_signature_declares(monkeypatch):
     tm = Tactic("cuda", kernel="moe_mma", m_tiles=1, warps_k=4, stages=2, tiles_n=2, split_k=2)
 
     class Grouped(MOE.MoeLaunch):
-        def check(self, x, w, ids, tw, out):
-            return MOE.check_call(self.problem, x, w, ids, tw, out, cuda=False)
+        def check(self, x, w, ids, tw, out, **kw):
+            return MOE.check_call(self.problem, x, w, ids, tw, out, cuda=False, **kw)
 
         def _run(self, dev):
             return rec

@@ -49,6 +49,7 @@ from autotune.core.formats import FP4Weight, quantize
 from autotune.core.operands import OperandError, check_layer_x, routing_checker
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
+from autotune.runtime import prefetch as PF
 from autotune.runtime.layers import _fold_up
 from autotune.runtime.moe_weights import _fold_shared, _foldable, _input_scales, _shared_mlp, _stack13
 
@@ -58,33 +59,7 @@ _IDS = itertools.count(1)
 BAD_ID = -2
 
 
-#: the share of the L2 the prefetch may fill: w13's and w2's bytes for the experts an M can touch
-PREFETCH_L2_SHARE = 0.5
-_L2: dict[str, int] = {}
-
-
-def prefetch_fits(pairs: int, experts: int, bytes_per_expert: int, l2_bytes: int) -> bool:
-    """Do both kernels' bytes for the experts `pairs` (token, slot) pairs can touch — at most
-    min(pairs, E) — fit in PREFETCH_L2_SHARE of the L2? (GLM-5 TP8 folded on an H200: M = 1 only.)"""
-    return min(pairs, experts) * bytes_per_expert <= PREFETCH_L2_SHARE * l2_bytes
-
-
-def _stacked(t, experts: int) -> bool:
-    """A tensor `prefetch=` takes: [E, ...] contiguous, 16-byte aligned, a multiple of 16 bytes per expert."""
-    if not torch.is_tensor(t) or t.dim() < 1 or t.shape[0] != experts or not t.is_contiguous() or t.data_ptr() % 16:
-        return False
-    nbytes = t.numel() * t.element_size()
-    return nbytes % experts == 0 and (nbytes // experts) % 16 == 0
-
-
-def _l2_bytes(device) -> int:
-    """The device's L2 in bytes (read once per device); 0 off CUDA (no prefetch there)."""
-    if getattr(device, "type", None) != "cuda":
-        return 0
-    key = str(device)
-    if key not in _L2:
-        _L2[key] = int(torch.cuda.get_device_properties(device).L2_cache_size)
-    return _L2[key]
+_SLOT = {"shared_slot": True}
 
 
 class FP4MoE(nn.Module):
@@ -166,7 +141,8 @@ class FP4MoE(nn.Module):
         self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
         self._check_routing = routing_checker(self._routing)
-        self._forms: dict[int, tuple] = {}       # per M: (l13, l2, alignments' BLOCK_M, shared slot, prefetch, its switch)
+        #: per M: (l13, l2, alignments' BLOCK_M, shared slot, w13's extras, the prefetch switch, w13's kwargs with a slot)
+        self._forms: dict[int, tuple] = {}
         #: w13 prefetches w2's routed slices into L2 where it can and it pays (`prefetch_w2` above)
         self.prefetch_w2 = settings.prefetch_w2() if prefetch_w2 is None else bool(prefetch_w2)
         #: the L2 bytes the prefetch rule budgets against (None: the device's, read once per device)
@@ -332,13 +308,18 @@ class FP4MoE(nn.Module):
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
         self._check_routing(x, topk_ids, topk_weights)
         form = self._forms.get(m)
-        if form is None or form[0] is not l13 or form[1] is not l2 or form[5] is not self.prefetch_w2:
+        if form is None or form[0] is not l13 or form[1] is not l2 or form[5] != self.prefetch_w2:
             # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
             # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
             need = (l13.aligned_block_m(m), l2.aligned_block_m(m))
             slot = (self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
                     and need == (None, None))
-            form = (l13, l2, need, slot, self._prefetch(l13, l2, m, x.device), self.prefetch_w2)
+            # w13's extras on the fused path: w2's slices into L2 (prefetch_w2), and h in the dispatcher's
+            # scratch pool (read by w2 at once on this stream: no allocation per call)
+            extra = {"prefetch": pf} if (pf := self._prefetch(l13, l2, m, x.device)) is not None else {}
+            if self.fused and getattr(l13, "scratch_out", False):
+                extra["scratch_out"] = True
+            form = (l13, l2, need, slot, extra, self.prefetch_w2, {"shared_slot": True, **extra})
             if len(self._forms) < 256:       # per M, for the launchers serving it now (a rebind replaces them)
                 self._forms[m] = form
         need, slot = form[2], form[3]
@@ -346,9 +327,12 @@ class FP4MoE(nn.Module):
         if self.shared_folded and not slot:  # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
-        k13, k2 = ({"shared_slot": True}, {"shared_slot": True}) if slot else self._one_alignment(l13, l2, ids, need)
-        if form[4] is not None:
-            k13 = {**k13, "prefetch": form[4]}
+        if slot:
+            k13, k2 = form[6], _SLOT
+        else:
+            k13, k2 = self._one_alignment(l13, l2, ids, need)
+            if form[4]:
+                k13 = {**k13, **form[4]}
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             y = l2(h, ids, topk_weights, routing_checked=True, **k2)
@@ -423,18 +407,10 @@ class FP4MoE(nn.Module):
                    fold_shared=fold_shared, **kw)
 
     def _prefetch(self, l13, l2, m: int, device) -> tuple | None:
-        """w2's stacked weight tensors (as l2 reads them) for w13's `prefetch=`, or None: off, unfused,
-        a w13 kernel without it, an aligned call (no direct route), a w2 weight that is not a stacked
-        (packed, scales) pair, or more bytes than half the L2 (`prefetch_fits`)."""
+        """w2's stacked weight tensors for w13's `prefetch=` at M, or None (runtime/prefetch.py's rule)."""
         if not (self.prefetch_w2 and self.fused and getattr(l13, "prefetches", False)) or l13.aligned_block_m(m):
             return None
-        w13, w2 = getattr(l13, "weight", None), getattr(l2, "weight", None)
-        spans = [(getattr(w, "packed", None), getattr(w, "scales", None)) for w in (w13, w2)]
-        if not all(_stacked(t, self.num_experts) for ab in spans for t in ab):
-            return None                   # the launcher's contract (tactics/base.py Launcher.prefetches)
-        per = [sum(t.numel() * t.element_size() for t in ab) // self.num_experts for ab in spans]
-        l2b = self.l2_bytes if self.l2_bytes is not None else _l2_bytes(device)
-        return spans[1] if prefetch_fits(m * self.problem13.top_k, self.num_experts, per[0] + per[1], l2b) else None
+        return PF.pair_for(l13, l2, self.num_experts, m * self.problem13.top_k, self.l2_bytes, device)
 
     def _one_alignment(self, l13, l2, ids: Tensor, need: tuple) -> tuple[dict, dict]:
         """One routing alignment per layer when both launchers take one as `aligned=` (`need`: their

@@ -44,7 +44,7 @@ from . import checked as CK
 from . import layout as L
 from . import pdl as P
 from .moe_plan import Planned, plannable
-from .moe_checks import check_alignment, check_call, check_prefetch  # noqa: F401  (the launchers' argument checks, re-exported)
+from .moe_checks import check_alignment, check_apart, check_call, check_prefetch  # noqa: F401  (the launchers' argument checks, re-exported)
 
 KERNEL = B.MOE_KERNEL
 TOK_KERNEL = B.TOK_KERNEL
@@ -227,6 +227,15 @@ class MoeScratch(PoolUser):
         kind, rows = route(self.problem, self.cfg, m)
         return ALIGN_BLOCK_M if kind == "aligned" and m <= rows else None
 
+    def out_view(self, m: int, dev: torch.device, stream: int) -> torch.Tensor:
+        """The output of an M-token call in the scratch pool (`scratch_out`): one buffer per (device,
+        stream) that every such call reuses — the caller reads it before its next such call there
+        (FP4MoE: w13's h, read by w2 on the same stream)."""
+        p = self.problem
+        shape = (m, p.n) if p.epilogue == "reduce" else (m, p.top_k, p.out_n)
+        numel = m * (p.n if p.epilogue == "reduce" else p.top_k * p.out_n)
+        return self.scratch.get(stream, "moe.out", max(numel, 1), torch.bfloat16, dev)[:numel].view(shape)
+
     def _scratch(self, pairs: int, dev: torch.device, s: int | None = None, groups: int = 0):
         """ws [split_k, P, N] fp32 (split-K only), counters [max(P, groups), N tiles] zeroed once
         (the kernel leaves them zero), bad [1]: from the pool (grown at least by doubling, outgrown
@@ -276,6 +285,7 @@ class MoeLaunch(Planned, MoeScratch):
     checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
     shared_slot = True        # shared_slot=True: the kernel adds expert E - 1 as each token's last slot
     prefetches = True         # prefetch=(a, b): the next kernel's stacked weights, sliced into L2 (direct route)
+    scratch_out = True        # scratch_out=True: the output in the scratch pool, valid until the next such call on the stream
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         self.problem, self.tactic = problem, tactic
@@ -315,8 +325,8 @@ class MoeLaunch(Planned, MoeScratch):
             fn = self._fns[idx] = B.load(self.cfg, f"sm_{major}{minor}", idx)
         return fn
 
-    def check(self, x, w, topk_ids, topk_weights, out, **shared):
-        return check_call(self.problem, x, w, topk_ids, topk_weights, out, **shared)
+    def check(self, x, w, topk_ids, topk_weights, out, **kw):
+        return check_call(self.problem, x, w, topk_ids, topk_weights, out, **kw)
 
     def aligner(self, experts: int, block_m: int):
         """moe_align's Aligner (the alignment `aligned=` takes; Triton's, shared with its members)."""
@@ -337,16 +347,20 @@ class MoeLaunch(Planned, MoeScratch):
         return args
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None,
-                 prefetch=None):
+                 prefetch=None, scratch_out: bool = False):
         pf = self._prefetch(prefetch, x) if prefetch is not None else NO_PREFETCH
+        so = scratch_out and out is None
         if out is None and aligned is None and not self.check_ids:      # a form seen before: its plan
-            y = self._planned(x, w, topk_ids, topk_weights, shared_slot, pf)
+            y = self._planned(x, w, topk_ids, topk_weights, shared_slot, pf, so)
             if y is not None:
                 return y
         p = self.problem
         shared = {"shared_slot": True} if shared_slot else {}
         fresh = out is None and aligned is None and not self.check_ids
-        m, out = self.check(x, w, topk_ids, topk_weights, out, **shared)
+        m, out = self.check(x, w, topk_ids, topk_weights, out, alloc=not so, **shared)
+        if so:
+            out = self.out_view(m, x.device, stream_key(x.device))
+            check_apart(p, x, out)
         if m == 0:
             return out
         kind, rows = route(p, self.cfg, m, shared_slot)
@@ -359,7 +373,7 @@ class MoeLaunch(Planned, MoeScratch):
         else:
             self._launch(x, w, topk_ids, topk_weights, out, shared_slot, kind, aligned,
                          remember=fresh and kind == "direct" and plannable(x, topk_ids, topk_weights),
-                         pf=pf if kind == "direct" else NO_PREFETCH)
+                         pf=pf if kind == "direct" else NO_PREFETCH, so=so)
         if self.check_ids:
             raise_if_bad(self._word(x.device))
         return out
@@ -370,7 +384,7 @@ class MoeLaunch(Planned, MoeScratch):
         return self._aligner(ids)
 
     def _launch(self, x, w, ids, tw, out, shared_slot: bool = False, kind: str = "direct", al=None,
-                remember: bool = False, pf: tuple = None) -> None:
+                remember: bool = False, pf: tuple = None, so: bool = False) -> None:
         """One launch; `remember`: leave its plan (x, ids and tw are launched as given); `pf`: the
         prefetch arguments (`_prefetch`; direct route only, none by default)."""
         pf = NO_PREFETCH if pf is None else pf
@@ -413,7 +427,7 @@ class MoeLaunch(Planned, MoeScratch):
         grid, block, run = (gx, p.n // (L.ROWS * c.tiles_n * c.n_walk), c.split_k), (c.threads, 1, 1), self._run(dev)
         run(grid, block, args, stream)
         if remember:
-            self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run, pf)
+            self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run, pf, so)
 
 
 class MoeKernel:
@@ -431,8 +445,10 @@ class MoeKernel:
         self.checks_ids = bool(getattr(run, "checks_ids", False))
         self.shared_slot = bool(getattr(run, "shared_slot", False))
         self.prefetches = bool(getattr(run, "prefetches", False))
+        self.scratch_out = bool(getattr(run, "scratch_out", False))
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None, shared_slot=False, prefetch=None):
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None, shared_slot=False, prefetch=None,
+                 scratch_out=False):
         kw = {"shared_slot": True} if shared_slot else {}
         if shared_slot and not self.shared_slot:
             raise ValueError("this moe_mma runner takes no shared slot")
@@ -442,6 +458,10 @@ class MoeKernel:
             if not self.prefetches:
                 raise ValueError("this moe_mma runner takes no prefetch")
             kw["prefetch"] = prefetch
+        if scratch_out:
+            if not self.scratch_out:
+                raise ValueError("this moe_mma runner writes no scratch output")
+            kw["scratch_out"] = True
         return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out, **kw)
 
     def aligned_block_m(self, m: int) -> int | None:

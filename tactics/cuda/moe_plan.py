@@ -7,7 +7,8 @@ pool, the argument tuple) and, where it was one launch on tensors taken as they 
 left open. A later call matching the plan — the same weight object (a frozen CudaPacked checked in
 full before) over the same storage, x / ids / weights of the plan's class, dtype, shape and device, contiguous, x 16-byte
 aligned, out not given, the same stream, the same prefetch arguments (moe_mma's last four), the
-scratch pool unchanged — fills them and launches;
+scratch pool unchanged — fills them and launches (into a fresh output, or with scratch_out the pool's
+view the whole way wrote);
 anything else returns None and takes the whole way, which raises the one-line errors. The launch's
 arguments are the whole way's, bit for bit (tests/test_cuda_moe_plan.py compares them).
 """
@@ -32,11 +33,14 @@ class Plan:
     """One launch form: `plan(x, w, ids, tw)` → out, or None where the call is not this form."""
 
     __slots__ = ("x_shape", "ids_dtype", "ids_shape", "dev", "device", "out_shape", "grid", "block", "head",
-                 "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner", "pf")
+                 "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner", "pf", "out")
 
     def __init__(self, owner: Any, x: Tensor, ids: Tensor, out: Tensor, grid: tuple, block: tuple, args: tuple,
-                 stream: int, run: Any, pf: tuple = ()):
+                 stream: int, run: Any, pf: tuple = (), so: bool = False):
         self.owner, self.run, self.grid, self.block, self.stream, self.pf = owner, run, grid, block, stream, pf
+        #: scratch_out: the pool's view the whole way wrote (valid while the pool's epoch holds: an outgrown
+        #: buffer is retired, not freed); else None and a fresh output per call
+        self.out = out if so else None
         self.x_shape, self.ids_dtype, self.ids_shape = x.shape, ids.dtype, ids.shape
         self.dev, self.device, self.out_shape = x.get_device(), x.device, out.shape
         self.head, self.mid, self.tail = args[:X], args[OUT + 1:IDS], args[TW + 1:]
@@ -71,7 +75,10 @@ class Plan:
         if (pool is not self.pool or pool.epoch != self.epoch or stream_key(self.device) != self.stream
                 or pool.dirty_on(self.stream)):
             return None
-        out = torch.empty(self.out_shape, dtype=BF16, device=self.device)
+        if self.out is None:
+            out = torch.empty(self.out_shape, dtype=BF16, device=self.device)
+        elif x.data_ptr() == (out := self.out).data_ptr():     # x is the scratch output: the whole way refuses it
+            return None
         self.run(self.grid, self.block, self.head + (x.data_ptr(), out.data_ptr()) + self.mid
                  + (ids.data_ptr(), tp) + self.tail, self.stream)
         return out
@@ -91,22 +98,23 @@ class Planned:
         self._plans.clear()
         self._plan_w = None
 
-    def _planned(self, x: Any, w: Any, ids: Any, tw: Any, shared_slot: bool, pf: tuple = ()) -> Tensor | None:
+    def _planned(self, x: Any, w: Any, ids: Any, tw: Any, shared_slot: bool, pf: tuple = (),
+                 so: bool = False) -> Tensor | None:
         ref = self._plan_w
         if ref is None or ref() is not w or x.__class__ is not Tensor:
             return None
-        plan = self._plans.get((x.shape[0], x.dim(), shared_slot, tw is None))
+        plan = self._plans.get((x.shape[0], x.dim(), shared_slot, tw is None, so))
         return None if plan is None else plan(x, w, ids, tw, pf)
 
     def _remember(self, x: Tensor, w: Any, ids: Tensor, tw: Any, shared_slot: bool, out: Tensor, grid: tuple,
-                  block: tuple, args: tuple, stream: int, run: Any, pf: tuple = ()) -> None:
+                  block: tuple, args: tuple, stream: int, run: Any, pf: tuple = (), so: bool = False) -> None:
         """After a whole-way call that launched once on x / ids / tw as given (no copy, no cast)."""
         if self._plan_w is None or self._plan_w() is not w:
             self._plans.clear()
             self._plan_w = weakref.ref(w)      # weak: a launcher kept past its job pins no pack
         if len(self._plans) < MAX_PLANS:
-            self._plans[(x.shape[0], x.dim(), shared_slot, tw is None)] = Plan(self, x, ids, out, grid, block, args,
-                                                                               stream, run, pf)
+            self._plans[(x.shape[0], x.dim(), shared_slot, tw is None, so)] = Plan(self, x, ids, out, grid, block,
+                                                                                   args, stream, run, pf, so)
 
 
 def plannable(x: Tensor, ids: Tensor, tw: Any) -> bool:
