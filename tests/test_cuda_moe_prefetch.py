@@ -6,6 +6,7 @@ Whether it pays is the step bench's question (docs/moe-decode.md part 15), not a
 from __future__ import annotations
 
 import re
+import threading
 import subprocess
 from pathlib import Path
 
@@ -225,10 +226,10 @@ def test_scratch_out_writes_the_pools_view_and_a_plan_reuses_it():
     run, w = MoeRec(W13, MMA, "cpu"), _weight(W13)
     pool = ScratchPool()
     run.attach(pool)
-    pool.get(0, "moe.out", 4 * W13.k, torch.bfloat16, "cpu")     # room for an x inside it (below)
+    pool.get(0, f"moe.out.{threading.get_ident()}", 4 * W13.k, torch.bfloat16, "cpu")     # room for an x inside it (below)
     x, ids, tw = _operands(W13, 3, 0)
     y = run(x, w, ids, tw, scratch_out=True)
-    buf = pool.bufs[("cpu", 0, "moe.out")]
+    buf = pool.bufs[("cpu", 0, f"moe.out.{threading.get_ident()}")]
     assert y.data_ptr() == buf.data_ptr() and y.shape == (3, W13.top_k, W13.out_n)
     assert run.calls[-1][2][3] == buf.data_ptr()                 # the kernel's out pointer
     checks = run.checks
@@ -280,7 +281,61 @@ def test_two_layers_share_the_scratch_h_and_match_float64(tmp_path, fam):
     yb = b(ya, ids[1], tw[1])
     r13a, r13b = a.bound13.launcher(3).kernel.launcher, b.bound13.launcher(3).kernel.launcher
     assert r13a is not r13b and r13a.scratch is r13b.scratch is d.scratch
-    assert r13a.scratch_outs == 1 and r13b.scratch_outs == 1 and ("cpu", 0, "moe.out") in d.scratch.bufs
+    assert r13a.scratch_outs == 1 and r13b.scratch_outs == 1 and ("cpu", 0, f"moe.out.{threading.get_ident()}") in d.scratch.bufs
     for y, xin, r, s_, i, t in ((ya, x, ra, sa, ids[0], tw[0]), (yb, ya, rb, sb, ids[1], tw[1])):
         ref = _ref(xin, r, s_, i, t)
         assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_the_scratch_view_is_per_thread_and_an_offset_x_inside_it_is_refused():
+    """Two host threads on one stream get two h buffers (h lives from one launch to the next, so two
+    threads' layers must not share it), and a plan made on one thread is not used on another; an x
+    anywhere inside the view is refused past a plan too, as the whole way refuses it."""
+    import threading as T
+    run, w = MoeRec(W13, MMA, "cpu"), _weight(W13)
+    x, ids, tw = _operands(W13, 3, 0)
+    mine = run(x, w, ids, tw, scratch_out=True)
+    got = {}
+    th = T.Thread(target=lambda: got.setdefault("y", run(x, w, ids, tw, scratch_out=True)))
+    th.start()
+    th.join()
+    assert got["y"].data_ptr() != mine.data_ptr()
+    assert run(x, w, ids, tw, scratch_out=True).data_ptr() == mine.data_ptr()
+    name = f"moe.out.{T.get_ident()}"
+    run.scratch.get(0, name, 8 * W13.k, torch.bfloat16, "cpu")     # grown: a new view at the next whole way
+    run._forget()
+    y = run(x, w, ids, tw, scratch_out=True)
+    inside = run.scratch.bufs[("cpu", 0, name)][8:8 + 3 * W13.k].view(3, W13.k)
+    with pytest.raises(ValueError, match="overlaps the scratch output"):
+        run(inside, w, ids, tw, scratch_out=True)                  # planned form, x at an offset inside
+    assert y.data_ptr() == run.scratch.bufs[("cpu", 0, name)].data_ptr()
+
+
+def test_a_prefetch_pair_is_checked_once_for_every_m_and_bad_x_still_gets_its_own_error(monkeypatch):
+    run, w = MoeRec(W13, MMA, "cpu"), _weight(W13)
+    pf = _pf(W13)
+    n = []
+    real = MOE.check_prefetch
+    monkeypatch.setattr(MOE, "check_prefetch", lambda *a: n.append(1) or real(*a))
+    for m in (1, 3, 1, 3, 2):
+        x, ids, tw = _operands(W13, m, m)
+        run(x, w, ids, tw, prefetch=(pf[0], pf[1]))                # a new tuple each call, the same tensors
+    assert len(n) == 1
+    x, ids, tw = _operands(W13, 1, 0)
+    with pytest.raises(ValueError, match="x must be bf16") as ei:
+        run(None, w, ids, tw, prefetch=pf)
+    assert "\n" not in str(ei.value)
+
+
+def test_fp4moe_re_forms_when_the_l2_budget_changes(tmp_path, fam):
+    from tests.test_moe_shared_slot import E, H, TOP_K, _block
+    blk, _, _ = _block(tmp_path)
+    blk.prefetch_w2, blk.l2_bytes = True, 1 << 30
+    x = torch.randn(1, H).to(torch.bfloat16)
+    ids, tw = torch.tensor([[0, 2]], dtype=torch.int32), torch.rand(1, TOP_K)
+    r13 = blk.bound13.launcher(1).kernel.launcher
+    blk(x, ids, tw)
+    assert r13.prefetched[-1] is not None
+    blk.l2_bytes = 16                                              # no room: the next call forms anew
+    blk(x, ids, tw)
+    assert r13.prefetched[-1] is None

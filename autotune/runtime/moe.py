@@ -59,7 +59,7 @@ _IDS = itertools.count(1)
 BAD_ID = -2
 
 
-_SLOT = {"shared_slot": True}
+_SLOT, _NONE = {"shared_slot": True}, {}
 
 
 class FP4MoE(nn.Module):
@@ -141,7 +141,7 @@ class FP4MoE(nn.Module):
         self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
         self._check_routing = routing_checker(self._routing)
-        #: per M: (l13, l2, alignments' BLOCK_M, shared slot, w13's extras, the prefetch switch, w13's kwargs with a slot)
+        #: per M: (l13, l2, alignments' BLOCK_M, shared slot, w13's extras, (prefetch switch, L2 bytes), w13's kwargs with a slot)
         self._forms: dict[int, tuple] = {}
         #: w13 prefetches w2's routed slices into L2 where it can and it pays (`prefetch_w2` above)
         self.prefetch_w2 = settings.prefetch_w2() if prefetch_w2 is None else bool(prefetch_w2)
@@ -308,7 +308,7 @@ class FP4MoE(nn.Module):
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
         self._check_routing(x, topk_ids, topk_weights)
         form = self._forms.get(m)
-        if form is None or form[0] is not l13 or form[1] is not l2 or form[5] != self.prefetch_w2:
+        if form is None or form[0] is not l13 or form[1] is not l2 or form[5] != (self.prefetch_w2, self.l2_bytes):
             # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
             # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
             need = (l13.aligned_block_m(m), l2.aligned_block_m(m))
@@ -319,7 +319,7 @@ class FP4MoE(nn.Module):
             extra = {"prefetch": pf} if (pf := self._prefetch(l13, l2, m, x.device)) is not None else {}
             if self.fused and getattr(l13, "scratch_out", False):
                 extra["scratch_out"] = True
-            form = (l13, l2, need, slot, extra, self.prefetch_w2, {"shared_slot": True, **extra})
+            form = (l13, l2, need, slot, extra, (self.prefetch_w2, self.l2_bytes), {"shared_slot": True, **extra})
             if len(self._forms) < 256:       # per M, for the launchers serving it now (a rebind replaces them)
                 self._forms[m] = form
         need, slot = form[2], form[3]
@@ -329,10 +329,11 @@ class FP4MoE(nn.Module):
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
         if slot:
             k13, k2 = form[6], _SLOT
+        elif None in need:                   # no shared alignment: w13's extras as they are (no dict per call)
+            k13, k2 = form[4], _NONE
         else:
             k13, k2 = self._one_alignment(l13, l2, ids, need)
-            if form[4]:
-                k13 = {**k13, **form[4]}
+            k13 = {**k13, **form[4]}
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             y = l2(h, ids, topk_weights, routing_checked=True, **k2)

@@ -27,6 +27,8 @@ arrays (build.smem_bytes, = ptxas in CI), the tiling divides the problem or the 
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -229,12 +231,15 @@ class MoeScratch(PoolUser):
 
     def out_view(self, m: int, dev: torch.device, stream: int) -> torch.Tensor:
         """The output of an M-token call in the scratch pool (`scratch_out`): one buffer per (device,
-        stream) that every such call reuses — the caller reads it before its next such call there
-        (FP4MoE: w13's h, read by w2 on the same stream)."""
+        stream, host thread) that every such call reuses — the caller reads it before its next such
+        call there (FP4MoE: w13's h, read by w2 on the same stream)."""
         p = self.problem
         shape = (m, p.n) if p.epilogue == "reduce" else (m, p.top_k, p.out_n)
         numel = m * (p.n if p.epilogue == "reduce" else p.top_k * p.out_n)
-        return self.scratch.get(stream, "moe.out", max(numel, 1), torch.bfloat16, dev)[:numel].view(shape)
+        # one per host thread too: two threads' layers on one stream must not share an h that lives
+        # from one launch to the next (w13 to w2), as a workspace used inside one launch may
+        name = f"moe.out.{threading.get_ident()}"
+        return self.scratch.get(stream, name, max(numel, 1), torch.bfloat16, dev)[:numel].view(shape)
 
     def _scratch(self, pairs: int, dev: torch.device, s: int | None = None, groups: int = 0):
         """ws [split_k, P, N] fp32 (split-K only), counters [max(P, groups), N tiles] zeroed once
@@ -296,7 +301,7 @@ class MoeLaunch(Planned, MoeScratch):
         self._fns: dict[int, Any] = {}
         self._ints: dict[tuple, tuple] = {}              # the int32 arguments per call form
         self._aligner = None                             # the aligned route's own (without aligned=)
-        self._pf: tuple = (None, (), NO_PREFETCH)        # the last prefetch= checked: (it, its pointers, the args)
+        self._pf: tuple | None = None                    # the last prefetch= checked (`_prefetch`)
         self._init_scratch(check_ids)
         self._init_plans()                               # the repeat path (moe_plan.py)
 
@@ -334,21 +339,24 @@ class MoeLaunch(Planned, MoeScratch):
         return Aligner(experts, block_m)
 
     def _prefetch(self, pf, x) -> tuple:
-        """The kernel's four prefetch arguments for `prefetch=` (checked: moe_checks.check_prefetch; the
-        last one checked is remembered with its pointers, so a decode step's repeat costs two reads)."""
+        """The kernel's four prefetch arguments for `prefetch=` (checked: moe_checks.check_prefetch). The
+        last pair checked is remembered by its tensors (held weakly: a launcher pins no pack), their
+        pointers and device, so a decode step's repeat — any M, any tuple of the same two — skips the check."""
         if pf is None:
             return NO_PREFETCH
         seen = self._pf
-        if pf is seen[0] and pf[0].data_ptr() == seen[1][0] and pf[1].data_ptr() == seen[1][1]:
-            return seen[2]
+        if (seen is not None and isinstance(pf, tuple) and len(pf) == 2 and pf[0] is seen[0]() and pf[1] is seen[1]()
+                and pf[0].data_ptr() == seen[2] and pf[1].data_ptr() == seen[3] and x.get_device() == seen[4]):
+            return seen[5]
         a, b, ea, eb = check_prefetch(self.problem, pf, x)
         args = (a.data_ptr(), b.data_ptr(), np.int32(ea), np.int32(eb))
-        self._pf = (pf, args[:2], args)
+        self._pf = (weakref.ref(a), weakref.ref(b), args[0], args[1], x.get_device(), args)
         return args
 
     def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None,
                  prefetch=None, scratch_out: bool = False):
-        pf = self._prefetch(prefetch, x) if prefetch is not None else NO_PREFETCH
+        # checked once x is a tensor: a non-tensor x gets check_call's one-line error first
+        pf = self._prefetch(prefetch, x) if prefetch is not None and torch.is_tensor(x) else NO_PREFETCH
         so = scratch_out and out is None
         if out is None and aligned is None and not self.check_ids:      # a form seen before: its plan
             y = self._planned(x, w, topk_ids, topk_weights, shared_slot, pf, so)
@@ -358,6 +366,8 @@ class MoeLaunch(Planned, MoeScratch):
         shared = {"shared_slot": True} if shared_slot else {}
         fresh = out is None and aligned is None and not self.check_ids
         m, out = self.check(x, w, topk_ids, topk_weights, out, alloc=not so, **shared)
+        if prefetch is not None and pf is NO_PREFETCH:
+            pf = self._prefetch(prefetch, x)
         if so:
             out = self.out_view(m, x.device, stream_key(x.device))
             check_apart(p, x, out)

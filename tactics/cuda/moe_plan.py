@@ -15,6 +15,7 @@ arguments are the whole way's, bit for bit (tests/test_cuda_moe_plan.py compares
 from __future__ import annotations
 
 import weakref
+from threading import get_ident
 from typing import Any
 
 import torch
@@ -33,7 +34,8 @@ class Plan:
     """One launch form: `plan(x, w, ids, tw)` → out, or None where the call is not this form."""
 
     __slots__ = ("x_shape", "ids_dtype", "ids_shape", "dev", "device", "out_shape", "grid", "block", "head",
-                 "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner", "pf", "out")
+                 "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner", "pf", "out", "out_ptr",
+                 "out_bytes", "tid")
 
     def __init__(self, owner: Any, x: Tensor, ids: Tensor, out: Tensor, grid: tuple, block: tuple, args: tuple,
                  stream: int, run: Any, pf: tuple = (), so: bool = False):
@@ -41,6 +43,7 @@ class Plan:
         #: scratch_out: the pool's view the whole way wrote (valid while the pool's epoch holds: an outgrown
         #: buffer is retired, not freed); else None and a fresh output per call
         self.out = out if so else None
+        self.out_ptr, self.out_bytes, self.tid = out.data_ptr(), out.numel() * 2, get_ident()
         self.x_shape, self.ids_dtype, self.ids_shape = x.shape, ids.dtype, ids.shape
         self.dev, self.device, self.out_shape = x.get_device(), x.device, out.shape
         self.head, self.mid, self.tail = args[:X], args[OUT + 1:IDS], args[TW + 1:]
@@ -77,8 +80,11 @@ class Plan:
             return None
         if self.out is None:
             out = torch.empty(self.out_shape, dtype=BF16, device=self.device)
-        elif x.data_ptr() == (out := self.out).data_ptr():     # x is the scratch output: the whole way refuses it
-            return None
+        else:                                            # scratch_out: this thread's view, x not inside it
+            out = self.out
+            xa, oa = x.data_ptr(), self.out_ptr
+            if self.tid != get_ident() or (xa < oa + self.out_bytes and oa < xa + x.numel() * 2):
+                return None                              # the whole way: this thread's buffer, or its one-line error
         self.run(self.grid, self.block, self.head + (x.data_ptr(), out.data_ptr()) + self.mid
                  + (ids.data_ptr(), tp) + self.tail, self.stream)
         return out
