@@ -504,3 +504,21 @@ def test_a_walk_is_a_reduce_tactic_of_split_k_1_whose_tiles_divide_n():
     assert not [t for t in MOE_SEARCH.enumerate_space(W13) if MOE.n_walk(t) > 1]
     assert MOE_SEARCH.figures(W2R, w4, 16, 132)["ctas"] * 4 == MOE_SEARCH.figures(W2R, walk, 16, 132)["ctas"]
     assert B.defines(MOE.config(W2R, w4))["NW"] == "4" and "NW" not in B.defines(MOE.config(W2R, walk))
+
+
+@NO_NVCC
+@pytest.mark.parametrize("wk,st,tn,arch,spills", [(2, 2, 1, "sm_90", True), (4, 2, 2, "sm_120", True),
+                                                   (1, 2, 1, "sm_90", False), (2, 4, 2, "sm_90", False),
+                                                   (4, 4, 2, "sm_120", False)])
+def test_the_walks_left_out_of_the_space_are_the_ones_that_spill(wk, st, tn, arch, spills):
+    """moe_search.walk_spills names what ptxas spills (a sample of the full scan its docstring gives):
+    the family refuses a spilling kernel at load, so the space leaves those walks out; its neighbours
+    compile clean and stay in."""
+    c = B.MoeConfig(1, wk, st, tn, 1, "nvfp4", reduce=True, n_walk=4)
+    assert B.nvcc_resources(c, arch).spills is spills
+    assert MOE_SEARCH.walk_spills(wk, st, tn) is spills
+    in_space = any(t["warps_k"] == wk and t["stages"] == st and t["tiles_n"] == tn and MOE.n_walk(t) == 4
+                   for t in MOE_SEARCH.enumerate_space(Problem.moe(6144, 1024, 8, 2, epilogue="reduce")))
+    assert in_space is not spills
+    with pytest.raises(RuntimeError, match="n_walk"):       # the kernel refuses a walk with SwiGLU
+        B.nvcc_resources(B.MoeConfig(1, 2, 2, 2, 1, "nvfp4", True, True, n_walk=2), "sm_90")

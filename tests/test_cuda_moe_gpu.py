@@ -57,8 +57,9 @@ def _tactics(prob, extra=4):
         if t is not None:
             pick.append(t)
     # and on the reduce problems a walk (n_walk: N tiles per CTA after its route), beside the rest
-    walk = next((t for t in kept if t.params.get("n_walk") == 4), None)
-    return pick[:1 + extra] + ([walk] if walk is not None else [])
+    # (one warp and two: with two the cross-warp sum's buffer is the ring the next trip refills)
+    walks = [next((t for t in kept if t.params.get("n_walk") == 4 and t["warps_k"] == wk), None) for wk in (1, 2)]
+    return pick[:1 + extra] + [t for t in walks if t is not None]
 
 
 def _ids(m, seed, off=True):

@@ -42,7 +42,7 @@
 #ifndef NW
 #define NW 1                  // N tiles a CTA walks after its route (REDUCE, split_k 1: the verdict's rule)
 #endif
-#if NW > 1 && (SPLITK > 1 || !REDUCE)
+#if NW > 1 && (SPLITK > 1 || !REDUCE || SWIGLU)
 #error "n_walk > 1 walks the reduce epilogue's N tiles with split_k 1 only"
 #endif
 #define NTILES (gridDim.y * NW)   // N tiles of the problem: the counters' row length
@@ -323,7 +323,7 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           float v = 0.f;
-          for (int w = 0; w < WK; ++w) v += RED(w, u, j, c);    // warp order: deterministic
+          for (int wi = 0; wi < WK; ++wi) v += RED(wi, u, j, c);  // warp order: deterministic
           acc[u][j][c] = v;
         }
 #if SPLITK > 1
