@@ -133,7 +133,7 @@ class _DenseKernel(LauncherBase):
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
 #: (moe_align: the aligned route's routing alignment, Triton's kernel)
-_CODE = (".family", ".build", ".checked", ".dense", ".launch", ".layout", ".moe", ".moe_checks", ".moe_plan", ".moe_search", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
+_CODE = (".family", ".build", ".checked", ".dense", ".launch", ".layout", ".moe", ".moe_checks", ".moe_kernel", ".moe_plan", ".moe_search", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
          "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
          "autotune.core.settings", "autotune.core.tactic")
 
