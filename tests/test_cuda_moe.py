@@ -486,7 +486,7 @@ def test_a_callers_alignment_is_checked_before_the_kernel_reads_it():
         MOE.check_alignment(prob, cfg, 4, *MOE.route(prob, cfg, 4), good, "cpu")
 
 
-def test_a_walk_is_a_reduce_tactic_of_split_k_1_whose_tiles_divide_n():
+def test_a_walk_is_a_reduce_tactic_of_split_k_1_whose_tiles_divide_n(monkeypatch):
     """n_walk (N tiles per CTA after its route) only on w2:reduce with split_k 1, N a multiple of
     16·tiles_n·n_walk; a tactic without it keeps its id (walks one tile); the grid shrinks by n_walk."""
     walk = _t(warps_k=1, stages=2, tiles_n=4, m_tiles=1, split_k=1)
@@ -499,7 +499,9 @@ def test_a_walk_is_a_reduce_tactic_of_split_k_1_whose_tiles_divide_n():
     assert "split_k 1 only" in MOE.check_tiling(W13.variant("swiglu"), Tactic("cuda", **{**w4.params, "tiles_n": 2}))
     assert "n_walk" in MOE.check_tiling(Problem.moe(192, 256, 8, 2, epilogue="reduce"), w4)   # 192 % 256
     space = MOE_SEARCH.enumerate_space(W2R)
-    walks = [t for t in space if MOE.n_walk(t) > 1]
+    assert not [t for t in space if MOE.n_walk(t) > 1]            # out of the search (moe_search.WALKS)
+    monkeypatch.setattr(MOE_SEARCH, "WALKS", True)
+    walks = [t for t in MOE_SEARCH.enumerate_space(W2R) if MOE.n_walk(t) > 1]
     assert walks and all(t["split_k"] == 1 and t["m_tiles"] == 1 for t in walks)
     assert not [t for t in MOE_SEARCH.enumerate_space(W13) if MOE.n_walk(t) > 1]
     assert MOE_SEARCH.figures(W2R, w4, 16, 132)["ctas"] * 4 == MOE_SEARCH.figures(W2R, walk, 16, 132)["ctas"]
@@ -507,17 +509,21 @@ def test_a_walk_is_a_reduce_tactic_of_split_k_1_whose_tiles_divide_n():
 
 
 @NO_NVCC
-@pytest.mark.parametrize("wk,st,tn,arch,spills", [(2, 2, 1, "sm_90", True), (4, 2, 2, "sm_120", True),
-                                                   (1, 2, 1, "sm_90", False), (2, 4, 2, "sm_90", False),
-                                                   (4, 4, 2, "sm_120", False)])
-def test_the_walks_left_out_of_the_space_are_the_ones_that_spill(wk, st, tn, arch, spills):
-    """moe_search.walk_spills names what ptxas spills (a sample of the full scan its docstring gives):
+@pytest.mark.parametrize("wk,st,tn,nw,arch,spills", [(2, 2, 1, 2, "sm_90", True), (4, 2, 2, 4, "sm_120", True),
+                                                      (8, 4, 1, 8, "sm_90", True), (1, 2, 1, 2, "sm_90", False),
+                                                      (2, 4, 2, 2, "sm_90", False), (4, 4, 2, 4, "sm_120", False)])
+def test_the_walks_left_out_of_the_space_are_the_ones_that_spill(wk, st, tn, nw, arch, spills, monkeypatch):
+    """moe_search.walk_spills covers what ptxas spills (a sample of the full scan its docstring gives):
     the family refuses a spilling kernel at load, so the space leaves those walks out; its neighbours
     compile clean and stay in."""
-    c = B.MoeConfig(1, wk, st, tn, 1, "nvfp4", reduce=True, n_walk=4)
+    c = B.MoeConfig(1, wk, st, tn, 1, "nvfp4", reduce=True, n_walk=nw)
     assert B.nvcc_resources(c, arch).spills is spills
-    assert MOE_SEARCH.walk_spills(wk, st, tn) is spills
-    in_space = any(t["warps_k"] == wk and t["stages"] == st and t["tiles_n"] == tn and MOE.n_walk(t) == 4
+    if spills:
+        assert MOE_SEARCH.walk_spills(wk, st, tn)                # every spill inside the rule (it may cover more)
+    else:
+        assert not MOE_SEARCH.walk_spills(wk, st, tn)
+    monkeypatch.setattr(MOE_SEARCH, "WALKS", True)               # (walks are out of the search by default)
+    in_space = any(t["warps_k"] == wk and t["stages"] == st and t["tiles_n"] == tn and MOE.n_walk(t) == nw
                    for t in MOE_SEARCH.enumerate_space(Problem.moe(6144, 1024, 8, 2, epilogue="reduce")))
     assert in_space is not spills
     with pytest.raises(RuntimeError, match="n_walk"):       # the kernel refuses a walk with SwiGLU

@@ -57,9 +57,11 @@ def _tactics(prob, extra=4):
         if t is not None:
             pick.append(t)
     # and on the reduce problems a walk (n_walk: N tiles per CTA after its route), beside the rest
-    # (one warp and two: with two the cross-warp sum's buffer is the ring the next trip refills)
-    walks = [next((t for t in kept if t.params.get("n_walk") == 4 and t["warps_k"] == wk), None) for wk in (1, 2)]
-    return pick[:1 + extra] + [t for t in walks if t is not None]
+    # on the reduce problems two walks (n_walk: out of the search space, moe_search.WALKS, but the kernel
+    # keeps it): one warp and two (with two the cross-warp sum's buffer is the ring the next trip refills)
+    walks = [Tactic("cuda", kernel="moe_mma", warps_k=wk, stages=2, tiles_n=tn, m_tiles=1, split_k=1, n_walk=4)
+             for wk, tn in ((1, 4), (2, 2))]
+    return pick[:1 + extra] + [t for t in walks if MOE.verdict(prob, t, arch).ok]
 
 
 def _ids(m, seed, off=True):

@@ -36,7 +36,7 @@ def py_slice(s: int, n_s: int, nbytes: int) -> tuple[int, int]:
 
 def _pf_slice_text() -> str:
     src = (HERE / "moe_common.cuh").read_text()
-    m = re.search(r"static __host__ __device__ __forceinline__ void pf_slice\(.*?\n}\n", src, re.S)
+    m = re.search(r"static __host__ __device__ __forceinline__ longlong2 pf_slice\(.*?\n}\n", src, re.S)
     assert m, "pf_slice is not in moe_common.cuh"
     return m.group(0)
 
@@ -54,7 +54,7 @@ def test_the_kernels_slices_cover_each_experts_bytes_once(tmp_path):
 int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const int ns = atoi(argv[i]); const long long b = atoll(argv[i + 1]);
-    for (int s = 0; s < ns; ++s) { long long a, l; pf_slice(s, ns, b, &a, &l); printf("%lld %lld\\n", a, l); }
+    for (int s = 0; s < ns; ++s) { const longlong2 v = pf_slice(s, ns, b); printf("%lld %lld\\n", v.x, v.y); }
   }
   return 0;
 }

@@ -246,11 +246,9 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
     if (rank % CAP) return;                        // not a leader (nothing issued yet)
     if (rank == 0 && pfa != nullptr) {             // the expert's first group: its slice of the next kernel's
       const int s = blockIdx.y * gridDim.z + kz, ns = gridDim.y * gridDim.z;   // weights into L2 (pfa/pfb)
-      long long a0, al, c0, cl;
-      pf_slice(s, ns, pfa_bytes, &a0, &al);
-      pf_slice(s, ns, pfb_bytes, &c0, &cl);
-      prefetch_l2(pfa + (size_t)e * pfa_bytes + a0, al, tid, NTHREADS);
-      prefetch_l2(pfb + (size_t)e * pfb_bytes + c0, cl, tid, NTHREADS);
+      const longlong2 sa = pf_slice(s, ns, pfa_bytes), sb = pf_slice(s, ns, pfb_bytes);
+      prefetch_l2(pfa + (size_t)e * pfa_bytes + sa.x, (int)sa.y, tid, NTHREADS);
+      prefetch_l2(pfb + (size_t)e * pfb_bytes + sb.x, (int)sb.y, tid, NTHREADS);
     }
     if (warp == 0) {                               // gather the next CAP pairs of this expert, in order
       int cnt = 0;

@@ -20,7 +20,7 @@ from .moe import (KERNEL, M_TILES, MAX_PAIRS, N_WALK, SPLIT_K, STAGES, TILES_N, 
 def enumerate_space(problem: Problem) -> list[Tactic]:
     space = [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=m, split_k=k)
              for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
-    if problem.epilogue == "reduce":
+    if problem.epilogue == "reduce" and WALKS:
         # m_tiles 1: the walk keeps more live than one tile (wk1 tn4: 168 registers against 128), and two
         # row tiles on top spill on both archs (mt2 wk4 st2 tn2 nw2, ptxas 13.0)
         space += [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=1, split_k=1, n_walk=v)
@@ -31,12 +31,21 @@ def enumerate_space(problem: Problem) -> list[Tactic]:
     return space
 
 
+#: the N-tile walk (n_walk) in the search space: off — on an H100 (2026-12-05, docs/moe-decode.md part 15,
+#: docs/data/moe-walk-ab-h100.json) every walk was slower than the same tactic walking one tile where FP4MoE
+#: serves w2 (aligned M = 64: 158-205 against 137-142 µs; routed M = 16: 65-85 against 57-58; folded M = 16:
+#: 97-124 against 83; only the unserved direct route at M = 64 gained, 185 against 199 at n_walk 4). The kernel
+#: keeps the parameter (GPU-tested) for step 3 of the design (the next tile's loads under this one's epilogue).
+WALKS = False
+
+
 def walk_spills(warps_k: int, stages: int, tiles_n: int) -> bool:
-    """Walks ptxas 13.0 spills (every one of the 72 walk configs compiled for nvfp4 and mxfp4, sm_90 and
-    sm_120, fifteenth session: 42 of 288 builds): tiles_n 1 with 2+ warps on sm_90 (80 registers, 32-56 B
-    of spills), warps_k 4 / stages 2 / tiles_n 2 on sm_120 (8-16 B). The family refuses a spilling
-    kernel at load (a failed trial), so the space leaves them out on every arch; tests/test_cuda_moe.py
-    recompiles a sample of both sides."""
+    """Walks ptxas 13.0 may spill: every one of the 72 walk configs compiled for nvfp4 and mxfp4, sm_90
+    and sm_120 (fifteenth session, final text: 26 of 288 builds spill, all inside this rule — tiles_n 1
+    with 2+ warps on sm_90 at n_walk 2, and from 8 warps at any n_walk, 80 registers and 32-56 B; warps_k
+    4 / stages 2 / tiles_n 2 on sm_120, 8-16 B). The rule covers a few that compile clean (safe: fewer
+    tactics); the family refuses a spilling kernel at load (a failed trial). tests/test_cuda_moe.py
+    recompiles a sample."""
     return (tiles_n == 1 and warps_k >= 2) or (warps_k, stages, tiles_n) == (4, 2, 2)
 
 
