@@ -20,7 +20,9 @@ then (2026-12-05, fourteenth session) search_sm90 / search_sm120 (and the list-t
 again: with code-key form 2 the record's digests are the same on Python 3.11 as on the device's 3.12;
 then (branch w2-walk) the grouped cuda tactics read `unknown` once more (moe_mma's text changed: the
 N-tile walk) and the reduce problems count the walk tactics; then (branch next-kernels) six fewer of
-them on the GLM-5 reduce problems: the walks ptxas spills are out of the space (moe_search.walk_spills).
+them on the GLM-5 reduce problems: the walks ptxas spills are out of the space (moe_search.walk_spills);
+then (the same session, after the walk measured slower on an H100) none: walks are out of the search
+(moe_search.WALKS).
 """
 from __future__ import annotations
 
