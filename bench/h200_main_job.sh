@@ -131,10 +131,12 @@ if [ "${STEP:-0}" = 1 ]; then      # issue #26: the 78-layer MLP step as one CUD
   fi
   # one form per process: each builds ~51 GB of layers
   # STEP_PDL="1 0": each form with programmatic dependent launch on, then off (AUTOTUNE_PDL; item 7)
+  # STEP_PF=0,1: each M with w13's L2 prefetch of w2 off, then on (FP4MoE.prefetch_w2; part 15)
   for form in ${STEP_FORMS:-winners triton}; do for mlp in ${STEP_MLP:-fp4mlp linear}; do for pdl in ${STEP_PDL:-1}; do
     sfx=$([ "${STEP_PDL:-1}" = 1 ] && echo "" || echo "-pdl$pdl")
     AUTOTUNE_PDL=$pdl timeout "${STEP_S:-150}" python3 bench/mlp_step_graph_h200.py --cache "$sdb" \
-        --out "$OUT/step-$form-$mlp$sfx" --forms "$form" --mlp "$mlp" 2>&1 | grep -v -i warn | tail -14
+        --out "$OUT/step-$form-$mlp$sfx" --forms "$form" --mlp "$mlp" --prefetch "${STEP_PF:-0}" 2>&1 \
+        | grep -v -i warn | tail -14
   done; done; done
 fi
 ls -la "$OUT"

@@ -329,11 +329,12 @@ def render(path: Path) -> str:
            f"{r['copy_Bps'] / 1e12:.2f} TB/s (read + written); {r['layers']} layers, "
            + ("one CUDA graph per M" if r["gpu"] != "cpu" else "CPU smoke: eager, no graph")
            + f"; median of {r['rows_per_m']} replays, fresh x and routing before each.", "",
-           "| form | MLPs | routing | M | step | byte floor | × floor | eager host µs / FP4MoE forward | syncs / forward |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+           "| form | MLPs | routing | w2 prefetch | M | step | byte floor | × floor | eager host µs / FP4MoE forward | syncs / forward |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for f in r["forms"]:
         for x in f["rows"]:
-            out.append(f"| {f['form']} | {f.get('mlp', 'linear')} | {f['routing']} | {x['m']} | {x['step_us'] / 1e3:.3f} ms | "
+            pf = "on" if f.get("prefetch") else "off"
+            out.append(f"| {f['form']} | {f.get('mlp', 'linear')} | {f['routing']} | {pf} | {x['m']} | {x['step_us'] / 1e3:.3f} ms | "
                        f"{x['floor_us'] / 1e3:.3f} ms | {x['x_floor']:.2f} | {x['eager_host_us']:.0f} | "
                        f"{'-' if x['eager_syncs'] is None else x['eager_syncs']} |")
     for f in r["forms"]:
@@ -354,6 +355,8 @@ def main() -> int:
     ap.add_argument("--mlp", default="linear", help="linear (FP4Linear + SiLU·up + FP4Linear), fp4mlp (FP4MLP), fold "
                     "(FP4MLP dense layers, the shared expert folded into FP4MoE: its e257:top9 problems, tuned with "
                     "`autotune search --fold-shared`), comma-separated: the dense and shared-expert MLPs")
+    ap.add_argument("--prefetch", default="0", help="FP4MoE.prefetch_w2 values to time, e.g. 0,1: each M with w13 "
+                    "putting w2's routed slices into L2 off, then on (the same layers, one graph each; part 15)")
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
@@ -381,21 +384,26 @@ def main() -> int:
         d = Dispatcher(family_cache(a.cache, form, tmp) or os.path.join(tmp, "none.db"), record_misses=False,
                        warn=False)
         step = Step(kinds, d, max(ms), seed=1, mlp=mlp)
+        pfs = [bool(int(v)) for v in a.prefetch.split(",")]
         for routing in a.routing.split(","):
             skew = {"uniform": 0.0, "skewed": SKEW}[routing]
-            rows = []
+            rows: dict[bool, list] = {pf: [] for pf in pfs}
             for m in ms:
-                try:
-                    rows.append(time_step(step, m, skew, res["copy_Bps"]))
-                    print(json.dumps({"form": form, "mlp": mlp, "routing": routing,
-                                      **{k: v for k, v in rows[-1].items() if k != "kernels"}}), flush=True)
-                except Exception as e:  # noqa: BLE001 - recorded as the row, the run goes on
-                    bad += 1
-                    print(f"{form} {routing} M={m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                for pf in pfs:            # the same layers and M, the prefetch off then on: one run's columns
+                    for _, _, moe in step.moe:
+                        moe.prefetch_w2 = pf
+                    try:
+                        rows[pf].append(time_step(step, m, skew, res["copy_Bps"]))
+                        print(json.dumps({"form": form, "mlp": mlp, "routing": routing, "prefetch": pf,
+                                          **{k: v for k, v in rows[pf][-1].items() if k != "kernels"}}), flush=True)
+                    except Exception as e:  # noqa: BLE001 - recorded as the row, the run goes on
+                        bad += 1
+                        print(f"{form} {routing} prefetch={pf} M={m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             errs = d.routing_errors()      # the sticky bad-id words of every layer: none for these ids
             bad += bool(errs)
-            res["forms"].append({"form": form, "mlp": mlp, "routing": routing, "served": step.served(ms), "rows": rows,
-                                 "routing_errors": errs})
+            for pf in pfs:
+                res["forms"].append({"form": form, "mlp": mlp, "routing": routing, "prefetch": pf,
+                                     "served": step.served(ms), "rows": rows[pf], "routing_errors": errs})
             (out / "mlp-step-graph.json").write_text(json.dumps(res, indent=1))
         del step, d
         import gc

@@ -109,13 +109,13 @@ def aten_ops(fwd) -> int:
 EMPTY = r"""extern "C" __global__ void empty_moe(const void* a0, const void* a1, const void* a2, void* a3,
     const void* a4, const void* a5, const void* a6, void* a7, int* a8, int* a9, float* a10, int* a11, int i0, int i1,
     int i2, int i3, int i4, int i5, int i6, int i7, int i8, int i9, int i10, const int* p0, const int* p1, int j0,
-    int j1) {}"""
+    int j1, const char* f0, const char* f1, int k0, int k1) {}"""
 
 
 def parts(dev: str, reps: int = 20000) -> dict:
     """The host cost of each piece a folded forward repeats (µs per call, best of 5): the output's
     allocation, the capture query, the raw stream read and, on a GPU, one launch of an empty kernel
-    with moe_mma's 27 arguments through the family's launch path (pdl.runner: cuLaunchKernelEx on
+    with moe_mma's 31 arguments through the family's launch path (pdl.runner: cuLaunchKernelEx on
     sm_90+). Synced after each block of calls, so a launch is timed as the host issues it."""
     import timeit
 
@@ -143,9 +143,10 @@ def parts(dev: str, reps: int = 20000) -> dict:
         fn.compile()
         run = pdl.runner(fn, EMPTY, "empty_moe", 0)
         import numpy as np
-        args = tuple([torch.zeros(1, device=d).data_ptr()] * 12 + [np.int32(1)] * 11 + [0, 0] + [np.int32(0)] * 2)
+        args = tuple([torch.zeros(1, device=d).data_ptr()] * 12 + [np.int32(1)] * 11 + [0, 0] + [np.int32(0)] * 2
+                     + [0, 0] + [np.int32(0)] * 2)
         s = stream_key(d)
-        got[f"empty kernel launch ({type(run).__name__}, 27 arguments)"] = best(
+        got[f"empty kernel launch ({type(run).__name__}, 31 arguments)"] = best(
             lambda: run((9, 16, 2), (256, 1, 1), args, s), 5000)
     return got
 

@@ -76,8 +76,8 @@ _ACC_SINK = ("{ float s_ = 0.f; for (int u_ = 0; u_ < TN; ++u_) for (int j_ = 0;
 PROBES = [
     ("launch", "  pdl_release();\n  const int groups", "if (P >= 0) return;"),
     ("id", "  const long long eid = pair_id(ids, ids64, q, top_k, ids_cols, shared_e);\n", "  if (P >= 0 && eid != -7) return;\n"),
-    ("route", "  __syncthreads();\n  const u16* xrow[MT];", "\n  if (P >= 0 && rows_s[0] != -7) return;"),
-    ("loop", "  wait_pending<0>();\n  __syncthreads();\n", "  " + _ACC_SINK + "\n"),
+    ("route", "  __syncthreads();\n  const int r0 = rows_s[0];", "\n  if (P >= 0 && r0 != -7) return;"),
+    ("loop", "    wait_pending<0>();\n    __syncthreads();\n", "    " + _ACC_SINK + "\n"),
 ]
 STAGES = [p[0] for p in PROBES] + ["full"]
 
@@ -100,7 +100,8 @@ def probe_text(text: str, stage: str) -> str:
 
 def sweep_tactics(prob: Problem, arch) -> list[Tactic]:
     from autotune.tactics.cuda import moe as MOE
-    return [t for t in MOE.enumerate_space(prob) if t.params.get("m_tiles", 1) == 1 and MOE.verdict(prob, t, arch).ok]
+    from autotune.tactics.cuda import moe_search as MOE_SEARCH
+    return [t for t in MOE_SEARCH.enumerate_space(prob) if t.params.get("m_tiles", 1) == 1 and MOE.verdict(prob, t, arch).ok]
 
 
 def plan(compile_: bool) -> int:

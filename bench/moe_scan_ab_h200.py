@@ -45,6 +45,8 @@ PROBLEMS = {"w13 routed": (Problem.moe(2 * I, H, E, TOP_K, epilogue="swiglu"), F
 MS = (16, 64)
 #: w2's one-warp config the folded step served at M = 16 and 64 (part 9): its scan is the longest
 W2_ONE_WARP = Tactic("cuda", kernel="moe_mma", warps_k=1, stages=2, tiles_n=4, m_tiles=1, split_k=1)
+#: the same walking 4 N tiles per CTA (n_walk): its baseline is W2_ONE_WARP on this tree's text
+W2_WALK = [Tactic("cuda", **{**W2_ONE_WARP.params, "n_walk": v}) for v in (2, 4, 8)]
 
 
 def cache_tactics(path: Path | None) -> dict[tuple[str, int], Tactic]:
@@ -79,6 +81,8 @@ def jobs(won: dict) -> list[tuple[str, Problem, bool, int, Tactic]]:
             ts = [w if w is not None else fam.default(prob, arch)]
             if prob.epilogue == "reduce" and W2_ONE_WARP not in ts:
                 ts.append(W2_ONE_WARP)
+            if prob.epilogue == "reduce":
+                ts += W2_WALK
             out += [(name, prob, shared, m, t) for t in ts if t.params.get("kernel") == "moe_mma"]
     return out
 
@@ -101,7 +105,10 @@ def text_kernel(fam, prob: Problem, t: Tactic, txt: str):
     mod = cupy.RawModule(code=txt, options=("-default-device", *B.options(run.cfg)), name_expressions=None)
     fn = mod.get_function(B.kernel_name(run.cfg))
     run._fns[0] = fn
-    run._runs[0] = P.runner(fn, txt, B.kernel_name(run.cfg), 0)
+    r = P.runner(fn, txt, B.kernel_name(run.cfg), 0)
+    n = len(P.signature(txt, B.kernel_name(run.cfg))) - 1
+    # an older text may take fewer arguments (before the prefetch's four, appended last): pass its own
+    run._runs[0] = lambda grid, block, args, stream: r(grid, block, args[:n], stream)
     return k
 
 
@@ -142,7 +149,11 @@ def run_gpu(out: Path, baseline: Path, won: dict) -> int:
             try:
                 if route == "direct" and not shared:
                     MOE.ALIGN_PAIRS = 1 << 20
-                new, old = fam.build(prob, t, "cuda"), text_kernel(fam, prob, t, old_txt)
+                walk = t.params.get("n_walk", 1) > 1    # against one tile per CTA, this text
+                base = Tactic("cuda", **{k: v for k, v in t.params.items() if k != "n_walk"})
+                new = fam.build(prob, t, "cuda")
+                old = fam.build(prob, base, "cuda") if walk else text_kernel(fam, prob, t, old_txt)
+                row["baseline"] = "this text, n_walk 1" if walk else "the other revision's text"
                 s0 = sets[0]
                 a, b = new(s0[0], s0[1], s0[2], s0[3], **kw), old(s0[0], s0[1], s0[2], s0[3], **kw)
                 torch.cuda.synchronize()

@@ -39,6 +39,14 @@ class Launcher(Protocol):
     #: topk_ids / topk_weights are [M, top_k - 1] and every token's last slot is that expert with
     #: weight 1, added by the kernel (the caller concatenates nothing)
     shared_slot: bool
+    #: grouped MoE: takes `prefetch=(packed, scales)`, the next kernel's stacked weights (each [E, ...],
+    #: contiguous, 16-byte aligned, a multiple of 16 bytes per expert), and puts the slices of the
+    #: experts this call routes to into L2 (a hint: results do not change)
+    prefetches: bool
+    #: grouped MoE: takes `scratch_out=True`: its output goes to one buffer of the scratch pool per
+    #: (device, stream), reused by the next such call there — for an output the caller consumes at
+    #: once on that stream (FP4MoE's h between w13 and w2), not one it returns
+    scratch_out: bool
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -78,6 +86,8 @@ class LauncherBase:
     checks_ids: bool = False
     pdl: bool = False
     shared_slot: bool = False
+    prefetches: bool = False
+    scratch_out: bool = False
 
     def aligned_block_m(self, m: int) -> int | None:
         return None
@@ -177,6 +187,14 @@ class BoundMoEKernel(BoundKernel):
     @property
     def shared_slot(self) -> bool:  # type: ignore[override]
         return bool(getattr(self.kernel, "shared_slot", False))
+
+    @property
+    def prefetches(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.kernel, "prefetches", False))
+
+    @property
+    def scratch_out(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.kernel, "scratch_out", False))
 
     def aligned_block_m(self, m: int) -> int | None:
         return self.kernel.aligned_block_m(m)

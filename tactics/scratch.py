@@ -98,6 +98,11 @@ class ScratchPool:
             self.dirty.add(key)
         return b
 
+    def dirty_on(self, stream: int) -> bool:
+        """Is a buffer of `stream` still to be zeroed (made under a capture)? A launcher must not
+        launch on pointers it cached for that stream before `get` zeroes it."""
+        return bool(self.dirty) and any(k[1] == stream for k in self.dirty)
+
     def reserve(self, stream: int, name: str, numel: int, dtype: Any, device: Any, zero: bool = False) -> None:
         """Grow a buffer ahead (before a capture on a stream that has not run the sizes yet)."""
         self.get(stream, name, numel, dtype, device, zero)

@@ -51,7 +51,7 @@ SMOKE: dict[str, tuple[str, str]] = {
                               "--max-tactics 2 --compile-tactics 1"),
     "w4a4_h200.py": ("env W4A4_SMOKE=1", "run --out {out}"),
     "moe_decode_h200.py": ("env MOE_DECODE_SMOKE=1", "--out {out}"),
-    "mlp_step_graph_h200.py": ("env MLP_GRAPH_SMOKE=1", "--out {out} --cache {moe_db} --mlp linear,fold"),
+    "mlp_step_graph_h200.py": ("env MLP_GRAPH_SMOKE=1", "--out {out} --cache {moe_db} --mlp linear,fold --prefetch 0,1"),
     "rank_eval.py": ("elsewhere", "tests/test_ranked.py runs main() on the committed full search"),
     "moe_mlp_step_h200.py": ("elsewhere", "tests/test_moe_shared.py runs it with MOE_STEP_SMOKE=1"),
     "triton_h200.py": ("parts", "candidates() of every bucket checked by the family; render on a made JSON"),

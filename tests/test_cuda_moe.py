@@ -6,6 +6,7 @@ groups larger than a CTA's capacity, split-K, SwiGLU, routing weights, token chu
 aligned route (large M: moe_align's blocks, the direct route's groups)."""
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from autotune.tactics import registry
 from autotune.tactics.cuda import build as B
 from autotune.tactics.cuda import layout as L
 from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda import moe_search as MOE_SEARCH
 from autotune.tactics.cuda import moe_emulate as EMU
 from autotune.tactics.cuda.family import CudaFamily
 from tests.families.cuda_moe_cpu import CudaMoeCpu
@@ -27,6 +29,7 @@ FAM, CPU = CudaFamily(), CudaMoeCpu()
 SM90 = get_arch("sm90")
 W13 = Problem.moe(512, 6144, 256, 8)                 # GLM-5 TP8 routed w13 ([gate; up], 2 x 2048 / 8)
 W2 = Problem.moe(6144, 256, 256, 8)                  # GLM-5 TP8 routed w2
+W2R = W2.variant("reduce")
 NO_NVCC = pytest.mark.skipif(B.nvcc() is None, reason="nvcc not on PATH")
 
 
@@ -141,7 +144,8 @@ def test_verdicts():
 # tiles and an 8-way split, the reduce epilogue with a split, the smallest MXFP4 reduce variant
 _CONFIGS = [B.MoeConfig(1, 4, 4, 1, 4), B.MoeConfig(2, 4, 4, 2, 1, "mxfp4"), B.MoeConfig(1, 1, 4, 4, 8, "nvfp4", True),
             B.MoeConfig(2, 2, 4, 2, 2, "nvfp4", reduce=True), B.MoeConfig(1, 1, 2, 1, 1, "mxfp4", reduce=True),
-            B.MoeConfig(2, 8, 2, 2, 1)]       # 8 warps
+            B.MoeConfig(2, 8, 2, 2, 1),       # 8 warps
+            B.MoeConfig(1, 1, 2, 4, 1, "nvfp4", reduce=True, n_walk=4)]   # a walk: the same arrays
 
 
 @NO_NVCC
@@ -407,7 +411,7 @@ def test_span_of_routed_nowhere_rows_fits_the_ring():
     src = B.MOE_SOURCE.read_text()
     assert "#define SPAN (8 * NTHREADS)" in src and "#define SMEM_BYTES (PIPE_BYTES > RED_BYTES" in src
     for prob in (W13.variant("swiglu"), W2.variant("reduce"), W2):
-        for t in MOE.enumerate_space(prob):
+        for t in MOE_SEARCH.enumerate_space(prob):
             if MOE.verdict(prob, t, SM90).ok:
                 c = MOE.config(prob, t)
                 ring = B.smem_bytes(c) - 4 * 8 * c.m_tiles  # the static array besides the group's pair list
@@ -480,3 +484,47 @@ def test_a_callers_alignment_is_checked_before_the_kernel_reads_it():
             MOE.check_alignment(prob, cfg, m, kind, rows, al, "cpu")
     with pytest.raises(ValueError, match="route direct"):
         MOE.check_alignment(prob, cfg, 4, *MOE.route(prob, cfg, 4), good, "cpu")
+
+
+def test_a_walk_is_a_reduce_tactic_of_split_k_1_whose_tiles_divide_n(monkeypatch):
+    """n_walk (N tiles per CTA after its route) only on w2:reduce with split_k 1, N a multiple of
+    16·tiles_n·n_walk; a tactic without it keeps its id (walks one tile); the grid shrinks by n_walk."""
+    walk = _t(warps_k=1, stages=2, tiles_n=4, m_tiles=1, split_k=1)
+    assert MOE.validate(walk) is None and MOE.n_walk(walk) == 1
+    w4 = Tactic("cuda", **{**walk.params, "n_walk": 4})
+    assert MOE.validate(w4) is None and MOE.config(W2R, w4).n_walk == 4 and w4.id != walk.id
+    assert "n_walk" in MOE.validate(Tactic("cuda", **{**walk.params, "n_walk": 3}))
+    assert MOE.check_tiling(W2R, w4) is None
+    assert "split_k 1 only" in MOE.check_tiling(W2R, Tactic("cuda", **{**w4.params, "split_k": 2}))
+    assert "split_k 1 only" in MOE.check_tiling(W13.variant("swiglu"), Tactic("cuda", **{**w4.params, "tiles_n": 2}))
+    assert "n_walk" in MOE.check_tiling(Problem.moe(192, 256, 8, 2, epilogue="reduce"), w4)   # 192 % 256
+    space = MOE_SEARCH.enumerate_space(W2R)
+    assert not [t for t in space if MOE.n_walk(t) > 1]            # out of the search (moe_search.WALKS)
+    monkeypatch.setattr(MOE_SEARCH, "WALKS", True)
+    walks = [t for t in MOE_SEARCH.enumerate_space(W2R) if MOE.n_walk(t) > 1]
+    assert walks and all(t["split_k"] == 1 and t["m_tiles"] == 1 for t in walks)
+    assert not [t for t in MOE_SEARCH.enumerate_space(W13) if MOE.n_walk(t) > 1]
+    assert MOE_SEARCH.figures(W2R, w4, 16, 132)["ctas"] * 4 == MOE_SEARCH.figures(W2R, walk, 16, 132)["ctas"]
+    assert B.defines(MOE.config(W2R, w4))["NW"] == "4" and "NW" not in B.defines(MOE.config(W2R, walk))
+
+
+@NO_NVCC
+@pytest.mark.parametrize("wk,st,tn,nw,arch,spills", [(2, 2, 1, 2, "sm_90", True), (4, 2, 2, 4, "sm_120", True),
+                                                      (8, 4, 1, 8, "sm_90", True), (1, 2, 1, 2, "sm_90", False),
+                                                      (2, 4, 2, 2, "sm_90", False), (4, 4, 2, 4, "sm_120", False)])
+def test_the_walks_left_out_of_the_space_are_the_ones_that_spill(wk, st, tn, nw, arch, spills, monkeypatch):
+    """moe_search.walk_spills covers what ptxas spills (a sample of the full scan its docstring gives):
+    the family refuses a spilling kernel at load, so the space leaves those walks out; its neighbours
+    compile clean and stay in."""
+    c = B.MoeConfig(1, wk, st, tn, 1, "nvfp4", reduce=True, n_walk=nw)
+    assert B.nvcc_resources(c, arch).spills is spills
+    if spills:
+        assert MOE_SEARCH.walk_spills(wk, st, tn)                # every spill inside the rule (it may cover more)
+    else:
+        assert not MOE_SEARCH.walk_spills(wk, st, tn)
+    monkeypatch.setattr(MOE_SEARCH, "WALKS", True)               # (walks are out of the search by default)
+    in_space = any(t["warps_k"] == wk and t["stages"] == st and t["tiles_n"] == tn and MOE.n_walk(t) == nw
+                   for t in MOE_SEARCH.enumerate_space(Problem.moe(6144, 1024, 8, 2, epilogue="reduce")))
+    assert in_space is not spills
+    with pytest.raises(RuntimeError, match="n_walk"):       # the kernel refuses a walk with SwiGLU
+        B.nvcc_resources(B.MoeConfig(1, 2, 2, 2, 1, "nvfp4", True, True, n_walk=2), "sm_90")

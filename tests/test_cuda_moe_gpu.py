@@ -53,10 +53,15 @@ def _tactics(prob, extra=4):
     kept = [t for t in fam.enumerate(prob, arch) if not MOE.is_tok(t) and MOE.verdict(prob, t, arch).ok]
     pick = [fam.default(prob, arch)]
     for want in (dict(split_k=2), dict(split_k=8), dict(m_tiles=2), dict(tiles_n=4), dict(tiles_n=2, stages=2)):
-        t = next((t for t in kept if all(t[k] == v for k, v in want.items()) and t not in pick), None)
+        t = next((t for t in kept if all(t.params.get(k) == v for k, v in want.items()) and t not in pick), None)
         if t is not None:
             pick.append(t)
-    return pick[:1 + extra]
+    # and on the reduce problems a walk (n_walk: N tiles per CTA after its route), beside the rest
+    # on the reduce problems two walks (n_walk: out of the search space, moe_search.WALKS, but the kernel
+    # keeps it): one warp and two (with two the cross-warp sum's buffer is the ring the next trip refills)
+    walks = [Tactic("cuda", kernel="moe_mma", warps_k=wk, stages=2, tiles_n=tn, m_tiles=1, split_k=1, n_walk=4)
+             for wk, tn in ((1, 4), (2, 2))]
+    return pick[:1 + extra] + [t for t in walks if MOE.verdict(prob, t, arch).ok]
 
 
 def _ids(m, seed, off=True):
@@ -471,3 +476,39 @@ def test_tok_a_planned_launch_gives_the_whole_ways_bits():
     kern = _fam().build(prob, _tok_tactics(prob)[1], "cuda")
     for m in (1, 4):
         _planned_vs_whole(kern, packed, prob, k, m, 600 + m)
+
+
+@pytest.mark.parametrize("epi", ["swiglu", "none"])
+def test_a_prefetch_of_the_next_kernels_weights_changes_no_bit(epi):
+    """w13 with `prefetch=` (w2's stacked pack, sliced into L2 by each expert's first group): the bits
+    of the call without it, eagerly and replayed from a graph, with -1 and bad ids, a shared slot and
+    on the aligned route (where it prefetches nothing); nothing faults. `scratch_out=True` (the output
+    in the pool's one view, reused): the same bits."""
+    n, k = SHAPES["w13"]
+    fam = _fam()
+    for experts, slot in ((E, False), (E + 1, True)):
+        prob = Problem.moe(n, k, experts, TOP_K + slot, epilogue=epi)
+        w = inputs.seeded_weight(prob, "cuda", 51)
+        packed = fam.pack("cuda-mma-a-frag-v1", w)
+        p2 = Problem.moe(SHAPES["w2"][0], SHAPES["w2"][1], experts, TOP_K + slot, epilogue="reduce")
+        w2 = fam.pack("cuda-mma-a-frag-v1", inputs.seeded_weight(p2, "cuda", 52))
+        pf = (w2.packed, w2.scales)
+        kw = {"shared_slot": True} if slot else {}
+        for m in (1, 3, 40):                                  # 40 x 8 pairs: the aligned route (no slot)
+            if slot and m == 40:
+                continue
+            ids, _ = _ids(m, 500 + m)
+            bad = ids.clone()
+            bad[0, 0] = experts + 3                           # a bad id: a NaN row, nothing prefetched for it
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            for t in _tactics(prob, 2):
+                kern = fam.build(prob, t, "cuda")
+                assert kern.prefetches
+                want = kern(x, packed, ids, None, **kw)
+                assert torch.equal(kern(x, packed, ids, None, prefetch=pf, **kw), want), (m, t, slot)
+                h = kern(x, packed, ids, None, prefetch=pf, scratch_out=True, **kw)    # into the pool's view
+                assert torch.equal(h, want) and h.data_ptr() == kern(x, packed, ids, None, scratch_out=True, **kw).data_ptr()
+                assert _replays_bits(lambda y: kern(x, packed, ids, None, out=y, prefetch=pf, **kw), want), (m, t)
+                wb = kern(x, packed, bad, None, **kw).nan_to_num(7.0)
+                assert torch.equal(kern(x, packed, bad, None, prefetch=pf, **kw).nan_to_num(7.0), wb), (m, t, slot)
+            torch.cuda.synchronize()

@@ -23,6 +23,7 @@ from autotune.runtime.moe import FP4MoE
 from autotune.tactics.cuda import build as B
 from autotune.tactics.cuda import layout as L
 from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda import moe_search as MOE_SEARCH
 from autotune.tactics.cuda.family import CudaFamily
 from autotune.tactics.cuda.moe_tok import TokLaunch
 from tests.families.cuda_moe_cpu import CudaMoeCpu
@@ -111,7 +112,7 @@ def test_one_launch_at_any_m_no_alignment_no_scratch():
     run = TokLaunch(W2R, _t(), "cpu")
     assert all(MOE.route(W2R, run.cfg, m) == ("token", max(m, 1)) for m in (1, 64, 8192))
     assert run.aligned_block_m(8192) is None and run.chunk_tokens(8192) == 8192
-    assert MOE.figures(W2R, _t(tiles_n=2), 4, 132)["ctas"] == 4 * 6144 // 32
+    assert MOE_SEARCH.figures(W2R, _t(tiles_n=2), 4, 132)["ctas"] == 4 * 6144 // 32
     with pytest.raises(ValueError, match="no routing alignment"):
         run(None, None, None, aligned=object())
     with pytest.raises(ValueError, match="TokLaunch runs moe_tok"):
@@ -197,9 +198,9 @@ def test_fp4moe_serves_it_for_w2_with_the_shared_slot(tmp_path, register_family,
     seen = []
     real = fam._CpuMoeRun.__call__
 
-    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False, aligned=None):
+    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False, aligned=None, **extra):
         seen.append((MOE.is_tok(self.tactic), tuple(ids.shape), shared_slot, aligned is not None))
-        return real(self, x, w, ids, tw, out, shared_slot=shared_slot, aligned=aligned)
+        return real(self, x, w, ids, tw, out, shared_slot=shared_slot, aligned=aligned, **extra)
     monkeypatch.setattr(fam._CpuMoeRun, "__call__", spy)
     x = torch.randn(3, H).to(torch.bfloat16)
     ids = torch.tensor([[0, 1], [3, -1], [2, 0]], dtype=torch.int32)
@@ -255,14 +256,16 @@ def test_the_launch_matches_the_kernels_signature():
 
 
 def test_the_search_does_not_time_it_where_it_re_reads_weights():
-    """Family.useful: moe_tok up to 2 pairs per expert (M·top_k <= 2·E), moe_mma everywhere; the
+    """Family.useful: moe_tok up to TOK_PAIRS_PER_EXPERT pairs per expert (M·top_k <= 3·E), moe_mma everywhere; the
     search's rows (engine.strategy.kept_at) and the ranked plans follow it."""
     from autotune.cache import Store
     from autotune.engine import ranked, strategy
     from autotune.engine.search import _Work, plan
     from autotune.tactics.cuda.checked import awaiting_record
     mma = Tactic("cuda", kernel="moe_mma", warps_k=1, stages=2, tiles_n=1, m_tiles=1, split_k=1)
-    assert FAM.useful(W2R, _t(), 64) and not FAM.useful(W2R, _t(), 65) and FAM.useful(W2R, mma, 8192)
+    last = MOE_SEARCH.TOK_PAIRS_PER_EXPERT * W2R.experts // W2R.top_k
+    assert last == 96                      # GLM-5 TP8's routed w2 (E 256, top 8): M = 64 timed, 128 not
+    assert FAM.useful(W2R, _t(), last) and not FAM.useful(W2R, _t(), last + 1) and FAM.useful(W2R, mma, 8192)
     rows = plan([W2R], [FAM], SM90)[W2R]
     w = _Work(W2R, [r for r in rows if r.verdict.ok or awaiting_record(r.verdict)], FAM.default(W2R, SM90))
     assert any(MOE.is_tok(r.tactic) for r in strategy.kept_at(w, 1))

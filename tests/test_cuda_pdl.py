@@ -59,14 +59,14 @@ def test_the_grouped_weight_prologue_runs_after_the_rank_scan():
 
 def test_signatures_parse_and_refuse_other_types():
     assert pdl.signature(B.text(DENSE), "w4a16_mma") == "@PPPPPiiiPP"
-    assert pdl.signature(B.text(GROUPED), "moe_mma") == "@" + "P" * 12 + "i" * 11 + "PPii"
+    assert pdl.signature(B.text(GROUPED), "moe_mma") == "@" + "P" * 12 + "i" * 11 + "PPii" + "PPii"
     with pytest.raises(ValueError, match="neither"):
         pdl.signature('extern "C" __global__ void k(float a, int* b)', "k")
     with pytest.raises(ValueError, match="no extern"):
         pdl.signature("", "k")
 
 
-@pytest.mark.parametrize("fmt", ["@PPPPPiiiPP", "@" + "P" * 12 + "i" * 11 + "PPii"])
+@pytest.mark.parametrize("fmt", ["@PPPPPiiiPP", "@" + "P" * 12 + "i" * 11 + "PPii" + "PPii"])
 def test_the_buffer_layout_is_the_c_layout(fmt):
     fields = [(f"a{i}", ctypes.c_void_p if ch == "P" else ctypes.c_int) for i, ch in enumerate(fmt[1:])]
     S = type("S", (ctypes.Structure,), {"_fields_": fields})
@@ -119,8 +119,8 @@ def test_both_launchers_pass_what_the_signature_declares(monkeypatch):
     tm = Tactic("cuda", kernel="moe_mma", m_tiles=1, warps_k=4, stages=2, tiles_n=2, split_k=2)
 
     class Grouped(MOE.MoeLaunch):
-        def check(self, x, w, ids, tw, out):
-            return MOE.check_call(self.problem, x, w, ids, tw, out, cuda=False)
+        def check(self, x, w, ids, tw, out, **kw):
+            return MOE.check_call(self.problem, x, w, ids, tw, out, cuda=False, **kw)
 
         def _run(self, dev):
             return rec

@@ -17,7 +17,12 @@ four `search_*` dry runs list the folded problems (`e257:top9`) the search now t
 and the reduce problems count moe_tok's tactics; then (same session's review) every cuda tactic, the
 dense ones too, since the record digests a kernel's build and launch code as well and build.py changed;
 then (2026-12-05, fourteenth session) search_sm90 / search_sm120 (and the list-tactics run) keep them
-again: with code-key form 2 the record's digests are the same on Python 3.11 as on the device's 3.12.
+again: with code-key form 2 the record's digests are the same on Python 3.11 as on the device's 3.12;
+then (branch w2-walk) the grouped cuda tactics read `unknown` once more (moe_mma's text changed: the
+N-tile walk) and the reduce problems count the walk tactics; then (branch next-kernels) six fewer of
+them on the GLM-5 reduce problems: the walks ptxas spills are out of the space (moe_search.walk_spills);
+then (the same session, after the walk measured slower on an H100) none: walks are out of the search
+(moe_search.WALKS).
 """
 from __future__ import annotations
 

@@ -67,9 +67,9 @@ def test_the_slot_is_added_by_the_kernel_and_matches_float64(tmp_path, fam, monk
     seen = []
     real = fam._CpuMoeRun.__call__
 
-    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False):
+    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False, **extra):
         seen.append((tuple(ids.shape), shared_slot))
-        return real(self, x, w, ids, tw, out, shared_slot=shared_slot)
+        return real(self, x, w, ids, tw, out, shared_slot=shared_slot, **extra)
     monkeypatch.setattr(fam._CpuMoeRun, "__call__", spy)
     x = torch.randn(5, H).to(torch.bfloat16)
     ids = torch.tensor([[0, 1], [3, -1], [2, 0], [-1, -1], [1, 3]], dtype=torch.int32)
@@ -132,9 +132,9 @@ def test_large_m_concatenates_the_slot_and_shares_one_alignment(tmp_path, fam, m
     seen = []
     real = fam._CpuMoeRun.__call__
 
-    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False, aligned=None):
+    def spy(self, x, w, ids, tw=None, out=None, shared_slot=False, aligned=None, **extra):
         seen.append((tuple(ids.shape), shared_slot, None if aligned is None else aligned.block_m))
-        return real(self, x, w, ids, tw, out, shared_slot=shared_slot, aligned=aligned)
+        return real(self, x, w, ids, tw, out, shared_slot=shared_slot, aligned=aligned, **extra)
     monkeypatch.setattr(fam._CpuMoeRun, "__call__", spy)
     g = torch.Generator().manual_seed(4)
     for m, want in ((4, [((4, TOP_K), True, None)] * 2),

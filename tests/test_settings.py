@@ -26,7 +26,7 @@ def test_only_the_settings_module_names_autotune_variables():
     assert sorted(found["autotune/core/settings.py"]) == sorted(
         [settings.CACHE, settings.MISSES, settings.PIN, settings.CACHE_IMMUTABLE, settings.SIGNING_KEY,
          settings.SIGNING_KEY_FILE, settings.CLAIM_TTL_S, settings.LAUNCH, settings.CUDA_CUBINS,
-         settings.BATCH_INVARIANT, settings.ACTIVATIONS, settings.CHECK_IDS, settings.PDL])
+         settings.BATCH_INVARIANT, settings.ACTIVATIONS, settings.CHECK_IDS, settings.PDL, settings.PREFETCH_W2])
 
 
 @pytest.mark.parametrize("value, want", [("", None), ("  ", None), (" /x/c.db ", "/x/c.db")])

@@ -46,6 +46,7 @@ ACTIVATION_CHOICES = ("auto", "w4a4", "w4a16")
 VLLM_BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 CHECK_IDS = "AUTOTUNE_CHECK_IDS"
 PDL = "AUTOTUNE_PDL"
+PREFETCH_W2 = "AUTOTUNE_PREFETCH_W2"
 
 
 def cache_url() -> str | None:
@@ -98,6 +99,12 @@ def check_ids() -> bool:
 def pdl() -> bool:
     """$AUTOTUNE_PDL: 1/true or unset on (where the GPU and cuda-bindings have it), 0/false off."""
     return _switch(PDL, True)
+
+
+def prefetch_w2() -> bool:
+    """$AUTOTUNE_PREFETCH_W2: 1/true on (FP4MoE's w13 puts w2's routed slices into L2 at small M), unset
+    or 0/false off — off until the step bench measures it (docs/moe-decode.md part 15)."""
+    return _switch(PREFETCH_W2, False)
 
 
 def batch_invariant() -> bool:

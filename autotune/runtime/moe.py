@@ -49,6 +49,7 @@ from autotune.core.formats import FP4Weight, quantize
 from autotune.core.operands import OperandError, check_layer_x, routing_checker
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
+from autotune.runtime import prefetch as PF
 from autotune.runtime.layers import _fold_up
 from autotune.runtime.moe_weights import _fold_shared, _foldable, _input_scales, _shared_mlp, _stack13
 
@@ -56,6 +57,9 @@ _BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionar
 _IDS = itertools.count(1)
 #: what an id outside [-1, E_global) becomes for the kernels: outside [-1, E) for every one of them
 BAD_ID = -2
+
+
+_SLOT, _NONE = {"shared_slot": True}, {}
 
 
 class FP4MoE(nn.Module):
@@ -66,14 +70,17 @@ class FP4MoE(nn.Module):
                  expert_map: Tensor | None = None, fused: bool = True, dispatcher: Dispatcher | None = None,
                  shared: tuple | None = None, a_fmt: str = "bf16", activation: str = "silu",
                  bias13: Tensor | None = None, bias2: Tensor | None = None, swiglu_alpha: float = 1.702,
-                 swiglu_limit: float = 7.0, fold_shared: bool | None = None):
+                 swiglu_limit: float = 7.0, fold_shared: bool | None = None, prefetch_w2: bool | None = None):
         """shared: the shared expert, folded in as expert E or apart (an FP4MLP, fold_shared=False);
         fold_shared=None folds where the shared expert fits the routed stack (I_s = I, one format:
         the faster form at decode sizes, module docstring) and always for W4A4 activations.
         a_fmt="nvfp4": the W4A4 problems (w13/w2 input_scale per expert). activation="swigluoai":
         gpt-oss's clamped SwiGLU on interleaved [gate, up] rows with biases bias13 [E, 2I] / bias2
         [E, H]; no kernel has that epilogue, so it runs unfused (plain grouped GEMMs, the activation,
-        biases, routing weights and the top_k sum in torch)."""
+        biases, routing weights and the top_k sum in torch). prefetch_w2 (default $AUTOTUNE_PREFETCH_W2,
+        off): where w13's kernel takes it (cuda moe_mma) and both kernels' bytes for the experts an M can
+        touch fit in half the L2, w13 puts w2's slices of the routed experts into L2 (`prefetch=`)
+        while it runs, so w2 reads L2 (docs/moe-decode.md part 15; a hint: the same bits either way)."""
         super().__init__()
         if activation not in ("silu", "swigluoai"):
             raise ValueError(f"FP4MoE activation must be 'silu' or 'swigluoai', got {activation!r}")
@@ -134,7 +141,12 @@ class FP4MoE(nn.Module):
         self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
         self._check_routing = routing_checker(self._routing)
-        self._forms: dict[int, tuple] = {}       # per M: (l13, l2, their alignments' BLOCK_M, shared slot)
+        #: per M: (l13, l2, alignments' BLOCK_M, shared slot, w13's extras, (prefetch switch, L2 bytes), w13's kwargs with a slot)
+        self._forms: dict[int, tuple] = {}
+        #: w13 prefetches w2's routed slices into L2 where it can and it pays (`prefetch_w2` above)
+        self.prefetch_w2 = settings.prefetch_w2() if prefetch_w2 is None else bool(prefetch_w2)
+        #: the L2 bytes the prefetch rule budgets against (None: the device's, read once per device)
+        self.l2_bytes: int | None = None
         d = self._dispatcher = dispatcher or default_dispatcher()
         self.layer_id = next(_IDS)
         self.label = f"FP4MoE#{self.layer_id} {self.problem13.key}"
@@ -296,13 +308,18 @@ class FP4MoE(nn.Module):
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
         self._check_routing(x, topk_ids, topk_weights)
         form = self._forms.get(m)
-        if form is None or form[0] is not l13 or form[1] is not l2:
+        if form is None or form[0] is not l13 or form[1] is not l2 or form[5] != (self.prefetch_w2, self.l2_bytes):
             # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
             # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
             need = (l13.aligned_block_m(m), l2.aligned_block_m(m))
             slot = (self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
                     and need == (None, None))
-            form = (l13, l2, need, slot)
+            # w13's extras on the fused path: w2's slices into L2 (prefetch_w2), and h in the dispatcher's
+            # scratch pool (read by w2 at once on this stream: no allocation per call)
+            extra = {"prefetch": pf} if (pf := self._prefetch(l13, l2, m, x.device)) is not None else {}
+            if self.fused and getattr(l13, "scratch_out", False):
+                extra["scratch_out"] = True
+            form = (l13, l2, need, slot, extra, (self.prefetch_w2, self.l2_bytes), {"shared_slot": True, **extra})
             if len(self._forms) < 256:       # per M, for the launchers serving it now (a rebind replaces them)
                 self._forms[m] = form
         need, slot = form[2], form[3]
@@ -310,7 +327,13 @@ class FP4MoE(nn.Module):
         if self.shared_folded and not slot:  # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
-        k13, k2 = ({"shared_slot": True}, {"shared_slot": True}) if slot else self._one_alignment(l13, l2, ids, need)
+        if slot:
+            k13, k2 = form[6], _SLOT
+        elif None in need:                   # no shared alignment: w13's extras as they are (no dict per call)
+            k13, k2 = form[4], _NONE
+        else:
+            k13, k2 = self._one_alignment(l13, l2, ids, need)
+            k13 = {**k13, **form[4]}
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             y = l2(h, ids, topk_weights, routing_checked=True, **k2)
@@ -383,6 +406,12 @@ class FP4MoE(nn.Module):
                       ep_size=ep_size, shared_experts=shared_experts, activations=activations, arch=arch, device=device)
         return cls(kw.pop("w13"), kw.pop("w2"), kw.pop("top_k"), fused=fused, dispatcher=dispatcher,
                    fold_shared=fold_shared, **kw)
+
+    def _prefetch(self, l13, l2, m: int, device) -> tuple | None:
+        """w2's stacked weight tensors for w13's `prefetch=` at M, or None (runtime/prefetch.py's rule)."""
+        if not (self.prefetch_w2 and self.fused and getattr(l13, "prefetches", False)) or l13.aligned_block_m(m):
+            return None
+        return PF.pair_for(l13, l2, self.num_experts, m * self.problem13.top_k, self.l2_bytes, device)
 
     def _one_alignment(self, l13, l2, ids: Tensor, need: tuple) -> tuple[dict, dict]:
         """One routing alignment per layer when both launchers take one as `aligned=` (`need`: their

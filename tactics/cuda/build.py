@@ -75,6 +75,7 @@ class MoeConfig:
     reduce: bool = False  # w2: routing-weighted top_k sum per token in the same launch
     token: bool = False   # moe_tok.cu: one CTA per (token, N tile), its slots summed in registers
                           # (reduce only; m_tiles 1, split_k 1)
+    n_walk: int = 1       # moe_mma: N tiles one CTA walks after its route (split_k 1; docs/moe-decode.md part 13)
 
     @property
     def threads(self) -> int:
@@ -114,6 +115,8 @@ def defines(c) -> dict[str, str]:
         mul, add, sw, shift = L.FORMAT[c.fmt]
         d.update(SPLITK=str(c.split_k), SWIGLU=str(int(c.swiglu)), REDUCE=str(int(c.reduce)), SW=str(sw), SCALE_MUL=f"0x{mul:x}u",
                  SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")
+        if c.n_walk > 1:                              # absent: the source's default (1)
+            d.update(NW=str(c.n_walk))
     else:
         mul, add, sw, shift = L.FORMAT[c.fmt]
         d.update(SCALE_MUL=f"0x{mul:x}u", SCALE_ADD=f"0x{add * 0x10001:08x}u", EPI_SCALE=f"{float(2 ** shift)!r}f")

@@ -32,6 +32,7 @@ from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
 from . import dense as D
 from . import layout as L
 from . import moe as MOE
+from . import moe_search as MOE_SEARCH
 from .moe_tok import TokLaunch
 
 WARPS_K = (1, 2, 4, 8)
@@ -132,7 +133,7 @@ class _DenseKernel(LauncherBase):
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
 #: (moe_align: the aligned route's routing alignment, Triton's kernel)
-_CODE = (".family", ".build", ".checked", ".dense", ".launch", ".layout", ".moe", ".moe_checks", ".moe_plan", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
+_CODE = (".family", ".build", ".checked", ".dense", ".launch", ".layout", ".moe", ".moe_checks", ".moe_kernel", ".moe_plan", ".moe_search", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
          "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
          "autotune.core.settings", "autotune.core.tactic")
 
@@ -189,7 +190,7 @@ class CudaFamily(FamilyBase):
         if self.supports(problem):
             return []
         if problem.kind == "grouped_moe":
-            return [Tactic(self.name, **t.params) for t in MOE.enumerate_space(problem)]
+            return [Tactic(self.name, **t.params) for t in MOE_SEARCH.enumerate_space(problem)]
         tiles = (2,) if problem.epilogue == "swiglu" else TILES_N      # SwiGLU pairs a gate and an up tile
         plain = [Tactic(self.name, warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in tiles]
         split = [Tactic(self.name, warps_k=w, stages=s, tiles_n=n, split_k=k) for k in D.SPLIT_K
@@ -221,7 +222,7 @@ class CudaFamily(FamilyBase):
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
         if problem.kind == "grouped_moe":
-            return Tactic(self.name, **MOE.default(problem, arch).params)
+            return Tactic(self.name, **MOE_SEARCH.default(problem, arch).params)
         return Tactic(self.name, warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4,
                       tiles_n=2 if problem.epilogue == "swiglu" else 1)
 
@@ -265,10 +266,10 @@ class CudaFamily(FamilyBase):
         return Launch(problem, tactic, device, config)
 
     def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
-        return MOE.figures(problem, tactic, m, sms) if MOE.is_moe(tactic) else {}
+        return MOE_SEARCH.figures(problem, tactic, m, sms) if MOE.is_moe(tactic) else {}
 
     def useful(self, problem: Problem, tactic: Tactic, m: int) -> bool:
-        return MOE.useful(problem, tactic, m)
+        return MOE_SEARCH.useful(problem, tactic, m)
 
     def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool:
         """Both kernels: a row's (pair's) K order is fixed by the tactic (warps in warp order, splits

@@ -27,8 +27,11 @@ arrays (build.smem_bytes, = ptxas in CI), the tiling divides the problem or the 
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
 from autotune.core import settings
@@ -36,14 +39,15 @@ from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 
-from autotune.tactics.scratch import PoolUser, capturing, stream_key
+from autotune.tactics.scratch import PoolUser, stream_key
 
 from . import build as B
 from . import checked as CK
 from . import layout as L
 from . import pdl as P
+from .moe_kernel import MoeKernel, raise_if_bad  # noqa: F401  (what build/bind return; re-exported)
 from .moe_plan import Planned, plannable
-from .moe_checks import check_alignment, check_call  # noqa: F401  (the launchers' argument checks, re-exported)
+from .moe_checks import check_alignment, check_apart, check_call, check_prefetch  # noqa: F401  (the launchers' argument checks, re-exported)
 
 KERNEL = B.MOE_KERNEL
 TOK_KERNEL = B.TOK_KERNEL
@@ -57,6 +61,11 @@ SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "warps_k": WARPS_K, "stages": S
 #: moe_tok streams all of a token's slots through one ring (top_k x K / 128 k-pairs per CTA, 18 at GLM-5's
 #: w2): a deeper ring keeps more bytes in flight per SM where a CTA has few warps
 TOK_STAGES = (2, 4, 8)
+#: moe_mma on w2:reduce: N tiles one CTA walks after its route, so the route (id read, rank scan,
+#: gather) and the CTA's start are paid once per walk (docs/moe-decode.md part 13); a tactic without
+#: the parameter walks one tile, as before it existed (its id unchanged)
+N_WALK = (2, 4, 8)
+WALK_SCHEMA: dict[str, tuple] = {**SCHEMA, "n_walk": N_WALK}
 TOK_SCHEMA: dict[str, tuple] = {"kernel": (TOK_KERNEL,), "warps_k": WARPS_K, "stages": TOK_STAGES, "tiles_n": TILES_N}
 EPILOGUES = ("none", "swiglu", "reduce")
 FORMATS = ("nvfp4", "mxfp4")
@@ -71,6 +80,8 @@ ALIGN_BLOCK_M = 16
 #: aligned route: a launch's split-K workspace plus reduce rows stay under this (token chunks above)
 WS_BYTES = 256 << 20
 STATIC_SMEM_LIMIT = 48 * 1024
+#: moe_mma's last four arguments without a prefetch (null pointers: the kernel prefetches nothing)
+NO_PREFETCH = (0, 0, np.int32(0), np.int32(0))
 
 
 def is_moe(tactic: Tactic) -> bool:
@@ -88,7 +99,11 @@ def config(problem: Problem, tactic: Tactic) -> B.MoeConfig:
                            problem.w_fmt, False, True, token=True)
     return B.MoeConfig(int(tactic["m_tiles"]), int(tactic["warps_k"]), int(tactic["stages"]),
                        int(tactic["tiles_n"]), int(tactic["split_k"]), problem.w_fmt, problem.epilogue == "swiglu",
-                       problem.epilogue == "reduce")
+                       problem.epilogue == "reduce", n_walk=n_walk(tactic))
+
+
+def n_walk(tactic: Tactic) -> int:
+    return int(tactic.params.get("n_walk", 1))
 
 
 def supports(problem: Problem) -> str | None:
@@ -105,7 +120,7 @@ def supports(problem: Problem) -> str | None:
 def validate(tactic: Tactic) -> str | None:
     if is_tok(tactic):
         return check_params(tactic, TOK_SCHEMA, "cuda moe_tok")
-    return check_params(tactic, SCHEMA, "cuda moe_mma")
+    return check_params(tactic, WALK_SCHEMA if "n_walk" in tactic.params else SCHEMA, "cuda moe_mma")
 
 
 def check_tok(problem: Problem) -> str | None:
@@ -126,20 +141,16 @@ def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
         return f"K={problem.k} is not a multiple of {L.KPAIR}*warps_k*split_k={L.KPAIR * wk * sk}"
     if problem.n % (L.ROWS * tn):
         return f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n={L.ROWS * tn}"
+    nw = n_walk(tactic)
+    if nw > 1 and (sk > 1 or problem.epilogue != "reduce"):
+        return f"n_walk={nw} walks the reduce epilogue's N tiles with split_k 1 only"
+    if problem.n % (L.ROWS * tn * nw):
+        return f"N={problem.n} is not a multiple of {L.ROWS}*tiles_n*n_walk={L.ROWS * tn * nw}"
     if problem.epilogue == "swiglu" and tn % 2:
         return "the swiglu epilogue pairs gate and up tiles: tiles_n must be even"
     if problem.epilogue == "swiglu" and (problem.n // 2) % (L.ROWS * tn // 2):
         return f"N/2={problem.n // 2} is not a multiple of {L.ROWS}*tiles_n/2={L.ROWS * tn // 2}"
     return None
-
-
-def enumerate_space(problem: Problem) -> list[Tactic]:
-    space = [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=m, split_k=k)
-             for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
-    if not check_tok(problem):
-        space += [Tactic("cuda", kernel=TOK_KERNEL, warps_k=w, stages=s, tiles_n=n)
-                  for w in WARPS_K for s in TOK_STAGES for n in TILES_N]
-    return space
 
 
 #: a kernel that fits is `unknown` through the family until its text has passed its GPU tests
@@ -172,37 +183,6 @@ def verdict(problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
     if smem > limit:
         return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
     return Verdict.keep(smem, limit, int(tactic["stages"]))
-
-
-def default(problem: Problem, arch: Arch) -> Tactic:
-    """4 warps (fewer where K has fewer k-pairs), K split so M = 1 still fills the SMs, 2 row tiles
-    for SwiGLU (gate + up)."""
-    kp = problem.k // L.KPAIR
-    wk = max(w for w in WARPS_K if kp % w == 0 and w <= 4)
-    sk = max(s for s in SPLIT_K if kp % (wk * s) == 0 and kp // (wk * s) >= 2 or s == 1)
-    tn = 2 if problem.epilogue == "swiglu" else 1
-    return Tactic("cuda", kernel=KERNEL, warps_k=wk, stages=4, tiles_n=tn, m_tiles=1, split_k=sk)
-
-
-#: moe_tok re-reads an expert's weight for every token routed to it (moe_mma: once per group of up to
-#: 8·m_tiles pairs), so past 2 pairs per expert on average it reads >= 2x the bytes: the search does not time it there
-TOK_PAIRS_PER_EXPERT = 2
-
-
-def useful(problem: Problem, tactic: Tactic, m: int) -> bool:
-    """moe_tok only while M·top_k <= TOK_PAIRS_PER_EXPERT·E (GLM-5 TP8's folded w2: M <= 57)."""
-    return not is_tok(tactic) or m * problem.top_k <= TOK_PAIRS_PER_EXPERT * problem.experts
-
-
-def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
-    if is_tok(tactic):                 # one CTA per (token, N tile)
-        return {"ctas": float(max(m, 1) * problem.n // (L.ROWS * int(tactic["tiles_n"]))),
-                "threads": float(32 * int(tactic["warps_k"]))}
-    # the direct route's launch size: kept as the shipped rank model was fitted on it (the aligned
-    # route, M > 32 at top-8, launches fewer CTAs; a refit with route-aware figures is still to do)
-    pairs = min(m * problem.top_k, MAX_PAIRS)
-    ctas = pairs * problem.n // (L.ROWS * int(tactic["tiles_n"])) * int(tactic["split_k"])
-    return {"ctas": float(ctas), "threads": float(32 * int(tactic["warps_k"]))}
 
 
 # --------------------------------------------------------------------------- launch
@@ -249,6 +229,18 @@ class MoeScratch(PoolUser):
         one launch), or None."""
         kind, rows = route(self.problem, self.cfg, m)
         return ALIGN_BLOCK_M if kind == "aligned" and m <= rows else None
+
+    def out_view(self, m: int, dev: torch.device, stream: int) -> torch.Tensor:
+        """The output of an M-token call in the scratch pool (`scratch_out`): one buffer per (device,
+        stream, host thread) that every such call reuses — the caller reads it before its next such
+        call there (FP4MoE: w13's h, read by w2 on the same stream)."""
+        p = self.problem
+        shape = (m, p.n) if p.epilogue == "reduce" else (m, p.top_k, p.out_n)
+        numel = m * (p.n if p.epilogue == "reduce" else p.top_k * p.out_n)
+        # one per host thread too: two threads' layers on one stream must not share an h that lives
+        # from one launch to the next (w13 to w2), as a workspace used inside one launch may
+        name = f"moe.out.{threading.get_ident()}"
+        return self.scratch.get(stream, name, max(numel, 1), torch.bfloat16, dev)[:numel].view(shape)
 
     def _scratch(self, pairs: int, dev: torch.device, s: int | None = None, groups: int = 0):
         """ws [split_k, P, N] fp32 (split-K only), counters [max(P, groups), N tiles] zeroed once
@@ -298,6 +290,8 @@ class MoeLaunch(Planned, MoeScratch):
     capture_safe = True       # current stream, scratch sized by M, no host read by default
     checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
     shared_slot = True        # shared_slot=True: the kernel adds expert E - 1 as each token's last slot
+    prefetches = True         # prefetch=(a, b): the next kernel's stacked weights, sliced into L2 (direct route)
+    scratch_out = True        # scratch_out=True: the output in the scratch pool, valid until the next such call on the stream
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         self.problem, self.tactic = problem, tactic
@@ -308,6 +302,7 @@ class MoeLaunch(Planned, MoeScratch):
         self._fns: dict[int, Any] = {}
         self._ints: dict[tuple, tuple] = {}              # the int32 arguments per call form
         self._aligner = None                             # the aligned route's own (without aligned=)
+        self._pf: tuple | None = None                    # the last prefetch= checked (`_prefetch`)
         self._init_scratch(check_ids)
         self._init_plans()                               # the repeat path (moe_plan.py)
 
@@ -336,23 +331,47 @@ class MoeLaunch(Planned, MoeScratch):
             fn = self._fns[idx] = B.load(self.cfg, f"sm_{major}{minor}", idx)
         return fn
 
-    def check(self, x, w, topk_ids, topk_weights, out, **shared):
-        return check_call(self.problem, x, w, topk_ids, topk_weights, out, **shared)
+    def check(self, x, w, topk_ids, topk_weights, out, **kw):
+        return check_call(self.problem, x, w, topk_ids, topk_weights, out, **kw)
 
     def aligner(self, experts: int, block_m: int):
         """moe_align's Aligner (the alignment `aligned=` takes; Triton's, shared with its members)."""
         from autotune.tactics.triton_fp4.moe_align import Aligner
         return Aligner(experts, block_m)
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None):
+    def _prefetch(self, pf, x) -> tuple:
+        """The kernel's four prefetch arguments for `prefetch=` (checked: moe_checks.check_prefetch). The
+        last pair checked is remembered by its tensors (held weakly: a launcher pins no pack), their
+        pointers and device, so a decode step's repeat — any M, any tuple of the same two — skips the check."""
+        if pf is None:
+            return NO_PREFETCH
+        seen = self._pf
+        if (seen is not None and isinstance(pf, tuple) and len(pf) == 2 and pf[0] is seen[0]() and pf[1] is seen[1]()
+                and pf[0].data_ptr() == seen[2] and pf[1].data_ptr() == seen[3] and x.get_device() == seen[4]):
+            return seen[5]
+        a, b, ea, eb = check_prefetch(self.problem, pf, x)
+        args = (a.data_ptr(), b.data_ptr(), np.int32(ea), np.int32(eb))
+        self._pf = (weakref.ref(a), weakref.ref(b), args[0], args[1], x.get_device(), args)
+        return args
+
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None,
+                 prefetch=None, scratch_out: bool = False):
+        # checked once x is a tensor: a non-tensor x gets check_call's one-line error first
+        pf = self._prefetch(prefetch, x) if prefetch is not None and torch.is_tensor(x) else NO_PREFETCH
+        so = scratch_out and out is None
         if out is None and aligned is None and not self.check_ids:      # a form seen before: its plan
-            y = self._planned(x, w, topk_ids, topk_weights, shared_slot)
+            y = self._planned(x, w, topk_ids, topk_weights, shared_slot, pf, so)
             if y is not None:
                 return y
         p = self.problem
         shared = {"shared_slot": True} if shared_slot else {}
         fresh = out is None and aligned is None and not self.check_ids
-        m, out = self.check(x, w, topk_ids, topk_weights, out, **shared)
+        m, out = self.check(x, w, topk_ids, topk_weights, out, alloc=not so, **shared)
+        if prefetch is not None and pf is NO_PREFETCH:
+            pf = self._prefetch(prefetch, x)
+        if so:
+            out = self.out_view(m, x.device, stream_key(x.device))
+            check_apart(p, x, out)
         if m == 0:
             return out
         kind, rows = route(p, self.cfg, m, shared_slot)
@@ -364,7 +383,8 @@ class MoeLaunch(Planned, MoeScratch):
                              shared_slot, kind)
         else:
             self._launch(x, w, topk_ids, topk_weights, out, shared_slot, kind, aligned,
-                         remember=fresh and kind == "direct" and plannable(x, topk_ids, topk_weights))
+                         remember=fresh and kind == "direct" and plannable(x, topk_ids, topk_weights),
+                         pf=pf if kind == "direct" else NO_PREFETCH, so=so)
         if self.check_ids:
             raise_if_bad(self._word(x.device))
         return out
@@ -375,8 +395,10 @@ class MoeLaunch(Planned, MoeScratch):
         return self._aligner(ids)
 
     def _launch(self, x, w, ids, tw, out, shared_slot: bool = False, kind: str = "direct", al=None,
-                remember: bool = False) -> None:
-        """One launch; `remember`: leave its plan (x, ids and tw are launched as given)."""
+                remember: bool = False, pf: tuple = None, so: bool = False) -> None:
+        """One launch; `remember`: leave its plan (x, ids and tw are launched as given); `pf`: the
+        prefetch arguments (`_prefetch`; direct route only, none by default)."""
+        pf = NO_PREFETCH if pf is None else pf
         p, c = self.problem, self.cfg
         m = x.shape[0]
         pairs = m * p.top_k
@@ -412,66 +434,8 @@ class MoeLaunch(Planned, MoeScratch):
                 self._ints[form] = ints
         args = ((w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
                  ids.data_ptr(), tw_.data_ptr(), ws, locks, bad.data_ptr(), red, cnt) + ints[0] + (srt, blk)
-                + ints[1])
-        grid, block, run = (gx, p.n // (L.ROWS * c.tiles_n), c.split_k), (c.threads, 1, 1), self._run(dev)
+                + ints[1] + pf)
+        grid, block, run = (gx, p.n // (L.ROWS * c.tiles_n * c.n_walk), c.split_k), (c.threads, 1, 1), self._run(dev)
         run(grid, block, args, stream)
         if remember:
-            self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run)
-
-
-class MoeKernel:
-    """`kernel(x, w, topk_ids, topk_weights=None, out=None, aligned=None)`: what `build` returns
-    (and `bind` wraps): a runner (MoeLaunch, or a test family's) on the packed weight, a plain
-    FP4Weight packed once per weight object when `cache` is given. `aligned=`: a routing alignment a
-    caller shares between a layer's kernels (asked for by `aligned_block_m`), passed to the runner."""
-
-    batch_invariant = True        # the family declares it for every moe_mma tactic
-    pdl = False
-
-    def __init__(self, run, cache=None):
-        self.launcher, self._cache = run, cache
-        self.capture_safe = bool(getattr(run, "capture_safe", False))
-        self.checks_ids = bool(getattr(run, "checks_ids", False))
-        self.shared_slot = bool(getattr(run, "shared_slot", False))
-
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, aligned=None, shared_slot=False):
-        kw = {"shared_slot": True} if shared_slot else {}
-        if shared_slot and not self.shared_slot:
-            raise ValueError("this moe_mma runner takes no shared slot")
-        if aligned is not None:
-            kw["aligned"] = aligned
-        return self.launcher(x, self._cache(w) if self._cache is not None else w, topk_ids, topk_weights, out, **kw)
-
-    def aligned_block_m(self, m: int) -> int | None:
-        fn = getattr(self.launcher, "aligned_block_m", None)
-        return fn(m) if fn is not None else None
-
-    def aligner(self, experts: int, block_m: int):
-        fn = getattr(self.launcher, "aligner", None)
-        if fn is None:
-            raise NotImplementedError("this moe_mma runner takes no shared routing alignment")
-        return fn(experts, block_m)
-
-    def attach(self, scratch=None, bad_word=None) -> None:
-        """The runner takes the dispatcher's pool and word (tactics/base.py Launcher.attach)."""
-        fn = getattr(self.launcher, "attach", None)
-        if fn is not None:
-            fn(scratch, bad_word)
-
-    def bad_word(self):
-        return getattr(self.launcher, "bad", None)
-
-    def release(self) -> None:
-        """Free the launcher's scratch and the pack cache (a later call makes them again)."""
-        getattr(self.launcher, "release", lambda: None)()
-        if self._cache is not None and hasattr(self._cache, "_items"):
-            self._cache._items.clear()
-
-
-def raise_if_bad(bad) -> None:
-    """One 4-byte read (a host sync), skipped while a CUDA graph is captured; clears the word."""
-    if bad is None or capturing(bad.device):
-        return
-    if int(bad.item()):
-        bad.zero_()
-        raise ValueError("topk_ids holds expert ids outside [-1, E) (ids >= E or < -1 are refused)")
+            self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run, pf, so)

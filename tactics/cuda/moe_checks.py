@@ -31,10 +31,12 @@ def check_alignment(problem: Problem, cfg: B.MoeConfig, m: int, kind: str, rows:
                              f"{tuple(getattr(t, 'shape', ()))} on {getattr(t, 'device', '?')}")
 
 
-def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool = True, shared_slot: bool = False):
+def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool = True, shared_slot: bool = False,
+               alloc: bool = True):
     """One-line ValueErrors for anything the kernel would misread; returns (M, out). cuda=False
     (the CPU port) skips the device-type check only. shared_slot: topk_ids / topk_weights hold
-    top_k - 1 columns (the kernel adds expert E - 1 as every token's last slot)."""
+    top_k - 1 columns (the kernel adds expert E - 1 as every token's last slot). alloc=False: no
+    output made where none is given (out None: the caller's scratch_out)."""
     p = problem
     cols = p.top_k - 1 if shared_slot else p.top_k
     if shared_slot and (p.top_k < 2 or p.experts < 2):
@@ -64,8 +66,37 @@ def check_call(problem: Problem, x, w, topk_ids, topk_weights, out, cuda: bool =
         raise ValueError(f"{p.key}: topk_weights must be a float [{m}, {cols}] tensor on {x.device}")
     shape = (m, p.n) if p.epilogue == "reduce" else (m, p.top_k, p.out_n)
     if out is None:
-        out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
+        out = torch.empty(shape, dtype=torch.bfloat16, device=x.device) if alloc else None
     elif (not torch.is_tensor(out) or tuple(out.shape) != shape or out.dtype != torch.bfloat16
           or not out.is_contiguous() or out.device != x.device):
         raise ValueError(f"{p.key}: out must be a contiguous bf16 {shape} tensor on {x.device}")
     return m, out
+
+
+def check_prefetch(problem: Problem, pf, x) -> tuple:
+    """`prefetch=(a, b)`: the next kernel's two stacked weight tensors (packed codes and scales), each
+    [E, ...] of this problem's E experts, contiguous, on x's device, 16-byte aligned with a multiple of
+    16 bytes per expert (the bulk prefetch's rule) — what the kernel slices into L2 by expert id.
+    Returns (a, b, bytes per expert of a, of b); a one-line ValueError otherwise."""
+    p = problem
+    if not isinstance(pf, tuple) or len(pf) != 2 or not all(torch.is_tensor(t) for t in pf):
+        raise ValueError(f"{p.key}: prefetch must be a tuple of two weight tensors (packed, scales), got "
+                         f"{type(pf).__name__}")
+    per = []
+    for t in pf:
+        nbytes = t.numel() * t.element_size()
+        if (t.dim() < 1 or t.shape[0] != p.experts or not t.is_contiguous() or t.device != x.device
+                or t.data_ptr() % 16 or nbytes % p.experts or (nbytes // p.experts) % 16
+                or nbytes // p.experts >= 1 << 31):
+            raise ValueError(f"{p.key}: prefetch tensors must be contiguous [{p.experts}, ...] on {x.device}, "
+                             f"16-byte aligned, a multiple of 16 bytes (< 2 GiB) per expert; got "
+                             f"{t.dtype} {tuple(t.shape)} on {t.device}")
+        per.append(nbytes // p.experts)
+    return pf[0], pf[1], per[0], per[1]
+
+
+def check_apart(problem: Problem, x, out) -> None:
+    """scratch_out: the pool's output must not overlap x (x taken from an earlier scratch output)."""
+    xa, oa = x.data_ptr(), out.data_ptr()
+    if xa < oa + out.numel() * out.element_size() and oa < xa + x.numel() * x.element_size():
+        raise ValueError(f"{problem.key}: x overlaps the scratch output (scratch_out=True): pass a copy of x")

@@ -26,7 +26,9 @@ def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w: L.CudaPacked, 
     (≥ split_k·P·N fp32) and reduce rows (≥ P·N fp32) from its scratch pool, used as the kernel
     uses them (each split's partials stored, then summed in split order); None: local tensors.
     shared_slot: as the kernel's (ids and weights [M, top_k - 1], expert E - 1 added last).
-    moe_tok tactics (`kernel="moe_tok"`) run moe_tok.cu's grid instead (`_emulate_token`)."""
+    moe_tok tactics (`kernel="moe_tok"`) run moe_tok.cu's grid instead (`_emulate_token`). A walk
+    (`n_walk` > 1) runs the same tiles, each with the same arithmetic, n_walk to a CTA in order: emulated
+    tile by tile as without it."""
     cfg = config(problem, tactic)
     m = topk_ids.shape[0]
     if shared_slot:             # the kernel's pair_id / pair_weight: expert E - 1 last, a routed id >= E - 1 out of range

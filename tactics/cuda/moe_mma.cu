@@ -27,12 +27,25 @@
 // slot order (deterministic), writes y[token] and resets the counter.
 // Programmatic dependent launch (launch.py): a CTA waits for the previous kernel (pdl_wait) before
 // it reads anything, then lets the next kernel start.
-// Config (MT, WK, STAGES, TN, SPLITK, SWIGLU, REDUCE), the format's (SW, SCALE_MUL, SCALE_ADD,
+// NW > 1 (REDUCE, SPLITK 1): CTA (q, y) runs its route once and then N tiles y*NW .. y*NW + NW - 1 one
+// after another (the same per-tile arithmetic, so the same bits as NW 1): the route and the CTA's
+// start are paid once per walk (docs/moe-decode.md part 13).
+// Prefetch (pfa non-null, direct route): the CTAs of each expert's first group put that expert's slice
+// of the next kernel's weights (w2's, given by w13's caller) into L2 after their route, so the next
+// kernel reads L2, not DRAM, where both kernels' bytes fit in it (small M: the runtime decides).
+// Config (MT, WK, STAGES, TN, SPLITK, SWIGLU, REDUCE, NW), the format's (SW, SCALE_MUL, SCALE_ADD,
 // EPI_SCALE) and the layout's constants come as -D macros. No headers: build.text prepends
 // mma_common.cuh and moe_common.cuh (pair_id, pair_weight); the same text compiles under NVRTC and nvcc,
 // for sm_80 and newer.
 #define NTHREADS (WK * 32)
 #define CAP (8 * MT)
+#ifndef NW
+#define NW 1                  // N tiles a CTA walks after its route (REDUCE, split_k 1: the verdict's rule)
+#endif
+#if NW > 1 && (SPLITK > 1 || !REDUCE || SWIGLU)
+#error "n_walk > 1 walks the reduce epilogue's N tiles with split_k 1 only"
+#endif
+#define NTILES (gridDim.y * NW)   // N tiles of the problem: the counters' row length
 #define SPAN (8 * NTHREADS)   // aligned route: pairs per CTA that writes the rows of pairs routed nowhere
 #define PIPE_BYTES (STAGES * NTHREADS * 36 * TN)
 #define RED_BYTES (WK * TN * MT * 4 * 32 * 4)
@@ -72,7 +85,7 @@ static __device__ __forceinline__ void empty_pair(int q, bool isbad, int nt, u16
   for (int c = tid; c < 16 * TN; c += NTHREADS) red[(size_t)q * N + nt * 16 * TN + c] = fv;
   __threadfence();
   __syncthreads();
-  if (tid == 0) *flag_s = atomicAdd(cnt + (size_t)(q / top_k) * gridDim.y + nt, 1) == top_k - 1;
+  if (tid == 0) *flag_s = atomicAdd(cnt + (size_t)(q / top_k) * NTILES + nt, 1) == top_k - 1;
   __syncthreads();
   if (*flag_s) {                                   // this row completed its token: sum it
     __threadfence();
@@ -82,7 +95,7 @@ static __device__ __forceinline__ void empty_pair(int q, bool isbad, int nt, u16
       for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
       y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
     }
-    if (tid == 0) atomicExch(cnt + (size_t)tok * gridDim.y + nt, 0);
+    if (tid == 0) atomicExch(cnt + (size_t)tok * NTILES + nt, 0);
   }
   __syncthreads();                                 // flag_s is read before the next call writes it
 #else
@@ -135,19 +148,22 @@ static __device__ __forceinline__ void kstep(int i, int kpairs, unsigned char* w
 // wq: fragment words [E][N/16][K/64][32][4]; sq: scale words [E][N/16][K/128][SW];
 // x [tokens][K] or [P][K] (x_pair); y [P][N or N/2]; gscale [E] (gs_stride 1) or [1];
 // ids [P] (int32/int64; with a shared slot [P / top_k][ids_cols]); tw [P] fp32 (routed; likewise); ws [SPLITK][P][N] fp32;
-// locks [max(P, group CTAs)][gridDim.y]; bad [1]; REDUCE: y [P / top_k][N], red [P][N] fp32, cnt [P / top_k][gridDim.y];
-// aligned route (g_main > 0): srt [g_main * bm] sorted pair ids, blk_e [g_main] experts (bm a multiple of CAP)
+// locks [max(P, group CTAs)][gridDim.y]; bad [1]; REDUCE: y [P / top_k][N], red [P][N] fp32, cnt [P / top_k][N tiles];
+// aligned route (g_main > 0): srt [g_main * bm] sorted pair ids, blk_e [g_main] experts (bm a multiple of CAP);
+// pfa / pfb (direct route; null: none): the next kernel's stacked weights, pfa_bytes / pfb_bytes per expert
+// (multiples of 16, 16-byte aligned): the first group of each expert prefetches its slice of both into L2
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __restrict__ x,
         u16* __restrict__ y, const float* __restrict__ gscale, const void* __restrict__ ids,
         const float* __restrict__ tw, float* __restrict__ ws, int* __restrict__ locks, int* __restrict__ bad,
         float* __restrict__ red, int* __restrict__ cnt, int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride,
-        int shared_e, int ids_cols, const int* __restrict__ srt, const int* __restrict__ blk_e, int g_main, int bm) {
+        int shared_e, int ids_cols, const int* __restrict__ srt, const int* __restrict__ blk_e, int g_main, int bm,
+        const char* __restrict__ pfa, const char* __restrict__ pfb, int pfa_bytes, int pfb_bytes) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   __shared__ int rows_s[CAP];                     // the group's pair indices, -1 past its end
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int q = blockIdx.x, nt = blockIdx.y, kz = blockIdx.z;
+  const int q = blockIdx.x, nt0 = blockIdx.y * NW, kz = blockIdx.z;
   const int nout = SWIGLU ? N / 2 : N;
   (void)nout;                                     // unused by the REDUCE variant
   pdl_wait();                                     // every read of inputs and every write after it
@@ -166,10 +182,11 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
     }
     __syncthreads();
     const int n = rows_s[0];                       // the order does not matter: each row is its own
-    for (int i = 0; i < n; ++i) {
-      const int c = list[i];
-      empty_pair(c >= 0 ? c : -c - 1, c < 0, nt, y, bad, red, cnt, N, nout, top_k, rows_s + 1);
-    }
+    for (int w = 0; w < NW; ++w)
+      for (int i = 0; i < n; ++i) {
+        const int c = list[i];
+        empty_pair(c >= 0 ? c : -c - 1, c < 0, nt0 + w, y, bad, red, cnt, N, nout, top_k, rows_s + 1);
+      }
     return;
   }
   if (g_main > 0) {                                // aligned: group q is CAP rows of block q / (bm / CAP)
@@ -181,7 +198,8 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   } else {
     const long long eid = pair_id(ids, ids64, q, top_k, ids_cols, shared_e);
     if (eid < 0 || eid >= n_exp) {                 // no expert: this pair's row, written by split 0
-      if (kz == 0) empty_pair(q, eid != -1, nt, y, bad, red, cnt, N, nout, top_k, rows_s);
+      if (kz == 0)
+        for (int w = 0; w < NW; ++w) empty_pair(q, eid != -1, nt0 + w, y, bad, red, cnt, N, nout, top_k, rows_s);
       return;
     }
     e = (int)eid;
@@ -198,9 +216,9 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
 #pragma unroll
   for (int u = 0; u < TN; ++u) {
 #if SWIGLU
-    tile[u] = u < TN / 2 ? nt * (TN / 2) + u : N / 32 + nt * (TN / 2) + (u - TN / 2);
+    tile[u] = u < TN / 2 ? nt0 * (TN / 2) + u : N / 32 + nt0 * (TN / 2) + (u - TN / 2);
 #else
-    tile[u] = nt * TN + u;
+    tile[u] = nt0 * TN + u;
 #endif
     wp[u] = wexp + tile[u] * wtile + 2 * kp0 * 32 + lane;
     sp[u] = sexp + tile[u] * stile + kp0 * SW + SLANE(lane);
@@ -226,6 +244,12 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
       rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e);
     }
     if (rank % CAP) return;                        // not a leader (nothing issued yet)
+    if (rank == 0 && pfa != nullptr) {             // the expert's first group: its slice of the next kernel's
+      const int s = blockIdx.y * gridDim.z + kz, ns = gridDim.y * gridDim.z;   // weights into L2 (pfa/pfb)
+      const longlong2 sa = pf_slice(s, ns, pfa_bytes), sb = pf_slice(s, ns, pfb_bytes);
+      prefetch_l2(pfa + (size_t)e * pfa_bytes + sa.x, (int)sa.y, tid, NTHREADS);
+      prefetch_l2(pfb + (size_t)e * pfb_bytes + sb.x, (int)sb.y, tid, NTHREADS);
+    }
     if (warp == 0) {                               // gather the next CAP pairs of this expert, in order
       int cnt = 0;
       for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
@@ -241,133 +265,154 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
     }
   }
   __syncthreads();
-  const u16* xrow[MT];
   const int r0 = rows_s[0];
+  for (int w = 0; w < NW; ++w) {                 // NW > 1: the walk over this CTA's N tiles
+    const int nt = nt0 + w;                   // this trip's N tile
+    const u16* xrow[MT];
 #pragma unroll
-  for (int j = 0; j < MT; ++j) {
-    // a row past the group feeds only output columns never stored: read the group's first row
-    int p = rows_s[8 * j + g];
-    if (p < 0) p = r0;
-    const int xr = x_pair ? p : p / top_k;
-    xrow[j] = x + (size_t)xr * K + kp0 * 128 + 16 * t;
-  }
-  // the weight prologue after the scan: issued before it, the ring's first k-pairs were fetched by
-  // CTAs that do not lead too (0-9 % slower on the H200, docs/moe-decode.md part 7)
-  int issued = prologue(wslot0, sslot0, wp, sp, kpairs);
-  int rslot = 0, wslot = STAGES - 1;
+    for (int j = 0; j < MT; ++j) {
+      // a row past the group feeds only output columns never stored: read the group's first row
+      int p = rows_s[8 * j + g];
+      if (p < 0) p = r0;
+      const int xr = x_pair ? p : p / top_k;
+      xrow[j] = x + (size_t)xr * K + kp0 * 128 + 16 * t;
+    }
+    // the weight prologue after the scan: issued before it, the ring's first k-pairs were fetched by
+    // CTAs that do not lead too (0-9 % slower on the H200, docs/moe-decode.md part 7)
+    int issued = prologue(wslot0, sslot0, wp, sp, kpairs);
+    int rslot = 0, wslot = STAGES - 1;
 #if XPRE
-  // two steps per trip, the x registers swapping roles: no copies between the sets
-  uint4 xa[MT][4], xb[MT][4];                        // [tile][kgroup*2 + half]
-  load_x(xrow, xa);
+    // two steps per trip, the x registers swapping roles: no copies between the sets
+    uint4 xa[MT][4], xb[MT][4];                        // [tile][kgroup*2 + half]
+    load_x(xrow, xa);
 #pragma unroll 2
-  for (int i = 0; i < kpairs; i += 2) {
-    kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xa, xb, acc);
-    if (i + 1 < kpairs) kstep(i + 1, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xb, xa, acc);
-  }
+    for (int i = 0; i < kpairs; i += 2) {
+      kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xa, xb, acc);
+      if (i + 1 < kpairs) kstep(i + 1, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xb, xa, acc);
+    }
 #else
 #pragma unroll 4
-  for (int i = 0; i < kpairs; ++i) {
-    uint4 xv[MT][4];
-    load_x(xrow, xv);
-    kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xv, xv, acc);
-  }
+    for (int i = 0; i < kpairs; ++i) {
+      uint4 xv[MT][4];
+      load_x(xrow, xv);
+      kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xv, xv, acc);
+    }
 #endif
-  wait_pending<0>();
-  __syncthreads();
-  float* wred = reinterpret_cast<float*>(smem);       // [WK][TN*MT*4][32]
+    wait_pending<0>();
+    __syncthreads();
+    float* wred = reinterpret_cast<float*>(smem);       // [WK][TN*MT*4][32]
 #define RED(w, u, j, c) wred[((((w) * TN + (u)) * MT + (j)) * 4 + (c)) * 32 + lane]
 #pragma unroll
-  for (int u = 0; u < TN; ++u)
+    for (int u = 0; u < TN; ++u)
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+      for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) RED(warp, u, j, c) = acc[u][j][c];
-  __syncthreads();
-  if (warp != 0) return;
+        for (int c = 0; c < 4; ++c) RED(warp, u, j, c) = acc[u][j][c];
+    __syncthreads();
+#if NW == 1
+    if (warp != 0) return;
+#else
+    if (warp == 0) {                                 // the epilogue is warp 0's; the others wait below
+#endif
 #pragma unroll
-  for (int u = 0; u < TN; ++u)
+    for (int u = 0; u < TN; ++u)
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+      for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float v = 0.f;
-        for (int w = 0; w < WK; ++w) v += RED(w, u, j, c);    // warp order: deterministic
-        acc[u][j][c] = v;
-      }
+        for (int c = 0; c < 4; ++c) {
+          float v = 0.f;
+          for (int wi = 0; wi < WK; ++wi) v += RED(wi, u, j, c);  // warp order: deterministic
+          acc[u][j][c] = v;
+        }
 #if SPLITK > 1
 #pragma unroll
-  for (int u = 0; u < TN; ++u)
+    for (int u = 0; u < TN; ++u)
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+      for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int p = rows_s[8 * j + 2 * t + (c & 1)];
-        if (p >= 0) ws[((size_t)kz * P + p) * N + tile[u] * 16 + g + (c >> 1) * 8] = acc[u][j][c];
-      }
-  __threadfence();                                   // this split's partials before its arrival
-  __syncwarp();
-  int old = 0;
-  int* const lock = locks + (size_t)q * gridDim.y + nt;
-  if (lane == 0) old = atomicAdd(lock, 1);
-  old = __shfl_sync(0xffffffffu, old, 0);
-  if (old != SPLITK - 1) return;
-  __threadfence();                                   // the other splits' partials are visible (L2)
+        for (int c = 0; c < 4; ++c) {
+          const int p = rows_s[8 * j + 2 * t + (c & 1)];
+          if (p >= 0) ws[((size_t)kz * P + p) * N + tile[u] * 16 + g + (c >> 1) * 8] = acc[u][j][c];
+        }
+    __threadfence();                                   // this split's partials before its arrival
+    __syncwarp();
+    int old = 0;
+    int* const lock = locks + (size_t)q * gridDim.y + nt;
+    if (lane == 0) old = atomicAdd(lock, 1);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != SPLITK - 1) return;
+    __threadfence();                                   // the other splits' partials are visible (L2)
 #pragma unroll
-  for (int u = 0; u < TN; ++u)
+    for (int u = 0; u < TN; ++u)
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+      for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int p = rows_s[8 * j + 2 * t + (c & 1)];
-        float v = 0.f;
-        if (p >= 0)
-          for (int s = 0; s < SPLITK; ++s)            // split order: deterministic
-            v += ld_cg(ws + ((size_t)s * P + p) * N + tile[u] * 16 + g + (c >> 1) * 8);
-        acc[u][j][c] = v;
-      }
-  if (lane == 0) atomicExch(lock, 0);                // ready for the next launch
+        for (int c = 0; c < 4; ++c) {
+          const int p = rows_s[8 * j + 2 * t + (c & 1)];
+          float v = 0.f;
+          if (p >= 0)
+            for (int s = 0; s < SPLITK; ++s)            // split order: deterministic
+              v += ld_cg(ws + ((size_t)s * P + p) * N + tile[u] * 16 + g + (c >> 1) * 8);
+          acc[u][j][c] = v;
+        }
+    if (lane == 0) atomicExch(lock, 0);                // ready for the next launch
 #endif
-  const float alpha = gscale[(size_t)e * gs_stride] * EPI_SCALE;
+    const float alpha = gscale[(size_t)e * gs_stride] * EPI_SCALE;
 #pragma unroll
-  for (int u = 0; u < OUT_TN; ++u)
+    for (int u = 0; u < OUT_TN; ++u)
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
+      for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int p = rows_s[8 * j + 2 * t + (c & 1)];
-        if (p < 0) continue;
-        float v = acc[u][j][c] * alpha;
+        for (int c = 0; c < 4; ++c) {
+          const int p = rows_s[8 * j + 2 * t + (c & 1)];
+          if (p < 0) continue;
+          float v = acc[u][j][c] * alpha;
 #if SWIGLU
-        const float up = acc[u + TN / 2][j][c] * alpha;
-        v = v / (1.f + __expf(-v)) * up;
+          const float up = acc[u + TN / 2][j][c] * alpha;
+          v = v / (1.f + __expf(-v)) * up;
 #endif
-        if (routed) v *= pair_weight(tw, p, top_k, ids_cols, shared_e);
+          if (routed) v *= pair_weight(tw, p, top_k, ids_cols, shared_e);
 #if REDUCE
-        red[(size_t)p * N + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = v;
+          red[(size_t)p * N + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = v;
 #else
-        y[(size_t)p * nout + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = to_bf16(v);
+          y[(size_t)p * nout + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = to_bf16(v);
 #endif
-      }
+        }
 #if REDUCE
-  __threadfence();                                   // this CTA's rows before its arrivals
-  __syncwarp();
-  int last = 0;
-  if (lane < CAP) {
-    const int p = rows_s[lane];
-    if (p >= 0) last = atomicAdd(cnt + (size_t)(p / top_k) * gridDim.y + nt, 1) == top_k - 1;
-  }
-  u32 lm = __ballot_sync(0xffffffffu, last);
-  if (lm) __threadfence();
-  while (lm) {                                       // tokens whose last slot this CTA brought
-    const int i = __ffs(lm) - 1;
-    lm &= lm - 1;
-    const int tok = rows_s[i] / top_k;
-    for (int c = lane; c < 16 * TN; c += 32) {
-      float s = 0.f;
-      for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
-      y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
+    __threadfence();                                   // this CTA's rows before its arrivals
+    __syncwarp();
+    int last = 0;
+    if (lane < CAP) {
+      const int p = rows_s[lane];
+      if (p >= 0) last = atomicAdd(cnt + (size_t)(p / top_k) * NTILES + nt, 1) == top_k - 1;
     }
-    if (lane == 0) atomicExch(cnt + (size_t)tok * gridDim.y + nt, 0);
-  }
+    u32 lm = __ballot_sync(0xffffffffu, last);
+    if (lm) __threadfence();
+    while (lm) {                                       // tokens whose last slot this CTA brought
+      const int i = __ffs(lm) - 1;
+      lm &= lm - 1;
+      const int tok = rows_s[i] / top_k;
+      for (int c = lane; c < 16 * TN; c += 32) {
+        float s = 0.f;
+        for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
+        y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
+      }
+      if (lane == 0) atomicExch(cnt + (size_t)tok * NTILES + nt, 0);
+    }
 #endif
+#if NW > 1
+    }
+    if (w + 1 < NW) {                                // the next trip's tile: pointers at K's start, sums zeroed
+#pragma unroll
+      for (int u = 0; u < TN; ++u) {
+        tile[u] += TN;
+        wp[u] = wexp + tile[u] * wtile + 2 * kp0 * 32 + lane;
+        sp[u] = sexp + tile[u] * stile + kp0 * SW + SLANE(lane);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
+      }
+    }
+    __syncthreads();                                 // the ring (and the sum's buffer) is the next trip's
+#endif
+  }
 }

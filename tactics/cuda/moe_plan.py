@@ -6,13 +6,16 @@ pool, the argument tuple) and, where it was one launch on tensors taken as they 
 `Plan`: the launch's arguments with the four per-call pointers (x, out, topk_ids, topk_weights)
 left open. A later call matching the plan — the same weight object (a frozen CudaPacked checked in
 full before) over the same storage, x / ids / weights of the plan's class, dtype, shape and device, contiguous, x 16-byte
-aligned, out not given, the same stream, the scratch pool unchanged — fills them and launches;
+aligned, out not given, the same stream, the same prefetch arguments (moe_mma's last four), the
+scratch pool unchanged — fills them and launches (into a fresh output, or with scratch_out the pool's
+view the whole way wrote);
 anything else returns None and takes the whole way, which raises the one-line errors. The launch's
 arguments are the whole way's, bit for bit (tests/test_cuda_moe_plan.py compares them).
 """
 from __future__ import annotations
 
 import weakref
+from threading import get_ident
 from typing import Any
 
 import torch
@@ -31,11 +34,16 @@ class Plan:
     """One launch form: `plan(x, w, ids, tw)` → out, or None where the call is not this form."""
 
     __slots__ = ("x_shape", "ids_dtype", "ids_shape", "dev", "device", "out_shape", "grid", "block", "head",
-                 "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner")
+                 "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner", "pf", "out", "out_ptr",
+                 "out_bytes", "tid")
 
     def __init__(self, owner: Any, x: Tensor, ids: Tensor, out: Tensor, grid: tuple, block: tuple, args: tuple,
-                 stream: int, run: Any):
-        self.owner, self.run, self.grid, self.block, self.stream = owner, run, grid, block, stream
+                 stream: int, run: Any, pf: tuple = (), so: bool = False):
+        self.owner, self.run, self.grid, self.block, self.stream, self.pf = owner, run, grid, block, stream, pf
+        #: scratch_out: the pool's view the whole way wrote (valid while the pool's epoch holds: an outgrown
+        #: buffer is retired, not freed); else None and a fresh output per call
+        self.out = out if so else None
+        self.out_ptr, self.out_bytes, self.tid = out.data_ptr(), out.numel() * 2, get_ident()
         self.x_shape, self.ids_dtype, self.ids_shape = x.shape, ids.dtype, ids.shape
         self.dev, self.device, self.out_shape = x.get_device(), x.device, out.shape
         self.head, self.mid, self.tail = args[:X], args[OUT + 1:IDS], args[TW + 1:]
@@ -47,7 +55,9 @@ class Plan:
         index), or the CPU (the null launchers of tests and bench/moe_host.py)."""
         return t.is_cuda and t.get_device() == self.dev if self.dev >= 0 else t.is_cpu
 
-    def __call__(self, x: Tensor, w: Any, ids: Any, tw: Any) -> Tensor | None:
+    def __call__(self, x: Tensor, w: Any, ids: Any, tw: Any, pf: tuple = ()) -> Tensor | None:
+        if pf is not self.pf and pf != self.pf:        # another prefetch (moe_mma's last four arguments)
+            return None
         if (w.packed.data_ptr() != self.head[0] or w.scales.data_ptr() != self.head[1]   # storage swapped under the
                 or w.global_scale.data_ptr() != self.mid[0]):                          # same pack (.data =): re-read
             return None
@@ -66,9 +76,15 @@ class Plan:
         # a buffer still to zero on this stream (made under a capture): the whole way zeroes it; another
         # stream's (a graph's capture stream) does not concern this launch
         if (pool is not self.pool or pool.epoch != self.epoch or stream_key(self.device) != self.stream
-                or (pool.dirty and any(k[1] == self.stream for k in pool.dirty))):
+                or pool.dirty_on(self.stream)):
             return None
-        out = torch.empty(self.out_shape, dtype=BF16, device=self.device)
+        if self.out is None:
+            out = torch.empty(self.out_shape, dtype=BF16, device=self.device)
+        else:                                            # scratch_out: this thread's view, x not inside it
+            out = self.out
+            xa, oa = x.data_ptr(), self.out_ptr
+            if self.tid != get_ident() or (xa < oa + self.out_bytes and oa < xa + x.numel() * 2):
+                return None                              # the whole way: this thread's buffer, or its one-line error
         self.run(self.grid, self.block, self.head + (x.data_ptr(), out.data_ptr()) + self.mid
                  + (ids.data_ptr(), tp) + self.tail, self.stream)
         return out
@@ -88,22 +104,23 @@ class Planned:
         self._plans.clear()
         self._plan_w = None
 
-    def _planned(self, x: Any, w: Any, ids: Any, tw: Any, shared_slot: bool) -> Tensor | None:
+    def _planned(self, x: Any, w: Any, ids: Any, tw: Any, shared_slot: bool, pf: tuple = (),
+                 so: bool = False) -> Tensor | None:
         ref = self._plan_w
         if ref is None or ref() is not w or x.__class__ is not Tensor:
             return None
-        plan = self._plans.get((x.shape[0], x.dim(), shared_slot, tw is None))
-        return None if plan is None else plan(x, w, ids, tw)
+        plan = self._plans.get((x.shape[0], x.dim(), shared_slot, tw is None, so))
+        return None if plan is None else plan(x, w, ids, tw, pf)
 
     def _remember(self, x: Tensor, w: Any, ids: Tensor, tw: Any, shared_slot: bool, out: Tensor, grid: tuple,
-                  block: tuple, args: tuple, stream: int, run: Any) -> None:
+                  block: tuple, args: tuple, stream: int, run: Any, pf: tuple = (), so: bool = False) -> None:
         """After a whole-way call that launched once on x / ids / tw as given (no copy, no cast)."""
         if self._plan_w is None or self._plan_w() is not w:
             self._plans.clear()
             self._plan_w = weakref.ref(w)      # weak: a launcher kept past its job pins no pack
         if len(self._plans) < MAX_PLANS:
-            self._plans[(x.shape[0], x.dim(), shared_slot, tw is None)] = Plan(self, x, ids, out, grid, block, args,
-                                                                               stream, run)
+            self._plans[(x.shape[0], x.dim(), shared_slot, tw is None, so)] = Plan(self, x, ids, out, grid, block,
+                                                                                   args, stream, run, pf, so)
 
 
 def plannable(x: Tensor, ids: Tensor, tw: Any) -> bool:

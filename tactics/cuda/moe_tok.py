@@ -23,6 +23,9 @@ class TokLaunch(MOE.MoeLaunch):
     stacked CudaPacked: each token's routing-weighted sum over its top_k slots. `aligned=` is refused
     (the kernel reads topk_ids as they are; aligned_block_m is None at every M)."""
 
+    prefetches = False        # w2's kernel: no kernel after it in the layer to prefetch for
+    scratch_out = False       # its output is the layer's: a fresh tensor
+
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         if not MOE.is_tok(tactic):
             raise ValueError(f"TokLaunch runs moe_tok tactics, not {tactic}")
@@ -31,10 +34,13 @@ class TokLaunch(MOE.MoeLaunch):
             raise ValueError(f"{problem.key} {tactic}: {why}")
         super().__init__(problem, tactic, device, check_ids)
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None):
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot: bool = False, aligned=None,
+                 prefetch=None, scratch_out: bool = False):
         p = self.problem
         if aligned is not None:
             raise ValueError(f"{p.key}: cuda moe_tok reads topk_ids as they are and takes no routing alignment")
+        if prefetch is not None or scratch_out:
+            raise ValueError(f"{p.key}: cuda moe_tok takes no prefetch and writes no scratch output (w2: the layer's output)")
         fresh = out is None and not self.check_ids
         if fresh:                                       # a form seen before: its plan (moe_plan.py)
             y = self._planned(x, w, topk_ids, topk_weights, shared_slot)

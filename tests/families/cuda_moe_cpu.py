@@ -15,6 +15,8 @@ class _CpuMoeRun(MOE.MoeScratch):
     capture_safe = False
     checks_ids = True
     shared_slot = True
+    prefetches = True         # checked as the launcher checks it, recorded (a hint: the port computes without it)
+    scratch_out = True        # the port writes into the pool's view as the kernel does
 
     def __init__(self, problem, tactic, check_ids=None):
         self.problem, self.tactic = problem, tactic
@@ -22,13 +24,25 @@ class _CpuMoeRun(MOE.MoeScratch):
         self._init_scratch(check_ids)
         self.released = 0
         self.aligned_calls = 0
+        self.prefetched: list = []
 
     def release(self) -> None:
         self.released += 1
         super().release()
 
-    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot=False, aligned=None):
-        m, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, shared_slot=shared_slot)
+    def __call__(self, x, w, topk_ids, topk_weights=None, out=None, shared_slot=False, aligned=None, prefetch=None,
+                 scratch_out=False):
+        so = scratch_out and out is None
+        m, out = MOE.check_call(self.problem, x, w, topk_ids, topk_weights, out, cuda=False, shared_slot=shared_slot,
+                                alloc=not so)
+        if so:
+            out = self.out_view(m, x.device, 0)
+            MOE.check_apart(self.problem, x, out)
+            out.fill_(float("nan"))           # the emulation writes every row it owns: stale rows would show
+        self.scratch_outs = getattr(self, "scratch_outs", 0) + so
+        if prefetch is not None:
+            MOE.check_prefetch(self.problem, prefetch, x)
+        self.prefetched.append(prefetch)
         kind, rows = MOE.route(self.problem, self.cfg, m, shared_slot)
         MOE.check_alignment(self.problem, self.cfg, m, kind, rows, aligned, x.device)   # emulate forms the same groups
         self.aligned_calls += aligned is not None
