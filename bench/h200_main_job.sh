@@ -49,7 +49,9 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then   # the worker-memory test and the GPU tests 
   # every test passed, none skipped, each kernel's own tests PASSED: record the cuda kernels' code as GPU-checked (tactics/cuda/checked.py), so the
   # main job below measures them; commit $OUT/gpu_checked.json and the log (docs/data/) from this call
   rev=$(git rev-parse --short HEAD 2>/dev/null || echo tree)
-  if python3 tools/mark_gpu_checked.py "$OUT/gpu-tests-full.txt" --log-name "gpu-tests-h200-$rev.txt" 2>&1 | tee -a "$OUT/summary.txt"; then
+  # the log's name says which card ran it (the tool may lend an H100 for an H200 call)
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]\{3\}' | tr A-Z a-z)
+  if python3 tools/mark_gpu_checked.py "$OUT/gpu-tests-full.txt" --log-name "gpu-tests-${gpu:-gpu}-$rev.txt" 2>&1 | tee -a "$OUT/summary.txt"; then
     cp tactics/cuda/gpu_checked.json "$OUT/gpu_checked.json"
     if [ "${KEEP:-0}" = 1 ]; then mkdir -p /root/keep && cp tactics/cuda/gpu_checked.json /root/keep/; fi
   fi
