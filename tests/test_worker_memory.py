@@ -128,3 +128,101 @@ def test_input_setup_out_of_memory_is_the_jobs_condition_not_its_tactics(fam, tm
     rep = search([P], families=[fam], store=store2, buckets=Buckets.of((1, 2)), env=env,
                  runner=Runner(isolate=False), **FAST)
     assert rep.job_failures == [] and len(rep.winners) == 2 and rep.measured > 0
+
+
+def test_setup_is_retried_in_a_fresh_worker(fam, tmp_path, monkeypatch):
+    """A worker may hold what it cannot free (a failed capture's pool: timing.abandon): the retry of a
+    setup that ran out of memory runs in a new one. In-process, a new Bench; the first one's inputs
+    keep failing, the second's draw."""
+    import autotune.engine.workers as W
+    benches, real = [], inputs.make_inputs
+    init = Bench.__init__
+
+    def counting_init(self, *a, **kw):
+        benches.append(self)
+        init(self, *a, **kw)
+
+    def first_bench_fails(*a, **kw):
+        if len(benches) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.38 GiB")
+        return real(*a, **kw)
+    monkeypatch.setattr(Bench, "__init__", counting_init)
+    monkeypatch.setattr(inputs, "make_inputs", first_bench_fails)
+    ex = W.InlineExecutor("cpu")
+    from autotune.engine.search import Job
+    from autotune.engine.sink import Collect
+    t = _tactic("keep", 64)
+    got = Collect()
+    assert W.run_job(ex, Job(P, 4, (t,), t.id), FAST["timer"], FAST["halving"], 0, got) is None
+    assert len(benches) == 2 and [o.status for o in got.outcomes] == ["ok"]
+    assert got.stages.data["recycle"][0] == 1
+
+
+class _Leaky:
+    """An executor whose jobs end with a failed capture whose pool was not handed back."""
+
+    def __init__(self, released: int):
+        self.device, self.released, self.recycled = "cpu", released, 0
+        self._ex = None
+
+    def setup(self, *a):
+        pass
+
+    def check(self, t):
+        return {"rel_err": 0.0, "smem_compiled": None}
+
+    def time(self, t, timer):
+        return {"median_us": 1.0, "iqr_us": 0.0, "reps": 1}
+
+    def forget(self, t):
+        pass
+
+    def end_job(self):
+        return {"allocated": 0, "kept": 0, "peak": 0, "captures_failed": 2, "pools_released": self.released}
+
+    def recycle(self):
+        self.recycled += 1
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("released, recycled", [(2, 0), (1, 1)])
+def test_a_job_that_leaked_a_capture_pool_ends_its_worker(fam, released, recycled):
+    import autotune.engine.workers as W
+    from autotune.engine.search import Job
+    from autotune.engine.sink import Collect
+    t = _tactic("keep", 64)
+    ex, got = _Leaky(released), Collect()
+    assert W.run_job(ex, Job(P, 4, (t,), t.id), FAST["timer"], FAST["halving"], 0, got) is None
+    assert ex.recycled == recycled
+    assert got.stages.counts == {"captures_failed": 2, "pools_released": released}
+
+
+def test_stages_sum_capture_counts_and_keep_the_largest_reserve():
+    from autotune.engine.stages import Stages
+    a, b = Stages(), Stages()
+    a.job_memory({"allocated": 1, "kept": 1, "reserved": 10, "peak_reserved": 30, "captures_failed": 3,
+                  "pools_released": 3}, "j1")
+    a.job_memory({"allocated": 1, "kept": 1, "reserved": 20, "peak_reserved": 25, "captures_failed": 1,
+                  "pools_released": 0}, "j2")
+    b.merge(a.state())
+    b.merge(a.state())
+    assert a.memory["reserved_after_job"] == 20 and a.memory["peak_reserved"] == 30
+    assert a.counts == {"captures_failed": 4, "pools_released": 3}
+    assert b.counts == {"captures_failed": 8, "pools_released": 6} and b.memory["peak_reserved"] == 30
+
+
+def test_a_recycled_process_worker_restarts_with_the_jobs_setup(fam):
+    """ProcessExecutor.recycle kills the worker; the next request starts a new one, which replays
+    the setup (so the job goes on there)."""
+    from autotune.engine.workers import ProcessExecutor
+    ex = ProcessExecutor("cpu", timeout_s=120, families={"scratchy": "tests.families.scratchy:ScratchyFamily"})
+    try:
+        ex.setup(P.key, 4, 0)
+        first = ex.pids[-1]
+        ex.recycle()
+        out = ex.check(_tactic("keep", 64))
+        assert out["rel_err"] < 1e-2 and ex.pids[-1] != first and ex.restarts == 1
+    finally:
+        ex.close()

@@ -68,3 +68,26 @@ def test_memory_returns_to_the_weights_after_every_job_of_a_real_moe_problem():
                 assert mem["peak"] < mem["kept_after_job"] + (8 << 30), mem
     finally:
         ex.close()
+
+
+def test_a_failed_capture_hands_its_memory_pool_back():
+    """A call with a host sync inside cannot be captured: the timer times it eagerly instead, and the
+    pool the failed capture allocated from goes back (timing.abandon). Left to PyTorch it stays
+    reserved for the life of the process: 256 MiB per try here, GBs per torch-family MoE tactic at
+    M = 4096 in the main job on an 80 GB H100 (docs/moe-decode.md part 16)."""
+    import torch
+
+    def call(i):
+        t = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")
+        return int(t[-1].item())          # a host read: not capturable
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    before = dict(timing.ABANDONED)
+    for _ in range(4):
+        t = timing.time_calls(call, 1, "cuda", timing.TimerConfig(budget_s=0.001, min_reps=1, max_reps=2), {})
+        assert t.median_us > 0
+    torch.cuda.empty_cache()
+    assert timing.ABANDONED["captures"] - before["captures"] == 4
+    assert timing.ABANDONED["released"] - before["released"] == 4
+    assert torch.cuda.memory_reserved() <= base + (32 << 20), (base, torch.cuda.memory_reserved())

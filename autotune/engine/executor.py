@@ -45,6 +45,7 @@ class Executor(Protocol):
     def time(self, tactic: Tactic, timer: TimerConfig) -> dict: ...
     def forget(self, tactic: Tactic) -> None: ...       # done with this tactic in this job: free its memory
     def end_job(self) -> dict: ...                      # the job is over: free it all; memory figures
+    def recycle(self) -> None: ...                      # start afresh (a new process where there is one)
     def close(self) -> None: ...
 
 

@@ -13,7 +13,8 @@ class Stages:
 
     def __init__(self):
         self.data: dict[str, list] = {}       # stage -> [count, seconds]
-        self.memory: dict[str, int] = {}      # peak | after_job | kept_after_job -> largest bytes seen
+        self.memory: dict[str, int] = {}      # peak | after_job | kept_after_job | *reserved* -> largest bytes seen
+        self.counts: dict[str, int] = {}      # captures_failed | pools_released -> summed over jobs
         self.worst_job = ""                   # the job that left the most past what it keeps on purpose
         self._lock = threading.Lock()
 
@@ -31,7 +32,11 @@ class Stages:
                 if over > self.memory.get("over_kept", -1 << 62):
                     self.worst_job = (f"{job}: {over} B allocated past its weights and packs"
                                       + ("; largest live: " + " | ".join(figures["live"]) if figures.get("live") else ""))
-            for name, key in (("peak", "peak"), ("after_job", "allocated"), ("kept_after_job", "kept")):
+            for name in ("captures_failed", "pools_released"):    # events: summed over jobs and workers
+                if isinstance(figures.get(name), int) and figures[name]:
+                    self.counts[name] = self.counts.get(name, 0) + figures[name]
+            for name, key in (("peak", "peak"), ("after_job", "allocated"), ("kept_after_job", "kept"),
+                              ("peak_reserved", "peak_reserved"), ("reserved_after_job", "reserved")):
                 if isinstance(figures.get(key), int):
                     self.memory[name] = max(self.memory.get(name, 0), figures[key])
             if isinstance(figures.get("allocated"), int) and isinstance(figures.get("kept"), int):
@@ -39,7 +44,7 @@ class Stages:
                 self.memory["over_kept"] = max(self.memory.get("over_kept", 0), over)
 
     def state(self) -> dict:
-        return {"data": self.data, "memory": self.memory, "worst_job": self.worst_job}
+        return {"data": self.data, "memory": self.memory, "counts": self.counts, "worst_job": self.worst_job}
 
     def merge(self, other: dict) -> None:
         data = other.get("data", other) if "memory" in other or "data" in other else other
@@ -48,6 +53,8 @@ class Stages:
         with self._lock:
             for k, v in other.get("memory", {}).items() if "memory" in other else ():
                 self.memory[k] = max(self.memory.get(k, 0), v)
+            for k, v in other.get("counts", {}).items() if "memory" in other else ():
+                self.counts[k] = self.counts.get(k, 0) + v
 
     def line(self) -> str:
         return ", ".join(f"{k} {sec:.1f} s ({n}, {1e3 * sec / max(n, 1):.1f} ms each)"

@@ -127,10 +127,42 @@ def _capture(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> tu
             call(i % n_sets)
     torch.cuda.current_stream().wait_stream(stream)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            call(i)
+    try:
+        with torch.cuda.graph(g):
+            for i in range(calls):
+                call(i)
+    except BaseException:
+        abandon(g)
+        raise
     return g, calls
+
+
+#: captures that failed and whose memory pool `abandon` handed back, in this process
+ABANDONED = {"captures": 0, "released": 0}
+
+
+def abandon(g: "torch.cuda.CUDAGraph") -> bool:
+    """Hand back the private memory pool of a capture that failed (a host sync or an out-of-memory
+    inside it). PyTorch's capture_end raises at cudaStreamEndCapture, before it ends the allocator's
+    routing into the graph's pool, and a graph whose capture never ended does not release its pool
+    when it dies: every block the capture took stays reserved, out of every later allocation's
+    reach, for the life of the process (empty_cache cannot free it). The main job on an 80 GB H100
+    lost two jobs and 22 trials to that (docs/moe-decode.md part 16). Ending the routing and
+    releasing the pool makes those blocks free again. Returns whether the pool was released (not
+    when capture_end got past the routing: then the graph owns the pool as usual)."""
+    ABANDONED["captures"] += 1
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if end is None or release is None:
+        return False
+    dev, pool = torch.cuda.current_device(), g.pool()
+    try:
+        end(dev, pool)        # raises when capture_end already ended the routing
+    except Exception:
+        return False
+    release(dev, pool)
+    ABANDONED["released"] += 1
+    return True
 
 
 def _replay(captured: tuple, cfg: TimerConfig) -> Timing:

@@ -111,6 +111,7 @@ class Bench:
         self._ref = None
         self._base = 0                          # bytes held once the job's inputs are drawn
         self._named_live = False                # a job left too much once: its live tensors were named
+        self._abandoned = (timing.ABANDONED["captures"], timing.ABANDONED["released"])   # at the last end_job
 
     # -- memory
     def forget(self, tactic_id: str) -> None:
@@ -137,6 +138,13 @@ class Bench:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
 
+    def clear(self) -> None:
+        """Drop everything, the problem's weights and packs too, and hand the allocator's cache back."""
+        self._forget_all()
+        self.problem, self._weights, self._sets, self._outs, self._ref = None, [], [], [], None
+        self._packs.clear()
+        self._free()
+
     def _trim(self, tactic_id: str) -> None:
         if self._allocated() - self._base > self.keep_bytes:
             self.forget(tactic_id)
@@ -157,9 +165,15 @@ class Bench:
         self._free(release_cache=False)
         t2 = time.perf_counter()
         out = {"allocated": self._allocated(), "kept": self.kept_bytes(), "peak": 0}
+        # captures that failed in this job (timed eagerly instead), and how many of their pools went back
+        failed, released = timing.ABANDONED["captures"], timing.ABANDONED["released"]
+        out["captures_failed"], out["pools_released"] = failed - self._abandoned[0], released - self._abandoned[1]
+        self._abandoned = (failed, released)
         if self.device == "cuda":
             import torch
             out["peak"] = torch.cuda.max_memory_allocated()
+            # what the allocator holds, cached blocks and graph pools too: a leak shows here, not in `peak`
+            out["reserved"], out["peak_reserved"] = torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved()
             torch.cuda.reset_peak_memory_stats()
             if out["allocated"] - out["kept"] > LEFT_BYTES and not self._named_live:
                 self._named_live = True      # once per worker: walking the heap costs ~0.3 s
@@ -187,10 +201,7 @@ class Bench:
             self._ref = inputs.reference(p, self._sets[0])
             self._outs = [inputs.torch_empty_out(p, bucket, s) for s in self._sets]
         except BaseException:
-            # the caller retries with the same seeds: give it the whole device back first
-            self.problem, self._weights, self._sets, self._outs, self._ref = None, [], [], [], None
-            self._packs.clear()
-            self._free()
+            self.clear()      # the caller retries with the same seeds: give it the whole device back first
             raise
         self._base = self._allocated()
         return {"sets": len(self._sets)}

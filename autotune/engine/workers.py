@@ -64,6 +64,11 @@ class InlineExecutor:
     def end_job(self) -> dict:
         return self._b.end_job()
 
+    def recycle(self) -> None:
+        """No process to restart: a new Bench (the old one's tensors go with it)."""
+        self._b.clear()
+        self._b = Bench(self.device)
+
     def close(self) -> None:
         pass
 
@@ -188,11 +193,18 @@ class ProcessExecutor:
         if self._p is not None:       # a restarted worker holds nothing of the tactic
             self._request({"op": "forget", "tactics": [tactic.id]}, self.timeout_s)
 
+    def recycle(self) -> None:
+        """Kill the worker: the next request starts a new one (and replays the setup). A fresh
+        process is the one sure way back to an empty device (nothing cached, no pool held)."""
+        if self._p is not None:
+            self._kill()          # the next request counts the restart
+
     def end_job(self) -> dict:
         if self._p is None:
             return {}
         reply = self._request({"op": "end_job"}, self.timeout_s)
-        return {k: reply[k] for k in ("allocated", "kept", "peak", "live", "parts") if k in reply}
+        return {k: reply[k] for k in ("allocated", "kept", "peak", "reserved", "peak_reserved",
+                                         "captures_failed", "pools_released", "live", "parts") if k in reply}
 
     def close(self) -> None:
         if self._p is not None:
@@ -248,6 +260,9 @@ class _Clocked:
     def end_job(self):
         return self._timed("end job", self._ex.end_job)
 
+    def recycle(self) -> None:
+        self._timed("recycle", self._ex.recycle)
+
     def close(self) -> None:
         self._ex.close()
 
@@ -260,10 +275,14 @@ def run_job(ex: Executor, job, timer: timing.TimerConfig, halving, seed: int, si
     ends, so no tactic-sized memory outlives its job. Input setup that fails (out of memory, the
     worker lost while drawing inputs) is the job's condition, not its tactics': it is retried once
     with the same inputs (same seeds, never fewer sets), then returned as the job's reason — the
-    tactics stay unmeasured, none is stored as failed. Returns None when the job was measured."""
+    tactics stay unmeasured, none is stored as failed. The retry runs in a fresh worker: whatever
+    the old one held (a cache, a pool a failed capture kept) cannot fail it again. Returns None
+    when the job was measured."""
     ex = _Clocked(ex, sink)
     why = None
-    for _attempt in range(2):
+    for attempt in range(2):
+        if attempt:
+            ex.recycle()
         try:
             ex.setup(job.problem.key, job.bucket, seed)
             why = None
@@ -305,6 +324,11 @@ def _end(ex: Executor, job, stages: Stages | None) -> None:
         return
     if stages is not None:
         stages.job_memory(figures or {}, f"{job.problem.key} m={job.bucket}")
+    figures = figures or {}
+    if figures.get("captures_failed", 0) > figures.get("pools_released", 0):
+        # a failed capture whose pool could not be handed back (timing.abandon): its blocks stay
+        # reserved for the life of the worker, so the next job starts in a new one
+        ex.recycle()
 
 
 def _executors(runner, device: str) -> list[tuple[str, Executor]]:

@@ -64,7 +64,7 @@ def search_json(report, uses) -> dict:
         "compiled": report.compiled, "compile_failures": report.compile_failures, "shards": report.shards,
         "stages": {k: {"count": n, "seconds": sec} for k, (n, sec) in report.stages.data.items()},
         "job_failures": list(getattr(report, "job_failures", [])),
-        "worker_memory": {**getattr(report.stages, "memory", {}),
+        "worker_memory": {**getattr(report.stages, "memory", {}), **getattr(report.stages, "counts", {}),
                           "worst_job": getattr(report.stages, "worst_job", "")},
         "model_errors": report.model_errors,
         **({"audit": asdict(report.audit)} if getattr(report, "audit", None) is not None else {}),
