@@ -22,7 +22,8 @@ then (branch w2-walk) the grouped cuda tactics read `unknown` once more (moe_mma
 N-tile walk) and the reduce problems count the walk tactics; then (branch next-kernels) six fewer of
 them on the GLM-5 reduce problems: the walks ptxas spills are out of the space (moe_search.walk_spills);
 then (the same session, after the walk measured slower on an H100) none: walks are out of the search
-(moe_search.WALKS).
+(moe_search.WALKS); then (2026-12-05, sixteenth session) every cuda tactic is kept again: next-kernels'
+texts passed their GPU tests on an H100 (73/73) and the record holds their digests.
 """
 from __future__ import annotations
 
