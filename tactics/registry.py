@@ -146,6 +146,13 @@ def useful(problem: Problem, tactic: Tactic, m: int) -> bool:
     return True if fn is None else bool(fn(problem, tactic, m))
 
 
+def first_batch_member(problem: Problem, family: str) -> bool:
+    """Whether `family`'s kernels get a first-batch slot of their own (Family.first_batch_member;
+    a family without the method: True)."""
+    fn = getattr(get(family), "first_batch_member", None)
+    return True if fn is None else bool(fn(problem))
+
+
 # -- which code measured a stored row (autotune.core.codekey) ---------------------------------
 
 #: what a stale-code row's reason starts with (the Dispatcher counts `skipped` by it)

@@ -60,6 +60,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "cuda_h200.py": ("parts", "tests/test_doc_numbers.py renders the committed JSON; candidates checked here"),
     "cublaslt_h200.py": ("parts", "import and --help: every path needs nvmath's cuBLASLt on a GPU"),
     "eager_h200.py": ("parts", "import and --help: every row times CUDA calls or graphs"),
+    "capture_leak_h200.py": ("parts", "import and --help: every part captures CUDA graphs"),
     "cuda_moe_h200.py": ("run", "--plan"),
     "pdl_h200.py": ("run", "--plan"),
     "rank_bests.py": ("run", "--json {out}/rb.json"),

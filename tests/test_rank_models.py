@@ -80,7 +80,12 @@ def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
             assert all(t.params.get("kernel") == "moe_tok" for t in novel), (w.problem.key, b)
             assert any(t.params.get("kernel") == "moe_tok" for t in novel) == (w.problem.epilogue == "reduce"), \
                 (w.problem.key, b)
-            assert {strategy.kernel_of(t) for t in (*p.order[:first], *p.extras)} == {strategy.kernel_of(t) for t in p.order}
+            # every kernel is in the first batch, but the torch reference's grouped MoE (a host loop:
+            # Family.first_batch_member) unless the trees put it there
+            reference = {strategy.kernel_of(t) for t in p.order if not registry.first_batch_member(w.problem, t.family)}
+            assert reference == ({("torch", "")} if w.problem.kind == "grouped_moe" else set())
+            assert {strategy.kernel_of(t) for t in (*p.order[:first], *p.extras)} | reference == \
+                {strategy.kernel_of(t) for t in p.order}
             assert len(p.order) == len(w.kept) and all(abs(x) < 10 for x in p.pred)
 
 

@@ -307,3 +307,20 @@ def test_every_kernel_gets_its_best_predicted_tactic_into_the_first_batch():
     assert strategy.every_member(off) is off                      # the knob turns it off
     first = next(iter(ranked.Ranker(out).batches({})))
     assert {strategy.kernel_of(t) for t in first} == {("cuda", "moe_a"), ("cuda", "moe_b"), ("triton", "")}
+
+
+def test_the_torch_reference_gets_no_first_batch_slot_of_its_own_for_grouped_moe():
+    """Its grouped MoE is a host loop over the experts (100-400x the grouped kernels on the H100):
+    every_member leaves it out there, keeps it for dense (dequantize + cuBLAS, a prefill candidate),
+    and a plan without its problem (older callers) is unchanged."""
+    from autotune.core.problem import Problem
+    from autotune.engine import strategy
+    a = [Tactic("cuda", kernel="moe_a", warps_k=w) for w in (1, 2)]
+    t = [Tactic("torch", dequant_dtype="bf16", chunk_n=c) for c in (0, 512)]
+    order = (a[0], a[1], t[1], t[0])
+    cfg = ranked.Ranked(min_first=1, first_share=0.0, step=1)
+    plan = ranked.RankPlan(order, tuple(range(len(order))), (), {}, cfg)
+    moe, dense = Problem.moe(6144, 256, 257, 9), Problem.dense(6144, 1536)
+    assert strategy.every_member(plan, moe).extras == ()
+    assert strategy.every_member(plan, dense).extras == (t[1],)
+    assert strategy.every_member(plan).extras == (t[1],)

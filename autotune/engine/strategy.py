@@ -156,7 +156,8 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
             best = [by_id[i] for i in dict.fromkeys((*model.bests(w.problem.key, b), *model.sibling_bests(w.problem, b)))
                     if i in by_id]
             out[(w.problem.key, b)] = every_member(ranked.plan_for(
-                [r.tactic for r in kept], p, [w.default, *best, *_novel(kept, f, p, names, cfg.min_first)], known, cfg))
+                [r.tactic for r in kept], p, [w.default, *best, *_novel(kept, f, p, names, cfg.min_first)], known, cfg),
+                w.problem)
     return out
 
 
@@ -165,20 +166,22 @@ def kernel_of(t: Tactic) -> tuple[str, str]:
     return t.family, str(t.params.get("kernel", ""))
 
 
-def every_member(plan: ranked.RankPlan) -> ranked.RankPlan:
+def every_member(plan: ranked.RankPlan, problem: Problem | None = None) -> ranked.RankPlan:
     """Each kernel the job keeps tactics of gets its best-predicted one into the first batch. The
     trees rank configs of one kernel better than kernels against each other: the fourteenth main job
     never measured moe_mma on w2:reduce from M = 32 up (its first batches held moe_tok and Triton
     only), and served Triton there at 215 µs (M = 128) where the unfused w2's cuda winner took 122
     (docs/moe-decode.md part 13). Adds nothing where every kernel is in the first batch already, or
-    with `Ranked(every_kernel=False)`."""
+    with `Ranked(every_kernel=False)`. With `problem`, a family may decline the slot there
+    (Family.first_batch_member: the torch reference's grouped MoE)."""
     if not plan.cfg.every_kernel:
         return plan
     first = ranked.Ranker(plan).first
     have = {kernel_of(t) for t in (*plan.order[:first], *plan.extras)}
     tops: dict[tuple[str, str], Tactic] = {}
     for t in plan.order:                    # predicted order: the first of each kernel is its best
-        tops.setdefault(kernel_of(t), t)
+        if problem is None or registry.first_batch_member(problem, t.family):
+            tops.setdefault(kernel_of(t), t)
     add = [t for m, t in tops.items() if m not in have]
     return replace(plan, extras=tuple(dict.fromkeys((*plan.extras, *add)))) if add else plan
 
