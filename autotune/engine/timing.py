@@ -155,12 +155,12 @@ def abandon(g: "torch.cuda.CUDAGraph") -> bool:
     release = getattr(torch._C, "_cuda_releasePool", None)
     if end is None or release is None:
         return False
-    dev, pool = torch.cuda.current_device(), g.pool()
     try:
+        dev, pool = torch.cuda.current_device(), g.pool()
         end(dev, pool)        # raises when capture_end already ended the routing
-    except Exception:
+        release(dev, pool)
+    except Exception:         # never in the way of the capture's own error; the worker ends at the job's end
         return False
-    release(dev, pool)
     ABANDONED["released"] += 1
     return True
 
