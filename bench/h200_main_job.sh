@@ -3,6 +3,7 @@
 #   0. (GPU_TESTS=1) the worker-memory GPU test (several buckets of a real MoE problem in one worker),
 #      the launchers' GPU tests and the cuda family's (dense, moe_mma incl. its shared slot, moe_tok, PDL,
 #      no sync); all passed: tools/mark_gpu_checked.py records the kernels' texts (→ $OUT/gpu_checked.json);
+#   0a. (LEAK=1) the failed-capture leak's GPU test and bench/capture_leak_h200.py (part 16);
 #   0b. (SWEEP=1) bench/moe_latency_h200.py's probes and config sweep (moe_tok beside moe_mma);
 #       (HOST=1) bench/moe_host.py --device cuda with its profile;
 #   1. `autotune search --model glm5 --tp 8` on a fresh cache (fresh Triton and cubin caches too:
@@ -55,6 +56,16 @@ if [ "${GPU_TESTS:-0}" = 1 ]; then   # the worker-memory test and the GPU tests 
     cp tactics/cuda/gpu_checked.json "$OUT/gpu_checked.json"
     if [ "${KEEP:-0}" = 1 ]; then mkdir -p /root/keep && cp tactics/cuda/gpu_checked.json /root/keep/; fi
   fi
+fi
+
+# LEAK=1: does a failed CUDA-graph capture keep its memory (docs/moe-decode.md part 16)? The GPU test,
+# then bench/capture_leak_h200.py's PyTorch-alone and timer parts (LEAK_JOB=1 adds the main job's case:
+# the folded w2 at M = 4096 and 8192 in one worker, ≈ 60 s more) → $OUT/capture-leak.json
+if [ "${LEAK:-0}" = 1 ]; then
+  timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_workers_gpu.py -k failed_capture 2>&1 \
+      | tail -2 | tee -a "$OUT/summary.txt"
+  OUT=$OUT timeout "${LEAK_S:-150}" python3 bench/capture_leak_h200.py $([ "${LEAK_JOB:-0}" = 1 ] || echo --skip-job) \
+      2>&1 | grep -v -i warn | tail -6 | tee -a "$OUT/summary.txt"
 fi
 
 # AB=1 AB_BASE=DIR: bench/moe_scan_ab_h200.py — this tree's moe_mma against DIR's texts (another
