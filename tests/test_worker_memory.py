@@ -226,3 +226,37 @@ def test_a_recycled_process_worker_restarts_with_the_jobs_setup(fam):
         assert out["rel_err"] < 1e-2 and ex.pids[-1] != first and ex.restarts == 1
     finally:
         ex.close()
+
+
+def test_collect_young_still_collects_new_cycles_and_thaw_lets_frozen_ones_go():
+    """The worker's end-of-job collection (worker.collect_young) freezes what survived, so the next
+    walks only new objects: a cycle made after it is still collected; one among frozen objects waits
+    for `thaw` (the worker thaws when the problem changes)."""
+    import weakref
+    from autotune.engine import worker
+
+    class Node:
+        pass
+
+    def cycle():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        return weakref.ref(a)
+    try:
+        old = cycle()
+        worker.collect_young()            # `old` is garbage: collected before the freeze
+        assert old() is None and gc.get_freeze_count() > 0
+        kept = Node()
+        kept.me = kept                    # alive at the freeze: frozen
+        ref = weakref.ref(kept)
+        worker.collect_young()
+        del kept
+        new = cycle()
+        worker.collect_young()
+        assert new() is None              # made after the freeze: collected
+        assert ref() is not None          # frozen garbage: waits
+        worker.thaw()
+        gc.collect()
+        assert ref() is None and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
