@@ -57,7 +57,8 @@ def through_timer(tries: int) -> dict:
         timing.time_calls(_syncing_call, 1, "cuda", timing.TimerConfig(budget_s=0.001, min_reps=1, max_reps=2), {})
     return {"tries": tries, "reserved_before": base, "reserved_after": _reserved(),
             "captures_failed": timing.ABANDONED["captures"] - before["captures"],
-            "pools_released": timing.ABANDONED["released"] - before["released"]}
+            "pools_released": timing.ABANDONED["released"] - before["released"],
+            "pools_kept": timing.ABANDONED["kept"] - before["kept"]}
 
 
 def main_job_case() -> list[dict]:

@@ -178,7 +178,8 @@ class _Leaky:
         pass
 
     def end_job(self):
-        return {"allocated": 0, "kept": 0, "peak": 0, "captures_failed": 2, "pools_released": self.released}
+        return {"allocated": 0, "kept": 0, "peak": 0, "captures_failed": 2, "pools_released": self.released,
+                "pools_kept": 2 - self.released}
 
     def recycle(self):
         self.recycled += 1
@@ -196,7 +197,8 @@ def test_a_job_that_leaked_a_capture_pool_ends_its_worker(fam, released, recycle
     ex, got = _Leaky(released), Collect()
     assert W.run_job(ex, Job(P, 4, (t,), t.id), FAST["timer"], FAST["halving"], 0, got) is None
     assert ex.recycled == recycled
-    assert got.stages.counts == {"captures_failed": 2, "pools_released": released}
+    assert got.stages.counts == {"captures_failed": 2, "pools_released": released,
+                                 **({"pools_kept": 2 - released} if released < 2 else {})}
 
 
 def test_stages_sum_capture_counts_and_keep_the_largest_reserve():

@@ -14,7 +14,7 @@ class Stages:
     def __init__(self):
         self.data: dict[str, list] = {}       # stage -> [count, seconds]
         self.memory: dict[str, int] = {}      # peak | after_job | kept_after_job | *reserved* -> largest bytes seen
-        self.counts: dict[str, int] = {}      # captures_failed | pools_released -> summed over jobs
+        self.counts: dict[str, int] = {}      # captures_failed | pools_released | pools_kept -> summed over jobs
         self.worst_job = ""                   # the job that left the most past what it keeps on purpose
         self._lock = threading.Lock()
 
@@ -32,7 +32,7 @@ class Stages:
                 if over > self.memory.get("over_kept", -1 << 62):
                     self.worst_job = (f"{job}: {over} B allocated past its weights and packs"
                                       + ("; largest live: " + " | ".join(figures["live"]) if figures.get("live") else ""))
-            for name in ("captures_failed", "pools_released"):    # events: summed over jobs and workers
+            for name in ("captures_failed", "pools_released", "pools_kept"):    # events: summed over jobs and workers
                 if isinstance(figures.get(name), int) and figures[name]:
                     self.counts[name] = self.counts.get(name, 0) + figures[name]
             for name, key in (("peak", "peak"), ("after_job", "allocated"), ("kept_after_job", "kept"),

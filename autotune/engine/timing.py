@@ -137,32 +137,43 @@ def _capture(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> tu
     return g, calls
 
 
-#: captures that failed and whose memory pool `abandon` handed back, in this process
-ABANDONED = {"captures": 0, "released": 0}
+#: captures that failed in this process; of them, pools `abandon` handed back, and pools it could not
+#: (kept: reserved for the life of the process)
+ABANDONED = {"captures": 0, "released": 0, "kept": 0}
 
 
-def abandon(g: "torch.cuda.CUDAGraph") -> bool:
-    """Hand back the private memory pool of a capture that failed (a host sync or an out-of-memory
-    inside it). PyTorch's capture_end raises at cudaStreamEndCapture, before it ends the allocator's
-    routing into the graph's pool, and a graph whose capture never ended does not release its pool
-    when it dies: every block the capture took stays reserved, out of every later allocation's
-    reach, for the life of the process (empty_cache cannot free it). The main job on an 80 GB H100
-    lost two jobs and 22 trials to that (docs/moe-decode.md part 16). Ending the routing and
-    releasing the pool makes those blocks free again. Returns whether the pool was released (not
-    when capture_end got past the routing: then the graph owns the pool as usual)."""
+def abandon(g: "torch.cuda.CUDAGraph") -> str:
+    """Hand back the private memory pool of a capture that failed (a host sync inside it). PyTorch's
+    capture_end raises at cudaStreamEndCapture, before it ends the allocator's routing into the
+    graph's pool, and a graph whose capture never ended does not release its pool when it dies:
+    every block the capture took stays reserved, out of every later allocation's reach, for the life
+    of the process (empty_cache cannot free it). The main job on an 80 GB H100 lost two jobs and 22
+    trials to that (docs/moe-decode.md part 16). Ending the routing and releasing the pool makes those
+    blocks free again. Returns "released"; "owned" when capture_end got past the routing (an error in
+    the captured code that left the capture valid, e.g. an out-of-memory: the graph owns its pool as
+    usual and releases it when it dies); "kept" when the pool could not be handed back (counted: the
+    worker ends after the job)."""
     ABANDONED["captures"] += 1
     end = getattr(torch._C, "_cuda_endAllocateToPool", None)
     release = getattr(torch._C, "_cuda_releasePool", None)
-    if end is None or release is None:
-        return False
     try:
         dev, pool = torch.cuda.current_device(), g.pool()
-        end(dev, pool)        # raises when capture_end already ended the routing
+    except Exception:
+        dev = pool = None
+    if end is None or release is None or pool is None:
+        ABANDONED["kept"] += 1
+        return "kept"
+    try:
+        end(dev, pool)
+    except Exception:         # not routing any more: capture_end ended it, so the graph owns the pool
+        return "owned"
+    try:
         release(dev, pool)
-    except Exception:         # never in the way of the capture's own error; the worker ends at the job's end
-        return False
+    except Exception:         # never in the way of the capture's own error
+        ABANDONED["kept"] += 1
+        return "kept"
     ABANDONED["released"] += 1
-    return True
+    return "released"
 
 
 def _replay(captured: tuple, cfg: TimerConfig) -> Timing:

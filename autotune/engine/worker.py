@@ -128,7 +128,7 @@ class Bench:
         self._ref = None
         self._base = 0                          # bytes held once the job's inputs are drawn
         self._named_live = False                # a job left too much once: its live tensors were named
-        self._abandoned = (timing.ABANDONED["captures"], timing.ABANDONED["released"])   # at the last end_job
+        self._abandoned = dict(timing.ABANDONED)   # at the last end_job
 
     # -- memory
     def forget(self, tactic_id: str) -> None:
@@ -184,9 +184,10 @@ class Bench:
         t2 = time.perf_counter()
         out = {"allocated": self._allocated(), "kept": self.kept_bytes(), "peak": 0}
         # captures that failed in this job (timed eagerly instead), and how many of their pools went back
-        failed, released = timing.ABANDONED["captures"], timing.ABANDONED["released"]
-        out["captures_failed"], out["pools_released"] = failed - self._abandoned[0], released - self._abandoned[1]
-        self._abandoned = (failed, released)
+        now = dict(timing.ABANDONED)
+        for name, key in (("captures_failed", "captures"), ("pools_released", "released"), ("pools_kept", "kept")):
+            out[name] = now[key] - self._abandoned[key]
+        self._abandoned = now
         if self.device == "cuda":
             import torch
             out["peak"] = torch.cuda.max_memory_allocated()

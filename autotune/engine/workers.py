@@ -204,7 +204,7 @@ class ProcessExecutor:
             return {}
         reply = self._request({"op": "end_job"}, self.timeout_s)
         return {k: reply[k] for k in ("allocated", "kept", "peak", "reserved", "peak_reserved",
-                                         "captures_failed", "pools_released", "live", "parts") if k in reply}
+                                         "captures_failed", "pools_released", "pools_kept", "live", "parts") if k in reply}
 
     def close(self) -> None:
         if self._p is not None:
@@ -325,7 +325,7 @@ def _end(ex: Executor, job, stages: Stages | None) -> None:
     if stages is not None:
         stages.job_memory(figures or {}, f"{job.problem.key} m={job.bucket}")
     figures = figures or {}
-    if figures.get("captures_failed", 0) > figures.get("pools_released", 0):
+    if figures.get("pools_kept", 0) > 0:
         # a failed capture whose pool could not be handed back (timing.abandon): its blocks stay
         # reserved for the life of the worker, so the next job starts in a new one
         ex.recycle()
