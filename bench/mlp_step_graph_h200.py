@@ -315,6 +315,11 @@ def eager(step: Step, m: int) -> dict:
     return {"eager_host_us": (t1 - t0) / EAGER_CALLS * 1e6, "eager_syncs": syncs}
 
 
+#: GPU memory (GiB) under which --one-copy auto serves one layout per weight: the H200's 141 GB held the
+#: 78 layers with a copy per layout the winners read; an H100's 80 GB did not (77 GiB allocated, part 16)
+ONE_COPY_BELOW_GIB = 100
+
+
 def copy_rate() -> float:
     if SMOKE:
         return 1e10
@@ -327,6 +332,7 @@ def render(path: Path) -> str:
     r = json.loads(path.read_text())
     out = [f"{r['gpu']}, torch {r['torch']}, Triton {r['triton']}, {r['when']}; copy rate "
            f"{r['copy_Bps'] / 1e12:.2f} TB/s (read + written); {r['layers']} layers, "
+           + ("one layout per weight (one_copy), " if r.get("one_copy") else "")
            + ("one CUDA graph per M" if r["gpu"] != "cpu" else "CPU smoke: eager, no graph")
            + f"; median of {r['rows_per_m']} replays, fresh x and routing before each.", "",
            "| form | MLPs | routing | w2 prefetch | M | step | byte floor | × floor | eager host µs / FP4MoE forward | syncs / forward |",
@@ -357,6 +363,10 @@ def main() -> int:
                     "`autotune search --fold-shared`), comma-separated: the dense and shared-expert MLPs")
     ap.add_argument("--prefetch", default="0", help="FP4MoE.prefetch_w2 values to time, e.g. 0,1: each M with w13 "
                     "putting w2's routed slices into L2 off, then on (the same layers, one graph each; part 15)")
+    ap.add_argument("--one-copy", default="auto", choices=("auto", "0", "1"),
+                    help="serve every M of a weight from one layout (Dispatcher one_copy): 1 on, 0 off, auto on "
+                    "where the GPU holds less than ONE_COPY_BELOW_GIB (an H100: the 78 layers with a copy per "
+                    "layout the winners read did not fit 80 GB, part 16)")
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
@@ -378,11 +388,14 @@ def main() -> int:
            "triton": triton.__version__, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "cache": a.cache, "copy_Bps": copy_rate(), "layers": kinds["gate_up"][1] + kinds["w13"][1],
            "problems": {k: [p.key, n] for k, (p, n) in kinds.items()}, "rows_per_m": ROUNDS, "forms": []}
+    one_copy = a.one_copy == "1" or (a.one_copy == "auto" and DEV == "cuda"
+                                      and torch.cuda.get_device_properties(0).total_memory < ONE_COPY_BELOW_GIB * 2**30)
+    res["one_copy"] = one_copy
     bad = 0
     t0 = time.time()
     for form, mlp in ((f, m) for f in a.forms.split(",") for m in a.mlp.split(",")):
         d = Dispatcher(family_cache(a.cache, form, tmp) or os.path.join(tmp, "none.db"), record_misses=False,
-                       warn=False)
+                       warn=False, one_copy=one_copy)
         step = Step(kinds, d, max(ms), seed=1, mlp=mlp)
         pfs = [bool(int(v)) for v in a.prefetch.split(",")]
         for routing in a.routing.split(","):
