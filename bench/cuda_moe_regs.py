@@ -5,6 +5,13 @@ match). CPU only; the numbers docs/moe-decode.md part 9 gives for the aligned ro
 
     python3 bench/cuda_moe_regs.py [--rev a5b7e0b] [--json out.json]
     python3 bench/cuda_moe_regs.py --tok            # moe_tok's configs the verdicts keep at GLM-5 TP8's w2:reduce
+    python3 bench/cuda_moe_regs.py --space --rev 4876e14 [--arch sm_90] [--jobs 2]
+                                                    # every build the grouped cuda tactics of the main job's
+                                                    # problems compile to; exit 1 on a spill the revision had not
+
+`--space` is the check to run before a kernel edit reaches a GPU: the loader refuses a config that
+spills (a local-memory stack), and a sampled scan missed one the prefetch's loop caused (part 15: five
+GPU tests lost, docs/moe-decode.md). It compiles each distinct build once (nvcc, `--jobs` at a time).
 """
 from __future__ import annotations
 
@@ -56,6 +63,59 @@ def resources(build, texts: tuple[Path, ...] | None) -> dict[str, dict]:
         build.SOURCES[build.MOE_KERNEL] = saved
 
 
+def space_configs(model: str = "glm5", tp: int = 8, arch_name: str = "sm90") -> dict[str, object]:
+    """name → MoeConfig of every distinct build the cuda family's grouped tactics compile to on the
+    main job's problems (fused and folded forms too), as the search keeps them (a tactic unknown only
+    for want of its GPU-check record counts)."""
+    from autotune.core.arch import ARCHS as ALL
+    from autotune.models import problems_for
+    from autotune.tactics import registry
+    from autotune.tactics.cuda import checked as CK
+    from autotune.tactics.cuda import moe as M
+    arch, fam = ALL[arch_name], registry.get("cuda")
+    out: dict[str, object] = {}
+    for u in problems_for(model, tp=tp, fused_moe=True, fused_mlp=True, fold_shared=True):
+        p = u.problem
+        if p.kind != "grouped_moe":
+            continue
+        for t in fam.enumerate(p, arch):
+            v = fam.verdict(p, t, arch)
+            if v.ok is True or CK.awaiting_record(v):
+                c = M.config(p, t)
+                out.setdefault(_name(c), c)
+    return dict(sorted(out.items()))
+
+
+def _name(c) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(vars(c).items()) if not k.startswith("_")) if hasattr(c, "__dict__") \
+        else repr(c)
+
+
+def space_resources(build, configs: dict, archs: tuple[str, ...], texts: tuple[Path, ...] | None, jobs: int) -> dict:
+    """name + arch → ptxas resources, compiled `jobs` at a time (joblib threads: nvcc is the work)."""
+    from joblib import Parallel, delayed
+    saved = build.SOURCES[build.MOE_KERNEL]
+    if texts is not None:
+        build.SOURCES[build.MOE_KERNEL] = texts
+    try:
+        keys = [(n, a) for n in configs for a in archs]
+        got = Parallel(n_jobs=jobs, prefer="threads")(delayed(build.nvcc_resources)(configs[n], a) for n, a in keys)
+        return {f"{n} {a}": {"registers": r.registers, "smem": r.smem, "spills": r.spills} for (n, a), r in zip(keys, got)}
+    finally:
+        build.SOURCES[build.MOE_KERNEL] = saved
+
+
+def space_verdict(now: dict, old: dict | None) -> tuple[list[str], str]:
+    """(builds that spill now and did not at the revision — or spill at all without one, summary line)."""
+    spills = lambda r: bool(r["spills"])   # noqa: E731
+    bad = [k for k, r in now.items() if spills(r) and (old is None or not spills(old.get(k, {"spills": 0})))]
+    line = f"{len(now)} builds, {sum(spills(r) for r in now.values())} spill"
+    if old:
+        d = [r["registers"] - old[k]["registers"] for k, r in now.items() if k in old]
+        line += f"; registers {min(d):+d} to {max(d):+d} against the revision; new spills: {len(bad)}"
+    return bad, line
+
+
 def at_rev(rev: str, d: Path) -> tuple[Path, ...]:
     paths = []
     for name in ("mma_common.cuh", "moe_common.cuh", "moe_mma.cu"):
@@ -74,6 +134,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rev", help="also compile this revision's kernel text")
     ap.add_argument("--json")
     ap.add_argument("--tok", action="store_true", help="moe_tok's configs instead of moe_mma's")
+    ap.add_argument("--space", action="store_true", help="every build of the main job's grouped cuda tactics")
+    ap.add_argument("--arch", action="append", help="with --space: nvcc arch(s) (default sm_90)")
+    ap.add_argument("--jobs", type=int, default=2, help="with --space: compiles at a time")
+    ap.add_argument("--limit", type=int, help="with --space: the first N builds only (a smoke run)")
     a = ap.parse_args(argv)
     from autotune.tactics.cuda import build as B
     if B.nvcc() is None:
@@ -82,6 +146,22 @@ def main(argv=None) -> int:
     if a.tok and a.rev:
         print("--tok compiles this tree's moe_tok only (no --rev)", file=sys.stderr)
         return 2
+    if a.space:
+        configs = space_configs()
+        if a.limit:
+            configs = dict(list(configs.items())[:a.limit])
+        archs = tuple(a.arch or ("sm_90",))
+        now = space_resources(B, configs, archs, None, a.jobs)
+        with tempfile.TemporaryDirectory() as t:
+            old = space_resources(B, configs, archs, at_rev(a.rev, Path(t)), a.jobs) if a.rev else None
+        bad, line = space_verdict(now, old)
+        for k in bad:
+            print(f"spills: {k}: {now[k]}" + (f" (at {a.rev}: {old[k]})" if old else ""))
+        print(line)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"rev": a.rev, "archs": archs, "now": now, "rev_resources": old,
+                                                "new_spills": bad}, indent=1))
+        return 1 if bad else 0
     now = tok_resources(B) if a.tok else resources(B, None)
     with tempfile.TemporaryDirectory() as t:
         old = resources(B, at_rev(a.rev, Path(t))) if a.rev else None

@@ -313,6 +313,28 @@ def test_cuda_h200_tactics_are_the_families():
     assert ts and [t for t in ts if fam.validate(t)] == []
 
 
+def test_cuda_moe_regs_space_flags_a_new_spill_only(tmp_path):
+    """--space: every build of the main job's grouped cuda tactics (hundreds; two compiled here), and
+    the rule that fails it: a spill the revision had not (or any spill without one)."""
+    import shutil
+    regs = _load("cuda_moe_regs")
+    configs = regs.space_configs()
+    assert len(configs) > 100 and len({type(c).__name__ for c in configs.values()}) == 1
+    r0 = {"registers": 72, "smem": 1, "spills": False}
+    r1 = {"registers": 64, "smem": 1, "spills": True}
+    assert regs.space_verdict({"a": r1, "b": r0}, {"a": r0, "b": r0})[0] == ["a"]     # new: fails
+    assert regs.space_verdict({"a": r1, "b": r0}, {"a": r1, "b": r0})[0] == []        # the revision's own
+    assert regs.space_verdict({"a": r1}, None)[0] == ["a"]
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, str(BENCH / "cuda_moe_regs.py"), "--space", "--limit", "2", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(out.read_text())
+    assert len(got["now"]) == 2 and all(v["registers"] > 0 for v in got["now"].values()) and got["new_spills"] == []
+
+
 # -- the static check ----------------------------------------------------------------------------
 
 def test_mypy_finds_no_missing_names(tmp_path):
