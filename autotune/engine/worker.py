@@ -65,12 +65,26 @@ def _nbytes(objs: Iterable) -> int:
 LEFT_BYTES = 256 << 20
 
 
+def tracked_objects() -> list:
+    """Every object the collector tracks, frozen ones too (gc.get_objects() leaves out what
+    `collect_young` froze: a tensor a job left behind is frozen by the time it is looked for)."""
+    import gc
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
+    try:
+        return gc.get_objects()
+    finally:
+        if frozen:
+            gc.freeze()
+
+
 def live_tensors(n: int = 4) -> list[str]:
     """The n largest device tensors alive, each with the types of the objects that refer to it."""
     import gc
     import torch
     found = {}
-    for o in gc.get_objects():
+    for o in tracked_objects():
         try:
             if torch.is_tensor(o) and o.is_cuda:
                 found.setdefault(o.untyped_storage().data_ptr(), o)
