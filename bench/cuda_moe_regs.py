@@ -91,15 +91,16 @@ def _name(c) -> str:
         else repr(c)
 
 
-def space_resources(build, configs: dict, archs: tuple[str, ...], texts: tuple[Path, ...] | None, jobs: int) -> dict:
-    """name + arch → ptxas resources, compiled `jobs` at a time (joblib threads: nvcc is the work)."""
+def space_resources(build, configs: dict[str, dict], texts: tuple[Path, ...] | None, jobs: int) -> dict:
+    """name + arch → ptxas resources of each nvcc arch's configs (`configs`: arch → name → config),
+    compiled `jobs` at a time (joblib threads: nvcc is the work)."""
     from joblib import Parallel, delayed
     saved = build.SOURCES[build.MOE_KERNEL]
     if texts is not None:
         build.SOURCES[build.MOE_KERNEL] = texts
     try:
-        keys = [(n, a) for n in configs for a in archs]
-        got = Parallel(n_jobs=jobs, prefer="threads")(delayed(build.nvcc_resources)(configs[n], a) for n, a in keys)
+        keys = [(n, a) for a, cs in configs.items() for n in cs]
+        got = Parallel(n_jobs=jobs, prefer="threads")(delayed(build.nvcc_resources)(configs[a][n], a) for n, a in keys)
         return {f"{n} {a}": {"registers": r.registers, "smem": r.smem, "spills": r.spills} for (n, a), r in zip(keys, got)}
     finally:
         build.SOURCES[build.MOE_KERNEL] = saved
@@ -147,13 +148,13 @@ def main(argv=None) -> int:
         print("--tok compiles this tree's moe_tok only (no --rev)", file=sys.stderr)
         return 2
     if a.space:
-        configs = space_configs()
-        if a.limit:
-            configs = dict(list(configs.items())[:a.limit])
         archs = tuple(a.arch or ("sm_90",))
-        now = space_resources(B, configs, archs, None, a.jobs)
+        # each arch's own space (sm_120 keeps other configs than sm_90: its shared memory is smaller)
+        configs = {arch: dict(list(space_configs(arch_name=arch.replace("_", "")).items())[:a.limit or None])
+                   for arch in archs}
+        now = space_resources(B, configs, None, a.jobs)
         with tempfile.TemporaryDirectory() as t:
-            old = space_resources(B, configs, archs, at_rev(a.rev, Path(t)), a.jobs) if a.rev else None
+            old = space_resources(B, configs, at_rev(a.rev, Path(t)), a.jobs) if a.rev else None
         bad, line = space_verdict(now, old)
         for k in bad:
             print(f"spills: {k}: {now[k]}" + (f" (at {a.rev}: {old[k]})" if old else ""))

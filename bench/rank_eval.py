@@ -60,7 +60,8 @@ def replay(model, g, memo, default_id, extras, cfg):
     ids, feats, _ = memo[g.key]
     kept = [(i, f) for i, f in zip(ids, feats) if i in g.timed or (i in g.negative and i not in g.rejected)]
     plan = strategy.every_member(ranked.plan_for([g.tactics[i] for i, _ in kept], model.predict([f for _, f in kept]),
-                                                 [g.tactics[i] for i in [default_id, *extras] if i in g.tactics], cfg=cfg))
+                                                 [g.tactics[i] for i in [default_id, *extras] if i in g.tactics], cfg=cfg),
+                                 g.problem)
     measured, pick = ranked.simulate(plan, g.timed, default_id)
     return len(kept), len(measured), pick
 

@@ -328,11 +328,13 @@ def test_cuda_moe_regs_space_flags_a_new_spill_only(tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
     out = tmp_path / "s.json"
-    r = subprocess.run([sys.executable, str(BENCH / "cuda_moe_regs.py"), "--space", "--limit", "2", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, str(BENCH / "cuda_moe_regs.py"), "--space", "--limit", "2", "--rev", "HEAD",
+                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     got = json.loads(out.read_text())
     assert len(got["now"]) == 2 and all(v["registers"] > 0 for v in got["now"].values()) and got["new_spills"] == []
+    if not subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "tactics/cuda"]).returncode:
+        assert got["rev_resources"] == got["now"]        # the committed text is this text: the same builds
 
 
 # -- the static check ----------------------------------------------------------------------------

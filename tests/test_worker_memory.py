@@ -257,8 +257,11 @@ def test_collect_young_still_collects_new_cycles_and_thaw_lets_frozen_ones_go():
         worker.collect_young()
         assert new() is None              # made after the freeze: collected
         assert ref() is not None          # frozen garbage: waits
-        assert any(o is ref() for o in worker.tracked_objects())   # what live_tensors walks: frozen ones too
         assert gc.get_freeze_count() > 0 and not any(o is ref() for o in gc.get_objects())
+        assert gc.get_referrers(ref()) == []              # its frozen __dict__ is invisible too
+        with worker.unfrozen():               # what live_tensors walks: frozen objects and their referrers
+            assert any(o is ref() for o in gc.get_objects()) and gc.get_referrers(ref()) != []
+        assert gc.get_freeze_count() > 0
         worker.thaw()
         gc.collect()
         assert ref() is None and gc.get_freeze_count() == 0

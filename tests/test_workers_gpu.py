@@ -82,11 +82,19 @@ def test_a_failed_capture_hands_its_memory_pool_back():
         return int(t[-1].item())          # a host read: not capturable
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    base = torch.cuda.memory_reserved()
+    base, stream = torch.cuda.memory_reserved(), torch.cuda.current_stream()
     before = dict(timing.ABANDONED)
     for _ in range(4):
         t = timing.time_calls(call, 1, "cuda", timing.TimerConfig(budget_s=0.001, min_reps=1, max_reps=2), {})
         assert t.median_us > 0
+    assert torch.cuda.current_stream() == stream          # not left on the failed capture's stream
+    x = torch.zeros(4, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):                             # the allocator routes nothing stale: a capture works
+        x.add_(1)
+    g.replay()
+    assert x.tolist() == [1.0] * 4
+    del g
     torch.cuda.empty_cache()
     assert timing.ABANDONED["captures"] - before["captures"] == 4
     assert timing.ABANDONED["released"] - before["released"] == 4 and timing.ABANDONED["kept"] == before["kept"]

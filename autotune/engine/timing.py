@@ -96,6 +96,8 @@ def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimerConfig, mem
             try:
                 memo["graph"] = _capture(call, n_sets, cfg)
                 return _replay(memo["graph"], cfg)
+            except torch.OutOfMemoryError:
+                raise             # the caller's to handle (the worker retries with the others' memory freed)
             except RuntimeError:  # not capturable (host syncs inside): time it eagerly
                 torch.cuda.synchronize()
         memo["eager"] = True
@@ -127,12 +129,17 @@ def _capture(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> tu
             call(i % n_sets)
     torch.cuda.current_stream().wait_stream(stream)
     g = torch.cuda.CUDAGraph()
+    # the pool named up front: a graph whose capture failed will not tell its own (CUDAGraph::pool()
+    # refuses before the capture ended)
+    pool, prev = torch.cuda.graph_pool_handle(), torch.cuda.current_stream()
     try:
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, pool=pool):
             for i in range(calls):
                 call(i)
     except BaseException:
-        abandon(g)
+        # torch.cuda.graph's __exit__ leaves its capture stream current when capture_end raises
+        torch.cuda.set_stream(prev)
+        abandon(g, pool)
         raise
     return g, calls
 
@@ -142,32 +149,36 @@ def _capture(call: Callable[[int], object], n_sets: int, cfg: TimerConfig) -> tu
 ABANDONED = {"captures": 0, "released": 0, "kept": 0}
 
 
-def abandon(g: "torch.cuda.CUDAGraph") -> str:
-    """Hand back the private memory pool of a capture that failed (a host sync inside it). PyTorch's
-    capture_end raises at cudaStreamEndCapture, before it ends the allocator's routing into the
-    graph's pool, and a graph whose capture never ended does not release its pool when it dies:
+def abandon(g: "torch.cuda.CUDAGraph", pool: tuple) -> str:
+    """Hand back `pool`, the private memory pool of a capture of `g` that failed (a host sync inside
+    it). PyTorch's capture_end raises at cudaStreamEndCapture, before it ends the allocator's routing
+    into the pool, and a graph whose capture never ended does not release its pool when it dies:
     every block the capture took stays reserved, out of every later allocation's reach, for the life
     of the process (empty_cache cannot free it). The main job on an 80 GB H100 lost two jobs and 22
     trials to that (docs/moe-decode.md part 16). Ending the routing and releasing the pool makes those
-    blocks free again. Returns "released"; "owned" when capture_end got past the routing (an error in
-    the captured code that left the capture valid, e.g. an out-of-memory: the graph owns its pool as
-    usual and releases it when it dies); "kept" when the pool could not be handed back (counted: the
-    worker ends after the job)."""
+    blocks free again. Returns "released"; "owned" when capture_end got past the routing and ended
+    (an error in the captured code that left the capture valid, e.g. an out-of-memory: the graph
+    owns its pool and releases it when it dies); "kept" when the pool could not be handed back
+    (capture_end failed after the routing ended, or PyTorch lacks the calls: counted, and the worker
+    ends after the job)."""
     ABANDONED["captures"] += 1
     end = getattr(torch._C, "_cuda_endAllocateToPool", None)
     release = getattr(torch._C, "_cuda_releasePool", None)
+    dev = torch.cuda.current_device()
     try:
-        dev, pool = torch.cuda.current_device(), g.pool()
-    except Exception:
-        dev = pool = None
-    if end is None or release is None or pool is None:
-        ABANDONED["kept"] += 1
-        return "kept"
-    try:
+        if end is None:
+            raise RuntimeError("no _cuda_endAllocateToPool")
         end(dev, pool)
-    except Exception:         # not routing any more: capture_end ended it, so the graph owns the pool
-        return "owned"
+    except Exception:         # not routing into it any more: capture_end got that far
+        try:
+            g.pool()          # raises unless the capture ended: then the graph releases the pool
+            return "owned"
+        except Exception:
+            ABANDONED["kept"] += 1
+            return "kept"
     try:
+        if release is None:
+            raise RuntimeError("no _cuda_releasePool")
         release(dev, pool)
     except Exception:         # never in the way of the capture's own error
         ABANDONED["kept"] += 1

@@ -14,7 +14,8 @@ import os
 import sys
 import time
 import zlib
-from typing import Callable, Iterable
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator
 
 from autotune.core import inputs
 from autotune.engine import timing
@@ -65,15 +66,16 @@ def _nbytes(objs: Iterable) -> int:
 LEFT_BYTES = 256 << 20
 
 
-def tracked_objects() -> list:
-    """Every object the collector tracks, frozen ones too (gc.get_objects() leaves out what
-    `collect_young` froze: a tensor a job left behind is frozen by the time it is looked for)."""
+@contextmanager
+def unfrozen() -> Iterator[None]:
+    """gc.get_objects() and gc.get_referrers() leave out what `collect_young` froze (a tensor a job
+    left behind is frozen by the time it is looked for): inside, they see everything."""
     import gc
     frozen = gc.get_freeze_count()
     if frozen:
         gc.unfreeze()
     try:
-        return gc.get_objects()
+        yield
     finally:
         if frozen:
             gc.freeze()
@@ -84,16 +86,17 @@ def live_tensors(n: int = 4) -> list[str]:
     import gc
     import torch
     found = {}
-    for o in tracked_objects():
-        try:
-            if torch.is_tensor(o) and o.is_cuda:
-                found.setdefault(o.untyped_storage().data_ptr(), o)
-        except Exception:
-            continue
-    big = sorted(found.values(), key=lambda t: -t.untyped_storage().nbytes())[:n]
-    return [f"{tuple(t.shape)} {t.dtype} {t.untyped_storage().nbytes()} B held by "
-            + ", ".join(sorted({type(r).__name__ for r in gc.get_referrers(t)} - {"list", "frame"}))[:200]
-            for t in big]
+    with unfrozen():
+        for o in gc.get_objects():
+            try:
+                if torch.is_tensor(o) and o.is_cuda:
+                    found.setdefault(o.untyped_storage().data_ptr(), o)
+            except Exception:
+                continue
+        big = sorted(found.values(), key=lambda t: -t.untyped_storage().nbytes())[:n]
+        return [f"{tuple(t.shape)} {t.dtype} {t.untyped_storage().nbytes()} B held by "
+                + ", ".join(sorted({type(r).__name__ for r in gc.get_referrers(t)} - {"list", "frame"}))[:200]
+                for t in big]
 
 
 def is_oom(e: BaseException) -> bool:
@@ -127,8 +130,10 @@ class Bench:
     as the search drops the tactic (`forget`), and while more than `keep_bytes` are held past the
     inputs it is dropped after every request."""
 
-    def __init__(self, device: str, keep_bytes: int = KEEP_BYTES, allocated: Callable[[], int] | None = None):
+    def __init__(self, device: str, keep_bytes: int = KEEP_BYTES, allocated: Callable[[], int] | None = None,
+                 freeze: bool = False):
         self.device = device
+        self.freeze = freeze and device == "cuda"   # a worker process's own: never a host program's gc
         self.keep_bytes = keep_bytes
         self._allocated = allocated or _allocated_fn(device)
         self.problem: Problem | None = None
@@ -162,16 +167,22 @@ class Bench:
         to the device (after an out-of-memory: the retry may need another size). Between jobs the
         allocator's cache is left alone: it reuses those blocks and empties itself before failing."""
         if self.device == "cuda":
+            import gc
             import torch
-            collect_young()   # a launcher in a reference cycle would keep its scratch until the next collection
+            # a launcher in a reference cycle would keep its scratch until the next collection; after an
+            # out-of-memory everything is walked (and nothing of the job in flight frozen)
+            if release_cache or not self.freeze:
+                if self.freeze:
+                    thaw()
+                gc.collect()
+            else:
+                collect_young()
             if release_cache:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
 
     def clear(self) -> None:
         """Drop everything, the problem's weights and packs too, and hand the allocator's cache back."""
-        if self.device == "cuda":
-            thaw()
         self._forget_all()
         self.problem, self._weights, self._sets, self._outs, self._ref = None, [], [], [], None
         self._packs.clear()
@@ -219,7 +230,7 @@ class Bench:
         p = Problem.from_key(problem_key)
         self._forget_all()                  # nothing of the last job outlives it, whatever the caller did
         if p != self.problem:
-            if self.device == "cuda":
+            if self.freeze:
                 thaw()                      # the old problem's weights and packs, frozen with the jobs, may go
             self._weights = []
             self._packs.clear()         # packs of the weights just dropped; set i keeps weight i across buckets
@@ -351,7 +362,7 @@ def main() -> int:
     hello = json.loads(sys.stdin.readline() or "{}")
     for name, path in hello.get("families", {}).items():   # test-only families, registered by path
         registry.FAMILIES.setdefault(name, path)
-    b = Bench(hello.get("device", "cpu"))
+    b = Bench(hello.get("device", "cpu"), freeze=True)
     proto.write(json.dumps({"ok": True, "ready": os.getpid()}) + "\n")
     for line in sys.stdin:
         msg = json.loads(line)
