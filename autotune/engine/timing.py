@@ -96,9 +96,9 @@ def _time_cuda(call: Callable[[int], object], n_sets: int, cfg: TimerConfig, mem
             try:
                 memo["graph"] = _capture(call, n_sets, cfg)
                 return _replay(memo["graph"], cfg)
-            except torch.OutOfMemoryError:
-                raise             # the caller's to handle (the worker retries with the others' memory freed)
-            except RuntimeError:  # not capturable (host syncs inside): time it eagerly
+            except RuntimeError:  # not capturable (host syncs inside), or out of memory inside the capture
+                # (a capture cannot free cached blocks; large calls, where launch latency does not
+                # matter): time it eagerly
                 torch.cuda.synchronize()
         memo["eager"] = True
     samples: list[float] = []
