@@ -152,4 +152,11 @@ if [ "${STEP:-0}" = 1 ]; then      # issue #26: the 78-layer MLP step as one CUD
         | grep -v -i warn | tail -14
   done; done; done
 fi
+# FOLDAB=1: do the folded problems' winners depend on the search's routing draw (random 9 of 257) against
+# FP4MoE's served one (8 of 256 + the shared expert last)? bench/fold_routing_ab_h200.py on the whole
+# run's cache (STEP_DB / COMPARE_DB, or this call's) → $OUT/fold-routing-ab.json (≈ 150 s)
+if [ "${FOLDAB:-0}" = 1 ]; then
+  OUT=$OUT timeout "${FOLDAB_S:-240}" python3 bench/fold_routing_ab_h200.py --cache "$(whole_db "${STEP_DB:-${COMPARE_DB:-}}")" \
+      2>&1 | grep -v -i warn | tail -12 | tee -a "$OUT/summary.txt"
+fi
 ls -la "$OUT"

@@ -61,6 +61,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "cublaslt_h200.py": ("parts", "import and --help: every path needs nvmath's cuBLASLt on a GPU"),
     "eager_h200.py": ("parts", "import and --help: every row times CUDA calls or graphs"),
     "capture_leak_h200.py": ("parts", "import and --help: every part captures CUDA graphs"),
+    "fold_routing_ab_h200.py": ("run", "--plan --cache {main13}"),     # the folded problems' stored bests
     "cuda_moe_h200.py": ("run", "--plan"),
     "pdl_h200.py": ("run", "--plan"),
     "rank_bests.py": ("run", "--json {out}/rb.json"),
@@ -335,6 +336,23 @@ def test_cuda_moe_regs_space_flags_a_new_spill_only(tmp_path):
     assert len(got["now"]) == 2 and all(v["registers"] > 0 for v in got["now"].values()) and got["new_spills"] == []
     if not subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "tactics/cuda"]).returncode:
         assert got["rev_resources"] == got["now"]        # the committed text is this text: the same builds
+
+
+def test_fold_routing_ab_draws_the_served_routing():
+    """FP4MoE's folded routing: top_k - 1 distinct routed experts (< E - 1) per token, expert E - 1 in
+    the last slot with weight 1; the activations and weights are the search draw's own."""
+    from autotune.core import inputs
+    from autotune.core.problem import Problem
+    fr = _load("fold_routing_ab_h200")
+    p = Problem.moe(64, 32, 9, 4)
+    sets = inputs.make_inputs(p, 5, "cpu", 3, 2)
+    served = fr.served_routing(sets, 5, p.experts, p.top_k, 1)
+    for s, v in zip(sets, served):
+        ids, tw = v.topk_ids, v.topk_weights
+        assert v.x is s.x and v.w is s.w and ids.shape == (5, 4) and tw.shape == (5, 4)
+        assert (ids[:, -1] == 8).all() and (tw[:, -1] == 1).all() and (ids[:, :-1] < 8).all()
+        assert all(len(set(r)) == 3 for r in ids[:, :-1].tolist())
+        assert abs(float(tw[:, :-1].sum(1).mean()) - 1.0) < 1e-6
 
 
 # -- the static check ----------------------------------------------------------------------------
