@@ -50,16 +50,26 @@ def cause(reason: str) -> str:
     return "tactic: " + (m.group(1) if m else "other")
 
 
+def kernel_seconds(con: sqlite3.Connection) -> dict[str, dict]:
+    """Per family and problem kind ("torch grouped_moe"): trials timed and the GPU seconds their calls
+    took at least — median × (reps + 3): the timed repetitions, the check, the warm-up and the
+    estimate call (a capture's calls and host time come on top)."""
+    rows = con.execute("select family, substr(problem_key, 1, instr(problem_key, ':') - 1), count(*), "
+                       "sum(median_us * (reps + 3)) from trials where median_us is not null group by 1, 2 order by 4 desc")
+    return {f"{fam} {kind}": {"trials": n, "seconds": round(us / 1e6, 1)} for fam, kind, n, us in rows}
+
+
 def trial_counts(cache: str) -> dict:
     con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
     status = Counter(dict(con.execute("select status, count(*) from trials group by status")))
     failed = Counter(cause(r) for (r,) in con.execute("select reason from trials where status = 'failed'"))
     winners = con.execute("select count(*) from winners").fetchone()[0]
+    spent = kernel_seconds(con)
     con.close()
     return {"ok": status.get("ok", 0), "dropped": status.get("dropped", 0), "rejected": status.get("rejected", 0),
             "failed": status.get("failed", 0), "failed_by_cause": dict(failed.most_common()),
             "framework_failures": sum(n for c, n in failed.items() if c.startswith("framework")),
-            "winners": winners}
+            "winners": winners, "kernel_seconds": spent}
 
 
 def served_layers(cache: str, model: str, tp: int, ep: int, buckets, device: str) -> dict:
@@ -185,10 +195,26 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="where the served modules are built [default: cuda if present]")
     ap.add_argument("--command", default="", help="the command the summary is of (recorded)")
     ap.add_argument("-o", "--output", help="write the JSON here (default: stdout)")
+    ap.add_argument("--kernel-time", action="store_true", help="print only the GPU seconds per family and problem "
+                    "kind (kernel_seconds) of CACHE (.db or .db.xz) and exit")
     a = ap.parse_args(argv)
     if not Path(a.cache).is_file():
         print(f"main_job_summary: no cache file {a.cache}", file=sys.stderr)
         return 2
+    if a.kernel_time:
+        import lzma
+        import tempfile
+        with tempfile.TemporaryDirectory() as t:
+            db = a.cache
+            if db.endswith(".xz"):
+                db = str(Path(t) / "cache.db")
+                Path(db).write_bytes(lzma.decompress(Path(a.cache).read_bytes()))
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            print("| family, problem kind | trials timed | GPU s (median × (reps + 3)) |\n|---|---:|---:|")
+            for k, v in kernel_seconds(con).items():
+                print(f"| {k} | {v['trials']} | {v['seconds']} |")
+            con.close()
+        return 0
     search = json.loads(Path(a.search_json).read_text()) if a.search_json else None
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
