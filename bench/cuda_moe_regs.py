@@ -82,13 +82,8 @@ def space_configs(model: str = "glm5", tp: int = 8, arch_name: str = "sm90") -> 
             v = fam.verdict(p, t, arch)
             if v.ok is True or CK.awaiting_record(v):
                 c = M.config(p, t)
-                out.setdefault(_name(c), c)
+                out.setdefault(repr(c), c)      # a frozen dataclass: its repr names every build option
     return dict(sorted(out.items()))
-
-
-def _name(c) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(vars(c).items()) if not k.startswith("_")) if hasattr(c, "__dict__") \
-        else repr(c)
 
 
 def space_resources(build, configs: dict[str, dict], texts: tuple[Path, ...] | None, jobs: int) -> dict:

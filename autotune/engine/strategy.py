@@ -179,8 +179,9 @@ def every_member(plan: ranked.RankPlan, problem: Problem | None = None) -> ranke
     first = ranked.Ranker(plan).first
     have = {kernel_of(t) for t in (*plan.order[:first], *plan.extras)}
     tops: dict[tuple[str, str], Tactic] = {}
+    member = {f: problem is None or registry.first_batch_member(problem, f) for f in {t.family for t in plan.order}}
     for t in plan.order:                    # predicted order: the first of each kernel is its best
-        if problem is None or registry.first_batch_member(problem, t.family):
+        if member[t.family]:
             tops.setdefault(kernel_of(t), t)
     add = [t for m, t in tops.items() if m not in have]
     return replace(plan, extras=tuple(dict.fromkeys((*plan.extras, *add)))) if add else plan
