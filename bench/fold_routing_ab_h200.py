@@ -125,7 +125,7 @@ def render(res: dict) -> str:
         if first is not None and first["served_rank"] != 1:
             changed += 1
         for r in g["rows"]:
-            t = r["tactic"]
+            t = json.loads(r["tactic"])          # the tactic's own JSON, as stored
             out.append(f"| {g['problem'].split(':', 2)[-1]} | {g['m']} | {t['family']} {t['params']} | "
                        f"{r['search_us']:.1f} | {r['served_us']:.1f} | {r['search_rank']} → {r['served_rank']} |")
     out += ["", f"the search draw's fastest is not the served routing's fastest in {changed} of {len(res['groups'])} "
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
         rows = time_pair(Problem.from_key(k), m, picked, a.rounds, a.budget_s)
         res["groups"].append({"problem": k, "m": m, "rows": rows})
         out.write_text(json.dumps(res, indent=1))
-        print(json.dumps({"problem": k, "m": m, **{r["tactic"]["family"] + str(i): (round(r["search_us"], 1),
+        print(json.dumps({"problem": k, "m": m, **{json.loads(r["tactic"])["family"] + str(i): (round(r["search_us"], 1),
                                                                                    round(r["served_us"], 1))
                                                     for i, r in enumerate(rows)}}), flush=True)
     print(render(res))

@@ -215,9 +215,18 @@ class Step:
             return [m.problem] if hasattr(m, "problem") else [m.gate_up.problem, m.down.problem]
         probs = {*[p for mod in (*self.dense[0], *self.moe[0][:2]) if mod is not None for p in of(mod)],
                  self.moe[0][2].problem13, self.moe[0][2].problem2}
+        # a one-copy binding runs another tactic on the rungs whose winner reads another layout: say so
+        moe = self.moe[0][2]
+        subs = {bt.table.problem: {b: used for b, _, used in bt.substituted} for bt in (moe.bound13, moe.bound2)}
         out = {}
         for p in sorted(probs, key=lambda p: p.key):
-            out[p.key] = {str(m): (lambda r: f"{r[0]} {r[1]}")(self.d.rung_for(p, m)) for m in ms}
+            row = {}
+            for m in ms:
+                rung, t = self.d.rung_for(p, m)
+                b = next((x for x in self.d.table(p).buckets if x >= m), None)
+                used = subs.get(p, {}).get(b)
+                row[str(m)] = f"{rung} {t}" + (f" -> one copy runs {used}" if used is not None else "")
+            out[p.key] = row
         return out
 
 
@@ -391,11 +400,13 @@ def main() -> int:
     one_copy = a.one_copy == "1" or (a.one_copy == "auto" and DEV == "cuda"
                                       and torch.cuda.get_device_properties(0).total_memory < ONE_COPY_BELOW_GIB * 2**30)
     res["one_copy"] = one_copy
+    res["one_copy_upto"] = max(ms) if one_copy else None
     bad = 0
     t0 = time.time()
     for form, mlp in ((f, m) for f in a.forms.split(",") for m in a.mlp.split(",")):
+        # one copy: the layout chosen by the rungs the step serves (M <= max(ms)), not by every rung
         d = Dispatcher(family_cache(a.cache, form, tmp) or os.path.join(tmp, "none.db"), record_misses=False,
-                       warn=False, one_copy=one_copy)
+                       warn=False, one_copy=one_copy, one_copy_upto=max(ms) if one_copy else None)
         step = Step(kinds, d, max(ms), seed=1, mlp=mlp)
         pfs = [bool(int(v)) for v in a.prefetch.split(",")]
         for routing in a.routing.split(","):

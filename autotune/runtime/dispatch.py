@@ -55,16 +55,19 @@ class Dispatcher:
     misses: where counted misses go at exit: "memory" (nowhere), a path/URL of a writable cache,
     or None = $AUTOTUNE_MISSES, else the cache itself if it is writable, else memory.
     pins: {problem key or "*": tactic} forced tactics; $AUTOTUNE_PIN adds to them.
-    one_copy: what `bind` does unless told (one layout per bound weight).
+    one_copy: what `bind` does unless told (one layout per bound weight); one_copy_upto: M —
+    one-copy bindings choose their layout by the rungs up to M (e.g. the decode batches an engine
+    captures), not by every rung (autotune.runtime.onecopy).
     """
 
     def __init__(self, cache=None, *, env: Env | None = None, arch: Arch | None = None,
                  record_misses: bool = True, misses: str | os.PathLike | None = None,
                  pins: dict[str, Any] | None = None, immutable: bool | None = None, warn: bool = True,
-                 batch_invariant: bool | None = None, one_copy: bool = False):
+                 batch_invariant: bool | None = None, one_copy: bool = False,
+                 one_copy_upto: int | None = None):
         self.env = env or current()
         self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
-        self.policy = ServingPolicy.from_settings(pins, batch_invariant, one_copy)
+        self.policy = ServingPolicy.from_settings(pins, batch_invariant, one_copy, one_copy_upto)
         #: workspaces (split-K, reduce) shared by every launcher this dispatcher builds or binds, one
         #: set per (device, stream), and the bad-id words of its MoE layers (tactics/scratch.py)
         self.scratch = ScratchPool()
@@ -188,7 +191,7 @@ class Dispatcher:
                     w = words[str(device)] = self.scratch.word(device, _key)
                 return w
         return BoundTable(self.table(problem), weight, self.env.device, one_copy=one_copy, arch=self.arch,
-                          scratch=self.scratch, bad_word=bad_word)
+                          scratch=self.scratch, bad_word=bad_word, one_copy_upto=self.policy.one_copy_upto)
 
     def routing_errors(self, clear: bool = True) -> list[str]:
         """What set a bad-id word since the last read (expert ids outside [-1, E): their rows came

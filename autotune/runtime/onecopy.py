@@ -4,7 +4,9 @@ A table whose winners read different layouts (e.g. the cuda family's fragment la
 Triton's u8 view at M = 64) would otherwise keep one packed copy per layout beside the
 checkpoint. Engines that refuse a second copy of the weights bind in one-copy mode: every M is
 served from ONE layout, the one the winners of the most rungs read (ties: the designated
-default's). A rung whose winner reads another layout runs that layout's family default instead
+default's); `upto` counts only the rungs up to that M (an engine's decode range, whose batches it
+captures in graphs: on GLM-5's folded w13 half the rungs read the cuda layout and half Triton's,
+and the tie served Triton's kernel at M = 1..64 in the step bench, docs/moe-decode.md part 17). A rung whose winner reads another layout runs that layout's family default instead
 (or, where that default reads yet another layout or cannot run here, the layout's most frequent
 winner); `Plan.substituted` says which, so the cost is visible. Packing in place is the bound
 table's part (autotune.runtime.bound).
@@ -42,7 +44,7 @@ def _most(items: Sequence, key=lambda x: x):
     return items[max(range(len(items)), key=lambda i: (keys.count(keys[i]), -keys.index(keys[i])))]
 
 
-def plan(table: Table, arch: Arch, device: str) -> Plan:
+def plan(table: Table, arch: Arch, device: str, upto: int | None = None) -> Plan:
     p, dt = table.problem, table.default_tactic
     if table.pinned_tactic is not None:      # a pin answers every M: its layout is the one, no rungs
         pt = table.pinned_tactic
@@ -50,9 +52,11 @@ def plan(table: Table, arch: Arch, device: str) -> Plan:
     lays = [layout_of(x) for x in table.tactics]
     dlay = layout_of(dt)
     layout = dlay
-    if lays:
-        counts = {lay: lays.count(lay) for lay in lays}
-        layout = max(counts, key=lambda lay: (counts[lay], lay == dlay, -lays.index(lay)))
+    # the rungs that choose: those up to `upto` (at least the smallest); the others are served too
+    voters = [lay for b, lay in zip(table.buckets, lays) if upto is None or b <= upto] or lays[:1]
+    if voters:
+        counts = {lay: voters.count(lay) for lay in voters}
+        layout = max(counts, key=lambda lay: (counts[lay], lay == dlay, -voters.index(lay)))
     inside = [x for x, lay in zip(table.tactics, lays) if lay == layout] or [dt]
     family = dt.family if dlay == layout else _most(inside, key=lambda x: x.family).family
     sub = registry.get(family).default(p, arch)

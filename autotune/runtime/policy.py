@@ -21,19 +21,26 @@ from autotune.runtime.pins import parse_pins
 class ServingPolicy:
     """pins: {problem key or "*": tactic} (`*`: every problem whose kind the tactic fits);
     batch_invariant: one invariant tactic per problem for every M; one_copy: what `bind` does
-    unless told (autotune.runtime.onecopy)."""
+    unless told (autotune.runtime.onecopy); one_copy_upto: one-copy bindings choose their layout
+    by the rungs up to this M."""
 
     pins: dict[str, Tactic] = field(default_factory=dict)
     batch_invariant: bool = False
     one_copy: bool = False
+    one_copy_upto: int | None = None
+
+    def __post_init__(self) -> None:
+        u = self.one_copy_upto
+        if u is not None and (isinstance(u, bool) or not isinstance(u, int) or u < 1):
+            raise ValueError(f"one_copy_upto must be a positive int M or None, not {u!r}")
 
     @classmethod
     def from_settings(cls, pins: dict[str, Any] | None = None, batch_invariant: bool | None = None,
-                      one_copy: bool = False) -> "ServingPolicy":
+                      one_copy: bool = False, one_copy_upto: int | None = None) -> "ServingPolicy":
         """$AUTOTUNE_PIN, then `pins` over it; $AUTOTUNE_BATCH_INVARIANT (or vLLM's) unless given."""
         merged = {k: parse_tactic(t) for k, t in {**parse_pins(settings.pins()), **(pins or {})}.items()}
         invariant = settings.batch_invariant() if batch_invariant is None else bool(batch_invariant)
-        return cls(merged, invariant, one_copy)
+        return cls(merged, invariant, one_copy, one_copy_upto)
 
     def pin_for(self, problem: Problem) -> tuple[Tactic | None, bool]:
         """(the pinned tactic, explicit): the problem's own pin (must fit), else `*` (skipped
