@@ -91,7 +91,37 @@ def test_family_packs_stacked_experts():
     w = _weights(Problem.moe(32, 256, 4, 2), 1)
     p = FAM.pack(FAM.layout(_t()), w)
     assert isinstance(p, L.CudaPacked) and p.experts == 4 and p.global_scale.shape == (4,)
-    assert FAM.pack_inplace(FAM.layout(_t()), w) is None          # stacked: its own copy
+    # in place: the same bytes as the copy, over the weight's own storage; the inverse restores it
+    w0 = _weights(Problem.moe(32, 256, 4, 2), 1)
+    ptrs = (w.packed.data_ptr(), w.scales.data_ptr())
+    q = FAM.pack_inplace(FAM.layout(_t()), w)
+    assert (q.packed.data_ptr(), q.scales.data_ptr()) == ptrs and q.experts == 4
+    assert torch.equal(q.packed, p.packed) and torch.equal(q.scales, p.scales)
+    back = L.unpack_experts(q)
+    assert torch.equal(back.packed, w0.packed) and torch.equal(back.scales.view(torch.uint8), w0.scales.view(torch.uint8))
+    again = FAM.pack_inplace(FAM.layout(_t()), w, already_packed=True)     # moved bytes: wrapped, not packed
+    assert torch.equal(again.packed, q.packed) and again.packed.data_ptr() == ptrs[0]
+    assert FAM.pack_inplace(FAM.layout(_t()), _weights(Problem.moe(32, 256, 4, 2), 1).expert(0)) is not None
+
+
+def test_stacked_pack_in_place_stopped_part_way_marks_the_weight(monkeypatch):
+    """Every check runs before the first byte is written; a write that still fails part-way leaves a
+    weight that is neither layout, marked so, so nothing reads it as a checkpoint."""
+    from autotune.core.formats import held_layout
+    w = _weights(Problem.moe(32, 256, 4, 2), 2)
+    real, calls = L._words_of, []
+
+    def failing(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real(*a)
+    monkeypatch.setattr(L, "_words_of", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        L.pack_experts(w, inplace=True)
+    assert held_layout(w.packed) == L.PARTIAL
+    with pytest.raises(ValueError, match="stopped part-way"):
+        w.dequantize()
 
 
 # ---- space, verdicts, ptxas -----------------------------------------------------------------------

@@ -31,17 +31,20 @@ def fam(register_family):
     return cuda_moe_cpu
 
 
-def _block(tmp_path, expert_map=None, seed=0):
+def _block(tmp_path, expert_map=None, seed=0, one_copy=False):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        d = Dispatcher(tmp_path / "none.db", env=cpu(), arch=ARCHS["sm90"], record_misses=False, warn=False)
+        d = Dispatcher(tmp_path / "none.db", env=cpu(), arch=ARCHS["sm90"], record_misses=False, warn=False,
+                       one_copy=one_copy)
     g = torch.Generator().manual_seed(seed)
     routed = [torch.randn(E, I, H, generator=g), torch.randn(E, I, H, generator=g) * 2, torch.randn(E, H, I, generator=g)]
     shared = [torch.randn(I, H, generator=g) * 0.5, torch.randn(I, H, generator=g), torch.randn(H, I, generator=g)]
     blk = FP4MoE.from_float(*routed, TOP_K, dispatcher=d, expert_map=expert_map,
                             shared=FP4MoE.shared_from_float(*shared), fold_shared=True)
-    d.pin(blk.problem13, T13)
-    d.pin(blk.problem2, T2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d.pin(blk.problem13, T13)
+        d.pin(blk.problem2, T2)
     return blk, [quantize(w) for w in routed], [quantize(w) for w in shared]
 
 
@@ -148,3 +151,25 @@ def test_large_m_concatenates_the_slot_and_shares_one_alignment(tmp_path, fam, m
         assert seen == want, m
         ref = _ref(x, routed, shared, ids, tw)
         assert float((y.double() - ref).norm() / ref.norm()) < 1e-2, m
+
+
+def test_one_copy_packs_the_stacked_experts_in_place_and_matches_float64(tmp_path, fam):
+    """A one-copy FP4MoE on the cuda grouped kernels holds the experts in their own bytes (part 17: GLM-5
+    TP8's 75 layers with a second copy ran an H100 out of memory) and still matches float64."""
+    from autotune.core.formats import held_layout
+    from autotune.tactics.cuda import layout as L
+    blk, routed, shared = _block(tmp_path, one_copy=True)
+    x = torch.randn(5, H).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [3, -1], [2, 0], [-1, -1], [1, 3]], dtype=torch.int32)
+    tw = torch.rand(5, TOP_K)
+    y = blk(x, ids, tw)                   # the first call binds again under the pins
+    for bt in (blk.bound13, blk.bound2):
+        assert bt.layout == bt.held == L.LAYOUT and bt.extra_bytes == 0 and list(bt.packs) == [L.LAYOUT]
+        assert held_layout(bt.packs[L.LAYOUT].packed) == L.LAYOUT
+    ref = _ref(x, routed, shared, ids, tw)
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+    for refused in (blk.state_dict, lambda: blk.load_state_dict({})):   # the bytes are no checkpoint
+        with pytest.raises(RuntimeError, match="one_copy packed them in place"):
+            refused()
+    moved = blk.to(torch.float32)         # moved (here: to itself) bytes are wrapped, never packed twice
+    assert torch.equal(moved(x, ids, tw), y)

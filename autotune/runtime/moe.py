@@ -158,6 +158,10 @@ class FP4MoE(nn.Module):
         self.shared_mlp = None if apart is None else _shared_mlp(apart, w13, d)
         # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
         self.register_load_state_dict_post_hook(lambda mod, _keys: mod._rebind())
+        # a one-copy binding may hold the cuda grouped layout in the buffers' own bytes: neither saved
+        # as checkpoint bytes nor loaded over (both would give wrong numbers, silently)
+        self._register_state_dict_hook(lambda mod, *_: mod._check_checkpoint("state_dict"))
+        self._register_load_state_dict_pre_hook(lambda *_: self._check_checkpoint("load_state_dict"))
         self._aligners: dict[int, object] = {}
         _BLOCKS[self.layer_id] = self
 
@@ -176,6 +180,12 @@ class FP4MoE(nn.Module):
         gs = getattr(self, f"{name}_gs_u8").view(torch.float32).reshape(self._gs_shapes[name])
         return FP4Weight(getattr(self, f"{name}_packed"), getattr(self, f"{name}_scales_u8").view(self._scale_dtype),
                          gs, self.w13_fmt, getattr(self, f"{name}_is", None))
+
+    def _check_checkpoint(self, what: str) -> None:
+        held = [f"{n} ({b.held})" for n, b in (("w13", self.bound13), ("w2", self.bound2)) if b.held is not None]
+        if held:
+            raise RuntimeError(f"{self.label}: {what}: the layer's bytes hold another layout: {', '.join(held)} "
+                               f"(one_copy packed them in place); the checkpoint layout is gone")
 
     @property
     def w13(self) -> FP4Weight:

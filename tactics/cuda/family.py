@@ -251,8 +251,12 @@ class CudaFamily(FamilyBase):
         return L.pack(weight.contiguous())
 
     def pack_inplace(self, layout: str, weight: FP4Weight, *, already_packed: bool = False) -> Any | None:
+        if weight.packed.ndim == 3:           # stacked experts: expert by expert over their own bytes
+            if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()):
+                return None
+            return L.wrap_experts(weight) if already_packed else L.pack_experts(weight, inplace=True)
         if weight.packed.ndim != 2:
-            return None                       # stacked experts get their own packed copy
+            return None
         if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()) \
                 or weight.fmt != "nvfp4":
             return None                       # a strided (or MXFP4) weight gets its own packed copy
