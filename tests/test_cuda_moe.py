@@ -109,6 +109,7 @@ def test_stacked_pack_in_place_stopped_part_way_marks_the_weight(monkeypatch):
     weight that is neither layout, marked so, so nothing reads it as a checkpoint."""
     from autotune.core.formats import held_layout
     w = _weights(Problem.moe(32, 256, 4, 2), 2)
+    from autotune.tactics.cuda import inplace as INPLACE
     real, calls = L._words_of, []
 
     def failing(*a):
@@ -118,8 +119,8 @@ def test_stacked_pack_in_place_stopped_part_way_marks_the_weight(monkeypatch):
         return real(*a)
     monkeypatch.setattr(L, "_words_of", failing)
     with pytest.raises(RuntimeError, match="injected"):
-        L.pack_experts(w, inplace=True)
-    assert held_layout(w.packed) == L.PARTIAL
+        INPLACE.pack_experts_inplace(w)
+    assert held_layout(w.packed) == INPLACE.PARTIAL
     with pytest.raises(ValueError, match="stopped part-way"):
         w.dequantize()
 

@@ -512,3 +512,36 @@ def test_a_prefetch_of_the_next_kernels_weights_changes_no_bit(epi):
                 wb = kern(x, packed, bad, None, **kw).nan_to_num(7.0)
                 assert torch.equal(kern(x, packed, bad, None, prefetch=pf, **kw).nan_to_num(7.0), wb), (m, t, slot)
             torch.cuda.synchronize()
+
+
+def test_one_copy_moe_packs_experts_in_place_and_gives_the_copys_bits(tmp_path):
+    """A one-copy FP4MoE on the cuda grouped kernel holds the experts in their own bytes (tactics/cuda/
+    inplace.py; part 17: a second copy of GLM-5 TP8's experts ran an H100 out of memory) and gives
+    the bits of the same block bound with a packed copy."""
+    import warnings
+
+    from autotune.core.formats import held_layout
+    from autotune.runtime.dispatch import Dispatcher
+    from autotune.runtime.moe import FP4MoE
+    from autotune.tactics.cuda import layout as L
+    hidden, inter, e, top_k = 1024, 256, 16, 4
+    g = torch.Generator().manual_seed(3)
+    routed = [torch.randn(e, inter, hidden, generator=g), torch.randn(e, inter, hidden, generator=g),
+              torch.randn(e, hidden, inter, generator=g)]
+    ids, tw = inputs.routing(5, e, top_k, torch.Generator().manual_seed(4))
+    x = torch.randn(5, hidden, generator=g).to(torch.bfloat16).cuda()
+    outs = []
+    for one_copy in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            d = Dispatcher(tmp_path / "none.db", record_misses=False, warn=False, one_copy=one_copy)
+            blk = FP4MoE.from_float(*[w.cuda() for w in routed], top_k, dispatcher=d)
+            for p in (blk.problem13, blk.problem2):
+                d.pin(p, next(t for t in _fam().enumerate(p, d.arch) if t.params.get("kernel") == "moe_mma"))
+            y = blk(x, ids.cuda(), tw.cuda())
+        torch.cuda.synchronize()
+        if one_copy:
+            for bt in (blk.bound13, blk.bound2):
+                assert bt.held == L.LAYOUT and bt.extra_bytes == 0 and held_layout(bt.packs[L.LAYOUT].packed)
+        outs.append(y)
+    assert not torch.isnan(outs[0]).any() and torch.equal(outs[0], outs[1])

@@ -31,6 +31,7 @@ from . import checked as CK
 from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
 from . import dense as D
 from . import layout as L
+from . import inplace as INPLACE
 from . import moe as MOE
 from . import moe_search as MOE_SEARCH
 from .moe_tok import TokLaunch
@@ -133,7 +134,7 @@ class _DenseKernel(LauncherBase):
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
 #: (moe_align: the aligned route's routing alignment, Triton's kernel)
-_CODE = (".family", ".build", ".checked", ".dense", ".launch", ".layout", ".moe", ".moe_checks", ".moe_kernel", ".moe_plan", ".moe_search", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
+_CODE = (".family", ".build", ".checked", ".dense", ".inplace", ".launch", ".layout", ".moe", ".moe_checks", ".moe_kernel", ".moe_plan", ".moe_search", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
          "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
          "autotune.core.settings", "autotune.core.tactic")
 
@@ -254,7 +255,7 @@ class CudaFamily(FamilyBase):
         if weight.packed.ndim == 3:           # stacked experts: expert by expert over their own bytes
             if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()):
                 return None
-            return L.wrap_experts(weight) if already_packed else L.pack_experts(weight, inplace=True)
+            return INPLACE.wrap_experts(weight) if already_packed else INPLACE.pack_experts_inplace(weight)
         if weight.packed.ndim != 2:
             return None
         if layout != L.LAYOUT or not (weight.packed.is_contiguous() and weight.scales.is_contiguous()) \

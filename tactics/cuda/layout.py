@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from autotune.core.formats import HELD_LAYOUT, FP4Weight, pack_fp4, refuse_held, unpack_fp4
+from autotune.core.formats import FP4Weight, pack_fp4, refuse_held, unpack_fp4
 
 LAYOUT = "cuda-mma-a-frag-v1"
 ROWS = 16          # weight rows per MMA tile (the A operand's m16)
@@ -283,63 +283,29 @@ def _words_of(packed2d: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return words.to(torch.int32).contiguous().view(torch.uint8).reshape(n, k // 2)
 
 
-def _experts_checked(w: FP4Weight) -> tuple[int, torch.Tensor]:
-    """(E, the fp32 global scales) of stacked experts the grouped layout takes, or a one-line error."""
+def pack_experts(w: FP4Weight) -> CudaPacked:
+    """The layout of stacked experts [E, N, K] (NVFP4 or MXFP4), expert by expert: fragment words
+    [E, N, K/2], scale bytes [E, N, K/block] (NVFP4: u codes, MXFP4: the E8M0 bytes), global scale
+    fp32 [E] (one per expert) or [1]. The grouped kernel (moe_mma.cu) reads it."""
+    refuse_held(w, "cuda layout pack")
     if w.fmt not in FORMAT or w.packed.ndim != 3:
         raise ValueError(f"cuda grouped layout takes stacked [E, N, K] nvfp4/mxfp4 experts, got {w.fmt} "
                          f"{tuple(w.packed.shape)}")
-    e = w.packed.shape[0]
-    why = check_shape(w.n, w.k)
+    e, n, k = w.packed.shape[0], w.n, w.k
+    why = check_shape(n, k)
     if why:
         raise ValueError(f"cuda layout: {why}")
+    blk = w.block
+    enc = encode_scales if w.fmt == "nvfp4" else encode_scales_mx
+    raw = torch.empty(e, n, k // 2, dtype=torch.uint8, device=w.packed.device)
+    sc = torch.empty(e, n, k // blk, dtype=torch.uint8, device=w.packed.device)
+    for i in range(e):               # one expert at a time: the int64 bit planes of all E would be GBs
+        raw[i] = _words_of(w.packed[i], n, k)
+        sc[i] = _scale_order_fmt(enc(w.scales[i]), n, k, w.fmt)
     g = w.global_scale.to(torch.float32).reshape(-1).contiguous()
     if g.numel() not in (1, e):
         raise ValueError(f"cuda layout: {g.numel()} global scales for {e} experts (want 1 or {e})")
-    return e, g
-
-
-#: the mark a weight gets when packing its experts in place stopped part-way: neither layout
-PARTIAL = "cuda-mma-a-frag-v1 (packing in place stopped part-way: neither layout)"
-
-
-def pack_experts(w: FP4Weight, inplace: bool = False) -> CudaPacked:
-    """The layout of stacked experts [E, N, K] (NVFP4 or MXFP4), expert by expert: fragment words
-    [E, N, K/2], scale bytes [E, N, K/block] (NVFP4: u codes, MXFP4: the E8M0 bytes), global scale
-    fp32 [E] (one per expert) or [1]. The grouped kernel (moe_mma.cu) reads it.
-
-    inplace=True writes each expert over w's own packed/scales storage (same byte counts), so a
-    one-copy MoE layer holds no second copy (GLM-5 TP8's 75 layers in two copies did not fit an
-    H100, part 17). Every check runs before the first byte is written; should a write still fail
-    part-way, the weight is marked PARTIAL so nothing reads it as either layout."""
-    refuse_held(w, "cuda layout pack")
-    e, g = _experts_checked(w)
-    n, k, blk = w.n, w.k, w.block
-    enc = encode_scales if w.fmt == "nvfp4" else encode_scales_mx
-    if inplace:
-        if not (w.packed.is_contiguous() and w.scales.is_contiguous()):
-            raise ValueError("cuda layout: packing experts in place needs contiguous packed and scales")
-        raw, sc = w.packed, w.scales.view(torch.uint8)
-    else:
-        raw = torch.empty(e, n, k // 2, dtype=torch.uint8, device=w.packed.device)
-        sc = torch.empty(e, n, k // blk, dtype=torch.uint8, device=w.packed.device)
-    try:
-        for i in range(e):           # one expert at a time: the int64 bit planes of all E would be GBs
-            words_i = _words_of(w.packed[i], n, k)      # read expert i whole before writing over it
-            sc_i = _scale_order_fmt(enc(w.scales[i]), n, k, w.fmt)
-            raw[i] = words_i
-            sc[i] = sc_i
-    except BaseException:
-        if inplace:
-            setattr(w.packed, HELD_LAYOUT, PARTIAL)
-        raise
     return CudaPacked(raw, sc, g, w.fmt, n, k, w.input_scale, experts=e)
-
-
-def wrap_experts(w: FP4Weight) -> CudaPacked:
-    """Stacked experts whose storage holds the grouped layout already (`pack_experts(inplace=True)`,
-    then moved with the layer): no packing; shapes checked, bytes taken as they are."""
-    e, g = _experts_checked(w)
-    return CudaPacked(w.packed, w.scales.view(torch.uint8), g, w.fmt, w.n, w.k, w.input_scale, experts=e)
 
 
 def expert(p: CudaPacked, e: int) -> CudaPacked:
