@@ -222,6 +222,28 @@ def test_job_claims_skip_a_live_job_and_take_only_what_the_cache_lacks(tmp_path)
     assert {c_.state for c_ in Claims(store).all()} == {DONE}
 
 
+def test_an_interrupt_right_after_the_claims_commit_still_releases_it(tmp_path):
+    """SIGTERM/SIGINT raised between the claim's insert and the search's own bookkeeping (here: while
+    it reads what the cache lacks) must not leave the claim behind for the TTL: close() releases it."""
+    store, clock = Store(tmp_path / "c.db"), Clock()
+
+    def interrupted(job):
+        assert Claims(store, "peek:1:p", clock).get(jc.key(job)).state == CLAIMED     # committed already
+        raise KeyboardInterrupt
+    jc = JobClaims(store, "dev", ["lib"], interrupted, 100, now=clock, owner="hostA:1:a")
+    with pytest.raises(KeyboardInterrupt):
+        jc.start(_job(4))
+    jc.close()
+    assert Claims(store).all() == []
+    # a job another search holds is not released by this one's close
+    other = JobClaims(store, "dev", ["lib"], lambda j: j.tactics, 100, now=clock, owner="hostB:1:b")
+    assert other.start(_job(8)) is not None
+    mine = JobClaims(store, "dev", ["lib"], lambda j: j.tactics, 100, now=clock, owner="hostC:1:c")
+    assert mine.start(_job(8)) is None
+    mine.close()
+    assert [c.owner for c in Claims(store).all()] == ["hostB:1:b"]
+
+
 def test_ttl_setting(monkeypatch):
     monkeypatch.delenv(TTL_ENV, raising=False)
     assert ttl_s(300) == 600 and ttl_s(900) == 1800

@@ -524,6 +524,7 @@ def test_one_copy_moe_packs_experts_in_place_and_gives_the_copys_bits(tmp_path):
     from autotune.runtime.dispatch import Dispatcher
     from autotune.runtime.moe import FP4MoE
     from autotune.tactics.cuda import layout as L
+    from autotune.tactics.cuda import moe as MOE
     hidden, inter, e, top_k = 1024, 256, 16, 4
     g = torch.Generator().manual_seed(3)
     routed = [torch.randn(e, inter, hidden, generator=g), torch.randn(e, inter, hidden, generator=g),
@@ -537,7 +538,8 @@ def test_one_copy_moe_packs_experts_in_place_and_gives_the_copys_bits(tmp_path):
             d = Dispatcher(tmp_path / "none.db", record_misses=False, warn=False, one_copy=one_copy)
             blk = FP4MoE.from_float(*[w.cuda() for w in routed], top_k, dispatcher=d)
             for p in (blk.problem13, blk.problem2):
-                d.pin(p, next(t for t in _fam().enumerate(p, d.arch) if t.params.get("kernel") == "moe_mma"))
+                d.pin(p, next(t for t in _fam().enumerate(p, d.arch) if t.params.get("kernel") == "moe_mma"
+                              and MOE.verdict(p, t, d.arch).ok))
             y = blk(x, ids.cuda(), tw.cuda())
         torch.cuda.synchronize()
         if one_copy:

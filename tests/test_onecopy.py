@@ -42,16 +42,21 @@ def fam(register_family):
     return register_family("cudacpu", "tests.families.cuda_cpu:CudaCpu")
 
 
-def disp(tmp_path, winners) -> Dispatcher:
+def disp(tmp_path, winners, **policy) -> Dispatcher:
+    if not (tmp_path / "c.db").exists():
+        _store(tmp_path, winners)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = Dispatcher(tmp_path / "c.db", env=CPU, arch=ARCH, record_misses=False, warn=False, **policy)
+    assert d.skipped == {} and d.table(P).tactics == tuple(t for _, t in winners)
+    return d
+
+
+def _store(tmp_path, winners) -> None:
     with Store(tmp_path / "c.db") as s:
         for b, t in winners:
             lib = CPU.lib_key(registry.get(t.family).depends_on)
             s.put_winner(keyed(Winner(P.key, b, CPU.device_key, t.id, t.family, t.to_json(), lib, 1.0, T64.id, 1.0, 1.0)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        d = Dispatcher(tmp_path / "c.db", env=CPU, arch=ARCH, record_misses=False, warn=False)
-    assert d.skipped == {} and d.table(P).tactics == tuple(t for _, t in winners)
-    return d
 
 
 def weight(seed=0) -> tuple[FP4Weight, FP4Weight]:
@@ -249,18 +254,12 @@ def test_one_copy_upto_chooses_the_layout_by_the_served_range(tmp_path, fam):
     the layout of those rungs: `one_copy_upto` counts only the rungs up to it; the rest are served,
     substituted and reported (part 17: the folded w13's tie served Triton at M = 1..64)."""
     table = ((1, C1), (8, C2), (64, T64), (128, T64), (256, T64))
-    with Store(tmp_path / "c.db") as s:
-        for b, t in table:
-            lib = CPU.lib_key(registry.get(t.family).depends_on)
-            s.put_winner(keyed(Winner(P.key, b, CPU.device_key, t.id, t.family, t.to_json(), lib, 1.0, T64.id, 1.0, 1.0)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        every = Dispatcher(tmp_path / "c.db", env=CPU, arch=ARCH, record_misses=False, warn=False, one_copy=True)
         w, w0 = weight(4)
-        bt = every.bind(P, w)
+        bt = disp(tmp_path, table, one_copy=True).bind(P, w)
         assert bt.layout == PLAIN_LAYOUT and [b for b, _, _ in bt.substituted] == [1, 8]
-        decode = Dispatcher(tmp_path / "c.db", env=CPU, arch=ARCH, record_misses=False, warn=False, one_copy=True,
-                            one_copy_upto=8)
+        decode = disp(tmp_path, table, one_copy=True, one_copy_upto=8)
         w2, w20 = weight(5)
         bt2 = decode.bind(P, w2)
         layer = FP4Linear(weight(6)[0], dispatcher=decode, one_copy=True)
@@ -270,8 +269,10 @@ def test_one_copy_upto_chooses_the_layout_by_the_served_range(tmp_path, fam):
     assert layer.bound.layout == L.LAYOUT                   # layers built on the dispatcher follow its policy
     check_numbers(bt2, w20)
     # a range below every rung still chooses by the smallest rung
-    assert Dispatcher(tmp_path / "c.db", env=CPU, arch=ARCH, record_misses=False, warn=False, one_copy=True,
-                      one_copy_upto=1).policy.one_copy_upto == 1
+    low = disp(tmp_path, table, one_copy=True, one_copy_upto=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert low.bind(P, weight(7)[0]).layout == L.LAYOUT
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="one_copy_upto must be a positive int"):
             Dispatcher(tmp_path / "c.db", env=CPU, arch=ARCH, record_misses=False, warn=False, one_copy_upto=bad)

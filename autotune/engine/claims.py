@@ -55,6 +55,7 @@ class JobClaims:
         self.ttl, self.now, self._remaining = ttl, now, remaining
         self._device, self._libs = device_key, tuple(sorted(set(lib_keys)))
         self._held: dict[JobKey, object] = {}
+        self._claiming: set[JobKey] = set()      # asked for, not yet booked in _held (see start)
         self._lock = threading.Lock()
         self._last = now()
         self.elsewhere: list[tuple[object, Claim | None]] = []   # skipped: a live owner elsewhere has it
@@ -78,13 +79,22 @@ class JobClaims:
         if self._c is None:
             return job
         key = self.key(job)
+        # noted before the claim is asked for: an interrupt (SIGINT/SIGTERM) between the claim's commit
+        # and the bookkeeping below would otherwise leave it for `close` to miss (it then lived until
+        # its TTL; seen under load in tests/test_stage_timeouts.py). Releasing a key this owner did not
+        # win drops nothing: release deletes only this owner's live claims. Not in `_held` yet, so the
+        # heartbeat never renews (or calls lost) a claim not won.
+        with self._lock:
+            self._claiming.add(key)
         got = self._c.claim(key, self.ttl)
         if not got.won:
             with self._lock:
+                self._claiming.discard(key)
                 self.elsewhere.append((job, got.holder))
             return None
         left = self._remaining(job)
         with self._lock:
+            self._claiming.discard(key)
             self._held[key] = job
             if got.took_from and got.why != "done":
                 self.taken.append((job, got.took_from, got.why))
@@ -132,7 +142,8 @@ class JobClaims:
     def close(self) -> None:
         """Release what is still held (an error or interrupt ended the search early)."""
         with self._lock:
-            keys, self._held = list(self._held), {}
+            keys, self._held = [*self._held, *self._claiming], {}
+            self._claiming = set()
         if keys and self._c is not None:
             try:
                 self._c.release(keys)
