@@ -276,3 +276,36 @@ def test_one_copy_upto_chooses_the_layout_by_the_served_range(tmp_path, fam):
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="one_copy_upto must be a positive int"):
             Dispatcher(tmp_path / "c.db", env=CPU, arch=ARCH, record_misses=False, warn=False, one_copy_upto=bad)
+
+
+def test_a_substituted_rung_runs_the_layouts_measured_best(tmp_path, fam):
+    """Where the cache holds the rung's trials, a substituted rung runs the fastest servable trial of
+    the chosen layout there — not the family's untuned default; failed, stale and other-layout
+    trials are passed over; without trials (an export) the default stays."""
+    import dataclasses
+
+    from autotune.core.records import Trial
+    d0 = disp(tmp_path, MIXED)          # the store with MIXED's winners
+    C3 = Tactic("cudacpu", warps_k=4, stages=2, tiles_n=1)
+
+    def trial(t, us, status="ok", bucket=64):
+        lib = CPU.lib_key(registry.get(t.family).depends_on)
+        return keyed(Trial(P.key, bucket, t.id, t.family, t.to_json(), CPU.device_key, lib, status, median_us=us))
+    with Store(tmp_path / "c.db") as s:
+        s.put_trials([trial(T64, 1.0), trial(C2, 5.0), trial(C3, 2.0, status="failed"),
+                      dataclasses.replace(trial(C1, 0.5), code_key="stale"), trial(C1, 4.0, bucket=8)])
+    del d0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = disp(tmp_path, MIXED)
+        bt = d.bind(P, weight(8)[0], one_copy=True)
+    assert bt.layout == L.LAYOUT and bt.substituted == ((64, T64, C2),)    # the measured cuda best at 64
+    assert d.best_of(P)(64, L.LAYOUT) == C2 and d.best_of(P)(64, PLAIN_LAYOUT) == T64
+    assert d.best_of(P)(1000, L.LAYOUT) is None
+    check_numbers(bt, weight(8)[1])
+    # an export's rows are what its checksum (and signature) cover: its trials are never read
+    from autotune.runtime import loader
+    with Store(tmp_path / "c.db") as s:
+        assert loader.bests_by_layout(s, CPU, ARCH, d.builder.kernel, P, 64, immutable=False)[L.LAYOUT] == C2
+        s.put_meta("checksum", "sha256:0")
+        assert loader.bests_by_layout(s, CPU, ARCH, d.builder.kernel, P, 64, immutable=False) == {}

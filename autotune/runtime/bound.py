@@ -28,7 +28,8 @@ class BoundTable:
     """`bt(x)` (dense) or `bt(x, topk_ids, topk_weights)` (MoE): pick by M, launch.
 
     one_copy=True (needs `arch`): every M is served from one layout (autotune.runtime.onecopy;
-    `layout`, `substituted`; one_copy_upto: the layout is chosen by the rungs up to that M), packed in place over the weight's own storage where its family can
+    `layout`, `substituted`; one_copy_upto: the layout is chosen by the rungs up to that M; best:
+    (bucket, layout) -> the measured best of that layout, run on a substituted rung), packed in place over the weight's own storage where its family can
     (`Family.pack_inplace`; then `held` names it, `extra_bytes` is 0, and the weight is marked so
     nothing reads those bytes as a checkpoint-layout weight again).
 
@@ -38,18 +39,18 @@ class BoundTable:
     layer and device); None: each launcher keeps its own."""
 
     __slots__ = ("table", "_weight", "device", "launchers", "packs", "_pinned", "_default", "_default_tactic",
-                 "_version", "one_copy", "one_copy_upto", "arch", "layout", "held", "substituted", "scratch",
+                 "_version", "one_copy", "one_copy_upto", "best", "arch", "layout", "held", "substituted", "scratch",
                  "bad_word")
 
     def __init__(self, table: Table, weight: FP4Weight, device: str, *, one_copy: bool = False,
                  arch: Arch | None = None, scratch: Any = None, bad_word: Any = None,
-                 one_copy_upto: int | None = None):
+                 one_copy_upto: int | None = None, best: Any = None):
         if one_copy and arch is None:
             raise ValueError("a one-copy binding needs the arch its substitute tactics are judged on")
         check_weight(table.problem, weight)
         self.table, self._weight, self.device = table, weight, device
         self.scratch, self.bad_word = scratch, bad_word
-        self.one_copy, self.arch, self.one_copy_upto = one_copy, arch, one_copy_upto
+        self.one_copy, self.arch, self.one_copy_upto, self.best = one_copy, arch, one_copy_upto, best
         self.layout: str | None = None                  # one_copy: the one layout every M reads
         self.held: str | None = None                    # the layout written over the weight's storage
         self.substituted: tuple[Substitution, ...] = ()  # one_copy: (bucket M, stored, used) per rung
@@ -78,7 +79,7 @@ class BoundTable:
 
     def _rebind_one(self, w: FP4Weight) -> None:
         t, p = self.table, self.table.problem
-        plan = onecopy.plan(t, self.arch, self.device, self.one_copy_upto)
+        plan = onecopy.plan(t, self.arch, self.device, self.one_copy_upto, self.best)
         lay = plan.layout
         if self.held is not None and lay != self.held:
             raise ValueError(f"{p.key}: the weight holds the {self.held} layout in place; the table now wants {lay} "

@@ -75,6 +75,8 @@ class Dispatcher:
         self._warn = warn
         immutable = immutable if immutable is not None else settings.cache_immutable()
         loaded = loader.load(cache, self.env, self.arch, self.builder.kernel, immutable=immutable)
+        self._source, self._immutable = cache, immutable      # one-copy substitutes read its trials at bind
+        self._bests: dict[tuple[Problem, int], dict[str, Tactic]] = {}
         self.skipped: Counter = loaded.skipped               # why stored winners were not used
         self.cache_error, self.cache_url = loaded.error, loaded.url
         if loaded.error:
@@ -191,7 +193,22 @@ class Dispatcher:
                     w = words[str(device)] = self.scratch.word(device, _key)
                 return w
         return BoundTable(self.table(problem), weight, self.env.device, one_copy=one_copy, arch=self.arch,
-                          scratch=self.scratch, bad_word=bad_word, one_copy_upto=self.policy.one_copy_upto)
+                          scratch=self.scratch, bad_word=bad_word, one_copy_upto=self.policy.one_copy_upto,
+                          best=self.best_of(problem))
+
+    def best_of(self, problem: Problem) -> Callable[[int, str], Tactic | None]:
+        """(bucket, layout) -> the fastest servable trial of that layout the cache measured for
+        `problem` at that bucket (None: none, or an export without trials): what a one-copy binding
+        runs where the winner reads another layout. Reads the cache once per (problem, bucket), at
+        bind — never on the call path."""
+        def best(bucket: int, layout: str) -> Tactic | None:
+            k = (problem, bucket)
+            if k not in self._bests:
+                self._bests[k] = ({} if self.cache_error else
+                                  loader.bests_by_layout(self._source, self.env, self.arch, self.builder.kernel,
+                                                         problem, bucket, immutable=self._immutable))
+            return self._bests[k].get(layout)
+        return best
 
     def routing_errors(self, clear: bool = True) -> list[str]:
         """What set a bad-id word since the last read (expert ids outside [-1, E): their rows came

@@ -60,7 +60,8 @@ class _FP4Base(nn.Module):
         _LAYERS[self.layer_id] = self
         self.bound = BoundTable(self.table, self._stored(), self.packed.device.type, one_copy=one_copy,
                                 arch=self._dispatcher.arch, scratch=self._dispatcher.scratch,
-                                one_copy_upto=self._dispatcher.policy.one_copy_upto)
+                                one_copy_upto=self._dispatcher.policy.one_copy_upto,
+                                best=self._dispatcher.best_of(problem))
         self._register_state_dict_hook(_refuse_held)
         self._register_load_state_dict_pre_hook(self._refuse_load)
         # loading copies bytes into the buffers in place: a layout packed as a copy (cuda) would keep

@@ -104,6 +104,55 @@ def load(cache: Any, env: Env, arch: Arch, build: Build, *, immutable: bool) -> 
     return out
 
 
+def vet_trial(r: Any, env: Env, arch: Arch, build: Build) -> Tactic | None:
+    """The stored trial's tactic if it can be served here (checked and timed, the live libraries and
+    code, usable on this arch, builds), else None."""
+    if r.status != "ok" or not r.median_us:
+        return None
+    try:
+        t, p = Tactic.from_json(r.params_json), Problem.from_key(r.problem_key)
+        fam = registry.get(t.family)
+    except (ValueError, TypeError, ImportError):
+        return None
+    if r.lib_key != env.lib_key(fam.depends_on) or registry.stale_code(r) is not None \
+            or registry.usable(p, t, arch, env.device):
+        return None
+    try:
+        build(p, t)
+    except Exception:  # noqa: BLE001 - a kernel that cannot be built is not a substitute
+        return None
+    return t
+
+
+def bests_by_layout(cache: Any, env: Env, arch: Arch, build: Build, problem: Problem, bucket: int, *,
+                    immutable: bool) -> dict[str, Tactic]:
+    """{layout: the fastest servable trial of that layout} at (problem, bucket) on this device: what a
+    one-copy binding runs on a rung whose winner reads another layout (autotune.runtime.onecopy).
+    Only a whole cache has trials; an export (its rows under a checksum, maybe a signature) gives {},
+    so nothing outside what was verified is ever served. Never raises."""
+    try:
+        store, owned = open_store(cache, immutable)
+        try:
+            ok, _ = verify_for_serving(store)
+            if not ok or store.meta().get("checksum") is not None:
+                return {}
+            rows = store.get_trials(problem.key, bucket, env.device_key)
+        finally:
+            if owned:
+                store.close()
+    except Exception:  # noqa: BLE001 - no substitute is better than a crash at bind
+        return {}
+    out: dict[str, Tactic] = {}
+    for r in sorted((r for r in rows if r.status == "ok" and r.median_us), key=lambda r: (r.median_us, r.tactic_id)):
+        try:
+            lay = registry.get(r.family).layout(Tactic.from_json(r.params_json))
+        except (ValueError, TypeError, ImportError):
+            continue
+        if lay not in out and (t := vet_trial(r, env, arch, build)) is not None:
+            out[lay] = t
+    return out
+
+
 def _writable(store: Any) -> bool:
     p = getattr(store, "path", None)
     if p is None:

@@ -8,13 +8,15 @@ default's); `upto` counts only the rungs up to that M (an engine's decode range,
 captures in graphs: on GLM-5's folded w13 half the rungs read the cuda layout and half Triton's,
 and the tie served Triton's kernel at M = 1..64 in the step bench, docs/moe-decode.md part 17). A rung whose winner reads another layout runs that layout's family default instead
 (or, where that default reads yet another layout or cannot run here, the layout's most frequent
-winner); `Plan.substituted` says which, so the cost is visible. Packing in place is the bound
+winner) — unless `best(bucket, layout)` names the fastest servable trial of that layout the cache
+measured at that rung (a whole cache's trials; autotune.runtime.loader.bests_by_layout), which runs
+there instead; `Plan.substituted` says which, so the cost is visible. Packing in place is the bound
 table's part (autotune.runtime.bound).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from autotune.core.arch import Arch
 from autotune.core.tactic import Tactic
@@ -44,7 +46,11 @@ def _most(items: Sequence, key=lambda x: x):
     return items[max(range(len(items)), key=lambda i: (keys.count(keys[i]), -keys.index(keys[i])))]
 
 
-def plan(table: Table, arch: Arch, device: str, upto: int | None = None) -> Plan:
+#: (bucket M, layout) -> the fastest servable tactic of that layout measured at M, or None
+Best = Callable[[int, str], "Tactic | None"]
+
+
+def plan(table: Table, arch: Arch, device: str, upto: int | None = None, best: Best | None = None) -> Plan:
     p, dt = table.problem, table.default_tactic
     if table.pinned_tactic is not None:      # a pin answers every M: its layout is the one, no rungs
         pt = table.pinned_tactic
@@ -62,7 +68,10 @@ def plan(table: Table, arch: Arch, device: str, upto: int | None = None) -> Plan
     sub = registry.get(family).default(p, arch)
     if layout_of(sub) != layout or registry.usable(p, sub, arch, device) is not None:
         sub = _most(inside)
-    tactics = tuple(x if lay == layout else sub for x, lay in zip(table.tactics, lays))
-    subs = tuple((b, x, sub) for b, x, lay in zip(table.buckets, table.tactics, lays) if lay != layout)
+    def used(b: int) -> Tactic:
+        got = best(b, layout) if best is not None else None
+        return got if got is not None and layout_of(got) == layout else sub
+    tactics = tuple(x if lay == layout else used(b) for b, x, lay in zip(table.buckets, table.tactics, lays))
+    subs = tuple((b, x, u) for b, x, lay, u in zip(table.buckets, table.tactics, lays, tactics) if lay != layout)
     # the miss slot is reached only by a table without rungs, whose layout is the default's
     return Plan(layout, family, tactics, dt if dlay == layout else sub, subs)
