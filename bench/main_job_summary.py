@@ -147,11 +147,18 @@ def versions() -> dict:
 
 
 def commit() -> str | None:
+    """HEAD's short hash, plus "+N changed" when the tree differs from it: the device machine runs a
+    copy of the working tree whose git metadata may lag it (part 17: a run of 978e542's tree said
+    7269537), so a bare hash could name code that did not run."""
+    root = Path(__file__).resolve().parents[1]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[1], timeout=10).stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=root, timeout=10).stdout.strip() or None
+        changed = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=root,
+                                 timeout=30).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return None
+    return f"{head}+{len(changed)} changed" if head and changed else head
 
 
 def compile_figures(stages: dict) -> dict:
