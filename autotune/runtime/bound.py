@@ -29,9 +29,10 @@ class BoundTable:
 
     one_copy=True (needs `arch`): every M is served from one layout (autotune.runtime.onecopy;
     `layout`, `substituted`; one_copy_upto: the layout is chosen by the rungs up to that M; best:
-    (bucket, layout) -> the measured best of that layout, run on a substituted rung), packed in place over the weight's own storage where its family can
-    (`Family.pack_inplace`; then `held` names it, `extra_bytes` is 0, and the weight is marked so
-    nothing reads those bytes as a checkpoint-layout weight again).
+    (bucket, layout) -> the measured best of that layout, run on a substituted rung), packed in
+    place over the weight's own storage where its family can (`Family.pack_inplace`; then `held`
+    names it, `extra_bytes` is 0, and the weight is marked so nothing reads those bytes as a
+    checkpoint-layout weight again).
 
     scratch: the dispatcher's ScratchPool (tactics/scratch.py): every launcher bound here takes its
     workspaces from it (`Launcher.attach`), so layers share one set per stream. bad_word: a

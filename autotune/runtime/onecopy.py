@@ -6,7 +6,8 @@ checkpoint. Engines that refuse a second copy of the weights bind in one-copy mo
 served from ONE layout, the one the winners of the most rungs read (ties: the designated
 default's); `upto` counts only the rungs up to that M (an engine's decode range, whose batches it
 captures in graphs: on GLM-5's folded w13 half the rungs read the cuda layout and half Triton's,
-and the tie served Triton's kernel at M = 1..64 in the step bench, docs/moe-decode.md part 17). A rung whose winner reads another layout runs that layout's family default instead
+and the tie served Triton's kernel at M = 1..64 in the step bench, docs/moe-decode.md part 17).
+A rung whose winner reads another layout runs that layout's family default instead
 (or, where that default reads yet another layout or cannot run here, the layout's most frequent
 winner) — unless `best(bucket, layout)` names the fastest servable trial of that layout the cache
 measured at that rung (a whole cache's trials; autotune.runtime.loader.bests_by_layout), which runs
@@ -68,6 +69,7 @@ def plan(table: Table, arch: Arch, device: str, upto: int | None = None, best: B
     sub = registry.get(family).default(p, arch)
     if layout_of(sub) != layout or registry.usable(p, sub, arch, device) is not None:
         sub = _most(inside)
+
     def used(b: int) -> Tactic:
         got = best(b, layout) if best is not None else None
         return got if got is not None and layout_of(got) == layout else sub
