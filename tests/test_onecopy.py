@@ -303,9 +303,18 @@ def test_a_substituted_rung_runs_the_layouts_measured_best(tmp_path, fam):
     assert d.best_of(P)(64, L.LAYOUT) == C2 and d.best_of(P)(64, PLAIN_LAYOUT) == T64
     assert d.best_of(P)(1000, L.LAYOUT) is None
     check_numbers(bt, weight(8)[1])
+    # a halving loser (checked, timed in its round) is measured too: where the layout has only
+    # losers at a rung, or a faster one, it runs instead of the default or a slower survivor
+    C4 = Tactic("cudacpu", warps_k=2, stages=2, tiles_n=1)
+    with Store(tmp_path / "c.db") as s:
+        s.put_trials([trial(C4, 3.0, status="dropped"), trial(C1, 7.0, status="dropped", bucket=1000)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d2 = disp(tmp_path, MIXED)
+    assert d2.best_of(P)(64, L.LAYOUT) == C4 and d2.best_of(P)(1000, L.LAYOUT) == C1
     # an export's rows are what its checksum (and signature) cover: its trials are never read
     from autotune.runtime import loader
     with Store(tmp_path / "c.db") as s:
-        assert loader.bests_by_layout(s, CPU, ARCH, d.builder.kernel, P, 64, immutable=False)[L.LAYOUT] == C2
+        assert loader.bests_by_layout(s, CPU, ARCH, d.builder.kernel, P, 64, immutable=False)[L.LAYOUT] == C4
         s.put_meta("checksum", "sha256:0")
         assert loader.bests_by_layout(s, CPU, ARCH, d.builder.kernel, P, 64, immutable=False) == {}

@@ -104,10 +104,15 @@ def load(cache: Any, env: Env, arch: Arch, build: Build, *, immutable: bool) -> 
     return out
 
 
+#: trial statuses with a checked result and a time: "dropped" is a successive-halving loser,
+#: checked against float64 and timed in its rounds (fewer repetitions than a survivor)
+MEASURED = ("ok", "dropped")
+
+
 def vet_trial(r: Any, env: Env, arch: Arch, build: Build) -> Tactic | None:
     """The stored trial's tactic if it can be served here (checked and timed, the live libraries and
     code, usable on this arch, builds), else None."""
-    if r.status != "ok" or not r.median_us:
+    if r.status not in MEASURED or not r.median_us:
         return None
     try:
         t, p = Tactic.from_json(r.params_json), Problem.from_key(r.problem_key)
@@ -128,8 +133,11 @@ def bests_by_layout(cache: Any, env: Env, arch: Arch, build: Build, problem: Pro
                     immutable: bool) -> dict[str, Tactic]:
     """{layout: the fastest servable trial of that layout} at (problem, bucket) on this device: what a
     one-copy binding runs on a rung whose winner reads another layout (autotune.runtime.onecopy).
-    Only a whole cache has trials; an export (its rows under a checksum, maybe a signature) gives {},
-    so nothing outside what was verified is ever served. Never raises."""
+    Survivors and halving losers both count (`MEASURED`): a layout that lost the rung often has only
+    losers there (GLM-5's folded w13 on an H100: `moe_mma` dropped in round 1 at every M >= 1024),
+    and its fastest loser beats the family's untuned default. Only a whole cache has trials; an
+    export (its rows under a checksum, maybe a signature) gives {}, so nothing outside what was
+    verified is ever served. Never raises."""
     try:
         store, owned = open_store(cache, immutable)
         try:
@@ -143,7 +151,7 @@ def bests_by_layout(cache: Any, env: Env, arch: Arch, build: Build, problem: Pro
     except Exception:  # noqa: BLE001 - no substitute is better than a crash at bind
         return {}
     out: dict[str, Tactic] = {}
-    for r in sorted((r for r in rows if r.status == "ok" and r.median_us), key=lambda r: (r.median_us, r.tactic_id)):
+    for r in sorted((r for r in rows if r.status in MEASURED and r.median_us), key=lambda r: (r.median_us, r.tactic_id)):
         try:
             lay = registry.get(r.family).layout(Tactic.from_json(r.params_json))
         except (ValueError, TypeError, ImportError):

@@ -52,7 +52,7 @@ class DequantCublasMember:
     def unchecked(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> None:
         return None         # nothing modelled: no figure to check
 
-    def sources(self, fmt: str, params: Mapping[str, Any]) -> list:
+    def sources(self, fmt: str, params: Mapping[str, Any], problem: Problem | None = None) -> list:
         return []           # compiled by its first launch (one small kernel)
 
     def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> "DequantCublasLauncher":

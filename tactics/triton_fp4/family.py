@@ -174,10 +174,8 @@ class TritonFamily(FamilyBase):
         nothing to compile ahead, dequant_cublas)."""
         m = self._checked(problem, tactic)
         shared = None
-        # only moe_decode runs fused-epilogue problems (the others' `supports` refuse them)
-        srcs = m.sources(problem.w_fmt, tactic.params) if problem.epilogue == "none" else \
-            m.sources(problem.w_fmt, tactic.params, problem.epilogue)  # type: ignore[call-arg]  # moe_decode's only
-        for src, options in srcs:
+        # the problem's own constexprs (a grouped member's routing, moe_decode's epilogue)
+        for src, options in m.sources(problem.w_fmt, tactic.params, problem):
             shared = int(compile_kernel(src, options, arch, stop_at="cubin").metadata.shared)
         return shared
 

@@ -66,9 +66,12 @@ class Member(Protocol):
     def unchecked(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> str | None:
         """Why the smem/tmem model was not checked against the compiler for this config (then the
         verdict needs the compiler's figure or says unknown), or None inside the checked region."""
-    def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
+    def sources(self, fmt: str, params: Mapping[str, Any], problem: Problem | None = None) -> list[tuple[Any, dict]]:
         """(ASTSource, options) of each kernel a call launches, the GEMM last ([]: nothing to
-        compile ahead of time). Imports Triton."""
+        compile ahead of time). With `problem` (the search's precompile), exactly the constexprs
+        its launches pass — a grouped member's routing and epilogue are constexprs, and a launch
+        whose key differs compiles again inside the timed worker; without one, a representative
+        problem (shared memory does not depend on it). Imports Triton."""
     def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> Any:
         """The callable that runs the kernel (FP4Weight or U8Weight weights)."""
 

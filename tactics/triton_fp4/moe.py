@@ -26,8 +26,8 @@ BLOCK_N = (32, 64, 128)
 BLOCK_K = (128, 256)
 NUM_STAGES = (3, 4)
 GRID = {"block_m": BLOCK_M, "block_n": BLOCK_N, "block_k": BLOCK_K, "num_stages": NUM_STAGES, "num_warps": (4,)}
-#: the top_k (with routed weights) precompile compiles for: GLM-5's routing; other top_k values
-#: compile the same loop and shared memory
+#: the top_k (with routed weights) `sources` compiles for without a problem (cross-compiles for the
+#: smem figure): GLM-5's routing; other top_k values compile the same loop and shared memory
 COMPILE_TOP_K = 8
 
 
@@ -81,9 +81,11 @@ class MoEMember:
                 return f"{k}={params[k]} is outside the grid the moe_w4a16 smem model was checked on ({vals})"
         return unchecked(params, fmt, arch)
 
-    def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
+    def sources(self, fmt: str, params: Mapping[str, Any], problem: Problem | None = None) -> list[tuple[Any, dict]]:
         from .kernel import MOE_ARG_NAMES, MOE_ARG_TYPES, MOE_DIVISIBLE, moe_w4a16_kernel     # imports Triton
-        consts = {**kernel_consts(fmt, params), "TOP_K": COMPILE_TOP_K, "ROUTED_WEIGHT": 1}
+        # TOP_K is a constexpr: the problem's (the search's inputs are routed, x a row per token)
+        top_k = COMPILE_TOP_K if problem is None else problem.top_k
+        consts = {**kernel_consts(fmt, params), "TOP_K": top_k, "ROUTED_WEIGHT": 1}
         src = ast_source(moe_w4a16_kernel, MOE_ARG_NAMES, MOE_ARG_TYPES, MOE_DIVISIBLE, consts)
         return [(src, {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])})]
 

@@ -417,9 +417,11 @@ class MoEDecodeLauncher(PoolUser, LauncherBase):
 
 # ---- the family member --------------------------------------------------------------------------
 
-#: the routing `sources` compiles for (GLM-5's: 256 experts, top 8, routing weights, an NVFP4 weight
-#: with one global scale per expert as quantize() gives stacked experts). Other routings compile the
-#: same loop and shared memory; their first launch compiles its own constexprs.
+#: the routing `sources` compiles for without a problem (cross-compiles for the smem figure):
+#: GLM-5's, 256 experts, top 8. With one (precompile) it compiles the problem's: E and top_k are
+#: constexprs, so any other routing's first launch would compile inside the timed worker (the
+#: folded e257:top9 problems did: ~20 ms a check on average, part 18). Either way routing weights
+#: and an NVFP4 weight with one global scale per expert, as quantize() gives stacked experts.
 COMPILE_EXPERTS, COMPILE_TOP_K = 256, 8
 #: every value of each axis of the grids: the region the smem model was compared with the compiler
 #: on (module docs: smem_bytes), on these archs
@@ -442,7 +444,7 @@ class MoEDecodeMember:
     schema = SCHEMA
     #: this member's sources, keyed into its trials and winners (autotune.core.codekey)
     code = Code.of(f"triton/{KERNEL}", __package__, *SHARED_CODE, ".moe_decode", ".moe_decode_kernel", ".moe_align",
-                   ".kernel", ".smem")
+                   ".moe_align_compile", ".kernel", ".smem")
 
     def supports(self, problem: Problem) -> str | None:
         return supported(problem)
@@ -476,11 +478,17 @@ class MoEDecodeMember:
             return f"the moe_decode smem model was checked on {', '.join(CHECKED_ARCHS)} only, not {arch.name}"
         return _smem.unchecked(params, fmt, arch)
 
-    def sources(self, fmt: str, params: Mapping[str, Any], epilogue: str = "none") -> list[tuple[Any, dict]]:
+    def sources(self, fmt: str, params: Mapping[str, Any], problem: Problem | None = None) -> list[tuple[Any, dict]]:
         # a direct config runs the aligned route above DIRECT_MAX_PAIRS pairs: compile both, its own last
-        prob = Problem.moe(256, 256, COMPILE_EXPERTS, COMPILE_TOP_K, fmt)
+        prob = problem if problem is not None else Problem.moe(256, 256, COMPILE_EXPERTS, COMPILE_TOP_K, fmt)
+        epilogue = prob.epilogue
         routes = [dict(params, route="aligned")] if params["route"] == "direct" else []
-        return [source(prob, c, epilogue, routed=True, gs_per_expert=fmt == "nvfp4") for c in routes + [dict(params)]]
+        gemms = [source(prob, c, epilogue, routed=True, gs_per_expert=fmt == "nvfp4") for c in routes + [dict(params)]]
+        if problem is None:
+            return gemms
+        # the alignment its aligned route launches first (a direct config only above 256 pairs: two-pass)
+        from .moe_align_compile import align_sources
+        return align_sources(prob.experts, params["block_m"], one_pass=params["route"] == "aligned") + gemms
 
     def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> MoEDecodeLauncher:
         return make_launcher(problem, tactic.params)

@@ -114,7 +114,7 @@ class W4A16Member:
     def unchecked(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> str | None:
         return unchecked(params, fmt, arch)
 
-    def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
+    def sources(self, fmt: str, params: Mapping[str, Any], problem: Problem | None = None) -> list[tuple[Any, dict]]:
         from .kernel import ARG_NAMES, ARG_TYPES, DIVISIBLE, w4a16_dequant_kernel     # imports Triton
         src = ast_source(w4a16_dequant_kernel, ARG_NAMES, ARG_TYPES, DIVISIBLE, kernel_consts(fmt, params))
         return [(src, {"num_warps": int(params["num_warps"]), "num_stages": int(params["num_stages"])})]

@@ -133,7 +133,7 @@ class W4A4Member:
     def unchecked(self, params: Mapping[str, Any], fmt: str, arch: Arch) -> None:
         return None     # the schema is the fitted domain: every valid config was cross-compiled
 
-    def sources(self, fmt: str, params: Mapping[str, Any]) -> list[tuple[Any, dict]]:
+    def sources(self, fmt: str, params: Mapping[str, Any], problem: Problem | None = None) -> list[tuple[Any, dict]]:
         return [quant_source(fmt), gemm_source(fmt, params)]
 
     def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> "W4A4Launcher":
