@@ -25,6 +25,13 @@
 # Run from the repo root with the wheels of ../shared/tools/device-wheels.sh (plus platformdirs) in .whl/:
 #   OUT=DIR bash bench/h200_main_job.sh            (the device tool sets OUT)
 set -uo pipefail
+# CALL_S (seconds, optional): the device call's own limit. Each stage below runs under
+# `cap SECS`: its own cap, or what is left of CALL_S less a margin for the summaries and the
+# copies, whichever is smaller; so a search that ends early leaves its time to the step
+# (STEP_S then bounds each form) and nothing starts that the call's limit would kill.
+cap() { local want=$1 left; left=$(( ${CALL_S:-1000000} - SECONDS - ${CALL_MARGIN_S:-25} ))
+        (( left < want )) && want=$left; (( want < 1 )) && want=1; echo "$want"; }
+has_time() { (( ${CALL_S:-1000000} - SECONDS - ${CALL_MARGIN_S:-25} >= ${1:-30} )); }
 S=$(mktemp -d) && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$S" .whl/*.whl && export PYTHONPATH=$S:$PWD || exit 1
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$(mktemp -d) AUTOTUNE_CUDA_CUBINS=$(mktemp -d)
@@ -102,6 +109,7 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
     cmd="$cmd (resumed)"
   fi
   t0=$(date +%s.%N)
+  secs=$(cap "$secs")
   timeout -s INT -k 30 "$secs" python3 -m autotune.cli search --model glm5 --tp 8 "$@" --cache "$db" --json \
       > "$W/$name.json" 2> "$W/$name.err"
   rc=$?; t1=$(date +%s.%N)
@@ -147,7 +155,8 @@ if [ "${STEP:-0}" = 1 ]; then      # issue #26: the 78-layer MLP step as one CUD
   # STEP_PF=0,1: each M with w13's L2 prefetch of w2 off, then on (FP4MoE.prefetch_w2; part 15)
   for form in ${STEP_FORMS:-winners triton}; do for mlp in ${STEP_MLP:-fp4mlp linear}; do for pdl in ${STEP_PDL:-1}; do
     sfx=$([ "${STEP_PDL:-1}" = 1 ] && echo "" || echo "-pdl$pdl")
-    AUTOTUNE_PDL=$pdl timeout "${STEP_S:-150}" python3 bench/mlp_step_graph_h200.py --cache "$sdb" \
+    if ! has_time 60; then echo "step $form $mlp$sfx: skipped, the call's time (CALL_S) is spent" | tee -a "$OUT/summary.txt"; continue; fi
+    AUTOTUNE_PDL=$pdl timeout "$(cap "${STEP_S:-150}")" python3 bench/mlp_step_graph_h200.py --cache "$sdb" \
         --out "$OUT/step-$form-$mlp$sfx" --forms "$form" --mlp "$mlp" --prefetch "${STEP_PF:-0}" 2>&1 \
         | grep -v -i warn | tail -14
   done; done; done
@@ -156,7 +165,7 @@ fi
 # FP4MoE's served one (8 of 256 + the shared expert last)? bench/fold_routing_ab_h200.py on the whole
 # run's cache (STEP_DB / COMPARE_DB, or this call's) → $OUT/fold-routing-ab.json (≈ 150 s)
 if [ "${FOLDAB:-0}" = 1 ]; then
-  OUT=$OUT timeout "${FOLDAB_S:-240}" python3 bench/fold_routing_ab_h200.py --cache "$(whole_db "${STEP_DB:-${COMPARE_DB:-}}")" \
+  OUT=$OUT timeout "$(cap "${FOLDAB_S:-240}")" python3 bench/fold_routing_ab_h200.py --cache "$(whole_db "${STEP_DB:-${COMPARE_DB:-}}")" \
       2>&1 | grep -v -i warn | tail -12 | tee -a "$OUT/summary.txt"
 fi
 ls -la "$OUT"
