@@ -269,8 +269,10 @@ def test_every_worker_request_is_a_heartbeat_of_the_sink_apart_from_the_stages()
     requests = sum(n for stage, (n, _) in got.stages.data.items() if ": " not in stage)
     assert got.beats == requests and requests >= 1 + 2 * len(job.tactics)     # setup, a check and a time each
     # the worker's own split of its checks and of the end of the job, one part per request
-    for part in ("check: build", "check: pack", "check: run"):
+    for part in ("check: build", "check: pack", "check: run", "check: call"):
         assert got.stages.data[part][0] == got.stages.data["check"][0]
+    # the kernel's call is part of the check's run (its sync and the compare are the rest)
+    assert got.stages.data["check: call"][1] <= got.stages.data["check: run"][1]
     for part in ("end job: drop", "end job: collect", "end job: figures"):
         assert got.stages.data[part][0] == got.stages.data["end job"][0] == 1
     assert sorted(o.tactic.id for o in got.outcomes) == sorted(t.id for t in job.tactics)
