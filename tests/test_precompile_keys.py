@@ -153,3 +153,22 @@ def test_every_dense_launch_hits_a_precompiled_kernel(problem, monkeypatch):
             assert rec.launches, (t.id, m)
             missed += [(t.id, m, dict(c)) for k, o, c in rec.launches if (k, o, c) not in wants[t.id]]
     assert not missed, f"{len(missed)} launches compile in the worker, e.g. {missed[0]}"
+
+
+def test_precompile_compiles_a_shared_alignment_kernel_once_per_process(monkeypatch):
+    """Every moe_decode tactic of one BLOCK_M shares its alignment kernels: compiled for the first,
+    skipped for the next (the GEMM, whose figure precompile returns, always compiles)."""
+    from autotune.tactics.triton_fp4 import family as F
+    names = []
+    monkeypatch.setattr(F, "_PRECOMPILED", set())
+    monkeypatch.setattr(F, "compile_kernel", lambda src, options, arch, stop_at: names.append(src.fn.__name__)
+                        or type("CK", (), {"metadata": type("M", (), {"shared": 7})})())
+    fam, sm90 = TritonFamily(), get_arch("sm90")
+    p = PROBLEMS[1]            # w13:swiglu e256:top8
+    ts = [t for t in fam.enumerate(p, sm90) if t["kernel"] == "moe_decode" and t["route"] == "aligned"
+          and t["block_m"] == 16 and fam.verdict(p, t, sm90).ok][:2]
+    assert len(ts) == 2
+    assert fam.precompile(p, ts[0], sm90) == 7 and names == ["_moe_count_kernel"] + ["_moe_scatter_kernel"] * 4 + \
+        ["moe_decode_kernel"]
+    names.clear()
+    assert fam.precompile(p, ts[1], sm90) == 7 and names == ["moe_decode_kernel"]

@@ -42,6 +42,15 @@ CompilerFigures = Callable[[Problem, Tactic, Arch], "tuple[int, int] | None"]
 _NO_CPU = "no CUDA GPU: Triton kernels need one (TRITON_INTERPRET=1 runs them only for tests)"
 
 
+#: (source hash, arch, options, Triton cache dir) of the kernels precompile compiled in this process
+_PRECOMPILED: set[tuple] = set()
+
+
+def _cache_dir() -> str:
+    from triton import knobs
+    return str(knobs.cache.dir)
+
+
 class TritonFamily(FamilyBase):
     """The family. Two options, both keeping tactic ids (the family name stays "triton"):
 
@@ -175,8 +184,13 @@ class TritonFamily(FamilyBase):
         m = self._checked(problem, tactic)
         shared = None
         # the problem's own constexprs (a grouped member's routing, moe_decode's epilogue)
-        for src, options in m.sources(problem.w_fmt, tactic.params, problem):
+        srcs = m.sources(problem.w_fmt, tactic.params, problem)
+        for i, (src, options) in enumerate(srcs):
+            key = (src.hash(), arch.name, tuple(sorted(options.items())), _cache_dir())
+            if i < len(srcs) - 1 and key in _PRECOMPILED:
+                continue        # a helper kernel many tactics share (moe_decode's alignment): once per process
             shared = int(compile_kernel(src, options, arch, stop_at="cubin").metadata.shared)
+            _PRECOMPILED.add(key)
         return shared
 
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str) -> Any:
