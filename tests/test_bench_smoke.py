@@ -65,6 +65,8 @@ SMOKE: dict[str, tuple[str, str]] = {
     "cuda_moe_h200.py": ("run", "--plan"),
     "pdl_h200.py": ("run", "--plan"),
     "rank_bests.py": ("run", "--json {out}/rb.json"),
+    "precompile_cost.py": ("run", "--problem grouped_moe:bf16*nvfp4->bf16:n6144:k256:e257:top9:reduce --n 1 "
+                                  "--json {out}/pc.json"),
     "cuda_moe_regs.py": ("run", "--json {out}/regs.json"),     # nvcc (CI has it), this tree's text only
     "moe_latency_h200.py": ("run", "--plan"),
     "verdict_audit.py": ("parts", "import and --help; the audit it drives is tested in tests/test_code_keys.py"),

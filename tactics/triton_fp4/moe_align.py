@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 #: pairs per program; the [CHUNK, E_PAD] match matrix lives in registers (8 warps)
 MAX_CHUNK = 64
 NUM_WARPS = 8
+#: the scatter kernel's histogram rows summed per step and row blocks filled per step
+HIST_ROWS, BLOCK_ROWS = 8, 16
 
 
 @triton.jit
@@ -210,7 +212,8 @@ class Aligner:
         if not one:
             _moe_count_kernel[(n_chunks,)](ids, hist, self._bad, pairs, num_warps=NUM_WARPS, **consts)
         _moe_scatter_kernel[(n_chunks,)](ids, hist, sorted_ids, expert_ids, npad, self._bad, pairs, n_chunks, mb,
-                                         BLOCK_M=self.block_m, ONE_PASS=int(one), HIST_ROWS=8, BLOCK_ROWS=16,
+                                         BLOCK_M=self.block_m, ONE_PASS=int(one), HIST_ROWS=HIST_ROWS,
+                                         BLOCK_ROWS=BLOCK_ROWS,
                                          num_warps=NUM_WARPS, **consts)
         return Alignment(sorted_ids, expert_ids, npad, self._bad, pairs, self.block_m, mb, 1 if one else 2)
 
