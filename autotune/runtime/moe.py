@@ -29,9 +29,10 @@ Shared expert (`shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I_s, H] and [H, I_s])
   slot (id E, weight 1.0), so the same two calls do routed + shared work: problems moe(…, E+1,
   top_k+1). Always local under an expert_map. cuda `moe_mma` adds that slot itself (`shared_slot`)
   where neither launcher takes a routing alignment (small M); otherwise the slot is concatenated
-  per call and one alignment serves both. Measured on the H200 (GLM-5 TP8, the 78-layer step as
-  one CUDA graph, docs/moe-decode.md part 9): 1.66 vs 2.12 ms apart at M = 1, 3.79 vs 4.36 at
-  M = 4; apart 4 % faster at M = 16 (uniform routing).
+  per call and one alignment serves both. Measured (GLM-5 TP8, the 78-layer step as one CUDA graph
+  on the search's winners, uniform routing): folded wins at M = 1, 4 and 16 and apart at M = 64 —
+  H200 (docs/moe-decode.md part 14) 1.63 / 3.38 / 7.51 ms folded vs 2.50 / 4.09 / 8.51 apart, 25.2
+  vs 20.7 at M = 64; H100 (part 19) 1.87 / 3.90 / 8.79 vs 2.42 / 4.34 / 9.94, 24.1 vs 22.7.
 * apart (`fold_shared=False`, or I_s ≠ I): an `FP4MLP` of its own (`.shared_mlp`: the dense
   `swiglu` gate_up and the down problem, two kernels), its output added to the routed one.
 """
@@ -93,7 +94,7 @@ class FP4MoE(nn.Module):
             raise ValueError(f"w2 {w2.shape} ({w2.fmt}) does not fit w13 {w13.shape} ({w13.fmt}): expected "
                              f"[{e}, {h}, {two_i // 2}] in one format")
         self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = e, top_k, h, two_i // 2, fused
-        if fold_shared is None:             # measured: folded is faster at M <= 4 (module docstring)
+        if fold_shared is None:             # measured: folded is faster at M <= 16 (module docstring)
             fold_shared = a_fmt != "bf16" or (shared is not None and _foldable(shared, w13))
         if shared is not None and not fold_shared and a_fmt != "bf16":
             raise ValueError("FP4MoE: a shared expert with W4A4 activations runs folded in (fold_shared=True); "
