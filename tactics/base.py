@@ -8,6 +8,7 @@ name one. `FamilyBase` gives the optional parts their defaults, so a family decl
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 from autotune.core.arch import Arch
@@ -16,6 +17,42 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import check_out, check_routing, check_weight, out_checker, x_checker
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """What a launcher can do, as one value: every launcher has `caps`, set once when it is made.
+
+    A wrapper (a bound launcher, a checked one, a member's launcher around its kernel) passes its
+    inner launcher's `caps` through whole, or a `dataclasses.replace` of it where it changes one,
+    so no wrapper re-spells the flags and no caller probes for them. All default to False: a
+    launcher says only what it has. Reading one is an attribute load (no allocation, no sync)."""
+
+    #: no host sync and no allocation that a graph could not replay: may run under CUDA-graph capture
+    capture_safe: bool = False
+    #: a row's result does not depend on how many rows share the call (`Family.batch_invariant`)
+    batch_invariant: bool = False
+    #: grouped MoE: ids outside [-1, E) come out as NaN rows and a flag, so a caller may leave the
+    #: range check (a host read) to the kernel
+    checks_ids: bool = False
+    #: launches with programmatic dependent launch (overlaps the previous kernel's tail)
+    pdl: bool = False
+    #: grouped MoE with a shared expert folded in as expert E - 1: takes `shared_slot=True`, then
+    #: topk_ids / topk_weights are [M, top_k - 1] and every token's last slot is that expert with
+    #: weight 1, added by the kernel (the caller concatenates nothing)
+    shared_slot: bool = False
+    #: grouped MoE: takes `prefetch=(packed, scales)`, the next kernel's stacked weights (each [E, ...],
+    #: contiguous, 16-byte aligned, a multiple of 16 bytes per expert), and puts the slices of the
+    #: experts this call routes to into L2 (a hint: results do not change)
+    prefetches: bool = False
+    #: grouped MoE: takes `scratch_out=True`: its output goes to one buffer of the scratch pool per
+    #: (device, stream), reused by the next such call there — for an output the caller consumes at
+    #: once on that stream (FP4MoE's h between w13 and w2), not one it returns
+    scratch_out: bool = False
+
+
+#: a launcher that can do none of these (the default)
+NO_CAPS = Caps()
+
 
 @runtime_checkable
 class Launcher(Protocol):
