@@ -37,6 +37,15 @@ MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa", "qwen3_m
 _MISSING = object()
 #: no model dimension reaches this; beyond it a problem's N or K would overflow int32 indexing
 MAX_FIELD = 2**31 - 1
+#: counts the parser builds lists from (one entry per layer; experts per MoE problem), bounded
+#: before anything is built: the largest released models have ~100 layers and 512 experts
+MAX_LAYERS = 4096
+MAX_EXPERTS = 65536
+COUNT_LIMITS = {"num_hidden_layers": MAX_LAYERS, "first_k_dense_replace": MAX_LAYERS, "moe_layer_freq": MAX_LAYERS,
+                "decoder_sparse_step": MAX_LAYERS, "num_nextn_predict_layers": MAX_LAYERS,
+                "n_routed_experts": MAX_EXPERTS, "num_experts": MAX_EXPERTS, "num_local_experts": MAX_EXPERTS,
+                "num_experts_per_tok": MAX_EXPERTS, "experts_per_token": MAX_EXPERTS,
+                "n_shared_experts": MAX_EXPERTS}
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -90,6 +99,9 @@ class _Fields:
                             + f" integer, got {_shown(v)}")
         if v > MAX_FIELD:
             raise self._err(field, "field {f} = " + f"{v} is larger than {MAX_FIELD}, the largest size supported")
+        limit = COUNT_LIMITS.get(field)
+        if limit is not None and v > limit:
+            raise self._err(field, "field {f} = " + f"{v} is more than {limit}, the most supported")
         return v
 
     def int_list(self, field: str) -> tuple[int, ...]:
