@@ -247,8 +247,27 @@ class Checkpoint:
 
     # ---- one quantized linear ------------------------------------------------------------------
     def is_quantized(self, module: str) -> bool:
+        """The module is stored FP4 (a MIXED_PRECISION checkpoint's FP8 layer is not)."""
+        if self.other_format(module) is not None:
+            return False
         return any(self.has(f"{module}.{k}") for k in ("weight_scale", "weight_packed")) \
             or self.has(f"{module}_blocks") or self.has(f"{module}_weight_scale")
+
+    def other_format(self, module: str) -> Optional[str]:
+        """A MIXED_PRECISION checkpoint's algorithm for a module that is not FP4 ("" where its
+        quantized_layers do not name the module: unquantized); None for an FP4 module or a
+        checkpoint with one algorithm."""
+        try:
+            algo = self.scheme.layer_algo(module)
+        except CheckpointError:
+            return None
+        return None if algo is None or self.scheme.fp4_layer(module) else algo
+
+    def _not_fp4(self, module: str, algo: str) -> CheckpointError:
+        what = f"{algo}" if algo else "not quantized (no quantized_layers entry)"
+        return CheckpointError(f"{self.src}: {module} is {what} in this ModelOpt MIXED_PRECISION checkpoint, not FP4: "
+                               f"it is neither planned nor served as FP4 (run it with the engine's "
+                               f"{algo or 'bf16'} layer)")
 
     def _not_quantized(self, module: str) -> CheckpointError:
         scale = self._names(module)["scales"]
@@ -265,6 +284,9 @@ class Checkpoint:
     def linear(self, module: str, *, tp_rank: int = 0, tp_size: int = 1, parallel: Parallel = None) -> FP4Weight:
         """One quantized nn.Linear as FP4Weight (this rank's slice: column = rows of N, row = K)."""
         module = module.rstrip(".")
+        other = self.other_format(module)
+        if other is not None:
+            raise self._not_fp4(module, other)
         need = self._names(module)
         if not all(self.has(need[k]) for k in ("packed", "scales") + (("global",) if self.scheme.fmt == "nvfp4" else ())):
             raise self._not_quantized(module)
@@ -349,7 +371,7 @@ class Checkpoint:
         if s is MODELOPT_NVFP4:              # a bare file: W4A4 exactly where the module has an input_scale
             if self.has(nm["input"]):
                 isc = self._scalar(nm["input"], False)
-        elif s.w4a4 and s.fmt == "nvfp4":
+        elif s.fmt == "nvfp4" and s.layer_w4a4(module):
             if not self.has(nm["input"]):
                 raise CheckpointError(f"{self.src}: {module} has no static activation scale {nm['input']!r} although "
                                       f"the scheme is {s.describe()}")
