@@ -265,3 +265,33 @@ GLM5_TP8 = [
 def test_glm5_tp8_problem_set_stays_as_it_is(arch):
     uses = model_problems("glm5", tp=8, fused_moe=True, fused_mlp=True, fold_shared=True, arch=arch)
     assert [u.problem.key for u in uses] == GLM5_TP8
+
+
+# ------------------------------------------------- routed W4A4, shared expert W4A16 (MIXED_PRECISION)
+
+def _deepseek_mixed(tmp_path: Path) -> Path:
+    """modelopt_deepseek with its shared experts W4A16_NVFP4 (no input_scale) and everything else
+    NVFP4, as a MIXED_PRECISION export names them."""
+    wm = json.loads((DATA / "modelopt_deepseek" / "model.safetensors.index.json").read_text())["weight_map"]
+    mods = sorted(k[: -len(".weight_scale_2")] for k in wm if k.endswith(".weight_scale_2"))
+    layers = {m: {"quant_algo": "W4A16_NVFP4" if ".shared_experts." in m else "NVFP4"} for m in mods}
+    drop = lambda ts: {k: v for k, v in ts.items() if not (".shared_experts." in k and k.endswith("input_scale"))}  # noqa: E731
+    return _rewrite(DATA / "modelopt_deepseek", tmp_path / "dsmix", drop,
+                    {"quant_algo": "MIXED_PRECISION", "quantized_layers": layers})
+
+
+def test_routed_and_shared_experts_of_different_formats_run_apart_and_say_so(tmp_path, disp):
+    d = _deepseek_mixed(tmp_path)
+    r, blk = load_file(str(DATA / "modelopt_deepseek.ref.safetensors")), "model.layers.1.mlp"
+    x, ids, tw = r[f"x.{blk}"], r[f"ids.{blk}"].to(torch.int32), r[f"tw.{blk}"]
+    with pytest.warns(UserWarning, match=r"routed experts are W4A4 and its shared expert W4A16; the shared expert "
+                                         r"runs apart \(an FP4MLP, W4A16\)"):
+        b = FP4MoE.from_pretrained(d, blk, activations="w4a4", dispatcher=disp)
+    assert b.has_shared and not b.shared_folded and b.a_fmt == "nvfp4" and b.shared_mlp.a_fmt == "bf16"
+    assert rel(b(x, ids, tw), r[f"y.{blk}"]) < 0.3
+    with pytest.raises(ValueError, match="fold_shared=True, but the checkpoint's routed experts are W4A4"):
+        FP4MoE.from_pretrained(d, blk, activations="w4a4", dispatcher=disp, fold_shared=True)
+    # planned as served: the routed experts W4A4, the shared expert W4A16, nothing folded
+    keys = {u.problem.key for u in model_problems(d, arch="sm120", activations="w4a4", fold_shared=True)}
+    assert "grouped_moe:nvfp4*nvfp4->bf16:n64:k64:e4:top2" in keys and "dense:bf16*nvfp4->bf16:n64:k64" in keys
+    assert not any(":e5:" in k for k in keys), keys

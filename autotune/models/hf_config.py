@@ -263,7 +263,8 @@ def _rule(mt: str, qc: Any, src: str) -> QuantRule:
             warnings.warn(f"{src}: {len(other)} layer(s) are {', '.join(algos)} in quantized_layers "
                           f"(ModelOpt MIXED_PRECISION; e.g. {other[0]}): neither planned nor served as FP4",
                           stacklevel=4)
-    return QuantRule(scheme.fmt, None, exclude, source=src, w4a4=scheme.w4a4)
+    weight_only = tuple(n for n, a in scheme.layers if scheme.fp4_layer(n) and not scheme.layer_w4a4(n))
+    return QuantRule(scheme.fmt, None, exclude, source=src, w4a4=scheme.w4a4, weight_only=weight_only)
 
 
 def load(path: str | os.PathLike) -> tuple[ArchConfig, QuantRule]:

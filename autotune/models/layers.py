@@ -225,7 +225,8 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
         if not use:
             continue
         for p in _shapes(a, lin, tp, ep, rule.fmt):      # every rank's shape (uneven splits: more than one)
-            _add(groups, shared, a, lin, p, use, quantized, rule, act, fused_moe, fold_shared, fused_mlp)
+            w4a4 = quantized and rule.layer_w4a4(tuple(f"model.layers.{use[0]}.{q}" for q in lin.parts))
+            _add(groups, shared, a, lin, p, use, w4a4, act, fused_moe, fold_shared, fused_mlp)
     out = []
     for p in sorted(groups):
         names = groups[p]
@@ -234,14 +235,16 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
     return out
 
 
-def _add(groups: dict, shared: dict, a: ArchConfig, lin: _Linear, p: Problem, use: list[int], quantized: bool,
-         rule: QuantRule, act, fused_moe: bool, fold_shared: bool, fused_mlp: bool) -> None:
-    """Record one per-GPU problem of `lin` (and the forms the runtime serves it in) in `groups`."""
-    if act is not None and rule.w4a4 and quantized:     # a BF16-kept layer has no activation scale
+def _add(groups: dict, shared: dict, a: ArchConfig, lin: _Linear, p: Problem, use: list[int], w4a4: bool,
+         act, fused_moe: bool, fold_shared: bool, fused_mlp: bool) -> None:
+    """Record one per-GPU problem of `lin` (and the forms the runtime serves it in) in `groups`;
+    w4a4: the checkpoint carries this layer's static activation scales (a BF16-kept or weight-only
+    layer has none)."""
+    if act is not None and w4a4:
         p = act(p)
     groups.setdefault(p, {}).setdefault(lin.name, []).extend(use)
     if lin.role in (SHARED_GATE_UP, SHARED_DOWN):
-        shared[lin.role] = (p, set(use))
+        shared[lin.role] = (p, set(use), w4a4)
     if fused_mlp and lin.role in (MLP_GATE_UP, SHARED_GATE_UP) and p.a_fmt == "bf16":
         groups.setdefault(p.variant("swiglu"), {}).setdefault(f"{lin.name}+swiglu", []).extend(use)
     if lin.role not in (EXPERTS_W13, EXPERTS_W2):
@@ -252,9 +255,11 @@ def _add(groups: dict, shared: dict, a: ArchConfig, lin: _Linear, p: Problem, us
     fusable = a.family != "gpt_oss"
     if fused_moe and fusable:
         groups.setdefault(p.variant(epi), {}).setdefault(f"{lin.name}+{epi}", []).extend(use)
-    sp, s_use = shared.get(SHARED_GATE_UP if lin.role == EXPERTS_W13 else SHARED_DOWN, (None, set()))
+    sp, s_use, s_w4a4 = shared.get(SHARED_GATE_UP if lin.role == EXPERTS_W13 else SHARED_DOWN, (None, set(), False))
     both = [i for i in use if i in s_use]
-    if fold_shared and sp is not None and (sp.n, sp.k) == (p.n, p.k) and both:
+    # folded only where the shared expert has the routed experts' shape and the checkpoint gives
+    # both the same activation format (FP4MoE runs a shared expert of another format apart)
+    if fold_shared and sp is not None and (sp.n, sp.k, s_w4a4) == (p.n, p.k, w4a4) and both:
         f = replace(p, experts=p.experts + 1, top_k=p.top_k + 1)
         groups.setdefault(f, {}).setdefault(f"{lin.name}+shared", []).extend(both)
         if fused_moe and fusable:
