@@ -96,8 +96,14 @@ def bucket_key(m: int) -> str:
 
 def _int(s: str) -> int:
     s = s.strip()
-    if len(s.lstrip("+-")) > 19:          # no M has more digits than an int64; int() of 5000 digits is slow
-        raise ValueError(f"bucket size must be an integer of at most 19 digits, got {len(s)} characters")
+    digits = s.lstrip("+-")
+    if len(digits) > 19 and digits.isdigit():   # never converted: int() of 5000 digits is slow
+        shown = s if len(s) <= 40 else f"a {len(digits)}-digit integer"
+        if s.startswith("-"):
+            raise ValueError(f"bucket sizes must be positive integers, got {shown}")
+        raise ValueError(f"bucket {shown} is larger than {MAX_M}, the largest M supported")
+    if len(s) > 40:
+        raise ValueError(f"bucket size must be an integer, got {s[:37]!r}...")
     try:
         return int(s)
     except ValueError:
