@@ -162,7 +162,9 @@ def test_one_parser_for_planning_and_loading(tmp_path):
 
 # ------------------------------------------------------------------------ FP4MLP W4A4
 
-def test_fp4mlp_w4a4_as_fp4linear(tmp_path, disp):
+def test_fp4mlp_w4a4_as_fp4linear(tmp_path, disp, monkeypatch):
+    from autotune.runtime import activations as act
+    monkeypatch.setattr(act, "_WARNED", set())           # the fallback warns once per process and arch
     r = load_file(str(DATA / "modelopt_deepseek.ref.safetensors"))
     blk = "model.layers.1.mlp"
     x = r[f"x.{blk}"]
