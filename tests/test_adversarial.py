@@ -242,3 +242,18 @@ def test_deep_json_in_a_checkpoint_is_refused_in_one_line(tmp_path, which):
     with pytest.raises(CheckpointError) as e:
         Checkpoint.open(d).scheme
     assert f"{which}: JSON nested deeper than" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_star_pin_that_fits_none_of_the_stored_problems_raises(tmp_path, monkeypatch):
+    """A valid dense-only tactic pinned for `*` over a cache of grouped-MoE winners would pin
+    nothing: the dispatcher refuses it instead of serving the stored winners under an A/B label."""
+    from tests.test_dispatch import T_A, make_cache, quiet, win
+    tri = ("triton[block_k=128,block_m=64,block_n=64,group_m=8,kernel=w4a16_dequant,num_stages=3,num_warps=4,"
+           "split_k=1]")             # docs/serving.md's example: a dense kernel, not a grouped-MoE one
+    moe = Problem.moe(256, 512, 8, 2)
+    from autotune.core.records import Winner
+    w = win(T_A, 4)
+    path = make_cache(tmp_path / "m.db", [Winner(moe.key, *[getattr(w, f) for f in list(Winner.__dataclass_fields__)[1:]])])
+    monkeypatch.setenv("AUTOTUNE_PIN", json.dumps({"*": tri}))
+    with pytest.raises(ValueError, match=r"\* pin triton\[.*\] fits none of the 1 problem\(s\) served"):
+        quiet(cache=path)
