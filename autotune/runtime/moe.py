@@ -37,6 +37,7 @@ Shared expert (`shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I_s, H] and [H, I_s])
 from __future__ import annotations
 
 import itertools
+import warnings
 import weakref
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -89,7 +90,8 @@ class FP4MoE(nn.Module):
                  expert_map: Tensor | None = None, fused: bool = True, dispatcher: Dispatcher | None = None,
                  shared: tuple | None = None, a_fmt: str = "bf16", activation: str = "silu",
                  bias13: Tensor | None = None, bias2: Tensor | None = None, swiglu_alpha: float = 1.702,
-                 swiglu_limit: float = 7.0, fold_shared: bool | None = None, prefetch_w2: bool | None = None):
+                 swiglu_limit: float = 7.0, fold_shared: bool | None = None, prefetch_w2: bool | None = None,
+                 shared_a_fmt: str | None = None):
         """shared: the shared expert, folded in as expert E or apart (an FP4MLP, fold_shared=False);
         fold_shared=None folds where the shared expert fits the routed stack (I_s = I, one format:
         the faster form at decode sizes, docs/fp4moe.md) and always for W4A4 activations.
@@ -106,7 +108,7 @@ class FP4MoE(nn.Module):
         if activation != "silu" or bias13 is not None or bias2 is not None:
             fused = False                   # the fused epilogues are silu·up without biases
         mw = MoEWeights.of(w13, w2, up_scale=up_scale, shared=shared, fold_shared=fold_shared, a_fmt=a_fmt,
-                           bias13=bias13, bias2=bias2)
+                           bias13=bias13, bias2=bias2, shared_a_fmt=shared_a_fmt)
         self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = mw.experts, top_k, mw.hidden, \
             mw.intermediate, fused
         self.routed_experts, self.has_shared, self.shared_folded = mw.routed, shared is not None, mw.shared_folded
@@ -146,7 +148,7 @@ class FP4MoE(nn.Module):
                              "the same at every M: batch-invariant mode needs fused=True")
         self.bound13 = d.bind(self.problem13, self.w13, bad_word=self._word)
         self.bound2 = d.bind(self.problem2, self.w2, bad_word=self._word)
-        self.shared_mlp = None if mw.apart is None else _shared_mlp(mw.apart, mw.w13, d)
+        self.shared_mlp = None if mw.apart is None else _shared_mlp(mw.apart, mw.w13, d, mw.apart_a_fmt)
         # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
         self.register_load_state_dict_post_hook(lambda mod, _keys: mod._rebind())
         # a one-copy binding may hold the cuda grouped layout in the buffers' own bytes: neither saved
@@ -408,6 +410,13 @@ class FP4MoE(nn.Module):
         from autotune.runtime.pretrained import load_moe
         kw = load_moe(path, block, top_k=top_k, tp_rank=tp_rank, tp_size=tp_size, experts=experts, ep_rank=ep_rank,
                       ep_size=ep_size, shared_experts=shared_experts, activations=activations, arch=arch, device=device)
+        apart = kw.pop("shared_apart", None)      # routed and shared experts differ in activation format
+        if apart is not None:
+            if fold_shared:
+                raise ValueError(f"{block}: fold_shared=True, but {apart}")
+            fold_shared = False
+            warnings.warn(f"{block}: {apart}; the shared expert runs apart (an FP4MLP, "
+                          f"{'W4A4' if kw.get('shared_a_fmt') == 'nvfp4' else 'W4A16'})", stacklevel=2)
         return cls(kw.pop("w13"), kw.pop("w2"), kw.pop("top_k"), fused=fused, dispatcher=dispatcher,
                    fold_shared=fold_shared, **kw)
 

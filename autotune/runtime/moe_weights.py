@@ -4,6 +4,7 @@ apart for an FP4MLP), gives the W4A4 input scales, and lays every tensor out as 
 buffers (`BufferLayout`); vLLM's [gate; up] w13 (`_stack13`)."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +22,9 @@ def _shared_parts(shared) -> tuple:
     return (*shared, None)[:3]
 
 
-def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher) -> nn.Module:
-    """The shared expert apart: an FP4MLP on (w13_s [2I_s, H], w2_s [H, I_s][, up_scale_s])."""
+def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher, a_fmt: str = "bf16") -> nn.Module:
+    """The shared expert apart: an FP4MLP on (w13_s [2I_s, H], w2_s [H, I_s][, up_scale_s]), W4A4
+    (a_fmt="nvfp4", its own static input scales) or W4A16."""
     s13, s2, s_up = _shared_parts(shared)
     h = w13.shape[2]
     for name, w in (("w13", s13), ("w2", s2)):
@@ -31,7 +33,7 @@ def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher) -> nn.Mod
                              f"{getattr(w, 'shape', type(w).__name__)} ({getattr(w, 'fmt', '?')})")
     if s13.packed.ndim != 2 or s13.shape[1] != h:
         raise ValueError(f"shared w13 must be [2I, {h}] (the routed experts' hidden size), got {s13.shape}")
-    return FP4MLP(s13, s2, up_scale=s_up, dispatcher=dispatcher)
+    return FP4MLP(s13, s2, up_scale=s_up, dispatcher=dispatcher, a_fmt=a_fmt)
 
 
 def _input_scales(w13: FP4Weight, w2: FP4Weight, up_scale: Tensor | None, shared: tuple | None, e: int,
@@ -146,6 +148,7 @@ class MoEWeights:
     intermediate: int
     shared_folded: bool
     apart: tuple | None         # `shared=` to run apart (an FP4MLP), or None
+    apart_a_fmt: str = "bf16"   # that FP4MLP's activation format
 
     @property
     def experts(self) -> int:
@@ -155,10 +158,12 @@ class MoEWeights:
     @classmethod
     def of(cls, w13: FP4Weight, w2: FP4Weight, *, up_scale: Tensor | None = None, shared: tuple | None = None,
            fold_shared: bool | None = None, a_fmt: str = "bf16", bias13: Tensor | None = None,
-           bias2: Tensor | None = None) -> "MoEWeights":
+           bias2: Tensor | None = None, shared_a_fmt: str | None = None) -> "MoEWeights":
         """The checks and folds of FP4MoE's constructor, each failure one line (ValueError);
         fold_shared=None folds where the shared expert fits the routed stack (I_s = I, one
-        format) and always for W4A4 activations."""
+        format) and always for W4A4 activations. Apart, the shared expert's FP4MLP runs
+        `shared_a_fmt` (default: the routed experts', W4A16 where its weights carry no input
+        scale, with a warning)."""
         if w13.num_experts is None or w2.num_experts is None or w13.packed.ndim != 3 or w2.packed.ndim != 3:
             raise ValueError(f"FP4MoE takes stacked experts w13 [E, 2I, H] and w2 [E, H, I]; got {w13.shape}, {w2.shape}")
         e, two_i, h = w13.shape
@@ -167,9 +172,13 @@ class MoEWeights:
                              f"[{e}, {h}, {two_i // 2}] in one format")
         if fold_shared is None:             # measured: folded is faster at decode sizes (docs/fp4moe.md)
             fold_shared = a_fmt != "bf16" or (shared is not None and _foldable(shared, w13))
-        if shared is not None and not fold_shared and a_fmt != "bf16":
-            raise ValueError("FP4MoE: a shared expert with W4A4 activations runs folded in (fold_shared=True); "
-                             "apart it is an FP4MLP, which is W4A16")
+        s_fmt = shared_a_fmt
+        if shared is not None and not fold_shared and s_fmt is None:
+            has_is = all(getattr(w, "input_scale", None) is not None for w in shared[:2])
+            s_fmt = a_fmt if a_fmt == "bf16" or has_is else "bf16"
+            if s_fmt != a_fmt:
+                warnings.warn(f"FP4MoE: the routed experts are W4A4 but the shared expert has no static input "
+                              f"scales: it runs apart, W4A16", stacklevel=3)
         folded = shared is not None and bool(fold_shared)
         g2 = _fold_up(w13.global_scale, w2.global_scale, up_scale, e)
         is13, is2 = _input_scales(w13, w2, up_scale, shared if folded else None, e, a_fmt)
@@ -182,7 +191,7 @@ class MoEWeights:
         return cls(w13, w2, g2, is13, is2,
                    None if bias13 is None else bias13.float().contiguous(),
                    None if bias2 is None else bias2.float().contiguous(),
-                   e, h, two_i // 2, folded, shared if shared is not None and not folded else None)
+                   e, h, two_i // 2, folded, shared if shared is not None and not folded else None, s_fmt or "bf16")
 
     @property
     def layout(self) -> BufferLayout:
