@@ -38,8 +38,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
-SMALL = "docs/data/h200-glm5-tp8.db"
-FULL = "{full}"     # docs/data/h200x2-glm5-tp8-full.db.xz, decompressed into a temporary folder
+SMALL = "tests/data/2026-11-29-h200-glm5-tp8-search.db"
+FULL = "{full}"     # docs/data/2026-11-30-h200x2-full-search.db.xz, decompressed into a temporary folder
 
 GLM5 = ["search", "--model", "glm5", "--tp", "8", "--dry-run"]
 COMMANDS: dict[str, list[str]] = {
@@ -70,7 +70,7 @@ def _run(root: Path, args: list[str], full: Path) -> bytes:
 
 def _decompressed(root: Path, into: Path) -> Path:
     out = into / "h200x2-glm5-tp8-full.db"
-    with lzma.open(root / "docs/data/h200x2-glm5-tp8-full.db.xz") as src, open(out, "wb") as dst:
+    with lzma.open(root / "docs/data/2026-11-30-h200x2-full-search.db.xz") as src, open(out, "wb") as dst:
         shutil.copyfileobj(src, dst)
     return out
 
