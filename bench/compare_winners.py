@@ -17,13 +17,12 @@ a short timing, which is shown as such). Prints one line per differing pair and 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sqlite3
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness  # noqa: E402
 
 from autotune.core.winner import TIE_TOLERANCE  # noqa: E402
 
@@ -110,7 +109,7 @@ def retime(a: str, b: str, max_bucket: int, within: float, device: str = "cuda")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="compare the winners of two caches per (problem, bucket)")
+    ap = harness.parser(__doc__)
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--json")
@@ -132,7 +131,7 @@ def main(argv=None) -> int:
         print(f"{r['pairs']} (problem, bucket) pairs re-timed interleaved: A's winner within {args.within:.0%} of "
               f"B's on {r['within']}")
         if args.json:
-            Path(args.json).write_text(json.dumps(r, indent=1))
+            harness.write(args, r)
         return 0
     r = compare(args.a, args.b)
     for row in r["rows"]:
@@ -146,7 +145,7 @@ def main(argv=None) -> int:
     print(f"{r['pairs']} (problem, bucket) pairs: {r['same']} same tactic, {r['tie']} different but tied within "
           f"{TIE_TOLERANCE:.0%}, {r['differ']} different, {r['missing']} in one cache only")
     if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=1))
+        harness.write(args, r)
     return 0
 
 

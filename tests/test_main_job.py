@@ -15,7 +15,7 @@ from autotune.cache import Store
 from tests.test_cli import autotune
 
 # The README's job as it runs on the CPU machine and in CI; on a GPU machine the CLI would tune the
-# GPU instead (bench/h200_slice.sh covers that).
+# GPU instead (bench/device_run.sh covers that).
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU machine's main job")]
 
@@ -112,7 +112,7 @@ def test_search_and_show_count_kept_and_rejected_alike(glm5_cache):
 
 
 def test_the_main_job_summary_has_no_framework_failure_and_no_default_among_the_served_layers(glm5_cache):
-    """#28: the summary bench/h200_main_job.sh writes for the H200, here for the README's CPU command:
+    """The summary bench/device_run.sh writes on a GPU, here for the README's CPU command:
     every (problem, bucket) has a winner, no trial failed for a cause outside its tactic, and the
     layers the runtime builds for GLM-5 TP8 with its defaults (FP4MLP for the dense MLPs: gate_up
     with the SwiGLU epilogue, then down; FP4MoE fused for the routed experts with the shared expert

@@ -118,8 +118,8 @@ def git(*args: str) -> bytes:
 
 
 def committing_rev(path: str) -> str:
-    """The commit that last changed `path`'s content (the committed run's code; renames followed)."""
-    rev = git("log", "-1", "--follow", "--diff-filter=AM", "--format=%H", "--", path).decode().strip()
+    """The commit that last wrote `path`'s content (the committed run's code; pure renames skipped)."""
+    rev = git("log", "-1", "--follow", "--diff-filter=ACM", "--format=%H", "--", path).decode().strip()
     if not rev:
         raise SystemExit(f"{path} is not committed: give --code-rev")
     return rev

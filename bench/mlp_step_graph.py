@@ -1,41 +1,28 @@
-"""GLM-5 TP8's whole MLP decode step as ONE CUDA graph of all 78 layers (issue #26's measurement).
+"""GLM-5 TP8's whole MLP decode step as ONE CUDA graph of all 78 layers, against its byte floor.
 
-    python3 bench/mlp_step_graph_h200.py --cache DB --out DIR [--ms 1,4,16,64] [--forms winners,triton]
-    python3 bench/mlp_step_graph_h200.py --render DIR/mlp-step-graph.json      # the markdown tables
-    MLP_GRAPH_SMOKE=1 python3 bench/mlp_step_graph_h200.py --out DIR           # CPU smoke (tiny, no graph)
+    python3 bench/mlp_step_graph.py --cache DB --out DIR [--ms 1,4,16,64] [--forms winners,triton]
+    python3 bench/mlp_step_graph.py --render DIR/mlp-step-graph.json      # the markdown tables
+    MLP_GRAPH_SMOKE=1 python3 bench/mlp_step_graph.py --out DIR           # CPU smoke (tiny, no graph)
 
 The layers are what the runtime builds for `autotune search --model glm5 --tp 8`
 (autotune.models.problems_for: 3 dense MLPs, 75 MoE layers of shared expert + routed experts), each
-from the public API — FP4Linear for the dense and shared-expert GEMMs (SiLU·up between them in torch),
-FP4MoE (fused forms) for the routed experts — with its own random NVFP4 weights (≈ 51 GB in all, so
-nothing stays in L2 from one replay to the next) and its own routing buffers.
+from the public API (FP4Linear / FP4MLP, FP4MoE) with its own random NVFP4 weights (≈ 51 GB in all,
+so nothing stays in L2 from one replay to the next) and its own routing buffers.
 
-Per form (which members serve the routed problems), one after another so one member set is resident
-at a time:
-  * winners: the cache's winners as stored;
-  * <family> (e.g. triton, cuda): the routed problems' winners re-chosen among that family's measured
-    trials in a copy of the cache (no trial of it at a bucket: the designated default serves);
-    the dense problems keep the cache's winners. What served is recorded per (problem, M).
-Per form, per routing (uniform, skewed top-8: Gumbel top-k over a Zipf popularity) and per M:
-  1. the whole step captured as one CUDA graph; ROUNDS replays, each after refilling x and every
-     layer's routing with fresh random values (outside the timing), CUDA events around the replay,
-     the median;
-  2. the byte floor of each replay: FP4 weight + scale bytes of what it touches (every dense and
-     shared weight, each layer's experts hit by its own routing) + activations, at the copy rate
-     measured in the same run (1 GiB device-to-device, read + written, median of 20);
-  3. per-kernel times of PROFILE replays from the torch profiler (name, launches and µs per step);
-  4. eager host time per FP4MoE forward (one layer, 30 forwards, the device synced only at the ends)
-     and the device syncs per eager forward (torch.cuda.set_sync_debug_mode("warn") counted);
-  5. Dispatcher.routing_errors() after each routing: the layers' sticky bad-id words (must be none).
---mlp linear,fp4mlp builds the dense and shared-expert MLPs as FP4Linear + SiLU·up + FP4Linear or as
-FP4MLP (the dense SwiGLU problem's winner writes silu(gate)·up: two kernels), one after the other;
-fold keeps FP4MLP for the dense layers and folds each shared expert into its FP4MoE as one more,
-always-routed expert (FP4MoE(shared=...): issue #26 item 4, fold or separate by measurement).
+Forms (which members serve the routed problems), one at a time: `winners` (the cache's winners as
+stored) or a family name (the routed problems' winners re-chosen among that family's trials in a copy
+of the cache; none at a bucket: the default serves). Per form, routing (uniform, skewed top-8: Gumbel
+top-k over a Zipf popularity) and M: the step captured as one CUDA graph, ROUNDS replays each after
+refilling x and every layer's routing (outside the timing), CUDA events around the replay, the median;
+the byte floor of each replay (FP4 weight + scale bytes it touches + activations) at the copy rate
+measured in the same run (bench/harness.py copy_rate); per-kernel times of PROFILE replays; eager host
+µs per FP4MoE forward and its device syncs; Dispatcher.routing_errors() after each routing (none).
+--mlp linear | fp4mlp | fold: the dense and shared-expert MLPs as FP4Linear + SiLU·up + FP4Linear, as
+FP4MLP, or FP4MLP dense layers with each shared expert folded into its FP4MoE (FP4MoE(shared=...)).
 Writes DIR/mlp-step-graph.json after every (form, routing); prints one line per row and the table last.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -50,8 +37,8 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import is_sync_warning  # noqa: E402
-from bench.common import existing  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.harness import existing, is_sync_warning, profile_kernels  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
 
@@ -237,7 +224,6 @@ def _sync():
 
 
 def time_step(step: Step, m: int, skew: float, rate: float) -> dict:
-    import torch
     for _, _, moe in step.moe:
         moe.warmup([m])
     step.refill(m, skew)
@@ -245,56 +231,21 @@ def time_step(step: Step, m: int, skew: float, rate: float) -> dict:
     _sync()
     graph = None
     if DEV == "cuda":
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            step(m)                      # allocations on the capture stream before capture
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step(m)
+        graph = harness.capture_graph(lambda: step(m))
     samples, floors = [], []
     for _ in range(ROUNDS):
         touched = step.refill(m, skew)
         _sync()
-        if graph is not None:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            samples.append(a.elapsed_time(b) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            step(m)
-            samples.append((time.perf_counter() - t0) * 1e6)
+        run = graph.replay if graph is not None else (lambda: step(m))      # CPU smoke: eager, no graph
+        samples.append(harness.time_us(lambda i: run(), device=DEV, reps=1, warmup=0, eager=True)["median_us"])
         floors.append(step.floor_bytes(m, touched) / rate * 1e6)
     row = {"m": m, "step_us": statistics.median(samples), "samples": len(samples),
-           "floor_us": statistics.median(floors), "kernels": kernels(graph) if graph is not None else []}
+           "floor_us": statistics.median(floors),
+           "kernels": profile_kernels(graph.replay, PROFILE) if graph is not None and PROFILE else []}
     row["x_floor"] = row["step_us"] / row["floor_us"]
     row.update(eager(step, m))
     del graph
     return row
-
-
-def kernels(graph) -> list[dict]:
-    """Per kernel name: launches and µs per step over PROFILE replays (torch profiler, CUDA activity)."""
-    if not PROFILE:
-        return []
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(PROFILE):
-            graph.replay()
-        torch.cuda.synchronize()
-    agg: dict[str, list] = {}
-    for e in prof.events():
-        if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
-            a = agg.setdefault(e.name, [0, 0.0])
-            a[0] += 1
-            a[1] += e.time_range.end - e.time_range.start       # a kernel record: its own span, µs
-    rows = [{"kernel": k[:120], "launches": c / PROFILE, "us": us / PROFILE} for k, (c, us) in agg.items()]
-    return sorted(rows, key=lambda r: -r["us"])[:25]
 
 
 def eager(step: Step, m: int) -> dict:
@@ -325,16 +276,12 @@ def eager(step: Step, m: int) -> dict:
 
 
 #: GPU memory (GiB) under which --one-copy auto serves one layout per weight: the H200's 141 GB held the
-#: 78 layers with a copy per layout the winners read; an H100's 80 GB did not (77 GiB allocated, part 16)
+#: 78 layers with a copy per layout the winners read; an H100's 80 GB did not (77 GiB allocated)
 ONE_COPY_BELOW_GIB = 100
 
 
 def copy_rate() -> float:
-    if SMOKE:
-        return 1e10
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from moe_decode_h200 import copy_rate as rate       # the same measurement as the kernel benches
-    return rate()
+    return 1e10 if SMOKE else harness.copy_rate()       # the same measurement as the kernel benches
 
 
 def render(path: Path) -> str:
@@ -361,7 +308,7 @@ def render(path: Path) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--cache", type=existing, help="a cache with winners for the step's problems [default: none]")
     ap.add_argument("--out", help="where mlp-step-graph.json goes")
     ap.add_argument("--ms", default="1,4,16,64" if not SMOKE else "1,3")
@@ -371,11 +318,11 @@ def main() -> int:
                     "(FP4MLP dense layers, the shared expert folded into FP4MoE: its e257:top9 problems, tuned with "
                     "`autotune search --fold-shared`), comma-separated: the dense and shared-expert MLPs")
     ap.add_argument("--prefetch", default="0", help="FP4MoE.prefetch_w2 values to time, e.g. 0,1: each M with w13 "
-                    "putting w2's routed slices into L2 off, then on (the same layers, one graph each; part 15)")
+                    "putting w2's routed slices into L2 off, then on (the same layers, one graph each)")
     ap.add_argument("--one-copy", default="auto", choices=("auto", "0", "1"),
                     help="serve every M of a weight from one layout (Dispatcher one_copy): 1 on, 0 off, auto on "
                     "where the GPU holds less than ONE_COPY_BELOW_GIB (an H100: the 78 layers with a copy per "
-                    "layout the winners read did not fit 80 GB, part 16)")
+                    "layout the winners read did not fit 80 GB)")
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
