@@ -122,28 +122,25 @@ def main(argv=None) -> int:
         if not Path(path).is_file():
             print(f"compare_winners: no such cache {path}", file=sys.stderr)
             return 2
+    f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     if args.retime:
         r = retime(args.a, args.b, args.max_bucket, args.within, args.device)
         for row in r["rows"]:
-            f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
             print(f"{row['problem']} m={row['bucket']}: A {row['a_tactic']} {f(row['a_us'])} us, B {row['b_tactic']} "
                   f"{f(row['b_us'])} us, ratio {f(row['ratio'])}{'' if row['within'] else '  NOT WITHIN: ' + str(row['why'])}")
         print(f"{r['pairs']} (problem, bucket) pairs re-timed interleaved: A's winner within {args.within:.0%} of "
               f"B's on {r['within']}")
-        if args.json:
-            harness.write(args, r)
-        return 0
-    r = compare(args.a, args.b)
-    for row in r["rows"]:
-        if "only_in" in row:
-            print(f"{row['problem']} m={row['bucket']}: winner only in {row['only_in']}")
-        else:
-            f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    else:
+        r = compare(args.a, args.b)
+        for row in r["rows"]:
+            if "only_in" in row:
+                print(f"{row['problem']} m={row['bucket']}: winner only in {row['only_in']}")
+                continue
             print(f"{row['problem']} m={row['bucket']}: A {f(row['a_us'])} us (in B: {f(row['a_winner_in_b_us'])} "
                   f"{row['a_winner_in_b_status'] or ''}), B {f(row['b_us'])} us (in A: {f(row['b_winner_in_a_us'])} "
                   f"{row['b_winner_in_a_status'] or ''}){' tie' if row['tie'] else ''}")
-    print(f"{r['pairs']} (problem, bucket) pairs: {r['same']} same tactic, {r['tie']} different but tied within "
-          f"{TIE_TOLERANCE:.0%}, {r['differ']} different, {r['missing']} in one cache only")
+        print(f"{r['pairs']} (problem, bucket) pairs: {r['same']} same tactic, {r['tie']} different but tied within "
+              f"{TIE_TOLERANCE:.0%}, {r['differ']} different, {r['missing']} in one cache only")
     if args.json:
         harness.write(args, r)
     return 0

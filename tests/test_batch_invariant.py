@@ -14,7 +14,7 @@ import pytest
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
-from autotune.core.tactic import Tactic, parse_tactic
+from autotune.core.tactic import Tactic
 from autotune.engine import timing
 from autotune.engine.search import search
 from autotune.cache import Store
