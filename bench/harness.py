@@ -6,8 +6,8 @@ autotune.engine.timing, and the output a measurement entry cites (a JSON file an
 A script builds its parser with `parser(__doc__)` (its `--help` prints the docstring and creates
 nothing), adds `common(ap)` for `--json`, `--table` and `--smoke`, times with `time_us` /
 `time_host_ns`, and ends with `write(args, result, rows)`: the JSON holds the result, its rows,
-the command and `record()` (card, driver, library versions, commit, date), so a measurement entry
-(docs/measurements/) names one file for its numbers and where they came from. `--smoke` (or
+the command and `record()` under "machine" (card, driver, library versions, commit, date), so a
+measurement entry (docs/measurements/) names one file for its numbers and where they came from. `--smoke` (or
 BENCH_SMOKE=1) asks a script for its smallest run: what tests/test_bench_smoke.py runs on the CPU.
 """
 from __future__ import annotations
@@ -195,9 +195,9 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
 def write(args: argparse.Namespace, result: dict, rows: Sequence[dict] = (), columns: Sequence[str] | None = None,
           device: str = "auto") -> dict:
     """The output a measurement entry cites: `result` (with `rows` when given), the command and the
-    device record as JSON at --json (when given; written whole, never half); the rows as a Markdown
-    table at --table, else printed."""
-    doc = {"command": " ".join(shlex.quote(a) for a in ["python3", *sys.argv]), "device": record(device), **result}
+    device record (key "machine") as JSON at --json (when given; written whole, never half); the rows
+    as a Markdown table at --table, else printed."""
+    doc = {"command": " ".join(shlex.quote(a) for a in ["python3", *sys.argv]), **result, "machine": record(device)}
     if rows:
         doc["rows"] = list(rows)
     if getattr(args, "json", None):

@@ -83,8 +83,8 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     assert (out / "main-job.db.xz").stat().st_size > 0 and (keep / "main-job.db.xz").is_file()
     assert "main-job-show.txt" in os.listdir(out)
     cmp = json.loads((out / "compare.json").read_text())
-    assert cmp["device"]["card"] == "cpu" and "pairs" in cmp
+    assert cmp["machine"]["card"] == "cpu" and "pairs" in cmp
     step = json.loads((out / "step-winners-fp4mlp" / "mlp-step-graph.json").read_text())
     assert step["gpu"] == "cpu" and step["forms"] and all(f["rows"] for f in step["forms"])
     host = json.loads((out / "moe-host.json").read_text())
-    assert host["rows"] and host["device"]["card"] == "cpu"
+    assert host["rows"] and host["machine"]["card"] == "cpu"

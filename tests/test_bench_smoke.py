@@ -158,7 +158,7 @@ def test_harness_writes_the_record_and_the_table(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads((tmp_path / "h.json").read_text())
-    dev = doc["device"]
+    dev = doc["machine"]
     assert dev["card"] == "cpu" and dev["versions"]["torch"] and re.match(r"\d{4}-\d\d-\d\d ", dev["date"])
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     if head.returncode == 0:
