@@ -103,7 +103,7 @@ def pdl() -> bool:
 
 def prefetch_w2() -> bool:
     """$AUTOTUNE_PREFETCH_W2: 1/true on (FP4MoE's w13 puts w2's routed slices into L2 at small M), unset
-    or 0/false off — off until the step bench measures it (docs/moe-decode.md part 15)."""
+    or 0/false off — off: it measured slower (docs/decisions/0004-prefetch-w2-off.md)."""
     return _switch(PREFETCH_W2, False)
 
 

@@ -320,7 +320,7 @@ class Bench:
         def run() -> dict:
             kernel = self._kernel(tactic)
             sets, outs = self._sets, self._outs
-            memo = self._graphs.setdefault(tactic.id, {})   # later rounds replay the first round's graph
+            memo = self._graphs.setdefault(tactic.id, {})   # later halving rounds replay the graph captured at the start
             args = [self._args(tactic, i) for i in range(len(sets))]   # packed before any timing or capture
             t = timing.time_calls(lambda i: kernel(*args[i], out=outs[i]), len(sets), self.device, timer, memo)
             return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
