@@ -36,9 +36,9 @@ def front_matter(path: Path) -> dict:
     return data
 
 
-def entries(root: Path = ENTRIES) -> dict[str, dict]:
+def entries(root: Path | None = None) -> dict[str, dict]:
     """Every measurement entry by id (its file's stem)."""
-    return {p.stem: front_matter(p) for p in sorted(root.glob("*.md")) if p.name != "README.md"}
+    return {p.stem: front_matter(p) for p in sorted((root or ENTRIES).glob("*.md")) if p.name != "README.md"}
 
 
 def render(number: dict) -> str:
