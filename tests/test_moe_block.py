@@ -1,4 +1,4 @@
-"""Issue #15: the fused MoE problem variants (swiglu, reduce) and FP4MoE, the whole routed block.
+"""The fused MoE problem variants (swiglu, reduce) and FP4MoE, the whole routed block.
 
 On the CPU: the variants' keys, shapes and float64 reference; the torch family computing them;
 FP4MoE (fused and unfused) against a float64 block built from separately quantized gate, up and

@@ -1,4 +1,4 @@
-"""Issue #26 item 5: no host sync in an eager forward. FP4MoE (fused and unfused, with and without
+"""No host sync in an eager forward. FP4MoE (fused and unfused, with and without
 an expert_map, with the shared expert folded in) and FP4Linear only issue device work; the bad-id
 word is sticky on the device and read on request (`routing_errors()`), and AUTOTUNE_CHECK_IDS=1
 restores the per-call raise. Counted on the CPU with tests/syncs.py (every aten op a forward runs:

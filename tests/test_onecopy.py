@@ -1,4 +1,4 @@
-"""One copy of the weight (issue #16 step 1): a bound table in one-copy mode serves every M from
+"""One copy of the weight: a bound table in one-copy mode serves every M from
 one layout, packs it in place over the checkpoint tensors where the family can (extra_bytes 0),
 reports the rungs it substituted, and refuses anything that would read the bytes as a checkpoint.
 
