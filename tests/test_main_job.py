@@ -1,4 +1,4 @@
-"""The README's main job on this machine, then dispatch over its cache (the issue's "done" test)."""
+"""The README's main job on this machine, then dispatch over its cache (every problem and bucket gets a winner, every served layer its own bucket's)."""
 import re
 import sqlite3
 from collections import defaultdict
