@@ -2,7 +2,8 @@
 renderer, its text boxes (get_window_extent) compared — none overlaps another, none leaves the
 figure — for the committed H200 caches (opened read-only) and for a synthetic cache with long
 tactic names, long layer names, long failure reasons and 30 buckets; the M axis is log2 with only
-powers of two labelled; the step picture adds up the stored winners; long reasons get one line; the page has no horizontal scroll at 800 px in headless Chromium."""
+powers of two labelled; the step picture adds up the stored winners; long reasons get one line;
+the page has no horizontal scroll at 800 px in headless Chromium."""
 import json
 import math
 import re
