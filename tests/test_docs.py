@@ -207,8 +207,11 @@ def test_figures_check_fails_only_on_a_span_that_differs(tmp_path, monkeypatch):
     assert figures.main(["--write"]) == 1
 
 
-@pytest.mark.parametrize("heading, anchor", [("How FP4MoE serves a layer", "how-fp4moe-serves-a-layer"),
-                                             ("`--batch-invariant`", "--batch-invariant"),
-                                             ("The shared expert: folded or apart", "the-shared-expert-folded-or-apart")])
+@pytest.mark.parametrize("heading, anchor", [
+    ("How FP4MoE serves a layer", "how-fp4moe-serves-a-layer"),
+    ("`--batch-invariant`", "--batch-invariant"),
+    ("The shared expert: folded or apart", "the-shared-expert-folded-or-apart"),
+])
 def test_anchor_rule_is_github_s(heading, anchor):
+    """Anchors are computed as GitHub renders them, so a link that works here works on GitHub."""
     assert slug(heading) == anchor
