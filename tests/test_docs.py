@@ -135,6 +135,13 @@ def test_every_code_pointer_and_path_resolves():
     assert not bad, "\n".join(bad)
 
 
+def test_no_pointer_names_a_line():
+    """Code is pointed at by symbol (`path::Name`), never by line number: an edit moves lines."""
+    rx = re.compile(r"\b[\w/.-]+\.(?:py|cu|cuh):\d+\b")
+    bad = [f"{page.relative_to(ROOT)}: {m}" for page in _pages() for m in rx.findall(page.read_text(encoding="utf-8"))]
+    assert not bad, "\n".join(bad)
+
+
 def _decisions() -> list[Path]:
     return sorted(p for p in (ROOT / "docs" / "decisions").glob("*.md") if p.name != "README.md")
 
