@@ -35,8 +35,6 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("tactics/cuda/", r".", "re-recorded kernels: the MoE-layer work rewrites these files and re-records "
                             "their GPU checks (their .cu/.cuh bytes are in every digest)"),
     ("autotune/runtime/moe.py", r".", "re-recorded kernels: rewritten with tactics/cuda by the MoE-layer work"),
-    ("bench/", r".", "bench/ is rewritten as one harness with its data renamed by date and card"),
-    ("docs/data/", r".", "data names and recorded summaries: renamed by date and card with bench/"),
     ("tests/test_round_labels.py", r".", "this test spells the patterns it looks for"),
 ]
 
