@@ -1,4 +1,4 @@
-"""The README's main job on this machine, then dispatch over its cache (the issue's "done" test)."""
+"""The README's main job on this machine, then dispatch over its cache (every problem and bucket gets a winner, every served layer its own bucket's)."""
 import re
 import sqlite3
 from collections import defaultdict
@@ -32,7 +32,7 @@ def glm5_cache(tmp_path_factory):
 def test_main_job_fills_a_winner_for_every_problem_and_bucket(glm5_cache):
     path, out, _ = glm5_cache
     # what FP4MoE and FP4MLP serve is in the default search: 8 problems + the dense and shared gate_up's
-    # SwiGLU forms (issue #26 item 3) + the routed experts' 4 with the shared expert folded in
+    # SwiGLU forms + the routed experts' 4 with the shared expert folded in
     # (e257:top9: what FP4MoE(shared=...) runs by default; --fold-shared is the search's default)
     uses = problems_for("glm5", tp=8, fused_moe=True, fused_mlp=True, fold_shared=True)
     assert len(uses) == 14

@@ -1,4 +1,4 @@
-"""Issue #15, build item 3's last clause: the shared expert folded into FP4MoE's two calls as local
+"""The shared expert folded into FP4MoE's two calls as local
 expert E with one always-routed slot (weight 1.0), and the folded problems listed on request.
 
 On the CPU: the folded block (fused and unfused, expert_map with -1, gate ≠ up global scales on the

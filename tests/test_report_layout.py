@@ -1,9 +1,9 @@
-"""The report's pictures read at a glance (#27): every figure rendered with matplotlib's Agg
+"""The report's pictures read at a glance: every figure rendered with matplotlib's Agg
 renderer, its text boxes (get_window_extent) compared — none overlaps another, none leaves the
 figure — for the committed H200 caches (opened read-only) and for a synthetic cache with long
 tactic names, long layer names, long failure reasons and 30 buckets; the M axis is log2 with only
-powers of two labelled; the step picture adds up the stored winners; long reasons get one line
-(#28 item 6); the page has no horizontal scroll at 800 px in headless Chromium."""
+powers of two labelled; the step picture adds up the stored winners; long reasons get one line;
+the page has no horizontal scroll at 800 px in headless Chromium."""
 import json
 import math
 import re
@@ -239,7 +239,7 @@ def test_step_json_checks(tmp_path, syn_summary):
     assert not ms.kinds and "do not add up" in ms.note and ms.total_us
 
 
-# ---------------------------------------------------------------------------------- reasons (#28 item 6)
+# ---------------------------------------------------------------------------------- reasons
 
 def test_long_reasons_are_one_short_line_per_class(syn_summary):
     s = short_reason(OOM.format("2.00"))
