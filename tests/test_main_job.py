@@ -87,7 +87,7 @@ def test_export_then_import_into_a_fresh_cache(glm5_cache, tmp_path, fmt):
 
 
 def test_a_search_without_a_terminal_prints_progress_lines(glm5_cache):
-    """#14: with stderr not a terminal (the test captures it) a search prints plain progress
+    """With stderr not a terminal (the test captures it) a search prints plain progress
     lines, one at least per problem, the last with every trial and job done."""
     _, _, err = glm5_cache
     lines = [ln for ln in err.splitlines() if ln.startswith("progress: ")]
