@@ -46,7 +46,7 @@ ARCHS = ("sm_90", "sm_120")
 
 
 def base_text(kernel: str) -> str:
-    return "\n".join((BASE_DIR / f).read_text() for f in BASE_SOURCES[kernel])
+    return "\n".join((BASE_DIR / f"{f}.txt").read_text() for f in BASE_SOURCES[kernel])
 
 
 # --------------------------------------------------------------------------- compilers

@@ -26,3 +26,8 @@
 #else
 #define OUT_TN TN
 #endif
+// every value (u, j, c) of U row tiles x MT n8 tiles x 4 accumulator values, fully unrolled
+#define FOR_VALUES(U, u, j, c)                                                                   \
+  _Pragma("unroll") for (int u = 0; u < (U); ++u)                                                 \
+  _Pragma("unroll") for (int j = 0; j < MT; ++j)                                                 \
+  _Pragma("unroll") for (int c = 0; c < 4; ++c)

@@ -17,16 +17,11 @@ static __device__ __forceinline__ float epi_value(const float (&acc)[TN][MT][4],
 template <class Rows, class Store>
 static __device__ __forceinline__ void epilogue(const float (&acc)[TN][MT][4], float alpha, const Rows& R,
                                                 Store store) {
-#pragma unroll
-  for (int u = 0; u < OUT_TN; ++u)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = R.row(j, c);
-        if (!R.has(r)) continue;
-        store(r, u, c, epi_value(acc, u, j, c, alpha));
-      }
+  FOR_VALUES(OUT_TN, u, j, c) {
+    const int r = R.row(j, c);
+    if (!R.has(r)) continue;
+    store(r, u, c, epi_value(acc, u, j, c, alpha));
+  }
 }
 
 // a bf16 output value at y[at]

@@ -23,12 +23,7 @@ static __device__ __forceinline__ float* warps_publish(unsigned char* smem, int 
   wait_pending<0>();
   __syncthreads();
   float* red = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int u = 0; u < TN; ++u)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) RED(warp, u, j, c) = acc[u][j][c];
+  FOR_VALUES(TN, u, j, c) RED(warp, u, j, c) = acc[u][j][c];
   __syncthreads();
   return red;
 }
@@ -42,12 +37,7 @@ static __device__ __forceinline__ float warps_sum(const float* red, int lane, in
 
 // warp 0: acc = the warps' sums
 static __device__ __forceinline__ void warps_total(const float* red, int lane, float (&acc)[TN][MT][4]) {
-#pragma unroll
-  for (int u = 0; u < TN; ++u)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[u][j][c] = warps_sum(red, lane, u, j, c);
+  FOR_VALUES(TN, u, j, c) acc[u][j][c] = warps_sum(red, lane, u, j, c);
 }
 
 // split `split`'s partials into ws [SPLITK][R.rows][N], then its arrival at `lock` (warp 0, fenced);
@@ -55,15 +45,10 @@ static __device__ __forceinline__ void warps_total(const float* red, int lane, f
 template <class Rows>
 static __device__ __forceinline__ bool splitk_arrive(float* ws, int* lock, size_t split, int N, int lane, const Rows& R,
                                                      const float (&acc)[TN][MT][4]) {
-#pragma unroll
-  for (int u = 0; u < TN; ++u)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = R.row(j, c);
-        if (R.has(r)) ws[R.at((split * R.rows + r) * N, u, c)] = acc[u][j][c];
-      }
+  FOR_VALUES(TN, u, j, c) {
+    const int r = R.row(j, c);
+    if (R.has(r)) ws[R.at((split * R.rows + r) * N, u, c)] = acc[u][j][c];
+  }
   __threadfence();                                   // this split's partials before its arrival
   __syncwarp();
   int old = 0;
@@ -77,18 +62,13 @@ template <class Rows>
 static __device__ __forceinline__ void splitk_sum(const float* ws, int* lock, int N, int lane, const Rows& R,
                                                   float (&acc)[TN][MT][4]) {
   __threadfence();                                   // the other splits' partials are visible (L2)
-#pragma unroll
-  for (int u = 0; u < TN; ++u)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = R.row(j, c);
-        float v = 0.f;
-        if (R.has(r))
-          for (int s = 0; s < SPLITK; ++s)            // split order: deterministic
-            v += ld_cg(ws + R.at(((size_t)s * R.rows + r) * N, u, c));
-        acc[u][j][c] = v;
-      }
+  FOR_VALUES(TN, u, j, c) {
+    const int r = R.row(j, c);
+    float v = 0.f;
+    if (R.has(r))
+      for (int s = 0; s < SPLITK; ++s)            // split order: deterministic
+        v += ld_cg(ws + R.at(((size_t)s * R.rows + r) * N, u, c));
+    acc[u][j][c] = v;
+  }
   if (lane == 0) atomicExch(lock, 0);                // ready for the next launch
 }
