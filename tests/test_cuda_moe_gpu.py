@@ -207,7 +207,7 @@ def test_graph_replay_bitwise_and_split_k_deterministic():
     w, packed = _weight("w13", "nvfp4")
     t = next(t for t in _tactics(prob) if t["split_k"] > 1)
     launch = fam.bind(prob, t, packed, "cuda")
-    assert launch.capture_safe and callable(launch.release)
+    assert launch.caps.capture_safe and callable(launch.release)
     ids, _ = _ids(16, 4)
     x = torch.randn(16, k, device="cuda").to(torch.bfloat16)
     y = torch.empty(16, TOP_K, n, dtype=torch.bfloat16, device="cuda")
@@ -282,7 +282,7 @@ def test_a_shared_slot_gives_the_bits_of_the_concatenated_one(epi):
         ref = inputs.moe_reference(prob, x.double(), w, full, tfull)
         for t in _tactics(prob, 2):
             kern = fam.build(prob, t, "cuda")
-            assert kern.shared_slot
+            assert kern.caps.shared_slot
             a = kern(x, packed, ids, tw, shared_slot=True)
             b = kern(x, packed, full, tfull)
             assert torch.equal(a, b), (m, t)
@@ -398,7 +398,7 @@ def test_tok_bad_ids_and_the_shared_slot():
     sw = inputs.seeded_weight(sprob, "cuda", 43)
     spacked = fam.pack("cuda-mma-a-frag-v1", sw)
     skern = fam.build(sprob, next(tt for tt in _tok_tactics(sprob)), "cuda")
-    assert skern.shared_slot
+    assert skern.caps.shared_slot
     for m in (1, 5, 64):
         ids, tw = _ids(m, 310 + m)
         x3 = torch.randn(m, TOP_K + 1, k, device="cuda").to(torch.bfloat16)
@@ -503,7 +503,7 @@ def test_a_prefetch_of_the_next_kernels_weights_changes_no_bit(epi):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             for t in _tactics(prob, 2):
                 kern = fam.build(prob, t, "cuda")
-                assert kern.prefetches
+                assert kern.caps.prefetches
                 want = kern(x, packed, ids, None, **kw)
                 assert torch.equal(kern(x, packed, ids, None, prefetch=pf, **kw), want), (m, t, slot)
                 h = kern(x, packed, ids, None, prefetch=pf, scratch_out=True, **kw)    # into the pool's view

@@ -152,8 +152,8 @@ def test_a_bad_prefetch_is_one_line(bad, msg):
 
 
 def test_moe_tok_takes_no_prefetch():
-    assert MOE.MoeLaunch.prefetches and not TokRec.prefetches
-    k = MOE.MoeKernel(TokRec(Problem.moe(64, 512, 6, 3, epilogue="reduce"), TOK, "cpu"))
+    assert MOE.MoeLaunch.caps.prefetches and not TokRec.caps.prefetches
+    k = TokRec(Problem.moe(64, 512, 6, 3, epilogue="reduce"), TOK, "cpu")
     with pytest.raises(ValueError, match="no prefetch"):
         k(None, None, None, prefetch=_pf(W13))
 

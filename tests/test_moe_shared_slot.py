@@ -86,7 +86,7 @@ def test_the_slot_is_added_by_the_kernel_and_matches_float64(tmp_path, fam, monk
     seen.clear()
     monkeypatch.setattr(fam._CpuMoeRun, "shared_slot", False)
     blk2, _, _ = _block(tmp_path / "b")
-    assert not blk2.bound13.launcher(5).shared_slot
+    assert not blk2.bound13.launcher(5).caps.shared_slot
     assert torch.equal(blk2(x, ids, tw), y) and seen == [((5, TOP_K + 1), False)] * 2
 
 

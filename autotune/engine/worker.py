@@ -154,9 +154,8 @@ class Bench:
         """Drop a tactic's kernel (its launcher's scratch with it) and captured graph."""
         self._graphs.pop(tactic_id, None)
         k = self._kernels.pop(tactic_id, None)
-        release = getattr(k, "release", None)
-        if callable(release):
-            release()
+        if k is not None:
+            k.release()
 
     def _forget_all(self) -> None:
         for tid in list(self._kernels) + list(self._graphs):
@@ -255,7 +254,7 @@ class Bench:
     def _kernel(self, tactic: Tactic):
         k = self._kernels.get(tactic.id)
         if k is None:
-            k = self._kernels[tactic.id] = registry.get(tactic.family).build(self.problem, tactic, self.device)
+            k = self._kernels[tactic.id] = as_launcher(registry.get(tactic.family).build(self.problem, tactic, self.device))
         return k
 
     def _args(self, tactic: Tactic, i: int) -> tuple:
@@ -311,7 +310,7 @@ class Bench:
                 finally:
                     call[0] = time.perf_counter() - c0
             err = inputs.check(self.problem, timed_call, self._sets[0], self._ref)
-            return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None),
+            return {"rel_err": err, "smem_compiled": kernel.smem_compiled,
                     "parts": {"build": t1 - t0, "pack": t2 - t1, "run": time.perf_counter() - t2,
                               "call": call[0]}}
         return self._retry_oom(tactic, run)

@@ -377,7 +377,7 @@ def _linear_fake(x: Tensor, layer_id: int) -> Tensor:
 
 def _moe_launch(layer: "FP4GroupedGEMM", x: Tensor, topk_ids: Tensor, topk_weights: Tensor | None) -> Tensor:
     launch = layer.bound.launcher(x.shape[0])
-    if x.is_cuda and torch.cuda.is_current_stream_capturing() and not launch.capture_safe:
+    if x.is_cuda and torch.cuda.is_current_stream_capturing() and not launch.caps.capture_safe:
         # the torch family's grouped kernel reads the routing on the host (unique/tolist): that
         # would abort the capture with an opaque CUDA error
         raise RuntimeError(f"fp4_autotune: the {layer.table.rung_for(x.shape[0])[1].family} MoE kernel reads "

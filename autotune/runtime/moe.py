@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +61,27 @@ BAD_ID = -2
 
 
 _SLOT, _NONE = {"shared_slot": True}, {}
+
+
+class _Form(NamedTuple):
+    """What FP4MoE's forward needs at one M, worked out once for the launchers serving it."""
+
+    l13: Any
+    l2: Any
+    #: both launchers capture-safe (`Caps.capture_safe`)
+    safe: bool
+    #: both launchers range-check ids themselves (`Caps.checks_ids`)
+    checks_ids: bool
+    #: their `aligned_block_m` at this M
+    need: tuple
+    #: folded shared expert added by the kernels (`Caps.shared_slot`, no alignment)
+    slot: bool
+    #: w13's extras: `prefetch=` (w2's slices into L2), `scratch_out=True`
+    extra: dict
+    #: (prefetch_w2, l2_bytes) it was made under
+    prefetch_key: tuple
+    #: w13's kwargs with the shared slot
+    slot_kw: dict
 
 
 class FP4MoE(nn.Module):
@@ -142,8 +163,8 @@ class FP4MoE(nn.Module):
         self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
         self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
         self._check_routing = routing_checker(self._routing)
-        #: per M: (l13, l2, alignments' BLOCK_M, shared slot, w13's extras, (prefetch switch, L2 bytes), w13's kwargs with a slot)
-        self._forms: dict[int, tuple] = {}
+        #: per M: the forward's `_Form`
+        self._forms: dict[int, _Form] = {}
         #: w13 prefetches w2's routed slices into L2 where it can and it pays (`prefetch_w2` above)
         self.prefetch_w2 = settings.prefetch_w2() if prefetch_w2 is None else bool(prefetch_w2)
         #: the L2 bytes the prefetch rule budgets against (None: the device's, read once per device)
@@ -308,43 +329,30 @@ class FP4MoE(nn.Module):
     def _run(self, x: Tensor, topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
         m = x.shape[0]
         l13, l2 = self.bound13.launcher(m), self.bound2.launcher(m)
+        form = self._forms.get(m)
+        if form is None or form.l13 is not l13 or form.l2 is not l2 or form.prefetch_key != (self.prefetch_w2, self.l2_bytes):
+            form = self._form(m, l13, l2, x.device)
         # asked only where it matters (a launcher that cannot be captured, the opt-in raise): ~1 µs on a GPU host
-        capturing = ((not (l13.capture_safe and l2.capture_safe) or self.check_ids) and x.is_cuda
-                     and torch.cuda.is_current_stream_capturing())
-        if capturing and not (l13.capture_safe and l2.capture_safe):
+        capturing = ((not form.safe or self.check_ids) and x.is_cuda and torch.cuda.is_current_stream_capturing())
+        if capturing and not form.safe:
             raise RuntimeError("fp4_autotune: a kernel of this MoE block reads routing on the host and cannot "
                                "run under CUDA-graph capture")
         if topk_weights is None:
             raise OperandError(f"{self.problem2.key}: FP4MoE needs topk_weights [M, {self.top_k}]")
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
         self._check_routing(x, topk_ids, topk_weights)
-        form = self._forms.get(m)
-        if form is None or form[0] is not l13 or form[1] is not l2 or form[5] != (self.prefetch_w2, self.l2_bytes):
-            # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
-            # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
-            need = (l13.aligned_block_m(m), l2.aligned_block_m(m))
-            slot = (self.shared_folded and getattr(l13, "shared_slot", False) and getattr(l2, "shared_slot", False)
-                    and need == (None, None))
-            # w13's extras on the fused path: w2's slices into L2 (prefetch_w2), and h in the dispatcher's
-            # scratch pool (read by w2 at once on this stream: no allocation per call)
-            extra = {"prefetch": pf} if (pf := self._prefetch(l13, l2, m, x.device)) is not None else {}
-            if self.fused and getattr(l13, "scratch_out", False):
-                extra["scratch_out"] = True
-            form = (l13, l2, need, slot, extra, (self.prefetch_w2, self.l2_bytes), {"shared_slot": True, **extra})
-            if len(self._forms) < 256:       # per M, for the launchers serving it now (a rebind replaces them)
-                self._forms[m] = form
-        need, slot = form[2], form[3]
-        ids, bad_rows = self._routed_ids(topk_ids, l13, l2, x.device, table=not slot or self.expert_map is not None)
+        need, slot = form.need, form.slot
+        ids, bad_rows = self._routed_ids(topk_ids, form.checks_ids, x.device, table=not slot or self.expert_map is not None)
         if self.shared_folded and not slot:  # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
         if slot:
-            k13, k2 = form[6], _SLOT
+            k13, k2 = form.slot_kw, _SLOT
         elif None in need:                   # no shared alignment: w13's extras as they are (no dict per call)
-            k13, k2 = form[4], _NONE
+            k13, k2 = form.extra, _NONE
         else:
             k13, k2 = self._one_alignment(l13, l2, ids, need)
-            k13 = {**k13, **form[4]}
+            k13 = {**k13, **form.extra}
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             y = l2(h, ids, topk_weights, routing_checked=True, **k2)
@@ -365,13 +373,31 @@ class FP4MoE(nn.Module):
                                f"(their rows are NaN; {settings.CHECK_IDS}=1 raises)")
         return y
 
-    def _routed_ids(self, topk_ids: Tensor, l13, l2, device, table: bool = True) -> tuple[Tensor, Tensor | None]:
+    def _form(self, m: int, l13, l2, device) -> _Form:
+        """The forward's `_Form` at M for these launchers (kept per M, up to 256 of them)."""
+        c13, c2 = l13.caps, l2.caps
+        # folded: both kernels add expert E as each token's last slot (no cat, no id table without a map)
+        # (where a launcher aligns the routing, M large, the slot is concatenated and one alignment serves both)
+        need = (l13.aligned_block_m(m), l2.aligned_block_m(m))
+        slot = self.shared_folded and c13.shared_slot and c2.shared_slot and need == (None, None)
+        # w13's extras on the fused path: w2's slices into L2 (prefetch_w2), and h in the dispatcher's
+        # scratch pool (read by w2 at once on this stream: no allocation per call)
+        extra = {"prefetch": pf} if (pf := self._prefetch(l13, l2, m, device)) is not None else {}
+        if self.fused and c13.scratch_out:
+            extra["scratch_out"] = True
+        form = _Form(l13, l2, c13.capture_safe and c2.capture_safe, c13.checks_ids and c2.checks_ids, need, slot,
+                     extra, (self.prefetch_w2, self.l2_bytes), {"shared_slot": True, **extra})
+        if len(self._forms) < 256:           # per M, for the launchers serving it now (a rebind replaces them)
+            self._forms[m] = form
+        return form
+
+    def _routed_ids(self, topk_ids: Tensor, checks_ids: bool, device, table: bool = True) -> tuple[Tensor, Tensor | None]:
         """(the kernels' ids, None or the [M] rows to make NaN), with no host read. Launchers that
-        check ids (`checks_ids`: NaN rows and the layer's word for ids outside [-1, E)) get them as
+        check ids (`Caps.checks_ids`: NaN rows and the layer's word for ids outside [-1, E)) get them as
         they are, or through the id table (expert_map / folded shared expert), where a bad id
         becomes BAD. For others (the torch family, moe_w4a16) the block does it itself on the
         device: bad ids become -1 for the kernels, the word is set and the rows are made NaN."""
-        if l13.checks_ids and l2.checks_ids:        # table=False: a shared slot's kernels range-check E - 1 themselves
+        if checks_ids:                              # table=False: a shared slot's kernels range-check E - 1 themselves
             return (self.local_ids(topk_ids) if table else topk_ids), None
         bad = (topk_ids < -1) | (topk_ids >= self.global_experts)
         rows = bad.any(1)
@@ -420,7 +446,7 @@ class FP4MoE(nn.Module):
 
     def _prefetch(self, l13, l2, m: int, device) -> tuple | None:
         """w2's stacked weight tensors for w13's `prefetch=` at M, or None (runtime/prefetch.py's rule)."""
-        if not (self.prefetch_w2 and self.fused and getattr(l13, "prefetches", False)) or l13.aligned_block_m(m):
+        if not (self.prefetch_w2 and self.fused and l13.caps.prefetches) or l13.aligned_block_m(m):
             return None
         return PF.pair_for(l13, l2, self.num_experts, m * self.problem13.top_k, self.l2_bytes, device)
 

@@ -23,8 +23,8 @@ from . import build as B
 
 RECORD = Path(__file__).with_name("gpu_checked.json")
 #: each kernel's launch code (relative to this package), besides build, layout and pdl
-LAUNCH = {B.KERNEL: (".launch", ".dense"), B.MOE_KERNEL: (".moe", ".moe_checks", ".moe_kernel", ".moe_plan"),
-          B.TOK_KERNEL: (".moe_tok", ".moe", ".moe_checks", ".moe_kernel", ".moe_plan")}
+LAUNCH = {B.KERNEL: (".launch", ".dense"), B.MOE_KERNEL: (".moe", ".moe_checks", ".moe_plan"),
+          B.TOK_KERNEL: (".moe_tok", ".moe", ".moe_checks", ".moe_plan")}
 
 
 def code(kernel: str) -> Code:

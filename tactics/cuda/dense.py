@@ -227,7 +227,6 @@ def emulate_runner(problem: Problem, tactic: Tactic) -> Any:
 
 
 class _CpuRun(DenseScratch, LauncherBase):
-    capture_safe = False
 
     def __init__(self, problem: Problem, tactic: Tactic):
         self.problem, self.tactic = problem, tactic

@@ -113,19 +113,30 @@ class _PackCache:
         self._aligned = None
 
 
-class _DenseKernel(LauncherBase):
-    """`kernel(x, w, out=None)`: the dense runner on a weight packed once (`_PackCache`); `attach`
-    reaches the runner (its split-K scratch joins the dispatcher's pool), `release` frees both."""
+class _Packing(LauncherBase):
+    """What `build` returns: `kernel(x, w, ...)`, the runner (dense, or grouped: MoeLaunch, TokLaunch,
+    a test family's) on a weight packed once (`_PackCache`: a plain FP4Weight, or the pack itself).
+    Its caps, routing, `attach` and bad-id word are the runner's; `release` frees both."""
+
+    __slots__ = ("run", "cache", "caps")
 
     def __init__(self, run: Any) -> None:
-        self.run, self.cache = run, _PackCache()
-        self.capture_safe = run.capture_safe
+        self.run, self.cache, self.caps = run, _PackCache(), run.caps
 
-    def __call__(self, x: Any, w: Any, out: Any = None) -> Any:
-        return self.run(x, self.cache(w), out)
+    def __call__(self, x: Any, w: Any, *routing: Any, **kw: Any) -> Any:
+        return self.run(x, self.cache(w), *routing, **kw)
+
+    def aligned_block_m(self, m: int) -> int | None:
+        return self.run.aligned_block_m(m)
+
+    def aligner(self, experts: int, block_m: int) -> Any:
+        return self.run.aligner(experts, block_m)
 
     def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
-        getattr(self.run, "attach", lambda *a: None)(scratch, bad_word)
+        self.run.attach(scratch, bad_word)
+
+    def bad_word(self) -> Any:
+        return self.run.bad_word()
 
     def release(self) -> None:
         self.run.release()
@@ -134,7 +145,7 @@ class _DenseKernel(LauncherBase):
 
 #: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
 #: (moe_align: the aligned route's routing alignment, Triton's kernel)
-_CODE = (".family", ".build", ".checked", ".dense", ".inplace", ".launch", ".layout", ".moe", ".moe_checks", ".moe_kernel", ".moe_plan", ".moe_search", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
+_CODE = (".family", ".build", ".checked", ".dense", ".inplace", ".launch", ".layout", ".moe", ".moe_checks", ".moe_plan", ".moe_search", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
          "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
          "autotune.core.settings", "autotune.core.tactic")
 
@@ -293,20 +304,16 @@ class CudaFamily(FamilyBase):
             why = "a dense cuda tactic on a grouped_moe problem"
         return why or MOE.check_tiling(problem, tactic)
 
-    @staticmethod
-    def _moe_kernel(run, cache=None) -> "MOE.MoeKernel":
-        return MOE.MoeKernel(run, cache)
-
     def build(self, problem: Problem, tactic: Tactic, device: str):
         if problem.kind == "grouped_moe":
             why = self._moe_checks(problem, tactic)
             if why:
                 raise ValueError(f"{problem.key} {tactic}: {why}")
-            return self._moe_kernel(self._moe_runner(problem, tactic, device), _PackCache())
+            return _Packing(self._moe_runner(problem, tactic, device))
         why = self.validate(tactic) or self.supports(problem) or check_tiling(problem, tactic)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
-        return _DenseKernel(as_launcher(self._runner(problem, tactic, device)))
+        return _Packing(as_launcher(self._runner(problem, tactic, device)))
 
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str):
         """The weight checked once (its layout, shape, tiling, alignment), then the shared bound
@@ -320,11 +327,8 @@ class CudaFamily(FamilyBase):
                 why = f"the pack holds {packed.experts} stacked experts, the problem {problem.experts}"
             if why:
                 raise ValueError(f"{problem.key} {tactic}: {why}")
-            kernel = self._moe_kernel(self._moe_runner(problem, tactic, device))
-            launch = self.bind_kernel(problem, kernel, packed)
-            if not hasattr(launch, "release"):              # the bound closure: carry the kernel's
-                launch.release = kernel.release  # type: ignore[attr-defined]
-            return launch
+            return self.bind_kernel(problem, self._moe_runner(problem, tactic, device), packed,
+                                    batch_invariant=self.batch_invariant(problem, tactic))
         why = self.validate(tactic) or check_tiling(problem, tactic) or check_aligned(packed)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")

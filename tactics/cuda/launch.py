@@ -15,7 +15,7 @@ import torch
 
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from autotune.tactics.base import LauncherBase
+from autotune.tactics.base import Caps, LauncherBase
 from autotune.tactics.scratch import stream_key
 
 from . import args as A
@@ -37,7 +37,7 @@ class Launch(D.DenseScratch, LauncherBase):
     `workspace_bytes(m)` says what a call needs. The compiled functions stay cached in it;
     `release()` frees its own scratch."""
 
-    capture_safe = True
+    caps = Caps(capture_safe=True)
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, config: Callable[..., B.Config]):
         self.problem, self.tactic, self.config = problem, tactic, config

@@ -39,6 +39,7 @@ from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 
+from autotune.tactics.base import Caps, LauncherBase
 from autotune.tactics.scratch import PoolUser, stream_key
 
 from . import build as B
@@ -46,9 +47,8 @@ from . import args as A
 from . import checked as CK
 from . import layout as L
 from . import pdl as P
-from .moe_kernel import MoeKernel, raise_if_bad  # noqa: F401  (what build/bind return; re-exported)
 from .moe_plan import Planned, plannable
-from .moe_checks import check_alignment, check_apart, check_call, check_prefetch  # noqa: F401  (the launchers' argument checks, re-exported)
+from .moe_checks import check_alignment, check_apart, check_call, check_prefetch, raise_if_bad  # noqa: F401  (the launchers' argument checks, re-exported)
 
 KERNEL = B.MOE_KERNEL
 TOK_KERNEL = B.TOK_KERNEL
@@ -212,7 +212,7 @@ def grid_x(cfg: B.MoeConfig, pairs: int, g_main: int = 0, block_m: int = 0) -> t
     return groups + -(-pairs // (8 * cfg.threads)), groups
 
 
-class MoeScratch(PoolUser):
+class MoeScratch(PoolUser, LauncherBase):
     """The launcher's scratch and bad-id word (MoeLaunch and the CPU port's runner share it):
     workspaces from a ScratchPool (its own, or the dispatcher's after `attach`), one word."""
 
@@ -290,11 +290,11 @@ class MoeLaunch(Planned, MoeScratch):
     attached one), read on the host only when `check_ids` (default $AUTOTUNE_CHECK_IDS, off).
     `release()` frees its own scratch (a launch after it allocates anew)."""
 
-    capture_safe = True       # current stream, scratch sized by M, no host read by default
-    checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
-    shared_slot = True        # shared_slot=True: the kernel adds expert E - 1 as each token's last slot
-    prefetches = True         # prefetch=(a, b): the next kernel's stacked weights, sliced into L2 (direct route)
-    scratch_out = True        # scratch_out=True: the output in the scratch pool, valid until the next such call on the stream
+    caps = Caps(capture_safe=True,     # current stream, scratch sized by M, no host read by default
+                checks_ids=True,       # ids outside [-1, E) give NaN rows and set `bad`
+                shared_slot=True,      # shared_slot=True: the kernel adds expert E - 1 as each token's last slot
+                prefetches=True,       # prefetch=(a, b): the next kernel's stacked weights, sliced into L2 (direct route)
+                scratch_out=True)      # scratch_out=True: the output in the scratch pool, valid until the next such call on the stream
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         self.problem, self.tactic = problem, tactic

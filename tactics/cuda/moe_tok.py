@@ -6,6 +6,8 @@ checks, the bad-id word and the shared slot are moe_mma's (moe.check_call, MoeSc
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -24,8 +26,9 @@ class TokLaunch(MOE.MoeLaunch):
     stacked CudaPacked: each token's routing-weighted sum over its top_k slots. `aligned=` is refused
     (the kernel reads topk_ids as they are; aligned_block_m is None at every M)."""
 
-    prefetches = False        # w2's kernel: no kernel after it in the layer to prefetch for
-    scratch_out = False       # its output is the layer's: a fresh tensor
+    # no prefetch (w2's kernel: no kernel after it in the layer to prefetch for), no scratch output
+    # (its output is the layer's: a fresh tensor)
+    caps = replace(MOE.MoeLaunch.caps, prefetches=False, scratch_out=False)
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         if not MOE.is_tok(tactic):
