@@ -52,8 +52,8 @@ fi
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then   # the worker-memory test and the GPU tests of the launchers the worker drives
   timeout "${GPU_TESTS_S:-300}" python3 -m pytest -q -rA -p no:cacheprovider -m "gpu or requires_sm90" tests/test_workers_gpu.py \
-      tests/test_launcher.py tests/test_bound.py tests/test_moe_block.py tests/test_cuda_gpu.py tests/test_cuda_moe_gpu.py \
-      tests/test_cuda_pdl_gpu.py tests/test_nosync_gpu.py 2>&1 | tee "$OUT/gpu-tests-full.txt" | tail -5 | tee "$OUT/gpu-tests.txt"
+      tests/test_launcher.py tests/test_bound.py tests/test_moe_block.py $(python3 -m autotune.tactics.cuda.members --gpu-tests) \
+      tests/test_nosync_gpu.py 2>&1 | tee "$OUT/gpu-tests-full.txt" | tail -5 | tee "$OUT/gpu-tests.txt"
   # every test passed, none skipped, each kernel's own tests PASSED: record the cuda kernels' code as GPU-checked (tactics/cuda/checked.py), so the
   # main job below measures them; commit $OUT/gpu_checked.json and the log (docs/data/) from this call
   rev=$(git rev-parse --short HEAD 2>/dev/null || echo tree)

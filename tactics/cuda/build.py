@@ -23,25 +23,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import layout as L
+from . import members as M
 from .args import PARAMS
 
-_DIR = Path(__file__).parent
-SOURCE = _DIR / "w4a16_mma.cu"
 KERNEL = "w4a16_mma"
-MOE_SOURCE = _DIR / "moe_mma.cu"
-TOK_SOURCE = _DIR / "moe_tok.cu"
-#: the shared kernel parts every kernel's text starts with, in order: configuration macros, device
-#: helpers, the cp.async ring, the main loop, the reductions, the epilogues
-SHARED = tuple(_DIR / f for f in ("config.cuh", "mma_common.cuh", "ring.cuh", "mainloop.cuh", "reduce.cuh",
-                                  "epilogue.cuh"))
-COMMON = _DIR / "mma_common.cuh"
-MOE_COMMON = _DIR / "moe_common.cuh"   # routing helpers of the grouped kernels, after the shared parts
 MOE_KERNEL = "moe_mma"
 TOK_KERNEL = "moe_tok"
-#: each kernel's text: the files build.text joins, in order (its parameter list, args.py's, just
-#: before its own file)
-SOURCES = {KERNEL: (*SHARED, SOURCE), MOE_KERNEL: (*SHARED, MOE_COMMON, MOE_SOURCE),
-           TOK_KERNEL: (*SHARED, MOE_COMMON, TOK_SOURCE)}
+#: each kernel's own file
+SOURCE, MOE_SOURCE, TOK_SOURCE = (M.by_kernel()[k].paths()[-1] for k in (KERNEL, MOE_KERNEL, TOK_KERNEL))
+#: each kernel's text: the files build.text joins, in order (members.py: the shared parts the member
+#: includes, then its own file; its parameter list, args.py's, just before its own file)
+SOURCES = M.sources()
 #: moe_tok.cu's MAXK: slots per token its CTA holds (top_k of the problem, the shared slot included)
 TOK_MAX_SLOTS = 32
 M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 64 per CTA row

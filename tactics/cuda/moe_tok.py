@@ -7,10 +7,12 @@ checks, the bad-id word and the shared slot are moe_mma's (moe.check_call, MoeSc
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
 
+from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics.scratch import stream_key
@@ -85,3 +87,18 @@ class TokLaunch(MOE.MoeLaunch):
         run(grid, block, args, stream)
         if remember:
             self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run)
+
+
+class TokMember(MOE.MoeMember):
+    """The token-major grouped kernel (moe_tok.cu) as a member of the cuda family (members.py):
+    tactics name kernel="moe_tok"; parameters TOK_SCHEMA; the reduce variant only."""
+
+    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
+        from .moe_search import tok_space
+        return tok_space(problem)
+
+    def default(self, problem: Problem, arch: Arch) -> None:
+        return None                                 # the family's grouped default is moe_mma's
+
+    def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
+        return TokLaunch(problem, tactic, device)
