@@ -31,6 +31,14 @@ ROUTING = ("moe_common.cuh",)
 #: the Python every member's text and launch go through (relative to this package): the -D options
 #: and cubins, the layout's bit constants, the launch (PDL), the parameters, this registry
 COMMON_CODE = (".build", ".layout", ".pdl", ".args", ".members")
+#: what every member's Python imports outside this package: the shared launcher and scratch pool, the
+#: core values
+CORE_CODE = ("..base", "..scratch", "autotune.core.arch", "autotune.core.codekey", "autotune.core.formats",
+             "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem", "autotune.core.settings",
+             "autotune.core.tactic")
+#: the grouped members' search policy, GPU-check verdicts and routing alignment (Triton's kernel): in
+#: their code keys, not in their GPU-check records (moe_search.py says why)
+GROUPED_USES = (".checked", ".moe_search", "..triton_fp4.moe_align")
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class Member:
     behaviour: str                 # "module:Class" (relative to this package): schema, space, verdict, launcher
     tests: tuple[str, str, bool]   # its GPU tests: (file under tests/, name prefix, True: with it / False: without)
     tactic_kernel: str | None = None   # the tactic's `kernel` value; None: the tactics that name no kernel
+    uses: tuple[str, ...] = ()     # Python its code key covers besides its launch (not its GPU-check record)
 
     @property
     def source(self) -> str:
@@ -53,14 +62,15 @@ class Member:
     def paths(self) -> tuple[Path, ...]:
         return tuple(_DIR / f for f in self.files)
 
-    def code_of(self, name: str) -> Code:
-        """Its files and launch Python as a codekey.Code named `name`."""
-        return Code.of(name, __package__, *COMMON_CODE, *self.launch, files=tuple((".", f) for f in self.files))
+    def code_of(self, name: str, *more: str) -> Code:
+        """Its files and launch Python (and `more`) as a codekey.Code named `name`."""
+        return Code.of(name, __package__, *COMMON_CODE, *self.launch, *more, files=tuple((".", f) for f in self.files))
 
     @property
     def code(self) -> Code:
-        """The sources its measured numbers depend on: its own and the shared parts it includes."""
-        return self.code_of(f"cuda/{self.kernel}")
+        """The sources its measured numbers depend on: its own and the shared parts it includes, the
+        Python that builds, launches and chooses it, the core values (not the other members')."""
+        return self.code_of(f"cuda/{self.kernel}", *self.uses, *CORE_CODE)
 
     def owns(self, tactic: Any) -> bool:
         return tactic.params.get("kernel") == self.tactic_kernel
@@ -79,9 +89,9 @@ _IMPL: dict[str, Any] = {}
 REGISTRY: tuple[Member, ...] = (
     Member("w4a16_mma", SHARED, (".launch", ".dense"), ".dense:DenseMember", ("test_cuda_gpu.py", "test_", True)),
     Member("moe_mma", SHARED + ROUTING, (".moe", ".moe_checks", ".moe_plan"), ".moe:MoeMember",
-           ("test_cuda_moe_gpu.py", "test_tok_", False), "moe_mma"),
+           ("test_cuda_moe_gpu.py", "test_tok_", False), "moe_mma", GROUPED_USES),
     Member("moe_tok", SHARED + ROUTING, (".moe_tok", ".moe", ".moe_checks", ".moe_plan"), ".moe_tok:TokMember",
-           ("test_cuda_moe_gpu.py", "test_tok_", True), "moe_tok"),
+           ("test_cuda_moe_gpu.py", "test_tok_", True), "moe_tok", GROUPED_USES),
 )
 #: GPU tests every member's record needs besides its own (the texts against the base commit's, PDL)
 COMMON_GPU_TESTS = ("test_cuda_base_gpu.py", "test_cuda_pdl_gpu.py")
