@@ -439,7 +439,7 @@ def test_aligned_grid():
 def test_span_of_routed_nowhere_rows_fits_the_ring():
     """The CTAs after the groups list up to SPAN = 8 * threads pair ids in the ring's shared array:
     it holds them in every kept config (the ring is >= 2 stages x 36 B per thread)."""
-    src = B.MOE_SOURCE.read_text()
+    src = B.source_text("moe_mma")
     assert "#define SPAN (8 * NTHREADS)" in src and "#define SMEM_BYTES (PIPE_BYTES > RED_BYTES" in src
     for prob in (W13.variant("swiglu"), W2.variant("reduce"), W2):
         for t in MOE_SEARCH.enumerate_space(prob):
