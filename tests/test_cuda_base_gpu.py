@@ -55,6 +55,21 @@ def _both_texts(run, monkeypatch):
     return new, old
 
 
+def _differing(prob, tactics, calls, monkeypatch):
+    """Every tactic on every (M, arguments) call with each text: those whose bits differ."""
+    fam, fails = _fam(), []
+    for m, args in calls:
+        for t in tactics:
+            def run():
+                out = fam.build(prob, t, "cuda")(*args)
+                torch.cuda.synchronize()
+                return out
+            new, old = _both_texts(run, monkeypatch)
+            if not torch.equal(new.view(torch.int16), old.view(torch.int16)):
+                fails.append(f"{prob.key} M={m} {t}")
+    return fails
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("name", sorted(MOE))
 def test_grouped_kernels_give_the_base_texts_bits(name, fmt, monkeypatch):
@@ -67,22 +82,15 @@ def test_grouped_kernels_give_the_base_texts_bits(name, fmt, monkeypatch):
                              dict(tiles_n=2, stages=2), dict(kernel="moe_tok"), dict(kernel="moe_tok", warps_k=1)])
     if epi == "reduce":
         tactics.append(Tactic("cuda", kernel="moe_mma", warps_k=2, stages=2, tiles_n=2, m_tiles=1, split_k=1, n_walk=4))
-    fails = []
+    calls = []
     for m in (1, 4, 16, 64):
         ids, tw = inputs.routing(m, E, TOP_K, torch.Generator().manual_seed(m), skew=1.2)
         if m > 1:
             ids[m // 2, 3] = -1
-        ids, tw = ids.cuda(), tw.cuda()
         rows = m * TOP_K if epi == "reduce" else m
         x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
-        for t in tactics:
-            def run():
-                out = fam.build(prob, t, "cuda")(x, packed, ids, tw if epi == "reduce" else None)
-                torch.cuda.synchronize()
-                return out
-            new, old = _both_texts(run, monkeypatch)
-            if not torch.equal(new.view(torch.int16), old.view(torch.int16)):
-                fails.append(f"{prob.key} M={m} {t}")
+        calls.append((m, (x, packed, ids.cuda(), tw.cuda() if epi == "reduce" else None)))
+    fails = _differing(prob, tactics, calls, monkeypatch)
     assert not fails, "\n".join(fails)
 
 
@@ -95,15 +103,6 @@ def test_dense_kernel_gives_the_base_texts_bits(name, fmt, monkeypatch):
     w = inputs.seeded_weight(prob, "cuda", 13)
     packed = fam.pack("cuda-mma-a-frag-v1", w)
     tactics = _spread(prob, [dict(split_k=2), dict(split_k=4), dict(warps_k=1), dict(tiles_n=2), dict(stages=2)])
-    fails = []
-    for m in (1, 4, 16, 64):
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        for t in tactics:
-            def run():
-                out = fam.build(prob, t, "cuda")(x, packed)
-                torch.cuda.synchronize()
-                return out
-            new, old = _both_texts(run, monkeypatch)
-            if not torch.equal(new.view(torch.int16), old.view(torch.int16)):
-                fails.append(f"{prob.key} M={m} {t}")
+    calls = [(m, (torch.randn(m, k, device="cuda").to(torch.bfloat16), packed)) for m in (1, 4, 16, 64)]
+    fails = _differing(prob, tactics, calls, monkeypatch)
     assert not fails, "\n".join(fails)
