@@ -450,6 +450,6 @@ def _update_winner(store, p: Problem, b: int, env: Env, default_id: str, lib_key
     d = next((t for t in trials if t.tactic_id == default_id and t.status == "ok"), None)
     w = Winner(p.key, b, env.device_key, pick.tactic_id, pick.family, pick.params_json, pick.lib_key,
                pick.median_us, default_id, d.median_us if d else None,
-               (d.median_us / pick.median_us) if d else None, pick.code_key)
+               (d.median_us / pick.median_us) if d else None, pick.code_key, pick.replay_checked)
     store.put_winner(w)
     return w
