@@ -338,7 +338,7 @@ class _Results:
             s.store.put_trial(_trial(job.problem, job.bucket, t, s.env, s.lib_keys, o.status, note,
                                      median_us=o.median_us, iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err,
                                      smem_model=smem_model, smem_compiled=o.smem_compiled,
-                                     exit_signal=o.exit_signal))
+                                     exit_signal=o.exit_signal, replay_checked=o.replay_checked))
         with self.lock:
             report.measured += o.status != "failed"
             report.dropped += o.status == "dropped"
