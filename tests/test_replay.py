@@ -130,3 +130,20 @@ def test_a_search_on_the_gpu_never_stores_the_stale_member(tmp_path, stale):
     search([DENSE], families=[stale], store=store, buckets=Buckets.of((4,)), timer=FAST)
     assert {w.tactic_id for w in store.winners()} == {FRESH.id}
     assert all(w.replay_checked for w in store.winners())
+
+
+@pytest.mark.parametrize("kw,epilogue", [({}, "none"), ({"split_k": 2, "tiles_n": 2}, "reduce")],
+                         ids=["moe_mma", "moe_mma-splitk-reduce"])
+def test_the_cuda_moe_launcher_passes_on_its_cpu_runner(register_family, kw, epilogue):
+    """The cuda family's MoE launcher (its repeat path, scratch outputs, split-K counters and the
+    per-token reduce), bound as the runtime binds it and run by its CPU runner: the replay check
+    passes and its counters come back to rest."""
+    register_family("cudamoecpu", "tests.families.cuda_moe_cpu:CudaMoeCpu")
+    p = Problem.moe(64, 256, 6, 2, epilogue=epilogue)
+    t = Tactic("cudamoecpu", kernel="moe_mma", warps_k=1, stages=2, tiles_n=1, m_tiles=1, split_k=1)
+    t = Tactic("cudamoecpu", **{**t.params, **kw})
+    b = Bench("cpu")
+    b.setup(p.key, 4, 0)
+    b.check(t)
+    out = b.replay(t)
+    assert out["mode"] == "recorded" and out["max_row_err"] < 1e-2
