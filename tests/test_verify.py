@@ -112,3 +112,15 @@ def test_show_marks_winners_that_are_not_replay_checked(tmp_path, register_famil
     assert "1 winner(s) not replay-checked" in flat and flat.count("(not replay-checked)") >= 1
     j = run_cli("show", "--json", "--cache", tmp_path / "c.db")
     assert sorted(w["replay_checked"] for w in json.loads(j.stdout)) == [False, True]
+
+
+@pytest.mark.gpu
+def test_verify_on_the_gpu_replays_real_cuda_graphs(tmp_path):
+    """The same on a GPU: the default families searched at M = 1, 4, then every problem served
+    eagerly and from a real CUDA graph replayed with refreshed inputs, each row against float64."""
+    cfg = config(tmp_path, TINY_MOE)
+    api.search(cfg, buckets=(1, 4), cache=str(tmp_path / "c.db"), timer=FAST)
+    for policy in ({}, {"one_copy_upto": 4}):
+        got = api.verify(cfg, str(tmp_path / "c.db"), **policy)
+        assert got and all(v.ok for v in got), [v.line() for v in got]
+        assert all(v.replay_checked == v.winners for v in got)     # this search replay-checked every winner
