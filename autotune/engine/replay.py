@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from autotune.core import inputs
+from autotune.core.inputs import make_inputs     # the replay's own draw, apart from the job's setup
 from autotune.core.problem import Problem
 from autotune.tactics.scratch import ScratchPool
 
@@ -63,7 +64,7 @@ def draw(problem: Problem, bucket: int, device: str, seed: int, weight: Any) -> 
     sets = []
     for j in range(2):
         s = zlib.crc32(f"replay:{seed}:{problem.key}:{bucket}:{j}".encode())
-        st = inputs.make_inputs(problem, bucket, device, s, 1, weights=[weight])[0]
+        st = make_inputs(problem, bucket, device, s, 1, weights=[weight])[0]
         st.w = weight                       # W4A4: the bound weight's input scale, not one from this x
         if st.topk_ids is not None and st.topk_ids.numel():
             row = 0 if j == 0 else st.topk_ids.shape[0] - 1
