@@ -132,7 +132,7 @@ def served_call(problem: Problem, launcher: Any, st: inputs.InputSet) -> Callabl
     where the launcher has scratch outputs and the output is not the reduced one; never `out=`."""
     if problem.kind != "grouped_moe":
         return lambda: launcher(st.x)
-    extra = {"scratch_out": True} if getattr(launcher, "scratch_out", False) and problem.epilogue != "reduce" else {}
+    extra = {"scratch_out": True} if launcher.caps.scratch_out and problem.epilogue != "reduce" else {}
     return lambda: launcher(st.x, st.topk_ids, st.topk_weights, routing_checked=True, **extra)
 
 
@@ -176,7 +176,7 @@ def check(problem: Problem, launcher: Any, refs: Refs, device: str, pool: Scratc
                            None if a.topk_ids is None else a.topk_ids.clone(),
                            None if a.topk_weights is None else a.topk_weights.clone())
     call = served_call(problem, launcher, live)
-    real = device == "cuda" and bool(getattr(launcher, "capture_safe", False))
+    real = device == "cuda" and launcher.caps.capture_safe
     cap: Recorded | Graph = Graph() if real else Recorded()
     if real:                                  # the first call plans, the second takes the repeat path
         side = torch.cuda.Stream()

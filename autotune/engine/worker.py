@@ -334,17 +334,13 @@ class Bench:
             t1 = time.perf_counter()
             pool = ScratchPool()
             word = pool.word(self.device, tactic.id)
-            launcher = registry.get(tactic.family).bind(self.problem, tactic, packed, self.device)
+            launcher = as_launcher(registry.get(tactic.family).bind(self.problem, tactic, packed, self.device))
             try:
-                attach = getattr(launcher, "attach", None)
-                if attach is not None:
-                    attach(pool, word)
+                launcher.attach(pool, word)
                 t2 = time.perf_counter()
                 r = replay_check.check(self.problem, launcher, self._replay_refs, self.device, pool, word)
             finally:
-                release = getattr(launcher, "release", None)
-                if callable(release):
-                    release()
+                launcher.release()
                 pool.clear()
             return {"max_row_err": r.max_row_err, "mode": r.mode, "replays": r.replays,
                     "parts": {"draw": t1 - t0, "bind": t2 - t1, "run": time.perf_counter() - t2}}
