@@ -110,6 +110,7 @@ REVIEWED = [
     ('test_workers_gpu.py', GUARD, 'halving=Halving(budget_s=0.3), runner=Runner(timeout_s=120), strategy="halving")'),
     ('test_workers_gpu.py', GUARD, 'ex = ProcessExecutor("cuda", timeout_s=240)'),
     ('test_exporters.py', GUARD, 'capture_output=True, text=True, timeout=300)'),
+    ('test_adversarial.py', VALUE, '@pytest.mark.parametrize("query", ["?mode=rwc&uri=true", "?mode=rwc", "?timeout=5"])'),
 ]
 
 
