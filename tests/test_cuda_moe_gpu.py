@@ -516,7 +516,7 @@ def test_a_prefetch_of_the_next_kernels_weights_changes_no_bit(epi):
 
 def test_one_copy_moe_packs_experts_in_place_and_gives_the_copys_bits(tmp_path):
     """A one-copy FP4MoE on the cuda grouped kernel holds the experts in their own bytes (tactics/cuda/
-    inplace.py; part 17: a second copy of GLM-5 TP8's experts ran an H100 out of memory) and gives
+    inplace.py; on 2026-12-05 a second copy of GLM-5 TP8's experts ran an H100 out of memory) and gives
     the bits of the same block bound with a packed copy."""
     import warnings
 

@@ -14,14 +14,14 @@ from autotune.core.env import Env
 from autotune.tactics import registry
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the device record's libs of docs/data/main-job-h100-nineteenth.db.xz, and each built-in family's
+#: the device record's libs of docs/data/2026-12-06-h100-2d14637-main-job.db.xz, and each built-in family's
 #: lib key over them as f4cc350 computed it (cutlass and cuBLASLt have no trials in a committed cache)
 NINETEENTH_LIBS = {"cupy": "14.2.0", "flashinfer-python": None, "nvidia-cutlass": None, "nvmath-python": "1.0.1",
                    "torch": "2.11.0", "triton": "3.6.0"}
 KEYS_AT_F4CC350 = {"cublaslt": "02076f9ebfd09eda", "cuda": "41ead8348853d878", "cutlass": "4cfd870ac6fc549e",
                    "torch": "b11d1ca58baaa331", "triton": "a27ccc16db2c8ff9"}
-CACHES = ("docs/data/main-job-h100-nineteenth.db.xz", "docs/data/cuda-search-h200/cuda-search.db",
-          "docs/data/h200-glm5-tp8.db")
+CACHES = ("docs/data/2026-12-06-h100-2d14637-main-job.db.xz", "docs/data/2026-12-03-h200-moe-config-sweep.db.xz",
+          "docs/data/2026-11-30-h200x2-full-search.db.xz")
 
 
 def _env_of(rec: dict, live: bool) -> Env:

@@ -1,4 +1,4 @@
-"""Issue #26 item 6: split-K and reduce workspaces come from one pool per dispatcher, one set per
+"""Split-K and reduce workspaces come from one pool per dispatcher, one set per
 (device, stream), sized by the largest live M — not one set per layer — and the pool's growth
 rule keeps captured graphs' pointers valid (tactics/scratch.py). 75 MoE layers on the cuda
 family's launcher scratch code with its kernel's grid ported to the CPU (tests/families/cuda_moe_cpu.py)."""

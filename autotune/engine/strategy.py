@@ -168,10 +168,10 @@ def kernel_of(t: Tactic) -> tuple[str, str]:
 
 def every_member(plan: ranked.RankPlan, problem: Problem | None = None) -> ranked.RankPlan:
     """Each kernel the job keeps tactics of gets its best-predicted one into the first batch. The
-    trees rank configs of one kernel better than kernels against each other: the fourteenth main job
-    never measured moe_mma on w2:reduce from M = 32 up (its first batches held moe_tok and Triton
-    only), and served Triton there at 215 µs (M = 128) where the unfused w2's cuda winner took 122
-    (docs/moe-decode.md part 13). Adds nothing where every kernel is in the first batch already, or
+    trees rank configs of one kernel better than kernels against each other: without this rule the
+    H200 main job of 2026-12-05 never measured moe_mma on w2:reduce from M = 32 up (its first batches
+    held moe_tok and Triton only), and served Triton there at 215 µs (M = 128) where the unfused w2's
+    cuda winner took 122 (docs/decisions/0007-every-kernel-in-the-first-batch.md). Adds nothing where every kernel is in the first batch already, or
     with `Ranked(every_kernel=False)`. With `problem`, a family may decline the slot there
     (Family.first_batch_member: the torch reference's grouped MoE)."""
     if not plan.cfg.every_kernel:

@@ -107,8 +107,8 @@ def is_oom(e: BaseException) -> bool:
 def collect_young() -> None:
     """A full collection, then everything that survived it frozen (gc.freeze): the next one walks
     only what was made since. A worker's heap is torch's and Triton's;
-    collecting it at every job's end took ~140 ms on the H100 (34.5 s of the sixteenth main job's
-    first 507 s). Frozen objects are still freed by reference counting; only a cycle among them
+    collecting it at every job's end took ~140 ms on the H100 (34.5 s of the first 507 s of the
+    main job of 2026-12-05). Frozen objects are still freed by reference counting; only a cycle among them
     waits for `thaw` (called when the problem changes, so its weights and packs go)."""
     import gc
     gc.collect()
@@ -320,7 +320,7 @@ class Bench:
         def run() -> dict:
             kernel = self._kernel(tactic)
             sets, outs = self._sets, self._outs
-            memo = self._graphs.setdefault(tactic.id, {})   # later rounds replay the first round's graph
+            memo = self._graphs.setdefault(tactic.id, {})   # later halving rounds replay the graph captured at the start
             args = [self._args(tactic, i) for i in range(len(sets))]   # packed before any timing or capture
             t = timing.time_calls(lambda i: kernel(*args[i], out=outs[i]), len(sets), self.device, timer, memo)
             return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}

@@ -6,7 +6,7 @@ checkpoint. Engines that refuse a second copy of the weights bind in one-copy mo
 served from ONE layout, the one the winners of the most rungs read (ties: the designated
 default's); `upto` counts only the rungs up to that M (an engine's decode range, whose batches it
 captures in graphs: on GLM-5's folded w13 half the rungs read the cuda layout and half Triton's,
-and the tie served Triton's kernel at M = 1..64 in the step bench, docs/moe-decode.md part 17).
+and the tie served Triton's kernel at M = 1..64 in the step bench of 2026-12-05, docs/fp4moe.md#one-copy-of-the-weights).
 A rung whose winner reads another layout runs that layout's family default instead
 (or, where that default reads yet another layout or cannot run here, the layout's most frequent
 winner) — unless `best(bucket, layout)` names the fastest servable trial of that layout the cache
