@@ -23,6 +23,7 @@ class Column:
     since: int          # the schema (and export form) that added it
     default: Any        # what a cache or export of an older form loads it as (MISSING: none)
     text: bool          # declared `str`: a row holding anything else is malformed
+    flag: bool = False  # declared `bool`: read as a bool (SQLite stores 0/1; an export's non-true value is False)
 
     def present_in(self, schema: int) -> bool:
         """Whether a cache or export of `schema` has this column."""
@@ -41,7 +42,7 @@ def columns_of(record: type) -> tuple[Column, ...]:
     for f in fields(record):
         if f.metadata.get("joined"):
             continue
-        out.append(Column(f.name, f.metadata.get("since", FIRST_FORM), f.default, f.type == "str"))
+        out.append(Column(f.name, f.metadata.get("since", FIRST_FORM), f.default, f.type == "str", f.type == "bool"))
     return tuple(out)
 
 
@@ -79,7 +80,13 @@ def from_export(entry: dict, cols: tuple[Column, ...]) -> dict | None:
     required one is missing."""
     if not all(c.name in entry for c in cols if c.required):
         return None
-    return {c.name: entry[c.name] if c.name in entry else c.default for c in cols}
+    return {c.name: (entry[c.name] is True if c.flag else entry[c.name]) if c.name in entry else c.default
+            for c in cols}
+
+
+def from_row(row: Any, cols: tuple[Column, ...]) -> dict:
+    """The column values of a selected row, by name (a flag as a bool)."""
+    return {c.name: bool(getattr(row, c.name)) if c.flag else getattr(row, c.name) for c in cols}
 
 
 for _cols in (TRIAL, WINNER, MISS):          # a later column must say what older rows load it as

@@ -8,6 +8,7 @@ name one. `FamilyBase` gives the optional parts their defaults, so a family decl
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 from autotune.core.arch import Arch
@@ -17,36 +18,56 @@ from autotune.core.operands import check_out, check_routing, check_weight, out_c
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
 
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """What a launcher can do, as one value: every launcher has `caps`, set once when it is made.
+
+    A wrapper (a bound launcher, a checked one, a member's launcher around its kernel) passes its
+    inner launcher's `caps` through whole, or a `dataclasses.replace` of it where it changes one,
+    so no wrapper re-spells the flags and no caller probes for them. All default to False: a
+    launcher says only what it has. Reading one is an attribute load (no allocation, no sync)."""
+
+    #: no host sync and no allocation that a graph could not replay: may run under CUDA-graph capture
+    capture_safe: bool = False
+    #: a row's result does not depend on how many rows share the call (`Family.batch_invariant`)
+    batch_invariant: bool = False
+    #: grouped MoE: ids outside [-1, E) come out as NaN rows and a flag, so a caller may leave the
+    #: range check (a host read) to the kernel
+    checks_ids: bool = False
+    #: launches with programmatic dependent launch (overlaps the previous kernel's tail)
+    pdl: bool = False
+    #: grouped MoE with a shared expert folded in as expert E - 1: takes `shared_slot=True`, then
+    #: topk_ids / topk_weights are [M, top_k - 1] and every token's last slot is that expert with
+    #: weight 1, added by the kernel (the caller concatenates nothing)
+    shared_slot: bool = False
+    #: grouped MoE: takes `prefetch=(packed, scales)`, the next kernel's stacked weights (each [E, ...],
+    #: contiguous, 16-byte aligned, a multiple of 16 bytes per expert), and puts the slices of the
+    #: experts this call routes to into L2 (a hint: results do not change)
+    prefetches: bool = False
+    #: grouped MoE: takes `scratch_out=True`: its output goes to one buffer of the scratch pool per
+    #: (device, stream), reused by the next such call there — for an output the caller consumes at
+    #: once on that stream (FP4MoE's h between w13 and w2), not one it returns
+    scratch_out: bool = False
+
+
+#: a launcher that can do none of these (the default)
+NO_CAPS = Caps()
+
+
 @runtime_checkable
 class Launcher(Protocol):
     """What build and bind return, and all the engine and runtime may ask of it.
 
     `kernel(x, w, ...)` (build: the weight comes with every call, the `dispatch((M,N,K))(x, w)`
     form) and `launcher(x, ...)` (bind: one weight fixed and checked once; FP4Linear, FP4MoE,
-    bound tables) differ only in the call. Subclass `LauncherBase` for the defaults."""
+    bound tables) differ only in the call. Subclass `LauncherBase` for the defaults: every
+    launcher has every member below, so no caller probes for one."""
 
-    #: no host sync and no allocation that a graph could not replay: may run under CUDA-graph capture
-    capture_safe: bool
-    #: a row's result does not depend on how many rows share the call (`Family.batch_invariant`)
-    batch_invariant: bool
-    #: grouped MoE: ids outside [-1, E) come out as NaN rows and a flag, so a caller may leave the
-    #: range check (a host read) to the kernel
-    checks_ids: bool
-    #: launches with programmatic dependent launch (overlaps the previous kernel's tail); no
-    #: launcher here does yet
-    pdl: bool
-    #: grouped MoE with a shared expert folded in as expert E - 1: takes `shared_slot=True`, then
-    #: topk_ids / topk_weights are [M, top_k - 1] and every token's last slot is that expert with
-    #: weight 1, added by the kernel (the caller concatenates nothing)
-    shared_slot: bool
-    #: grouped MoE: takes `prefetch=(packed, scales)`, the next kernel's stacked weights (each [E, ...],
-    #: contiguous, 16-byte aligned, a multiple of 16 bytes per expert), and puts the slices of the
-    #: experts this call routes to into L2 (a hint: results do not change)
-    prefetches: bool
-    #: grouped MoE: takes `scratch_out=True`: its output goes to one buffer of the scratch pool per
-    #: (device, stream), reused by the next such call there — for an output the caller consumes at
-    #: once on that stream (FP4MoE's h between w13 and w2), not one it returns
-    scratch_out: bool
+    #: what it can do (`Caps`); a wrapper carries its inner launcher's
+    caps: Caps
+    #: the compiled kernel's shared memory in bytes once it has compiled, where the family can say
+    #: (the Triton family's w4a16 member); None otherwise
+    smem_compiled: int | None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -70,7 +91,7 @@ class Launcher(Protocol):
 
     def bad_word(self) -> Any:
         """Grouped MoE: the sticky int32 word it sets for ids outside [-1, E) (nothing on the
-        forward path reads it), or None: it checks no ids (`checks_ids` False)."""
+        forward path reads it), or None: it checks no ids (`caps.checks_ids` False)."""
 
 
 #: the two call forms of one protocol (names kept for what a signature takes)
@@ -78,16 +99,12 @@ Kernel = Launcher
 
 
 class LauncherBase:
-    """Defaults for `Launcher`: not capture-safe, not batch-invariant, no routing of its own, no
-    PDL, nothing to release. Subclasses set what they have."""
+    """Defaults for `Launcher`: no capabilities (`NO_CAPS`), no routing of its own, nothing to
+    attach or release. Subclasses set `caps` (a class attribute, or per instance) and override
+    what they have."""
 
-    capture_safe: bool = False
-    batch_invariant: bool = False
-    checks_ids: bool = False
-    pdl: bool = False
-    shared_slot: bool = False
-    prefetches: bool = False
-    scratch_out: bool = False
+    caps: Caps = NO_CAPS
+    smem_compiled: int | None = None
 
     def aligned_block_m(self, m: int) -> int | None:
         return None
@@ -107,14 +124,15 @@ class LauncherBase:
 
 class FunctionKernel(LauncherBase):
     """A plain function as a Launcher (a family's simple kernels, or one from a family that returns
-    a function): the call, its capture safety, and an optional `release` of what it holds."""
+    a function): the call, its caps (capture safety, batch invariance), and an optional `release`
+    of what it holds."""
 
-    __slots__ = ("fn", "capture_safe", "_release", "weight", "batch_invariant")
+    __slots__ = ("fn", "caps", "_release", "weight")
 
     def __init__(self, fn: Callable[..., Any], *, capture_safe: bool = False,
-                 release: Callable[[], None] | None = None, weight: Any = None):
-        self.fn, self.capture_safe, self._release, self.weight = fn, capture_safe, release, weight
-        self.batch_invariant = False
+                 release: Callable[[], None] | None = None, weight: Any = None, batch_invariant: bool = False):
+        self.fn, self._release, self.weight = fn, release, weight
+        self.caps = Caps(capture_safe=capture_safe, batch_invariant=batch_invariant)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -135,19 +153,20 @@ def as_launcher(obj: Any) -> Launcher:
 
 class BoundKernel(LauncherBase):
     """`launch(x, out=None)`: a dense kernel(x, w, out=) with its weight fixed (checked at bind);
-    a call checks x (and out) only. Capture safety, routing and release are the kernel's."""
+    a call checks x (and out) only. Its caps are the kernel's, batch invariance the binder's word
+    (`Family.batch_invariant`); routing, attach and release are the kernel's."""
 
-    __slots__ = ("problem", "kernel", "weight", "_call", "_check", "_check_out", "batch_invariant")
+    __slots__ = ("problem", "kernel", "weight", "caps", "_call", "_check", "_check_out")
 
     def __init__(self, problem: Problem, kernel: Kernel, packed: Any, batch_invariant: bool = False):
         self.problem, self.kernel, self.weight = problem, kernel, packed
+        self.caps = replace(kernel.caps, batch_invariant=batch_invariant)
         self._call = kernel.fn if isinstance(kernel, FunctionKernel) else kernel    # one call less per launch
         self._check, self._check_out = x_checker(problem, packed), out_checker(problem)
-        self.batch_invariant = batch_invariant
 
     @property
-    def capture_safe(self) -> bool:  # type: ignore[override]
-        return self.kernel.capture_safe
+    def smem_compiled(self) -> int | None:  # type: ignore[override]
+        return self.kernel.smem_compiled
 
     def __call__(self, x: Any, out: Any = None) -> Any:
         self._check(x)
@@ -159,18 +178,16 @@ class BoundKernel(LauncherBase):
         self.kernel.release()
 
     def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
-        getattr(self.kernel, "attach", _ignore)(scratch, bad_word)
+        self.kernel.attach(scratch, bad_word)
 
     def bad_word(self) -> Any:
-        return getattr(self.kernel, "bad_word", _none)()
+        return self.kernel.bad_word()
 
+    def aligned_block_m(self, m: int) -> int | None:
+        return self.kernel.aligned_block_m(m)
 
-def _ignore(*args: Any) -> None:
-    """A launcher from before `attach` existed: it keeps its own scratch."""
-
-
-def _none() -> Any:
-    return None
+    def aligner(self, experts: int, block_m: int) -> Callable[[Any], Any]:
+        return self.kernel.aligner(experts, block_m)
 
 
 class BoundMoEKernel(BoundKernel):
@@ -179,28 +196,6 @@ class BoundMoEKernel(BoundKernel):
     checked these ids already; extra: kernel options such as a shared alignment (`aligned=`)."""
 
     __slots__ = ()
-
-    @property
-    def checks_ids(self) -> bool:  # type: ignore[override]
-        return self.kernel.checks_ids
-
-    @property
-    def shared_slot(self) -> bool:  # type: ignore[override]
-        return bool(getattr(self.kernel, "shared_slot", False))
-
-    @property
-    def prefetches(self) -> bool:  # type: ignore[override]
-        return bool(getattr(self.kernel, "prefetches", False))
-
-    @property
-    def scratch_out(self) -> bool:  # type: ignore[override]
-        return bool(getattr(self.kernel, "scratch_out", False))
-
-    def aligned_block_m(self, m: int) -> int | None:
-        return self.kernel.aligned_block_m(m)
-
-    def aligner(self, experts: int, block_m: int) -> Callable[[Any], Any]:
-        return self.kernel.aligner(experts, block_m)
 
     def __call__(self, x: Any, topk_ids: Any, topk_weights: Any = None, out: Any = None,  # type: ignore[override]
                  routing_checked: bool = False, **extra: Any) -> Any:

@@ -73,7 +73,7 @@ def _swiglu_into(y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def bind_dense(problem, tactic: Tactic, packed) -> "callable":
+def bind_dense(problem, tactic: Tactic, packed, batch_invariant: bool = False) -> FunctionKernel:
     """launch(x, out=None) for one dense weight: the dtypes and the weight's row slabs (views, one
     per chunk) made once here; a call checks x, allocates y (not with out=) and runs the slabs."""
     from autotune.core.formats import FP4Weight
@@ -103,7 +103,7 @@ def bind_dense(problem, tactic: Tactic, packed) -> "callable":
             for n0, n1, part in slabs:
                 _slab(xd, part, dtype, y[:, n0:n1])
         return _swiglu_into(y, out) if swiglu else out
-    return FunctionKernel(launch, weight=packed)
+    return FunctionKernel(launch, weight=packed, batch_invariant=batch_invariant)
 
 
 class TorchFamily(FamilyBase):
@@ -152,9 +152,7 @@ class TorchFamily(FamilyBase):
 
     def bind(self, problem, tactic: Tactic, packed, device: str):
         if problem.kind == "dense":
-            bound: Any = bind_dense(problem, tactic, packed)
-            bound.batch_invariant = self.batch_invariant(problem, tactic)
-            return bound
+            return bind_dense(problem, tactic, packed, self.batch_invariant(problem, tactic))
         return super().bind(problem, tactic, packed, device)
 
     def build(self, problem, tactic: Tactic, device: str):

@@ -58,9 +58,11 @@ def _other_python() -> str | None:
 def _entries():
     """(Code, the module that defines the member) of every built-in member."""
     out = [(m.code, type(m).__module__) for m in MEMBERS]
+    from autotune.tactics.cuda import members as cuda_members
+    out += [(m.code, type(m.impl()).__module__) for m in cuda_members.REGISTRY]    # each in its own module
     for name in BUILTIN:
         fam = registry.get(name)
-        if name != "triton":
+        if name not in ("triton", "cuda"):
             out += [(c, type(fam).__module__) for c in fam.codes()]
     return out
 
@@ -120,7 +122,13 @@ def _edit(root: Path, where: str, old: str, new: str) -> None:
     ("autotune.tactics.triton_fp4.w4a4_kernels", "tl.store(", "tl.store( ", set()),           # whitespace: no code change
     ("autotune.tactics.triton_fp4.moe_decode_kernel", "import triton\n", "import triton\nSCALE_BUG = 2\n", {"triton/moe_decode"}),
     ("autotune.tactics.torch_ref", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"torch"}),
-    ("autotune.tactics.cuda:w4a16_mma.cu", "#define NTHREADS", "#define SCALE_BUG 2\n#define NTHREADS", {"cuda/w4a16_mma"}),
+    ("autotune.tactics.cuda:w4a16_mma.cu", "struct DenseRows", "#define SCALE_BUG 2\nstruct DenseRows", {"cuda/w4a16_mma"}),
+    # a cuda member's key covers its own text and launch and the shared parts it includes, no other member's
+    ("autotune.tactics.cuda:ring.cuh", "struct TileBase", "#define SCALE_BUG 2\nstruct TileBase",
+     {"cuda/w4a16_mma", "cuda/moe_mma", "cuda/moe_tok"}),
+    ("autotune.tactics.cuda:moe_common.cuh", "static", "#define SCALE_BUG 2\nstatic", {"cuda/moe_mma", "cuda/moe_tok"}),
+    ("autotune.tactics.cuda.dense", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"cuda/w4a16_mma"}),
+    ("autotune.tactics.cuda.moe_tok", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"cuda/moe_tok"}),
     # kernel.py holds the W4A16 main loop that four members share (moe_decode_kernel imports it)
     ("autotune.tactics.triton_fp4.kernel", "import triton\n", "import triton\nSCALE_BUG = 2\n",
      {"triton/w4a16_dequant", "triton/dequant_cublas", "triton/moe_w4a16", "triton/moe_decode"}),

@@ -121,7 +121,7 @@ def test_split_k_is_deterministic_replays_in_a_graph_and_chunks_bitwise(monkeypa
         t = next(t for t in _new_forms(p, fam, arch) if t.params.get("split_k", 1) > 1)
         w = inputs.make_inputs(p, 1, "cuda", seed=5)[0].w
         launch = fam.bind(p, t, fam.pack(fam.layout(t), w), "cuda")
-        assert launch.capture_safe and launch.batch_invariant
+        assert launch.caps.capture_safe and launch.caps.batch_invariant
         x = torch.randn(200, p.k, device="cuda").to(torch.bfloat16)
         y = launch(x[:16])
         assert torch.equal(launch(x[:16]), y)

@@ -152,8 +152,8 @@ def test_a_bad_prefetch_is_one_line(bad, msg):
 
 
 def test_moe_tok_takes_no_prefetch():
-    assert MOE.MoeLaunch.prefetches and not TokRec.prefetches
-    k = MOE.MoeKernel(TokRec(Problem.moe(64, 512, 6, 3, epilogue="reduce"), TOK, "cpu"))
+    assert MOE.MoeLaunch.caps.prefetches and not TokRec.caps.prefetches
+    k = TokRec(Problem.moe(64, 512, 6, 3, epilogue="reduce"), TOK, "cpu")
     with pytest.raises(ValueError, match="no prefetch"):
         k(None, None, None, prefetch=_pf(W13))
 
@@ -187,7 +187,7 @@ def test_fp4moe_prefetches_w2_for_w13_where_it_fits(tmp_path, fam):
         ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(m)]).int()
         tw = torch.rand(m, TOP_K, generator=g)
         l13, l2 = blk.bound13.launcher(m), blk.bound2.launcher(m)
-        r13, r2 = l13.kernel.launcher, l2.kernel.launcher
+        r13, r2 = l13.kernel, l2.kernel
         r13.prefetched.clear()
         r2.prefetched.clear()
         y = blk(x, ids, tw)
@@ -279,7 +279,7 @@ def test_two_layers_share_the_scratch_h_and_match_float64(tmp_path, fam):
     tw = [torch.rand(3, TOP_K, generator=g) for _ in range(2)]
     ya = a(x, ids[0], tw[0])
     yb = b(ya, ids[1], tw[1])
-    r13a, r13b = a.bound13.launcher(3).kernel.launcher, b.bound13.launcher(3).kernel.launcher
+    r13a, r13b = a.bound13.launcher(3).kernel, b.bound13.launcher(3).kernel
     assert r13a is not r13b and r13a.scratch is r13b.scratch is d.scratch
     assert r13a.scratch_outs == 1 and r13b.scratch_outs == 1 and ("cpu", 0, f"moe.out.{threading.get_ident()}") in d.scratch.bufs
     for y, xin, r, s_, i, t in ((ya, x, ra, sa, ids[0], tw[0]), (yb, ya, rb, sb, ids[1], tw[1])):
@@ -333,7 +333,7 @@ def test_fp4moe_re_forms_when_the_l2_budget_changes(tmp_path, fam):
     blk.prefetch_w2, blk.l2_bytes = True, 1 << 30
     x = torch.randn(1, H).to(torch.bfloat16)
     ids, tw = torch.tensor([[0, 2]], dtype=torch.int32), torch.rand(1, TOP_K)
-    r13 = blk.bound13.launcher(1).kernel.launcher
+    r13 = blk.bound13.launcher(1).kernel
     blk(x, ids, tw)
     assert r13.prefetched[-1] is not None
     blk.l2_bytes = 16                                              # no room: the next call forms anew

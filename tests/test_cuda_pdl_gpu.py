@@ -69,11 +69,12 @@ def _step(ks, layers, x, ids, tw):
 
 def _runs(ks):
     """The launch kinds the chain's launchers used (pdl.PdlRun / pdl.CupyRun)."""
+    from autotune.tactics.cuda import moe as MOE
     kinds = set()
     for k in ks.values():
-        if hasattr(k, "launcher"):                            # grouped: MoeKernel -> MoeLaunch
-            kinds |= {type(r) for r in k.launcher._runs.values()}
-        else:                                                 # dense: _DenseKernel -> Launch, a run per plan
+        if isinstance(k.run, MOE.MoeLaunch):                  # grouped: _Packing -> MoeLaunch
+            kinds |= {type(r) for r in k.run._runs.values()}
+        else:                                                 # dense: _Packing -> Launch, a run per plan
             kinds |= {type(plan[0]) for plan in k.run._plans.values()}
     return kinds
 

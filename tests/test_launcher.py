@@ -21,7 +21,7 @@ from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.runtime.moe import FP4MoE
 from autotune.tactics import registry
-from autotune.tactics.base import (BoundKernel, BoundMoEKernel, FunctionKernel, Launcher, LauncherBase,
+from autotune.tactics.base import (Caps, BoundKernel, BoundMoEKernel, FunctionKernel, Launcher, LauncherBase,
                                    as_launcher)
 from autotune.tactics.triton_fp4 import moe_decode as md
 from autotune.tactics.triton_fp4.w4a16 import tactic as w4a16_tactic
@@ -29,13 +29,9 @@ from autotune.tactics.triton_fp4.w4a16 import tactic as w4a16_tactic
 ROOT = Path(__file__).resolve().parents[1]
 DENSE = Problem.dense(64, 128)
 MOE = Problem.moe(64, 128, 4, 2)
-CAPS = ("capture_safe", "batch_invariant", "checks_ids", "pdl")
-
-
 def _is_launcher(obj) -> None:
     assert isinstance(obj, Launcher), type(obj)
-    for cap in CAPS:
-        assert isinstance(getattr(obj, cap), bool), (type(obj).__name__, cap)
+    assert isinstance(obj.caps, Caps), type(obj).__name__
 
 
 def _decode(**kw) -> Tactic:
@@ -57,8 +53,8 @@ def test_build_and_bind_return_launchers(problem, tactic):
     _is_launcher(kernel)
     _is_launcher(bound)
     # batch invariance on the bound launcher is the family's answer for the tactic
-    assert bound.batch_invariant is fam.batch_invariant(problem, tactic)
-    assert bound.pdl is False                        # no launcher here issues PDL launches
+    assert bound.caps.batch_invariant is fam.batch_invariant(problem, tactic)
+    assert bound.caps.pdl is False                        # no launcher here issues PDL launches
     bound.release()
     kernel.release()
 
@@ -70,8 +66,8 @@ def test_launcher_classes_of_the_gpu_families_implement_the_protocol():
     from autotune.tactics.cutlass.family import FlashInferMmFp4
     for cls in (LtLauncher, Launch, FlashInferMmFp4, md.MoEDecodeLauncher):
         assert issubclass(cls, LauncherBase) and "release" in dir(cls), cls
-    assert Launch.capture_safe is True and md.MoEDecodeLauncher.capture_safe is True
-    assert md.MoEDecodeLauncher.checks_ids is True and LtLauncher.checks_ids is False
+    assert Launch.caps.capture_safe is True and md.MoEDecodeLauncher.caps.capture_safe is True
+    assert md.MoEDecodeLauncher.caps.checks_ids is True and LtLauncher.caps.checks_ids is False
 
 
 def test_cutlass_release_drops_its_workspace_and_a_later_call_makes_it_again():
@@ -124,20 +120,20 @@ def test_function_kernels_and_bound_kernels():
         return "y"
     assert not isinstance(fn, LauncherBase)
     k = as_launcher(fn)
-    assert isinstance(k, FunctionKernel) and k.capture_safe is False and as_launcher(k) is k
+    assert isinstance(k, FunctionKernel) and k.caps.capture_safe is False and as_launcher(k) is k
     with pytest.raises(TypeError, match="not a kernel"):
         as_launcher(3)
     released = []
     safe = FunctionKernel(fn, capture_safe=True, release=lambda: released.append(1))
     w = quantize(torch.randn(DENSE.n, DENSE.k))
     b = registry.get("torch").bind_kernel(DENSE, safe, w, batch_invariant=True)
-    assert type(b) is BoundKernel and b.capture_safe and b.batch_invariant and b._call is fn
+    assert type(b) is BoundKernel and b.caps.capture_safe and b.caps.batch_invariant and b._call is fn
     x = torch.zeros(2, DENSE.k, dtype=torch.bfloat16)
     assert b(x) == "y" and calls[-1][1] is w
     b.release()
     assert released == [1]
     moe = registry.get("torch").bind_kernel(MOE, fn, quantize(torch.randn(4, MOE.n, MOE.k)))
-    assert type(moe) is BoundMoEKernel and moe.aligned_block_m(8) is None and moe.checks_ids is False
+    assert type(moe) is BoundMoEKernel and moe.aligned_block_m(8) is None and moe.caps.checks_ids is False
 
 
 class _Routed(LauncherBase):

@@ -124,7 +124,7 @@ def test_registered_in_the_triton_family():
     w = quantize(torch.randn(4, 64, 128))
     t = Tactic("triton", _cfg(block_n=32))
     launch = fam.bind(small, t, fam.pack(fam.layout(t), w), "cpu")
-    assert launch.capture_safe and type(fam.build(small, t, "cpu")) is md.MoEDecodeLauncher
+    assert launch.caps.capture_safe and type(fam.build(small, t, "cpu")) is md.MoEDecodeLauncher
 
 
 def test_precompile_returns_the_compiled_figure():

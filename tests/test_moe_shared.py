@@ -288,7 +288,7 @@ _INTERP = textwrap.dedent("""
     ls = (nomap.bound13.launcher(m), nomap.bound2.launcher(m))
     yb = nomap(x, torch.tensor([[0, 2], [1, e], [3, 3]]), tw)
     print(json.dumps(dict(err=float((y.double() - ref).norm() / ref.norm()), rungs=rungs,
-                          flags=[l.checks_ids for l in ls], nan_rows=torch.isnan(yb).any(1).tolist(),
+                          flags=[l.caps.checks_ids for l in ls], nan_rows=torch.isnan(yb).any(1).tolist(),
                           errors=nomap.routing_errors() == [nomap.label], after=nomap.routing_errors())))
 """)
 

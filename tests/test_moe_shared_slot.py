@@ -4,6 +4,7 @@ as every token's last slot with weight 1 (moe_mma.cu pair_id / pair_weight; moe_
 port). FP4MoE(fold_shared=True) uses it where both of its launchers take it, and concatenates the
 slot otherwise. Checked on the CPU through the cuda family's CPU port against float64 and against
 the concatenated form; the kernel itself against the concatenated form in tests/test_cuda_moe_gpu.py."""
+import dataclasses
 import warnings
 
 import pytest
@@ -84,9 +85,9 @@ def test_the_slot_is_added_by_the_kernel_and_matches_float64(tmp_path, fam, monk
     assert float((y[3].double() - ref[3]).norm() / ref[3].norm()) < 1e-2     # the shared expert alone
     # the concatenated form (a launcher without the slot) gives the same bits: the same pairs, the same order
     seen.clear()
-    monkeypatch.setattr(fam._CpuMoeRun, "shared_slot", False)
+    monkeypatch.setattr(fam._CpuMoeRun, "caps", dataclasses.replace(fam._CpuMoeRun.caps, shared_slot=False))
     blk2, _, _ = _block(tmp_path / "b")
-    assert not blk2.bound13.launcher(5).shared_slot
+    assert not blk2.bound13.launcher(5).caps.shared_slot
     assert torch.equal(blk2(x, ids, tw), y) and seen == [((5, TOP_K + 1), False)] * 2
 
 

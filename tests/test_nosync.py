@@ -74,7 +74,7 @@ def test_an_eager_forward_reads_nothing_on_the_host(devmoe, tmp_path, case):
     e_global = blk.global_experts
     x = torch.randn(5, H).to(torch.bfloat16)
     ids, tw = _routing(5, e_global)
-    assert [blk.bound13.launcher(5).checks_ids, blk.bound2.launcher(5).capture_safe] == [True, True]
+    assert [blk.bound13.launcher(5).caps.checks_ids, blk.bound2.launcher(5).caps.capture_safe] == [True, True]
     blk(x, ids, tw)                                   # binds the pinned launchers (outside the count)
     with CountSyncs() as c:
         y = blk(x, ids, tw)
@@ -120,7 +120,7 @@ def test_kernels_that_do_not_check_ids_get_the_same_contract(tmp_path):
     rows and its word on the device itself (the kernel sees -1 for those slots)."""
     d = _disp(tmp_path)
     blk = FP4MoE.from_float(torch.randn(E, I, H), torch.randn(E, I, H), torch.randn(E, H, I), TOP_K, dispatcher=d)
-    assert not blk.bound13.launcher(3).checks_ids
+    assert not blk.bound13.launcher(3).caps.checks_ids
     x = torch.randn(3, H).to(torch.bfloat16)
     ids, tw = _routing(3, E)
     y = blk(x, ids, tw)

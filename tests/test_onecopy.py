@@ -245,8 +245,8 @@ def test_dense_bound_launcher_carries_capture_safe(fam):
 
     def kernel(x, w, out=None):
         return out
-    assert fam.bind_kernel(P, kernel, packed).capture_safe is False
-    assert fam.bind_kernel(P, FunctionKernel(kernel, capture_safe=True), packed).capture_safe is True
+    assert fam.bind_kernel(P, kernel, packed).caps.capture_safe is False
+    assert fam.bind_kernel(P, FunctionKernel(kernel, capture_safe=True), packed).caps.capture_safe is True
 
 
 def test_one_copy_upto_chooses_the_layout_by_the_served_range(tmp_path, fam):

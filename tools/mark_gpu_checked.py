@@ -25,12 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-#: the GPU tests of the cuda kernels: a skip in one of these checked nothing
-CUDA_GPU_TESTS = ("test_cuda_gpu.py", "test_cuda_moe_gpu.py", "test_cuda_pdl_gpu.py", "test_nosync_gpu.py")
-#: per kernel, the tests (file, name prefix, whether the prefix is required or excluded) that must have passed
-KERNEL_TESTS = {"w4a16_mma": ("test_cuda_gpu.py", "test_", True),
-                "moe_mma": ("test_cuda_moe_gpu.py", "test_tok_", False),
-                "moe_tok": ("test_cuda_moe_gpu.py", "test_tok_", True)}
+from autotune.tactics.cuda import members as M  # noqa: E402
+
+#: the GPU tests of the cuda kernels (the members' and the ones they share, members.gpu_tests): a
+#: skip in one of these checked nothing
+CUDA_GPU_TESTS = (*(Path(f).name for f in M.gpu_tests()), "test_nosync_gpu.py")
+#: per kernel, the tests (file, name prefix, whether the prefix is required or excluded) that must have
+#: passed: each member's own (members.REGISTRY)
+KERNEL_TESTS = M.kernel_tests()
 
 
 def evidence(log: str, kernel: str) -> int:

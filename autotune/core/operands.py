@@ -227,28 +227,16 @@ def check_out(problem: Problem, x: torch.Tensor, out: Any) -> None:
 class Checked:
     """`kernel(x, w, ...)` with every operand checked on each call (the unbound form, where the
     weight arrives per call). Bound launchers check the weight once instead (autotune.tactics.base).
-    The kernel is a Launcher (autotune.tactics.base): its capabilities and release() pass through."""
+    The kernel is a Launcher (autotune.tactics.base): its `caps` and the rest of the protocol pass through."""
 
-    __slots__ = ("problem", "inner")
+    __slots__ = ("problem", "inner", "caps")
 
     def __init__(self, problem: Problem, kernel: Any):
-        self.problem, self.inner = problem, kernel
+        self.problem, self.inner, self.caps = problem, kernel, kernel.caps
 
     @property
-    def capture_safe(self) -> bool:
-        return self.inner.capture_safe
-
-    @property
-    def batch_invariant(self) -> bool:
-        return self.inner.batch_invariant
-
-    @property
-    def checks_ids(self) -> bool:
-        return self.inner.checks_ids
-
-    @property
-    def pdl(self) -> bool:
-        return self.inner.pdl
+    def smem_compiled(self) -> int | None:
+        return self.inner.smem_compiled
 
     def aligned_block_m(self, m: int) -> int | None:
         return self.inner.aligned_block_m(m)
@@ -260,13 +248,10 @@ class Checked:
         self.inner.release()
 
     def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
-        fn = getattr(self.inner, "attach", None)
-        if fn is not None:
-            fn(scratch, bad_word)
+        self.inner.attach(scratch, bad_word)
 
     def bad_word(self) -> Any:
-        fn = getattr(self.inner, "bad_word", None)
-        return None if fn is None else fn()
+        return self.inner.bad_word()
 
 
 class _CheckedDense(Checked):

@@ -274,7 +274,7 @@ def invariant_winners(store, problem: Problem, buckets: Sequence[int], env: Env,
         d = next((t for t in trials if t.bucket == b and t.tactic_id == default_id and t.median_us), None)
         w = Winner(problem.key, b, env.device_key, pick.tactic_id, pick.family, pick.params_json, pick.lib_key,
                    mine.median_us, default_id, d.median_us if d else None,
-                   (d.median_us / mine.median_us) if d else None, pick.code_key)
+                   (d.median_us / mine.median_us) if d else None, pick.code_key, mine.replay_checked)
         store.put_winner(w)
         out.append(w)
     return out, (f"{problem.key}: --batch-invariant: {Tactic.from_json(pick.params_json)} for every M, "

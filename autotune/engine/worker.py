@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 from autotune.core import inputs
-from autotune.engine import timing
+from autotune.engine import replay as replay_check, timing
 from autotune.engine.executor import exit_now
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
-from autotune.tactics.base import PLAIN_LAYOUT
+from autotune.tactics.base import PLAIN_LAYOUT, as_launcher
+from autotune.tactics.scratch import ScratchPool
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 
@@ -138,6 +139,7 @@ class Bench:
         self._allocated = allocated or _allocated_fn(device)
         self.problem: Problem | None = None
         self.bucket = 0
+        self.seed = 0
         self._kernels: dict[str, object] = {}   # tactic id -> kernel, this job
         self._weights: list = []                # the problem's random weights, kept across its buckets
         self._graphs: dict[str, dict] = {}      # tactic id -> time_calls memo (its captured graph), this job
@@ -145,6 +147,7 @@ class Bench:
         self._sets: list = []
         self._outs: list = []
         self._ref = None
+        self._replay_refs = None                # the replay check's refreshed inputs and references, this job
         self._base = 0                          # bytes held once the job's inputs are drawn
         self._named_live = False                # a job left too much once: its live tensors were named
         self._abandoned = dict(timing.ABANDONED)   # at the last end_job
@@ -154,9 +157,8 @@ class Bench:
         """Drop a tactic's kernel (its launcher's scratch with it) and captured graph."""
         self._graphs.pop(tactic_id, None)
         k = self._kernels.pop(tactic_id, None)
-        release = getattr(k, "release", None)
-        if callable(release):
-            release()
+        if k is not None:
+            k.release()
 
     def _forget_all(self) -> None:
         for tid in list(self._kernels) + list(self._graphs):
@@ -185,6 +187,7 @@ class Bench:
         """Drop everything, the problem's weights and packs too, and hand the allocator's cache back."""
         self._forget_all()
         self.problem, self._weights, self._sets, self._outs, self._ref = None, [], [], [], None
+        self._replay_refs = None
         self._packs.clear()
         self._free()
 
@@ -203,7 +206,7 @@ class Bench:
         t0 = time.perf_counter()
         self._forget_all()
         self._sets = self._outs = []
-        self._ref = None
+        self._ref = self._replay_refs = None
         t1 = time.perf_counter()
         self._free(release_cache=False)
         t2 = time.perf_counter()
@@ -235,8 +238,8 @@ class Bench:
             self._weights = []
             self._packs.clear()         # packs of the weights just dropped; set i keeps weight i across buckets
         self._sets = self._outs = []    # drop the last bucket's tensors before drawing the next
-        self._ref = None
-        self.problem, self.bucket = p, bucket
+        self._ref = self._replay_refs = None
+        self.problem, self.bucket, self.seed = p, bucket, seed
         try:
             # seeds from crc32: stable across processes, unlike hash()
             n_sets = timing.sets_for_cold_l2(inputs.set_bytes(p, bucket), self.device)
@@ -255,7 +258,7 @@ class Bench:
     def _kernel(self, tactic: Tactic):
         k = self._kernels.get(tactic.id)
         if k is None:
-            k = self._kernels[tactic.id] = registry.get(tactic.family).build(self.problem, tactic, self.device)
+            k = self._kernels[tactic.id] = as_launcher(registry.get(tactic.family).build(self.problem, tactic, self.device))
         return k
 
     def _args(self, tactic: Tactic, i: int) -> tuple:
@@ -311,9 +314,40 @@ class Bench:
                 finally:
                     call[0] = time.perf_counter() - c0
             err = inputs.check(self.problem, timed_call, self._sets[0], self._ref)
-            return {"rel_err": err, "smem_compiled": getattr(kernel, "smem_compiled", None),
+            return {"rel_err": err, "smem_compiled": kernel.smem_compiled,
                     "parts": {"build": t1 - t0, "pack": t2 - t1, "run": time.perf_counter() - t2,
                               "call": call[0]}}
+        return self._retry_oom(tactic, run)
+
+    def replay(self, tactic: Tactic) -> dict:
+        """The replay check (autotune.engine.replay): the tactic bound as an engine binds it (set 0's
+        weight, packed as the search packed it; a scratch pool and bad-id word attached), called as
+        an engine calls it, captured, and replayed with inputs refreshed in place. Raises
+        ReplayFailed when it is wrong there. The refreshed inputs and their float64 references are
+        drawn once per (problem, bucket)."""
+        def run() -> dict:
+            t0 = time.perf_counter()
+            packed = self._args(tactic, 0)[1]
+            if self._replay_refs is None:
+                self._replay_refs = replay_check.draw(self.problem, self.bucket, self.device, self.seed,
+                                                      self._sets[0].w)
+            t1 = time.perf_counter()
+            pool = ScratchPool()
+            word = pool.word(self.device, tactic.id)
+            launcher = registry.get(tactic.family).bind(self.problem, tactic, packed, self.device)
+            try:
+                attach = getattr(launcher, "attach", None)
+                if attach is not None:
+                    attach(pool, word)
+                t2 = time.perf_counter()
+                r = replay_check.check(self.problem, launcher, self._replay_refs, self.device, pool, word)
+            finally:
+                release = getattr(launcher, "release", None)
+                if callable(release):
+                    release()
+                pool.clear()
+            return {"max_row_err": r.max_row_err, "mode": r.mode, "replays": r.replays,
+                    "parts": {"draw": t1 - t0, "bind": t2 - t1, "run": time.perf_counter() - t2}}
         return self._retry_oom(tactic, run)
 
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
@@ -346,6 +380,8 @@ def handle(b: Bench, msg: dict) -> dict:
         return b.setup(msg["problem"], msg["bucket"], msg["seed"])
     if op == "check":
         return b.check(Tactic.from_json(msg["tactic"]))
+    if op == "replay":
+        return b.replay(Tactic.from_json(msg["tactic"]))
     if op == "time":
         return b.time(Tactic.from_json(msg["tactic"]), timing.TimerConfig(**msg["timer"]))
     if op == "forget":

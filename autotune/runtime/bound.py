@@ -124,10 +124,8 @@ class BoundTable:
             packs[lay] = fam.pack(lay, weight)
         launcher = fam.bind(self.table.problem, tactic, packs[lay], self.device)
         if self.scratch is not None or self.bad_word is not None:
-            attach = getattr(launcher, "attach", None)      # a launcher from before attach: its own scratch
-            if attach is not None:
-                word = None if self.bad_word is None else self.bad_word(weight.packed.device)
-                attach(self.scratch, word)
+            word = None if self.bad_word is None else self.bad_word(weight.packed.device)
+            launcher.attach(self.scratch, word)
         return launcher
 
     def launcher(self, m: int) -> Launcher:

@@ -9,19 +9,18 @@ from sqlalchemy.orm import Session
 
 from autotune.core.records import Trial
 
-from autotune.cache.columns import TRIAL, TRIAL_KEY, names, to_row
+from autotune.cache.columns import TRIAL, TRIAL_KEY, from_row, to_row
 from autotune.cache.schema import CompilerFigureRow, TacticRow, TrialRow, utcnow
 from autotune.cache.tables.db import Db, put_problem_key, tactic_row
 from autotune.cache.upsert import upsert, upsert_many
 
 #: the schema that added the compiler_figures table; an older file opened read-only has none
 _FIGURES_SINCE = 3
-_NAMES = names(TRIAL)
 
 
 def trial_of(r, params_json: str | None) -> Trial:
     """The Trial of a selected row (its columns by name, the tactic's parameters joined)."""
-    return Trial(params_json=params_json or "", **{c: getattr(r, c) for c in _NAMES})
+    return Trial(params_json=params_json or "", **from_row(r, TRIAL))
 
 
 class Trials(Db):

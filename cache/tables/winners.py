@@ -9,13 +9,12 @@ from sqlalchemy.orm import Session
 from autotune.core.records import Winner
 from autotune.core.tactic import canonical_json
 
-from autotune.cache.columns import WINNER, WINNER_KEY, names, to_row
+from autotune.cache.columns import WINNER, WINNER_KEY, from_row, to_row
 from autotune.cache.schema import DeviceRow, LibsetRow, TacticRow, WinnerRow, utcnow
 from autotune.cache.tables.db import Db, put_problem_key, tactic_row
 from autotune.cache.upsert import upsert
 from sqlalchemy import select
 
-_NAMES = names(WINNER)
 
 
 class Winners(Db):
@@ -37,7 +36,7 @@ class Winners(Db):
         if device_key is not None:
             q = q.where(WinnerRow.device_key == device_key)
         q = q.order_by(WinnerRow.device_key, WinnerRow.problem_key, WinnerRow.bucket)
-        return [Winner(params_json=r.params_json or "", **{c: getattr(r, c) for c in _NAMES})
+        return [Winner(params_json=r.params_json or "", **from_row(r, WINNER))
                 for r in self._read(lambda s: s.execute(q).all())]
 
     def put_winners(self, winners: Iterable[Winner], devices: Iterable[dict] = (),

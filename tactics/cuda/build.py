@@ -23,18 +23,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import layout as L
+from . import members as M
+from .args import PARAMS
 
-SOURCE = Path(__file__).with_name("w4a16_mma.cu")
 KERNEL = "w4a16_mma"
-MOE_SOURCE = Path(__file__).with_name("moe_mma.cu")
-TOK_SOURCE = Path(__file__).with_name("moe_tok.cu")
-COMMON = Path(__file__).with_name("mma_common.cuh")      # helpers every kernel shares, prepended
-MOE_COMMON = Path(__file__).with_name("moe_common.cuh")  # routing helpers of the grouped kernels, next
 MOE_KERNEL = "moe_mma"
 TOK_KERNEL = "moe_tok"
-#: each kernel's text: the files build.text joins, in order
-SOURCES = {KERNEL: (COMMON, SOURCE), MOE_KERNEL: (COMMON, MOE_COMMON, MOE_SOURCE),
-           TOK_KERNEL: (COMMON, MOE_COMMON, TOK_SOURCE)}
+#: each kernel's own file
+SOURCE, MOE_SOURCE, TOK_SOURCE = (M.by_kernel()[k].paths()[-1] for k in (KERNEL, MOE_KERNEL, TOK_KERNEL))
+#: each kernel's text: the files build.text joins, in order (members.py: the shared parts the member
+#: includes, then its own file; its parameter list, args.py's, just before its own file)
+SOURCES = M.sources()
 #: moe_tok.cu's MAXK: slots per token its CTA holds (top_k of the problem, the shared slot included)
 TOK_MAX_SLOTS = 32
 M_TILES = (1, 2, 4, 8)            # n8 tiles of x rows per CTA: M <= 8, 16, 32, 64 per CTA row
@@ -139,9 +138,10 @@ def kernel_name(c) -> str:
 
 
 def source_text(kernel: str) -> str:
-    """Kernel `kernel`'s text: the shared helpers, then the kernel (one text: NVRTC and nvcc need no
-    include path)."""
-    return "\n".join(f.read_text() for f in SOURCES[kernel])
+    """Kernel `kernel`'s text: the shared parts, its parameter list (args.py) and the kernel (one text:
+    NVRTC and nvcc need no include path)."""
+    *shared, own = SOURCES[kernel]
+    return "\n".join([*(f.read_text() for f in shared), PARAMS[kernel].macro() + own.read_text()])
 
 
 def text(c=None) -> str:
@@ -215,6 +215,11 @@ def cubin_key(c, arch: str, nvrtc_version: tuple[int, int]) -> str:
     return h.hexdigest()[:32]
 
 
+def nvrtc_options(c, arch: str) -> list[str]:
+    """NVRTC's options for config c on `arch` ("sm_90"): what `nvrtc_cubin` compiles with."""
+    return [f"--gpu-architecture={arch}", "-default-device", *options(c)]
+
+
 def nvrtc_cubin(c, arch: str) -> Path:
     """The cubin file for `arch` ("sm_90"), from the disk cache or compiled by NVRTC (then stored)."""
     from cupy.cuda import nvrtc
@@ -225,7 +230,7 @@ def nvrtc_cubin(c, arch: str) -> Path:
         return path
     prog = nvrtc.createProgram(text(c), f"{name}.cu", [], [])
     try:
-        opts = [f"--gpu-architecture={arch}", "-default-device", *options(c)]
+        opts = nvrtc_options(c, arch)
         try:
             nvrtc.compileProgram(prog, opts)
         except nvrtc.NVRTCError as e:

@@ -20,17 +20,16 @@ from pathlib import Path
 from autotune.core.codekey import Code, digest as code_digest
 
 from . import build as B
+from . import members as M
 
 RECORD = Path(__file__).with_name("gpu_checked.json")
-#: each kernel's launch code (relative to this package), besides build, layout and pdl
-LAUNCH = {B.KERNEL: (".launch", ".dense"), B.MOE_KERNEL: (".moe", ".moe_checks", ".moe_kernel", ".moe_plan"),
-          B.TOK_KERNEL: (".moe_tok", ".moe", ".moe_checks", ".moe_kernel", ".moe_plan")}
+#: each kernel's launch code (relative to this package), besides members.COMMON_CODE (members.py)
+LAUNCH = M.launch()
 
 
 def code(kernel: str) -> Code:
-    """What kernel `kernel`'s GPU tests exercise, as a codekey.Code."""
-    return Code.of(f"gpu-check/{kernel}", __package__, ".build", ".layout", ".pdl", *LAUNCH[kernel],
-                   files=tuple((".", f.name) for f in B.SOURCES[kernel]))
+    """What kernel `kernel`'s GPU tests exercise, as a codekey.Code: its member's files and launch Python."""
+    return M.by_kernel()[kernel].code_of(f"gpu-check/{kernel}")
 
 
 def digest(kernel: str, root: Path | None = None) -> str:

@@ -27,14 +27,22 @@ from typing import Any
 
 import torch
 
+from autotune.core.arch import Arch
 from autotune.core.problem import Problem
-from autotune.core.tactic import Tactic
+from autotune.core.tactic import Tactic, Verdict, check_params
 from autotune.tactics.base import LauncherBase
 from autotune.tactics.scratch import PoolUser, stream_key
 
+from . import build as B
 from . import layout as L
 
+WARPS_K = (1, 2, 4, 8)
+STAGES = (2, 3, 4, 6)
+TILES_N = (1, 2)
+SCHEMA = {"warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
 SPLIT_K = (2, 4, 8)
+SPLIT_SCHEMA = {**SCHEMA, "split_k": SPLIT_K}        # split-K tactics carry split_k; split 1 has none
+STATIC_SMEM_LIMIT = 48 * 1024          # a static __shared__ array can not opt in beyond 48 KiB
 #: the split-K part of the space (warps, ring depth, row tiles): what a split-K decode launch needs
 SPLIT_WARPS_K = (2, 4, 8)
 SPLIT_STAGES = (2, 4)
@@ -227,7 +235,6 @@ def emulate_runner(problem: Problem, tactic: Tactic) -> Any:
 
 
 class _CpuRun(DenseScratch, LauncherBase):
-    capture_safe = False
 
     def __init__(self, problem: Problem, tactic: Tactic):
         self.problem, self.tactic = problem, tactic
@@ -243,3 +250,60 @@ class _CpuRun(DenseScratch, LauncherBase):
         tiles = self.problem.n // (L.ROWS * int(self.tactic["tiles_n"])) * -(-rows // 8)   # most (N, M) tiles
         return emulate(self.problem, self.tactic, x, w, out, locks=self.counters(tiles, x.device),
                        ws=self.workspace(self.workspace_bytes(m), x.device))
+
+
+def config(tactic: Tactic, m_tiles: int, problem: Problem | None = None) -> B.Config:
+    """The compiled variant of a dense tactic at an M tile (problem: its epilogue, SwiGLU or none)."""
+    return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]),
+                    split_k(tactic), problem is not None and problem.epilogue == "swiglu",
+                    problem.w_fmt if problem is not None else "nvfp4")
+
+
+class DenseMember:
+    """The dense kernel (w4a16_mma.cu) as a member of the cuda family (members.py): tactics name no
+    kernel; parameters `warps_k`, `stages`, `tiles_n` and, on split-K tactics only, `split_k`; every M
+    tile (B.M_TILES) is its own compiled variant, the largest the verdict's worst case."""
+
+    grouped = False
+
+    def __init__(self, member: Any):
+        self.member = member
+
+    def validate(self, tactic: Tactic) -> str | None:
+        return check_params(tactic, SPLIT_SCHEMA if "split_k" in tactic.params else SCHEMA, "cuda")
+
+    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
+        tiles = (2,) if problem.epilogue == "swiglu" else TILES_N      # SwiGLU pairs a gate and an up tile
+        plain = [Tactic("cuda", warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in tiles]
+        split = [Tactic("cuda", warps_k=w, stages=s, tiles_n=n, split_k=k) for k in SPLIT_K
+                 for w in SPLIT_WARPS_K for s in SPLIT_STAGES for n in tiles]
+        return plain + split
+
+    def default(self, problem: Problem, arch: Arch) -> Tactic:
+        return Tactic("cuda", warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4,
+                      tiles_n=2 if problem.epilogue == "swiglu" else 1)
+
+    def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+        if arch.cc_int < 80:
+            return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
+        why = check_tiling(problem, tactic)
+        if why:
+            return Verdict.reject(why)
+        # the largest M tile is the worst case; every variant's figure is exact (the source's array)
+        smem = max(B.smem_bytes(c) for c in self.configs(problem, tactic))
+        limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
+        if smem > limit:
+            return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
+        return Verdict.keep(smem, limit, int(tactic["stages"]))
+
+    def configs(self, problem: Problem, tactic: Tactic) -> list[B.Config]:
+        """Every compiled variant a call may launch (one per M tile)."""
+        return [config(tactic, t, problem) for t in B.M_TILES]
+
+    def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
+        """`run(x, packed, out=None)`: CuPy is imported here, after every check of build and bind."""
+        from .launch import Launch
+        return Launch(problem, tactic, device, config)
+
+    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+        return {}

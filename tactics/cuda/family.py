@@ -23,7 +23,7 @@ from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
 from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
-from autotune.core.tactic import Tactic, Verdict, check_params
+from autotune.core.tactic import Tactic, Verdict
 from autotune.tactics.base import FamilyBase, LauncherBase, as_launcher
 
 from . import build as B
@@ -32,16 +32,10 @@ from .build import m_tiles_for  # noqa: F401  (re-exported: the family's M rule)
 from . import dense as D
 from . import layout as L
 from . import inplace as INPLACE
+from . import members as M
 from . import moe as MOE
 from . import moe_search as MOE_SEARCH
-from .moe_tok import TokLaunch
-
-WARPS_K = (1, 2, 4, 8)
-STAGES = (2, 3, 4, 6)
-TILES_N = (1, 2)
-_SCHEMA = {"warps_k": WARPS_K, "stages": STAGES, "tiles_n": TILES_N}
-_SPLIT_SCHEMA = {**_SCHEMA, "split_k": D.SPLIT_K}       # split-K tactics carry split_k; split 1 has none
-STATIC_SMEM_LIMIT = 48 * 1024          # a static __shared__ array can not opt in beyond 48 KiB
+from .dense import STAGES, STATIC_SMEM_LIMIT, TILES_N, WARPS_K, config  # noqa: F401  (re-exported)
 _NO_CUPY = "CuPy is not installed (pip install fp4-autotune[cuda13] or [cuda12])"
 #: while the dense kernel's text has not passed its GPU tests (checked.py, tests/test_cuda_gpu.py) a
 #: tactic that fits is `unknown` (its shared memory exact, its results unseen on hardware), so a
@@ -52,13 +46,6 @@ DENSE_UNRUN = CK.unrun(B.KERNEL)
 def dense_gpu_checked() -> bool:
     """Whether w4a16_mma's current text has passed its GPU tests (gpu_checked.json)."""
     return CK.checked(B.KERNEL)
-
-
-def config(tactic: Tactic, m_tiles: int, problem: Problem | None = None) -> B.Config:
-    """The compiled variant of a dense tactic at an M tile (problem: its epilogue, SwiGLU or none)."""
-    return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]),
-                    D.split_k(tactic), problem is not None and problem.epilogue == "swiglu",
-                    problem.w_fmt if problem is not None else "nvfp4")
 
 
 def arch_target(arch: Arch) -> str:
@@ -113,53 +100,62 @@ class _PackCache:
         self._aligned = None
 
 
-class _DenseKernel(LauncherBase):
-    """`kernel(x, w, out=None)`: the dense runner on a weight packed once (`_PackCache`); `attach`
-    reaches the runner (its split-K scratch joins the dispatcher's pool), `release` frees both."""
+class _Packing(LauncherBase):
+    """What `build` returns: `kernel(x, w, ...)`, the runner (dense, or grouped: MoeLaunch, TokLaunch,
+    a test family's) on a weight packed once (`_PackCache`: a plain FP4Weight, or the pack itself).
+    Its caps, routing, `attach` and bad-id word are the runner's; `release` frees both."""
+
+    __slots__ = ("run", "cache", "caps")
 
     def __init__(self, run: Any) -> None:
-        self.run, self.cache = run, _PackCache()
-        self.capture_safe = run.capture_safe
+        self.run, self.cache, self.caps = run, _PackCache(), run.caps
 
-    def __call__(self, x: Any, w: Any, out: Any = None) -> Any:
-        return self.run(x, self.cache(w), out)
+    def __call__(self, x: Any, w: Any, *routing: Any, **kw: Any) -> Any:
+        return self.run(x, self.cache(w), *routing, **kw)
+
+    def aligned_block_m(self, m: int) -> int | None:
+        return self.run.aligned_block_m(m)
+
+    def aligner(self, experts: int, block_m: int) -> Any:
+        return self.run.aligner(experts, block_m)
 
     def attach(self, scratch: Any = None, bad_word: Any = None) -> None:
-        getattr(self.run, "attach", lambda *a: None)(scratch, bad_word)
+        self.run.attach(scratch, bad_word)
+
+    def bad_word(self) -> Any:
+        return self.run.bad_word()
 
     def release(self) -> None:
         self.run.release()
         self.cache.clear()
 
 
-#: the Python both cuda kernels' measured numbers depend on (autotune.core.codekey), relative to this package
-#: (moe_align: the aligned route's routing alignment, Triton's kernel)
-_CODE = (".family", ".build", ".checked", ".dense", ".inplace", ".launch", ".layout", ".moe", ".moe_checks", ".moe_kernel", ".moe_plan", ".moe_search", ".moe_tok", ".pdl", "..base", "..scratch", "..triton_fp4.moe_align", "autotune.core.arch", "autotune.core.codekey",
-         "autotune.core.formats", "autotune.core.jsonread", "autotune.core.operands", "autotune.core.problem",
-         "autotune.core.settings", "autotune.core.tactic")
+def member_of(tactic: Tactic) -> M.Member | None:
+    """The member running `tactic` (members.py: by its `kernel` parameter), None for none."""
+    try:
+        return M.member_of(tactic)
+    except ValueError:
+        return None
 
 
 class CudaFamily(FamilyBase):
     name = "cuda"
-    #: the sources its measured numbers depend on: kernel, launch and pack code (autotune.core.codekey)
-    #: one kernel per .cu text; family.py imports both kernels' Python, so an edit there moves both
-    CODE = Code.of("cuda/w4a16_mma", __package__, *_CODE, files=((".", "w4a16_mma.cu"), (".", "mma_common.cuh")))
-    MOE_CODE = Code.of("cuda/moe_mma", __package__, *_CODE, files=((".", "moe_mma.cu"), (".", "moe_common.cuh"),
-                                                                  (".", "mma_common.cuh")))
-    TOK_CODE = Code.of("cuda/moe_tok", __package__, *_CODE, files=((".", "moe_tok.cu"), (".", "moe_common.cuh"),
-                                                                  (".", "mma_common.cuh")))
+    #: each member's sources (autotune.core.codekey): its own text, the shared parts it includes and its
+    #: launch Python (members.Member.code), as narrow as its GPU-check record
+    CODE, MOE_CODE, TOK_CODE = (M.by_kernel()[k].code for k in (B.KERNEL, B.MOE_KERNEL, B.TOK_KERNEL))
     depends_on = ("cupy", "torch")       # CuPy brings NVRTC (the cubin cache also keys its version)
     default_rank = None
     compiles = True
     dense_epilogues = ("none", "swiglu")
 
     def code(self, tactic: Tactic) -> Code:
-        if MOE.is_tok(tactic):
-            return self.TOK_CODE
-        return self.MOE_CODE if MOE.is_moe(tactic) else self.CODE
+        m = member_of(tactic)
+        if m is None:
+            raise ValueError(f"cuda: no member runs {tactic}")
+        return m.code
 
     def codes(self) -> tuple[Code, ...]:
-        return (self.CODE, self.MOE_CODE, self.TOK_CODE)
+        return tuple(m.code for m in M.REGISTRY)
 
     def available(self, device: str) -> tuple[bool, str]:
         if not str(device).startswith("cuda"):
@@ -183,61 +179,41 @@ class CudaFamily(FamilyBase):
         return L.check_shape(problem.n, problem.k)
 
     def validate(self, tactic: Tactic) -> str | None:
-        if "kernel" in tactic.params:          # the grouped member names its kernel; dense tactics do not
-            return MOE.validate(tactic)
-        return check_params(tactic, _SPLIT_SCHEMA if "split_k" in tactic.params else _SCHEMA, "cuda")
+        m = member_of(tactic)                  # the grouped members name their kernel; dense tactics do not
+        if m is None:
+            return (f"cuda: kernel={tactic.params.get('kernel')!r} is none of "
+                    f"{', '.join(x.tactic_kernel for x in M.REGISTRY if x.tactic_kernel)}")
+        return m.impl().validate(tactic)
 
     def enumerate(self, problem: Problem, arch: Arch) -> list[Tactic]:
         if self.supports(problem):
             return []
-        if problem.kind == "grouped_moe":
-            return [Tactic(self.name, **t.params) for t in MOE_SEARCH.enumerate_space(problem)]
-        tiles = (2,) if problem.epilogue == "swiglu" else TILES_N      # SwiGLU pairs a gate and an up tile
-        plain = [Tactic(self.name, warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in tiles]
-        split = [Tactic(self.name, warps_k=w, stages=s, tiles_n=n, split_k=k) for k in D.SPLIT_K
-                 for w in D.SPLIT_WARPS_K for s in D.SPLIT_STAGES for n in tiles]
-        return plain + split
+        grouped = problem.kind == "grouped_moe"
+        return [t for m in M.REGISTRY if m.impl().grouped == grouped for t in m.impl().space(problem, arch)]
 
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
-        if MOE.is_moe(tactic) != (problem.kind == "grouped_moe"):
-            return Verdict.reject(f"a {'moe_mma' if MOE.is_moe(tactic) else 'dense'} cuda tactic on a "
-                                  f"{problem.kind} problem")
-        if MOE.is_moe(tactic):
-            v = MOE.verdict(problem, tactic, arch)
-            if v.ok is True and not MOE.gpu_checked(tactic):
-                return Verdict(None, MOE.unrun(tactic), v.smem_bytes, v.smem_limit, v.stages)
-            return v
-        if arch.cc_int < 80:
-            return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
-        why = check_tiling(problem, tactic)
-        if why:
-            return Verdict.reject(why)
-        # the largest M tile is the worst case; every variant's figure is exact (the source's array)
-        smem = max(B.smem_bytes(config(tactic, t, problem)) for t in B.M_TILES)
-        limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
-        if smem > limit:
-            return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
-        if not dense_gpu_checked():
-            return Verdict(None, DENSE_UNRUN, smem, limit, int(tactic["stages"]))
-        return Verdict.keep(smem, limit, int(tactic["stages"]))
+        m = member_of(tactic)
+        if m.impl().grouped != (problem.kind == "grouped_moe"):
+            return Verdict.reject(f"a {m.kernel if m.impl().grouped else 'dense'} cuda tactic on a {problem.kind} problem")
+        v = m.impl().verdict(problem, tactic, arch)
+        if v.ok is True and not CK.checked(m.kernel):
+            return Verdict(None, CK.unrun(m.kernel), v.smem_bytes, v.smem_limit, v.stages)
+        return v
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
-        if problem.kind == "grouped_moe":
-            return Tactic(self.name, **MOE_SEARCH.default(problem, arch).params)
-        return Tactic(self.name, warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4,
-                      tiles_n=2 if problem.epilogue == "swiglu" else 1)
+        grouped = problem.kind == "grouped_moe"
+        for m in M.REGISTRY:
+            if m.impl().grouped == grouped and (t := m.impl().default(problem, arch)) is not None:
+                return Tactic(self.name, **t.params)
+        raise ValueError(f"cuda: no member offers a default for {problem.key}")
 
     def precompile(self, problem: Problem, tactic: Tactic, arch: Arch) -> int | None:
         """NVRTC-compile every M variant into the cubin cache (no GPU needed); refuse spills."""
         from cupy.cuda import function  # noqa: F401  (import error = not available)
-        if MOE.is_moe(tactic):
-            c = MOE.config(problem, tactic)
-            B.nvrtc_cubin(c, arch_target(arch))
-            return B.smem_bytes(c)
         smem = 0
-        for t in B.M_TILES:
-            B.nvrtc_cubin(config(tactic, t, problem), arch_target(arch))
-            smem = max(smem, B.smem_bytes(config(tactic, t, problem)))
+        for c in member_of(tactic).impl().configs(problem, tactic):
+            B.nvrtc_cubin(c, arch_target(arch))
+            smem = max(smem, B.smem_bytes(c))
         return smem
 
     # ---- layout ---------------------------------------------------------------------------------
@@ -267,11 +243,10 @@ class CudaFamily(FamilyBase):
     def _runner(self, problem: Problem, tactic: Tactic, device: str):
         """`run(x, packed, out=None)`: the kernel on a checked, aligned CudaPacked (the one thing a
         test family replaces). CuPy is imported here, after every check of build and bind."""
-        from .launch import Launch
-        return Launch(problem, tactic, device, config)
+        return member_of(tactic).impl().runner(problem, tactic, device)
 
     def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
-        return MOE_SEARCH.figures(problem, tactic, m, sms) if MOE.is_moe(tactic) else {}
+        return member_of(tactic).impl().figures(problem, tactic, m, sms)
 
     def useful(self, problem: Problem, tactic: Tactic, m: int) -> bool:
         return MOE_SEARCH.useful(problem, tactic, m)
@@ -280,33 +255,29 @@ class CudaFamily(FamilyBase):
         """Both kernels: a row's (pair's) K order is fixed by the tactic (warps in warp order, splits
         in split order) whatever the batch, the M tile, the row chunk, the group or the token chunk;
         the MMA's columns (rows of x, pairs) do not mix (dense.py)."""
-        return MOE.is_moe(tactic) == (problem.kind == "grouped_moe")
+        return member_of(tactic).impl().grouped == (problem.kind == "grouped_moe")
 
     def _moe_runner(self, problem: Problem, tactic: Tactic, device: str):
         """`run(x, packed, topk_ids, topk_weights=None, out=None)` on a checked stacked pack (what a
         test family replaces); CuPy is imported here, after every check of build and bind."""
-        return TokLaunch(problem, tactic, device) if MOE.is_tok(tactic) else MOE.MoeLaunch(problem, tactic, device)
+        return member_of(tactic).impl().runner(problem, tactic, device)
 
     def _moe_checks(self, problem: Problem, tactic: Tactic) -> str | None:
         why = self.validate(tactic) or self.supports(problem)
-        if not why and not MOE.is_moe(tactic):
+        if not why and not member_of(tactic).impl().grouped:
             why = "a dense cuda tactic on a grouped_moe problem"
         return why or MOE.check_tiling(problem, tactic)
-
-    @staticmethod
-    def _moe_kernel(run, cache=None) -> "MOE.MoeKernel":
-        return MOE.MoeKernel(run, cache)
 
     def build(self, problem: Problem, tactic: Tactic, device: str):
         if problem.kind == "grouped_moe":
             why = self._moe_checks(problem, tactic)
             if why:
                 raise ValueError(f"{problem.key} {tactic}: {why}")
-            return self._moe_kernel(self._moe_runner(problem, tactic, device), _PackCache())
+            return _Packing(self._moe_runner(problem, tactic, device))
         why = self.validate(tactic) or self.supports(problem) or check_tiling(problem, tactic)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")
-        return _DenseKernel(as_launcher(self._runner(problem, tactic, device)))
+        return _Packing(as_launcher(self._runner(problem, tactic, device)))
 
     def bind(self, problem: Problem, tactic: Tactic, packed: Any, device: str):
         """The weight checked once (its layout, shape, tiling, alignment), then the shared bound
@@ -320,11 +291,8 @@ class CudaFamily(FamilyBase):
                 why = f"the pack holds {packed.experts} stacked experts, the problem {problem.experts}"
             if why:
                 raise ValueError(f"{problem.key} {tactic}: {why}")
-            kernel = self._moe_kernel(self._moe_runner(problem, tactic, device))
-            launch = self.bind_kernel(problem, kernel, packed)
-            if not hasattr(launch, "release"):              # the bound closure: carry the kernel's
-                launch.release = kernel.release  # type: ignore[attr-defined]
-            return launch
+            return self.bind_kernel(problem, self._moe_runner(problem, tactic, device), packed,
+                                    batch_invariant=self.batch_invariant(problem, tactic))
         why = self.validate(tactic) or check_tiling(problem, tactic) or check_aligned(packed)
         if why:
             raise ValueError(f"{problem.key} {tactic}: {why}")

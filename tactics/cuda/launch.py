@@ -15,9 +15,10 @@ import torch
 
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from autotune.tactics.base import LauncherBase
+from autotune.tactics.base import Caps, LauncherBase
 from autotune.tactics.scratch import stream_key
 
+from . import args as A
 from . import build as B
 from . import dense as D
 from . import layout as L
@@ -36,7 +37,7 @@ class Launch(D.DenseScratch, LauncherBase):
     `workspace_bytes(m)` says what a call needs. The compiled functions stay cached in it;
     `release()` frees its own scratch."""
 
-    capture_safe = True
+    caps = Caps(capture_safe=True)
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, config: Callable[..., B.Config]):
         self.problem, self.tactic, self.config = problem, tactic, config
@@ -90,7 +91,8 @@ class Launch(D.DenseScratch, LauncherBase):
             mt, fn = self.function(B.m_tiles_for(m), dev)
             c = self.config(self.tactic, mt, p)
             grid = (p.n // (L.ROWS * c.tiles_n), -(-m // (8 * mt)), c.split_k)
-            plan = (self._run(fn, c, dev), grid, (c.threads, 1, 1), 4 * c.split_k * m * p.n, (np.int32(m), np.int32(p.n), np.int32(p.k)))
+            plan = (self._run(fn, c, dev), grid, (c.threads, 1, 1), 4 * c.split_k * m * p.n,
+                    {"M": np.int32(m), "N": np.int32(p.n), "K": np.int32(p.k)})
             if len(self._plans) < MAX_PLANS:
                 self._plans[(m, dev.index)] = plan
         run, grid, block, ws_bytes, ints = plan
@@ -100,6 +102,6 @@ class Launch(D.DenseScratch, LauncherBase):
             ws_ptr, lock_ptr = self._pointers((m, dev, stream), stream, lambda: (
                 self.workspace(ws_bytes, dev, stream).data_ptr(), self.counters(grid[0] * grid[1], dev, stream).data_ptr()))
         # pointers as Python ints (8 bytes in CuPy's launch), the int32s made once per M (moe.py says why)
-        args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), w.global_scale.data_ptr(),
-                *ints, ws_ptr, lock_ptr)
+        args = A.W4A16_MMA.pack(wq=w.packed.data_ptr(), sq=w.scales.data_ptr(), x=x.data_ptr(), y=out.data_ptr(),
+                                gscale=w.global_scale.data_ptr(), ws=ws_ptr, locks=lock_ptr, **ints)
         run(grid, block, args, stream)

@@ -39,15 +39,16 @@ from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict, check_params
 
+from autotune.tactics.base import Caps, LauncherBase
 from autotune.tactics.scratch import PoolUser, stream_key
 
 from . import build as B
+from . import args as A
 from . import checked as CK
 from . import layout as L
 from . import pdl as P
-from .moe_kernel import MoeKernel, raise_if_bad  # noqa: F401  (what build/bind return; re-exported)
 from .moe_plan import Planned, plannable
-from .moe_checks import check_alignment, check_apart, check_call, check_prefetch  # noqa: F401  (the launchers' argument checks, re-exported)
+from .moe_checks import check_alignment, check_apart, check_call, check_prefetch, raise_if_bad  # noqa: F401  (the launchers' argument checks, re-exported)
 
 KERNEL = B.MOE_KERNEL
 TOK_KERNEL = B.TOK_KERNEL
@@ -80,7 +81,9 @@ ALIGN_BLOCK_M = 16
 #: aligned route: a launch's split-K workspace plus reduce rows stay under this (token chunks above)
 WS_BYTES = 256 << 20
 STATIC_SMEM_LIMIT = 48 * 1024
-#: moe_mma's last four arguments without a prefetch (null pointers: the kernel prefetches nothing)
+#: moe_mma's prefetch arguments (args.MOE_MMA), and their values without a prefetch (null pointers: the
+#: kernel prefetches nothing)
+PREFETCH_ARGS = ("pfa", "pfb", "pfa_bytes", "pfb_bytes")
 NO_PREFETCH = (0, 0, np.int32(0), np.int32(0))
 
 
@@ -209,7 +212,7 @@ def grid_x(cfg: B.MoeConfig, pairs: int, g_main: int = 0, block_m: int = 0) -> t
     return groups + -(-pairs // (8 * cfg.threads)), groups
 
 
-class MoeScratch(PoolUser):
+class MoeScratch(PoolUser, LauncherBase):
     """The launcher's scratch and bad-id word (MoeLaunch and the CPU port's runner share it):
     workspaces from a ScratchPool (its own, or the dispatcher's after `attach`), one word."""
 
@@ -287,11 +290,11 @@ class MoeLaunch(Planned, MoeScratch):
     attached one), read on the host only when `check_ids` (default $AUTOTUNE_CHECK_IDS, off).
     `release()` frees its own scratch (a launch after it allocates anew)."""
 
-    capture_safe = True       # current stream, scratch sized by M, no host read by default
-    checks_ids = True         # ids outside [-1, E) give NaN rows and set `bad`
-    shared_slot = True        # shared_slot=True: the kernel adds expert E - 1 as each token's last slot
-    prefetches = True         # prefetch=(a, b): the next kernel's stacked weights, sliced into L2 (direct route)
-    scratch_out = True        # scratch_out=True: the output in the scratch pool, valid until the next such call on the stream
+    caps = Caps(capture_safe=True,     # current stream, scratch sized by M, no host read by default
+                checks_ids=True,       # ids outside [-1, E) give NaN rows and set `bad`
+                shared_slot=True,      # shared_slot=True: the kernel adds expert E - 1 as each token's last slot
+                prefetches=True,       # prefetch=(a, b): the next kernel's stacked weights, sliced into L2 (direct route)
+                scratch_out=True)      # scratch_out=True: the output in the scratch pool, valid until the next such call on the stream
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         self.problem, self.tactic = problem, tactic
@@ -425,17 +428,52 @@ class MoeLaunch(Planned, MoeScratch):
         form = (pairs, ids.dtype == torch.int64, x.dim() == 3, routed, gs.numel() > 1, shared_slot, g_main, bm)
         ints = self._ints.get(form)
         if ints is None:
-            import numpy as np
             shared_e, cols = (p.experts - 1, p.top_k - 1) if shared_slot else (-1, p.top_k)
-            ints = ((np.int32(pairs), np.int32(p.n), np.int32(p.k), np.int32(p.top_k), np.int32(p.experts),
-                     *(np.int32(f) for f in form[1:5]), np.int32(shared_e), np.int32(cols)),
-                    (np.int32(g_main), np.int32(bm)))
+            ints = {k: np.int32(v) for k, v in dict(
+                P=pairs, N=p.n, K=p.k, top_k=p.top_k, n_exp=p.experts, ids64=form[1], x_pair=form[2], routed=form[3],
+                gs_stride=form[4], shared_e=shared_e, ids_cols=cols, g_main=g_main, bm=bm).items()}
             if len(self._ints) < 256:                   # decode serves a few Ms: beyond, made per call
                 self._ints[form] = ints
-        args = ((w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
-                 ids.data_ptr(), tw_.data_ptr(), ws, locks, bad.data_ptr(), red, cnt) + ints[0] + (srt, blk)
-                + ints[1] + pf)
+        args = A.MOE_MMA.pack(wq=w.packed.data_ptr(), sq=w.scales.data_ptr(), x=x.data_ptr(), y=out.data_ptr(),
+                              gscale=gs.data_ptr(), ids=ids.data_ptr(), tw=tw_.data_ptr(), ws=ws, locks=locks,
+                              bad=bad.data_ptr(), red=red, cnt=cnt, srt=srt, blk_e=blk, **ints,
+                              **dict(zip(PREFETCH_ARGS, pf)))
         grid, block, run = (gx, p.n // (L.ROWS * c.tiles_n * c.n_walk), c.split_k), (c.threads, 1, 1), self._run(dev)
         run(grid, block, args, stream)
         if remember:
             self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run, pf, so)
+
+
+class MoeMember:
+    """The grouped kernel (moe_mma.cu) as a member of the cuda family (members.py): tactics name
+    kernel="moe_mma"; parameters SCHEMA (WALK_SCHEMA with n_walk); one compiled variant per tactic."""
+
+    grouped = True
+
+    def __init__(self, member: Any):
+        self.member = member
+
+    def validate(self, tactic: Tactic) -> str | None:
+        return validate(tactic)
+
+    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
+        from .moe_search import mma_space
+        return mma_space(problem)
+
+    def default(self, problem: Problem, arch: Arch) -> Tactic:
+        from .moe_search import default
+        return default(problem, arch)
+
+    def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+        return verdict(problem, tactic, arch)
+
+    def configs(self, problem: Problem, tactic: Tactic) -> list[B.MoeConfig]:
+        return [config(problem, tactic)]
+
+    def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
+        """`run(x, packed, topk_ids, topk_weights=None, out=None)`: CuPy is imported at its first launch."""
+        return MoeLaunch(problem, tactic, device)
+
+    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+        from .moe_search import figures
+        return figures(problem, tactic, m, sms)

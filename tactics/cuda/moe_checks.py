@@ -6,6 +6,7 @@ import torch
 
 from autotune.core.operands import x_per_pair
 from autotune.core.problem import Problem
+from autotune.tactics.scratch import capturing
 
 from . import build as B
 from . import layout as L
@@ -100,3 +101,12 @@ def check_apart(problem: Problem, x, out) -> None:
     xa, oa = x.data_ptr(), out.data_ptr()
     if xa < oa + out.numel() * out.element_size() and oa < xa + x.numel() * x.element_size():
         raise ValueError(f"{problem.key}: x overlaps the scratch output (scratch_out=True): pass a copy of x")
+
+
+def raise_if_bad(bad) -> None:
+    """One 4-byte read (a host sync), skipped while a CUDA graph is captured; clears the word."""
+    if bad is None or capturing(bad.device):
+        return
+    if int(bad.item()):
+        bad.zero_()
+        raise ValueError("topk_ids holds expert ids outside [-1, E) (ids >= E or < -1 are refused)")

@@ -1,5 +1,5 @@
-// Routing helpers of the cuda family's grouped-MoE kernels (moe_mma.cu, moe_tok.cu): build.text prepends
-// this file after mma_common.cuh, so both kernels read ids and weights, and fill their rings, the same way.
+// Routing helpers of the cuda family's grouped-MoE kernels (moe_mma.cu, moe_tok.cu): build.text joins
+// this file after the shared parts, so both kernels read ids the same way (weights: epilogue.cuh).
 // topk_ids as int32 or int64 (ids64): compared as 64-bit, so no id is truncated into range
 static __device__ __forceinline__ long long load_id(const void* ids, int ids64, int j) {
   long long v;
@@ -24,28 +24,10 @@ static __device__ __forceinline__ long long pair_id(const void* ids, int ids64, 
   return v >= shared_e ? -2 : v;
 }
 
-// pair p's routing weight: tw[p], or with a shared slot 1 for it and the routed slots' from tw [M][ids_cols]
-static __device__ __forceinline__ float pair_weight(const float* tw, int p, int top_k, int ids_cols, int shared_e) {
-  if (shared_e < 0) return tw[p];
-  const int tok = p / top_k, slot = p - tok * top_k;
-  return slot == top_k - 1 ? 1.f : tw[tok * ids_cols + slot];
-}
-
-// one k-pair of every row tile into ring stage `st` (mma_common.cuh's layout)
-static __device__ __forceinline__ void issue(unsigned char* wslot0, unsigned char* sslot0, int st,
-                                             const uint4* const w[TN], const u32* const s[TN]) {
-#pragma unroll
-  for (int u = 0; u < TN; ++u) {
-    cp16(wslot0 + RING_W(st, u, 0), w[u]);
-    cp16(wslot0 + RING_W(st, u, 1), w[u] + 32);
-    cp4(sslot0 + RING_S(st, u), s[u]);
-  }
-}
-
-// L2 prefetch of the next kernel's weights (w2's, issued by w13's CTAs at small M: docs/moe-decode.md
-// part 15). Slice s of n_s of an expert's `bytes` (a multiple of 16): {start, len}, each slice 16-byte
-// aligned, len 0 past the end; returned by value (an address-taken local became a 16-byte stack frame on
-// sm_90: a refused kernel); host and device (tests compile it for the host).
+// L2 prefetch of the next kernel's weights (w2's, issued by w13's CTAs at small M). Slice s of n_s of
+// an expert's `bytes` (a multiple of 16): {start, len}, each slice 16-byte aligned, len 0 past the end;
+// returned by value (an address-taken local became a 16-byte stack frame on sm_90: a refused kernel);
+// host and device (tests compile it for the host).
 static __host__ __device__ __forceinline__ longlong2 pf_slice(int s, int n_s, long long bytes) {
   const long long chunk = (bytes + (long long)n_s * 16 - 1) / ((long long)n_s * 16) * 16;
   const long long a = (long long)s * chunk;

@@ -15,7 +15,7 @@
 // an expert's pairs), so a row's bits do not depend on the route. Pairs routed nowhere are in no
 // block: the ceil(P / SPAN) CTAs after the groups write their rows, SPAN pairs each.
 // A shared expert folded in as expert E - 1 (shared_e >= 0) is every token's last slot without being
-// in topk_ids (pair_id): the caller concatenates no ids and no weights (docs/moe-decode.md part 8).
+// in topk_ids (pair_id): the caller concatenates no ids and no weights.
 //
 // SPLITK > 1: each split stores its fp32 partial rows to ws [SPLITK][P][N]; the last split of a
 // (pair slot, N tile) to arrive (counter per slot and tile, fenced) sums the partials in split
@@ -29,15 +29,14 @@
 // it reads anything, then lets the next kernel start.
 // NW > 1 (REDUCE, SPLITK 1): CTA (q, y) runs its route once and then N tiles y*NW .. y*NW + NW - 1 one
 // after another (the same per-tile arithmetic, so the same bits as NW 1): the route and the CTA's
-// start are paid once per walk (docs/moe-decode.md part 13).
+// start are paid once per walk.
 // Prefetch (pfa non-null, direct route): the CTAs of each expert's first group put that expert's slice
 // of the next kernel's weights (w2's, given by w13's caller) into L2 after their route, so the next
 // kernel reads L2, not DRAM, where both kernels' bytes fit in it (small M: the runtime decides).
 // Config (MT, WK, STAGES, TN, SPLITK, SWIGLU, REDUCE, NW), the format's (SW, SCALE_MUL, SCALE_ADD,
-// EPI_SCALE) and the layout's constants come as -D macros. No headers: build.text prepends
-// mma_common.cuh and moe_common.cuh (pair_id, pair_weight); the same text compiles under NVRTC and nvcc,
-// for sm_80 and newer.
-#define NTHREADS (WK * 32)
+// EPI_SCALE) and the layout's constants come as -D macros. No headers: build.text joins the shared
+// parts and moe_common.cuh (pair_id) before this route and store; the same text compiles under NVRTC
+// and nvcc, for sm_80 and newer. The parameters are args.py's declaration.
 #define CAP (8 * MT)
 #ifndef NW
 #define NW 1                  // N tiles a CTA walks after its route (REDUCE, split_k 1: the verdict's rule)
@@ -47,28 +46,6 @@
 #endif
 #define NTILES (gridDim.y * NW)   // N tiles of the problem: the counters' row length
 #define SPAN (8 * NTHREADS)   // aligned route: pairs per CTA that writes the rows of pairs routed nowhere
-#define PIPE_BYTES (STAGES * NTHREADS * 36 * TN)
-#define RED_BYTES (WK * TN * MT * 4 * 32 * 4)
-#define SMEM_BYTES (PIPE_BYTES > RED_BYTES ? PIPE_BYTES : RED_BYTES)
-#if SWIGLU
-#define OUT_TN (TN / 2)       // tiles 0..TN/2-1 are gate rows, TN/2..TN-1 the matching up rows
-#else
-#define OUT_TN TN
-#endif
-#if SW == 16
-#define SLANE(l) ((l) >> 1)   // MXFP4: lanes t and t^1 share one 32-k block, one scale word
-#else
-#define SLANE(l) (l)
-#endif
-
-#if SPLITK > 1 || REDUCE
-// another CTA's partial: from L2 (L1 is not coherent across SMs)
-static __device__ __forceinline__ float ld_cg(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
-#endif
 
 // pair q routed nowhere, N tile nt (split 0 only): id -1 a zero row, any other id outside [0, E) a
 // NaN row and `bad` set. REDUCE: the pair's fp32 row, counted toward its token (every slot counts);
@@ -105,44 +82,128 @@ static __device__ __forceinline__ void empty_pair(int q, bool isbad, int nt, u16
 #endif
 }
 
-// the ring's first STAGES - 1 k-pairs (advancing wp, sp); returns how many were issued
-static __device__ __forceinline__ int prologue(unsigned char* wslot0, unsigned char* sslot0, const uint4* (&wp)[TN],
-                                               const u32* (&sp)[TN], int kpairs) {
-  int issued = 0;
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (issued < kpairs) {
-      issue(wslot0, sslot0, i, wp, sp);
-#pragma unroll
-      for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
-      ++issued;
-    }
-    commit();
+// the group's rows: pair rows_s[8j + 2t + (c & 1)] for n8 tile j's value c (-1: none); weight rows of tile u
+struct PairRows {
+  const int* rows_s;
+  int t, g;
+  size_t rows;
+  const int* tile;
+  __device__ __forceinline__ int row(int j, int c) const { return rows_s[8 * j + 2 * t + (c & 1)]; }
+  __device__ __forceinline__ bool has(int p) const { return p >= 0; }
+  __device__ __forceinline__ size_t at(size_t base, int u, int c) const { return base + tile[u] * 16 + g + (c >> 1) * 8; }
+};
+
+// aligned route, a CTA past the groups: the rows of pairs routed nowhere among its SPAN pairs
+static __device__ __forceinline__ void nowhere_rows(int tid, int q, int groups, int nt0, unsigned char* smem, int* rows_s,
+                                                    const void* ids, int ids64, int P, int top_k, int ids_cols,
+                                                    int shared_e, int n_exp, u16* y, int* bad, float* red, int* cnt,
+                                                    int N, int nout) {
+  int* const list = reinterpret_cast<int*>(smem);  // SPAN ints fit the ring: 36 * STAGES * TN >= 72 B per thread
+  if (tid == 0) rows_s[0] = 0;
+  __syncthreads();
+  const int s0 = (q - groups) * SPAN, s1 = min(P, s0 + SPAN);
+  for (int j = s0 + tid; j < s1; j += NTHREADS) {
+    const long long v = pair_id(ids, ids64, j, top_k, ids_cols, shared_e);
+    if (v < 0 || v >= n_exp) list[atomicAdd(rows_s, 1)] = v == -1 ? j : -j - 1;   // bad ids as -j - 1
   }
-  return issued;
+  __syncthreads();
+  const int n = rows_s[0];                       // the order does not matter: each row is its own
+  for (int w = 0; w < NW; ++w)
+    for (int i = 0; i < n; ++i) {
+      const int c = list[i];
+      empty_pair(c >= 0 ? c : -c - 1, c < 0, nt0 + w, y, bad, red, cnt, N, nout, top_k, rows_s + 1);
+    }
 }
 
-// one k-pair of the main loop: (XPRE) the next k-pair's x into `xn` first, then wait for this
-// k-pair's ring stage, read it, refill the ring, and multiply with `xc`
-static __device__ __forceinline__ void kstep(int i, int kpairs, unsigned char* wslot0, unsigned char* sslot0,
-                                             int& rslot, int& wslot, int& issued, const uint4* (&wp)[TN],
-                                             const u32* (&sp)[TN], const u16* (&xrow)[MT], const uint4 (&xc)[MT][4],
-                                             uint4 (&xn)[MT][4], float (&acc)[TN][MT][4]) {
-  if (XPRE && i + 1 < kpairs) load_x(xrow, xn);
-  wait_pending<STAGES - 2>();
-  uint4 wv2[TN][2];
-  u32 sv[TN];
-  read_slot(wslot0, sslot0, rslot, wv2, sv);
-  rslot = rslot + 1 == STAGES ? 0 : rslot + 1;
-  if (issued < kpairs) {
-    issue(wslot0, sslot0, wslot, wp, sp);
-#pragma unroll
-    for (int u = 0; u < TN; ++u) { wp[u] += 64; sp[u] += SW; }
-    ++issued;
-    wslot = wslot + 1 == STAGES ? 0 : wslot + 1;
+// direct route: whether pair slot q leads a group of expert e (its rank among e's pairs a multiple of
+// CAP; CTA-uniform); a leader gathers the next CAP pairs of e into rows_s and, as e's first group,
+// puts its slice of the next kernel's weights (pfa / pfb) into L2
+static __device__ __forceinline__ bool lead_group(int tid, int lane, int warp, int q, int e, int kz, int* rows_s, const void* ids, int ids64, int P,
+                                                  int top_k, int ids_cols, int shared_e, const char* pfa,
+                                                  const char* pfb, int pfa_bytes, int pfb_bytes) {
+  int rank = 0;
+  for (int j0 = 0; j0 < q; j0 += NTHREADS) {
+    const int j = j0 + tid;
+    rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e);
   }
-  commit();
-  mma_kpair(wv2, sv, xc, acc);
+  if (rank % CAP) return false;                  // not a leader (nothing issued yet)
+  if (rank == 0 && pfa != nullptr) {             // the expert's first group: its slice of the next kernel's
+    const int s = blockIdx.y * gridDim.z + kz, ns = gridDim.y * gridDim.z;   // weights into L2 (pfa/pfb)
+    const longlong2 sa = pf_slice(s, ns, pfa_bytes), sb = pf_slice(s, ns, pfb_bytes);
+    prefetch_l2(pfa + (size_t)e * pfa_bytes + sa.x, (int)sa.y, tid, NTHREADS);
+    prefetch_l2(pfb + (size_t)e * pfb_bytes + sb.x, (int)sb.y, tid, NTHREADS);
+  }
+  if (warp == 0) {                               // gather the next CAP pairs of this expert, in order
+    int cnt = 0;
+    for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
+      const int j = j0 + lane;
+      const bool hit = j < P && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e;
+      const u32 m = __ballot_sync(0xffffffffu, hit);
+      const int pos = cnt + __popc(m & ((1u << lane) - 1u));
+      if (hit && pos < CAP) rows_s[pos] = j;
+      cnt += __popc(m);
+    }
+    for (int i = lane; i < CAP; i += 32)
+      if (i >= cnt) rows_s[i] = -1;
+  }
+  return true;
+}
+
+// REDUCE: the group's pairs counted toward their tokens (tile nt); the CTA that brings a token's last
+// slot sums its rows in slot order into y[token]
+static __device__ __forceinline__ void token_sums(const int* rows_s, int nt, int lane, int top_k, int N,
+                                                  float* red, int* cnt, u16* y) {
+  __threadfence();                                   // this CTA's rows before its arrivals
+  __syncwarp();
+  int last = 0;
+  if (lane < CAP) {
+    const int p = rows_s[lane];
+    if (p >= 0) last = atomicAdd(cnt + (size_t)(p / top_k) * NTILES + nt, 1) == top_k - 1;
+  }
+  u32 lm = __ballot_sync(0xffffffffu, last);
+  if (lm) __threadfence();
+  while (lm) {                                       // tokens whose last slot this CTA brought
+    const int i = __ffs(lm) - 1;
+    lm &= lm - 1;
+    const int tok = rows_s[i] / top_k;
+    for (int c = lane; c < 16 * TN; c += 32) {
+      float s = 0.f;
+      for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
+      y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
+    }
+    if (lane == 0) atomicExch(cnt + (size_t)tok * NTILES + nt, 0);
+  }
+}
+
+// warp 0's store of one N tile nt: the warps' sums, the split-K arrival (a split that is not the last
+// returns), the epilogue (routing weight) into y, or (REDUCE) into red and the tokens' sums
+static __device__ __forceinline__ void tile_store(const float* wred, const PairRows& R, int e, int q, int nt, int kz,
+                                                  int lane, float (&acc)[TN][MT][4], u16* __restrict__ y,
+                                                  const float* __restrict__ gscale, int gs_stride, int routed,
+                                                  const float* __restrict__ tw, int top_k, int ids_cols, int shared_e,
+                                                  float* __restrict__ ws, int* __restrict__ locks,
+                                                  float* __restrict__ red, int* __restrict__ cnt, int N) {
+  const int g = lane >> 2;
+  const int nout = SWIGLU ? N / 2 : N;
+  (void)nout;                                     // unused by the REDUCE variant
+  warps_total(wred, lane, acc);
+#if SPLITK > 1
+  int* const lock = locks + (size_t)q * gridDim.y + nt;
+  if (!splitk_arrive(ws, lock, (size_t)kz, N, lane, R, acc)) return;
+  splitk_sum(ws, lock, N, lane, R, acc);
+#endif
+  const float alpha = gscale[(size_t)e * gs_stride] * EPI_SCALE;
+  epilogue(acc, alpha, R, [&](int p, int u, int c, float v) {
+    if (routed) v *= pair_weight(tw, p, top_k, ids_cols, shared_e);
+#if REDUCE
+    red[(size_t)p * N + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = v;
+#else
+    store_bf16(y, (size_t)p * nout + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8, v);
+#endif
+  });
+#if REDUCE
+  token_sums(R.rows_s, nt, lane, top_k, N, red, cnt, y);
+#endif
 }
 
 // wq: fragment words [E][N/16][K/64][32][4]; sq: scale words [E][N/16][K/128][SW];
@@ -152,41 +213,21 @@ static __device__ __forceinline__ void kstep(int i, int kpairs, unsigned char* w
 // aligned route (g_main > 0): srt [g_main * bm] sorted pair ids, blk_e [g_main] experts (bm a multiple of CAP);
 // pfa / pfb (direct route; null: none): the next kernel's stacked weights, pfa_bytes / pfb_bytes per expert
 // (multiples of 16, 16-byte aligned): the first group of each expert prefetches its slice of both into L2
-extern "C" __global__ void __launch_bounds__(NTHREADS)
-moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __restrict__ x,
-        u16* __restrict__ y, const float* __restrict__ gscale, const void* __restrict__ ids,
-        const float* __restrict__ tw, float* __restrict__ ws, int* __restrict__ locks, int* __restrict__ bad,
-        float* __restrict__ red, int* __restrict__ cnt, int P, int N, int K, int top_k, int n_exp, int ids64, int x_pair, int routed, int gs_stride,
-        int shared_e, int ids_cols, const int* __restrict__ srt, const int* __restrict__ blk_e, int g_main, int bm,
-        const char* __restrict__ pfa, const char* __restrict__ pfb, int pfa_bytes, int pfb_bytes) {
+extern "C" __global__ void __launch_bounds__(NTHREADS) moe_mma(MOE_MMA_PARAMS) {
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   __shared__ int rows_s[CAP];                     // the group's pair indices, -1 past its end
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int q = blockIdx.x, nt0 = blockIdx.y * NW, kz = blockIdx.z;
   const int nout = SWIGLU ? N / 2 : N;
-  (void)nout;                                     // unused by the REDUCE variant
   pdl_wait();                                     // every read of inputs and every write after it
   pdl_release();
   const int groups = g_main > 0 ? g_main * (bm / CAP) : P;   // CTAs that may lead a group
   int e, b0 = 0;                                  // aligned: the group's first sorted row
   if (g_main > 0 && q >= groups) {                 // aligned: rows of pairs routed nowhere, SPAN per CTA
     if (kz != 0) return;
-    int* const list = reinterpret_cast<int*>(smem);  // SPAN ints fit the ring: 36 * STAGES * TN >= 72 B per thread
-    if (tid == 0) rows_s[0] = 0;
-    __syncthreads();
-    const int s0 = (q - groups) * SPAN, s1 = min(P, s0 + SPAN);
-    for (int j = s0 + tid; j < s1; j += NTHREADS) {
-      const long long v = pair_id(ids, ids64, j, top_k, ids_cols, shared_e);
-      if (v < 0 || v >= n_exp) list[atomicAdd(rows_s, 1)] = v == -1 ? j : -j - 1;   // bad ids as -j - 1
-    }
-    __syncthreads();
-    const int n = rows_s[0];                       // the order does not matter: each row is its own
-    for (int w = 0; w < NW; ++w)
-      for (int i = 0; i < n; ++i) {
-        const int c = list[i];
-        empty_pair(c >= 0 ? c : -c - 1, c < 0, nt0 + w, y, bad, red, cnt, N, nout, top_k, rows_s + 1);
-      }
+    nowhere_rows(tid, q, groups, nt0, smem, rows_s, ids, ids64, P, top_k, ids_cols, shared_e, n_exp, y, bad, red, cnt,
+                 N, nout);
     return;
   }
   if (g_main > 0) {                                // aligned: group q is CAP rows of block q / (bm / CAP)
@@ -211,8 +252,7 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
   const uint4* const wexp = wq + (size_t)e * (N / 16) * wtile;
   const u32* const sexp = sq + (size_t)e * (N / 16) * stile;
   int tile[TN];
-  const uint4* wp[TN];
-  const u32* sp[TN];
+  TilePtrs src;
 #pragma unroll
   for (int u = 0; u < TN; ++u) {
 #if SWIGLU
@@ -220,8 +260,8 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
 #else
     tile[u] = nt0 * TN + u;
 #endif
-    wp[u] = wexp + tile[u] * wtile + 2 * kp0 * 32 + lane;
-    sp[u] = sexp + tile[u] * stile + kp0 * SW + SLANE(lane);
+    src.wp[u] = wexp + tile[u] * wtile + 2 * kp0 * 32 + lane;
+    src.sp[u] = sexp + tile[u] * stile + kp0 * SW + SLANE(lane);
   }
   float acc[TN][MT][4];
 #pragma unroll
@@ -236,178 +276,44 @@ moe_mma(const uint4* __restrict__ wq, const u32* __restrict__ sq, const u16* __r
       const int p = srt[b0 + tid];               // padding (the sentinel P) and any value outside [0, P): no row
       rows_s[tid] = (unsigned)p < (unsigned)P ? p : -1;
     }
-  } else {
-    // rank of q among the pairs of its expert: CTA-uniform, so the exit below is uniform
-    int rank = 0;
-    for (int j0 = 0; j0 < q; j0 += NTHREADS) {
-      const int j = j0 + tid;
-      rank += __syncthreads_count(j < q && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e);
-    }
-    if (rank % CAP) return;                        // not a leader (nothing issued yet)
-    if (rank == 0 && pfa != nullptr) {             // the expert's first group: its slice of the next kernel's
-      const int s = blockIdx.y * gridDim.z + kz, ns = gridDim.y * gridDim.z;   // weights into L2 (pfa/pfb)
-      const longlong2 sa = pf_slice(s, ns, pfa_bytes), sb = pf_slice(s, ns, pfb_bytes);
-      prefetch_l2(pfa + (size_t)e * pfa_bytes + sa.x, (int)sa.y, tid, NTHREADS);
-      prefetch_l2(pfb + (size_t)e * pfb_bytes + sb.x, (int)sb.y, tid, NTHREADS);
-    }
-    if (warp == 0) {                               // gather the next CAP pairs of this expert, in order
-      int cnt = 0;
-      for (int j0 = q; j0 < P && cnt < CAP; j0 += 32) {
-        const int j = j0 + lane;
-        const bool hit = j < P && pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e;
-        const u32 m = __ballot_sync(0xffffffffu, hit);
-        const int pos = cnt + __popc(m & ((1u << lane) - 1u));
-        if (hit && pos < CAP) rows_s[pos] = j;
-        cnt += __popc(m);
-      }
-      for (int i = lane; i < CAP; i += 32)
-        if (i >= cnt) rows_s[i] = -1;
-    }
+  } else if (!lead_group(tid, lane, warp, q, e, kz, rows_s, ids, ids64, P, top_k, ids_cols, shared_e, pfa, pfb, pfa_bytes,
+                         pfb_bytes)) {
+    return;
   }
   __syncthreads();
   const int r0 = rows_s[0];
   for (int w = 0; w < NW; ++w) {                 // NW > 1: the walk over this CTA's N tiles
     const int nt = nt0 + w;                   // this trip's N tile
-    const u16* xrow[MT];
+    XRows xs;
 #pragma unroll
     for (int j = 0; j < MT; ++j) {
       // a row past the group feeds only output columns never stored: read the group's first row
       int p = rows_s[8 * j + g];
       if (p < 0) p = r0;
       const int xr = x_pair ? p : p / top_k;
-      xrow[j] = x + (size_t)xr * K + kp0 * 128 + 16 * t;
+      xs.row[j] = x + (size_t)xr * K + kp0 * 128 + 16 * t;
     }
     // the weight prologue after the scan: issued before it, the ring's first k-pairs were fetched by
-    // CTAs that do not lead too (0-9 % slower on the H200, docs/moe-decode.md part 7)
-    int issued = prologue(wslot0, sslot0, wp, sp, kpairs);
+    // CTAs that do not lead too (0-9 % slower on the H200)
+    int issued = prologue(wslot0, sslot0, src, kpairs);
     int rslot = 0, wslot = STAGES - 1;
-#if XPRE
-    // two steps per trip, the x registers swapping roles: no copies between the sets
-    uint4 xa[MT][4], xb[MT][4];                        // [tile][kgroup*2 + half]
-    load_x(xrow, xa);
-#pragma unroll 2
-    for (int i = 0; i < kpairs; i += 2) {
-      kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xa, xb, acc);
-      if (i + 1 < kpairs) kstep(i + 1, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xb, xa, acc);
-    }
-#else
-#pragma unroll 4
-    for (int i = 0; i < kpairs; ++i) {
-      uint4 xv[MT][4];
-      load_x(xrow, xv);
-      kstep(i, kpairs, wslot0, sslot0, rslot, wslot, issued, wp, sp, xrow, xv, xv, acc);
-    }
-#endif
-    wait_pending<0>();
-    __syncthreads();
-    float* wred = reinterpret_cast<float*>(smem);       // [WK][TN*MT*4][32]
-#define RED(w, u, j, c) wred[((((w) * TN + (u)) * MT + (j)) * 4 + (c)) * 32 + lane]
-#pragma unroll
-    for (int u = 0; u < TN; ++u)
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) RED(warp, u, j, c) = acc[u][j][c];
-    __syncthreads();
+    main_loop(kpairs, wslot0, sslot0, rslot, wslot, issued, src, xs, acc);
+    const float* wred = warps_publish(smem, warp, lane, acc);
+    const PairRows R = {rows_s, t, g, (size_t)P, tile};
 #if NW == 1
     if (warp != 0) return;
+    tile_store(wred, R, e, q, nt, kz, lane, acc, y, gscale, gs_stride, routed, tw, top_k, ids_cols, shared_e, ws,
+               locks, red, cnt, N);
 #else
-    if (warp == 0) {                                 // the epilogue is warp 0's; the others wait below
-#endif
-#pragma unroll
-    for (int u = 0; u < TN; ++u)
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          float v = 0.f;
-          for (int wi = 0; wi < WK; ++wi) v += RED(wi, u, j, c);  // warp order: deterministic
-          acc[u][j][c] = v;
-        }
-#if SPLITK > 1
-#pragma unroll
-    for (int u = 0; u < TN; ++u)
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int p = rows_s[8 * j + 2 * t + (c & 1)];
-          if (p >= 0) ws[((size_t)kz * P + p) * N + tile[u] * 16 + g + (c >> 1) * 8] = acc[u][j][c];
-        }
-    __threadfence();                                   // this split's partials before its arrival
-    __syncwarp();
-    int old = 0;
-    int* const lock = locks + (size_t)q * gridDim.y + nt;
-    if (lane == 0) old = atomicAdd(lock, 1);
-    old = __shfl_sync(0xffffffffu, old, 0);
-    if (old != SPLITK - 1) return;
-    __threadfence();                                   // the other splits' partials are visible (L2)
-#pragma unroll
-    for (int u = 0; u < TN; ++u)
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int p = rows_s[8 * j + 2 * t + (c & 1)];
-          float v = 0.f;
-          if (p >= 0)
-            for (int s = 0; s < SPLITK; ++s)            // split order: deterministic
-              v += ld_cg(ws + ((size_t)s * P + p) * N + tile[u] * 16 + g + (c >> 1) * 8);
-          acc[u][j][c] = v;
-        }
-    if (lane == 0) atomicExch(lock, 0);                // ready for the next launch
-#endif
-    const float alpha = gscale[(size_t)e * gs_stride] * EPI_SCALE;
-#pragma unroll
-    for (int u = 0; u < OUT_TN; ++u)
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int p = rows_s[8 * j + 2 * t + (c & 1)];
-          if (p < 0) continue;
-          float v = acc[u][j][c] * alpha;
-#if SWIGLU
-          const float up = acc[u + TN / 2][j][c] * alpha;
-          v = v / (1.f + __expf(-v)) * up;
-#endif
-          if (routed) v *= pair_weight(tw, p, top_k, ids_cols, shared_e);
-#if REDUCE
-          red[(size_t)p * N + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = v;
-#else
-          y[(size_t)p * nout + (nt * OUT_TN + u) * 16 + g + (c >> 1) * 8] = to_bf16(v);
-#endif
-        }
-#if REDUCE
-    __threadfence();                                   // this CTA's rows before its arrivals
-    __syncwarp();
-    int last = 0;
-    if (lane < CAP) {
-      const int p = rows_s[lane];
-      if (p >= 0) last = atomicAdd(cnt + (size_t)(p / top_k) * NTILES + nt, 1) == top_k - 1;
-    }
-    u32 lm = __ballot_sync(0xffffffffu, last);
-    if (lm) __threadfence();
-    while (lm) {                                       // tokens whose last slot this CTA brought
-      const int i = __ffs(lm) - 1;
-      lm &= lm - 1;
-      const int tok = rows_s[i] / top_k;
-      for (int c = lane; c < 16 * TN; c += 32) {
-        float s = 0.f;
-        for (int sl = 0; sl < top_k; ++sl) s += ld_cg(red + ((size_t)tok * top_k + sl) * N + nt * 16 * TN + c);
-        y[(size_t)tok * N + nt * 16 * TN + c] = to_bf16(s);
-      }
-      if (lane == 0) atomicExch(cnt + (size_t)tok * NTILES + nt, 0);
-    }
-#endif
-#if NW > 1
-    }
+    if (warp == 0)                                   // the epilogue is warp 0's; the others wait below
+      tile_store(wred, R, e, q, nt, kz, lane, acc, y, gscale, gs_stride, routed, tw, top_k, ids_cols, shared_e, ws,
+               locks, red, cnt, N);
     if (w + 1 < NW) {                                // the next trip's tile: pointers at K's start, sums zeroed
 #pragma unroll
       for (int u = 0; u < TN; ++u) {
         tile[u] += TN;
-        wp[u] = wexp + tile[u] * wtile + 2 * kp0 * 32 + lane;
-        sp[u] = sexp + tile[u] * stile + kp0 * SW + SLANE(lane);
+        src.wp[u] = wexp + tile[u] * wtile + 2 * kp0 * 32 + lane;
+        src.sp[u] = sexp + tile[u] * stile + kp0 * SW + SLANE(lane);
 #pragma unroll
         for (int j = 0; j < MT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.f;
       }

@@ -22,10 +22,16 @@ import torch
 
 from autotune.tactics.scratch import stream_key
 
+from .args import MOE_MMA, MOE_TOK
+
 BF16, F32 = torch.bfloat16, torch.float32
 Tensor = torch.Tensor
-#: positions of the per-call pointers in both kernels' arguments: packed, scales, x, out, gs, ids, weights, ...
-X, OUT, IDS, TW = 2, 3, 5, 6
+_NAMES = ("wq", "sq", "x", "y", "gscale", "ids", "tw")
+#: positions of the per-call pointers (x, y, topk_ids, topk_weights) and of the pointers a plan checks (the
+#: pack's words, scales and global scale), read by name from the grouped kernels' declarations (args.py)
+WQ, SQ, X, OUT, GS, IDS, TW = (MOE_MMA.index(n) for n in _NAMES)
+if any(MOE_TOK.index(n) != MOE_MMA.index(n) for n in _NAMES):
+    raise ImportError("moe_plan: moe_mma and moe_tok declare wq, sq, x, y, gscale, ids, tw at different positions")
 #: plans kept per launcher (decode serves a few Ms and two forms)
 MAX_PLANS = 64
 
@@ -33,8 +39,8 @@ MAX_PLANS = 64
 class Plan:
     """One launch form: `plan(x, w, ids, tw)` → out, or None where the call is not this form."""
 
-    __slots__ = ("x_shape", "ids_dtype", "ids_shape", "dev", "device", "out_shape", "grid", "block", "head",
-                 "mid", "tail", "bad_ptr", "stream", "pool", "epoch", "run", "owner", "pf", "out", "out_ptr",
+    __slots__ = ("x_shape", "ids_dtype", "ids_shape", "dev", "device", "out_shape", "grid", "block", "args",
+                 "bad_ptr", "stream", "pool", "epoch", "run", "owner", "pf", "out", "out_ptr",
                  "out_bytes", "tid")
 
     def __init__(self, owner: Any, x: Tensor, ids: Tensor, out: Tensor, grid: tuple, block: tuple, args: tuple,
@@ -46,7 +52,7 @@ class Plan:
         self.out_ptr, self.out_bytes, self.tid = out.data_ptr(), out.numel() * 2, get_ident()
         self.x_shape, self.ids_dtype, self.ids_shape = x.shape, ids.dtype, ids.shape
         self.dev, self.device, self.out_shape = x.get_device(), x.device, out.shape
-        self.head, self.mid, self.tail = args[:X], args[OUT + 1:IDS], args[TW + 1:]
+        self.args = list(args)
         self.bad_ptr = args[TW]          # the unrouted form's weights pointer (the word, never read)
         self.pool, self.epoch = owner.scratch, owner.scratch.epoch
 
@@ -58,8 +64,9 @@ class Plan:
     def __call__(self, x: Tensor, w: Any, ids: Any, tw: Any, pf: tuple = ()) -> Tensor | None:
         if pf is not self.pf and pf != self.pf:        # another prefetch (moe_mma's last four arguments)
             return None
-        if (w.packed.data_ptr() != self.head[0] or w.scales.data_ptr() != self.head[1]   # storage swapped under the
-                or w.global_scale.data_ptr() != self.mid[0]):                          # same pack (.data =): re-read
+        a = self.args
+        if (w.packed.data_ptr() != a[WQ] or w.scales.data_ptr() != a[SQ]     # storage swapped under the same
+                or w.global_scale.data_ptr() != a[GS]):                      # pack (.data =): re-read
             return None
         if (x.dtype is not BF16 or x.shape != self.x_shape or not self._on(x) or not x.is_contiguous()
                 or x.data_ptr() % 16 or ids.__class__ is not Tensor or ids.dtype is not self.ids_dtype
@@ -85,8 +92,9 @@ class Plan:
             xa, oa = x.data_ptr(), self.out_ptr
             if self.tid != get_ident() or (xa < oa + self.out_bytes and oa < xa + x.numel() * 2):
                 return None                              # the whole way: this thread's buffer, or its one-line error
-        self.run(self.grid, self.block, self.head + (x.data_ptr(), out.data_ptr()) + self.mid
-                 + (ids.data_ptr(), tp) + self.tail, self.stream)
+        a = a.copy()
+        a[X], a[OUT], a[IDS], a[TW] = x.data_ptr(), out.data_ptr(), ids.data_ptr(), tp
+        self.run(self.grid, self.block, tuple(a), self.stream)
         return out
 
 

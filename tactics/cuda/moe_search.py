@@ -18,6 +18,11 @@ from .moe import (KERNEL, M_TILES, MAX_PAIRS, N_WALK, SPLIT_K, STAGES, TILES_N, 
 
 
 def enumerate_space(problem: Problem) -> list[Tactic]:
+    """Both grouped members' spaces: moe_mma's, then moe_tok's."""
+    return mma_space(problem) + tok_space(problem)
+
+
+def mma_space(problem: Problem) -> list[Tactic]:
     space = [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=m, split_k=k)
              for w in WARPS_K for s in STAGES for n in TILES_N for m in M_TILES for k in SPLIT_K]
     if problem.epilogue == "reduce" and WALKS:
@@ -25,10 +30,14 @@ def enumerate_space(problem: Problem) -> list[Tactic]:
         # row tiles on top spill on both archs (mt2 wk4 st2 tn2 nw2, ptxas 13.0)
         space += [Tactic("cuda", kernel=KERNEL, warps_k=w, stages=s, tiles_n=n, m_tiles=1, split_k=1, n_walk=v)
                   for w in WARPS_K for s in STAGES for n in TILES_N for v in N_WALK if not walk_spills(w, s, n)]
-    if not check_tok(problem):
-        space += [Tactic("cuda", kernel=TOK_KERNEL, warps_k=w, stages=s, tiles_n=n)
-                  for w in WARPS_K for s in TOK_STAGES for n in TILES_N]
     return space
+
+
+def tok_space(problem: Problem) -> list[Tactic]:
+    if check_tok(problem):
+        return []
+    return [Tactic("cuda", kernel=TOK_KERNEL, warps_k=w, stages=s, tiles_n=n)
+            for w in WARPS_K for s in TOK_STAGES for n in TILES_N]
 
 
 #: the N-tile walk (n_walk) in the search space: off — on an H100 (2026-12-05, docs/moe-decode.md part 15,

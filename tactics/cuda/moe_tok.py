@@ -6,13 +6,18 @@ checks, the bad-id word and the shared slot are moe_mma's (moe.check_call, MoeSc
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 import torch
 
+from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics.scratch import stream_key
 
+from . import args as A
 from . import layout as L
 from . import moe as MOE
 from .moe_plan import plannable
@@ -23,8 +28,9 @@ class TokLaunch(MOE.MoeLaunch):
     stacked CudaPacked: each token's routing-weighted sum over its top_k slots. `aligned=` is refused
     (the kernel reads topk_ids as they are; aligned_block_m is None at every M)."""
 
-    prefetches = False        # w2's kernel: no kernel after it in the layer to prefetch for
-    scratch_out = False       # its output is the layer's: a fresh tensor
+    # no prefetch (w2's kernel: no kernel after it in the layer to prefetch for), no scratch output
+    # (its output is the layer's: a fresh tensor)
+    caps = replace(MOE.MoeLaunch.caps, prefetches=False, scratch_out=False)
 
     def __init__(self, problem: Problem, tactic: Tactic, device: str, check_ids: bool | None = None):
         if not MOE.is_tok(tactic):
@@ -70,13 +76,29 @@ class TokLaunch(MOE.MoeLaunch):
         ints = self._ints.get(form)
         if ints is None:
             shared_e, cols = (p.experts - 1, p.top_k - 1) if shared_slot else (-1, p.top_k)
-            ints = (np.int32(m), np.int32(p.n), np.int32(p.k), np.int32(p.top_k), np.int32(p.experts),
-                    *(np.int32(f) for f in form[1:5]), np.int32(shared_e), np.int32(cols))
+            ints = {k: np.int32(v) for k, v in dict(
+                M=m, N=p.n, K=p.k, top_k=p.top_k, n_exp=p.experts, ids64=form[1], x_pair=form[2], routed=form[3],
+                gs_stride=form[4], shared_e=shared_e, ids_cols=cols).items()}
             if len(self._ints) < 256:                   # decode serves a few Ms: beyond, made per call
                 self._ints[form] = ints
-        args = (w.packed.data_ptr(), w.scales.data_ptr(), x.data_ptr(), out.data_ptr(), gs.data_ptr(),
-                ids.data_ptr(), tw_.data_ptr(), bad.data_ptr()) + ints
+        args = A.MOE_TOK.pack(wq=w.packed.data_ptr(), sq=w.scales.data_ptr(), x=x.data_ptr(), y=out.data_ptr(),
+                              gscale=gs.data_ptr(), ids=ids.data_ptr(), tw=tw_.data_ptr(), bad=bad.data_ptr(), **ints)
         grid, block, run, stream = (m, p.n // (L.ROWS * c.tiles_n), 1), (c.threads, 1, 1), self._run(dev), stream_key(dev)
         run(grid, block, args, stream)
         if remember:
             self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run)
+
+
+class TokMember(MOE.MoeMember):
+    """The token-major grouped kernel (moe_tok.cu) as a member of the cuda family (members.py):
+    tactics name kernel="moe_tok"; parameters TOK_SCHEMA; the reduce variant only."""
+
+    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
+        from .moe_search import tok_space
+        return tok_space(problem)
+
+    def default(self, problem: Problem, arch: Arch) -> None:
+        return None                                 # the family's grouped default is moe_mma's
+
+    def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
+        return TokLaunch(problem, tactic, device)

@@ -22,7 +22,11 @@ Run = Callable[[tuple, tuple, Sequence[Any], int], None]   # (grid, block, args,
 
 def signature(text: str, name: str) -> str:
     """The struct format (native alignment, as the C ABI lays out kernel parameters) of kernel
-    `name`'s parameters in `text`: 'P' per pointer, 'i' per int; any other type is refused."""
+    `name`'s parameters in `text`: 'P' per pointer, 'i' per int; any other type is refused. A
+    parameter list given as a macro (`name(NAME_PARAMS)`, args.py) is read from its #define."""
+    d = re.search(r"#define\s+" + re.escape(name.upper()) + r"_PARAMS\s+([^\n]*)", text)
+    if d is not None:
+        text = text.replace(f"{name.upper()}_PARAMS)", d.group(1) + ")")
     m = re.search(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?' + re.escape(name) + r"\s*\(([^)]*)\)", text)
     if m is None:
         raise ValueError(f"no extern \"C\" __global__ kernel {name} in the source")

@@ -19,7 +19,8 @@ through the member's normal launcher (Triton's own launch), with the same bound 
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from autotune.core.operands import out_checker, x_checker
 from autotune.core.problem import Problem
@@ -42,12 +43,41 @@ def _aligned(*ts) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 
 
+class _Plan(NamedTuple):
+    """BoundW4A16's launch at one M: what the call hands Triton's compiled launcher."""
+
+    stream: int             # the stream its scratch belongs to; -1: no scratch, any stream
+    epoch: int              # the pool's epoch it was made at
+    run: Any                # Triton's compiled launcher (direct.Direct.run)
+    tiles: int              # grid x
+    split: int              # grid y (split-K)
+    function: Any
+    metadata: Any
+    w_ptrs: tuple           # the weight's pointers
+    scratch_ptrs: tuple     # workspace, counters
+    tail: tuple             # N, K and the constexprs
+
+
+class _DequantPlan(NamedTuple):
+    """BoundDequantCublas's dequant launch on one stream, and the bf16 weight it fills."""
+
+    run: Any
+    grid_n: int
+    grid_k: int
+    function: Any
+    metadata: Any
+    args: tuple             # weight pointers, the buffer's, N, K and the constexprs
+    w_t: Any                # the buffer, transposed: torch.matmul's right operand
+    epoch: int
+
+
 class _BoundDense(LauncherBase):
     """Shared part: weight, checks, plan cache, the fallback. Subclasses implement `_plan(x, out,
     stream)` -> a plan tuple, or None when this call must take the normal launch."""
 
-    def __init__(self, problem: Problem, launcher: Any, packed: Any):
+    def __init__(self, problem: Problem, launcher: Any, packed: Any, batch_invariant: bool = False):
         self.problem, self.inner, self.weight = problem, launcher, packed
+        self.caps = replace(launcher.caps, batch_invariant=batch_invariant)
         self.n, self.k = problem.n, problem.k
         self.device = packed.packed.device
         self.check, self.check_out = x_checker(problem, packed), out_checker(problem)
@@ -78,7 +108,7 @@ class _BoundDense(LauncherBase):
         if scratch is not None and scratch is not self.scratch:
             self.scratch = scratch
             self.plans.clear()
-            getattr(self.inner, "attach", lambda *a: None)(scratch)     # its normal launch (the fallback) too
+            self.inner.attach(scratch)      # its normal launch (the fallback) too
 
     def _fallback(self, x, out):
         self.launches[1] += 1
@@ -149,7 +179,7 @@ class BoundW4A16(_BoundDense):
             return self._fallback(x, out)
         stream = self._stream(self.device.index)
         p = self.plans.get(m)
-        if p is None or (p[0] != stream and p[0] != -1) or p[1] != self.scratch.epoch:   # -1: no scratch, any stream
+        if p is None or (p.stream != stream and p.stream != -1) or p.epoch != self.scratch.epoch:   # -1: any stream
             try:
                 p = self._plan(x, out, stream)
             except Exception as e:  # noqa: BLE001 - a route that cannot plan falls back, once
@@ -157,7 +187,8 @@ class BoundW4A16(_BoundDense):
             if p is None:           # split-K cut into row chunks (large M): the launcher's loop
                 return self._fallback(x, out)
         self.launches[0] += 1
-        p[2](p[3], p[4], 1, stream, p[5], p[6], None, None, None, xp, *p[7], op, *p[8], m, *p[9])
+        _, _, run, tiles, split, function, metadata, w_ptrs, scratch_ptrs, tail = p     # a _Plan: one unpack
+        run(tiles, split, 1, stream, function, metadata, None, None, None, xp, *w_ptrs, op, *scratch_ptrs, m, *tail)
         return out
 
     def _plan(self, x, out, stream):
@@ -190,8 +221,8 @@ class BoundW4A16(_BoundDense):
         note_compiled(inner, ck, x.device, lambda arch: smem_bytes(prm, self.problem.w_fmt, arch))
         d = direct.Direct(ck)
         tail = direct.constexprs(fn, 10, consts)
-        p = (stream if sk > 1 else -1, pool.epoch, d.run, tiles, sk, d.function, d.metadata, self.w_ptrs,
-             (ws.data_ptr(), locks.data_ptr()), (n, k, *tail))
+        p = _Plan(stream if sk > 1 else -1, pool.epoch, d.run, tiles, sk, d.function, d.metadata, self.w_ptrs,
+                  (ws.data_ptr(), locks.data_ptr()), (n, k, *tail))
         # counters allocated under capture are zeroed only by the graph: plan again outside it
         if (len(self.plans) < MAX_PLANS or m in self.plans) and not pool.dirty:
             self.plans[m] = p
@@ -210,14 +241,15 @@ class BoundDequantCublas(_BoundDense):
             return self._fallback(x, out)
         stream = self._stream(self.device.index)
         p = self.plans.get(stream)
-        if p is None or p[7] != self.scratch.epoch:
+        if p is None or p.epoch != self.scratch.epoch:
             try:
                 p = self._plan(stream)
             except Exception as e:  # noqa: BLE001
                 return self._give_up(e, x, out)
         self.launches[0] += 1
-        p[0](p[1], p[2], 1, stream, p[3], p[4], None, None, None, *p[5])
-        torch.matmul(x, p[6], out=out)
+        run, grid_n, grid_k, function, metadata, args, w_t, _ = p        # a _DequantPlan: one unpack
+        run(grid_n, grid_k, 1, stream, function, metadata, None, None, None, *args)
+        torch.matmul(x, w_t, out=out)
         return out
 
     def _plan(self, stream):
@@ -233,7 +265,7 @@ class BoundDequantCublas(_BoundDense):
         ck = direct.compiled(fn, grid, (w.packed, w.scales, w.global_scale, wbuf, n, k), kw)
         d = direct.Direct(ck)
         tail = direct.constexprs(fn, 6, inner._consts)
-        p = (d.run, grid[0], grid[1], d.function, d.metadata, (*self.w_ptrs, wbuf.data_ptr(), n, k, *tail), wbuf.T,
-             self.scratch.epoch)
+        p = _DequantPlan(d.run, grid[0], grid[1], d.function, d.metadata, (*self.w_ptrs, wbuf.data_ptr(), n, k, *tail),
+                         wbuf.T, self.scratch.epoch)
         self.plans[stream] = p
         return p

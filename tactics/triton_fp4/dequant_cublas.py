@@ -28,6 +28,10 @@ class DequantCublasMember:
     compat_kernel = KERNEL
     schema = {"kernel": (KERNEL,), "block_n": POW2_MN, "block_k": POW2_K, "num_warps": WARPS_OK}
 
+    def batch_invariant(self, params: Mapping[str, Any]) -> bool:
+        """No: cuBLAS picks its algorithm (and K order) per shape."""
+        return False
+
     def supports(self, problem: Problem) -> str | None:
         return w4a16_support(problem, KERNEL, "dense")
 

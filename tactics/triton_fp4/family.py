@@ -28,6 +28,7 @@ from autotune.core.tactic import Tactic, Verdict, check_params
 from autotune.tactics.base import FamilyBase, Kernel
 
 from .args import U8_LAYOUT, U8Weight, pack_u8
+from .bound_dense import Remember
 from .compat import rejection
 from .compile import compile_kernel
 from .member import FAMILY, Member
@@ -200,12 +201,10 @@ class TritonFamily(FamilyBase):
         check_weight(problem, packed)
         launcher = self.build(problem, tactic, device)
         invariant = self.batch_invariant(problem, tactic)
-        cls = getattr(launcher, "bound_cls", None) if problem.kind == "dense" else None
-        if cls is None:
+        if problem.kind != "dense" or not isinstance(launcher, Remember):
             return self.bind_kernel(problem, launcher, packed, batch_invariant=invariant)
-        bound = cls(problem, launcher, packed if isinstance(packed, U8Weight) else pack_u8(packed))
-        bound.batch_invariant = invariant
-        return bound
+        return launcher.bound_cls(problem, launcher, packed if isinstance(packed, U8Weight) else pack_u8(packed),
+                                  batch_invariant=invariant)
 
     # ---- self-description for the search's ranking and --batch-invariant ---------------------
     def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
@@ -227,8 +226,7 @@ class TritonFamily(FamilyBase):
             m = member_of(tactic.get("kernel"))
         except ValueError:
             return False
-        says = getattr(m, "batch_invariant", None)
-        return bool(says(tactic.params)) if callable(says) else False
+        return bool(m.batch_invariant(tactic.params))
 
     # ---- which code measured a trial (autotune.core.codekey) ---------------------------------
     def code(self, tactic: Tactic) -> Code:

@@ -74,6 +74,8 @@ class Member(Protocol):
         problem (shared memory does not depend on it). Imports Triton."""
     def make_launcher(self, problem: Problem, tactic: Tactic, device: str) -> Any:
         """The callable that runs the kernel (FP4Weight or U8Weight weights)."""
+    def batch_invariant(self, params: Mapping[str, Any]) -> bool:
+        """A row's result does not depend on how many rows share the call (Family.batch_invariant)."""
 
 
 def w4a16_support(problem: Problem, kernel: str, kind: str) -> str | None:

@@ -34,7 +34,7 @@ from autotune.core.tactic import Tactic, Verdict
 
 from . import compat as _compat
 from . import smem as _smem
-from autotune.tactics.base import LauncherBase
+from autotune.tactics.base import Caps, LauncherBase
 from autotune.tactics.scratch import PoolUser, capturing, stream_key
 
 from .member import FAMILY, SHARED_CODE, check_axes, grid
@@ -254,9 +254,10 @@ class MoEDecodeLauncher(PoolUser, LauncherBase):
     check_ids=True or $AUTOTUNE_CHECK_IDS=1) an eager call reads it after the launch (one 4-byte
     read, a host sync) and raises ValueError; graph capture skips the read."""
 
-    #: no host sync under CUDA-graph capture (alignment on the device, buffers sized by M, the
-    #: bad-id read skipped): the runtime may capture it (runtime/nn.py)
-    capture_safe = True
+    #: capture_safe: no host sync under CUDA-graph capture (alignment on the device, buffers sized
+    #: by M, the bad-id read skipped): the runtime may capture it (runtime/nn.py); checks_ids: rows
+    #: of ids outside [-1, E) come out NaN and set `bad`: a caller may leave the range check to it
+    caps = Caps(capture_safe=True, checks_ids=True)
 
     def __init__(self, problem: Any, config: dict[str, Any], epilogue: str, check_ids: bool = True):
         self.problem, self.params, self.epilogue, self.check_ids = problem, config, epilogue, check_ids
@@ -304,9 +305,6 @@ class MoEDecodeLauncher(PoolUser, LauncherBase):
         elif tuple(out.shape) != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous bf16 tensor of shape {shape}")
         return m, out
-
-    #: rows of ids outside [-1, E) come out NaN and set `bad`: a caller may leave the range check to it
-    checks_ids = True
 
     def chunk_tokens(self) -> int | None:
         """Tokens per launch: `chunk_tokens(self.params, self.problem)`."""

@@ -87,6 +87,10 @@ class W4A4Member:
     schema = {"kernel": (KERNEL,), "block_m": BLOCK_M, "block_n": BLOCK_N, "block_k": BLOCK_K,
               "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 
+    def batch_invariant(self, params: Mapping[str, Any]) -> bool:
+        """Not claimed: no test holds its rows bit-identical across M."""
+        return False
+
     def supports(self, problem: Problem) -> str | None:
         if problem.kind != "dense":
             return f"triton w4a4 kernel handles dense problems, not {problem.kind!r}"

@@ -6,17 +6,16 @@ opt-in raise) is the real family. It lets the grouped kernel's indexing be check
 against float64."""
 from __future__ import annotations
 
+from autotune.tactics.base import Caps
 from autotune.tactics.cuda import moe as MOE
 from autotune.tactics.cuda import moe_emulate as EMU
 from autotune.tactics.cuda.family import CudaFamily
 
 
 class _CpuMoeRun(MOE.MoeScratch):
-    capture_safe = False
-    checks_ids = True
-    shared_slot = True
-    prefetches = True         # checked as the launcher checks it, recorded (a hint: the port computes without it)
-    scratch_out = True        # the port writes into the pool's view as the kernel does
+    # not capture-safe; prefetch= checked as the launcher checks it, recorded (a hint: the port computes
+    # without it); scratch_out= into the pool's view as the kernel does
+    caps = Caps(checks_ids=True, shared_slot=True, prefetches=True, scratch_out=True)
 
     def __init__(self, problem, tactic, check_ids=None):
         self.problem, self.tactic = problem, tactic

@@ -4,7 +4,7 @@ the sticky bad-id word (its own, or the one `attach` gives), split-K partials st
 workspace [split_k, P, N] and summed in split order, the reduce epilogue's fp32 rows [P, N] — both
 taken from its ScratchPool (its own, or the dispatcher's after `attach`) with moe_decode's sizes,
 so a test can count what forces a device→host read on a forward and what scratch the layers hold.
-`capture_safe` and `checks_ids` are True, as for moe_decode and moe_mma."""
+`caps.capture_safe` and `caps.checks_ids` are True, as for moe_decode and moe_mma."""
 from __future__ import annotations
 
 import torch
@@ -12,16 +12,14 @@ import torch
 from autotune.core import settings
 from autotune.core.operands import out_shape
 from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import FamilyBase, LauncherBase
+from autotune.tactics.base import Caps, FamilyBase, LauncherBase
 from autotune.tactics.scratch import ScratchPool, stream_key
 
 SPLITS = (1, 2, 4)
 
 
 class DeviceMoELauncher(LauncherBase):
-    capture_safe = True
-    checks_ids = True
-    batch_invariant = True
+    caps = Caps(capture_safe=True, checks_ids=True, batch_invariant=True)
 
     def __init__(self, problem, split_k: int):
         self.problem, self.split_k = problem, split_k
