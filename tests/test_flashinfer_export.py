@@ -25,6 +25,7 @@ from autotune.core.tactic import Tactic
 from autotune.integrations.flashinfer import ExportError, export_flashinfer, keys as K
 from autotune.cache import Store
 from autotune.tactics.cutlass import flashinfer_map as fim
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = Path(os.environ.get("FP4_FLASHINFER_TARGETS", REPO / ".flashinfer"))
@@ -123,9 +124,7 @@ def test_refuses_bad_requests(cache_db, tmp_path, version, meta, needle):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(REPO / "cli.py"), "cache", "export", "--format", "flashinfer", *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return run_cli("cache", "export", "--format", "flashinfer", *args)
 
 
 @pytest.mark.parametrize("extra,needle", [
