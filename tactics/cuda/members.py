@@ -92,6 +92,8 @@ REGISTRY: tuple[Member, ...] = (
            ("test_cuda_moe_gpu.py", "test_tok_", False), "moe_mma", GROUPED_USES),
     Member("moe_tok", SHARED + ROUTING, (".moe_tok", ".moe", ".moe_checks", ".moe_plan"), ".moe_tok:TokMember",
            ("test_cuda_moe_gpu.py", "test_tok_", True), "moe_tok", GROUPED_USES),
+    Member("moe_layer", SHARED + ROUTING, (".moe_layer", ".moe_layer_protocol", ".moe", ".moe_checks", ".moe_plan"),
+           ".moe_layer:LayerMember", ("test_cuda_moe_layer_gpu.py", "test_", True), "moe_layer", GROUPED_USES),
 )
 #: GPU tests every member's record needs besides its own (the texts against the base commit's, PDL)
 COMMON_GPU_TESTS = ("test_cuda_base_gpu.py", "test_cuda_pdl_gpu.py")
