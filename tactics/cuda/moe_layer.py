@@ -80,7 +80,7 @@ def config(problem: Problem, tactic: Tactic) -> LayerConfig:
 
 
 def validate(tactic: Tactic) -> str | None:
-    return check_params(tactic, SCHEMA)
+    return check_params(tactic, SCHEMA, "cuda moe_layer")
 
 
 def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
