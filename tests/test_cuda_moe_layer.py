@@ -15,6 +15,7 @@ from autotune.tactics.cuda import build as B
 from autotune.tactics.cuda import layout as L
 from autotune.tactics.cuda import members as M
 from autotune.tactics.cuda import moe_layer as ML
+from autotune.tactics.cuda import moe_layer_emulate as MLE
 from autotune.tactics.cuda import pdl
 from autotune.tactics.cuda.family import CudaFamily
 
@@ -90,7 +91,7 @@ def _layer(prob, tactic, ids, seed, shared_slot=False):
     w2 = inputs.random_weight(ML.w2_problem(prob), "cpu", torch.Generator().manual_seed(seed + 5))
     tw = s.topk_weights[:, :ids.shape[1]].contiguous()
     bad = torch.zeros(1, dtype=torch.int32)
-    y = ML.emulate(prob, tactic, s.x, L.pack_experts(s.w), L.pack_experts(w2), ids, tw, bad=bad,
+    y = MLE.emulate(prob, tactic, s.x, L.pack_experts(s.w), L.pack_experts(w2), ids, tw, bad=bad,
                    shared_slot=shared_slot)
     return y, s, w2, tw, bad
 
@@ -125,9 +126,9 @@ def test_cpu_port_bad_ids_and_the_shared_slot():
     two = torch.tensor([[0, 4], [3, -1], [2, 1]], dtype=torch.int32)
     a, s, w2, tw, _ = _layer(SMALL, _t(warps_k=1), two, 11, shared_slot=True)
     full = torch.cat([two, two.new_full((3, 1), 5)], 1)
-    b = ML.emulate(SMALL, _t(warps_k=1), s.x, L.pack_experts(s.w), L.pack_experts(w2), full,
+    b = MLE.emulate(SMALL, _t(warps_k=1), s.x, L.pack_experts(s.w), L.pack_experts(w2), full,
                    torch.cat([tw, tw.new_ones(3, 1)], 1))
     assert torch.equal(a, b)
     with pytest.raises(ValueError, match="pairs > 256"):
-        ML.emulate(SMALL, _t(), torch.zeros(86, 256, dtype=torch.bfloat16), None, None,
+        MLE.emulate(SMALL, _t(), torch.zeros(86, 256, dtype=torch.bfloat16), None, None,
                    torch.zeros(86, 3, dtype=torch.int32))

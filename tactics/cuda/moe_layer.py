@@ -135,27 +135,6 @@ def grid(problem: Problem, cfg: LayerConfig, m: int) -> tuple[int, int, int]:
     return n13, n2, m * problem.top_k * n13 + m * n2
 
 
-def emulate(problem: Problem, tactic: Tactic, x: torch.Tensor, w13: L.CudaPacked, w2: L.CudaPacked,
-            topk_ids: torch.Tensor, topk_weights: torch.Tensor | None = None, bad: torch.Tensor | None = None,
-            shared_slot: bool = False) -> torch.Tensor:
-    """The layer kernel's arithmetic on the CPU: its w13 role is moe_mma's direct route (m_tiles 1,
-    split_k 1, the tactic's warps and tiles, SwiGLU) storing h in bf16, its w2 role moe_tok's grid on
-    h as x per pair; the roles' order is the protocol's (moe_layer_protocol.py models it)."""
-    why = check_tiling(problem, tactic)
-    if why:
-        raise ValueError(f"{problem.key} {tactic}: {why}")
-    from .moe_emulate import emulate as em
-    wk, st, tn = (int(tactic[k]) for k in ("warps_k", "stages", "tiles_n"))
-    m = x.shape[0]
-    if m * problem.top_k > MAX_PAIRS:
-        raise ValueError(f"{problem.key}: M·top_k = {m * problem.top_k} pairs > {MAX_PAIRS} (the layer kernel's scope)")
-    bad = torch.zeros(1, dtype=torch.int32) if bad is None else bad
-    w13_t = Tactic("cuda", kernel="moe_mma", warps_k=wk, stages=min(st, 4), tiles_n=tn, m_tiles=1, split_k=1)
-    hrows = em(problem, w13_t, x, w13, topk_ids, None, bad=bad, shared_slot=shared_slot)
-    w2_t = Tactic("cuda", kernel="moe_tok", warps_k=wk, stages=st, tiles_n=tn)
-    return em(w2_problem(problem), w2_t, hrows, w2, topk_ids, topk_weights, bad=bad, shared_slot=shared_slot)
-
-
 class LayerLaunch:
     """(x, w13, w2, topk_ids, topk_weights=None, out=None, shared_slot=False) → bf16 [M, H]: the layer
     on checked stacked CudaPacked weights (w13 [E, 2I, H] as vLLM's [gate; up], w2 [E, H, I])."""
@@ -270,5 +249,5 @@ class LayerMember(MOE.MoeMember):
         return {}
 
 
-__all__ = ["LayerConfig", "LayerLaunch", "LayerMember", "config", "emulate", "grid", "layer_space", "verdict",
+__all__ = ["LayerConfig", "LayerLaunch", "LayerMember", "config", "grid", "layer_space", "verdict",
            "w2_problem"]
