@@ -240,9 +240,11 @@ def run(cs: list, archs=ARCHS, jobs: int = 2) -> list[dict]:
 def table(rows: list[dict]) -> str:
     out = [f"Registers, stack and spills of the cuda family's kept configs (tools/cuda_sass_same.py, "
            f"{compiler()}); `same`: SASS identical to {BASE_COMMIT}'s text.", "",
-           "| arch | config | registers | stack B | local B | shared B | same |", "|---|---|---:|---:|---:|---:|---|"]
+           "| arch | config | registers | base registers | stack B | local B | shared B | same |",
+           "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in sorted(rows, key=lambda r: (r["arch"], r["config"])):
-        out.append(f"| {r['arch']} | {r['config']} | {r['registers']} | {r['stack']} | {r['local']} | {r['shared']} | "
+        out.append(f"| {r['arch']} | {r['config']} | {r['registers']} | {r['base_registers']} | {r['stack']} | "
+                   f"{r['local']} | {r['shared']} | "
                    f"{'yes' if r['same'] else 'NO'} |")
     return "\n".join(out) + "\n"
 

@@ -23,7 +23,7 @@ from autotune.engine.executor import exit_now
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
-from autotune.tactics.base import PLAIN_LAYOUT
+from autotune.tactics.base import PLAIN_LAYOUT, as_launcher
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 
