@@ -104,16 +104,17 @@ def check_tiling(problem: Problem, tactic: Tactic) -> str | None:
 
 
 def verdict(problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
-    if arch.cc_int < 80:
-        return Verdict.reject(f"mma.sync bf16, cp.async and ld.acquire need sm_80 or newer, not {arch.name}")
-    why = check_tiling(problem, tactic)
+    """Exact: the tiling divides both GEMMs, and the static shared memory (`LayerConfig.smem`, = ptxas)
+    fits the static limit."""
+    why = (f"mma.sync bf16, cp.async and ld.acquire need sm_80 or newer, not {arch.name}" if arch.cc_int < 80
+           else check_tiling(problem, tactic))
     if why:
         return Verdict.reject(why)
-    smem = config(problem, tactic).smem()
-    limit = min(MOE.STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
-    if smem > limit:
-        return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
-    return Verdict.keep(smem, limit, int(tactic["stages"]))
+    smem, limit, stages = config(problem, tactic).smem(), min(MOE.STATIC_SMEM_LIMIT, arch.smem_per_block_optin), \
+        int(tactic["stages"])
+    if smem <= limit:
+        return Verdict.keep(smem, limit, stages)
+    return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, stages)
 
 
 def layer_space(problem: Problem, arch: Arch) -> list[Tactic]:
