@@ -16,12 +16,13 @@
 //           counter at the wrap): nothing on the host changes between graph replays.
 // Ids: -1 a slot adding nothing; an id outside [-1, E) makes the token's row NaN and sets `bad`.
 // Config (WK, STAGES, TN even; MT 1, SWIGLU 1 for w13's tiles) and the format's macros come as -D
-// options; build.text joins the shared parts and moe_common.cuh before this file.
+// options; build.text joins the shared parts, moe_common.cuh and tok_slots.cuh (the w2 role's slot
+// cursor, moe_tok's) before this file.
 #if MT != 1 || !SWIGLU || TN % 2
 #error "moe_layer: MT 1, SWIGLU 1 and an even TN (w13's gate and up tiles; w2 reads the same TN rows)"
 #endif
 #define CAP 8                 // pairs per w13 group (one n8 tile of x rows)
-#define MAXK 32               // slots per token (top_k, the shared slot included)
+#define MAXK 32               // slots per token (top_k, the shared slot included; tok_slots.cuh)
 #define EPOCH_BITS 16
 #define EPOCH_MAX 0xFFFF
 #define SPIN_BOUND (1 << 22)  // polls before an acquire gives up (ERR_SPIN)
@@ -33,12 +34,6 @@ static __device__ __forceinline__ u32 ld_acquire(const u32* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-static __device__ __forceinline__ uint4 ldcg16(const void* p) {   // another CTA's h: from L2
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // w13 group rows (MT 1): pair rows_s[2t + (c & 1)] for value c; weight rows of tile u
 struct GroupRows {
   const int* rows_s;
@@ -116,74 +111,21 @@ static __device__ __forceinline__ void w13_role(unsigned char* smem, int* rows_s
   }
 }
 
-// w2 weight source over the token's slots (the ring's issue side: slot is, k-pair ik)
-struct SlotW {
-  TilePtrs p;
-  int is, ik, kpairs, n, nt, kp0, lane, H, I;
-  const int* slot_e;
-  const uint4* wq;
-  const u32* sq;
-  __device__ __forceinline__ void at(int s) {
-    const size_t wtile = (size_t)(I / 64) * 32, stile = (size_t)(I / 128) * SW;
-#pragma unroll
-    for (int u = 0; u < TN; ++u) {
-      const size_t tile = (size_t)slot_e[s] * (H / 16) + nt * TN + u;
-      p.wp[u] = wq + tile * wtile + 2 * kp0 * 32 + lane;
-      p.sp[u] = sq + tile * stile + kp0 * SW + SLANE(lane);
-    }
-  }
-  __device__ __forceinline__ const uint4* w(int u) const { return p.wp[u]; }
-  __device__ __forceinline__ const u32* s(int u) const { return p.sp[u]; }
-  __device__ __forceinline__ void next() {
-    p.next();
-    if (++ik == kpairs && (ik = 0, ++is < n)) at(is);
-  }
-};
-
-// w2's x: h rows through L2 (ld.global.cg), the read side's (slot rs, k-pair rk); at a slot's last
-// k-pair its partial times the slot's scale goes into `sum` (slot order) and acc restarts
-struct SlotH {
-  const u16* hk;
-  const int* slot_x;
-  const float* slot_a;
-  int I, kpairs, rs, rk;
-  float (&sum)[TN][4];
-  __device__ __forceinline__ void load(int s, int k, uint4 (&xv)[1][4]) const {
-    const u16* r = hk + (size_t)slot_x[s] * I + k * 128;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) xv[0][q] = ldcg16(r + (q >> 1) * 64 + (q & 1) * 8);
-  }
-  __device__ __forceinline__ void first(uint4 (&xv)[1][4]) { load(0, 0, xv); }
-  __device__ __forceinline__ void ahead(int i, int total, uint4 (&xn)[1][4]) {
-    if (i + 1 < total) load(rk + 1 == kpairs ? rs + 1 : rs, rk + 1 == kpairs ? 0 : rk + 1, xn);
-  }
-  __device__ __forceinline__ void step_done(float (&acc)[TN][1][4]) {
-    if (++rk < kpairs) return;
-    FOR_VALUES(TN, u, j, c) { sum[u][c] += acc[u][j][c] * slot_a[rs]; acc[u][j][c] = 0.f; }
-    rk = 0;
-    ++rs;
-  }
-};
-
-// warp 0: the token's routed slots into slot_x / slot_e / slot_a (slot order) and each one's expert
-// acquired (its word = ep | need, need = its groups x n13_tiles; bounded). Returns the count, -1 for
-// a bad id, -2 for an acquire past its bound (ERR_SPIN recorded)
+// warp 0: the token's routed slots (tok_slots.cuh: x row = the pair's h row, expert, scale) and each
+// one's expert acquired (its word = ep | need, need = its groups x n13_tiles; bounded). Returns the
+// count, -1 for a bad id, -2 for an acquire past its bound (ERR_SPIN recorded)
 static __device__ __forceinline__ int w2_slots(int tok, int lane, u32 ep, const u32* cnt, int* state,
                                                const void* ids, int ids64, int P, int top_k, int ids_cols,
                                                int shared_e, int n_exp, int routed, const float* gs, int gs_stride,
                                                const float* tw, int n13_tiles, int* slot_x, int* slot_e,
                                                float* slot_a) {
-  const int p = tok * top_k + lane;
-  const long long e = lane < top_k ? pair_id(ids, ids64, p, top_k, ids_cols, shared_e) : -1;
-  const bool hit = e >= 0 && e < n_exp;
-  const u32 m = __ballot_sync(0xffffffffu, hit);
-  if (__any_sync(0xffffffffu, e < -1 || e >= n_exp) || top_k > MAXK) return -1;
+  const int n = token_slots(tok, lane, ids, ids64, top_k, ids_cols, shared_e, n_exp, 1, routed, gs, gs_stride, tw,
+                            slot_x, slot_e, slot_a);
+  if (n < 0) return -1;
+  __syncwarp();                                  // the slots' experts, written by their lanes
   bool ok = true;
-  if (hit) {
-    const int pos = __popc(m & ((1u << lane) - 1u));
-    slot_x[pos] = p;
-    slot_e[pos] = (int)e;
-    slot_a[pos] = gs[(size_t)e * gs_stride] * EPI_SCALE * (routed ? pair_weight(tw, p, top_k, ids_cols, shared_e) : 1.f);
+  if (lane < n) {
+    const int e = slot_e[lane];
     int pairs = 0;
     for (int j = 0; j < P; ++j) pairs += pair_id(ids, ids64, j, top_k, ids_cols, shared_e) == e;
     const u32 want = (ep << EPOCH_BITS) | (u32)((pairs + CAP - 1) / CAP * n13_tiles);
@@ -191,7 +133,7 @@ static __device__ __forceinline__ int w2_slots(int tok, int lane, u32 ep, const 
     while (ld_acquire(cnt + e) != want && (ok = ++polls < SPIN_BOUND)) __nanosleep(64);
     if (!ok) atomicCAS(state + ERR, 0, ERR_SPIN);
   }
-  return __all_sync(0xffffffffu, ok) ? __popc(m) : -2;
+  return __all_sync(0xffffffffu, ok) ? n : -2;
 }
 
 // w2 role, token tok and N tile nt: its slots' routing-weighted rows summed in registers, one store
@@ -205,13 +147,13 @@ static __device__ __forceinline__ void w2_role(unsigned char* smem, int* slot_x,
   }
   if (n < 0) return;                             // an acquire past its bound: no row (the error word says so)
   const int kpairs = I / 128 / WK, kp0 = warp * kpairs, total = n * kpairs;
-  SlotW src = {{}, 0, 0, kpairs, n, nt, kp0, lane, H, I, slot_e, wq, sq};
-  if (n > 0) src.at(0);
+  SlotSrc src = {{}, 0, 0, kpairs, n, H, I, nt, kp0, lane, slot_e, wq, sq};   // N = H, K = I
+  if (n > 0) slot_ptrs(wq, sq, slot_e[0], H, I, nt, kp0, lane, src.p.wp, src.p.sp);
   unsigned char* const wslot0 = smem + tid * 16;
   unsigned char* const sslot0 = smem + RING_WBYTES + tid * 4;
   int issued = prologue(wslot0, sslot0, src, total), rslot = 0, wslot = STAGES - 1;
   float acc[TN][1][4] = {}, sum[TN][4] = {};
-  SlotH xs = {h + (size_t)(kp0 * 128 + 16 * t), slot_x, slot_a, I, kpairs, 0, 0, sum};
+  SlotX<true> xs = {h + (size_t)(kp0 * 128 + 16 * t), slot_x, slot_a, I, kpairs, 0, 0, sum};   // h from L2
   if (total > 0) main_loop(total, wslot0, sslot0, rslot, wslot, issued, src, xs, acc);
   FOR_VALUES(TN, u, j, c) acc[u][j][c] = sum[u][c];
   const float* wred = warps_publish(smem, warp, lane, acc);   // the warps' sums, in warp order
