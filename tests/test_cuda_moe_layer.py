@@ -69,7 +69,8 @@ def test_the_text_declares_its_parameters_and_the_python_matches_it():
                         ("ERR_SPIN", ML.PR.ERR_SPIN)):
         assert f"#define {name} {value}" in own, name
     assert "#define EPOCH_MAX 0xFFFF" in own and ML.PR.EPOCH_MAX == 0xFFFF
-    assert "ld.global.cg.v4" in own and "ld.acquire.gpu" in own         # h from L2 only, after an acquire
+    # h from L2 only (tok_slots.cuh's SlotX<true>: ld.global.cg), after an acquire
+    assert "SlotX<true>" in own and "SlotX<>" not in own and "ld.global.cg.v4" in text and "ld.acquire.gpu" in own
 
 
 @NO_NVCC
