@@ -31,17 +31,18 @@ def _ml():
 
 def _weights(seed=0):
     if seed not in _W:
-        from autotune.tactics.cuda import layout as L
+        from autotune.tactics import registry
+        fam = registry.get("cuda")
         w13 = inputs.seeded_weight(W13, "cuda", 11 + 2 * seed)
         w2 = inputs.seeded_weight(_ml().w2_problem(W13), "cuda", 12 + 2 * seed)
-        _W[seed] = (w13, w2, L.pack_experts(w13), L.pack_experts(w2))
+        _W[seed] = (w13, w2, fam.pack("cuda-mma-a-frag-v1", w13), fam.pack("cuda-mma-a-frag-v1", w2))
     return _W[seed]
 
 
 def _tactics():
     from autotune.core.arch import detect
     kept = _ml().layer_space(W13, detect())
-    pick = [t for t in kept if (t["warps_k"], t["stages"], t["tiles_n"]) in ((2, 2, 2), (1, 4, 2), (2, 8, 4))]
+    pick = [t for t in kept if (t["warps_k"], t["stages"], t["tiles_n"]) in ((2, 2, 2), (1, 4, 2), (2, 4, 4))]
     assert pick, kept
     return pick
 

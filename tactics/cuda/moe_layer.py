@@ -184,6 +184,8 @@ class LayerLaunch:
 
     def __call__(self, x, w13, w2, topk_ids, topk_weights=None, out=None, shared_slot: bool = False):
         p = self.problem
+        if torch.is_tensor(x) and x.dim() != 2:
+            raise ValueError(f"{p.key}: cuda moe_layer takes x one row per token, bf16 [M, {p.k}], got {tuple(x.shape)}")
         m, _ = MOE.check_call(p, x, w13, topk_ids, None, None, shared_slot=shared_slot, alloc=False)
         if m * p.top_k > MAX_PAIRS:
             raise ValueError(f"{p.key}: M·top_k = {m * p.top_k} pairs > {MAX_PAIRS} (the layer kernel's scope)")
