@@ -179,6 +179,31 @@ def show(model, tp, ep, cache, misses, as_json, verbose=False, stale=False):
 
 
 @main.command()
+@click.option("--model", required=True, help="a preset name or a checkpoint's config.json / directory")
+@click.option("--tp", default=1, show_default=True, help="tensor-parallel size")
+@click.option("--ep", default=1, show_default=True, help="expert-parallel size")
+@click.option("--cache", default=None, help=request.CACHE_HELP)
+@click.option("--one-copy", is_flag=True, help="bind as an engine serving one copy of each weight does")
+@click.option("--one-copy-upto", type=int, default=None,
+              help="one copy, its layout chosen by the rungs up to this M (implies --one-copy)")
+@click.option("--m", "ms", default=None, help="comma-separated M to check [default: every rung's bucket]")
+def verify(model, tp, ep, cache, one_copy, one_copy_upto, ms):
+    """Serve every layer of a model from a cache as an engine would, eagerly and under graph replay
+    with inputs refreshed in place, and compare each output row with float64; exit 1 on a failure."""
+    try:
+        mlist = [int(v) for v in ms.split(",")] if ms else None
+    except ValueError:
+        raise BadInput(f"--m: comma-separated integers, not {ms!r}") from None
+    got = _call(api.verify, model, cache, tp=tp, ep=ep, one_copy=one_copy, one_copy_upto=one_copy_upto, ms=mlist)
+    for v in got:
+        click.echo(v.line())
+    bad = sum(not v.ok for v in got)
+    click.echo(f"{len(got) - bad} of {len(got)} problems pass" + (f"; {bad} FAIL" if bad else ""))
+    if bad:
+        sys.exit(1)
+
+
+@main.command()
 @click.option("-o", "--output", required=True, help="directory to write index.html, its PNGs and summary.json into")
 @click.option("--model", default=None, help="only this model's problems")
 @click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")

@@ -17,13 +17,12 @@ a short timing, which is shown as such). Prints one line per differing pair and 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sqlite3
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness  # noqa: E402
 
 from autotune.core.winner import TIE_TOLERANCE  # noqa: E402
 
@@ -110,7 +109,7 @@ def retime(a: str, b: str, max_bucket: int, within: float, device: str = "cuda")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="compare the winners of two caches per (problem, bucket)")
+    ap = harness.parser(__doc__)
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--json")
@@ -123,30 +122,27 @@ def main(argv=None) -> int:
         if not Path(path).is_file():
             print(f"compare_winners: no such cache {path}", file=sys.stderr)
             return 2
+    f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     if args.retime:
         r = retime(args.a, args.b, args.max_bucket, args.within, args.device)
         for row in r["rows"]:
-            f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
             print(f"{row['problem']} m={row['bucket']}: A {row['a_tactic']} {f(row['a_us'])} us, B {row['b_tactic']} "
                   f"{f(row['b_us'])} us, ratio {f(row['ratio'])}{'' if row['within'] else '  NOT WITHIN: ' + str(row['why'])}")
         print(f"{r['pairs']} (problem, bucket) pairs re-timed interleaved: A's winner within {args.within:.0%} of "
               f"B's on {r['within']}")
-        if args.json:
-            Path(args.json).write_text(json.dumps(r, indent=1))
-        return 0
-    r = compare(args.a, args.b)
-    for row in r["rows"]:
-        if "only_in" in row:
-            print(f"{row['problem']} m={row['bucket']}: winner only in {row['only_in']}")
-        else:
-            f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    else:
+        r = compare(args.a, args.b)
+        for row in r["rows"]:
+            if "only_in" in row:
+                print(f"{row['problem']} m={row['bucket']}: winner only in {row['only_in']}")
+                continue
             print(f"{row['problem']} m={row['bucket']}: A {f(row['a_us'])} us (in B: {f(row['a_winner_in_b_us'])} "
                   f"{row['a_winner_in_b_status'] or ''}), B {f(row['b_us'])} us (in A: {f(row['b_winner_in_a_us'])} "
                   f"{row['b_winner_in_a_status'] or ''}){' tie' if row['tie'] else ''}")
-    print(f"{r['pairs']} (problem, bucket) pairs: {r['same']} same tactic, {r['tie']} different but tied within "
-          f"{TIE_TOLERANCE:.0%}, {r['differ']} different, {r['missing']} in one cache only")
+        print(f"{r['pairs']} (problem, bucket) pairs: {r['same']} same tactic, {r['tie']} different but tied within "
+              f"{TIE_TOLERANCE:.0%}, {r['differ']} different, {r['missing']} in one cache only")
     if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=1))
+        harness.write(args, r)
     return 0
 
 

@@ -1,7 +1,7 @@
 """ptxas resources (registers, static shared memory, spills) of sampled `moe_mma` configs, compiled
 by nvcc for sm_90 and sm_120 — this tree's kernel text, and with `--rev REV` that revision's
 mma_common.cuh (+ moe_common.cuh where it has one) + moe_mma.cu beside it (built with this tree's -D options: for revisions whose macros
-match). CPU only; the numbers docs/moe-decode.md part 9 gives for the aligned route's cost.
+match). CPU only.
 
     python3 bench/cuda_moe_regs.py [--rev a5b7e0b] [--json out.json]
     python3 bench/cuda_moe_regs.py --tok            # moe_tok's configs the verdicts keep at GLM-5 TP8's w2:reduce
@@ -10,13 +10,10 @@ match). CPU only; the numbers docs/moe-decode.md part 9 gives for the aligned ro
                                                     # problems compile to; exit 1 on a spill the revision had not
 
 `--space` is the check to run before a kernel edit reaches a GPU: the loader refuses a config that
-spills (a local-memory stack), and a sampled scan missed one the prefetch's loop caused (part 15: five
-GPU tests lost, docs/moe-decode.md). It compiles each distinct build once (nvcc, `--jobs` at a time).
+spills (a local-memory stack), and a sampled scan once missed one the prefetch's loop caused. It compiles each distinct build once (nvcc, `--jobs` at a time).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -24,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench import harness  # noqa: E402
 
 #: (m_tiles, warps_k, stages, tiles_n, split_k, swiglu, reduce): served decode configs and the corners
 CONFIGS = [(1, 4, 4, 1, 4, 0, 0), (2, 4, 4, 2, 1, 1, 0), (2, 4, 2, 2, 1, 0, 1), (1, 1, 2, 1, 8, 0, 1),
@@ -126,7 +124,7 @@ def at_rev(rev: str, d: Path) -> tuple[Path, ...]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--rev", help="also compile this revision's kernel text")
     ap.add_argument("--json")
     ap.add_argument("--tok", action="store_true", help="moe_tok's configs instead of moe_mma's")
@@ -155,8 +153,8 @@ def main(argv=None) -> int:
             print(f"spills: {k}: {now[k]}" + (f" (at {a.rev}: {old[k]})" if old else ""))
         print(line)
         if a.json:
-            Path(a.json).write_text(json.dumps({"rev": a.rev, "archs": archs, "now": now, "rev_resources": old,
-                                                "new_spills": bad}, indent=1))
+            harness.write(a, {"rev": a.rev, "archs": archs, "now": now, "rev_resources": old,
+                                                "new_spills": bad})
         return 1 if bad else 0
     now = tok_resources(B) if a.tok else resources(B, None)
     with tempfile.TemporaryDirectory() as t:
@@ -172,7 +170,7 @@ def main(argv=None) -> int:
         print(f"register change: {min(d):+d} to {max(d):+d} over {len(d)} builds; smem equal: "
               f"{all(v['smem'] == old[k]['smem'] for k, v in now.items())}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"rev": a.rev, "now": now, "rev_resources": old}, indent=1))
+        harness.write(a, {"rev": a.rev, "now": now, "rev_resources": old})
     return 0
 
 

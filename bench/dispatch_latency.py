@@ -12,7 +12,8 @@ up to 8192 (21 buckets), and the same stream of random M in [1, 8192].
             filled for every bucket through `AutoTuner._get_cache_key`, exactly the key its lookup
             computes. A miss uses an N with no entries (FlashInfer returns runner 0, tactic -1).
 
-Timing: perf_counter_ns around batches of --batch calls; the per-call figure of a batch is its
+Timing: bench/harness.py (autotune.engine.timing on the CPU) around batches of --batch calls; the
+per-call figure of a batch is its
 mean; the table reports p50 / p90 over --reps batches. The loop itself is included (its cost alone
 is the "empty loop" row). Needs `pip install flashinfer-python` (imports without a GPU) for the
 FlashInfer rows; without it they are reported as not run.
@@ -21,35 +22,26 @@ FlashInfer rows; without it they are reported as not run.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import random
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness  # noqa: E402
 
 N, K = 6144, 4096          # a GLM-5-sized dense projection
 MAX_TOKENS = 8192
 
 
 def _timeit(fn_loop, ms: list[int], reps: int, batch: int) -> dict:
-    """fn_loop(ms_slice) runs the calls; returns ns per call (p50, p90, min) over batches."""
-    per = []
+    """fn_loop(ms_slice) runs the calls; returns ns per call (p50, p90, min) over batches (harness timing)."""
     n = len(ms)
-    for r in range(reps):
-        s = (r * batch) % (n - batch)
-        chunk = ms[s:s + batch]
-        t0 = time.perf_counter_ns()
-        fn_loop(chunk)
-        per.append((time.perf_counter_ns() - t0) / batch)
-    per.sort()
-    return {"p50_ns": statistics.median(per), "p90_ns": per[int(0.9 * (len(per) - 1))], "min_ns": per[0]}
+    start = lambda r: (r * batch) % (n - batch)    # noqa: E731
+    t = harness.time_host_ns(lambda r: fn_loop(ms[start(r):start(r) + batch]), batch, reps)
+    return {k: t[k] for k in ("p50_ns", "p90_ns", "min_ns")}
 
 
 # ------------------------------------------------------------------------------------------ ours
@@ -216,7 +208,7 @@ def bench_flashinfer(ms: list[int], reps: int, batch: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--calls", type=int, default=20000, help="length of the random M stream")
@@ -250,7 +242,7 @@ def main() -> None:
         print(f"| {name:40} | {r['p50_ns'] / 1000:11.3f} | {r['p90_ns'] / 1000:11.3f} |")
     print(f"rungs counted (ours): {rows['_rungs']}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1))
+        harness.write(a, {"header": head, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -17,31 +17,23 @@ p90 over batches (per-call mean of each batch), the Python loop included.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import platform
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness  # noqa: E402
 
 SHAPES = [(512, 6144), (3072, 6144), (6144, 256), (6144, 1536)]      # GLM-5 TP8 dense (N, K)
 
 
 def per_call(fn, reps: int, batch: int, calls_per: int = 1) -> dict:
+    """µs per call of fn (which makes calls_per calls), p50 / p90 over reps batches of `batch` (harness timing)."""
     fn()
-    per = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        for _ in range(batch):
-            fn()
-        per.append((time.perf_counter_ns() - t0) / batch / calls_per / 1000)
-    per.sort()
-    return {"p50": statistics.median(per), "p90": per[int(0.9 * (len(per) - 1))]}
+    t = harness.time_host_ns(lambda r: [fn() for _ in range(batch)], batch * calls_per, reps)
+    return {"p50": t["p50_ns"] / 1000, "p90": t["p90_ns"] / 1000}
 
 
 def triton_bound(p, w):
@@ -63,7 +55,7 @@ def triton_bound(p, w):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--json", default=None)
@@ -130,7 +122,7 @@ def main() -> None:
     for name, r in rows.items():
         print(f"| {name} | {r['p50']:.3f} | {r['p90']:.3f} |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"header": head, "rows": rows}, indent=1))
+        harness.write(a, {"header": head, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ the copy rate, and the ratio. Bytes are autotune.report.traffic's (the report's)
 bytes of the experts the batch is expected to touch under the routing draw the cache was measured
 with (its meta row; caches from before the draw was recorded were Zipf 1.2, autotune.core.measure)
 and the bf16 rows in and out. The rate is the graph-replayed copy rate measured in a step run
-(--step-json reads its `copy_Bps`; default: part 9's run) or --rate.
+(--step-json reads its `copy_Bps`; default: the 2026-12-05 H200 step run's) or --rate.
 
 Below the kernels, each form's sum of parts over the step's layers against the same bytes: what the
 step would take if its kernels ran back to back at their worker times, under the worker's routing
-draw (the step bench measures the real thing; docs/moe-decode.md part 11 computed a table like this
-by hand, against uniform bytes while the times were Zipf-drawn: part 13).
+draw (bench/mlp_step_graph.py measures the real thing).
 """
 from __future__ import annotations
 
@@ -30,18 +29,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.core import measure  # noqa: E402
-from bench import common  # noqa: E402
+from bench import harness  # noqa: E402
 from autotune.core.problem import Problem  # noqa: E402
 from autotune.report.traffic import call_bytes, experts_touched  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP_JSON = ROOT / "docs" / "data" / "mlp-step-h200" / "winners-fold-c5148b3.json"
+STEP_JSON = ROOT / "docs" / "data" / "2026-12-05-h200-7a8be9d-mlp-step-fold.json"
 
 
 def step_problems(model: str, tp: int) -> dict[str, dict[str, tuple[Problem, int]]]:
     """form → kind → (the problem the step's layers serve, how many layers) for both forms: the step
-    bench's layer kinds (bench/mlp_step_graph_h200.plan), each form's problems as FP4MoE serves them."""
-    from bench.mlp_step_graph_h200 import plan
+    bench's layer kinds (bench/mlp_step_graph.plan), each form's problems as FP4MoE serves them."""
+    from bench.mlp_step_graph import plan
     by: dict[str, tuple[Problem, int]] = plan(model, tp)
     (w13, n_moe), (w2, _) = by["w13"], by["w2"]
     dense = {"gate_up": (by["gate_up"][0].variant("swiglu"), by["gate_up"][1]), "down": by["down"]}
@@ -115,8 +114,8 @@ def render(t: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = common.parser(__doc__)
-    ap.add_argument("cache", type=common.existing)
+    ap = harness.parser(__doc__)
+    ap.add_argument("cache", type=harness.existing)
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--m", default="1,4,16,64", help="token counts (each must be a bucket of the cache)")

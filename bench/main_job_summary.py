@@ -10,12 +10,11 @@ defaults — FP4MLP for every SwiGLU MLP (the dense layers' gate_up with the Swi
 down), FP4Linear for any other dense GEMM, FP4MoE (fused) for the routed experts with the shared
 expert given as `shared=` (folded in by default where it fits, else its own FP4MLP) — on random weights, over a Dispatcher reading the cache, and asks each bound table which
 rung answers every tuned M: a problem the runtime serves that the search did not tune shows up here
-as defaults, whatever the search's own problem list says. bench/h200_main_job.sh runs it on the
-H200; tests/test_main_job.py runs it on the CPU main job in CI.
+as defaults, whatever the search's own problem list says. bench/device_run.sh runs it on the
+GPU; tests/test_main_job.py runs it on the CPU main job in CI.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import re
@@ -27,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness  # noqa: E402
 
 #: reasons of trials the framework caused (inputs, memory it held), never a tactic's own failure
 FRAMEWORK = ("input setup failed", "Ray task failed")
@@ -148,7 +148,7 @@ def versions() -> dict:
 
 def commit() -> str | None:
     """HEAD's short hash, plus "+N changed" when the tree differs from it: the device machine runs a
-    copy of the working tree whose git metadata may lag it (part 17: a run of 978e542's tree said
+    copy of the working tree whose git metadata may lag it (a run of 978e542's tree once said
     7269537), so a bare hash could name code that did not run."""
     root = Path(__file__).resolve().parents[1]
     try:
@@ -191,7 +191,7 @@ def summarize(cache: str, *, search: dict | None = None, wall_s: float | None = 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("cache", help="the main job's cache (SQLite file), opened read-only")
     ap.add_argument("--search-json", help="`autotune search --json` output of the run")
     ap.add_argument("--wall-s", type=float, help="the search's wall time")

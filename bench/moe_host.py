@@ -19,10 +19,8 @@ the most own time (cProfile) for "shared folded".
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
-import json
 import platform
 import pstats
 import sys
@@ -31,7 +29,8 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import is_sync_warning  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.harness import is_sync_warning  # noqa: E402
 from bench.eager_cpu import per_call  # noqa: E402  (µs per call, p50 / p90 over batches)
 
 H, I, TOP_K = 6144, 256, 8
@@ -163,7 +162,7 @@ def pick(fam, problem, arch, split: bool, kernel: str | None = None):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--reps", type=int, default=30)
@@ -248,9 +247,9 @@ def main() -> None:
     if profile:
         print(profile[profile.find("   ncalls"):])
     if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows, "syncs": syncs, "aten_ops": ops, "parts": pieces,
+        harness.write(a, {"rows": rows, "syncs": syncs, "aten_ops": ops, "parts": pieces,
                                             "device": dev, "experts": e,
-                                            "torch": torch.__version__}, indent=1))
+                                            "torch": torch.__version__})
 
 
 if __name__ == "__main__":

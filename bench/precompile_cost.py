@@ -4,12 +4,11 @@ of one kernel on a fresh Triton cache, each timed twice (the compile, then the c
     python3 bench/precompile_cost.py                        # the folded w13 (e257:top9:swiglu), moe_decode, sm90, 4 tactics
     python3 bench/precompile_cost.py --problem 'grouped_moe:bf16*nvfp4->bf16:n6144:k256:e257:top9:reduce' --n 1
 
-Cross-compiles on the CPU (no GPU needed). docs/moe-decode.md part 18 quotes it: a compile that
-precompile misses happens at the first launch inside the measuring worker instead.
+Cross-compiles on the CPU (no GPU needed). A compile that precompile misses happens at the first
+launch inside the measuring worker instead.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -18,7 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import parser  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.harness import parser  # noqa: E402
 
 FOLDED_W13 = "grouped_moe:bf16*nvfp4->bf16:n512:k6144:e257:top9:swiglu"
 
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
         print(f"| {t.id} {t.get('route', '')} bm{t.get('block_m')} sk{t.get('split_k', 1)} | {t1 - t0:.2f} | "
               f"{1e3 * (t2 - t1):.1f} |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"problem": a.problem, "arch": a.arch, "triton": triton.__version__,
-                                            "rows": rows}, indent=1))
+        harness.write(a, {"problem": a.problem, "arch": a.arch, "triton": triton.__version__,
+                                            "rows": rows})
     return 0
 
 

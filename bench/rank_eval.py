@@ -17,19 +17,17 @@ Several caches of one arch are evaluated together (the data of the shipped model
 tools/fit_rank_models.py): a fold holds its problem or bucket out of every cache, each cache's
 groups keep their own labels and committed winners, and the table has a row per cache too.
 
-    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz            # every fold
-    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz docs/data/cuda-search-h200/cuda-search.db \
-        docs/data/moe-search-h200.db --lobo-every 3                              # the shipped model's data
-    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz --lobo-every 5 --json out.json
-    python3 bench/rank_eval.py docs/data/h200x2-glm5-tp8-full.db.xz --lobo-every 4 --learner sklearn
+    python3 bench/rank_eval.py docs/data/2026-11-30-h200x2-full-search.db.xz            # every fold
+    python3 bench/rank_eval.py docs/data/2026-11-30-h200x2-full-search.db.xz tests/data/2026-12-01-h200-cuda-search.db \
+        tests/data/2026-12-01-h200-moe-search.db --lobo-every 3                              # the shipped model's data
+    python3 bench/rank_eval.py docs/data/2026-11-30-h200x2-full-search.db.xz --lobo-every 5 --json out.json
+    python3 bench/rank_eval.py docs/data/2026-11-30-h200x2-full-search.db.xz --lobo-every 4 --learner sklearn
 
 `--learner sklearn` swaps LightGBM for scikit-learn's HistGradientBoostingRegressor with the same
 settings (the comparison that chose the library; the search itself only reads LightGBM models).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import lzma
 import shutil
 import sys
@@ -38,7 +36,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import existing  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.harness import existing  # noqa: E402
 
 from autotune.engine import rankdata, rankmodel, ranked, strategy  # noqa: E402
 from autotune.cache.store import Store  # noqa: E402
@@ -169,7 +168,7 @@ class _Sklearn:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("db", nargs="+", type=existing, help="cache files of one arch (SQLite, or .xz of one) holding searches")
     ap.add_argument("--rounds", type=int, default=None, help="boosting rounds (default: the model's)")
     ap.add_argument("--lobo-every", type=int, default=1, help="hold out every n-th bucket only (CI: fewer folds)")
@@ -201,7 +200,7 @@ def main(argv=None) -> int:
     print(f"\n{time.perf_counter() - t0:.1f} s; targets: share <= {TARGET_SHARE:.0%}, within {TARGET_GAP:.0%} "
           f"on >= {TARGET_HITS:.0%}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+        harness.write(a, {"summary": summary, "rows": rows})
     met = all(s["share"] <= TARGET_SHARE and s["within"] >= TARGET_HITS for f, s in summary.items() if f != "by_source")
     return 0 if met else 1
 

@@ -9,7 +9,6 @@ the tensor-memory columns. Configs rejected for other reasons (K steps, stages) 
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import platform
 import sys
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root: tools/ is not installed
+from bench import harness  # noqa: E402
 
 from joblib import Parallel, delayed  # noqa: E402
 
@@ -41,7 +41,7 @@ def _one(fmt: str, tactic_json: str, arch: str) -> tuple[int | None, int | None,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser(__doc__)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="configs per (problem, arch); 0 = all")
     ap.add_argument("--archs", default=",".join(ARCHS), help="comma-separated targets")

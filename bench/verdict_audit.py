@@ -12,8 +12,6 @@ rejects for their shared memory, and count kept ones over the limit and rejected
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -21,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness  # noqa: E402
 
 from autotune.core.arch import get_arch  # noqa: E402
 from autotune.core.buckets import Buckets  # noqa: E402
@@ -40,7 +39,7 @@ class WideTriton(TritonFamily):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--archs", default="sm90,sm100,sm120")
@@ -65,9 +64,9 @@ def main(argv=None) -> int:
               f"{time.perf_counter() - t0:.0f} s)", flush=True)
         out[arch] = {**asdict(rep.audit), "model_errors": rep.model_errors, "kept_compile_failures": rep.compile_failures}
     if a.json:
-        Path(a.json).write_text(json.dumps({"model": a.model, "tp": a.tp, "axes": {k: list(v) for k, v in WIDE.items()},
+        harness.write(a, {"model": a.model, "tp": a.tp, "axes": {k: list(v) for k, v in WIDE.items()},
                                             "triton": os.popen(f"{sys.executable} -c 'import triton;print(triton.__version__)'").read().strip(),
-                                            "archs": out}, indent=1))
+                                            "archs": out})
     return 0
 
 

@@ -15,9 +15,12 @@ from autotune.cache.upsert import upsert
 
 #: the schema that added code keys (and compiler figures); an older file opened read-only has neither
 _CODE_KEYS = 3
+#: the schema that added `replay_checked` to trials and winners; an older file reads False
+_REPLAY_CHECKED = 4
 #: a trial's columns as the Store reads and writes them
 _TRIAL_COLS = ("problem_key", "bucket", "tactic_id", "family", "device_key", "lib_key", "status", "reason",
-               "median_us", "iqr_us", "reps", "rel_err", "smem_model", "smem_compiled", "exit_signal", "code_key")
+               "median_us", "iqr_us", "reps", "rel_err", "smem_model", "smem_compiled", "exit_signal", "code_key",
+               "replay_checked")
 
 
 class CodeKeyRows:

@@ -115,6 +115,8 @@ def _payload(winners: list[Winner], devices: dict[str, dict], libsets: dict[str,
         del d["params_json"]
         if not d["code_key"]:       # a row from before code keys: the payload (and checksum) it had
             del d["code_key"]
+        if not d["replay_checked"]:  # not replay-checked: the payload (and checksum) it had before the column
+            del d["replay_checked"]
         wl.append(d)
     dev_keys = {w.device_key for w in winners}
     lib_keys = {w.lib_key for w in winners}
@@ -181,7 +183,8 @@ def entries(payload: dict, skips: Skips) -> list[Entry]:
         except (KeyError, TypeError, ValueError, AttributeError):
             skips.add("malformed tactic", row_name(e))
             continue
-        w = Winner(**{k: e[k] for k in _WINNER_FIELDS}, params_json=params_json, code_key=e.get("code_key", ""))
+        w = Winner(**{k: e[k] for k in _WINNER_FIELDS}, params_json=params_json, code_key=e.get("code_key", ""),
+                   replay_checked=e.get("replay_checked", False) is True)
         why = check_winner(w)
         if why is None:
             dev = devices.get(w.device_key)

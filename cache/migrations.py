@@ -70,8 +70,15 @@ def _v3_code_keys(c: Connection) -> None:
         "tmem INTEGER, error TEXT, PRIMARY KEY (compiler, arch, w_fmt, tactic_id, code))")
 
 
+def _v4_replay_checked(c: Connection) -> None:
+    """Schema 4: `replay_checked` on trials and winners (the replay check, autotune.engine.replay).
+    Rows stored before it are not replay-checked (False): `show`, `report` and `verify` mark them."""
+    for table in ("trials", "winners"):
+        c.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN replay_checked BOOLEAN DEFAULT false NOT NULL")
+
+
 #: version -> the step that brings a cache from version-1 to version
-STEPS: dict[int, Step] = {2: _v2_claims, 3: _v3_code_keys}
+STEPS: dict[int, Step] = {2: _v2_claims, 3: _v3_code_keys, 4: _v4_replay_checked}
 
 #: schema version 1 as released (commit 942ee7f), SQLite dialect
 V1_DDL = """

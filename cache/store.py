@@ -33,7 +33,7 @@ from autotune.cache.migrations import MigrationError, upgrade
 from autotune.cache.schema import (SCHEMA_VERSION, Base, DeviceRow, LibsetRow, Meta, MissRow, ProblemRow,
                           SchemaVersion, TacticRow, TrialRow, WinnerRow, utcnow)
 from autotune.cache.upsert import upsert, upsert_many
-from autotune.cache.coderows import _CODE_KEYS, _TRIAL_COLS, CodeKeyRows
+from autotune.cache.coderows import _CODE_KEYS, _REPLAY_CHECKED, _TRIAL_COLS, CodeKeyRows
 
 T = TypeVar("T")
 _RETRIES = 6
@@ -41,7 +41,7 @@ _BACKOFF_S = 0.05
 _TRIAL_KEY = ["problem_key", "bucket", "tactic_id", "device_key", "lib_key", "code_key"]
 _WINNER_KEY = ["problem_key", "bucket", "device_key"]
 _WINNER_COLS = ("problem_key", "bucket", "device_key", "tactic_id", "family", "lib_key", "median_us",
-                "default_tactic_id", "default_median_us", "speedup", "code_key")
+                "default_tactic_id", "default_median_us", "speedup", "code_key", "replay_checked")
 
 
 def _row_json(text) -> object:
@@ -312,9 +312,12 @@ class Store(CodeKeyRows):
             self._write(go)
 
     def _cols(self, row, names):
-        """The columns `names` of a row class; code_key as '' in a file older than code keys."""
-        return [getattr(row, c) if c != "code_key" or self.schema_version >= _CODE_KEYS
-                else literal("").label("code_key") for c in names]
+        """The columns `names` of a row class; code_key as '' in a file older than code keys,
+        replay_checked as False in one older than the replay check."""
+        v = self.schema_version
+        return [literal("").label(c) if c == "code_key" and v < _CODE_KEYS
+                else literal(False).label(c) if c == "replay_checked" and v < _REPLAY_CHECKED
+                else getattr(row, c) for c in names]
 
     def get_trials(self, problem_key: str, bucket: int, device_key: str) -> list[Trial]:
         q = (select(*self._cols(TrialRow, _TRIAL_COLS), TacticRow.params_json)
@@ -359,7 +362,8 @@ class Store(CodeKeyRows):
             q = q.where(WinnerRow.device_key == device_key)
         q = q.order_by(WinnerRow.device_key, WinnerRow.problem_key, WinnerRow.bucket)
         return [Winner(r.problem_key, r.bucket, r.device_key, r.tactic_id, r.family, r.params_json or "", r.lib_key,
-                       r.median_us, r.default_tactic_id, r.default_median_us, r.speedup, r.code_key)
+                       r.median_us, r.default_tactic_id, r.default_median_us, r.speedup, r.code_key,
+                       bool(r.replay_checked))
                 for r in self._read(lambda s: s.execute(q).all())]
 
     def put_winners(self, winners: Iterable[Winner], devices: Iterable[dict] = (),

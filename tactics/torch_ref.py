@@ -145,7 +145,7 @@ class TorchFamily(FamilyBase):
     def first_batch_member(self, problem) -> bool:
         """Not for grouped MoE: there it is a host loop over the routed experts (a chain of launches
         per expert and a host read), 100-400x the grouped kernels on the H100 (166 ms against 401 us,
-        GLM-5's w2 at M = 1024), 117 s of the sixteenth main job's GPU time and every failed capture
+        GLM-5's w2 at M = 1024), 117 s of the GPU time of the H100 main job of 2026-12-05 and every failed capture
         it leaked; the trees predicted it at most 2^2.98x the top. Dense: dequantize + cuBLAS, a
         real candidate at prefill sizes."""
         return problem.kind != "grouped_moe"

@@ -14,7 +14,7 @@ import pytest
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
-from autotune.core.tactic import Tactic, parse_tactic
+from autotune.core.tactic import Tactic
 from autotune.engine import timing
 from autotune.engine.search import search
 from autotune.cache import Store
@@ -189,44 +189,9 @@ def test_invariant_triton_tactics_give_bit_identical_rows_on_the_gpu(monkeypatch
             assert torch.equal(one[0], many[i]), (str(t), i)
 
 
-def test_invariant_cost_on_the_committed_h200_search(tmp_path):
-    """bench/batch_invariant_cost.py on the committed full search: every problem gets one tactic
-    that its family calls batch-invariant and that has a time in all 21 buckets; where the stored
-    per-bucket winners are all invariant already (the grouped MoE ones), the pick is one of them."""
-    out = subprocess.run([sys.executable, "bench/batch_invariant_cost.py",
-                          "docs/data/h200x2-glm5-tp8-full.db.xz", "--json", str(tmp_path / "cost.json")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    rows = json.loads((tmp_path / "cost.json").read_text())
-    assert len(rows) == 6 and all(r["pick"] and r["buckets"] == 21 for r in rows)
-    for r in rows:
-        p, t = Problem.from_key(r["problem"]), parse_tactic(r["pick"])
-        assert registry.get(t.family).batch_invariant(p, t)
-        assert r["geomean_vs_winners"] > 0 and r["worst_vs_winners"] >= r["geomean_vs_winners"]
-    moe = [r for r in rows if r["problem"].startswith("grouped_moe")]
-    assert len(moe) == 2 and all(r["winners_invariant"] == 21 for r in moe)
-
-
-def test_invariant_cost_on_the_committed_moe_search(tmp_path):
-    """The same on the committed MoE search (moe_decode winners, fused variants): moe_decode says
-    it is batch-invariant (its split is fixed since 2026-12-01), so every per-bucket winner is, and
-    each of the four problems (w13, w13:swiglu, w2, w2:reduce) gets one moe_decode tactic."""
-    import shutil
-    db = tmp_path / "moe.db"
-    shutil.copy(ROOT / "docs/data/moe-search-h200.db", db)          # opening a cache may touch it
-    out = subprocess.run([sys.executable, "bench/batch_invariant_cost.py", str(db), "--json", str(tmp_path / "c.json")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    rows = json.loads((tmp_path / "c.json").read_text())
-    assert sorted(r["problem"].split(":")[-1] for r in rows) == ["reduce", "swiglu", "top8", "top8"]
-    for r in rows:
-        assert r["buckets"] == 12 and r["winners_invariant"] == 12 and "kernel=moe_decode" in r["pick"]
-        assert 1.0 <= r["geomean_vs_winners"] <= r["worst_vs_winners"]
-
-
 def test_moe_decode_chunk_rule_has_one_home():
     """moe_decode's token chunk (split-K workspace cap) is autotune.tactics.triton_fp4.moe_decode.chunk_tokens:
-    the launcher and bench/batch_invariant_cost.py both use it."""
+    the launcher uses it."""
     from autotune.tactics.triton_fp4 import moe_decode
     p = Problem.moe(512, 6144, 256, 8)
     for sk in (1, 2, 8):
@@ -236,5 +201,3 @@ def test_moe_decode_chunk_rule_has_one_home():
         assert (tokens is None) == (sk == 1)
         if tokens:
             assert tokens * sk * p.top_k * p.n * 4 <= moe_decode.MAX_WORKSPACE_BYTES
-    src = (ROOT / "bench" / "batch_invariant_cost.py").read_text()
-    assert "chunk_tokens(" in src and "MAX_WORKSPACE_BYTES" not in src

@@ -77,14 +77,3 @@ def test_compare_winners_tells_same_tied_different_and_missing(tmp_path):
     assert cw.compare(a, e)["tie"] == 1
 
 
-def test_full_search_summary_reproduces_the_documented_numbers(capsys):
-    """bench/full_search_summary.py on the committed H200 cache prints what docs/triton-fp4.md quotes."""
-    root = Path(__file__).parents[1]
-    spec = importlib.util.spec_from_file_location("full_search_summary", root / "bench" / "full_search_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.main(str(root / "docs/data/h200x2-glm5-tp8-full.db.xz"), str(root / "docs/data/w4a4-h200.json")) == 0
-    out = capsys.readouterr().out
-    assert "trials measured: 33138" in out and "winners: 126" in out
-    assert "smem model = compiler: 32466 of 32466" in out
-    assert "tuned vs default geomean 2.69 (1.34..4.76)" in out and "n3072 k6144 M=8192: 393.7 vs 376.6 us = 0.96x" in out

@@ -1,4 +1,4 @@
-"""Bound launchers (issue #17): bind-time checks, re-binding after `.to()`, outputs that never
+"""Bound launchers: bind-time checks, re-binding after `.to()`, outputs that never
 alias, no per-call allocation with `out=` (counted, never timed), and, on a GPU, the direct launch
 route bit for bit against Triton's own launch, under CUDA graphs and on two streams."""
 from __future__ import annotations

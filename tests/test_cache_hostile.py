@@ -1,4 +1,4 @@
-"""Damaged or hostile cache rows (#14) and the torch-free cache layer (#13 item 5).
+"""Damaged or hostile cache rows and the torch-free cache layer.
 
 Readers (`autotune show`, `show --json`, `autotune report`) skip and count rows that fail
 autotune.cache.rows' checks instead of crashing; an import never replaces a real row with an invalid one

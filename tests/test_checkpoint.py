@@ -1,4 +1,4 @@
-"""The checkpoint reader and from_pretrained on checkpoints made by the REAL producers (issue #25).
+"""The checkpoint reader and from_pretrained on checkpoints made by the REAL producers.
 
 tests/data/ckpt/ holds tiny checkpoints written by nvidia-modelopt 0.47.0 (export_hf_checkpoint)
 and llmcompressor 0.14.0.1 (oneshot) — tools/make_checkpoint_fixtures.py, run once in a separate

@@ -1,4 +1,4 @@
-"""Issue #14: several searches on one cache share the (problem, bucket) jobs through claims.
+"""Several searches on one cache share the (problem, bucket) jobs through claims.
 
 Unit tests move an injected clock instead of sleeping; the process tests run real `autotune
 search` processes on one SQLite file and compare counts from the trials table, never times.

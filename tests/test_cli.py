@@ -89,7 +89,7 @@ def test_dry_run_for_sm120_prints_verdicts_with_reasons(tmp_path):
     r = autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", cache=tmp_path / "c.db")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    # the fused forms FP4MoE and FP4MLP serve are searched by default (#28, #26): 4 dense + 2 dense
+    # the fused forms FP4MoE and FP4MLP serve are searched by default (#26): 4 dense + 2 dense
     # SwiGLU gate_up + 2 plain grouped + 2 fused grouped, + those 4 grouped with the shared expert
     # folded in (e257:top9, --fold-shared by default)
     assert sum(l.startswith("dense:") or l.startswith("grouped_moe:") for l in lines) == 14
@@ -99,7 +99,7 @@ def test_dry_run_for_sm120_prints_verdicts_with_reasons(tmp_path):
     assert not (tmp_path / "c.db").exists()
     j = json.loads(autotune("search", "--model", "glm5", "--tp", "8", "--arch", "sm120", "--dry-run", "--json").stdout)
     assert j["arch"] == "sm120" and len(j["problems"]) == 14          # 10 + 4 with the shared expert folded in
-    # every family by default (#28): the cutlass and cuda verdicts for sm120 are in the plan too
+    # every family by default: the cutlass and cuda verdicts for sm120 are in the plan too
     assert {f["family"] for pr in j["problems"] for f in pr["families"]} >= {"triton", "torch", "cutlass", "cuda"}
 
 

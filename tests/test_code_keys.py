@@ -274,9 +274,9 @@ def test_exports_carry_the_key_and_import_warns_on_a_mismatch(tmp_path):
 
 
 def test_a_committed_cache_from_older_code_reads_but_is_not_served():
-    """docs/data/h200-glm5-tp8.db (schema 1, no code keys): readable read-only, every winner stale;
+    """tests/data/2026-11-29-h200-glm5-tp8-search.db (schema 1, no code keys): readable read-only, every winner stale;
     under an environment with its very library versions, nothing is served and nothing crashes."""
-    db = ROOT / "docs/data/h200-glm5-tp8.db"
+    db = ROOT / "tests/data/2026-11-29-h200-glm5-tp8-search.db"
     with Store(db, readonly=True) as s:
         ws = s.winners()
         libs = {w.lib_key: s.libset(w.lib_key) for w in ws}

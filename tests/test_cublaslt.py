@@ -163,7 +163,7 @@ def test_live_enumeration_serialization_and_replay():
     torch.cuda.synchronize()
 
 
-# ---- weight layout: swizzled once at load (issue #13) -----------------------------------------------
+# ---- weight layout: swizzled once at load -----------------------------------------------
 
 def _weight(n=256, k=256):
     import torch

@@ -1,4 +1,4 @@
-"""The cuda family's dense kernel's split-K and SwiGLU forms (issue #26 items 2-3) without a GPU: the
+"""The cuda family's dense kernel's split-K and SwiGLU forms without a GPU: the
 space and verdicts (shared memory = ptxas for sm_90 and sm_120 through nvcc 13, the cubin's resource
 table), the dense `swiglu` problem variant and who refuses it, the launcher's argument checks and
 its workspace, and the kernel's grid ported to the CPU (autotune.tactics.cuda.dense.emulate through

@@ -61,7 +61,7 @@ def test_loaded_functions_do_not_spill():
         assert r["local_size_bytes"] == 0 and r["shared_size_bytes"] == B.smem_bytes(config(t, mt))
 
 
-# ---- split-K, SwiGLU and MXFP4 (issue #26 items 2-3; gpu_checked.json records w4a16_mma's text when these pass) -----
+# ---- split-K, SwiGLU and MXFP4 -----
 TP8 = {"shared_gate_up": (512, 6144), "gate_up": (3072, 6144), "down": (6144, 1536), "shared_down": (6144, 256)}
 
 
@@ -211,7 +211,7 @@ def test_fp4mlp_on_cuda_tactics_matches_float64_and_replays():
     gr.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, eager)
-    # the split-K workspace and counters came from the dispatcher's pool (#26 item 6): a second
+    # the split-K workspace and counters came from the dispatcher's pool: a second
     # MLP on the same tactics adds no workspace, and gives the same rows for the same weights
     held = d.scratch.bytes_held()
     assert {k[2] for k in d.scratch.bufs} >= {"splitk.ws", "splitk.locks"}

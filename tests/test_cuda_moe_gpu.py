@@ -153,10 +153,10 @@ def test_reduce_matches_float64(fmt):
     out = torch.zeros(4, n, dtype=torch.bfloat16, device="cuda")
     kern = fam.build(prob, fam.default(prob, _arch()), "cuda")
     kern(x3, packed, ids, tw, out=out)                         # default: no host read, the word stays set
-    assert int(kern.launcher.bad.item()) == 1
+    assert int(kern.run.bad.item()) == 1
     assert torch.isnan(out[2]).all() and not torch.isnan(out[[0, 1, 3]]).any()
-    kern.launcher.bad.zero_()
-    kern.launcher.check_ids = True                             # AUTOTUNE_CHECK_IDS=1: the per-call raise
+    kern.run.bad.zero_()
+    kern.run.check_ids = True                             # AUTOTUNE_CHECK_IDS=1: the per-call raise
     with pytest.raises(ValueError, match="outside"):
         kern(x3, packed, ids, tw, out=out)
 
@@ -184,9 +184,9 @@ def test_bad_ids_nan_rows_and_raise():
     x = torch.randn(4, k, device="cuda").to(torch.bfloat16)
     out = torch.zeros(4, TOP_K, n, dtype=torch.bfloat16, device="cuda")
     kern(x, packed, ids, None, out=out)                        # default: no host read, the word stays set
-    assert int(kern.launcher.bad.item()) == 1 and torch.isnan(out[1, 2]).all()
-    kern.launcher.bad.zero_()
-    kern.launcher.check_ids = True                             # AUTOTUNE_CHECK_IDS=1: the per-call raise
+    assert int(kern.run.bad.item()) == 1 and torch.isnan(out[1, 2]).all()
+    kern.run.bad.zero_()
+    kern.run.check_ids = True                             # AUTOTUNE_CHECK_IDS=1: the per-call raise
     with pytest.raises(ValueError, match=r"outside \[-1, E\)"):
         kern(x, packed, ids, None, out=out)
     assert torch.isnan(out[1, 2]).all() and torch.isnan(out[3, 0]).all()
@@ -196,7 +196,7 @@ def test_bad_ids_nan_rows_and_raise():
     mask = torch.ones(4, TOP_K, dtype=torch.bool)
     mask[1, 2] = mask[3, 0] = False
     assert _err(out[mask], ref[mask]) < 1e-2
-    assert int(kern.launcher.bad.item()) == 0                 # cleared by the raise
+    assert int(kern.run.bad.item()) == 0                 # cleared by the raise
     kern(x, packed, good, None, out=out)                      # the next good call passes
 
 
@@ -317,7 +317,7 @@ def test_the_aligned_route_gives_the_direct_routes_bits(epi, monkeypatch):
     ref = inputs.moe_reference(prob, x.double(), w, ids, tw)
     for t in _tactics(prob, 3):
         kern = fam.build(prob, t, "cuda")
-        assert MOE.route(prob, kern.launcher.cfg, m)[0] == "aligned" and kern.aligned_block_m(m) == 16
+        assert MOE.route(prob, kern.run.cfg, m)[0] == "aligned" and kern.aligned_block_m(m) == 16
         a = kern(x, packed, ids, tw)
         assert _err(a, ref) < 1e-2, t
         al = Aligner(E, 64)(ids)                              # a layer's shared alignment at BLOCK_M 64
@@ -325,14 +325,14 @@ def test_the_aligned_route_gives_the_direct_routes_bits(epi, monkeypatch):
         assert _replays_bits(lambda y: kern(x, packed, ids, tw, out=y), a), t
         with monkeypatch.context() as mp:
             mp.setattr(MOE, "ALIGN_PAIRS", 1 << 20)
-            assert MOE.route(prob, kern.launcher.cfg, m)[0] == "direct"
+            assert MOE.route(prob, kern.run.cfg, m)[0] == "direct"
             assert torch.equal(kern(x, packed, ids, tw), a), t
         bad = ids.clone()
         bad[1, 1], bad[5, 0] = E, -3
-        kern.launcher.bad.zero_()
+        kern.run.bad.zero_()
         out = kern(x, packed, bad, tw)
-        assert int(kern.launcher.bad.item()) == 1
-        kern.launcher.bad.zero_()
+        assert int(kern.run.bad.item()) == 1
+        kern.run.bad.zero_()
         rows = [out[1], out[5]] if epi == "reduce" else [out[1, 1], out[5, 0]]
         assert all(torch.isnan(r).all() for r in rows), t
         keep = [i for i in range(m) if i not in (1, 5)]
@@ -387,10 +387,10 @@ def test_tok_bad_ids_and_the_shared_slot():
     ids[2, 5], ids[3, 0] = E + 3, -2
     x3 = torch.randn(4, TOP_K, k, device="cuda").to(torch.bfloat16)
     out = kern(x3, packed, ids, tw)
-    assert int(kern.launcher.bad.item()) == 1                              # no host read by default
+    assert int(kern.run.bad.item()) == 1                              # no host read by default
     assert torch.isnan(out[2]).all() and torch.isnan(out[3]).all() and not torch.isnan(out[:2]).any()
-    kern.launcher.bad.zero_()
-    kern.launcher.check_ids = True
+    kern.run.bad.zero_()
+    kern.run.check_ids = True
     with pytest.raises(ValueError, match="outside"):
         kern(x3, packed, ids, tw)
     # the shared expert folded in as expert 256 (e257:top9): the kernel adds it, the same bits as concatenated
@@ -425,7 +425,7 @@ def _planned_vs_whole(kern, packed, prob, k, m, seed):
     """A launcher's repeat path (moe_plan.py) against its whole way on fresh inputs: the same bits,
     eager, on a side stream (whole way: another stream) and under graph replay; the plan was used
     (no whole-way check) for tensors other than those it was made on."""
-    launcher = kern.launcher
+    launcher = kern.run
     calls = []
     real = launcher.check
     launcher.check = lambda *a, **kw: calls.append(1) or real(*a, **kw)
@@ -516,7 +516,7 @@ def test_a_prefetch_of_the_next_kernels_weights_changes_no_bit(epi):
 
 def test_one_copy_moe_packs_experts_in_place_and_gives_the_copys_bits(tmp_path):
     """A one-copy FP4MoE on the cuda grouped kernel holds the experts in their own bytes (tactics/cuda/
-    inplace.py; part 17: a second copy of GLM-5 TP8's experts ran an H100 out of memory) and gives
+    inplace.py; on 2026-12-05 a second copy of GLM-5 TP8's experts ran an H100 out of memory) and gives
     the bits of the same block bound with a packed copy."""
     import warnings
 

@@ -2,7 +2,7 @@
 arithmetic compiled by nvcc for the host against its Python mirror (every expert's bytes covered once,
 16-byte aligned), the instructions in the compiled PTX after the PDL wait, the launcher's arguments
 (planned = whole way, checked, none on the aligned route) and FP4MoE's rule (which M, which tensors).
-Whether it pays is the step bench's question (docs/moe-decode.md part 15), not a test's."""
+Whether it pays is the step bench's question (docs/decisions/0004-prefetch-w2-off.md), not a test's."""
 from __future__ import annotations
 
 import re

@@ -132,7 +132,7 @@ def test_sm100_kernels_do_not_fit_sm120_and_vice_versa():
     assert FAM.verdict(DENSE, t100, SM100).ok is True
 
 
-# ---- verdicts outside the lists (issue #14): safe by construction ------------------------------------
+# ---- verdicts outside the lists: safe by construction ------------------------------------
 
 TILE_N = (8, 16, 32, 48, 96, 128, 160, 192, 256)
 
@@ -350,7 +350,7 @@ def test_dry_run_lists_every_cutlass_candidate():
     assert any("unknown" in ln and "cublaslt[" in ln for ln in lines)
 
 
-# ---- weight layout: swizzled once at load (issue #13) -----------------------------------------------
+# ---- weight layout: swizzled once at load -----------------------------------------------
 
 def _weight(n=200, k=256, fmt="nvfp4"):
     import torch

@@ -1,29 +1,11 @@
-"""`autotune show` and `autotune search --dry-run` print byte-identical output across refactors (#13).
+"""`autotune show` and `autotune search --dry-run` print byte-identical output across refactors.
 
-The golden files were captured from commit 32c8b61 (the last commit before the layer refactor) with
-    python3 tests/test_golden.py ROOT_OF_THAT_CHECKOUT
-and are compared byte for byte; nothing is normalised. Machine-dependent inputs are pinned instead:
-no GPU is visible (CUDA_VISIBLE_DEVICES=""), so the live arch is "cpu" everywhere; the table width is
-COLUMNS=120; no AUTOTUNE_* variable leaks in. When a golden changes on purpose, regenerate it in its
-own commit that says why. Changed on purpose so far: search_sm120_cutlass_torch_json.txt gained
-"skipped" and "unsampled" per family (#14: kept tactics that a family skipped on the device or the
---max-tactics sample leaves unmeasured are counted apart, as `show` counts them); and, with #24,
-show_h200_json.txt gained each winner's "code_key" ("" for this schema-1 cache: no code key, so
-never served) and search_sm120_cutlass_torch_json.txt "unknown_reasons" per family (why verdicts
-stayed unknown); and with the shared expert folded in by default (2026-12-04, issue #26 item 4) the
-four `search_*` dry runs list the folded problems (`e257:top9`) the search now tunes by default; and
-(2026-12-04, twelfth session) search_sm90 / search_sm120 count the grouped cuda tactics `unknown`
-(moe_mma's text changed and moe_tok is new: neither has passed its GPU tests, tactics/cuda/checked.py)
-and the reduce problems count moe_tok's tactics; then (same session's review) every cuda tactic, the
-dense ones too, since the record digests a kernel's build and launch code as well and build.py changed;
-then (2026-12-05, fourteenth session) search_sm90 / search_sm120 (and the list-tactics run) keep them
-again: with code-key form 2 the record's digests are the same on Python 3.11 as on the device's 3.12;
-then (branch w2-walk) the grouped cuda tactics read `unknown` once more (moe_mma's text changed: the
-N-tile walk) and the reduce problems count the walk tactics; then (branch next-kernels) six fewer of
-them on the GLM-5 reduce problems: the walks ptxas spills are out of the space (moe_search.walk_spills);
-then (the same session, after the walk measured slower on an H100) none: walks are out of the search
-(moe_search.WALKS); then (2026-12-05, sixteenth session) every cuda tactic is kept again: next-kernels'
-texts passed their GPU tests on an H100 (73/73) and the record holds their digests.
+Each golden file is the exact output of one command on committed inputs; it is compared byte for byte
+and nothing is normalised. Machine-dependent inputs are pinned instead: no GPU is visible
+(CUDA_VISIBLE_DEVICES=""), so the live arch is "cpu" everywhere; the table width is COLUMNS=120; no
+AUTOTUNE_* variable leaks in. `python3 tests/test_golden.py ROOT_OF_A_CHECKOUT` regenerates them from
+that checkout. A golden changes only on purpose, in its own commit that says why (`git log
+tests/data/golden` lists each change and its reason).
 """
 from __future__ import annotations
 
@@ -38,8 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
-SMALL = "docs/data/h200-glm5-tp8.db"
-FULL = "{full}"     # docs/data/h200x2-glm5-tp8-full.db.xz, decompressed into a temporary folder
+SMALL = "tests/data/2026-11-29-h200-glm5-tp8-search.db"
+FULL = "{full}"     # docs/data/2026-11-30-h200x2-full-search.db.xz, decompressed into a temporary folder
 
 GLM5 = ["search", "--model", "glm5", "--tp", "8", "--dry-run"]
 COMMANDS: dict[str, list[str]] = {
@@ -70,7 +52,7 @@ def _run(root: Path, args: list[str], full: Path) -> bytes:
 
 def _decompressed(root: Path, into: Path) -> Path:
     out = into / "h200x2-glm5-tp8-full.db"
-    with lzma.open(root / "docs/data/h200x2-glm5-tp8-full.db.xz") as src, open(out, "wb") as dst:
+    with lzma.open(root / "docs/data/2026-11-30-h200x2-full-search.db.xz") as src, open(out, "wb") as dst:
         shutil.copyfileobj(src, dst)
     return out
 

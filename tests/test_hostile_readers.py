@@ -1,4 +1,4 @@
-"""Readers that cannot be made to hang (#24 item 3): every SQLite file opened from outside is
+"""Readers that cannot be made to hang: every SQLite file opened from outside is
 first checked for a plain schema (autotune.cache.guard: no view, trigger, virtual table, foreign table or
 column, bounded row counts), and JSON readers are bounded in size and depth — each answered with
 one line. On f11bb21 a recursive VIEW named `winners` hung `cache import`, `show` and

@@ -1,4 +1,4 @@
-"""The README's main job on this machine, then dispatch over its cache (the issue's "done" test)."""
+"""The README's main job on this machine, then dispatch over its cache (every problem and bucket gets a winner, every served layer its own bucket's)."""
 import re
 import sqlite3
 from collections import defaultdict
@@ -15,7 +15,7 @@ from autotune.cache import Store
 from tests.test_cli import autotune
 
 # The README's job as it runs on the CPU machine and in CI; on a GPU machine the CLI would tune the
-# GPU instead (bench/h200_slice.sh covers that).
+# GPU instead (bench/device_run.sh covers that).
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU machine's main job")]
 
@@ -32,7 +32,7 @@ def glm5_cache(tmp_path_factory):
 def test_main_job_fills_a_winner_for_every_problem_and_bucket(glm5_cache):
     path, out, _ = glm5_cache
     # what FP4MoE and FP4MLP serve is in the default search: 8 problems + the dense and shared gate_up's
-    # SwiGLU forms (issue #26 item 3) + the routed experts' 4 with the shared expert folded in
+    # SwiGLU forms + the routed experts' 4 with the shared expert folded in
     # (e257:top9: what FP4MoE(shared=...) runs by default; --fold-shared is the search's default)
     uses = problems_for("glm5", tp=8, fused_moe=True, fused_mlp=True, fold_shared=True)
     assert len(uses) == 14
@@ -87,7 +87,7 @@ def test_export_then_import_into_a_fresh_cache(glm5_cache, tmp_path, fmt):
 
 
 def test_a_search_without_a_terminal_prints_progress_lines(glm5_cache):
-    """#14: with stderr not a terminal (the test captures it) a search prints plain progress
+    """With stderr not a terminal (the test captures it) a search prints plain progress
     lines, one at least per problem, the last with every trial and job done."""
     _, _, err = glm5_cache
     lines = [ln for ln in err.splitlines() if ln.startswith("progress: ")]
@@ -112,7 +112,7 @@ def test_search_and_show_count_kept_and_rejected_alike(glm5_cache):
 
 
 def test_the_main_job_summary_has_no_framework_failure_and_no_default_among_the_served_layers(glm5_cache):
-    """#28: the summary bench/h200_main_job.sh writes for the H200, here for the README's CPU command:
+    """The summary bench/device_run.sh writes on a GPU, here for the README's CPU command:
     every (problem, bucket) has a winner, no trial failed for a cause outside its tactic, and the
     layers the runtime builds for GLM-5 TP8 with its defaults (FP4MLP for the dense MLPs: gate_up
     with the SwiGLU epilogue, then down; FP4MoE fused for the routed experts with the shared expert

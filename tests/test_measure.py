@@ -90,7 +90,7 @@ def test_a_cache_whose_draw_row_is_not_a_number_is_refused_in_one_line(tmp_path)
     from pathlib import Path
     from helpers import run_cli
     db = tmp_path / "c.db"
-    shutil.copyfile(Path(__file__).resolve().parents[1] / "docs" / "data" / "h200-glm5-tp8.db", db)
+    shutil.copyfile(Path(__file__).resolve().parents[1] / "tests" / "data" / "2026-11-29-h200-glm5-tp8-search.db", db)
     con = sqlite3.connect(db)
     con.execute("insert or replace into meta(key, value) values (?, ?)", (measure.META_KEY, "uniform"))
     con.commit()

@@ -179,3 +179,36 @@ def test_v2_rows_upgrade_to_code_keys_readable_and_never_current(tmp_path):
     Store(tmp_path / "fresh-v1.db").close()
     Store(tmp_path / "fresh.db").close()
     assert shape(tmp_path / "fresh-v1.db") == shape(tmp_path / "v2.db") == shape(tmp_path / "fresh.db")
+
+
+def test_v3_rows_upgrade_to_replay_checked_false_and_new_rows_keep_it(tmp_path):
+    """Schema 4 adds `replay_checked` to trials and winners: rows stored before read False (read-only
+    opens of the old file too, without migrating), and a new row's True survives the round trip."""
+    from helpers import keyed
+    v1_cache(tmp_path / "v3.db")
+    e = create_engine(f"sqlite:///{tmp_path / 'v3.db'}")
+    assert migrations.upgrade(e, target=3) == [2, 3]
+    e.dispose()
+    lib = ENV.lib_key(("torch",))
+    con = sqlite3.connect(tmp_path / "v3.db")
+    con.execute("INSERT INTO tactics VALUES (?, 'torch', ?)", (T.id, T.to_json()))
+    con.execute("INSERT INTO trials (problem_key, bucket, tactic_id, family, device_key, lib_key, code_key, status, "
+                "reason, median_us, reps, created_at) VALUES (?, 4, ?, 'torch', ?, ?, '', 'ok', '', 2.0, 3, '2026-01-01')",
+                (P.key, T.id, ENV.device_key, lib))
+    con.commit()
+    con.close()
+    with Store(tmp_path / "v3.db", readonly=True) as ro:
+        assert ro.schema_version == 3 and [t.replay_checked for t in ro.trials()] == [False]
+    with Store(tmp_path / "v3.db") as s:
+        assert s.schema_version == SCHEMA_VERSION == 4
+        assert [t.replay_checked for t in s.trials()] == [False]
+        new = keyed(Trial(P.key, 8, T.id, "torch", T.to_json(), ENV.device_key, lib, "ok", median_us=1.0,
+                          replay_checked=True))
+        s.put_trial(new)
+        assert [t.replay_checked for t in s.get_trials(P.key, 8, ENV.device_key)] == [True]
+        w = Winner(P.key, 8, ENV.device_key, T.id, "torch", T.to_json(), lib, 1.0, T.id, 1.0, 1.0, new.code_key,
+                   replay_checked=True)
+        s.put_winner(w)
+        assert [x.replay_checked for x in s.winners() if x.bucket == 8] == [True]
+    Store(tmp_path / "fresh.db").close()
+    assert shape(tmp_path / "v3.db") == shape(tmp_path / "fresh.db")

@@ -1,4 +1,4 @@
-"""FP4MLP (issue #26 item 3): a SwiGLU MLP in two kernels, the dense gate_up with the SwiGLU epilogue
+"""FP4MLP: a SwiGLU MLP in two kernels, the dense gate_up with the SwiGLU epilogue
 then down, against float64: from dense weights with different gate and up global scales, from a
 ModelOpt file, from a real producer's checkpoint (the shared expert apart from the routed FP4MoE,
 whole and over two tensor-parallel ranks), on the cuda family's layout through its CPU grid port,

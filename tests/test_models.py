@@ -338,8 +338,9 @@ def test_kv_heads_must_divide_tp():
 
 
 def test_config_reads_are_bounded_and_sizes_past_int32_refused(tmp_path):
-    """#14: `--model /dev/zero` hung reading forever; a hidden_size of 1e21 ended in an
-    OverflowError from the cache. Both are one-line ModelErrors now."""
+    """A `--model` that is not a regular file (`/dev/zero`, which would be read forever) and a size
+    past int32 (a hidden_size of 1e21) are refused with one-line ModelErrors before anything is read
+    or stored."""
     from autotune.models import load_model
     with pytest.raises(ModelError, match="not a regular file"):
         load_model("/dev/zero")

@@ -252,43 +252,6 @@ def test_fp4moe_with_moe_decode_winners_shares_one_alignment(interp):
     assert unfused["err"] < 1e-2 and unfused["aligns"] == [16]    # w2 runs direct: w13 aligns for itself
 
 
-def test_committed_h200_tables_render():
-    # the H200 tables of docs/moe-decode.md come from the committed JSON and cache through the scripts
-    sys.path.insert(0, str(ROOT / "bench"))
-    import moe_mlp_step_h200 as step
-    import moe_search_summary as summary
-    doc = (ROOT / "docs" / "moe-decode.md").read_text()
-    text = step.render(ROOT / "docs" / "data" / "moe-mlp-step-h200.json")
-    assert "48 (problem, M) launches, 0 failed" in text and "| 1 | 12.0 | 9.6 | 7.1 | 4.9 | 27.6 |" in text
-    s = summary.summary(str(ROOT / "docs" / "data" / "moe-search-h200.db"))
-    assert "0 failed" in s and s.count("geomean over 12 buckets") == 4
-    assert text in doc and s in doc
-
-
-def test_moe_search_summary_without_speedups_or_rel_err(tmp_path):
-    """A winner without a default time (speedup None) is left out of the geomean and counted; a
-    problem with none says so; a cache without rel_err says so (no TypeError / ValueError)."""
-    import shutil
-    import sqlite3
-    sys.path.insert(0, str(ROOT / "bench"))
-    import moe_search_summary as summary
-    db = tmp_path / "m.db"
-    shutil.copy(ROOT / "docs" / "data" / "moe-search-h200.db", db)
-    c = sqlite3.connect(db)
-    keys = [k for (k,) in c.execute("select distinct problem_key from winners order by problem_key")]
-    c.execute("update winners set speedup = null, default_median_us = null where problem_key = ? and bucket = 1",
-              (keys[0],))
-    c.execute("update winners set speedup = null where problem_key = ?", (keys[1],))
-    c.execute("update trials set rel_err = null")
-    c.commit()
-    c.close()
-    s = summary.summary(str(db))
-    assert "no rel_err stored" in s
-    assert f"**{keys[0]}**: tuned vs default, geomean over 11 buckets" in s
-    assert "; 1 bucket without a speedup (no default time) left out" in s and "| — |" in s
-    assert f"**{keys[1]}**: no speedup in any of its 12 buckets (no default time)" in s
-
-
 def test_expert_map_loaded_by_state_dict_is_used_and_checked(disp):
     """load_state_dict copies a new expert_map in place: the block maps with it (not a cached copy
     of the old one) and refuses a map that is not one-to-one, in one line."""

@@ -1,9 +1,10 @@
-"""A shared expert folded in without concatenation (docs/moe-decode.md part 8): cuda `moe_mma` takes
+"""A shared expert folded in without concatenation (docs/fp4moe.md#the-shared-expert-folded-or-apart): cuda `moe_mma` takes
 `shared_slot=True`, then topk_ids / topk_weights are [M, top_k - 1] and the kernel adds expert E - 1
 as every token's last slot with weight 1 (moe_mma.cu pair_id / pair_weight; moe_emulate.emulate is its CPU
 port). FP4MoE(fold_shared=True) uses it where both of its launchers take it, and concatenates the
 slot otherwise. Checked on the CPU through the cuda family's CPU port against float64 and against
 the concatenated form; the kernel itself against the concatenated form in tests/test_cuda_moe_gpu.py."""
+import dataclasses
 import warnings
 
 import pytest
@@ -84,7 +85,7 @@ def test_the_slot_is_added_by_the_kernel_and_matches_float64(tmp_path, fam, monk
     assert float((y[3].double() - ref[3]).norm() / ref[3].norm()) < 1e-2     # the shared expert alone
     # the concatenated form (a launcher without the slot) gives the same bits: the same pairs, the same order
     seen.clear()
-    monkeypatch.setattr(fam._CpuMoeRun, "shared_slot", False)
+    monkeypatch.setattr(fam._CpuMoeRun, "caps", dataclasses.replace(fam._CpuMoeRun.caps, shared_slot=False))
     blk2, _, _ = _block(tmp_path / "b")
     assert not blk2.bound13.launcher(5).caps.shared_slot
     assert torch.equal(blk2(x, ids, tw), y) and seen == [((5, TOP_K + 1), False)] * 2
@@ -154,7 +155,7 @@ def test_large_m_concatenates_the_slot_and_shares_one_alignment(tmp_path, fam, m
 
 
 def test_one_copy_packs_the_stacked_experts_in_place_and_matches_float64(tmp_path, fam):
-    """A one-copy FP4MoE on the cuda grouped kernels holds the experts in their own bytes (part 17: GLM-5
+    """A one-copy FP4MoE on the cuda grouped kernels holds the experts in their own bytes (GLM-5
     TP8's 75 layers with a second copy ran an H100 out of memory) and still matches float64."""
     from autotune.core.formats import held_layout
     from autotune.tactics.cuda import layout as L

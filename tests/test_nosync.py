@@ -1,4 +1,4 @@
-"""Issue #26 item 5: no host sync in an eager forward. FP4MoE (fused and unfused, with and without
+"""No host sync in an eager forward. FP4MoE (fused and unfused, with and without
 an expert_map, with the shared expert folded in) and FP4Linear only issue device work; the bad-id
 word is sticky on the device and read on request (`routing_errors()`), and AUTOTUNE_CHECK_IDS=1
 restores the per-call raise. Counted on the CPU with tests/syncs.py (every aten op a forward runs:
@@ -205,8 +205,8 @@ _INTERP = textwrap.dedent("""
 @pytest.mark.parametrize("check_ids", ["0", "1"])
 def test_moe_decode_launchers_read_nothing_in_the_interpreter(check_ids):
     """The real moe_decode launchers (split-K w13 + SwiGLU, w2 + reduce) through FP4MoE under
-    Triton's interpreter: no aten-level read per forward (before issue #26 item 5 each launcher
-    read its bad-id word: two `.item()`s); with AUTOTUNE_CHECK_IDS=1 the reads are back."""
+    Triton's interpreter: no aten-level read per forward (the bad-id word stays on the device);
+    with AUTOTUNE_CHECK_IDS=1 each launcher reads it after the call."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1", "AUTOTUNE_CHECK_IDS": check_ids,
            "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}

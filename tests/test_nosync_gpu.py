@@ -1,4 +1,4 @@
-"""Issue #26 items 5 and 6 on a CUDA GPU: eager FP4MoE (Triton moe_decode, and cuda moe_mma where
+"""No host sync and one scratch pool, on a CUDA GPU: eager FP4MoE (Triton moe_decode, and cuda moe_mma where
 CuPy is installed; fused, unfused, with an expert_map, with the shared expert folded in, M = 1, 4
 and 64 — 512 pairs: the aligned route) and FP4Linear (a split-K W4A16 tactic) run under
 torch.cuda.set_sync_debug_mode("error"): any host sync raises. Then: bad ids give NaN rows and

@@ -1,4 +1,4 @@
-"""One copy of the weight (issue #16 step 1): a bound table in one-copy mode serves every M from
+"""One copy of the weight: a bound table in one-copy mode serves every M from
 one layout, packs it in place over the checkpoint tensors where the family can (extra_bytes 0),
 reports the rungs it substituted, and refuses anything that would read the bytes as a checkpoint.
 
@@ -252,7 +252,7 @@ def test_dense_bound_launcher_carries_capture_safe(fam):
 def test_one_copy_upto_chooses_the_layout_by_the_served_range(tmp_path, fam):
     """More rungs read the plain layout (M >= 64), but an engine that serves decode (M <= 8) asks for
     the layout of those rungs: `one_copy_upto` counts only the rungs up to it; the rest are served,
-    substituted and reported (part 17: the folded w13's tie served Triton at M = 1..64)."""
+    substituted and reported (the folded GLM-5 w13's tie served Triton at M = 1..64 on 2026-12-05)."""
     table = ((1, C1), (8, C2), (64, T64), (128, T64), (256, T64))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -1,4 +1,4 @@
-"""Search options declared once (#23 item 3): the fields of `SearchInput` (autotune/request.py) and
+"""Search options declared once: the fields of `SearchInput` (autotune/request.py) and
 `SearchOptions` (autotune/engine/options.py) make the CLI's `search` options, `api.run`'s keywords,
 their one-line refusals and the options table of docs/search.md."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compile stage overlapped with measuring (issue #28, autotune/engine/pipeline.py), on the CPU
+"""The compile stage overlapped with measuring (autotune/engine/pipeline.py), on the CPU
 with a test family whose precompile and build log their order (tests/families/compile_order.py).
 
 Nothing here asserts a duration: the order of events in the log, the stored trials and the winners.

@@ -79,7 +79,7 @@ def test_search_into_postgres_and_resume(pg_url):
     assert again.measured == 0 and again.resumed == first.measured
 
 
-# -- claims (#14): several searches on one PostgreSQL cache share the jobs ----------------------
+# -- claims: several searches on one PostgreSQL cache share the jobs ----------------------
 
 def _fresh_db(pg_url: str, name: str) -> str:
     """A database of its own on the throwaway server, so each test starts from an empty cache."""

@@ -4,7 +4,7 @@ A grouped member's routing (E, top_k) and epilogue are constexprs of its kernel:
 constexprs differ from what `Family.precompile` put in Triton's cache compiles again at its first
 call, inside the worker, serially, in the stage timed as "check: run". GLM-5's folded shared-expert
 problems (e257:top9) did that for every Triton tactic while `sources` compiled GLM-5's unfolded
-routing (256, 8): the H100/H200 main jobs spent 100-160 s there (docs/moe-decode.md part 18).
+routing (256, 8): the H100/H200 main jobs spent 100-160 s there before 2026-12-06.
 
 Here the real launchers run the search's calls (routed inputs, x a row per token or per pair as the
 epilogue reads, every bucket's route, alignment and token chunks) on meta tensors with the kernels

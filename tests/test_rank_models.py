@@ -97,10 +97,10 @@ def _kept(v) -> bool:
 
 
 def test_a_ranked_search_measures_first_what_the_moe_mma_sweep_found_fastest():
-    """The 2026-12-03 sweep of moe_mma's new text (docs/data/moe-latency-h200-ab) found configs the
-    trees, fitted mostly on the older text, rank 21st and 44th (bench/rank_bests.py): the model's bests put them in the
+    """The 2026-12-03 sweep of moe_mma's new text (docs/data/2026-12-03-h200-moe-config-sweep.json) found configs the
+    trees, fitted mostly on the older text, rank 21st and 44th (bench/rank_bests.py at f4cc350): the model's bests put them in the
     first batch, so the next main job on the H200 measures them."""
-    sweep = json.loads((ROOT / "docs/data/moe-latency-h200-ab/moe_latency.json").read_text())["sweep"]
+    sweep = json.loads((ROOT / "docs/data/2026-12-03-h200-moe-config-sweep.json").read_text())["sweep"]
     m = rankmodel.load(strategy.shipped(SM90))
     probs = [Problem.from_key(k) for k in FUSED]
     fam = registry.get("cuda")
@@ -123,9 +123,9 @@ def test_a_ranked_search_measures_first_what_the_moe_mma_sweep_found_fastest():
 def test_the_folded_problems_start_from_their_siblings_sweep():
     """GLM-5's shared expert folded in (e257:top9) is the same GEMM as the routed experts' (e256:top8)
     over one more expert and slot; the shipped model's data never timed it at M = 1, where the trees
-    rank the sibling sweep's fastest 42nd (w13) and 15th (w2), past the first batch (bench/rank_bests.py).
+    rank the sibling sweep's fastest 42nd (w13) and 15th (w2), past the first batch (bench/rank_bests.py at f4cc350).
     Its siblings' bests (Model.sibling_bests) put them in the first batch."""
-    sweep = json.loads((ROOT / "docs/data/moe-latency-h200-ab/moe_latency.json").read_text())["sweep"]
+    sweep = json.loads((ROOT / "docs/data/2026-12-03-h200-moe-config-sweep.json").read_text())["sweep"]
     m = rankmodel.load(strategy.shipped(SM90))
     fam = registry.get("cuda")
     work = []

@@ -156,14 +156,14 @@ def test_ranked_without_a_model_for_the_arch_halves_as_before(tmp_path):
 
 
 def test_offline_evaluation_on_the_committed_h200_cache(tmp_path):
-    """bench/rank_eval.py on docs/data/h200x2-glm5-tp8-full.db.xz. To stay near a minute on two
+    """bench/rank_eval.py on docs/data/2026-11-30-h200x2-full-search.db.xz. To stay near a minute on two
     busy cores: every leave-one-problem-out fold (6), leave-one-bucket-out on every 7th bucket
     (3 folds) and 150 boosting rounds instead of 300 (docs/search.md has the full run)."""
     pytest.importorskip("lightgbm")
     sys.path.insert(0, str(ROOT / "bench"))
     import rank_eval
     out = tmp_path / "eval.json"
-    rc = rank_eval.main([str(ROOT / "docs/data/h200x2-glm5-tp8-full.db.xz"), "--lobo-every", "7",
+    rc = rank_eval.main([str(ROOT / "docs/data/2026-11-30-h200x2-full-search.db.xz"), "--lobo-every", "7",
                          "--rounds", "150", "--json", str(out)])
     summary = json.loads(out.read_text())["summary"]
     assert summary["lopo"]["groups"] == 126 and summary["lobo"]["groups"] == 18
@@ -286,8 +286,8 @@ def test_rank_eval_sklearn_learner_restores_rankmodel_fit(tmp_path, monkeypatch)
 
 
 def test_every_kernel_gets_its_best_predicted_tactic_into_the_first_batch():
-    """The trees rank configs of one kernel better than kernels against each other (the fourteenth
-    main job never measured moe_mma on w2:reduce from M = 32 up): a kernel with no tactic in the first
+    """The trees rank configs of one kernel better than kernels against each other (without this rule
+    the main job of 2026-12-05 on an H200 never measured moe_mma on w2:reduce from M = 32 up): a kernel with no tactic in the first
     batch adds its best-predicted one; one already there, or in the extras, adds nothing."""
     from autotune.engine import strategy
     a = [Tactic("cuda", kernel="moe_a", warps_k=w) for w in (1, 2, 4)]

@@ -1,9 +1,9 @@
-"""The report's pictures read at a glance (#27): every figure rendered with matplotlib's Agg
+"""The report's pictures read at a glance: every figure rendered with matplotlib's Agg
 renderer, its text boxes (get_window_extent) compared — none overlaps another, none leaves the
 figure — for the committed H200 caches (opened read-only) and for a synthetic cache with long
 tactic names, long layer names, long failure reasons and 30 buckets; the M axis is log2 with only
-powers of two labelled; the step picture adds up the stored winners; long reasons get one line
-(#28 item 6); the page has no horizontal scroll at 800 px in headless Chromium."""
+powers of two labelled; the step picture adds up the stored winners; long reasons get one line;
+the page has no horizontal scroll at 800 px in headless Chromium."""
 import json
 import math
 import re
@@ -25,9 +25,9 @@ from autotune.cache import Store
 from tests.test_report import _browser, _chromium
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "docs" / "data"
-H200_CACHES = ["h200-glm5-tp8.db", "moe-search-h200.db", "cuda-search-h200/cuda-search.db"]
-STEP_JSON = DATA / "moe-mlp-step-h200.json"
+DATA = ROOT / "tests" / "data"
+H200_CACHES = ["2026-11-29-h200-glm5-tp8-search.db", "2026-12-01-h200-moe-search.db", "2026-12-01-h200-cuda-search.db"]
+STEP_JSON = DATA / "2026-12-01-h200-moe-mlp-step.json"
 GLM5 = problems_for("glm5", tp=8, include_attention=True, fused_moe=True, fold_shared=True)
 BUCKETS30 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
              3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
@@ -202,7 +202,7 @@ def test_step_adds_up_the_stored_winners(synthetic, syn_summary):
 
 
 def test_step_from_two_caches_beside_the_measured_json():
-    s = collect(StoreUnion([_ro("h200-glm5-tp8.db"), _ro("moe-search-h200.db")]), {u.problem.key for u in GLM5}, GLM5)
+    s = collect(StoreUnion([_ro("2026-11-29-h200-glm5-tp8-search.db"), _ro("2026-12-01-h200-moe-search.db")]), {u.problem.key for u in GLM5}, GLM5)
     (dev,) = s.devices
     sv = dev.step
     assert sv.buckets == [1, 2, 4, 8, 16, 32, 64, 128, 256] and not sv.missing and sv.ceiling_stored
@@ -218,7 +218,7 @@ def test_step_from_two_caches_beside_the_measured_json():
         assert sum(ms.kinds[r["m"]].values()) == pytest.approx(r["step_fp4_us"])
         assert ms.floor_us[r["m"]] == r["step_floor_us"]
     # only one cache: the routed w2 has no winner at all, so no estimate, and the page says why
-    (one,) = collect(_ro("h200-glm5-tp8.db"), {u.problem.key for u in GLM5}, GLM5).devices
+    (one,) = collect(_ro("2026-11-29-h200-glm5-tp8-search.db"), {u.problem.key for u in GLM5}, GLM5).devices
     assert one.step.missing and not one.step.buckets
 
 
@@ -239,7 +239,7 @@ def test_step_json_checks(tmp_path, syn_summary):
     assert not ms.kinds and "do not add up" in ms.note and ms.total_us
 
 
-# ---------------------------------------------------------------------------------- reasons (#28 item 6)
+# ---------------------------------------------------------------------------------- reasons
 
 def test_long_reasons_are_one_short_line_per_class(syn_summary):
     s = short_reason(OOM.format("2.00"))

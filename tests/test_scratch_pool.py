@@ -1,4 +1,4 @@
-"""Issue #26 item 6: split-K and reduce workspaces come from one pool per dispatcher, one set per
+"""Split-K and reduce workspaces come from one pool per dispatcher, one set per
 (device, stream), sized by the largest live M — not one set per layer — and the pool's growth
 rule keeps captured graphs' pointers valid (tactics/scratch.py). 75 MoE layers on the cuda
 family's launcher scratch code with its kernel's grid ported to the CPU (tests/families/cuda_moe_cpu.py)."""
@@ -106,7 +106,7 @@ def test_layers_hold_one_layers_workspace(fams, tmp_path, family, layers):
         for (k13, k2), (w13, w2) in zip(own, packs):
             h = _norm(k2(k13(h, w13, ids), w2, ids, tw))
         assert torch.equal(h, ys[m])
-    run = (lambda k: k.launcher) if cuda else (lambda k: k)
+    run = (lambda k: k.run) if cuda else (lambda k: k)
     assert sum(_named(run(k)._own) for pair in own for k in pair) == layers * need
     # release() (the worker's, per tactic) frees a private pool, never the dispatcher's
     own[0][0].release()

@@ -139,8 +139,8 @@ def test_dispatch_rejects_bad_m_naming_the_value(tmp_path):
 
 
 def test_a_family_skipped_on_this_device_counts_as_show_counts(tmp_path, monkeypatch):
-    """#14: a CPU run printed "triton: 427 kept" though Triton never ran there, while `show`
-    (which counts the stored trials) said 0 kept. Both now count what this device kept."""
+    """A family that cannot run on this device counts as skipped, not kept, in the search's report,
+    exactly as `show` (which counts the stored trials) counts it."""
     from autotune.report import collect
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     store = Store(tmp_path / "c.db")

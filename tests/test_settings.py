@@ -1,4 +1,4 @@
-"""#13: one settings module reads every AUTOTUNE_* environment variable."""
+"""One settings module reads every AUTOTUNE_* environment variable."""
 import ast
 from pathlib import Path
 

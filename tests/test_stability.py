@@ -1,4 +1,4 @@
-"""Winners that do not flip between runs (issue #18), with injected timings only (no wall clock):
+"""Winners that do not flip between runs, with injected timings only (no wall clock):
 near-equal tactics whose timings swap inside their spread pick the same winner every run, and a
 suspiciously fast timing is re-timed before it can win."""
 import random

@@ -1,4 +1,4 @@
-"""Every stage under a timeout (#24 item 4): a precompile that hangs is killed past --timeout-s and
+"""Every stage under a timeout: a precompile that hangs is killed past --timeout-s and
 stored failed with the stage and the signal (a segfaulting one too), and the search goes on; a
 store that cannot complete ends the search naming the stage; SIGTERM ends like SIGINT (a message,
 the claims released). On f11bb21 the precompile had no timeout (in-process with one compile

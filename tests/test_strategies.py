@@ -1,4 +1,4 @@
-"""Strategies as registered objects (#23 item 3): one module each under autotune/engine/strategies/,
+"""Strategies as registered objects: one module each under autotune/engine/strategies/,
 looked up by name; the search, the workers and the CLI ask the registry instead of comparing names."""
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ def test_the_committed_sweep_cache_is_the_rebuild_of_the_committed_json(tmp_path
         pytest.skip("no full git history here: the measuring revision's code keys cannot be computed")
     out = tmp_path / "sweep.db"
     assert S.main(["--out", str(out)]) == 0
-    committed, rebuilt = _rows(ROOT / S.OUT), _rows(out)
+    from tools.fit_rank_models import copy
+    committed, rebuilt = _rows(copy(ROOT / S.OUT, tmp_path / "committed.db")), _rows(out)
     assert len(committed) == 122 and committed == rebuilt
     assert len({r[6] for r in rebuilt}) == 1                   # one revision's code measured every trial
     assert not list(out.parent.glob("sweep.db-*"))             # self-contained: no -wal / -shm beside it

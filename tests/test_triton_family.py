@@ -324,7 +324,7 @@ def test_outgrown_split_k_workspace_stays_alive_for_captured_graphs():
     assert big.numel() > small.numel() and any(ws is small for ws, _ in launcher._retired)
 
 
-# ---- outside the region the smem model was checked on (issue #14) ------------------------------------
+# ---- outside the region the smem model was checked on ------------------------------------
 
 def test_outside_the_checked_region_is_unknown_without_a_compiler():
     """Never "fits" from an extrapolated rule: BLOCK_N=16 (buffer padding and scale scratch the

@@ -1,4 +1,4 @@
-"""#24 item 5: each case of the adversarial pass on f11bb21 answered with one line and a non-zero
+"""Each case of the adversarial pass on f11bb21 answered with one line and a non-zero
 exit, or made correct. (Deep JSON, the refused import's target and dispatch((1.5 | True, N, K))
 are in tests/test_hostile_readers.py and tests/test_input_contract.py.)"""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker's memory across a search (issue #28): nothing tactic-sized outlives its job, a tactic
+"""The worker's memory across a search: nothing tactic-sized outlives its job, a tactic
 the search drops is freed at once, held scratch stays under a bound, and an out-of-memory caused by
 the framework (inputs, other tactics' memory) never becomes a tactic's failure. CPU, in-process,
 with a test family whose kernels keep scratch the way real launchers do."""

@@ -1,4 +1,4 @@
-"""Issue #3: isolated workers, successive halving, sharding over workers, Ray, concurrent writers,
+"""Isolated workers, successive halving, sharding over workers, Ray, concurrent writers,
 and resume after kill -9. Real worker processes, real SQLite, real torch kernels on the CPU."""
 from __future__ import annotations
 

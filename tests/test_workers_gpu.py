@@ -74,7 +74,7 @@ def test_a_failed_capture_hands_its_memory_pool_back():
     """A call with a host sync inside cannot be captured: the timer times it eagerly instead, and the
     pool the failed capture allocated from goes back (timing.abandon). Left to PyTorch it stays
     reserved for the life of the process: 256 MiB per try here, GBs per torch-family MoE tactic at
-    M = 4096 in the main job on an 80 GB H100 (docs/moe-decode.md part 16)."""
+    M = 4096 in the main job on an 80 GB H100 (2026-12-05)."""
     import torch
 
     def call(i):

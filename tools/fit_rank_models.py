@@ -6,7 +6,7 @@ The committed H200 caches are read from copies in a temporary folder (never open
 full GLM-5 TP8 search (triton, torch; dense and grouped MoE), the cuda family's search (dense, M <= 64)
 the MoE search (moe_decode, the fused :swiglu / :reduce problems) and the ranked main job of
 2026-12-02 (moe_mma, the dense split-K / SwiGLU / MXFP4 forms, FP4MLP's SwiGLU problems) and the moe_mma
-config sweep of bench/moe_latency_h200.py (2026-12-03). One model is fitted on the five together (rankdata.train_many: each cache's groups keep their own labels). The file is named
+config sweep of bench/moe_latency_h200.py (2026-12-03; the script is at commit f4cc350). One model is fitted on the five together (rankdata.train_many: each cache's groups keep their own labels). The file is named
 by arch and the library versions in the model's key; an older shipped model of the same arch with
 other versions is left for the caller to remove (listed). Check it with
 `python3 bench/rank_eval.py <the same caches>` (docs/search.md has the numbers).
@@ -28,17 +28,17 @@ from autotune.engine import rankdata, rankmodel, strategy  # noqa: E402
 from autotune.cache.store import Store  # noqa: E402
 
 #: (name in the model's info, committed cache)
-CACHES = (("h200x2-glm5-tp8-full", "docs/data/h200x2-glm5-tp8-full.db.xz"),
-          ("cuda-search-h200", "docs/data/cuda-search-h200/cuda-search.db"),
-          ("moe-search-h200", "docs/data/moe-search-h200.db"),
+CACHES = (("h200x2-glm5-tp8-full", "docs/data/2026-11-30-h200x2-full-search.db.xz"),
+          ("cuda-search-h200", "tests/data/2026-12-01-h200-cuda-search.db"),
+          ("moe-search-h200", "tests/data/2026-12-01-h200-moe-search.db"),
           # the main job on one H200 (ranked, 2026-12-02): the first data of the cuda family's moe_mma and
           # dense split-K/SwiGLU forms, which the three above predate (they entered every job as novel extras)
-          ("main-job-h200", "docs/data/main-job-h200.db.xz"),
+          ("main-job-h200", "docs/data/2026-12-02-h200-main-job.db.xz"),
           # every moe_mma config the verdicts keep (m_tiles 1) timed at M = 1 and 4 for w13:swiglu and
-          # w2:reduce (bench/moe_latency_h200.py --store, 2026-12-03): the ranked main job had measured
+          # w2:reduce (bench/moe_latency_h200.py --store at f4cc350, 2026-12-03): the ranked main job had measured
           # 6 of them per bucket and missed the best at both
           # (the file rebuilt from the run's committed JSON, no GPU: python3 tools/sweep_db_from_json.py)
-          ("moe-latency-h200-ab", "docs/data/moe-latency-h200-ab/moe-sweep-h200.db"))
+          ("moe-latency-h200-ab", "docs/data/2026-12-03-h200-moe-config-sweep.db.xz"))
 
 
 def copy(src: Path, dst: Path) -> Path:

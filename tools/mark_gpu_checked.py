@@ -2,7 +2,7 @@
 
     python3 tools/mark_gpu_checked.py LOG [--log-name NAME] [--kernel moe_mma ...] [--record PATH] [--gpu NAME]
 
-LOG is the pytest output of the GPU tests (bench/h200_main_job.sh GPU_TESTS=1 keeps it as
+LOG is the pytest output of the GPU tests (bench/device_run.sh GPU_TESTS=1 keeps it as
 gpu-tests-full.txt, run with -rA). It qualifies only when its summary line says tests passed and none
 failed, errored or xpassed, no test of the cuda GPU files was skipped (a skipped GPU test, e.g.
 without CuPy, checked nothing; a skip elsewhere must be named by -rA), and each kernel recorded has

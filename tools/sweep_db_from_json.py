@@ -1,16 +1,17 @@
-"""Rebuild the moe_mma sweep cache of bench/moe_latency_h200.py --store from the run's committed JSON (no GPU).
+"""Rebuild the moe_mma config sweep's cache (a rank-model source) from the run's committed JSON (no GPU).
 
-    python3 tools/sweep_db_from_json.py            # writes docs/data/moe-latency-h200-ab/moe-sweep-h200.db
+    python3 tools/sweep_db_from_json.py --force    # writes docs/data/2026-12-03-h200-moe-config-sweep.db.xz
     python3 tools/sweep_db_from_json.py --json RUN/moe_latency.json --out X.db --code-rev REV --force
 
-The 2026-12-03 H200 run committed its JSON (docs/data/moe-latency-h200-ab/moe_latency.json, every
-sweep row with its time) but not the SQLite cache its `--store` wrote, which tools/fit_rank_models.py
-reads. This writes that cache again through the bench's own `store_sweep` (the same trials: status
+The 2026-12-03 H200 run of bench/moe_latency_h200.py (at commit f4cc350) committed its JSON
+(docs/data/2026-12-03-h200-moe-config-sweep.json, every sweep row with its time) but not the SQLite
+cache its `--store` wrote, which tools/fit_rank_models.py reads. This writes that cache again with
+that script's `store_sweep` (kept here: the same trials: status
 ok, median_us the row's `us`, the verdict's smem, keyed by device, libraries and code), with two
 inputs the GPU run took from the live machine taken from committed files instead:
 
 * the environment: the device record of the same H200 with the same libraries in another committed
-  cache of that machine (--env-cache, default the main job's docs/data/main-job-h200.db.xz), rebuilt
+  cache of that machine (--env-cache, default docs/data/2026-12-02-h200-main-job.db.xz), rebuilt
   as an `Env` and checked against its stored device key and the JSON's GPU and torch version;
 * the code keys: of the revision that measured (--code-rev, default the commit that committed the
   JSON), computed over that revision's sources (`git archive` of autotune/ and tactics/ into a
@@ -18,12 +19,12 @@ inputs the GPU run took from the live machine taken from committed files instead
   have changed since (a stored trial of other code is stale: neither served nor counted).
 
 The file is written in a temporary folder, made self-contained (rollback journal, no -wal/-shm) and
-copied to --out; its trial count is checked against the JSON's `stored_trials`.
+copied to --out (xz-compressed when --out ends in .xz); its trial count is checked against the JSON's `stored_trials`.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import lzma
 import json
 import os
 import shutil
@@ -40,22 +41,49 @@ sys.path.insert(0, str(ROOT))
 from autotune.cache.store import Store  # noqa: E402
 from autotune.core.arch import arch_for_cc  # noqa: E402
 from autotune.core.env import KNOWN_LIBS, Env  # noqa: E402
+from autotune.core.problem import Problem  # noqa: E402
 from autotune.core.tactic import canonical_json  # noqa: E402
 from autotune.tactics import registry  # noqa: E402
 from tools.fit_rank_models import copy  # noqa: E402  (a committed cache decompressed, never opened in place)
 
-RUN = "docs/data/moe-latency-h200-ab"
-JSON = f"{RUN}/moe_latency.json"
-OUT = f"{RUN}/moe-sweep-h200.db"
-ENV_CACHE = "docs/data/main-job-h200.db.xz"
+JSON = "docs/data/2026-12-03-h200-moe-config-sweep.json"
+OUT = "docs/data/2026-12-03-h200-moe-config-sweep.db.xz"
+ENV_CACHE = "docs/data/2026-12-02-h200-main-job.db.xz"
 
 
-def bench():
-    """bench/moe_latency_h200.py as a module (bench/ is no package)."""
-    spec = importlib.util.spec_from_file_location("moe_latency_h200", ROOT / "bench/moe_latency_h200.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+#: the sweep's two problems: GLM-5 TP8's routed experts (E 256, top 8, hidden 6144, intermediate 256)
+W13 = Problem.moe(2 * 256, 6144, 256, 8, epilogue="swiglu")
+W2 = Problem.moe(6144, 256, 256, 8, epilogue="reduce")
+
+
+def store_sweep(path: Path, rows: list, fam, arch, env: Env, code_root: Path | None = None, code=None) -> int:
+    """The sweep's timings as trials of a cache at `path` (status ok, keyed by device, libraries and
+    code like the engine's). code_root: a checkout of the revision that measured (None: the code
+    installed here), its code keys taken from there, with `code` (that revision's own declaration of
+    moe_mma's sources; None: this install's)."""
+    from autotune.core.codekey import code_key_at
+    from autotune.core.records import Trial
+    from autotune.core.tactic import Tactic
+    from autotune.tactics.cuda import moe as MOE
+    lib = env.lib_key(fam.depends_on)
+    probs = {p.key: p for p in (W13, W2)}
+    trials = []
+    for r in rows:
+        if "us" not in r:
+            continue
+        prob = probs[r["problem"]]
+        t = Tactic("cuda", **({"kernel": "moe_mma"} | r["tactic"]))    # sweeps before moe_tok stored no kernel
+        trials.append(Trial(prob.key, r["m"], t.id, "cuda", t.to_json(), env.device_key, lib, "ok",
+                            "bench/moe_latency_h200.py sweep", r["us"], None, 0, None,
+                            MOE.verdict(prob, t, arch).smem_bytes,
+                            code_key=registry.code_key(t, lib) if code_root is None
+                            else code_key_at(lib, code or registry.code_of(t), code_root)))
+    with Store(str(path)) as st:
+        st.put_environment(env, fam.depends_on)
+        for prob in probs.values():
+            st.put_problem(prob)
+        st.put_trials(trials)
+    return len(trials)
 
 
 def env_of(record: dict) -> Env:
@@ -90,8 +118,8 @@ def git(*args: str) -> bytes:
 
 
 def committing_rev(path: str) -> str:
-    """The commit that last changed `path` (the committed run's code)."""
-    rev = git("log", "-1", "--format=%H", "--", path).decode().strip()
+    """The commit that last wrote `path`'s content (the committed run's code; pure renames skipped)."""
+    rev = git("log", "-1", "--follow", "--diff-filter=ACM", "--format=%H", "--", path).decode().strip()
     if not rev:
         raise SystemExit(f"{path} is not committed: give --code-rev")
     return rev
@@ -133,12 +161,11 @@ def declared_code(src: Path):
 
 def rebuild(doc: dict, out: Path, env: Env, code_root: Path | None, tmp: Path) -> int:
     """store_sweep's cache of `doc`'s sweep at `out` (built in `tmp`, copied once checked); the trial count."""
-    mod = bench()
     fam = registry.get("cuda")
     arch = arch_for_cc(*(int(x) for x in env.cc.split(".")))
     db = tmp / out.name
     code = None if code_root is None else declared_code(code_root)
-    n = mod.store_sweep(db, doc["sweep"], fam, arch, env=env, code_root=code_root, code=code)
+    n = store_sweep(db, doc["sweep"], fam, arch, env=env, code_root=code_root, code=code)
     with Store(str(db)) as st:
         st.make_self_contained()
     con = sqlite3.connect(db)
@@ -147,14 +174,18 @@ def rebuild(doc: dict, out: Path, env: Env, code_root: Path | None, tmp: Path) -
     if stored != n or n != doc.get("stored_trials", n):
         raise SystemExit(f"wrote {n} trials, the cache holds {stored}, the run stored {doc.get('stored_trials')}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(db, out)
+    if out.suffix == ".xz":              # committed caches are .db.xz
+        with open(db, "rb") as src, lzma.open(out, "wb", preset=9) as dst:
+            shutil.copyfileobj(src, dst)
+    else:
+        shutil.copyfile(db, out)
     return n
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=ROOT / JSON, help="the run's moe_latency.json")
-    ap.add_argument("--out", type=Path, default=ROOT / OUT, help="the cache to write (SQLite)")
+    ap.add_argument("--out", type=Path, default=ROOT / OUT, help="the cache to write (SQLite; .xz: compressed)")
     ap.add_argument("--env-cache", type=Path, default=ROOT / ENV_CACHE,
                     help="a committed cache of the same GPU and libraries (its device record is the run's environment)")
     ap.add_argument("--device-key", help="which device of --env-cache (default: its only one)")

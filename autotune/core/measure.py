@@ -3,9 +3,9 @@
 A grouped-MoE call reads only the experts its tokens are routed to, so its time depends on how
 routing is drawn. The search draws it uniformly (`ROUTING_SKEW = 0`: each token's top_k distinct
 experts, every expert equally likely), as balanced routers (GLM-5, DeepSeek-V3) spread a batch and as
-issue #26's step targets are stated. Until the fourteenth session it drew a Zipf popularity with
-exponent 1.2, which at M = 16 of 256 experts top-8 touches 48 experts, not 101: the winners were tuned
-for half the bytes the served step reads (docs/moe-decode.md part 13).
+the step's byte floor assumes. A Zipf popularity with exponent 1.2 (the draw before 2026-12-05)
+touches 48 of 256 experts top-8 at M = 16, not 101: winners tuned under it were tuned for half the
+bytes the served step reads (docs/decisions/0003-uniform-routing-draw.md).
 
 The draw is part of every code key (codekey.code_key joins it to the sources), so a time measured
 under one draw is never served or counted as measured under another.

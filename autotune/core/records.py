@@ -28,6 +28,7 @@ class Trial:
     smem_compiled: int | None = None  # the compiler's figure, where it compiled for the live GPU
     exit_signal: int | None = None    # set when an isolated worker died (its signal says why)
     code_key: str = ""                # lib_key joined with the member's sources (core.codekey); "" before them
+    replay_checked: bool = False      # passed the replay check: served path, graph replay (engine.replay)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Winner:
     default_median_us: float | None
     speedup: float | None     # default_median / median (1.0 when the default won)
     code_key: str = ""        # the winning trial's code key (core.codekey); "" before code keys
+    replay_checked: bool = False   # the winning trial passed the replay check (engine.replay)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ serving process that sets one later is honoured).
     AUTOTUNE_CHECK_IDS        1/true: every eager grouped-MoE call reads its bad-id word after the
                               launch (a host sync) and raises on expert ids outside [-1, E); default
                               off: the word is sticky on the device, read by FP4MoE.routing_errors() /
-                              Dispatcher.routing_errors() (docs/moe-decode.md, "No host sync")
+                              Dispatcher.routing_errors() (docs/fp4moe.md, "Bad expert ids")
     AUTOTUNE_PDL              the cuda family's launches with programmatic dependent launch (each
                               kernel's start overlaps the previous kernel's end; sm_90+, through
                               cuda-bindings): 1/true on where the GPU has it, 0/false off; unset: on.
@@ -103,7 +103,7 @@ def pdl() -> bool:
 
 def prefetch_w2() -> bool:
     """$AUTOTUNE_PREFETCH_W2: 1/true on (FP4MoE's w13 puts w2's routed slices into L2 at small M), unset
-    or 0/false off — off until the step bench measures it (docs/moe-decode.md part 15)."""
+    or 0/false off — off: it measured slower (docs/decisions/0004-prefetch-w2-off.md)."""
     return _switch(PREFETCH_W2, False)
 
 

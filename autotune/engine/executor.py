@@ -43,6 +43,7 @@ class Executor(Protocol):
     def setup(self, problem_key: str, bucket: int, seed: int) -> None: ...
     def check(self, tactic: Tactic) -> dict: ...
     def time(self, tactic: Tactic, timer: TimerConfig) -> dict: ...
+    def replay(self, tactic: Tactic) -> dict: ...       # the replay check (autotune.engine.replay)
     def forget(self, tactic: Tactic) -> None: ...       # done with this tactic in this job: free its memory
     def end_job(self) -> dict: ...                      # the job is over: free it all; memory figures
     def recycle(self) -> None: ...                      # start afresh (a new process where there is one)
@@ -62,6 +63,7 @@ class Outcome:
     rel_err: float | None = None
     smem_compiled: int | None = None
     exit_signal: int | None = None
+    replay_checked: bool = False     # passed the replay check (autotune.engine.replay)
 
 
 class StoreFailed(CacheError):

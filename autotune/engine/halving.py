@@ -7,6 +7,9 @@ interleaved final round.
    `dropped` with the time that dropped them.
 3. final: the last few are re-timed interleaved (A B C A B C …) so drift (clocks, heat, other
    load) hits all of them alike; each one's median over the cycles is its stored time.
+4. replay check: each finalist (so the winner too) is run as an engine serves it, under graph
+   replay with inputs refreshed in place (autotune.engine.replay); one that fails there is stored
+   as failed, "wrong under graph replay", and never wins. The others are stored `replay_checked`.
 
 `exhaustive` skips 2 and 3 and times every survivor with the full timer (the reference the halving is checked against).
 Trials are handed to `emit` as soon as they are decided, so each commits on its own.
@@ -50,15 +53,22 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
                          rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
             return None
 
+    replayed: set[str] = set()
+
     def done(t: Tactic, status: str, reason: str = "") -> Outcome:
         tm, c = timings[t.id], checked[t.id]
-        return Outcome(t, status, reason, tm["median_us"], tm["iqr_us"], tm["reps"], c["rel_err"], c["smem_compiled"])
+        return Outcome(t, status, reason, tm["median_us"], tm["iqr_us"], tm["reps"], c["rel_err"], c["smem_compiled"],
+                       replay_checked=t.id in replayed)
+
+    def replay_all() -> None:
+        replayed.update(_replay(ex, alive, checked, emit))
 
     if halving.exhaustive or len(alive) <= 1:
         for t in list(alive):
             if (tm := timed(t, timer)) is not None:
                 timings[t.id] = tm
         notes = _confirm(alive, timed, timings, timer, halving)
+        replay_all()
         for t in alive:
             emit(done(t, "ok", notes.get(t.id, "")))
         return
@@ -81,8 +91,28 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
     _final(alive, timed, timings, timer, halving)
     notes = _confirm(alive, timed, timings, _round_timer(timer, halving.final_share * halving.budget_s
                                                         / max(1, halving.cycles), min_reps=2), halving)
+    replay_all()
     for t in alive:
         emit(done(t, "ok", notes.get(t.id, "")))
+
+
+def _replay(ex: Executor, alive: list[Tactic], checked: dict, emit: Callable[[Outcome], None]) -> set[str]:
+    """The replay check of every finalist (autotune.engine.replay); one that fails leaves `alive`,
+    stored as failed. Returns the ids that passed. An executor without the check (a test's stand-in)
+    checks none: their trials are stored not replay-checked."""
+    run = getattr(ex, "replay", None)
+    passed: set[str] = set()
+    if run is None:
+        return passed
+    for t in list(alive):
+        try:
+            run(t)
+            passed.add(t.id)
+        except (TacticError, WorkerLost) as e:
+            alive.remove(t)
+            emit(Outcome(t, "failed", "wrong under graph replay: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
+                         rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
+    return passed
 
 
 def _confirm(alive: list[Tactic], timed, timings: dict, cfg: TimerConfig, h: Halving) -> dict[str, str]:

@@ -203,9 +203,8 @@ class Halving:
     """Timing budget of one (problem, bucket), split over the rounds."""
 
     # seconds of timing per (problem, bucket) after the checks (per batch under --strategy ranked):
-    # at 0.5 s the GLM-5 TP8 main job's timing took 70 of its 114 s with --max-tokens 64 on one H200;
-    # 0.3 s still leaves each finalist >= 3 interleaved cycles of >= 1 graph replay (a decode-size
-    # replay is 0.1-0.5 ms) — bench/h200_main_job.sh's compare checks the winners against a full search
+    # 0.3 s leaves each finalist >= 3 interleaved cycles of >= 1 graph replay (a decode-size replay is
+    # 0.1-0.5 ms); timing is most of the main job's time, so this budget sets its length
     budget_s: float = knob(0.3, Opt(
         "--budget-s", "successive halving: timing budget per (problem, bucket) in seconds (per batch with "
         "--strategy ranked)", show_default=True, check=seconds))

@@ -338,7 +338,7 @@ class _Results:
             s.store.put_trial(_trial(job.problem, job.bucket, t, s.env, s.lib_keys, o.status, note,
                                      median_us=o.median_us, iqr_us=o.iqr_us, reps=o.reps, rel_err=o.rel_err,
                                      smem_model=smem_model, smem_compiled=o.smem_compiled,
-                                     exit_signal=o.exit_signal))
+                                     exit_signal=o.exit_signal, replay_checked=o.replay_checked))
         with self.lock:
             report.measured += o.status != "failed"
             report.dropped += o.status == "dropped"
@@ -450,6 +450,6 @@ def _update_winner(store, p: Problem, b: int, env: Env, default_id: str, lib_key
     d = next((t for t in trials if t.tactic_id == default_id and t.status == "ok"), None)
     w = Winner(p.key, b, env.device_key, pick.tactic_id, pick.family, pick.params_json, pick.lib_key,
                pick.median_us, default_id, d.median_us if d else None,
-               (d.median_us / pick.median_us) if d else None, pick.code_key)
+               (d.median_us / pick.median_us) if d else None, pick.code_key, pick.replay_checked)
     store.put_winner(w)
     return w

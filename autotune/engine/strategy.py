@@ -168,10 +168,10 @@ def kernel_of(t: Tactic) -> tuple[str, str]:
 
 def every_member(plan: ranked.RankPlan, problem: Problem | None = None) -> ranked.RankPlan:
     """Each kernel the job keeps tactics of gets its best-predicted one into the first batch. The
-    trees rank configs of one kernel better than kernels against each other: the fourteenth main job
-    never measured moe_mma on w2:reduce from M = 32 up (its first batches held moe_tok and Triton
-    only), and served Triton there at 215 µs (M = 128) where the unfused w2's cuda winner took 122
-    (docs/moe-decode.md part 13). Adds nothing where every kernel is in the first batch already, or
+    trees rank configs of one kernel better than kernels against each other: without this rule the
+    H200 main job of 2026-12-05 never measured moe_mma on w2:reduce from M = 32 up (its first batches
+    held moe_tok and Triton only), and served Triton there at 215 µs (M = 128) where the unfused w2's
+    cuda winner took 122 (docs/decisions/0007-every-kernel-in-the-first-batch.md). Adds nothing where every kernel is in the first batch already, or
     with `Ranked(every_kernel=False)`. With `problem`, a family may decline the slot there
     (Family.first_batch_member: the torch reference's grouped MoE)."""
     if not plan.cfg.every_kernel:
@@ -274,7 +274,7 @@ def invariant_winners(store, problem: Problem, buckets: Sequence[int], env: Env,
         d = next((t for t in trials if t.bucket == b and t.tactic_id == default_id and t.median_us), None)
         w = Winner(problem.key, b, env.device_key, pick.tactic_id, pick.family, pick.params_json, pick.lib_key,
                    mine.median_us, default_id, d.median_us if d else None,
-                   (d.median_us / mine.median_us) if d else None, pick.code_key)
+                   (d.median_us / mine.median_us) if d else None, pick.code_key, mine.replay_checked)
         store.put_winner(w)
         out.append(w)
     return out, (f"{problem.key}: --batch-invariant: {Tactic.from_json(pick.params_json)} for every M, "

@@ -155,7 +155,7 @@ def abandon(g: "torch.cuda.CUDAGraph", pool: tuple) -> str:
     into the pool, and a graph whose capture never ended does not release its pool when it dies:
     every block the capture took stays reserved, out of every later allocation's reach, for the life
     of the process (empty_cache cannot free it). The main job on an 80 GB H100 lost two jobs and 22
-    trials to that (docs/moe-decode.md part 16). Ending the routing and releasing the pool makes those
+    trials to that (2026-12-05, docs/search.md#worker-memory). Ending the routing and releasing the pool makes those
     blocks free again. Returns "released"; "owned" when capture_end got past the routing and ended
     (an error in the captured code that left the capture valid, e.g. an out-of-memory: the graph
     owns its pool and releases it when it dies); "kept" when the pool could not be handed back

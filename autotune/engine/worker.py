@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 from autotune.core import inputs
-from autotune.engine import timing
+from autotune.engine import replay as replay_check, timing
 from autotune.engine.executor import exit_now
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
 from autotune.tactics.base import PLAIN_LAYOUT, as_launcher
+from autotune.tactics.scratch import ScratchPool
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
 
@@ -107,8 +108,8 @@ def is_oom(e: BaseException) -> bool:
 def collect_young() -> None:
     """A full collection, then everything that survived it frozen (gc.freeze): the next one walks
     only what was made since. A worker's heap is torch's and Triton's;
-    collecting it at every job's end took ~140 ms on the H100 (34.5 s of the sixteenth main job's
-    first 507 s). Frozen objects are still freed by reference counting; only a cycle among them
+    collecting it at every job's end took ~140 ms on the H100 (34.5 s of the first 507 s of the
+    main job of 2026-12-05). Frozen objects are still freed by reference counting; only a cycle among them
     waits for `thaw` (called when the problem changes, so its weights and packs go)."""
     import gc
     gc.collect()
@@ -138,6 +139,7 @@ class Bench:
         self._allocated = allocated or _allocated_fn(device)
         self.problem: Problem | None = None
         self.bucket = 0
+        self.seed = 0
         self._kernels: dict[str, object] = {}   # tactic id -> kernel, this job
         self._weights: list = []                # the problem's random weights, kept across its buckets
         self._graphs: dict[str, dict] = {}      # tactic id -> time_calls memo (its captured graph), this job
@@ -145,6 +147,7 @@ class Bench:
         self._sets: list = []
         self._outs: list = []
         self._ref = None
+        self._replay_refs = None                # the replay check's refreshed inputs and references, this job
         self._base = 0                          # bytes held once the job's inputs are drawn
         self._named_live = False                # a job left too much once: its live tensors were named
         self._abandoned = dict(timing.ABANDONED)   # at the last end_job
@@ -184,6 +187,7 @@ class Bench:
         """Drop everything, the problem's weights and packs too, and hand the allocator's cache back."""
         self._forget_all()
         self.problem, self._weights, self._sets, self._outs, self._ref = None, [], [], [], None
+        self._replay_refs = None
         self._packs.clear()
         self._free()
 
@@ -202,7 +206,7 @@ class Bench:
         t0 = time.perf_counter()
         self._forget_all()
         self._sets = self._outs = []
-        self._ref = None
+        self._ref = self._replay_refs = None
         t1 = time.perf_counter()
         self._free(release_cache=False)
         t2 = time.perf_counter()
@@ -234,8 +238,8 @@ class Bench:
             self._weights = []
             self._packs.clear()         # packs of the weights just dropped; set i keeps weight i across buckets
         self._sets = self._outs = []    # drop the last bucket's tensors before drawing the next
-        self._ref = None
-        self.problem, self.bucket = p, bucket
+        self._ref = self._replay_refs = None
+        self.problem, self.bucket, self.seed = p, bucket, seed
         try:
             # seeds from crc32: stable across processes, unlike hash()
             n_sets = timing.sets_for_cold_l2(inputs.set_bytes(p, bucket), self.device)
@@ -315,11 +319,42 @@ class Bench:
                               "call": call[0]}}
         return self._retry_oom(tactic, run)
 
+    def replay(self, tactic: Tactic) -> dict:
+        """The replay check (autotune.engine.replay): the tactic bound as an engine binds it (set 0's
+        weight, packed as the search packed it; a scratch pool and bad-id word attached), called as
+        an engine calls it, captured, and replayed with inputs refreshed in place. Raises
+        ReplayFailed when it is wrong there. The refreshed inputs and their float64 references are
+        drawn once per (problem, bucket)."""
+        def run() -> dict:
+            t0 = time.perf_counter()
+            packed = self._args(tactic, 0)[1]
+            if self._replay_refs is None:
+                self._replay_refs = replay_check.draw(self.problem, self.bucket, self.device, self.seed,
+                                                      self._sets[0].w)
+            t1 = time.perf_counter()
+            pool = ScratchPool()
+            word = pool.word(self.device, tactic.id)
+            launcher = registry.get(tactic.family).bind(self.problem, tactic, packed, self.device)
+            try:
+                attach = getattr(launcher, "attach", None)
+                if attach is not None:
+                    attach(pool, word)
+                t2 = time.perf_counter()
+                r = replay_check.check(self.problem, launcher, self._replay_refs, self.device, pool, word)
+            finally:
+                release = getattr(launcher, "release", None)
+                if callable(release):
+                    release()
+                pool.clear()
+            return {"max_row_err": r.max_row_err, "mode": r.mode, "replays": r.replays,
+                    "parts": {"draw": t1 - t0, "bind": t2 - t1, "run": time.perf_counter() - t2}}
+        return self._retry_oom(tactic, run)
+
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         def run() -> dict:
             kernel = self._kernel(tactic)
             sets, outs = self._sets, self._outs
-            memo = self._graphs.setdefault(tactic.id, {})   # later rounds replay the first round's graph
+            memo = self._graphs.setdefault(tactic.id, {})   # later halving rounds replay the graph captured at the start
             args = [self._args(tactic, i) for i in range(len(sets))]   # packed before any timing or capture
             t = timing.time_calls(lambda i: kernel(*args[i], out=outs[i]), len(sets), self.device, timer, memo)
             return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
@@ -345,6 +380,8 @@ def handle(b: Bench, msg: dict) -> dict:
         return b.setup(msg["problem"], msg["bucket"], msg["seed"])
     if op == "check":
         return b.check(Tactic.from_json(msg["tactic"]))
+    if op == "replay":
+        return b.replay(Tactic.from_json(msg["tactic"]))
     if op == "time":
         return b.time(Tactic.from_json(msg["tactic"]), timing.TimerConfig(**msg["timer"]))
     if op == "forget":

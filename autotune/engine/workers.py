@@ -58,6 +58,9 @@ class InlineExecutor:
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         return self._call(self._b.time, tactic, timer)
 
+    def replay(self, tactic: Tactic) -> dict:
+        return self._call(self._b.replay, tactic)
+
     def forget(self, tactic: Tactic) -> None:
         self._b.forget(tactic.id)
 
@@ -189,6 +192,9 @@ class ProcessExecutor:
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
         return self._request({"op": "time", "tactic": tactic.to_json(), "timer": asdict(timer)}, self.timeout_s)
 
+    def replay(self, tactic: Tactic) -> dict:
+        return self._request({"op": "replay", "tactic": tactic.to_json()}, self.timeout_s)
+
     def forget(self, tactic: Tactic) -> None:
         if self._p is not None:       # a restarted worker holds nothing of the tactic
             self._request({"op": "forget", "tactics": [tactic.id]}, self.timeout_s)
@@ -253,6 +259,12 @@ class _Clocked:
 
     def time(self, *a):
         return self._timed("time", self._ex.time, *a)
+
+    @property
+    def replay(self):
+        """The replay check, timed as its own stage; None where the executor has none (a stand-in)."""
+        inner = getattr(self._ex, "replay", None)
+        return None if inner is None else (lambda *a: self._timed("replay check", inner, *a))
 
     def forget(self, *a):
         return self._timed("forget", self._ex.forget, *a)

@@ -69,6 +69,10 @@ def reason_class(reason: str) -> str:
     return _NUM.sub("#", short_reason(reason))
 
 
+#: the mark after a winner that did not pass the replay check (show, report)
+NOT_REPLAYED = "(not replay-checked)"
+
+
 @dataclass
 class Point:
     """One (problem, bucket) on one device."""
@@ -90,6 +94,7 @@ class Point:
     compute_kind: str                    # which MMA rate bounds it ("bf16" / "fp4")
     roof_tflops: float | None            # min(bandwidth × intensity, compute peak)
     roof_fraction: float | None          # achieved / roof
+    replay_checked: bool = True          # the winner passed the replay check (autotune.engine.replay)
 
 
 @dataclass
@@ -275,7 +280,7 @@ def _point(p: Problem, w: Winner, default_label: str, fam_best: dict, baselines:
             roof = min(roof, peak)
     return Point(m, tactic_label(w.params_json), w.family, w.median_us, default_label, w.default_median_us, w.speedup,
                  {f: us for f, (us, _) in sorted(fam_best.items())}, baselines, flops, nbytes, ai, tfl, gbs, kind,
-                 roof, (tfl / roof) if roof else None)
+                 roof, (tfl / roof) if roof else None, bool(getattr(w, "replay_checked", False)))
 
 
 def checked(rows: list, check) -> tuple[list, dict[str, int]]:
@@ -369,6 +374,10 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
         views.append(DeviceView(dk, rec, arch, rec.get("cc") == "cpu", ceil.to_dict() if ceil else None,
                                 pviews, _verdicts(dtrials), dmiss, libs,
                                 with_ceilings(sv, ceil.to_dict() if ceil else None) if sv else None))
+    unchecked = sum(not w.replay_checked for w in winners if problem_keys is None or w.problem_key in problem_keys)
+    if unchecked:
+        notes.append(f"{unchecked} winner(s) not replay-checked (stored before the replay check, or by a search "
+                     f"whose executor had none): marked {NOT_REPLAYED!r}; `autotune verify` checks them as served")
     notes += list(getattr(store, "notes", ()))        # a StoreUnion's word on rows replaced
     if not views:
         notes.append("the cache holds no trials or winners" + (" for the selected problems" if problem_keys else ""))

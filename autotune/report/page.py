@@ -12,7 +12,7 @@ from html import escape
 from pathlib import Path
 
 from autotune.report import plots
-from autotune.report.model import ArchPlan, DeviceView, Summary
+from autotune.report.model import NOT_REPLAYED, ArchPlan, DeviceView, Summary
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1180px;padding:0 16px;color:#222}
@@ -84,7 +84,8 @@ def _time_table(v) -> str:
     rows = []
     for p in v.points:
         rows.append(f"<tr><td class=num>{p.bucket}</td><td>{escape(v.short(v.winner_json(p)))}<br>"
-                    f"<code class=key>{escape(p.winner)}</code></td><td class=num>{_f(p.winner_us)}</td>"
+                    f"<code class=key>{escape(p.winner)}</code>{'' if p.replay_checked else ' ' + NOT_REPLAYED}</td>"
+                    f"<td class=num>{_f(p.winner_us)}</td>"
                     f"<td class=num>{_f(p.default_us)}</td><td class=num>{_f(p.speedup, '{:.2f}')}</td>"
                     + "".join(f"<td class=num>{_f(p.best_by_family.get(f))}</td>" for f in fams) + "</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
@@ -160,7 +161,8 @@ def _winners_table(dev: DeviceView) -> str:
             base = min(p.baselines.items(), key=lambda kv: kv[1]) if p.baselines else None
             sp = "" if p.speedup is None else (" class=\"num good\"" if p.speedup > 1.0 else " class=\"num\"")
             rows.append(
-                f"<tr><td>{_name(v)}</td><td class=num>{p.bucket}</td><td><code>{escape(p.winner)}</code></td>"
+                f"<tr><td>{_name(v)}</td><td class=num>{p.bucket}</td><td><code>{escape(p.winner)}</code>"
+                f"{'' if p.replay_checked else ' ' + NOT_REPLAYED}</td>"
                 f"<td class=num>{_f(p.winner_us)}</td><td class=num>{_f(p.default_us)}</td>"
                 f"<td{sp or ' class=num'}>{_f(p.speedup, '{:.2f}')}</td>"
                 f"<td class=num>{escape(f'{base[1]:.1f} ({base[0]})') if base else '–'}</td>"

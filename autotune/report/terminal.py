@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autotune.report.model import Summary
+from autotune.report.model import NOT_REPLAYED, Summary
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
@@ -36,7 +36,7 @@ def print_summary(summary: Summary, console: Console | None = None, verbose: boo
                 t.add_column(col, justify="right", no_wrap=True)
             for p in v.points:
                 base = min(p.baselines.values()) if p.baselines else None
-                t.add_row(str(p.bucket), Text(p.winner), _f(p.winner_us), _f(p.default_us), _f(p.speedup, "{:.2f}"),
+                t.add_row(str(p.bucket), Text(p.winner if p.replay_checked else f"{p.winner} {NOT_REPLAYED}"), _f(p.winner_us), _f(p.default_us), _f(p.speedup, "{:.2f}"),
                           _f(base), _f(p.tflops, "{:.3g}"),
                           _f(p.roof_fraction and 100 * p.roof_fraction, "{:.1f}"))
             con.print(t)

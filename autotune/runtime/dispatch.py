@@ -35,7 +35,7 @@ from autotune.core.formats import FP4Weight
 from autotune.core.problem import Problem, check_m
 from autotune.core import settings
 from autotune.core.tactic import Tactic, parse_tactic
-from autotune.runtime import loader
+from autotune.runtime import loader, onecopy
 from autotune.runtime.bound import BoundTable
 from autotune.runtime.builder import TableBuilder
 from autotune.runtime.misses import MissRecorder, counted, flush_at_exit
@@ -56,9 +56,12 @@ class Dispatcher:
     misses: where counted misses go at exit: "memory" (nowhere), a path/URL of a writable cache,
     or None = $AUTOTUNE_MISSES, else the cache itself if it is writable, else memory.
     pins: {problem key or "*": tactic} forced tactics; $AUTOTUNE_PIN adds to them.
-    one_copy: what `bind` does unless told (one layout per bound weight); one_copy_upto: M —
-    one-copy bindings choose their layout by the rungs up to M (e.g. the decode batches an engine
-    captures), not by every rung (autotune.runtime.onecopy).
+    one_copy: what `bind` (and FP4Linear, FP4MLP, FP4MoE on this dispatcher) does unless told: one
+    layout per bound weight; one_copy_upto: M — one copy (it implies one_copy), the layout chosen
+    by the rungs up to M (the largest batch the engine captures in CUDA graphs); one copy without
+    it chooses by the rungs up to `onecopy.DECODE_UPTO`, never by every rung. A dispatcher binding
+    weights in more than one layout warns once, in one line, when two copies of what it bound would
+    not fit the device (autotune.runtime.onecopy, docs/serving.md "One copy in an engine").
     """
 
     def __init__(self, cache=None, *, env: Env | None = None, arch: Arch | None = None,
@@ -68,7 +71,10 @@ class Dispatcher:
                  one_copy_upto: int | None = None):
         self.env = env or current()
         self.arch = arch or (detect() if self.env.device == "cuda" else ARCHS["cpu"])
-        self.policy = ServingPolicy.from_settings(pins, batch_invariant, one_copy, one_copy_upto)
+        # one_copy_upto names the layout's M range: it means one copy
+        self.policy = ServingPolicy.from_settings(pins, batch_invariant, one_copy or one_copy_upto is not None,
+                                                  one_copy_upto)
+        self.copies = onecopy.CopyWatch()
         #: workspaces (split-K, reduce) shared by every launcher this dispatcher builds or binds, one
         #: set per (device, stream), and the bad-id words of its MoE layers (tactics/scratch.py)
         self.scratch = ScratchPool()
@@ -197,9 +203,20 @@ class Dispatcher:
                 if w is None:
                     w = words[str(device)] = self.scratch.word(device, _key)
                 return w
-        return BoundTable(self.table(problem), weight, self.env.device, one_copy=one_copy, arch=self.arch,
+        table = self.table(problem)
+        self.watch_copies(table, weight, one_copy)
+        return BoundTable(table, weight, self.env.device, one_copy=one_copy, arch=self.arch,
                           scratch=self.scratch, bad_word=bad_word, one_copy_upto=self.policy.one_copy_upto,
                           best=self.best_of(problem))
+
+    def watch_copies(self, table: Table, weight: FP4Weight, one_copy: bool) -> None:
+        """Before a binding packs: count the copies it will hold beside the checkpoint; warn once
+        when two copies of the weights bound so far would not fit the device."""
+        if one_copy:
+            return
+        msg = self.copies.bound(table, weight.nbytes, self.env.device)
+        if msg is not None:
+            warnings.warn(msg, stacklevel=3)
 
     def best_of(self, problem: Problem) -> Callable[[int, str], Tactic | None]:
         """(bucket, layout) -> the fastest servable trial of that layout the cache measured for

@@ -39,7 +39,7 @@ _IDS = itertools.count(1)
 class _FP4Base(nn.Module):
     problem: Problem
 
-    def __init__(self, weight: FP4Weight, problem: Problem, dispatcher: Dispatcher | None, one_copy: bool = False):
+    def __init__(self, weight: FP4Weight, problem: Problem, dispatcher: Dispatcher | None, one_copy: bool | None = None):
         super().__init__()
         self.problem = problem
         self.fmt = weight.fmt
@@ -58,6 +58,9 @@ class _FP4Base(nn.Module):
         self.table: Table = self._dispatcher.table(problem)
         self.layer_id = next(_IDS)
         _LAYERS[self.layer_id] = self
+        # None: the dispatcher's (Dispatcher(one_copy=..., one_copy_upto=...))
+        one_copy = self._dispatcher.policy.one_copy if one_copy is None else one_copy
+        self._dispatcher.watch_copies(self.table, weight, one_copy)
         self.bound = BoundTable(self.table, self._stored(), self.packed.device.type, one_copy=one_copy,
                                 arch=self._dispatcher.arch, scratch=self._dispatcher.scratch,
                                 one_copy_upto=self._dispatcher.policy.one_copy_upto,
@@ -120,7 +123,7 @@ class FP4Linear(_FP4Base):
     problem; FP4MLP's first half)."""
 
     def __init__(self, weight: FP4Weight, bias: Tensor | None = None, *, dispatcher: Dispatcher | None = None,
-                 one_copy: bool = False, a_fmt: str = "bf16", epilogue: str = "none"):
+                 one_copy: bool | None = None, a_fmt: str = "bf16", epilogue: str = "none"):
         """one_copy=True: the layer holds one copy of the weight: every M is served from one layout,
         written over `weight`'s storage where its family can (`Dispatcher.bind`'s one_copy); the
         checkpoint layout is gone then (`weight`, `state_dict` and `load_state_dict` refuse).
@@ -141,13 +144,13 @@ class FP4Linear(_FP4Base):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: str = "nvfp4", *, dispatcher: Dispatcher | None = None,
-                    one_copy: bool = False) -> "FP4Linear":
+                    one_copy: bool | None = None) -> "FP4Linear":
         return cls(quantize(linear.weight.detach(), fmt), linear.bias, dispatcher=dispatcher, one_copy=one_copy)
 
     @classmethod
     def from_modelopt(cls, source: str | Mapping[str, Tensor], prefix: str = "", *, device: str = "cpu",
                       bias: Tensor | None = None, dispatcher: Dispatcher | None = None,
-                      one_copy: bool = False) -> "FP4Linear":
+                      one_copy: bool | None = None) -> "FP4Linear":
         """From a ModelOpt NVFP4 `.safetensors` path (only this layer's tensors are read) or a dict:
         the checkpoint reader (autotune.core.checkpoint) on the whole module, W4A16 (no W4A4 choice:
         use from_pretrained for that)."""
@@ -159,7 +162,7 @@ class FP4Linear(_FP4Base):
     @classmethod
     def from_pretrained(cls, path, module: str, *, tp_rank: int = 0, tp_size: int = 1, parallel: str | None = None,
                         activations: str | None = None, arch=None, device: str = "cpu",
-                        dispatcher: Dispatcher | None = None, one_copy: bool = False) -> "FP4Linear":
+                        dispatcher: Dispatcher | None = None, one_copy: bool | None = None) -> "FP4Linear":
         """One quantized linear of a checkpoint (a directory, a .safetensors, an index.json; ModelOpt
         or compressed-tensors NVFP4, compressed-tensors MXFP4), this rank's slice: parallel="column"
         (N / tp) or "row" (K / tp, whole scale blocks); default by name (o_proj, down_proj, … row).
@@ -220,7 +223,7 @@ class FP4MLP(nn.Module):
     FP4MoE does per expert)."""
 
     def __init__(self, gate_up: FP4Weight, down: FP4Weight, *, up_scale: Tensor | None = None,
-                 dispatcher: Dispatcher | None = None, one_copy: bool = False, a_fmt: str = "bf16"):
+                 dispatcher: Dispatcher | None = None, one_copy: bool | None = None, a_fmt: str = "bf16"):
         super().__init__()
         if a_fmt not in ("bf16", "nvfp4"):
             raise ValueError(f"FP4MLP a_fmt must be 'bf16' or 'nvfp4', got {a_fmt!r}")
@@ -260,7 +263,7 @@ class FP4MLP(nn.Module):
 
     @classmethod
     def from_float(cls, gate: Tensor, up: Tensor, down: Tensor, fmt: str = "nvfp4", *,
-                   dispatcher: Dispatcher | None = None, one_copy: bool = False) -> "FP4MLP":
+                   dispatcher: Dispatcher | None = None, one_copy: bool | None = None) -> "FP4MLP":
         """From dense gate/up [I, H] and down [H, I], each quantized on its own (as ModelOpt does:
         separate gate and up global scales)."""
         if gate.ndim != 2 or up.shape != gate.shape:
@@ -272,7 +275,7 @@ class FP4MLP(nn.Module):
 
     @classmethod
     def from_modelopt(cls, source: str | Mapping[str, Tensor], prefix: str, *, device: str = "cpu",
-                      dispatcher: Dispatcher | None = None, one_copy: bool = False) -> "FP4MLP":
+                      dispatcher: Dispatcher | None = None, one_copy: bool | None = None) -> "FP4MLP":
         """From a ModelOpt NVFP4 `.safetensors` path or a dict: `{prefix}.gate_proj`, `.up_proj`,
         `.down_proj` (e.g. 'model.layers.0.mlp' or 'model.layers.3.mlp.shared_experts'), W4A16."""
         from autotune.runtime.pretrained import one_linear
@@ -282,7 +285,7 @@ class FP4MLP(nn.Module):
     @classmethod
     def from_pretrained(cls, path, module: str, *, tp_rank: int = 0, tp_size: int = 1, device: str = "cpu",
                         activations: str | None = None, arch=None, dispatcher: Dispatcher | None = None,
-                        one_copy: bool = False) -> "FP4MLP":
+                        one_copy: bool | None = None) -> "FP4MLP":
         """One quantized MLP of a checkpoint (a dense layer's `model.layers.0.mlp`, or a shared
         expert's `model.layers.3.mlp.shared_experts`; a directory, .safetensors or index.json), this
         rank's slice: gate/up column-parallel (I / tp), down row-parallel (whole scale blocks).

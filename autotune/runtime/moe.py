@@ -29,10 +29,8 @@ Shared expert (`shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I_s, H] and [H, I_s])
   slot (id E, weight 1.0), so the same two calls do routed + shared work: problems moe(…, E+1,
   top_k+1). Always local under an expert_map. cuda `moe_mma` adds that slot itself (`shared_slot`)
   where neither launcher takes a routing alignment (small M); otherwise the slot is concatenated
-  per call and one alignment serves both. Measured (GLM-5 TP8, the 78-layer step as one CUDA graph
-  on the search's winners, uniform routing): folded wins at M = 1, 4 and 16 and apart at M = 64 —
-  H200 (docs/moe-decode.md part 14) 1.63 / 3.38 / 7.51 ms folded vs 2.50 / 4.09 / 8.51 apart, 25.2
-  vs 20.7 at M = 64; H100 (part 19) 1.87 / 3.90 / 8.79 vs 2.42 / 4.34 / 9.94, 24.1 vs 22.7.
+  per call and one alignment serves both. Folded is the faster form at decode sizes; docs/fp4moe.md
+  gives the measurements.
 * apart (`fold_shared=False`, or I_s ≠ I): an `FP4MLP` of its own (`.shared_mlp`: the dense
   `swiglu` gate_up and the down problem, two kernels), its output added to the routed one.
 """
@@ -52,8 +50,7 @@ from autotune.core.operands import OperandError, check_layer_x, routing_checker
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 from autotune.runtime import prefetch as PF
-from autotune.runtime.layers import _fold_up
-from autotune.runtime.moe_weights import _fold_shared, _foldable, _input_scales, _shared_mlp, _stack13
+from autotune.runtime.moe_weights import MoEWeights, _shared_mlp, _stack13
 
 _BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
@@ -97,7 +94,7 @@ class FP4MoE(nn.Module):
                  shared_a_fmt: str | None = None):
         """shared: the shared expert, folded in as expert E or apart (an FP4MLP, fold_shared=False);
         fold_shared=None folds where the shared expert fits the routed stack (I_s = I, one format:
-        the faster form at decode sizes, module docstring) and always for W4A4 activations.
+        the faster form at decode sizes, docs/fp4moe.md) and always for W4A4 activations.
         a_fmt="nvfp4": the W4A4 problems (w13/w2 input_scale per expert). activation="swigluoai":
         gpt-oss's clamped SwiGLU on interleaved [gate, up] rows with biases bias13 [E, 2I] / bias2
         [E, H]; no kernel has that epilogue, so it runs unfused (plain grouped GEMMs, the activation,
@@ -110,51 +107,17 @@ class FP4MoE(nn.Module):
             raise ValueError(f"FP4MoE activation must be 'silu' or 'swigluoai', got {activation!r}")
         if activation != "silu" or bias13 is not None or bias2 is not None:
             fused = False                   # the fused epilogues are silu·up without biases
-        if w13.num_experts is None or w2.num_experts is None or w13.packed.ndim != 3 or w2.packed.ndim != 3:
-            raise ValueError(f"FP4MoE takes stacked experts w13 [E, 2I, H] and w2 [E, H, I]; got {w13.shape}, {w2.shape}")
-        e, two_i, h = w13.shape
-        if w2.shape != (e, h, two_i // 2) or two_i % 2 or w13.fmt != w2.fmt:
-            raise ValueError(f"w2 {w2.shape} ({w2.fmt}) does not fit w13 {w13.shape} ({w13.fmt}): expected "
-                             f"[{e}, {h}, {two_i // 2}] in one format")
-        self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = e, top_k, h, two_i // 2, fused
-        if fold_shared is None:             # measured: folded is faster at M <= 16 (module docstring)
-            fold_shared = a_fmt != "bf16" or (shared is not None and _foldable(shared, w13))
-        # apart, the shared expert is an FP4MLP of its own activation format (shared_a_fmt; default:
-        # the routed experts', W4A16 where its weights carry no input scale, with a warning)
-        s_fmt = shared_a_fmt
-        if shared is not None and not fold_shared and s_fmt is None:
-            has_is = all(getattr(w, "input_scale", None) is not None for w in shared[:2])
-            s_fmt = a_fmt if a_fmt == "bf16" or has_is else "bf16"
-            if s_fmt != a_fmt:
-                warnings.warn(f"FP4MoE: the routed experts are W4A4 but the shared expert has no static input "
-                              f"scales: it runs apart, W4A16", stacklevel=2)
-        self.routed_experts, self.has_shared = e, shared is not None
-        self.shared_folded = shared is not None and bool(fold_shared)
-        apart = shared if shared is not None and not fold_shared else None
-        g2 = _fold_up(w13.global_scale, w2.global_scale, up_scale, e)
-        is13, is2 = _input_scales(w13, w2, up_scale, shared if self.shared_folded else None, e, a_fmt)
-        if self.shared_folded:              # local expert E; the stacked copy replaces the inputs
-            w13, w2, g2 = _fold_shared(w13, w2, g2, shared)
-            self.num_experts = e = e + 1
-        slots = top_k + self.shared_folded
-        self.w13_fmt = w13.fmt
-        self._gs_shapes = {}
-        # every weight tensor as uint8 bytes: `model.to(torch.bfloat16)` must not cast the fp8 block
-        # scales or the fp32 global scales (as FP4Linear keeps them)
-        for name, w, g in (("w13", w13, w13.global_scale), ("w2", w2, g2)):
-            self.register_buffer(f"{name}_packed", w.packed)
-            self.register_buffer(f"{name}_scales_u8", w.scales.contiguous().view(torch.uint8))
-            self.register_buffer(f"{name}_gs_u8", g.float().reshape(-1).contiguous().view(torch.uint8))
-            self._gs_shapes[name] = tuple(g.shape)
-        self._scale_dtype = w13.scales.dtype
+        mw = MoEWeights.of(w13, w2, up_scale=up_scale, shared=shared, fold_shared=fold_shared, a_fmt=a_fmt,
+                           bias13=bias13, bias2=bias2, shared_a_fmt=shared_a_fmt)
+        self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = mw.experts, top_k, mw.hidden, \
+            mw.intermediate, fused
+        self.routed_experts, self.has_shared, self.shared_folded = mw.routed, shared is not None, mw.shared_folded
+        self._layout = mw.layout
+        self.w13_fmt = mw.w13.fmt
+        for name, t in mw.buffers().items():
+            self.register_buffer(name, t)
         self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
-        for name, t, shape in (("bias13", bias13, (e, two_i)), ("bias2", bias2, (e, h))):
-            if t is not None and tuple(t.shape) != shape:
-                raise ValueError(f"FP4MoE {name} is {tuple(t.shape)}, expected {shape}")
-            self.register_buffer(name, None if t is None else t.float().contiguous())
         self.a_fmt = a_fmt
-        for name, t in (("w13", is13), ("w2", is2)):
-            self.register_buffer(f"{name}_is", t)
         self.global_experts = self.routed_experts if expert_map is None else int(expert_map.numel())
         if expert_map is not None:
             self._check_map(expert_map, self.routed_experts)
@@ -165,11 +128,11 @@ class FP4MoE(nn.Module):
         self._words: dict[str, Tensor] = {}
         #: $AUTOTUNE_CHECK_IDS at construction: read the bad-id word after every eager forward and raise
         self.check_ids = settings.check_ids()
-        fmt = w13.fmt
+        fmt, e, h, i, slots = self.w13_fmt, mw.experts, mw.hidden, mw.intermediate, top_k + mw.shared_folded
         epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
-        self.problem13 = Problem.moe(two_i, h, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi13)
-        self.problem2 = Problem.moe(h, two_i // 2, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
-        self._routing = Problem.moe(two_i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
+        self.problem13 = Problem.moe(2 * i, h, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi13)
+        self.problem2 = Problem.moe(h, i, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
+        self._routing = Problem.moe(2 * i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
         self._check_routing = routing_checker(self._routing)
         #: per M: the forward's `_Form`
         self._forms: dict[int, _Form] = {}
@@ -185,7 +148,7 @@ class FP4MoE(nn.Module):
                              "the same at every M: batch-invariant mode needs fused=True")
         self.bound13 = d.bind(self.problem13, self.w13, bad_word=self._word)
         self.bound2 = d.bind(self.problem2, self.w2, bad_word=self._word)
-        self.shared_mlp = None if apart is None else _shared_mlp(apart, w13, d, s_fmt or "bf16")
+        self.shared_mlp = None if mw.apart is None else _shared_mlp(mw.apart, mw.w13, d, mw.apart_a_fmt)
         # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
         self.register_load_state_dict_post_hook(lambda mod, _keys: mod._rebind())
         # a one-copy binding may hold the cuda grouped layout in the buffers' own bytes: neither saved
@@ -207,9 +170,7 @@ class FP4MoE(nn.Module):
                              "id and every other id to -1")
 
     def _weight(self, name: str) -> FP4Weight:
-        gs = getattr(self, f"{name}_gs_u8").view(torch.float32).reshape(self._gs_shapes[name])
-        return FP4Weight(getattr(self, f"{name}_packed"), getattr(self, f"{name}_scales_u8").view(self._scale_dtype),
-                         gs, self.w13_fmt, getattr(self, f"{name}_is", None))
+        return self._layout.weight(self, name)
 
     def _check_checkpoint(self, what: str) -> None:
         held = [f"{n} ({b.held})" for n, b in (("w13", self.bound13), ("w2", self.bound2)) if b.held is not None]
@@ -340,27 +301,27 @@ class FP4MoE(nn.Module):
         form = self._forms.get(m)
         if form is None or form.l13 is not l13 or form.l2 is not l2 or form.prefetch_key != (self.prefetch_w2, self.l2_bytes):
             form = self._form(m, l13, l2, x.device)
+        _, _, safe, checks_ids, need, slot, extra, _, slot_kw = form       # one unpack, named
         # asked only where it matters (a launcher that cannot be captured, the opt-in raise): ~1 µs on a GPU host
-        capturing = ((not form.safe or self.check_ids) and x.is_cuda and torch.cuda.is_current_stream_capturing())
-        if capturing and not form.safe:
+        capturing = ((not safe or self.check_ids) and x.is_cuda and torch.cuda.is_current_stream_capturing())
+        if capturing and not safe:
             raise RuntimeError("fp4_autotune: a kernel of this MoE block reads routing on the host and cannot "
                                "run under CUDA-graph capture")
         if topk_weights is None:
             raise OperandError(f"{self.problem2.key}: FP4MoE needs topk_weights [M, {self.top_k}]")
         # shape, dtype and device only: the ids' values are never read on the host (issue #26)
         self._check_routing(x, topk_ids, topk_weights)
-        need, slot = form.need, form.slot
-        ids, bad_rows = self._routed_ids(topk_ids, form.checks_ids, x.device, table=not slot or self.expert_map is not None)
+        ids, bad_rows = self._routed_ids(topk_ids, checks_ids, x.device, table=not slot or self.expert_map is not None)
         if self.shared_folded and not slot:  # every token also routed to local expert E, weight 1
             ids = torch.cat([ids, ids.new_full((m, 1), self.routed_experts)], 1)
             topk_weights = torch.cat([topk_weights, topk_weights.new_ones((m, 1))], 1)
         if slot:
-            k13, k2 = form.slot_kw, _SLOT
+            k13, k2 = slot_kw, _SLOT
         elif None in need:                   # no shared alignment: w13's extras as they are (no dict per call)
-            k13, k2 = form.extra, _NONE
+            k13, k2 = extra, _NONE
         else:
             k13, k2 = self._one_alignment(l13, l2, ids, need)
-            k13 = {**k13, **form.extra}
+            k13 = {**k13, **extra}
         if self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             y = l2(h, ids, topk_weights, routing_checked=True, **k2)

@@ -1,6 +1,11 @@
-"""FP4MoE's weights as its kernels take them: the shared expert's parts, folded in as one more
-stacked expert or apart as an FP4MLP, the W4A4 input scales, vLLM's [gate; up] w13 (runtime/moe.py)."""
+"""FP4MoE's weights as its kernels take them (runtime/moe.py): `MoEWeights.of` checks them, folds
+the up/gate scale ratio into w2 and the shared expert in as one more stacked expert (or keeps it
+apart for an FP4MLP), gives the W4A4 input scales, and lays every tensor out as the module's
+buffers (`BufferLayout`); vLLM's [gate; up] w13 (`_stack13`)."""
 from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -99,3 +104,101 @@ def _stack13(gate: FP4Weight, up: FP4Weight) -> FP4Weight:
     """vLLM's w13: [gate; up] rows per expert, carrying the gate's global scale."""
     return FP4Weight(torch.cat([gate.packed, up.packed], -2), torch.cat([gate.scales, up.scales], -2),
                      gate.global_scale, gate.fmt)
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    """How FP4MoE holds w13 and w2: every tensor as uint8 bytes (`<name>_packed`, `<name>_scales_u8`,
+    `<name>_gs_u8`, `<name>_is`), so `model.to(torch.bfloat16)` casts neither the fp8 block scales
+    nor the fp32 global scales (as FP4Linear keeps them); `weight` reads one back as an FP4Weight."""
+
+    fmt: str
+    scale_dtype: torch.dtype
+    #: each weight's global-scale shape ("w13", "w2")
+    gs_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @staticmethod
+    def buffers(name: str, w: FP4Weight, g: Tensor) -> dict[str, Tensor]:
+        """`w`'s packed bytes and scales with global scale `g` as `name`'s buffers."""
+        return {f"{name}_packed": w.packed, f"{name}_scales_u8": w.scales.contiguous().view(torch.uint8),
+                f"{name}_gs_u8": g.float().reshape(-1).contiguous().view(torch.uint8)}
+
+    def weight(self, module: nn.Module, name: str) -> FP4Weight:
+        gs = getattr(module, f"{name}_gs_u8").view(torch.float32).reshape(dict(self.gs_shapes)[name])
+        return FP4Weight(getattr(module, f"{name}_packed"), getattr(module, f"{name}_scales_u8").view(self.scale_dtype),
+                         gs, self.fmt, getattr(module, f"{name}_is", None))
+
+
+@dataclass(frozen=True)
+class MoEWeights:
+    """FP4MoE's weights checked and folded, as its two grouped problems take them: w13 [E, 2I, H]
+    and w2 [E, H, I] (folded: the shared expert stacked as local expert E, E + 1 experts), w2's
+    global scale `g2` with up/gate folded in; `apart` the shared expert for an FP4MLP."""
+
+    w13: FP4Weight
+    w2: FP4Weight
+    g2: Tensor
+    #: W4A4: per-expert input scales of w13 and w2 ([E], the shared expert's appended); else None
+    is13: Tensor | None
+    is2: Tensor | None
+    bias13: Tensor | None
+    bias2: Tensor | None
+    routed: int                 # the routed experts (local)
+    hidden: int
+    intermediate: int
+    shared_folded: bool
+    apart: tuple | None         # `shared=` to run apart (an FP4MLP), or None
+    apart_a_fmt: str = "bf16"   # that FP4MLP's activation format
+
+    @property
+    def experts(self) -> int:
+        """Local experts the kernels see: the routed ones, and the shared one where folded in."""
+        return self.routed + self.shared_folded
+
+    @classmethod
+    def of(cls, w13: FP4Weight, w2: FP4Weight, *, up_scale: Tensor | None = None, shared: tuple | None = None,
+           fold_shared: bool | None = None, a_fmt: str = "bf16", bias13: Tensor | None = None,
+           bias2: Tensor | None = None, shared_a_fmt: str | None = None) -> "MoEWeights":
+        """The checks and folds of FP4MoE's constructor, each failure one line (ValueError);
+        fold_shared=None folds where the shared expert fits the routed stack (I_s = I, one
+        format) and always for W4A4 activations. Apart, the shared expert's FP4MLP runs
+        `shared_a_fmt` (default: the routed experts', W4A16 where its weights carry no input
+        scale, with a warning)."""
+        if w13.num_experts is None or w2.num_experts is None or w13.packed.ndim != 3 or w2.packed.ndim != 3:
+            raise ValueError(f"FP4MoE takes stacked experts w13 [E, 2I, H] and w2 [E, H, I]; got {w13.shape}, {w2.shape}")
+        e, two_i, h = w13.shape
+        if w2.shape != (e, h, two_i // 2) or two_i % 2 or w13.fmt != w2.fmt:
+            raise ValueError(f"w2 {w2.shape} ({w2.fmt}) does not fit w13 {w13.shape} ({w13.fmt}): expected "
+                             f"[{e}, {h}, {two_i // 2}] in one format")
+        if fold_shared is None:             # measured: folded is faster at decode sizes (docs/fp4moe.md)
+            fold_shared = a_fmt != "bf16" or (shared is not None and _foldable(shared, w13))
+        s_fmt = shared_a_fmt
+        if shared is not None and not fold_shared and s_fmt is None:
+            has_is = all(getattr(w, "input_scale", None) is not None for w in shared[:2])
+            s_fmt = a_fmt if a_fmt == "bf16" or has_is else "bf16"
+            if s_fmt != a_fmt:
+                warnings.warn(f"FP4MoE: the routed experts are W4A4 but the shared expert has no static input "
+                              f"scales: it runs apart, W4A16", stacklevel=3)
+        folded = shared is not None and bool(fold_shared)
+        g2 = _fold_up(w13.global_scale, w2.global_scale, up_scale, e)
+        is13, is2 = _input_scales(w13, w2, up_scale, shared if folded else None, e, a_fmt)
+        if folded:                          # local expert E; the stacked copy replaces the inputs
+            w13, w2, g2 = _fold_shared(w13, w2, g2, shared)
+        n = e + folded
+        for name, t, shape in (("bias13", bias13, (n, two_i)), ("bias2", bias2, (n, h))):
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"FP4MoE {name} is {tuple(t.shape)}, expected {shape}")
+        return cls(w13, w2, g2, is13, is2,
+                   None if bias13 is None else bias13.float().contiguous(),
+                   None if bias2 is None else bias2.float().contiguous(),
+                   e, h, two_i // 2, folded, shared if shared is not None and not folded else None, s_fmt or "bf16")
+
+    @property
+    def layout(self) -> BufferLayout:
+        return BufferLayout(self.w13.fmt, self.w13.scales.dtype,
+                            (("w13", tuple(self.w13.global_scale.shape)), ("w2", tuple(self.g2.shape))))
+
+    def buffers(self) -> dict[str, Tensor | None]:
+        """Every weight tensor by its buffer name, in registration order (None: an empty slot)."""
+        return {**BufferLayout.buffers("w13", self.w13, self.w13.global_scale), **BufferLayout.buffers("w2", self.w2, self.g2),
+                "bias13": self.bias13, "bias2": self.bias2, "w13_is": self.is13, "w2_is": self.is2}

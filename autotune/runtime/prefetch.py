@@ -1,4 +1,4 @@
-"""FP4MoE's rule for w13's L2 prefetch of w2 (docs/moe-decode.md part 15; off by default): which M,
+"""FP4MoE's rule for w13's L2 prefetch of w2 (docs/fp4moe.md#prefetching-w2-into-l2; off by default): which M,
 which tensors. A launcher that `prefetches` (tactics/base.py) takes the pair of w2's stacked weight
 tensors as w2's launcher reads them; the runtime passes it only where both kernels' bytes for the
 experts an M can touch fit in a share of the L2, so the prefetched lines are still there for w2."""

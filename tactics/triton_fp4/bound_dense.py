@@ -187,8 +187,8 @@ class BoundW4A16(_BoundDense):
             if p is None:           # split-K cut into row chunks (large M): the launcher's loop
                 return self._fallback(x, out)
         self.launches[0] += 1
-        p.run(p.tiles, p.split, 1, stream, p.function, p.metadata, None, None, None, xp, *p.w_ptrs, op,
-              *p.scratch_ptrs, m, *p.tail)
+        _, _, run, tiles, split, function, metadata, w_ptrs, scratch_ptrs, tail = p     # a _Plan: one unpack
+        run(tiles, split, 1, stream, function, metadata, None, None, None, xp, *w_ptrs, op, *scratch_ptrs, m, *tail)
         return out
 
     def _plan(self, x, out, stream):
@@ -247,8 +247,9 @@ class BoundDequantCublas(_BoundDense):
             except Exception as e:  # noqa: BLE001
                 return self._give_up(e, x, out)
         self.launches[0] += 1
-        p.run(p.grid_n, p.grid_k, 1, stream, p.function, p.metadata, None, None, None, *p.args)
-        torch.matmul(x, p.w_t, out=out)
+        run, grid_n, grid_k, function, metadata, args, w_t, _ = p        # a _DequantPlan: one unpack
+        run(grid_n, grid_k, 1, stream, function, metadata, None, None, None, *args)
+        torch.matmul(x, w_t, out=out)
         return out
 
     def _plan(self, stream):

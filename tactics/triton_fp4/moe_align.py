@@ -14,7 +14,7 @@ max_blocks = ⌈P / BLOCK_M⌉ + min(E, P) bounds the padded total (each expert 
 Pairs with id -1 contribute nothing (no row, no padding). Ids ≥ E (or < -1) are dropped the same
 way and set `bad`: a caller may check it with one 4-byte read when not capturing
 (`Alignment.raise_if_bad()`, a host sync), or after a graph replay; nothing on the serving path
-reads it (the decode kernel flags the same ids in its own word: docs/moe-decode.md part 3). Deterministic:
+reads it (the decode kernel flags the same ids in its own word: docs/fp4moe.md#bad-expert-ids). Deterministic:
 no atomics; every position is written by exactly one program.
 
 Kernels. Pairs are cut into chunks of CHUNK. `_moe_count_kernel` (one program per chunk) writes

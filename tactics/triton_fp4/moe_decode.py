@@ -418,7 +418,7 @@ class MoEDecodeLauncher(PoolUser, LauncherBase):
 #: the routing `sources` compiles for without a problem (cross-compiles for the smem figure):
 #: GLM-5's, 256 experts, top 8. With one (precompile) it compiles the problem's: E and top_k are
 #: constexprs, so any other routing's first launch would compile inside the timed worker (the
-#: folded e257:top9 problems did: ~20 ms a check on average, part 18). Either way routing weights
+#: folded e257:top9 problems did: ~20 ms a check on average before 2026-12-06). Either way routing weights
 #: and an NVFP4 weight with one global scale per expert, as quantize() gives stacked experts.
 COMPILE_EXPERTS, COMPILE_TOP_K = 256, 8
 #: every value of each axis of the grids: the region the smem model was compared with the compiler

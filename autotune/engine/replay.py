@@ -1,0 +1,226 @@
+"""The replay check: a tactic run as an engine serves it, under graph replay, before it may win.
+
+A trial's eager check calls the built kernel once with `out=` on fresh tensors. An engine does
+something else: it binds the launcher once (`Family.bind`, the dispatcher's scratch pool and
+bad-id word attached), calls it with `out=None` (FP4Linear, FP4MLP, FP4MoE; a grouped launcher
+with scratch outputs writes its output there), so its second and later calls take the launcher's
+repeat path (cached plans, pointers, aligned routes), and captures those calls in a CUDA graph
+whose replays see new activations and routes written *in place* under the captured pointers.
+State that lives across calls (split-K arrival counters reset by the last CTA, per-token reduce
+counters, the sticky bad-id word, plans cached by pointer) is wrong only there.
+
+`check` does exactly that for one tactic: two eager calls, one capture, then `REPLAYS` checked
+replays. Before each, x, topk_ids (other experts, one -1 slot, at another token each time) and
+topk_weights are overwritten in place from one of two seeds (alternating), and the captured output
+is poisoned with NaN; the weight stays. Each replay's output is compared per row — the largest
+row's relative error against the float64 reference of that seed's inputs (`Refs`, drawn once per
+(problem, bucket)) — and after the rounds every arrival counter of the attached pool (its
+`*.locks` and `*.cnt` buffers) is back at zero and the bad-id word is clear (every id was valid).
+
+The capture: on CUDA a real `torch.cuda.graph` for a launcher that declares itself capture-safe;
+elsewhere (the CPU, or a launcher an engine runs eagerly) a recorded-call capture: the calls made
+while "capturing" are recorded with their tensor arguments and replayed with the same tensors, so
+a launcher that caches anything by pointer is held to it exactly as a graph holds it.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from autotune.core import inputs
+from autotune.core.inputs import make_inputs     # the replay's own draw, apart from the job's setup
+from autotune.core.problem import Problem
+from autotune.tactics.scratch import ScratchPool
+
+#: checked replays after the capture (two seeds, alternating)
+REPLAYS = 4
+#: a row may be off by this many times the eager check's Frobenius tolerance (inputs.TOLERANCE):
+#: one row's rounding spreads wider than the whole output's; a stale or unwritten row is off by ~1
+ROW_SLACK = 2.0
+#: a row whose reference norm is under this share of the mean row norm is compared against that
+#: share instead (a row that cancels to ~0 is judged by its absolute error, not divided by ~0)
+ROW_FLOOR = 1e-3
+
+
+class ReplayFailed(Exception):
+    """Wrong under graph replay (eager calls on fresh tensors may still have passed)."""
+
+
+@dataclass
+class Refs:
+    """The refreshed inputs of one (problem, bucket), per seed, and their float64 references."""
+
+    sets: list[inputs.InputSet]
+    refs: list[torch.Tensor]
+
+
+def draw(problem: Problem, bucket: int, device: str, seed: int, weight: Any) -> Refs:
+    """Two input sets from two seeds with `weight` (the bound one), each grouped-MoE set with one
+    -1 slot (token 0 in the first, the last token in the second), and their references."""
+    sets = []
+    for j in range(2):
+        s = zlib.crc32(f"replay:{seed}:{problem.key}:{bucket}:{j}".encode())
+        st = make_inputs(problem, bucket, device, s, 1, weights=[weight])[0]
+        st.w = weight                       # W4A4: the bound weight's input scale, not one from this x
+        if st.topk_ids is not None and st.topk_ids.numel():
+            row = 0 if j == 0 else st.topk_ids.shape[0] - 1
+            st.topk_ids[row, -1] = -1       # not on this rank: contributes nothing
+        sets.append(st)
+    return Refs(sets, [inputs.reference(problem, st) for st in sets])
+
+
+class Recorded:
+    """A recorded-call capture: `capture(fn)` runs fn once and keeps it; `replay()` runs it again
+    (same tensors, same pointers) and leaves its result in the captured output."""
+
+    mode = "recorded"
+
+    def __init__(self) -> None:
+        self.fn: Callable[[], Any] | None = None
+        self.out: Any = None
+
+    def capture(self, fn: Callable[[], Any]) -> Any:
+        self.fn, self.out = fn, fn()
+        return self.out
+
+    def replay(self) -> None:
+        got = self.fn()
+        if got is not self.out:             # a new tensor: a graph would have written the captured one
+            self.out.copy_(got)
+
+    def release(self) -> None:
+        self.fn = self.out = None
+
+
+class Graph:
+    """A real CUDA graph: warm-up calls on a side stream, then one capture; `replay()` launches it."""
+
+    mode = "cuda graph"
+
+    def __init__(self) -> None:
+        self.g: Any = None
+        self.out: Any = None
+
+    def capture(self, fn: Callable[[], Any]) -> Any:
+        from autotune.engine import timing
+        self.g = torch.cuda.CUDAGraph()
+        pool, prev = torch.cuda.graph_pool_handle(), torch.cuda.current_stream()
+        try:
+            with torch.cuda.graph(self.g, pool=pool):
+                self.out = fn()
+        except BaseException:
+            torch.cuda.set_stream(prev)
+            timing.abandon(self.g, pool)
+            self.g = None
+            raise
+        return self.out
+
+    def replay(self) -> None:
+        self.g.replay()
+
+    def release(self) -> None:
+        self.g = self.out = None
+
+
+def served_call(problem: Problem, launcher: Any, st: inputs.InputSet) -> Callable[[], Any]:
+    """The call an engine makes: `launcher(x)` (FP4Linear, FP4MLP), or `launcher(x, ids, weights,
+    routing_checked=True)` (FP4MoE: it checked the routing's shapes once), with `scratch_out=True`
+    where the launcher has scratch outputs and the output is not the reduced one; never `out=`."""
+    if problem.kind != "grouped_moe":
+        return lambda: launcher(st.x)
+    extra = {"scratch_out": True} if getattr(launcher, "scratch_out", False) and problem.epilogue != "reduce" else {}
+    return lambda: launcher(st.x, st.topk_ids, st.topk_weights, routing_checked=True, **extra)
+
+
+def row_error(problem: Problem, out: torch.Tensor, ref: torch.Tensor, ids: torch.Tensor | None) -> float:
+    """The largest row's relative error (inf when a row holds NaN or Inf). Rows of a per-pair
+    output ([M, top_k, N]) are (token, slot) pairs; a -1 pair's row is left out (nothing reads it)."""
+    n = ref.shape[-1]
+    o, r = out.double().reshape(-1, n), ref.double().reshape(-1, n)
+    if ids is not None and ref.ndim == 3:
+        keep = (ids.reshape(-1) >= 0).to(o.device)
+        o, r = o[keep], r[keep]
+    if not o.numel():
+        return 0.0
+    if not bool(torch.isfinite(o).all()):
+        return math.inf
+    norms = r.norm(dim=1)
+    floor = ROW_FLOOR * float(norms.mean())
+    den = norms.clamp(min=floor) if floor > 0 else torch.ones_like(norms)
+    return float(((o - r).norm(dim=1) / den).max())
+
+
+def counters(pool: ScratchPool) -> list[tuple[str, torch.Tensor]]:
+    """The pool's arrival counters: its `*.locks` (split-K) and `*.cnt` (per-token reduce) buffers."""
+    return [(k[2], b) for k, b in pool.bufs.items() if k[2].rsplit(".", 1)[-1] in ("locks", "cnt")]
+
+
+@dataclass
+class Result:
+    max_row_err: float
+    mode: str                       # "cuda graph" | "recorded"
+    replays: int
+
+
+def check(problem: Problem, launcher: Any, refs: Refs, device: str, pool: ScratchPool, word: Any) -> Result:
+    """Two eager calls, a capture, `REPLAYS` checked replays with inputs refreshed in place; raises
+    ReplayFailed naming the replay and the row error, a counter not at rest or the bad-id word set.
+    `launcher` is bound with `pool` and `word` attached; `refs` from `draw` for its problem."""
+    a, b = refs.sets
+    # the tensors the calls see: set a's, overwritten in place with either set's values
+    live = inputs.InputSet(a.x.clone(), a.w,
+                           None if a.topk_ids is None else a.topk_ids.clone(),
+                           None if a.topk_weights is None else a.topk_weights.clone())
+    call = served_call(problem, launcher, live)
+    real = device == "cuda" and bool(getattr(launcher, "capture_safe", False))
+    cap: Recorded | Graph = Graph() if real else Recorded()
+    if real:                                  # the first call plans, the second takes the repeat path
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call()
+            call()
+        torch.cuda.current_stream().wait_stream(side)
+    else:
+        call()
+        call()
+    worst = 0.0
+    try:
+        try:
+            out = cap.capture(call)
+        except Exception as e:
+            raise ReplayFailed(f"capture failed ({cap.mode}): {type(e).__name__}: {str(e)[:200]}") from e
+        if not torch.is_tensor(out):
+            raise ReplayFailed(f"the served call returned {type(out).__name__}, not a tensor")
+        for r in range(REPLAYS):
+            j = r % 2
+            src = refs.sets[j]
+            live.x.copy_(src.x)
+            if live.topk_ids is not None:
+                live.topk_ids.copy_(src.topk_ids)
+                live.topk_weights.copy_(src.topk_weights)
+            cap.out.fill_(float("nan"))
+            cap.replay()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if tuple(cap.out.shape) != tuple(refs.refs[j].shape):
+                raise ReplayFailed(f"replay {r + 1}: output {tuple(cap.out.shape)}, expected {tuple(refs.refs[j].shape)}")
+            err = row_error(problem, cap.out, refs.refs[j], src.topk_ids)
+            tol = ROW_SLACK * inputs.TOLERANCE[problem.out_dtype]
+            if not err <= tol:
+                raise ReplayFailed(f"replay {r + 1} (inputs refreshed in place): largest row relative error "
+                                   f"{err:.3g} > {tol:g} against the float64 reference")
+            worst = max(worst, err)
+        for name, c in counters(pool):
+            left = int(torch.count_nonzero(c))
+            if left:
+                raise ReplayFailed(f"{left} arrival counters of {name} not back at zero after the replays")
+        if word is not None and int(torch.count_nonzero(word)):
+            raise ReplayFailed("the bad-id word is set though every expert id was valid")
+    finally:
+        cap.release()
+    return Result(worst, cap.mode, REPLAYS)

@@ -1,0 +1,193 @@
+"""The replay check (autotune.engine.replay): a tactic run as an engine serves it, under graph
+replay with inputs refreshed in place, before it may win. Its proof is the `stalecache` test family
+(tests/families/stalecache.py), wrong only when inputs change in place under fixed pointers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.cache import Store
+from autotune.core import inputs
+from autotune.core.arch import ARCHS
+from autotune.core.buckets import Buckets
+from autotune.core.env import cpu
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
+from autotune.engine import replay, timing
+from autotune.engine.options import Runner
+from autotune.engine.search import search
+from autotune.engine.worker import Bench
+from autotune.tactics import registry
+from autotune.tactics.scratch import ScratchPool
+
+CPU = cpu()
+FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
+DENSE = Problem.dense(256, 512)
+MOE = Problem.moe(128, 256, experts=8, top_k=2)
+STALE, FRESH = Tactic("stalecache", mode="stale"), Tactic("stalecache", mode="fresh")
+
+
+@pytest.fixture
+def stale(register_family):
+    return register_family("stalecache", "tests.families.stalecache:StaleCacheFamily")
+
+
+def _bound(fam, problem, tactic, device, weight):
+    pool = ScratchPool()
+    word = pool.word(device, tactic.id)
+    launcher = fam.bind(problem, tactic, weight, device)
+    launcher.attach(pool, word)
+    return launcher, pool, word
+
+
+def test_stale_member_passes_every_eager_use_and_fails_only_under_replay(stale):
+    """Its eager check passes, two eager calls on different tensors are right, and the replay
+    check (recorded-call capture on the CPU) fails it; the fresh member passes the same check."""
+    sets = inputs.make_inputs(DENSE, 8, "cpu", seed=3, n_sets=2)
+    refs = [inputs.reference(DENSE, s) for s in sets]
+    kernel = stale.build(DENSE, STALE, "cpu")
+    assert inputs.check(DENSE, kernel, sets[0], refs[0]) < 1e-2
+    for s, ref in zip(sets, refs):                    # two eager calls, two tensors: both right
+        y = kernel(s.x, s.w)
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+    got = replay.draw(DENSE, 8, "cpu", 11, sets[0].w)
+    launcher, pool, word = _bound(stale, DENSE, STALE, "cpu", sets[0].w)
+    with pytest.raises(replay.ReplayFailed, match="replay 2 .*largest row relative error"):
+        replay.check(DENSE, launcher, got, "cpu", pool, word)
+    launcher, pool, word = _bound(stale, DENSE, FRESH, "cpu", sets[0].w)
+    r = replay.check(DENSE, launcher, got, "cpu", pool, word)
+    assert r.mode == "recorded" and r.replays == replay.REPLAYS >= 4 and r.max_row_err < 1e-2
+
+
+@pytest.mark.parametrize("problem", [DENSE, MOE, Problem.moe(128, 256, experts=8, top_k=2, epilogue="reduce")], ids=["dense", "moe", "moe-reduce"])
+def test_the_served_torch_launchers_pass_with_a_minus_one_slot(problem):
+    """The torch family's bound launchers (out=None, routing as FP4MoE passes it), refreshed in place
+    with other experts and one -1 slot per set, pass; the bad-id word stays clear."""
+    b = Bench("cpu")
+    b.setup(problem.key, 4, 0)
+    fam = registry.get("torch")
+    t = fam.default(problem, ARCHS["cpu"])
+    out = b.replay(t)
+    assert out["mode"] == "recorded" and out["max_row_err"] < 1e-2 and out["replays"] >= 4
+    refs = b._replay_refs
+    if problem.kind == "grouped_moe":
+        a, c = refs.sets
+        assert int((a.topk_ids == -1).sum()) == 1 == int((c.topk_ids == -1).sum())
+        assert not torch.equal(a.topk_ids, c.topk_ids)          # other experts in each set
+
+
+def test_a_wrong_row_fails_and_names_the_row_error():
+    """row_error: the largest row's relative error; one wrong row among many fails."""
+    ref = torch.randn(16, 64, dtype=torch.float64)
+    out = ref.clone().to(torch.bfloat16)
+    assert replay.row_error(DENSE, out, ref, None) < 1e-2
+    out[5] = 0
+    assert replay.row_error(DENSE, out, ref, None) == pytest.approx(1.0)
+    out[5] = float("nan")
+    assert replay.row_error(DENSE, out, ref, None) == float("inf")
+
+
+def test_a_counter_left_armed_fails_the_check(stale):
+    """After the replays every arrival counter of the attached pool is back at zero."""
+    s = inputs.make_inputs(DENSE, 4, "cpu", seed=5)[0]
+    launcher, pool, word = _bound(stale, DENSE, FRESH, "cpu", s.w)
+    lock = pool.get(0, "splitk.locks", 8, torch.int32, "cpu", zero=True)
+    lock[3] = 1                                      # an arrival the last CTA never reset
+    with pytest.raises(replay.ReplayFailed, match="arrival counters of splitk.locks"):
+        replay.check(DENSE, launcher, replay.draw(DENSE, 4, "cpu", 1, s.w), "cpu", pool, word)
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["worker", "inline"])
+def test_a_search_never_stores_a_replay_only_failure_as_winner(tmp_path, stale, isolate):
+    store = Store(tmp_path / "c.db")
+    rep = search([DENSE], families=[stale], store=store, buckets=Buckets.of((1, 4)), timer=FAST, env=CPU,
+                 runner=Runner(isolate=isolate, timeout_s=60))
+    for b in (1, 4):
+        trials = {t.tactic_id: t for t in store.get_trials(DENSE.key, b, CPU.device_key)}
+        assert trials[STALE.id].status == "failed" and "wrong under graph replay" in trials[STALE.id].reason
+        assert trials[STALE.id].rel_err is not None and trials[STALE.id].rel_err < 1e-2   # its eager check passed
+        assert trials[FRESH.id].status == "ok" and trials[FRESH.id].replay_checked
+    assert {(w.bucket, w.tactic_id, w.replay_checked) for w in store.winners()} == {(1, FRESH.id, True), (4, FRESH.id, True)}
+    finalists = [t for t in store.trials() if t.status == "ok" or "wrong under graph replay" in t.reason]
+    assert rep.stages.data["replay check"][0] == len(finalists) >= 4    # its own stage: each finalist once
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_graph_fails_the_stale_member_and_passes_the_fresh(stale):
+    s = inputs.make_inputs(DENSE, 8, "cuda", seed=3)[0]
+    got = replay.draw(DENSE, 8, "cuda", 11, s.w)
+    launcher, pool, word = _bound(stale, DENSE, STALE, "cuda", s.w)
+    with pytest.raises(replay.ReplayFailed, match="largest row relative error"):
+        replay.check(DENSE, launcher, got, "cuda", pool, word)
+    launcher, pool, word = _bound(stale, DENSE, FRESH, "cuda", s.w)
+    r = replay.check(DENSE, launcher, got, "cuda", pool, word)
+    assert r.mode == "cuda graph" and r.max_row_err < 1e-2
+
+
+@pytest.mark.gpu
+def test_a_search_on_the_gpu_never_stores_the_stale_member(tmp_path, stale):
+    store = Store(tmp_path / "c.db")
+    search([DENSE], families=[stale], store=store, buckets=Buckets.of((4,)), timer=FAST)
+    assert {w.tactic_id for w in store.winners()} == {FRESH.id}
+    assert all(w.replay_checked for w in store.winners())
+
+
+@pytest.mark.parametrize("kw,epilogue", [({}, "none"), ({"split_k": 2, "tiles_n": 2}, "reduce")],
+                         ids=["moe_mma", "moe_mma-splitk-reduce"])
+def test_the_cuda_moe_launcher_passes_on_its_cpu_runner(register_family, kw, epilogue):
+    """The cuda family's MoE launcher (its repeat path, scratch outputs, split-K counters and the
+    per-token reduce), bound as the runtime binds it and run by its CPU runner: the replay check
+    passes and its counters come back to rest."""
+    register_family("cudamoecpu", "tests.families.cuda_moe_cpu:CudaMoeCpu")
+    p = Problem.moe(64, 256, 6, 2, epilogue=epilogue)
+    t = Tactic("cudamoecpu", kernel="moe_mma", warps_k=1, stages=2, tiles_n=1, m_tiles=1, split_k=1)
+    t = Tactic("cudamoecpu", **{**t.params, **kw})
+    b = Bench("cpu")
+    b.setup(p.key, 4, 0)
+    b.check(t)
+    out = b.replay(t)
+    assert out["mode"] == "recorded" and out["max_row_err"] < 1e-2
+
+
+_INTERPRETED = r"""
+import json, sys
+from autotune.core.problem import Problem
+from autotune.core.tactic import Tactic
+from autotune.engine.worker import Bench
+out = []
+for kind, m, params in json.loads(sys.argv[1]):
+    p = {"dense": Problem.dense(64, 512), "moe": Problem.moe(64, 512, 4, 2),
+         "moe_reduce": Problem.moe(64, 512, 4, 2, epilogue="reduce")}[kind]
+    b = Bench("cpu")
+    b.setup(p.key, m, 0)
+    t = Tactic("triton", params)
+    b.check(t)
+    r = b.replay(t)
+    out.append([kind, r["mode"], r["max_row_err"]])
+print(json.dumps(out))
+"""
+
+
+def test_triton_launchers_pass_under_the_interpreter():
+    """The Triton family's bound launchers (split-K with its arrival counters, moe_decode's direct
+    and aligned routes, the routing-reduce epilogue) under TRITON_INTERPRET=1 pass the replay check:
+    called with out=None, replayed with inputs refreshed in place (a -1 slot included), counters at
+    rest afterwards."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    dec = {"kernel": "moe_decode", "route": "direct", "block_m": 16, "block_n": 32, "block_k": 128, "split_k": 2,
+           "num_warps": 4, "num_stages": 2}
+    cases = [["dense", 3, {"kernel": "w4a16_dequant", "block_m": 16, "block_n": 32, "block_k": 128, "group_m": 1,
+                           "num_warps": 4, "num_stages": 2, "split_k": 2}],
+             ["moe", 2, dec], ["moe", 2, {**dec, "route": "aligned"}], ["moe_reduce", 2, dec]]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", _INTERPRETED, json.dumps(cases)], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(got) == 4 and all(mode == "recorded" and err < 1e-2 for _, mode, err in got), got
