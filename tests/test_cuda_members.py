@@ -73,7 +73,7 @@ def test_each_members_code_key_is_narrow():
 
 
 def test_the_device_driver_runs_the_members_gpu_tests():
-    sh = (ROOT / "bench" / "h200_main_job.sh").read_text()
+    sh = (ROOT / "bench" / "device_run.sh").read_text()
     assert "$(python3 -m autotune.tactics.cuda.members --gpu-tests)" in sh
     for f in M.gpu_tests():
         assert (ROOT / f).exists(), f
