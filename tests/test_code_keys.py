@@ -125,8 +125,8 @@ def _edit(root: Path, where: str, old: str, new: str) -> None:
     ("autotune.tactics.cuda:w4a16_mma.cu", "struct DenseRows", "#define SCALE_BUG 2\nstruct DenseRows", {"cuda/w4a16_mma"}),
     # a cuda member's key covers its own text and launch and the shared parts it includes, no other member's
     ("autotune.tactics.cuda:ring.cuh", "struct TileBase", "#define SCALE_BUG 2\nstruct TileBase",
-     {"cuda/w4a16_mma", "cuda/moe_mma", "cuda/moe_tok"}),
-    ("autotune.tactics.cuda:moe_common.cuh", "static", "#define SCALE_BUG 2\nstatic", {"cuda/moe_mma", "cuda/moe_tok"}),
+     {"cuda/w4a16_mma", "cuda/moe_mma", "cuda/moe_tok", "cuda/moe_layer"}),
+    ("autotune.tactics.cuda:moe_common.cuh", "static", "#define SCALE_BUG 2\nstatic", {"cuda/moe_mma", "cuda/moe_tok", "cuda/moe_layer"}),
     ("autotune.tactics.cuda.dense", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"cuda/w4a16_mma"}),
     ("autotune.tactics.cuda.moe_tok", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"cuda/moe_tok"}),
     # kernel.py holds the W4A16 main loop that four members share (moe_decode_kernel imports it)

@@ -86,5 +86,12 @@ MOE_MMA = Params("moe_mma", *_HEAD, *_ROUTING, ("ws", "float*"), ("locks", "int*
                  ("srt", "const int*"), ("blk_e", "const int*"), ("g_main", "int"), ("bm", "int"),
                  ("pfa", "const char*"), ("pfb", "const char*"), ("pfa_bytes", "int"), ("pfb_bytes", "int"))
 MOE_TOK = Params("moe_tok", *_HEAD, *_ROUTING, ("bad", "int*"), ("M", "int"), ("N", "int"), ("K", "int"), *_FORM)
+#: the layer kernel (moe_layer.cu): both GEMMs' weights, h [P][I] scratch, the protocol's words (state:
+#: tick, done, epoch, error; cnt: one per expert), H = w13's K = w2's N, I = w2's K
+MOE_LAYER = Params("moe_layer", ("wq13", "const uint4*"), ("sq13", "const u32*"), ("gs13", "const float*"),
+                   ("wq2", "const uint4*"), ("sq2", "const u32*"), ("gs2", "const float*"), ("x", "const u16*"),
+                   ("y", "u16*"), ("h", "u16*"), *_ROUTING, ("state", "int*"), ("cnt", "u32*"), ("bad", "int*"),
+                   ("M", "int"), ("H", "int"), ("I", "int"), ("n13_tiles", "int"), ("n2_tiles", "int"),
+                   *((n, t) for n, t in _FORM if n != "x_pair"))
 #: each kernel's declaration by name
-PARAMS = {p.kernel: p for p in (W4A16_MMA, MOE_MMA, MOE_TOK)}
+PARAMS = {p.kernel: p for p in (W4A16_MMA, MOE_MMA, MOE_TOK, MOE_LAYER)}

@@ -90,7 +90,10 @@ def _ring_and_reduction(c) -> int:
 
 def smem_bytes(c) -> int:
     """The static arrays the source declares: max(cp.async ring, cross-warp reduction); the grouped
-    kernel adds its group's pair list (8 * m_tiles ints)."""
+    kernel adds its group's pair list (8 * m_tiles ints). A config that names its kernel (`kernel`,
+    e.g. moe_layer.LayerConfig) counts its own (`smem()`)."""
+    if hasattr(c, "kernel"):
+        return c.smem()
     if isinstance(c, MoeConfig) and c.token:       # the ring (its 2-value reduction is smaller), then
         return c.stages * c.threads * 36 * c.tiles_n + 3 * 4 * TOK_MAX_SLOTS + 4   # slot rows, experts, scales, count
     if isinstance(c, MoeConfig):
@@ -109,6 +112,8 @@ def _layout_defines() -> dict[str, str]:
 
 
 def defines(c) -> dict[str, str]:
+    if hasattr(c, "kernel"):                          # a config that names its kernel gives its own macros
+        return {**c.defines(), **_layout_defines()}
     d = {"MT": str(c.m_tiles), "WK": str(c.warps_k), "STAGES": str(c.stages), "TN": str(c.tiles_n)}
     if isinstance(c, MoeConfig):
         mul, add, sw, shift = L.FORMAT[c.fmt]
@@ -132,6 +137,8 @@ def options(c) -> list[str]:
 
 
 def kernel_name(c) -> str:
+    if hasattr(c, "kernel"):
+        return c.kernel
     if isinstance(c, MoeConfig):
         return TOK_KERNEL if c.token else MOE_KERNEL
     return KERNEL

@@ -28,6 +28,8 @@ _DIR = Path(__file__).parent
 SHARED = ("config.cuh", "mma_common.cuh", "ring.cuh", "mainloop.cuh", "reduce.cuh", "epilogue.cuh")
 #: the grouped kernels' routing helpers (ids, the shared slot, the L2 prefetch), after the shared parts
 ROUTING = ("moe_common.cuh",)
+#: the token-major slot cursor (moe_tok and the layer kernel's w2 role), after the routing helpers
+TOKEN = ("tok_slots.cuh",)
 #: the Python every member's text and launch go through (relative to this package): the -D options
 #: and cubins, the layout's bit constants, the launch (PDL), the parameters, this registry
 COMMON_CODE = (".build", ".layout", ".pdl", ".args", ".members")
@@ -90,8 +92,10 @@ REGISTRY: tuple[Member, ...] = (
     Member("w4a16_mma", SHARED, (".launch", ".dense"), ".dense:DenseMember", ("test_cuda_gpu.py", "test_", True)),
     Member("moe_mma", SHARED + ROUTING, (".moe", ".moe_checks", ".moe_plan"), ".moe:MoeMember",
            ("test_cuda_moe_gpu.py", "test_tok_", False), "moe_mma", GROUPED_USES),
-    Member("moe_tok", SHARED + ROUTING, (".moe_tok", ".moe", ".moe_checks", ".moe_plan"), ".moe_tok:TokMember",
+    Member("moe_tok", SHARED + ROUTING + TOKEN, (".moe_tok", ".moe", ".moe_checks", ".moe_plan"), ".moe_tok:TokMember",
            ("test_cuda_moe_gpu.py", "test_tok_", True), "moe_tok", GROUPED_USES),
+    Member("moe_layer", SHARED + ROUTING + TOKEN, (".moe_layer", ".moe_layer_protocol", ".moe", ".moe_checks", ".moe_plan"),
+           ".moe_layer:LayerMember", ("test_cuda_moe_layer_gpu.py", "test_", True), "moe_layer", GROUPED_USES),
 )
 #: GPU tests every member's record needs besides its own (the texts against the base commit's, PDL)
 COMMON_GPU_TESTS = ("test_cuda_base_gpu.py", "test_cuda_pdl_gpu.py")
