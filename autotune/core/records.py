@@ -46,6 +46,8 @@ class Winner:
     default_median_us: float | None
     speedup: float | None     # default_median / median (1.0 when the default won)
     code_key: str = ""        # the winning trial's code key (core.codekey); "" before code keys
+    predicted: bool = False   # the rank model's first choice, checked against float64, never timed
+    #                           (`--strategy predict`; median_us is its one checked call's host time)
 
 
 @dataclass(frozen=True)
