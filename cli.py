@@ -252,7 +252,10 @@ def _cache_export_flashinfer(output, gpu, model, tp, ep, cache, version, from_en
 @click.option("--cache", default=None, help=request.CACHE_HELP)
 @_flashinfer_options
 @click.option("--sign-key", default=None, help="sign with this key file (Ed25519 PEM private key, or an HMAC secret) [default: $AUTOTUNE_SIGNING_KEY_FILE, $AUTOTUNE_SIGNING_KEY, else unsigned]")
-def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist, sign_key):
+@click.option("--include-predicted", is_flag=True,
+              help="also export predicted winners (--strategy predict: checked, never timed)")
+def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist, sign_key,
+                 include_predicted=False):
     """Write a self-contained file with the winners (flashinfer: FlashInfer's autotuner cache + blocklist)."""
     if fmt == "flashinfer":
         if sign_key:
@@ -267,7 +270,8 @@ def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, met
     keys = sorted(_keys(model, tp, ep)) if model else None
     store = _open_store(cache, readonly=True)
     try:
-        rep = export_cache(store, output, gpu=gpu, problem_keys=keys, fmt=fmt, key=load_key(sign_key))
+        rep = export_cache(store, output, gpu=gpu, problem_keys=keys, fmt=fmt, key=load_key(sign_key),
+                           include_predicted=include_predicted)
     except CacheError as e:
         raise BadInput(str(e)) from None
     click.echo(rep.line(output))

@@ -115,6 +115,8 @@ def _payload(winners: list[Winner], devices: dict[str, dict], libsets: dict[str,
         del d["params_json"]
         if not d["code_key"]:       # a row from before code keys: the payload (and checksum) it had
             del d["code_key"]
+        if not d["predicted"]:      # a measured row: the payload (and checksum) it had before predictions
+            del d["predicted"]
         wl.append(d)
     dev_keys = {w.device_key for w in winners}
     lib_keys = {w.lib_key for w in winners}
@@ -125,10 +127,12 @@ def _payload(winners: list[Winner], devices: dict[str, dict], libsets: dict[str,
             "libsets": [{"lib_key": k, "versions": libsets[k]} for k in sorted(lib_keys, key=str) if k in libsets]}
 
 
-def collect(store: Store, gpu: str | None = None, problem_keys: Iterable[str] | None = None) -> dict:
-    """The payload of `store`'s winners (optionally one GPU's / some problems'), every row as stored."""
+def collect(store: Store, gpu: str | None = None, problem_keys: Iterable[str] | None = None,
+            include_predicted: bool = False) -> dict:
+    """The payload of `store`'s winners (optionally one GPU's / some problems'), every row as stored;
+    predicted winners (never timed) only with `include_predicted`."""
     devices = store.device_records()
-    winners = store.winners()
+    winners = [w for w in store.winners() if include_predicted or not w.predicted]
     if gpu:
         keys = select_devices(devices.values(), gpu)
         winners = [w for w in winners if w.device_key in keys]
@@ -181,7 +185,8 @@ def entries(payload: dict, skips: Skips) -> list[Entry]:
         except (KeyError, TypeError, ValueError, AttributeError):
             skips.add("malformed tactic", row_name(e))
             continue
-        w = Winner(**{k: e[k] for k in _WINNER_FIELDS}, params_json=params_json, code_key=e.get("code_key", ""))
+        w = Winner(**{k: e[k] for k in _WINNER_FIELDS}, params_json=params_json, code_key=e.get("code_key", ""),
+                   predicted=e.get("predicted") is True)
         why = check_winner(w)
         if why is None:
             dev = devices.get(w.device_key)

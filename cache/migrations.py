@@ -70,8 +70,13 @@ def _v3_code_keys(c: Connection) -> None:
         "tmem INTEGER, error TEXT, PRIMARY KEY (compiler, arch, w_fmt, tactic_id, code))")
 
 
+def _v4_predicted(c: Connection) -> None:
+    """Schema 4: winners marked predicted (`--strategy predict`); every stored one was measured."""
+    c.exec_driver_sql("ALTER TABLE winners ADD COLUMN predicted BOOLEAN DEFAULT '0' NOT NULL")
+
+
 #: version -> the step that brings a cache from version-1 to version
-STEPS: dict[int, Step] = {2: _v2_claims, 3: _v3_code_keys}
+STEPS: dict[int, Step] = {2: _v2_claims, 3: _v3_code_keys, 4: _v4_predicted}
 
 #: schema version 1 as released (commit 942ee7f), SQLite dialect
 V1_DDL = """

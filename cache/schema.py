@@ -4,18 +4,19 @@ Only plain records (autotune.core.records) leave the cache package; these row cl
 Keys follow anchors.md §2: a trial is keyed by (problem, bucket, tactic, device, libs), a winner
 by (problem, bucket, device) and carries the lib_key it was measured under, so each entry can be
 validated on its own. Schema 3 adds the code key (autotune.core.codekey) to both: the library key
-joined with the digest of the member's sources, part of a trial's key.
+joined with the digest of the member's sources, part of a trial's key. Schema 4 marks a winner
+predicted (the rank model's checked first choice, never timed: `--strategy predict`).
 """
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: bump with every change to the tables below, and add the step to cache/migrations.py (STEPS);
 #: tests/test_migrations.py upgrades a cache built with the first released schema and compares
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def utcnow() -> datetime:
@@ -116,6 +117,8 @@ class WinnerRow(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     #: schema 3: the winning trial's code key ('' before code keys: never served)
     code_key: Mapped[str] = mapped_column(String(32), default="", server_default="")
+    #: schema 4: a predicted winner (`--strategy predict`: checked, not timed); a measured one replaces it
+    predicted: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
 
 
 class CompilerFigureRow(Base):

@@ -41,7 +41,8 @@ _BACKOFF_S = 0.05
 _TRIAL_KEY = ["problem_key", "bucket", "tactic_id", "device_key", "lib_key", "code_key"]
 _WINNER_KEY = ["problem_key", "bucket", "device_key"]
 _WINNER_COLS = ("problem_key", "bucket", "device_key", "tactic_id", "family", "lib_key", "median_us",
-                "default_tactic_id", "default_median_us", "speedup", "code_key")
+                "default_tactic_id", "default_median_us", "speedup", "code_key", "predicted")
+_PREDICTED = 4      # the schema version that marks predicted winners
 
 
 def _row_json(text) -> object:
@@ -312,9 +313,11 @@ class Store(CodeKeyRows):
             self._write(go)
 
     def _cols(self, row, names):
-        """The columns `names` of a row class; code_key as '' in a file older than code keys."""
-        return [getattr(row, c) if c != "code_key" or self.schema_version >= _CODE_KEYS
-                else literal("").label("code_key") for c in names]
+        """The columns `names` of a row class; code_key as '' in a file older than code keys, predicted
+        as false in one older than predicted winners."""
+        old = {"code_key": (_CODE_KEYS, ""), "predicted": (_PREDICTED, False)}
+        return [getattr(row, c) if c not in old or self.schema_version >= old[c][0]
+                else literal(old[c][1]).label(c) for c in names]
 
     def get_trials(self, problem_key: str, bucket: int, device_key: str) -> list[Trial]:
         q = (select(*self._cols(TrialRow, _TRIAL_COLS), TacticRow.params_json)
@@ -344,6 +347,12 @@ class Store(CodeKeyRows):
         self._write(lambda s: self._put_winner(s, w))
 
     def _put_winner(self, s: Session, w: Winner) -> None:
+        if w.predicted:     # a prediction never replaces a measured winner (a measured one replaces it)
+            held = s.execute(select(WinnerRow.predicted).where(
+                WinnerRow.problem_key == w.problem_key, WinnerRow.bucket == w.bucket,
+                WinnerRow.device_key == w.device_key)).first()
+            if held is not None and not held[0]:
+                return
         upsert(s, TacticRow, _tactic_row(w.params_json, w.tactic_id), ["id"], "ignore")
         self._put_problem_key(s, w.problem_key)
         row = {c: getattr(w, c) for c in _WINNER_COLS}
@@ -359,7 +368,8 @@ class Store(CodeKeyRows):
             q = q.where(WinnerRow.device_key == device_key)
         q = q.order_by(WinnerRow.device_key, WinnerRow.problem_key, WinnerRow.bucket)
         return [Winner(r.problem_key, r.bucket, r.device_key, r.tactic_id, r.family, r.params_json or "", r.lib_key,
-                       r.median_us, r.default_tactic_id, r.default_median_us, r.speedup, r.code_key)
+                       r.median_us, r.default_tactic_id, r.default_median_us, r.speedup, r.code_key,
+                       bool(r.predicted))
                 for r in self._read(lambda s: s.execute(q).all())]
 
     def put_winners(self, winners: Iterable[Winner], devices: Iterable[dict] = (),

@@ -25,6 +25,7 @@ from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noq
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
 from autotune.engine.strategies.base import HalvingStrategy
+from autotune.engine.strategies.predict import PREDICTED
 from autotune.engine.options import Runner, SearchOptions, TimerConfig  # noqa: F401  (re-exported)
 from autotune.engine.workers import Stages
 from autotune.core.buckets import Buckets
@@ -47,6 +48,7 @@ class SearchReport:
     plans: dict[str, list[FamilyPlan]] = field(default_factory=dict)   # problem key -> per family
     measured: int = 0          # trials timed (ok or dropped by successive halving)
     dropped: int = 0
+    predicted: int = 0         # --strategy predict: first choices checked and stored as predicted winners
     resumed: int = 0
     failed: int = 0
     job_failures: list[str] = field(default_factory=list)   # (problem, bucket) jobs not measured, with the reason
@@ -105,6 +107,7 @@ class _Search:
         self.pool = None                   # pipeline.prestart's compile pool, warming up while the search plans
         self.executors: list | None = None  # workers.prestart's measuring workers, importing meanwhile
         self._lock = threading.Lock()
+        self.predicted: dict[tuple[str, int], Outcome] = {}   # --strategy predict: the checked first choices
         self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
 
     # 1. plan: every tactic's static verdict
@@ -279,7 +282,13 @@ class _Search:
 
     # 6. winners: recomputed from the stored trials, never from in-memory state
     def winner(self, job: Job, lock: threading.Lock) -> None:
-        w = _update_winner(self.store, job.problem, job.bucket, self.env, job.default_id, self.lib_keys, self.o.margin)
+        with lock:
+            pred = self.predicted.pop((job.problem.key, job.bucket), None)
+        if pred is not None:
+            w = _predicted_winner(self.store, job, pred, self.env, self.lib_keys)
+        else:
+            w = _update_winner(self.store, job.problem, job.bucket, self.env, job.default_id, self.lib_keys,
+                               self.o.margin)
         if w:
             with lock:
                 self.report.winners.append(w)
@@ -328,6 +337,12 @@ class _Results:
 
     def outcome(self, job: Job, o: Outcome) -> None:
         s, report, t0 = self.s, self.s.report, time.perf_counter()
+        if o.status == PREDICTED:      # checked, not timed: the job's winner, never a trial
+            with self.lock:
+                s.predicted[(job.problem.key, job.bucket)] = o
+                report.predicted += 1
+            self.bar.advance(1)
+            return
         t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
         note = o.reason
         if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
@@ -440,6 +455,16 @@ def _trial(p: Problem, bucket: int, t: Tactic, env: Env, lib_keys, status, reaso
     lib = lib_keys[t.family]
     return Trial(p.key, bucket, t.id, t.family, t.to_json(), env.device_key, lib, status, reason,
                  code_key=registry.code_key(t, lib), **kw)
+
+
+def _predicted_winner(store, job: Job, o: Outcome, env: Env, lib_keys) -> Winner | None:
+    """The checked first choice of `--strategy predict` as a predicted winner (median_us: its checked
+    call's host time); the store keeps a measured winner of the same bucket instead."""
+    t, lib = o.tactic, lib_keys[o.tactic.family]
+    w = Winner(job.problem.key, job.bucket, env.device_key, t.id, t.family, t.to_json(), lib, o.median_us,
+               job.default_id, None, None, registry.code_key(t, lib), predicted=True)
+    store.put_winner(w)
+    return w
 
 
 def _update_winner(store, p: Problem, b: int, env: Env, default_id: str, lib_keys, margin) -> Winner | None:

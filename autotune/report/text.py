@@ -37,7 +37,9 @@ def search_lines(report, uses, listed: dict | None = None, cache_url: str | None
     if cache_url is not None:
         yield (f"measured {report.measured} trials ({report.dropped} dropped by successive halving, "
                f"{report.failed} failed), {report.resumed} already in the cache; "
-               f"{len(report.winners)} winners in {cache_url}")
+               f"{len(report.winners)} winners in {cache_url}"
+               + (f" ({report.predicted} predicted: the rank model's first choice, checked against float64, not "
+                  "timed; a measured search replaces them)" if getattr(report, "predicted", 0) else ""))
         failures = getattr(report, "job_failures", [])
         if failures:
             yield (f"{len(failures)} (problem, bucket) jobs not measured (their tactics stay unmeasured; "
