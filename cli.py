@@ -148,8 +148,21 @@ def archs():
               help="the full text of each failure / rejection reason (the table cuts long ones to one line); "
                    "with --json: an object {winners, verdicts} with every reason group in full")
 @click.option("--stale", is_flag=True, help="list the winners measured with other kernel code than this install's (not served)")
-def show(model, tp, ep, cache, misses, as_json, verbose=False, stale=False):
+@click.option("--explain", is_flag=True,
+              help="with --model: per problem and tuned M, the dispatch rung that answers here (pinned, exact, "
+                   "predicted, nearest, default) and why")
+def show(model, tp, ep, cache, misses, as_json, verbose=False, stale=False, explain=False):
     """Show the winners stored in the cache."""
+    if explain:
+        if not model:
+            raise BadInput("--explain needs --model")
+        rows = _call(api.explain, cache, model=model, tp=tp, ep=ep)
+        if as_json:
+            click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
+            return
+        for line in text.explain_lines(rows):
+            click.echo(line)
+        return
     shown = _call(api.show, cache, model=model, tp=tp, ep=ep, misses=misses, stale=stale and not misses)
     if stale and not misses:
         if as_json:

@@ -114,3 +114,30 @@ def test_the_ladder_puts_predicted_between_exact_and_nearest():
     only = Table(P, (4,), ("k4",), (ts[1],), lazy, dflt, (True,))
     assert only.rung_for(4)[0] == "predicted" and only.rung_for(2) == ("default", dflt)
     assert only(2) == ("default", dflt) and only.index(8) == -1 and only.counts[4] == 2
+
+
+def test_show_explain_names_each_rung_and_why(tmp_path):
+    """`show --explain` on a cache holding a measured, a predicted and an unservable winner for GLM-5's
+    dense down_proj at TP8 (N 6144, K 1536): exact, predicted, nearest, default, each with its reason."""
+    from autotune import api
+    from autotune.report.text import explain_lines
+    p = Problem.dense(6144, 1536)
+    store = Store(tmp_path / "c.db")
+    store.put_environment(CPU, ("torch",))
+    lib = CPU.lib_key(("torch",))
+    t = TORCH.default(p, ARCHS["cpu"])
+    for b, pred in ((1, False), (2, True), (8, False)):
+        store.put_winner(keyed(Winner(p.key, b, CPU.device_key, t.id, "torch", t.to_json(), lib, 50.0 * b, t.id,
+                                      60.0 * b, 1.2, predicted=pred)))
+    store.put_winner(keyed(Winner(p.key, 16, CPU.device_key, t.id, "torch", t.to_json(), "0" * 16, 5.0, t.id, None,
+                                  None)))                             # other library versions: not served
+    store.close()
+    rows = [r for r in api.explain(tmp_path / "c.db", model="glm5", tp=8) if r.problem == p.key]
+    got = {r.m: (r.rung, r.why) for r in rows}
+    assert [got[m][0] for m in (1, 2, 8, 16)] == ["exact", "predicted", "exact", "nearest"]
+    assert "1.20x the default" in got[1][1] and "not timed" in got[2][1]
+    assert "library version differs" in got[16][1] and "bucket 8's measured winner" in got[16][1]
+    others = [r for r in api.explain(tmp_path / "c.db", model="glm5", tp=8) if r.problem != p.key]
+    assert others and all(r.rung == "default" and "the family default" in r.why for r in others)
+    text = list(explain_lines(rows))
+    assert text[0].startswith(p.key) and "mlp.down_proj" in text[0] and text[-1].startswith("rungs: exact 2")

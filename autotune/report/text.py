@@ -6,6 +6,7 @@ only parses, makes one library call and prints what these functions return).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict
 from typing import Iterator
 
@@ -115,3 +116,18 @@ def miss_lines(misses, gpu_names: dict, url: str) -> Iterator[str]:
         yield f"no misses in {url}"
     for m in misses:
         yield f"{m.problem_key}  m={m.m}  {m.count}×  {gpu_names.get(m.device_key) or m.device_key}"
+
+
+def explain_lines(rows) -> Iterator[str]:
+    """`show --explain`: per problem its layers, then per M the rung, the tactic and why (names are
+    never cut: a long line wraps on the terminal, a pipe gets it whole)."""
+    last = None
+    for r in rows:
+        if r.problem != last:
+            last = r.problem
+            yield f"{r.problem}  ({', '.join(r.layers)})" if r.layers else r.problem
+        yield f"  M={r.m:<5} {r.rung:9} {r.tactic}"
+        yield f"           {r.why}"
+    if rows:
+        n = Counter(r.rung for r in rows)
+        yield "rungs: " + ", ".join(f"{k} {n[k]}" for k in ("pinned", "exact", "predicted", "nearest", "default") if n[k])
