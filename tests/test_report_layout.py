@@ -350,3 +350,19 @@ def test_store_union_later_cache_wins_and_misses_add_up(tmp_path):
     assert any("b.db replaced 1" in n for n in u.notes)
     assert [(m.m, m.count) for m in u.misses()] == [(7, 4)]
     assert u.tactic(t2.id).params == t2.params and u.url.count(" + ") == 1
+
+
+def test_show_at_80_columns_never_cuts_a_tactic_parameter(syn_summary):
+    """#48 item 4: `show` piped at 80 columns wraps a long winner between its parameters, never
+    inside a name or a value."""
+    from rich.console import Console
+    from autotune.report import print_summary
+    con = Console(record=True, width=80)
+    print_summary(syn_summary, con)
+    out = con.export_text()
+    assert max(len(ln) for ln in out.splitlines()) <= 80
+    params = {tok for v in syn_summary.devices[0].problems for p in v.points
+              for tok in p.winner.split("[", 1)[-1].rstrip("]").split(",")}
+    assert params
+    for tok in params:
+        assert tok in out, tok      # each parameter on one line, whole
