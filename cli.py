@@ -106,7 +106,8 @@ def search(as_json, **flags):
         if rep is not None and as_json:      # what was measured is stored; say what and where the time went
             click.echo(json.dumps({**text.search_json(rep, uses or []), "interrupted": True}, indent=2))
         elif rep is not None and rep.stages.data:
-            click.echo("time per stage (summed over workers): " + rep.stages.line(), err=True)
+            for line in text.stage_lines(rep.stages.data):
+                click.echo(line, err=True)
         click.echo(f"autotune search: stopped by {signal.Signals(sig).name}; its claims are released and the "
                    "trials stored so far are kept (run the same command to resume)", err=True)
         sys.exit(128 + sig)

@@ -281,7 +281,7 @@ class _Search:
         report.notes += claims.notes()
 
     # 6. winners: recomputed from the stored trials, never from in-memory state
-    def winner(self, job: Job, lock: threading.Lock) -> None:
+    def winner(self, job: Job, lock: threading.Lock) -> Winner | None:
         with lock:
             pred = self.predicted.pop((job.problem.key, job.bucket), None)
         if pred is not None:
@@ -292,6 +292,7 @@ class _Search:
         if w:
             with lock:
                 self.report.winners.append(w)
+        return w
 
     # 7. --batch-invariant: one tactic per problem for every bucket
     def invariant_winners(self, work: list[_Work]) -> None:
@@ -341,7 +342,7 @@ class _Results:
             with self.lock:
                 s.predicted[(job.problem.key, job.bucket)] = o
                 report.predicted += 1
-            self.bar.advance(1)
+            self.bar.advance(1, job)
             return
         t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
         note = o.reason
@@ -360,7 +361,7 @@ class _Results:
             report.failed += o.status == "failed"
             if o.status == "failed":
                 s.o.log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
-        self.bar.advance(1)
+        self.bar.advance(1, job)
         report.stages.add("store", time.perf_counter() - t0)
 
     def finished(self, job: Job, failure: str | None = None, worker: str | None = None) -> None:
@@ -373,8 +374,8 @@ class _Results:
         if failure is not None:
             self.s.o.log(f"{job.problem.key} m={job.bucket}: not measured: {failure}")
         with _store_stage(f"storing the winner of {job.problem.key} m={job.bucket}"):
-            self.s.winner(job, self.lock)
-        self.bar.job_done(job)
+            w = self.s.winner(job, self.lock)
+        self.bar.job_done(job, w)
         self.claims.done(job)
 
     def heartbeat(self) -> None:

@@ -49,7 +49,7 @@ def search_lines(report, uses, listed: dict | None = None, cache_url: str | None
         if len(report.shards) > 1:
             yield "jobs per worker: " + ", ".join(f"{k} {v}" for k, v in sorted(report.shards.items()))
         if report.stages.data:
-            yield "time per stage (summed over workers): " + report.stages.line()
+            yield from stage_lines(report.stages.data)
     for e in report.model_errors:
         yield f"MODEL ERROR {e}"
 
@@ -131,3 +131,28 @@ def explain_lines(rows) -> Iterator[str]:
     if rows:
         n = Counter(r.rung for r in rows)
         yield "rungs: " + ", ".join(f"{k} {n[k]}" for k in ("pinned", "exact", "predicted", "nearest", "default") if n[k])
+
+
+def stage_lines(data: dict) -> Iterator[str]:
+    """Where the time went, as a short table: each stage's seconds, count and cost each, largest
+    first; a part of a stage ("check: call") indented under it and not added to anything."""
+    top = {k: v for k, v in data.items() if ": " not in k}
+    parts: dict[str, list] = {}
+    for k, v in data.items():
+        if ": " in k:
+            parts.setdefault(k.split(": ", 1)[0], []).append((k.split(": ", 1)[1], v))
+    for parent in parts:                    # a part whose stage was never timed on its own still shows
+        top.setdefault(parent, None)
+    w = max([len("stage"), *(len(k) for k in top), *(2 + len(n) for ps in parts.values() for n, _ in ps)])
+
+    def row(name: str, v) -> str:
+        if v is None:
+            return f"{name:<{w}}"
+        n, sec = v
+        return f"{name:<{w}} {sec:9.1f} {n:7d} {1e3 * sec / max(n, 1):10.1f}"
+    yield "time per stage, summed over workers (an indented line is part of the stage above it, not added):"
+    yield f"{'stage':<{w}} {'seconds':>9} {'count':>7} {'ms each':>10}"
+    for k in sorted(top, key=lambda k: -(top[k] or (0, 0.0))[1]):
+        yield row(k, top[k])
+        for n, v in sorted(parts.get(k, []), key=lambda nv: -nv[1][1]):
+            yield row("  " + n, v)
