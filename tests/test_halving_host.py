@@ -34,12 +34,23 @@ def _run(check_s, time_us, h=Halving(), default="d", device="cpu"):
 def test_slow_checks_drop_their_tactics_and_the_near_ties_are_timed_once():
     # 0.1 s calls: far over the 0.3 s budget's share of each of 4 tactics
     ex, out = _run({"a": 0.10, "b": 0.11, "c": 0.30, "d": 0.20}, {"a": 1.2e5, "b": 1.0e5, "d": 2.1e5})
-    assert sorted(ex.timed) == [("a", 1), ("b", 1), ("d", 1)]        # one call each: near-ties and the default
+    assert sorted(ex.timed) == [("a", 1), ("b", 1)]        # one call each for the near-ties only
     assert out["c"].status == "dropped" and out["c"].median_us == 3e5 and out["c"].reps == 1
     assert "dropped on its check call" in out["c"].reason
     assert {k: o.status for k, o in out.items()} == {"a": "ok", "b": "ok", "c": "dropped", "d": "ok"}
     # the stored time is the median of the check's call and the timed call
     assert out["b"].median_us == (1.1e5 + 1.0e5) / 2 and out["b"].reps == 2 and out["b"].iqr_us == 1e4
+    # the default, far behind, keeps its check's time (the winner rule compares against it)
+    assert out["d"].median_us == 2e5 and out["d"].reps == 1 and "the default" in out["d"].reason
+
+
+def test_a_leader_with_no_near_tie_keeps_its_check_time_and_a_suspicious_one_is_retimed():
+    ex, out = _run({"a": 0.20, "c": 0.26, "d": 0.28}, {"a": 2e5})
+    assert ex.timed == [] and out["a"].median_us == 2e5 and out["a"].reps == 1 and out["d"].status == "ok"
+    assert out["c"].status == "dropped"
+    # under half the runner-up's time: timed once more before it can win, and the new time stands
+    ex, out = _run({"a": 0.2, "d": 0.5}, {"a": 4.5e5})
+    assert ex.timed == [("a", 1)] and out["a"].median_us == 4.5e5 and "re-timed" in out["a"].reason
 
 
 def test_fast_calls_and_gpus_keep_successive_halving():

@@ -113,9 +113,11 @@ def count_bound(ex: Executor, alive: Sequence[Tactic], checked: dict, h: Halving
 def measure_host(ex: Executor, alive: list[Tactic], checked: dict, default_id: str, timer: TimerConfig,
                  h: Halving, emit: Callable[[Outcome], None]) -> None:
     """A count-bound host job (`count_bound`): the check call is each tactic's first sample; those
-    slower than the fastest by more than `h.host_window` are dropped on it; the rest (at most
-    `h.finalists`, plus the default) are timed once more, interleaved, one call each, and keep the
-    median of their two samples (reps 2)."""
+    slower than the fastest by more than `h.host_window` are dropped on it, but the default, which
+    keeps its check's time (the winner rule compares against it). The near-ties (at most
+    `h.finalists`), when there are two or more, are timed once more, interleaved, one call each, and
+    keep the median of their two samples (reps 2); a leader with no near tie keeps its check's time.
+    A suspiciously fast leader is re-timed before it stands (`_confirm`)."""
     first = {t.id: check_call_us(checked[t.id]) for t in alive}
     ranked = sorted(alive, key=lambda t: (first[t.id], t.id))
     lead = first[ranked[0].id]
@@ -138,11 +140,15 @@ def measure_host(ex: Executor, alive: list[Tactic], checked: dict, default_id: s
             emit(Outcome(t, "failed", "while timing: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
                          rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
             return None
+    notes: dict[str, str] = {}
     for t in list(alive):
-        if (tm := timed(t, one)) is not None:
+        if len(near) < 2 or t not in near:
+            timings[t.id] = {"median_us": first[t.id], "iqr_us": 0.0, "reps": 1}
+            notes[t.id] = "count-bound host: its check call's time" + ("" if t in near else " (the default)")
+        elif (tm := timed(t, one)) is not None:
             s = (first[t.id], tm["median_us"])
             timings[t.id] = {"median_us": statistics.median(s), "iqr_us": abs(s[1] - s[0]), "reps": 1 + tm["reps"]}
-    notes = _confirm(alive, timed, timings, one, h)
+    notes.update(_confirm(alive, timed, timings, one, h))
     for t in alive:
         tm, c = timings[t.id], checked[t.id]
         emit(Outcome(t, "ok", notes.get(t.id, ""), tm["median_us"], tm["iqr_us"], tm["reps"], c["rel_err"],
