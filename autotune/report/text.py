@@ -36,7 +36,7 @@ def search_lines(report, uses, listed: dict | None = None, cache_url: str | None
     if getattr(report, "audit", None) is not None:
         yield from report.audit.lines()
     if cache_url is not None:
-        yield (f"measured {report.measured} trials ({report.dropped} dropped by successive halving, "
+        yield (f"measured {report.measured} trials ({report.dropped} dropped before the final round, "
                f"{report.failed} failed), {report.resumed} already in the cache; "
                f"{len(report.winners)} winners in {cache_url}"
                + (f" ({report.predicted} predicted: the rank model's first choice, checked against float64, not "
@@ -52,6 +52,21 @@ def search_lines(report, uses, listed: dict | None = None, cache_url: str | None
             yield from stage_lines(report.stages.data)
     for e in report.model_errors:
         yield f"MODEL ERROR {e}"
+    if cache_url is not None and report.device == "cpu":
+        yield from gpu_would_add(report)
+
+
+def gpu_would_add(report) -> Iterator[str]:
+    """The closing lines of a search on a machine without a GPU: what the same command adds on one."""
+    left: dict[str, int] = {}
+    for fps in report.plans.values():
+        for fp in fps:
+            if fp.skipped:
+                left[fp.family] = left.get(fp.family, 0) + fp.skipped
+    fams = ", ".join(f"{f} ({n:,} tactics that pass the CPU profile's verdicts)" for f, n in sorted(left.items()))
+    yield ("what a GPU run adds: the same command on a GPU times every tactic on the GPU that serves, with the "
+           "GPU families measured too" + (f" — here left out: {fams}" if fams else "")
+           + "; the winners above serve CPU dispatch only (each winner is keyed by its device)")
 
 
 def search_json(report, uses) -> dict:
