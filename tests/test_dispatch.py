@@ -79,7 +79,7 @@ def test_ladder_exact_nearest_clamp_and_counters(tmp_path):
     assert d((5, 256, 512)) is t.kernels[2]
     assert d((1000, 256, 512)) is t.kernels[2]              # clamped to the largest
     assert d(P, 1) is t.kernels[0]                          # the (problem, M) form
-    assert t.counts == [0, 2, 3, 0] and d.stats["exact"] == 2 and d.stats["nearest"] == 3
+    assert t.counts == [0, 2, 0, 3, 0] and d.stats["exact"] == 2 and d.stats["nearest"] == 3
     assert d.stats["hit"] == 5 and d.stats["miss"] == 0
     assert t.rung_for(16) == ("exact", T_A) and t.rung_for(17) == ("nearest", T_A)
     assert t.counts == [0, 2, 3, 0]                         # rung_for does not count

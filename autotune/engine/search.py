@@ -24,8 +24,7 @@ from autotune.engine import audit, claims as job_claims, pipeline, strategies, s
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
-from autotune.engine.strategies.base import HalvingStrategy
-from autotune.engine.strategies.predict import PREDICTED
+from autotune.engine.strategies.base import PREDICTED, HalvingStrategy
 from autotune.engine.options import Runner, SearchOptions, TimerConfig  # noqa: F401  (re-exported)
 from autotune.engine.workers import Stages
 from autotune.core.buckets import Buckets

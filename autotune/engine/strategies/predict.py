@@ -16,11 +16,8 @@ from typing import Any, Callable
 
 from autotune.engine import strategy
 from autotune.engine.executor import Outcome, TacticError, WorkerLost
-from autotune.engine.strategies.base import HalvingStrategy, SearchView
+from autotune.engine.strategies.base import PREDICTED, HalvingStrategy, SearchView
 from autotune.tactics import registry
-
-#: the status of a checked, untimed first choice: the sink keeps it for the winner, never as a trial
-PREDICTED = "predicted"
 
 
 class PredictStrategy(HalvingStrategy):
