@@ -87,10 +87,10 @@ class _Work:
 class _Search:
     """One search's state; each method is one named step of `search`."""
 
-    ttl: float      # the claims' time to live; search() sets it from the runner's timeout
-
     def __init__(self, problems: Sequence[Problem], families: Sequence[Family], store, buckets: Buckets,
-                 o: SearchOptions):
+                 o: SearchOptions, ttl: float | None = None):
+        #: the claims' time to live (None: from the runner's timeout, when the jobs run)
+        self.ttl = ttl
         self.env = o.env or current()
         self.strategy, o = strategies.of(o)     # the registered strategy object (autotune/engine/strategies/)
         self.o = replace(o, runner=replace(o.runner, families={**registry.extra(), **o.runner.families}))
@@ -258,7 +258,8 @@ class _Search:
         bar.start(jobs, report.resumed)
         # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
         claims = job_claims.JobClaims(store, env.device_key, self._claim_keys(),
-                                      lambda j: self.remaining(j.problem, j.bucket, j.tactics), self.ttl)
+                                      lambda j: self.remaining(j.problem, j.bucket, j.tactics),
+                                      self.ttl if self.ttl is not None else job_claims.ttl_s(self.o.runner.timeout_s))
         sink = _Results(self, bar, claims)
         try:
             todo = [j for j in jobs if j.tactics]
@@ -386,10 +387,13 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     """plan → store static rejections → rank → jobs → precompile overlapped with run → winners
     (the compile pool warming up from the start; a barrier with Ray or --no-isolate). `kw` are SearchOptions
     fields (margin=, timer=, halving=, runner=, …), for callers that prefer keywords."""
-    s = _Search(problems, families, store, buckets, replace(options or SearchOptions(), **kw))
+    o = replace(options or SearchOptions(), **kw)
+    o = replace(o, env=o.env or current())
+    plan_only = o.dry_run or (o.arch is not None and o.arch != (detect() if o.env.device == "cuda" else ARCHS["cpu"]))
+    # a bad AUTOTUNE_CLAIM_TTL_S stops a measuring search before any work
+    s = _Search(problems, families, store, buckets, o, None if plan_only else job_claims.ttl_s(o.runner.timeout_s))
     if s.o.dry_run or s.target != s.live:
         return s.plan_only(s.plan())
-    s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
     s.pool = pipeline.prestart(s.families, s.env.device, s.target, s.o.runner)   # compile workers import meanwhile
     if not s.o.runner.ray:
         s.executors = workers_mod.prestart(s.o.runner, s.env.device)              # so do the measuring workers
