@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 from autotune.core import codekey, measure, winner as winner_rule
-from autotune.engine import audit, claims as job_claims, pipeline, strategies, strategy, workers as workers_mod
+from autotune.engine import audit, claims as job_claims, invariant, pipeline, strategies, strategy, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
@@ -173,14 +173,14 @@ class _Search:
             runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names
                     and (self.o.measure_unknown or not r.verdict.unchecked)]
             if self.o.batch_invariant:
-                runs = [r for r in runs if strategy.invariant(p, r.tactic)]
+                runs = [r for r in runs if invariant.invariant(p, r.tactic)]
             unchecked = sum(r.verdict.unchecked for r in rows if r.tactic.family in names)
             if unchecked and not self.o.measure_unknown:
                 self.report.notes.append(f"{p.key}: {unchecked} tactics with an unchecked verdict (unknown) not "
                                          "measured; --measure-unknown measures them")
             kept = self._sampled(runs)
             if not any(r.tactic == default for r in kept) and (not self.o.batch_invariant
-                                                                or strategy.invariant(p, default)):
+                                                                or invariant.invariant(p, default)):
                 kept.insert(0, Planned(p, default, dfam.verdict(p, default, self.target)))
             self._count_unsampled(p, runs, kept)
             # a compile failure (bucket 0) is final for every bucket unless --retry-failed
@@ -299,7 +299,7 @@ class _Search:
         keys = {w.problem.key for w in work}
         self.report.winners = [w for w in self.report.winners if w.problem_key not in keys]
         for w in work:
-            ws, note = strategy.invariant_winners(self.store, w.problem, list(self.buckets), self.env, w.default.id,
+            ws, note = invariant.invariant_winners(self.store, w.problem, list(self.buckets), self.env, w.default.id,
                                                   self.lib_keys, self.o.margin)
             self.report.winners += ws
             self.report.notes.append(note)
