@@ -226,33 +226,20 @@ def cache_group():
     """Export and import caches (for deployment images)."""
 
 
-# ---- begin: --format flashinfer ----------------------------------------------------------------
-def _flashinfer_options(f):
-    f = click.option("--blocklist", default=None, help="flashinfer: blocklist file (default: OUTPUT stem + .blocklist.json)")(f)
-    f = click.option("--meta", "meta", multiple=True, metavar="FIELD=VALUE",
-                     help="flashinfer: a loader metadata field (all of them, or --metadata-from-env)")(f)
-    f = click.option("--metadata-from-env", is_flag=True, help="flashinfer: take the metadata from the installed FlashInfer")(f)
-    return click.option("--flashinfer-version", default=None, help="flashinfer: the flashinfer-python release to write for")(f)
+# ---- begin: cache export (formats and their options: autotune.integrations.exporters) ------------
+def _exporter_options(f):
+    from autotune.integrations import exporters
+    for _, o in reversed(exporters.all_options()):
+        f = click.option(o.flag, o.dest, is_flag=o.is_flag, multiple=o.multiple, metavar=o.metavar, help=o.help,
+                         default=o.default())(f)
+    return f
 
 
-def _cache_export_flashinfer(output, gpu, model, tp, ep, cache, version, from_env, meta, blocklist):
-    from autotune.integrations.flashinfer import ExportError, export_flashinfer, keys, render
-    if not gpu:
-        raise BadInput("--format flashinfer needs --gpu (the GPU identity whose cutlass winners to export)")
-    try:
-        given = keys.parse_metadata(meta)
-    except ValueError as e:
-        raise BadInput(str(e)) from None
-    pkeys = sorted(_keys(model, tp, ep)) if model else None
-    store = _open_store(cache, readonly=True)
-    try:
-        rep = export_flashinfer(store, output, gpu=gpu, version=version, metadata=given, from_env=from_env,
-                                problem_keys=pkeys, blocklist=blocklist)
-    except ExportError as e:
-        raise BadInput(str(e)) from None
-    for line in render(rep):
-        click.echo(line)
-# ---- end: --format flashinfer ----------------------------------------------------------------
+def _format_option(f):
+    from autotune.integrations import exporters
+    helps = ", ".join(f"{n}: {exporters.get(n).help}" for n in exporters.names())
+    return click.option("--format", "fmt", type=click.Choice(exporters.names()), default=exporters.names()[0],
+                        show_default=True, help=f"file format ({helps})")(f)
 
 
 @cache_group.command("export")
@@ -261,34 +248,24 @@ def _cache_export_flashinfer(output, gpu, model, tp, ep, cache, version, from_en
 @click.option("--model", default=None, help="only this model's problems")
 @click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")
 @click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
-@click.option("--format", "fmt", type=click.Choice(["sqlite", "json", "flashinfer"]), default="sqlite", show_default=True,
-              help="file format: a SQLite file, JSON (a checksum inside), or FlashInfer's autotuner cache")
+@_format_option
 @click.option("--cache", default=None, help=request.CACHE_HELP)
-@_flashinfer_options
+@_exporter_options
 @click.option("--sign-key", default=None, help="sign with this key file (Ed25519 PEM private key, or an HMAC secret) [default: $AUTOTUNE_SIGNING_KEY_FILE, $AUTOTUNE_SIGNING_KEY, else unsigned]")
 @click.option("--include-predicted", is_flag=True,
               help="also export predicted winners (--strategy predict: checked, never timed)")
-def cache_export(output, gpu, model, tp, ep, fmt, cache, flashinfer_version, metadata_from_env, meta, blocklist, sign_key,
-                 include_predicted=False):
+def cache_export(output, gpu, model, tp, ep, fmt, cache, sign_key, include_predicted=False, **options):
     """Write a self-contained file with the winners (flashinfer: FlashInfer's autotuner cache + blocklist)."""
-    if fmt == "flashinfer":
-        if sign_key:
-            raise BadInput("--sign-key does not apply to --format flashinfer: FlashInfer's loader reads no "
-                           "signature (sign a sqlite or json export, and serve FlashInfer's file from the image)")
-        return _cache_export_flashinfer(output, gpu, model, tp, ep, cache, flashinfer_version, metadata_from_env,
-                                        meta, blocklist)
-    if flashinfer_version or metadata_from_env or meta or blocklist:
-        raise BadInput("--flashinfer-version, --metadata-from-env, --meta and --blocklist need --format flashinfer")
-    from autotune.integrations.portable import export_cache
-    from autotune.cache.signing import load_key
-    keys = sorted(_keys(model, tp, ep)) if model else None
-    store = _open_store(cache, readonly=True)
+    from autotune.integrations import exporters
+    req = exporters.Request(lambda: _open_store(cache, readonly=True), output, gpu,
+                            sorted(_keys(model, tp, ep)) if model else None, sign_key, include_predicted)
     try:
-        rep = export_cache(store, output, gpu=gpu, problem_keys=keys, fmt=fmt, key=load_key(sign_key),
-                           include_predicted=include_predicted)
-    except CacheError as e:
+        lines = exporters.export(fmt, req, options)
+    except exporters.ExportRefused as e:
         raise BadInput(str(e)) from None
-    click.echo(rep.line(output))
+    for line in lines:
+        click.echo(line)
+# ---- end: cache export ----------------------------------------------------------------------------
 
 
 @cache_group.command("import")

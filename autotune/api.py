@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -93,9 +94,11 @@ def _only(uses: list[ProblemUse], only: str) -> list[ProblemUse]:
 def parse_buckets(spec: str | None = None, max_tokens: int | None = None) -> tuple[Buckets, str | None]:
     """(bucket set, note). No spec: the hybrid set up to max_tokens (default 8192). A spec is used
     as given; values above an explicit max_tokens are dropped, and the note says which."""
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise BadInput(f"--max-tokens must be a positive integer, got {max_tokens!r}")
     try:
         if spec is None:
-            b, note = Buckets(hybrid(max_tokens or DEFAULT_MAX_TOKENS)), None
+            b, note = Buckets(hybrid(max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS)), None
         elif not spec.strip():
             raise BadInput("--buckets is empty: give M values like 1,2,4 or hybrid:8192 (or leave it out)")
         else:
@@ -232,6 +235,15 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, **kw) -> Sea
         raise BadInput("--ray and --no-isolate exclude each other")
     if r.gpus and not dry_run and env.device != "cuda":
         raise BadInput(f"--gpus {','.join(map(str, r.gpus))}: this machine has no CUDA GPU")
+    cores, jobs = os.cpu_count() or 1, len(uses) * len(b.values)
+    cap = max(1, min(jobs, cores))
+    if not r.gpus and r.workers > cap:     # more CPU workers than jobs or cores only costs memory
+        msg = (f"--workers {r.workers} capped at {cap}: {jobs} job(s) ((problem, bucket) pairs) on {cores} CPU "
+               f"core(s)")
+        warnings.warn(msg, stacklevel=2)
+        notes.append(msg)
+        o = replace(o, runner=replace(r, workers=cap))
+        r = o.runner
     if measuring and own_runner and not r.gpus and not r.ray and r.isolate and r.workers == 1 and env.device == "cuda":
         import torch
         o = replace(o, runner=replace(r, gpus=tuple(range(torch.cuda.device_count()))))   # one worker per GPU

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -26,6 +26,7 @@ from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic, canonical_json
 
+from autotune.cache.columns import WINNER, export_dict, from_export
 from autotune.cache.files import SQLITE_MAGIC, CacheError, is_sqlite, parse, sqlite_file, to_url
 from autotune.cache.rows import check_device, check_libset, check_winner
 from autotune.cache.schema import SCHEMA_VERSION
@@ -109,15 +110,9 @@ def _payload(winners: list[Winner], devices: dict[str, dict], libsets: dict[str,
             problems[w.problem_key] = {"key": w.problem_key, **Problem.from_key(w.problem_key).to_dict()}
         except (ValueError, TypeError):
             pass
-    wl = []
-    for w in winners:
-        d = asdict(w)
-        del d["params_json"]
-        if not d["code_key"]:       # a row from before code keys: the payload (and checksum) it had
-            del d["code_key"]
-        if not d["predicted"]:      # a measured row: the payload (and checksum) it had before predictions
-            del d["predicted"]
-        wl.append(d)
+    # a column added after the first form is left out while it holds its default: a row from before
+    # it keeps the payload (and checksum) it had (autotune.cache.columns)
+    wl = [export_dict(w, WINNER) for w in winners]
     dev_keys = {w.device_key for w in winners}
     lib_keys = {w.lib_key for w in winners}
     return {"format": FORMAT, "schema": SCHEMA_VERSION, "winners": wl,
@@ -160,10 +155,6 @@ def _index(items: Any, key: str) -> dict[str, dict]:
     return {d[key]: d for d in items or [] if isinstance(d, dict) and isinstance(d.get(key), str)}
 
 
-_WINNER_FIELDS = ("problem_key", "bucket", "device_key", "tactic_id", "family", "lib_key", "median_us",
-                  "default_tactic_id", "default_median_us", "speedup")
-
-
 def entries(payload: dict, skips: Skips) -> list[Entry]:
     """The payload's winners that pass every structural check (autotune.cache.rows), with their device and
     libset rows; every other winner is added to `skips` with its reason and name."""
@@ -172,7 +163,8 @@ def entries(payload: dict, skips: Skips) -> list[Entry]:
     libsets = _index(payload.get("libsets"), "lib_key")
     out = []
     for i, e in enumerate(payload.get("winners") or []):
-        if not isinstance(e, dict) or not all(k in e for k in _WINNER_FIELDS):
+        cols = from_export(e, WINNER) if isinstance(e, dict) else None
+        if cols is None:
             skips.add("malformed winner", f"winners[{i}]")
             continue
         tid = e["tactic_id"]
@@ -185,8 +177,7 @@ def entries(payload: dict, skips: Skips) -> list[Entry]:
         except (KeyError, TypeError, ValueError, AttributeError):
             skips.add("malformed tactic", row_name(e))
             continue
-        w = Winner(**{k: e[k] for k in _WINNER_FIELDS}, params_json=params_json, code_key=e.get("code_key", ""),
-                   predicted=e.get("predicted") is True)
+        w = Winner(**cols, params_json=params_json)
         why = check_winner(w)
         if why is None:
             dev = devices.get(w.device_key)

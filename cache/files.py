@@ -53,9 +53,15 @@ def to_url(url: str | os.PathLike | None) -> str:
 
 def parse(url: str) -> URL:
     try:
-        return make_url(url)
+        u = make_url(url)
     except ArgumentError as e:
         raise CacheError(f"not a database URL or path: {url!r} ({one_line(e)})") from None
+    if u.query and is_sqlite(u) and sqlite_file(u) is not None:
+        # a read-only open (show, serving) reopens the file its own way, and `uri=true` on a plain
+        # path makes SQLite create a file named `new.db?mode=rwc`: no parameter is honoured alike
+        raise CacheError(f"{url}: SQLite URL parameters ({', '.join(sorted(u.query))}) are not supported (search, "
+                         f"show and serving open the cache file alike without them); give the file's path")
+    return u
 
 
 def is_sqlite(u: URL) -> bool:

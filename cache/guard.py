@@ -101,6 +101,9 @@ def check_plain(path: str | Path, immutable: bool = False, *, max_rows: int | No
                                  f"{budget.steps:,} SQLite steps") from None
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise CacheError(f"{path} is not an fp4-autotune cache: {msg}") from None
+        except UnicodeDecodeError as e:     # a damaged schema: sqlite3 decodes its text as UTF-8
+            raise CacheError(f"{path} is not an fp4-autotune cache: its schema is not UTF-8 text "
+                             f"({e.reason} at byte {e.start}; a damaged file)") from None
     finally:
         conn.close()
 

@@ -32,6 +32,8 @@ from autotune.core.problem import Problem
 from autotune.core.records import Miss, Trial, Winner
 from autotune.core.tactic import Tactic
 
+from autotune.cache.columns import TRIAL, WINNER
+
 #: a timing above this (µs, 1000 s per call) is not a measurement: the search kills a tactic
 #: that runs past --timeout-s (300 s by default) long before it could record one.
 MAX_US = 1e9
@@ -41,6 +43,9 @@ STATUSES = ("ok", "rejected", "failed", "dropped")
 ALL_BUCKETS = 0            # the bucket of a verdict that holds for every M (engine.search.ALL_BUCKETS)
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 _SPEEDUP_RTOL = 1e-6
+# the text columns of the first form, and the tactic's parameters (a later column has its own check)
+_WINNER_TEXT = tuple(c.name for c in WINNER if c.text and c.required) + ("params_json",)
+_TRIAL_TEXT = tuple(c.name for c in TRIAL if c.text and c.required) + ("params_json",)
 
 
 def _int(v: Any) -> bool:
@@ -88,9 +93,8 @@ def _code_key_ok(k) -> bool:
 def check_winner(w: Winner) -> str | None:
     """Why the winner row `w` is structurally unusable (a reason from the module doc), or None.
     Never raises, whatever the field types are (rows come from files anyone can edit)."""
-    strs = ("problem_key", "device_key", "tactic_id", "family", "lib_key", "default_tactic_id", "params_json")
     try:
-        if not all(isinstance(getattr(w, k), str) for k in strs):
+        if not all(isinstance(getattr(w, k), str) for k in _WINNER_TEXT):
             return "malformed winner"
         bucket, med, dmed, speedup = w.bucket, w.median_us, w.default_median_us, w.speedup
     except AttributeError:
@@ -111,6 +115,8 @@ def check_winner(w: Winner) -> str | None:
         return "bad code key"
     if not _hex16(w.default_tactic_id):
         return "bad default tactic id"
+    if not isinstance(getattr(w, "predicted", False), bool):
+        return "bad predicted"
     if not timing_ok(med):
         return "bad median_us"
     if dmed is not None and not timing_ok(dmed):
@@ -124,9 +130,8 @@ def check_winner(w: Winner) -> str | None:
 
 def check_trial(t: Trial) -> str | None:
     """Why the trial row `t` is structurally unusable (a reason from the module doc), or None."""
-    strs = ("problem_key", "tactic_id", "family", "params_json", "device_key", "lib_key", "reason")
     try:
-        if not all(isinstance(getattr(t, k), str) for k in strs):
+        if not all(isinstance(getattr(t, k), str) for k in _TRIAL_TEXT):
             return "malformed trial"
         status, bucket = t.status, t.bucket
         nums = (t.median_us, t.iqr_us, t.reps, t.rel_err, t.smem_model, t.smem_compiled, t.exit_signal)

@@ -6,6 +6,11 @@ by (problem, bucket, device) and carries the lib_key it was measured under, so e
 validated on its own. Schema 3 adds the code key (autotune.core.codekey) to both: the library key
 joined with the digest of the member's sources, part of a trial's key. Schema 4 marks a winner
 predicted (the rank model's checked first choice, never timed: `--strategy predict`).
+
+The trials, winners and misses tables hold the columns of their records (autotune.cache.columns,
+derived from autotune.core.records) plus row bookkeeping; tests/test_cache_columns.py checks that
+these classes declare exactly those, so a field added to a record without its column here (or the
+reverse) fails.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ from datetime import datetime, timezone
 
 from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from autotune.cache.columns import TRIAL_KEY
 
 #: bump with every change to the tables below, and add the step to cache/migrations.py (STEPS);
 #: tests/test_migrations.py upgrades a cache built with the first released schema and compares
@@ -79,7 +86,7 @@ class TacticRow(Base):
 class TrialRow(Base):
     __tablename__ = "trials"
     __table_args__ = (
-        UniqueConstraint("problem_key", "bucket", "tactic_id", "device_key", "lib_key", "code_key", name="uq_trial"),
+        UniqueConstraint(*TRIAL_KEY, name="uq_trial"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     problem_key: Mapped[str] = mapped_column(String(200))

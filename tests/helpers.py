@@ -116,3 +116,68 @@ def keyed(record):
     except (ValueError, TypeError):     # a deliberately damaged row (a test of the row checks) stays as it is
         return record
     return dataclasses.replace(record, code_key=key)
+
+
+def quiet_dispatcher(path, **kw):
+    """A Dispatcher on `path` that records no misses and warns nothing (its warnings silenced too):
+    for tests of the kernels and layers it serves, not of its messages."""
+    import warnings
+
+    from autotune.runtime.dispatch import Dispatcher
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Dispatcher(path, record_misses=False, **{"warn": False, **kw})
+
+
+def dispatcher_and_warnings(path, **kw):
+    """A Dispatcher on `path` (no misses recorded) and the warnings its opening gave, as text."""
+    import warnings
+
+    from autotune.runtime.dispatch import Dispatcher
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        d = Dispatcher(path, record_misses=False, **kw)
+    return d, [str(w.message) for w in got]
+
+
+#: the search run by `gated_search_argv`: after `after` measured trials are stored it creates the
+#: marker file and blocks (the test's handshake: the process is alive, mid-search, when it is killed)
+_GATE = """
+import sys, time
+from pathlib import Path
+from autotune.cache.tables.trials import Trials
+after, mark, real, seen = int(sys.argv[1]), Path(sys.argv[2]), Trials.put_trials, [0]
+def put_trials(self, trials):
+    real(self, trials)
+    seen[0] += sum(t.bucket > 0 for t in trials)
+    if seen[0] >= after:
+        mark.touch()
+        while True:
+            time.sleep(3600)        # killed here
+Trials.put_trials = put_trials
+sys.argv = ["autotune", *sys.argv[3:]]
+from autotune import cli
+cli.main()
+"""
+
+
+def gated_search_argv(args: list[str], after: int, mark: Path) -> list[str]:
+    """argv of `autotune ARGS` (a search) that stops once it has stored `after` measured trials:
+    it then creates `mark` and blocks until killed. A kill -9 test waits for `mark` (a hang guard
+    bounds the wait) and kills a process that is certainly alive, holding its job."""
+    return [sys.executable, "-c", _GATE, str(after), str(mark), *map(str, args)]
+
+
+def wait_for(cond, what: str, proc: subprocess.Popen | None = None, guard_s: float = 600) -> None:
+    """Wait until cond() is true: an event the child causes. `guard_s` is a hang guard only (it
+    ends a test that would otherwise hang, never decides a verdict); a child that exits first fails."""
+    import time
+    deadline = time.monotonic() + guard_s
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"the child exited ({proc.returncode}) before {what}: "
+                                 f"{err[-2000:] if isinstance(err, str) else err.decode()[-2000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"hang guard: no {what} in {guard_s:g} s")
+        time.sleep(0.02)

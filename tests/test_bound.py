@@ -3,7 +3,6 @@ alias, no per-call allocation with `out=` (counted, never timed), and, on a GPU,
 route bit for bit against Triton's own launch, under CUDA graphs and on two streams."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from autotune.runtime.nn import FP4Linear
 from autotune.tactics import registry, torch_ref
 from autotune.tactics.triton_fp4 import kernel as tkernel
 from autotune.tactics.triton_fp4.w4a16 import tactic as w4a16_tactic
+from tests.helpers import quiet_dispatcher
 
 P = Problem.dense(128, 256)
 T_TORCH = Tactic("torch", dequant_dtype="bf16", chunk_n=0)
@@ -27,9 +27,7 @@ T_DQ = Tactic("triton", kernel="dequant_cublas", block_n=32, block_k=256, num_wa
 
 
 def _disp(tmp_path) -> Dispatcher:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Dispatcher(tmp_path / "none.db", record_misses=False, warn=False)
+    return quiet_dispatcher(tmp_path / "none.db")
 
 
 def _bind(family: str, tactic: Tactic, w, problem: Problem = P):

@@ -28,6 +28,7 @@ from autotune.cache import CacheError, Store, migrations
 from autotune.cache.schema import SCHEMA_VERSION
 from autotune.cache.claims import CLAIMED, DONE, Claims, JobKey, owner_alive
 from tests.claims_race import race_claimers
+from tests.helpers import gated_search_argv, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 P = Problem.dense(256, 512)
@@ -296,10 +297,15 @@ def _env(**kw) -> dict:
     return env
 
 
-def start_searches(cfg: Path, cache: str, n: int, **env) -> list[subprocess.Popen]:
+def start_searches(cfg: Path, cache: str, n: int, *, gate: Path | None = None, **env) -> list[subprocess.Popen]:
+    """n searches on one cache; with `gate`, the first stops (alive, holding the job it measures)
+    once it has stored a measured trial, and creates `gate` (tests.helpers.gated_search_argv)."""
     Store(cache).close()        # created (and migrated) once, so the processes race on the claims only
-    return [subprocess.Popen(cli(cfg, cache), cwd=ROOT, env=_env(**env), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True) for _ in range(n)]
+    argv = [cli(cfg, cache)] * n
+    if gate is not None:
+        argv[0] = gated_search_argv(cli(cfg, cache)[3:], 1, gate)
+    return [subprocess.Popen(a, cwd=ROOT, env=_env(**env), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True) for a in argv]
 
 
 def reports(procs: list[subprocess.Popen]) -> list[dict]:
@@ -356,18 +362,14 @@ def _claims(db: Path) -> list[tuple]:
 
 def test_kill_9_of_one_of_four_searches(tmp_path, cfg):
     db = tmp_path / "c.db"
-    procs = start_searches(cfg, str(db), 4, **{TTL_ENV: "60"})
-    by_pid = {p.pid: p for p in procs}
-    victim, deadline = None, time.time() + 300
-    while victim is None and time.time() < deadline and any(p.poll() is None for p in procs):
-        for owner, state, claimed_at, expires_at in _claims(db):      # a search holding a job it measures
-            pid = int(owner.split(":")[1])
-            if state == CLAIMED and pid in by_pid and by_pid[pid].poll() is None:
-                victim = by_pid[pid]
-                assert 60 <= expires_at - claimed_at < 600     # AUTOTUNE_CLAIM_TTL_S, not the default 600 s
-                break
-        time.sleep(0.02)
-    assert victim is not None, "no search was caught holding a claim"
+    gate = tmp_path / "stopped"
+    procs = start_searches(cfg, str(db), 4, gate=gate, **{TTL_ENV: "60"})
+    victim = procs[0]                     # stops once it stored a trial of a job it holds: the handshake
+    wait_for(gate.exists, "stop after a measured trial", victim)
+    held = [(s, c, e) for owner, s, c, e in _claims(db) if int(owner.split(":")[1]) == victim.pid]
+    assert (CLAIMED, ) in {(s,) for s, _, _ in held}, held
+    assert all(60 <= e - c < 600 for _, c, e in held)  # AUTOTUNE_CLAIM_TTL_S, not the default 600 s
+    assert victim.poll() is None
     os.killpg(victim.pid, signal.SIGKILL)             # the search and its worker
     victim.wait()
     others = [p for p in procs if p is not victim]

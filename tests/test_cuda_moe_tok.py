@@ -271,6 +271,6 @@ def test_the_search_does_not_time_it_where_it_re_reads_weights():
     assert any(MOE.is_tok(r.tactic) for r in strategy.kept_at(w, 1))
     assert not any(MOE.is_tok(r.tactic) for r in strategy.kept_at(w, 128))
     model = __import__("autotune.engine.rankmodel", fromlist=["load"]).load(strategy.shipped(SM90))
-    plans = strategy.plans(model, [w], [1, 128], SM90, 132, Store(), "dev", ranked.Ranked())
+    plans = strategy.plans(model, [w], [1, 128], SM90, 132, Store("sqlite://"), "dev", ranked.Ranked())
     assert any(MOE.is_tok(t) for t in plans[(W2R.key, 1)].order)
     assert not any(MOE.is_tok(t) for t in plans[(W2R.key, 128)].order + plans[(W2R.key, 128)].extras)

@@ -345,10 +345,6 @@ def test_readonly_filesystem_image(tmp_path):
 
 # -------------------------------------------------------------------------------------- CLI
 
-def _cli(*args, env=None):
-    return run_cli(*args, env=env, timeout=600)
-
-
 def test_cli_show_misses_and_search_from_misses(tmp_path):
     path = make_cache(tmp_path / "c.db", [])
     from autotune.core.env import current
@@ -357,17 +353,17 @@ def test_cli_show_misses_and_search_from_misses(tmp_path):
         s.put_environment(dev, ("torch",))
         s.record_misses([Miss(Q.key, 5, dev.device_key, 7), Miss(Q.key, 2, dev.device_key, 1),
                          Miss(P.key, 9, "8" * 16, 3)])
-    r = _cli("show", "--misses", env={"AUTOTUNE_MISSES": str(tmp_path / "m.db"), "AUTOTUNE_CACHE": str(path)})
+    r = run_cli("show", "--misses", env={"AUTOTUNE_MISSES": str(tmp_path / "m.db"), "AUTOTUNE_CACHE": str(path)})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"{Q.key}  m=5  7×") and len(lines) == 3
-    r = _cli("search", "--from-misses", "--families", "torch", "--dry-run",
+    r = run_cli("search", "--from-misses", "--families", "torch", "--dry-run",
              env={"AUTOTUNE_MISSES": str(tmp_path / "m.db"), "AUTOTUNE_CACHE": str(path)})
     assert r.returncode == 0, r.stderr
     assert Q.key in r.stdout and P.key not in r.stdout
-    r = _cli("search", "--from-misses", "--dry-run", env={"AUTOTUNE_CACHE": str(path)})
+    r = run_cli("search", "--from-misses", "--dry-run", env={"AUTOTUNE_CACHE": str(path)})
     assert r.returncode == 2 and "no recorded misses" in r.stderr
-    r = _cli("search", "--dry-run", env={"AUTOTUNE_CACHE": str(path)})
+    r = run_cli("search", "--dry-run", env={"AUTOTUNE_CACHE": str(path)})
     assert r.returncode == 2 and "--model" in r.stderr
 
 
@@ -389,7 +385,7 @@ def test_misses_to_search_to_exact_hits_end_to_end(tmp_path):
     for m in (3, 5, 5):
         d((m, 128, 256))
     assert d.flush_misses() == 2
-    r = _cli("search", "--from-misses", "--families", "torch", "--cache", tmp_path / "c.db", "--budget-s", "0.2",
+    r = run_cli("search", "--from-misses", "--families", "torch", "--cache", tmp_path / "c.db", "--budget-s", "0.2",
              env={"AUTOTUNE_MISSES": str(tmp_path / "m.db")})
     assert r.returncode == 0, r.stderr
     assert "2 winners" in r.stdout

@@ -4,18 +4,16 @@ Real SQLite caches; the `rowwise` test family (invariant by construction) and th
 (not invariant) run on the CPU."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
 
-from helpers import keyed
+from helpers import dispatcher_and_warnings, keyed
 from autotune.core import inputs
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic
-from autotune.runtime.dispatch import Dispatcher
 from autotune.cache import Store
 
 CPU = cpu()
@@ -40,10 +38,7 @@ def _cache(path, items):
 
 
 def _disp(path, **kw):
-    with warnings.catch_warnings(record=True) as got:
-        warnings.simplefilter("always")
-        d = Dispatcher(path, env=CPU, record_misses=False, **kw)
-    return d, [str(w.message) for w in got]
+    return dispatcher_and_warnings(path, env=CPU, **kw)
 
 
 def test_one_invariant_tactic_for_every_m_and_rows_that_do_not_depend_on_the_batch(tmp_path, rowwise):

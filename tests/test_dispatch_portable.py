@@ -55,28 +55,24 @@ def test_prune_keep_drop_stale_and_dry_run(tmp_path):
     s.close()
 
 
-def _cli(*args, cache=None):
-    return run_cli(*args, cache=cache, timeout=300)
-
-
 def test_cli_export_by_gpu_and_format_then_prune(tmp_path):
     path = tmp_path / "c.db"
     with Store(path) as s:
         fill(s, current())
         fill(s, GPU)
-    r = _cli("cache", "export", "--gpu", GPU.gpu_name, "-o", tmp_path / "sm120.db", cache=path)
+    r = run_cli("cache", "export", "--gpu", GPU.gpu_name, "-o", tmp_path / "sm120.db", cache=path)
     assert r.returncode == 0 and "exported 2 winners" in r.stdout, r.stderr
-    r = _cli("cache", "export", "--gpu", GPU.gpu_name, "--format", "json", "-o", tmp_path / "sm120.json", cache=path)
+    r = run_cli("cache", "export", "--gpu", GPU.gpu_name, "--format", "json", "-o", tmp_path / "sm120.json", cache=path)
     doc = json.loads((tmp_path / "sm120.json").read_text())
     assert r.returncode == 0 and len(doc["winners"]) == 2 and doc["checksum"] and doc["devices"][0]["gpu_name"] == GPU.gpu_name
     assert {x["lib_key"] for x in doc["libsets"]} == {w["lib_key"] for w in doc["winners"]}   # env keys travel
-    r = _cli("cache", "export", "--gpu", "B200", "-o", tmp_path / "none.db", cache=path)
+    r = run_cli("cache", "export", "--gpu", "B200", "-o", tmp_path / "none.db", cache=path)
     assert r.returncode == 2 and "no device in the cache matches GPU 'B200'" in r.stderr
-    r = _cli("cache", "prune", cache=path)
+    r = run_cli("cache", "prune", cache=path)
     assert r.returncode == 2 and "nothing to prune" in r.stderr
-    r = _cli("cache", "prune", "--drop-gpu", "RTX PRO 6000", "--dry-run", cache=path)
+    r = run_cli("cache", "prune", "--drop-gpu", "RTX PRO 6000", "--dry-run", cache=path)
     assert r.returncode == 0 and "would drop 2 trials, 2 winners, 1 misses, 1 devices" in r.stdout
-    r = _cli("cache", "prune", "--keep-gpu", current().gpu_name, cache=path)
+    r = run_cli("cache", "prune", "--keep-gpu", current().gpu_name, cache=path)
     assert r.returncode == 0 and "dropped 2 trials, 2 winners" in r.stdout, r.stderr
     with Store(path, readonly=True) as s:
         assert {w.device_key for w in s.winners()} == {current().device_key}

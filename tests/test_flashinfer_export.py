@@ -25,6 +25,7 @@ from autotune.core.tactic import Tactic
 from autotune.integrations.flashinfer import ExportError, export_flashinfer, keys as K
 from autotune.cache import Store
 from autotune.tactics.cutlass import flashinfer_map as fim
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = Path(os.environ.get("FP4_FLASHINFER_TARGETS", REPO / ".flashinfer"))
@@ -123,9 +124,7 @@ def test_refuses_bad_requests(cache_db, tmp_path, version, meta, needle):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(REPO / "cli.py"), "cache", "export", "--format", "flashinfer", *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return run_cli("cache", "export", "--format", "flashinfer", *args)
 
 
 @pytest.mark.parametrize("extra,needle", [
@@ -276,3 +275,110 @@ def test_vllm_hook_is_registered_as_a_general_plugin(monkeypatch):
     from autotune.integrations import vllm_plugin
     monkeypatch.delenv(vllm_plugin.ENV, raising=False)
     assert vllm_plugin.register() is None         # a no-op unless the variable names a file
+
+
+# ------------------------------------------------- a blocklisted tactic is never written
+
+P2 = Problem.dense(512, 1024)
+#: tactic 11 failed on P2 and 7 was rejected on P2: both go to the blocklist, so neither may be
+#: written for DENSE either (FlashInfer applies its blocklist only to what it profiles)
+BL_FAILED, BL_REJECTED = 11, 7
+#: DENSE: bucket 8's winner 11 has measured alternatives (7 is blocked, 3 is the best other one);
+#: bucket 16's winner 7 has none, so FlashInfer's fallback serves it, never bucket 32's winner
+BL_WINNERS = {DENSE: {1: 0, 8: BL_FAILED, 16: BL_REJECTED, 32: 9}, P2: {16: 5, 64: 12}}
+BL_MEASURED = {(DENSE, 8): {BL_FAILED: 9.0, BL_REJECTED: 9.5, 3: 12.0, 4: 13.0}}
+BL_CHOICE = {DENSE: {1: 0, 8: 3, 16: -1, 32: 9}, P2: {16: 5, 64: 12}}
+
+
+def _bl_trial(env: Env, p: Problem, bucket: int, idx: int, status: str, reason: str = "",
+              us: float | None = None) -> Trial:
+    t = _tactic(idx)
+    return Trial(p.key, bucket, t.id, "cutlass", t.to_json(), env.device_key, env.lib_key(DEPS), status, reason,
+                 median_us=us, reps=10 if us else 0)
+
+
+def _bl_store(path: str, extra_failed: tuple[int, ...] = ()) -> str:
+    with Store(path) as s:
+        s.put_environment(SM120, DEPS)
+        for p, wins in BL_WINNERS.items():
+            for b, idx in wins.items():
+                s.put_winner(_winner(SM120, p, b, _tactic(idx)))
+        for (p, b), times in BL_MEASURED.items():
+            for idx, us in times.items():
+                s.put_trial(_bl_trial(SM120, p, b, idx, "ok", us=us))
+        s.put_trial(_bl_trial(SM120, P2, 16, BL_FAILED, "failed", "illegal instruction (worker died)"))
+        s.put_trial(_bl_trial(SM120, P2, 1, BL_REJECTED, "rejected", "SharedStorageSize over the opt-in limit"))
+        for idx in extra_failed:
+            s.put_trial(_bl_trial(SM120, P2, 64, idx, "failed", "wrong result"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bl_db(tmp_path_factory) -> str:
+    return _bl_store(str(tmp_path_factory.mktemp("bl") / "cache.db"))
+
+
+def _bl_expected(p: Problem, m: int) -> int:
+    """The tactic FlashInfer must serve at M: the choice of our bucket that FlashInfer's bucket of M
+    maps to, -1 where that bucket gets no entry or M is past our largest bucket's FlashInfer bucket."""
+    ch = BL_CHOICE[p]
+    fb = K.m_bucket(m)
+    if fb > K.m_bucket(max(ch)):
+        return -1
+    return ch[Buckets(tuple(ch)).bucket(min(fb, max(ch)))]
+
+
+BL_QUERIES = [[m, p.n, p.k, 0] for p in BL_WINNERS for m in range(1, 2 * max(BL_WINNERS[p]) + 1)]
+
+
+def test_export_never_writes_a_blocklisted_tactic(bl_db, tmp_path):
+    rep = _export(bl_db, tmp_path / "fi.json", "0.7.4")
+    doc = json.loads((tmp_path / "fi.json").read_text())
+    assert set(rep.blocked) == {BL_FAILED, BL_REJECTED}
+    written = {v[1] for k, v in doc.items() if not k.startswith("_")}
+    assert not written & set(rep.blocked)
+    for p, ch in BL_CHOICE.items():
+        for fb in sorted({K.m_bucket(m) for m in range(1, max(ch) + 1)}):
+            key = K.file_key(K.nearest_profile(fb, p.n, p.k, ()))
+            want = _bl_expected(p, fb)
+            assert (doc[key][1] if key in doc else -1) == want, (p.key, fb)
+    lines = "\n".join(rep.skipped)
+    assert (f"{DENSE.key} bucket 8: winner tactic {BL_FAILED} is blocklisted" in lines
+            and "written: tactic 3, this bucket's best measured tactic (12.00 us)" in lines)
+    assert (f"{DENSE.key} bucket 16: winner tactic {BL_REJECTED} is blocklisted" in lines
+            and "so FlashInfer falls back to -1 (tactic 21 in 0.7.2.post1, 21 in 0.7.4, not blocklisted)" in lines)
+
+
+def test_export_refuses_when_the_fallback_is_blocklisted(tmp_path):
+    """21 is what -1 runs on SM120: blocklisted, a bucket without a measured alternative cannot be
+    left to FlashInfer's fallback, so nothing is written."""
+    db = _bl_store(str(tmp_path / "c.db"), extra_failed=(21,))
+    with pytest.raises(ExportError, match=r"bucket 16: winner tactic 7 is blocklisted .* fallback -1 runs a "
+                                          r"blocklisted kernel \(0\.7\.2\.post1: tactic 21, 0\.7\.4: tactic 21\)"):
+        _export(db, tmp_path / "fi.json", "0.7.4")
+    assert not (tmp_path / "fi.json").exists() and not (tmp_path / "fi.blocklist.json").exists()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_fallback_is_the_release_runner_default(version):
+    csrc = _target(version) / "flashinfer" / "data" / "csrc"
+    for arch, f in (("sm120", "fp4_gemm_cutlass_sm120.cu"), ("sm100", "fp4_gemm_cutlass.cu")):
+        assert K.fallback_from_source((csrc / f).read_text(), arch) == K.FALLBACK[arch]
+    assert K.fallback_index("sm120", version) == 21 and K.fallback_index("sm100", version) == 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_choose_one_serves_no_blocklisted_tactic(bl_db, tmp_path, version):
+    """FlashInfer's own choose_one, every M of both problems up to twice our largest bucket: 0
+    lookups serve a blocklisted tactic (-1 counted as the kernel it launches), none a neighbour's."""
+    _target(version)
+    env = _probe(version, {})
+    rep = _export(bl_db, tmp_path / "fi.json", version, {f: env["metadata"][f] for f in K.META_FIELDS})
+    got = _probe(version, {"load": [str(tmp_path / "fi.json")], "queries": BL_QUERIES},
+                 blocklist=tmp_path / "fi.blocklist.json")
+    assert got["loaded"] == [True] and len(got["chosen"]) == len(BL_QUERIES)
+    served = [K.fallback_index("sm120", version) if t == -1 else t for t in got["chosen"]]
+    assert sum(t in rep.blocked for t in served) == 0
+    by_key = {p.key: p for p in BL_WINNERS}
+    assert got["chosen"] == [_bl_expected(by_key[Problem.dense(n, k).key], m) for m, n, k, _ in BL_QUERIES]
+    assert got["profiled"] == [i for i in range(len(fim.configs("sm120", version))) if i not in rep.blocked]

@@ -104,7 +104,9 @@ def test_glm5_ep8():
     ("kimi-k2", {M(7168, 512, 384, 8), M(256, 7168, 384, 8)}),
     ("qwen3-235b-a22b", {D(4096, 1280), D(1024, 4096), M(4096, 384, 128, 8), M(192, 4096, 128, 8)}),
     ("qwen3-30b-a3b", {D(2048, 768), D(512, 2048), M(2048, 192, 128, 8), M(96, 2048, 128, 8)}),
-    ("gpt-oss-120b", {M(2880, 768, 128, 4, "mxfp4"), M(384, 2880, 128, 4, "mxfp4")}),
+    # 90 MX blocks over 8 ranks: 12 each (384), the last rank 6 (192): both shapes are served
+    ("gpt-oss-120b", {M(2880, 768, 128, 4, "mxfp4"), M(384, 2880, 128, 4, "mxfp4"),
+                      M(2880, 384, 128, 4, "mxfp4"), M(192, 2880, 128, 4, "mxfp4")}),
     ("llama-3.1-70b", {D(8192, 1280), D(1024, 8192), D(8192, 7168), D(3584, 8192)}),
     ("llama-3.1-8b", {D(4096, 768), D(512, 4096), D(4096, 3584), D(1792, 4096)}),
 ])
@@ -114,9 +116,11 @@ def test_tp8_numbers(model, expected):
 
 def test_gpt_oss_mx_block_sharding():
     assert pset(problems_for("gpt-oss-120b")) == {M(2880, 5760, 128, 4, "mxfp4"), M(2880, 2880, 128, 4, "mxfp4")}
-    # 90 MX blocks over 4 ranks: cdiv(90, 4) * 32 = 736 (last rank shorter), not an error
+    # 90 MX blocks over 4 ranks: cdiv(90, 4) * 32 = 736, the last rank 21 blocks (672): both planned
     assert pset(problems_for("gpt-oss-120b", tp=4)) == {M(2880, 1472, 128, 4, "mxfp4"),
-                                                        M(736, 2880, 128, 4, "mxfp4")}
+                                                        M(736, 2880, 128, 4, "mxfp4"),
+                                                        M(2880, 1344, 128, 4, "mxfp4"),
+                                                        M(672, 2880, 128, 4, "mxfp4")}
     assert pset(problems_for("gpt-oss-120b", tp=8, ep=8)) == {M(2880, 5760, 16, 4, "mxfp4"),
                                                               M(2880, 2880, 16, 4, "mxfp4")}
     assert {u.per_forward for u in problems_for("gpt-oss-120b", tp=8)} == {36}
@@ -214,6 +218,8 @@ def test_compressed_tensors_regex_ignore(tmp_path):
            "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "intermediate_size": 6144,
            "decoder_sparse_step": 1, "mlp_only_layers": [],
            "quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+                                   "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float",
+                                                                             "group_size": 16}, "targets": ["Linear"]}},
                                    "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*"]}}
     assert pset(problems_for(write_config(tmp_path, cfg), tp=8)) == {M(2048, 192, 128, 8), M(96, 2048, 128, 8)}
     cfg["quantization_config"]["ignore"] = ["lm_head", "re:.*mlp.gate$"]

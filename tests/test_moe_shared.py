@@ -116,11 +116,12 @@ def test_shared_expert_apart_where_it_cannot_fold_matches_float64(disp, fmt):
     assert blk.routing_errors() == [blk.label]
 
 
-def test_w4a4_shared_expert_runs_folded(disp):
-    """W4A4 activations: FP4MLP is W4A16, so the auto form folds and an explicit apart is refused."""
+def test_w4a4_without_input_scales_is_refused_apart_too(disp):
+    """W4A4 activations need the routed experts' static input scales, whether the shared expert runs
+    folded or apart (apart it is an FP4MLP of its own format: tests/test_checkpoint_formats.py)."""
     (gate, up, down), (sg, su, sd) = _weights(seed=7)
     g, u, d = (quantize(w) for w in (gate, up, down))
-    with pytest.raises(ValueError, match="W4A4 activations runs folded in"):
+    with pytest.raises(ValueError, match=r"W4A4 needs w13 and w2 input_scale"):
         FP4MoE(FP4MoE.from_float(gate, up, down, 2, dispatcher=disp).w13, d, 2, a_fmt="nvfp4", dispatcher=disp,
                shared=FP4MoE.shared_from_float(sg, su, sd), fold_shared=False)
 

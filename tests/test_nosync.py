@@ -26,6 +26,7 @@ from autotune.core.tactic import Tactic
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.moe import FP4MoE
 from autotune.runtime.nn import FP4Linear
+from tests.helpers import quiet_dispatcher
 from tests.syncs import CountSyncs
 
 E, H, I, TOP_K = 6, 64, 32, 2
@@ -37,9 +38,7 @@ def devmoe(register_family):
 
 
 def _disp(tmp_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Dispatcher(tmp_path / "none.db", env=cpu(), arch=ARCHS["cpu"], record_misses=False, warn=False)
+    return quiet_dispatcher(tmp_path / "none.db", env=cpu(), arch=ARCHS["cpu"])
 
 
 def _block(d, *, fused=True, emap=None, shared=False, seed=0, split13=2):

@@ -9,12 +9,12 @@ stream. GLM-5 TP8 per-expert shapes (w13 512x6144, w2 6144x256), 64 experts, top
 from __future__ import annotations
 
 import importlib.util
-import warnings
 
 import pytest
 import torch
 
 from autotune.core.tactic import Tactic
+from tests.helpers import quiet_dispatcher
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
@@ -31,10 +31,7 @@ FAMS = [pytest.param((TRITON13, TRITON2), id="moe_decode"),
 
 
 def _disp(tmp_path):
-    from autotune.runtime.dispatch import Dispatcher
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Dispatcher(tmp_path / "none.db", record_misses=False, warn=False)
+    return quiet_dispatcher(tmp_path / "none.db")
 
 
 def _block(d, tactics, **kw):

@@ -81,10 +81,11 @@ def test_a_job_measures_while_a_later_problem_still_compiles(tmp_path, corder, m
     assert "compile overlapped" in rep.stages.data and rep.stages.data["compile overlapped"][0] == rep.compiled
 
 
-def test_the_barrier_cannot_do_that(tmp_path, corder, monkeypatch):
+def test_the_barrier_cannot_do_that(tmp_path, corder, monkeypatch, event_deadlines):
     """The same search with the compile stage as a barrier: nothing is built before every compile
     ended, so `gated` never compiles and is killed past --timeout-s (what the test above rules out)."""
     monkeypatch.setenv(co.GO, f"{P2.n}:{tmp_path / 'go'}")
+    monkeypatch.setenv(co.GATED_HANGS, "1")
     store = Store(tmp_path / "c.db")
     _search(store, corder, [P1, P2], timeout_s=3, overlap=False)
     t = _at0(store, P2)[_id("gated", 150.0)]
@@ -113,7 +114,7 @@ ONE_BY_ONE = ranked.Ranked(min_first=1, first_share=0.0, step=1, max_share=1.0, 
 
 
 def test_ranked_later_batches_are_compiled_by_the_pool_and_a_hang_fails_only_its_tactic(tmp_path, corder,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, event_deadlines):
     """Ranked: the first batch is compiled ahead, the rest in the background; a later batch waits
     for its tactics, so every build comes after that tactic's compile ended in a compile worker
     (the measuring worker compiles nothing itself), a compile failure there is never built, and a

@@ -56,7 +56,7 @@ def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
         kept = [r for r in rows if _kept(r.verdict)]
         work.append(_Work(p, kept, kept[0].tactic))
     assert any(r.tactic.family == "cuda" for w in work for r in w.kept)
-    plans = strategy.plans(m, work, [1, 64], SM90, 132, Store(), "dev", ranked.Ranked())
+    plans = strategy.plans(m, work, [1, 64], SM90, 132, Store("sqlite://"), "dev", ranked.Ranked())
     for w in work:
         ids = {r.tactic.id for r in w.kept}
         for b in (1, 64):
@@ -108,7 +108,7 @@ def test_a_ranked_search_measures_first_what_the_moe_mma_sweep_found_fastest():
     for p, rows in plan(probs, [fam, registry.get("triton")], SM90).items():
         kept = [r for r in rows if _kept(r.verdict)]
         work.append(_Work(p, kept, fam.default(p, SM90)))
-    plans = strategy.plans(m, work, [1, 4], SM90, 132, Store(), "dev", ranked.Ranked())
+    plans = strategy.plans(m, work, [1, 4], SM90, 132, Store("sqlite://"), "dev", ranked.Ranked())
     for w in work:
         for b in (1, 4):
             timed = [r for r in sweep if r["problem"] == w.problem.key and r["m"] == b and "us" in r]
@@ -132,7 +132,7 @@ def test_the_folded_problems_start_from_their_siblings_sweep():
     for p, rows in plan([Problem.from_key(k.replace("e256:top8", "e257:top9")) for k in FUSED],
                         [fam, registry.get("triton")], SM90).items():
         work.append(_Work(p, [r for r in rows if _kept(r.verdict)], fam.default(p, SM90)))
-    plans = strategy.plans(m, work, [1, 4], SM90, 132, Store(), "dev", ranked.Ranked())
+    plans = strategy.plans(m, work, [1, 4], SM90, 132, Store("sqlite://"), "dev", ranked.Ranked())
     for w in work:
         sib = w.problem.key.replace("e257:top9", "e256:top8")
         for b in (1, 4):
@@ -227,7 +227,7 @@ def test_of_several_shipped_models_the_one_matching_the_installed_libraries(tmp_
     assert strategy.shipped(SM90, {"torch": "2.13.0", "triton": "3.6.0"}).name == strategy.shipped_name(b)
     assert strategy.shipped(SM90, {"torch": "2.11.0", "triton": None}).name == strategy.shipped_name(a)
     assert strategy.shipped(ARCHS["sm120"]) is None
-    m, note = strategy.default_model(Store(), SM90, {"torch": "2.11.0"})    # a store that is no file
+    m, note = strategy.default_model(Store("sqlite://"), SM90, {"torch": "2.11.0"})    # a store that is no file
     assert m.key == a.key and "shipped for sm90" in note
 
 

@@ -4,7 +4,6 @@ rule keeps captured graphs' pointers valid (tactics/scratch.py). 75 MoE layers o
 family's launcher scratch code with its kernel's grid ported to the CPU (tests/families/cuda_moe_cpu.py)."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -12,11 +11,11 @@ import torch
 from autotune.core.arch import ARCHS
 from autotune.core.env import cpu
 from autotune.core.tactic import Tactic
-from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.moe import FP4MoE
 from autotune.tactics import registry, scratch as S
 from autotune.tactics.cuda import layout as L
 from autotune.tactics.scratch import ScratchPool
+from tests.helpers import quiet_dispatcher
 
 E, H, I, TOP_K = 4, 256, 128, 2
 CUDA13 = Tactic("cudamoecpu", kernel="moe_mma", warps_k=1, stages=2, tiles_n=2, m_tiles=1, split_k=2)
@@ -32,10 +31,8 @@ def fams(register_family):
 
 
 def _disp(tmp_path, name="none.db"):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # sm90's verdicts (the cuda family's tactics are kept there); the kernels run on the CPU
-        return Dispatcher(tmp_path / name, env=cpu(), arch=ARCHS["sm90"], record_misses=False, warn=False)
+    # sm90's verdicts (the cuda family's tactics are kept there); the kernels run on the CPU
+    return quiet_dispatcher(tmp_path / name, env=cpu(), arch=ARCHS["sm90"])
 
 
 def _layers(d, n, t13, t2):

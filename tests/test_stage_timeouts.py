@@ -62,7 +62,8 @@ def _trials(store, bucket):
 
 
 @pytest.mark.parametrize("compile_workers", [1, 2])
-def test_a_hanging_precompile_is_killed_and_the_search_goes_on(tmp_path, pcfaults, hang_guard, compile_workers):
+def test_a_hanging_precompile_is_killed_and_the_search_goes_on(tmp_path, pcfaults, hang_guard, event_deadlines,
+                                                              compile_workers):
     store = Store(tmp_path / "c.db")
     rep = search([DENSE], families=[pcfaults], store=store, buckets=Buckets.of((4,)), timer=FAST, env=CPU,
                  halving=Halving(budget_s=0.2), runner=Runner(timeout_s=3, compile_workers=compile_workers))
@@ -82,7 +83,8 @@ def test_a_hanging_precompile_is_killed_and_the_search_goes_on(tmp_path, pcfault
     ("query_only", "storing the problems and static verdicts"),
     ("trigger", r"storing the ok trial of \S+ for dense:bf16\*nvfp4->bf16:n256:k512 m=4: "),
 ])
-def test_a_store_that_cannot_complete_ends_the_search_naming_the_stage(tmp_path, pcfaults, hang_guard, how, stage):
+def test_a_store_that_cannot_complete_ends_the_search_naming_the_stage(tmp_path, pcfaults, hang_guard, event_deadlines,
+                                                                      how, stage):
     """Real SQLite refusals, no mock: every write refused (query_only), or the bucket-4 trial
     aborted by a trigger added after the cache was opened (a write failing mid-search)."""
     path = tmp_path / "c.db"

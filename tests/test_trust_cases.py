@@ -202,7 +202,8 @@ def test_flashinfer_never_writes_a_tactic_into_an_entry_of_a_problem_it_failed_o
     doc = json.loads((tmp_path / "out" / "fi.json").read_text())
     served = {v[1] for k, v in doc.items() if isinstance(v, list)}
     assert bad not in served and served                       # every other winner is still written
-    assert any(f"bucket 8: winner tactic {bad} failed on this problem at bucket 16" in x for x in rep.skipped)
+    assert any(f"bucket 8: winner tactic {bad} is blocklisted (trial failed on {fx.DENSE.key} bucket 16" in x
+               and "FlashInfer falls back to -1" in x for x in rep.skipped)
     bl = json.loads((tmp_path / "out" / "fi.blocklist.json").read_text())
     assert bad in bl["invalid_tactics"][fi.K.BLOCKLIST_KEY]   # blocked, and no entry serves it
 

@@ -27,6 +27,7 @@ from autotune.core.arch import ARCHS
 from autotune.core.tactic import Tactic
 from autotune.core import winner as winner_rule
 from tests.families.crashing import BUILD_LOG, SLEEP_MS
+from tests.helpers import gated_search_argv, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = cpu()
@@ -56,7 +57,7 @@ def test_rounds_schedule():
         Halving(budget_s=0)
 
 
-def test_faults_cost_only_their_worker(tmp_path, crashing):
+def test_faults_cost_only_their_worker(tmp_path, crashing, event_deadlines):
     store = Store(tmp_path / "c.db")
     fams = [registry.get("crashing"), registry.get("torch")]
     rep = search([DENSE], families=fams, store=store, buckets=Buckets.of((4,)), timer=FAST, env=CPU,
@@ -239,9 +240,9 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
         "num_key_value_heads": 4, "vocab_size": 1000}
 
 
-def _cli(cfg: Path, db: Path) -> list[str]:
-    return [sys.executable, "-m", "autotune.cli", "search", "--model", str(cfg), "--families", "torch",
-            "--buckets", "1,2,4,8", "--cache", str(db), "--budget-s", "0.3", "--json"]
+def _search_args(cfg: Path, db: Path) -> list[str]:
+    return ["search", "--model", str(cfg), "--families", "torch", "--buckets", "1,2,4,8", "--cache", str(db),
+            "--budget-s", "0.3", "--json"]
 
 
 def _rows(db: Path) -> int:
@@ -256,19 +257,20 @@ def test_kill_9_leaves_a_sound_cache_and_rerun_measures_only_the_rest(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
     db = tmp_path / "c.db"
-    proc = subprocess.Popen(_cli(cfg, db), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    deadline = time.time() + 240
-    while _rows(db) < 5 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-    os.killpg(proc.pid, signal.SIGKILL)                 # the search and its worker, mid-write
+    mark = tmp_path / "stopped"
+    # the handshake: the search stops (alive, its worker too) once it has stored 5 measured trials
+    proc = subprocess.Popen(gated_search_argv(_search_args(cfg, db), 5, mark), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    wait_for(mark.exists, "stop after 5 trials", proc)
+    assert proc.poll() is None and _rows(db) >= 5
+    os.killpg(proc.pid, signal.SIGKILL)                 # the search and its worker, mid-search
     proc.wait()
     con = sqlite3.connect(db)
     assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     before = con.execute("select count(*) from trials where bucket > 0").fetchone()[0]
     con.close()
-    out = subprocess.run(_cli(cfg, db), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", *_search_args(cfg, db)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rep = json.loads(out.stdout)
     total = sqlite3.connect(db).execute("select count(*) from trials where bucket > 0").fetchone()[0]

@@ -10,6 +10,12 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Iterable
 
+#: the largest M a bucket may have (int32 row indexing)
+MAX_M = 2**31 - 1
+#: the largest vllm:N / sglang:N: the capture-size lists grow by one entry per 16 (32) tokens, so
+#: N is bounded before the list is built (65536 gives 4,131 vLLM sizes)
+MAX_CAPTURE = 65536
+
 
 def hybrid(max_tokens: int = 8192) -> tuple[int, ...]:
     if max_tokens < 1:
@@ -61,9 +67,13 @@ class Buckets:
     def parse(cls, text: str) -> "Buckets":
         """'1,2,4,8' or 'hybrid:8192' or 'vllm:512' or 'sglang:256'."""
         text = text.strip()
-        for name, fn in (("hybrid", hybrid), ("vllm", vllm_cudagraph_sizes), ("sglang", sglang_cudagraph_sizes)):
+        for name, fn, most in (("hybrid", hybrid, MAX_M), ("vllm", vllm_cudagraph_sizes, MAX_CAPTURE),
+                               ("sglang", sglang_cudagraph_sizes, MAX_CAPTURE)):
             if text.startswith(name + ":"):
-                return cls(fn(_int(text[len(name) + 1:])))
+                n = _int(text[len(name) + 1:])
+                if n > most:
+                    raise ValueError(f"{name}:{n} is larger than {name}:{most}, the largest supported")
+                return cls(fn(n))
         return cls(tuple(_int(p) for p in text.split(",") if p.strip()))
 
     def bucket(self, m: int) -> int:
@@ -85,7 +95,16 @@ def bucket_key(m: int) -> str:
 
 
 def _int(s: str) -> int:
+    s = s.strip()
+    digits = s.lstrip("+-")
+    if len(digits) > 19 and digits.isdigit():   # never converted: int() of 5000 digits is slow
+        shown = s if len(s) <= 40 else f"a {len(digits)}-digit integer"
+        if s.startswith("-"):
+            raise ValueError(f"bucket sizes must be positive integers, got {shown}")
+        raise ValueError(f"bucket {shown} is larger than {MAX_M}, the largest M supported")
+    if len(s) > 40:
+        raise ValueError(f"bucket size must be an integer, got {s[:37]!r}...")
     try:
-        return int(s.strip())
+        return int(s)
     except ValueError:
         raise ValueError(f"bucket size must be an integer, got {s.strip()!r}") from None

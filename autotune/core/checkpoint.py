@@ -63,17 +63,13 @@ def shard_range(size: int, rank: int, world: int, block: int, what: str) -> tupl
 
 
 def _read_json(p: Path) -> dict:
+    """A checkpoint's JSON (config.json, hf_quant_config.json, the index): bounded in size and
+    depth (autotune.core.jsonread), every failure one CheckpointError line."""
+    from autotune.core.jsonread import JSONLimitError, read
     try:
-        with open(p, "rb") as f:
-            raw = f.read(_MAX_JSON + 1)
-    except OSError as e:
-        raise CheckpointError(f"{p}: cannot read ({e.__class__.__name__}: {e})") from None
-    if len(raw) > _MAX_JSON:
-        raise CheckpointError(f"{p}: larger than {_MAX_JSON >> 20} MiB, not a JSON config")
-    try:
-        d = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{p}: not valid JSON ({e})") from None
+        d = read(p, max_bytes=_MAX_JSON)
+    except JSONLimitError as e:
+        raise CheckpointError(str(e)) from None
     if not isinstance(d, dict):
         raise CheckpointError(f"{p}: top level must be a JSON object")
     return d
@@ -88,6 +84,17 @@ class _Tensor:
     file: Optional[Path]
     dtype: str
     shape: tuple[int, ...]
+
+
+#: a quantizer scale (weight_scale_2, input_scale and their compressed-tensors reciprocals) lies in
+#: [2^-96, 2^96]: beyond it an FP4 product (|e2m1 x e4m3| <= 2688) summed over K <= 2^20 leaves
+#: bf16's range, so the layer would serve inf / 0 instead of refusing
+_SCALE_EXP = 96
+
+
+def _plausible(t: Tensor) -> Tensor:
+    lo, hi = 2.0 ** -_SCALE_EXP, 2.0 ** _SCALE_EXP
+    return torch.isfinite(t) & (t >= lo) & (t <= hi)
 
 
 class Checkpoint:
@@ -163,10 +170,14 @@ class Checkpoint:
         for s in shards:
             try:
                 with safe_open(str(s), framework="pt") as f:
-                    for k in f.keys():
-                        out[k] = s
+                    names = list(f.keys())
             except Exception as e:       # safetensors raises its own SafetensorError
                 raise CheckpointError(f"{s}: not a readable .safetensors file ({e})") from None
+            for k in names:
+                if k in out:             # which copy an engine loads depends on its file order
+                    raise CheckpointError(f"{s}: tensor {k!r} is also in {out[k].name}; a checkpoint names each "
+                                          f"tensor once (add a model.safetensors.index.json or remove one copy)")
+                out[k] = s
         return out
 
     def close(self) -> None:
@@ -236,8 +247,27 @@ class Checkpoint:
 
     # ---- one quantized linear ------------------------------------------------------------------
     def is_quantized(self, module: str) -> bool:
+        """The module is stored FP4 (a MIXED_PRECISION checkpoint's FP8 layer is not)."""
+        if self.other_format(module) is not None:
+            return False
         return any(self.has(f"{module}.{k}") for k in ("weight_scale", "weight_packed")) \
             or self.has(f"{module}_blocks") or self.has(f"{module}_weight_scale")
+
+    def other_format(self, module: str) -> Optional[str]:
+        """A MIXED_PRECISION checkpoint's algorithm for a module that is not FP4 ("" where its
+        quantized_layers do not name the module: unquantized); None for an FP4 module or a
+        checkpoint with one algorithm."""
+        try:
+            algo = self.scheme.layer_algo(module)
+        except CheckpointError:
+            return None
+        return None if algo is None or self.scheme.fp4_layer(module) else algo
+
+    def _not_fp4(self, module: str, algo: str) -> CheckpointError:
+        what = f"{algo}" if algo else "not quantized (no quantized_layers entry)"
+        return CheckpointError(f"{self.src}: {module} is {what} in this ModelOpt MIXED_PRECISION checkpoint, not FP4: "
+                               f"it is neither planned nor served as FP4 (run it with the engine's "
+                               f"{algo or 'bf16'} layer)")
 
     def _not_quantized(self, module: str) -> CheckpointError:
         scale = self._names(module)["scales"]
@@ -254,6 +284,9 @@ class Checkpoint:
     def linear(self, module: str, *, tp_rank: int = 0, tp_size: int = 1, parallel: Parallel = None) -> FP4Weight:
         """One quantized nn.Linear as FP4Weight (this rank's slice: column = rows of N, row = K)."""
         module = module.rstrip(".")
+        other = self.other_format(module)
+        if other is not None:
+            raise self._not_fp4(module, other)
         need = self._names(module)
         if not all(self.has(need[k]) for k in ("packed", "scales") + (("global",) if self.scheme.fmt == "nvfp4" else ())):
             raise self._not_quantized(module)
@@ -284,19 +317,28 @@ class Checkpoint:
         if not t.is_floating_point() or t.numel() != 1:
             raise CheckpointError(f"{self.src}: {name} must be one float32 scale, got {t.dtype} {list(t.shape)}")
         v = t.reshape(()).float()
-        if not bool((v > 0) & torch.isfinite(v)):     # a zero / NaN scale would dequantize to garbage
-            raise CheckpointError(f"{self.src}: {name} = {float(v)} is not a positive finite scale")
+        if not bool(_plausible(v)):     # a zero / NaN / huge scale would dequantize to garbage
+            raise CheckpointError(f"{self.src}: {name} = {float(v):g} is not a positive finite scale in "
+                                  f"[2^-{_SCALE_EXP}, 2^{_SCALE_EXP}]")
         if reciprocal:         # compressed-tensors stores the multiplier of the quantizer: 1 / ModelOpt's
             v = torch.ones((), dtype=torch.float32) / v
         return v
 
     def _scalar_or_per_expert(self, name: str, e: int) -> Tensor:
-        t = self.read(name).float()
-        if t.numel() == 1:
-            return t.reshape(()).expand(e)
-        if t.numel() != e:
+        """One scale, or one per expert, checked as _scalar checks one: float, positive, finite."""
+        t = self.read(name)
+        if not t.is_floating_point():
+            raise CheckpointError(f"{self.src}: {name} must be float32 scales, got {t.dtype} {list(t.shape)}")
+        t = t.float()
+        if t.numel() not in (1, e):
             raise CheckpointError(f"{self.src}: {name} has {t.numel()} values, expected 1 or one per expert ({e})")
-        return t.reshape(e)
+        ok = _plausible(t)
+        if not bool(ok.all()):
+            i = int((~ok).reshape(-1).nonzero()[0])
+            raise CheckpointError(f"{self.src}: {name}[{i}] = {float(t.reshape(-1)[i]):g} is not a positive finite scale "
+                                  f"in [2^-{_SCALE_EXP}, 2^{_SCALE_EXP}]"
+                                  + (f" ({int((~ok).sum())} of {t.numel()} experts)" if t.numel() > 1 else ""))
+        return t.reshape(()).expand(e) if t.numel() == 1 else t.reshape(e)
 
     def _linear(self, module: str, tp_rank: int, tp_size: int, parallel: Parallel) -> FP4Weight:
         s = self.scheme
@@ -329,7 +371,7 @@ class Checkpoint:
         if s is MODELOPT_NVFP4:              # a bare file: W4A4 exactly where the module has an input_scale
             if self.has(nm["input"]):
                 isc = self._scalar(nm["input"], False)
-        elif s.w4a4 and s.fmt == "nvfp4":
+        elif s.fmt == "nvfp4" and s.layer_w4a4(module):
             if not self.has(nm["input"]):
                 raise CheckpointError(f"{self.src}: {module} has no static activation scale {nm['input']!r} although "
                                       f"the scheme is {s.describe()}")

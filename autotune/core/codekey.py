@@ -62,19 +62,47 @@ class Code:
                     tuple(sorted(set(self.files) | set(other.files))))
 
 
+def _top_module(top: str, root: Path | None) -> Path | None:
+    """The file of a top-level module that is not a package (`mymod.py`, as a third-party family
+    installed through the entry point may be), or None."""
+    if root is not None:
+        f = root / f"{top}.py"
+        return f if f.is_file() and not (root / top).is_dir() else None
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.submodule_search_locations or not spec.origin or not spec.has_location:
+        return None
+    f = Path(spec.origin)
+    return f if f.suffix == ".py" and f.is_file() else None
+
+
 def _package_dir(top: str, root: Path | None) -> Path:
     if root is not None:
+        if _top_module(top, root) is not None:
+            return root         # data files of a top-level module lie beside it
         return root / top
     spec = importlib.util.find_spec(top)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"code key: no package {top!r}")
+    if spec is None:
+        raise ValueError(f"code key: no module {top!r}")
+    if not spec.submodule_search_locations:
+        mod = _top_module(top, None)
+        if mod is None:
+            raise ValueError(f"code key: {top!r} is neither a package nor a Python source module")
+        return mod.parent
     return Path(list(spec.submodule_search_locations)[0])
 
 
 def module_file(name: str, root: Path | None = None) -> Path:
     """The source file of module `name` (under `root` instead of where it is installed, for tests
-    that key a modified copy). Never imports it."""
+    that key a modified copy): a package's module, or a top-level module keyed like a package's.
+    Never imports it."""
     top, _, rest = name.partition(".")
+    if not rest:
+        mod = _top_module(top, root)
+        if mod is not None:
+            return mod
     base = _package_dir(top, root)
     parts = rest.split(".") if rest else []
     f = base.joinpath(*parts).with_suffix(".py") if parts else base / "__init__.py"

@@ -13,7 +13,9 @@ from importlib import metadata
 
 from autotune.core.tactic import canonical_json
 
-#: distributions whose versions a family may depend on
+#: distributions whose versions every live environment records (the device record's `libs`); a
+#: family may depend on any other distribution too: a live environment looks its version up when a
+#: lib key asks for it (Env.lib_versions), so no list here has to name a new family's dependencies
 KNOWN_LIBS = ("torch", "triton", "flashinfer-python", "nvidia-cutlass", "nvmath-python", "cupy")
 
 
@@ -45,6 +47,9 @@ class Env:
     cublas: str | None = None
     package: str | None = None
     libs: tuple[tuple[str, str | None], ...] = field(default=())
+    #: this machine's environment (current(), cpu()): a dependency it has not recorded is looked up
+    #: in the installed distributions; an Env read from a record knows only what it recorded
+    live: bool = field(default=False, compare=False, repr=False)
 
     @property
     def device_key(self) -> str:
@@ -52,14 +57,15 @@ class Env:
 
     def lib_versions(self, depends_on: tuple[str, ...]) -> dict[str, str | None]:
         libs = dict(self.libs)
-        libs["cublas"] = self.cublas
-        return {d: libs.get(d) for d in sorted(depends_on)}
+        libs["cublas"] = self.cublas      # torch does not report cuBLAS's version: None on a live Env
+        return {d: libs[d] if d in libs else _version(d) if self.live else None for d in sorted(depends_on)}
 
     def lib_key(self, depends_on: tuple[str, ...]) -> str:
         return _h(self.lib_versions(depends_on))
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["live"]
         d["libs"] = dict(self.libs)
         d["device_key"] = self.device_key
         return d
@@ -79,7 +85,7 @@ def _cpu_name() -> str:
 def cpu() -> Env:
     """The CPU as an environment, also on a machine with a GPU (tests, CPU-only tuning)."""
     return Env(_cpu_name(), "cpu", os.cpu_count() or 1, "cpu", None, None, None, _version("fp4-autotune"),
-               tuple((d, _version(d)) for d in KNOWN_LIBS))
+               tuple((d, _version(d)) for d in KNOWN_LIBS), live=True)
 
 
 @lru_cache(maxsize=None)
@@ -98,7 +104,7 @@ def current(device_index: int = 0) -> Env:
             except Exception:
                 pass
             return Env(p.name, f"{p.major}.{p.minor}", p.multi_processor_count, "cuda", drv,
-                       torch.version.cuda, cublas, pkg, libs)
+                       torch.version.cuda, cublas, pkg, libs, live=True)
     except ImportError:
         pass
     return cpu()

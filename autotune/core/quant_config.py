@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["CheckpointError", "MissingTensor", "QuantScheme", "MODELOPT_NVFP4", "detect_quant", "glob_rx"]
+__all__ = ["CheckpointError", "MissingTensor", "QuantScheme", "MODELOPT_NVFP4", "MODELOPT_FP4", "detect_quant",
+           "glob_rx"]
 
 
 class CheckpointError(ValueError):
@@ -35,6 +36,34 @@ class QuantScheme:
     w4a4: bool
     exclude: tuple[str, ...] = ()
     source: str = ""
+    #: ModelOpt MIXED_PRECISION: (module, quant_algo) of every layer its `quantized_layers` names;
+    #: empty for a checkpoint with one algorithm. A module it does not name is not quantized.
+    layers: tuple[tuple[str, str], ...] = ()
+
+    def layer_algo(self, module: str) -> Optional[str]:
+        """The module's own quant_algo in a MIXED_PRECISION checkpoint ("" where it names none of
+        the module's prefixes: unquantized), None for a checkpoint with one algorithm."""
+        if not self.layers:
+            return None
+        m = module.rstrip(".")
+        for name, algo in self.layers:
+            if m == name or m.startswith(name + "."):
+                return algo
+        return ""
+
+    def fp4_layer(self, module: str) -> bool:
+        """The module is FP4 under this scheme's per-layer algorithms (True without them)."""
+        algo = self.layer_algo(module)
+        return algo is None or algo in MODELOPT_FP4
+
+    def layer_w4a4(self, module: str) -> bool:
+        """The module's activations are FP4 too (its own algorithm where the checkpoint has them)."""
+        algo = self.layer_algo(module)
+        return self.w4a4 if algo is None else MODELOPT_FP4.get(algo, False)
+
+    def not_fp4(self) -> tuple[str, ...]:
+        """The modules a MIXED_PRECISION checkpoint quantizes in another format (FP8, …)."""
+        return tuple(n for n, a in self.layers if a not in MODELOPT_FP4)
 
     @property
     def a_fmt(self) -> str:
@@ -47,6 +76,29 @@ class QuantScheme:
 #: what a bare ModelOpt tensor file (no config.json) is read as: `from_modelopt`'s contract; W4A4
 #: only where the module carries an input_scale
 MODELOPT_NVFP4 = QuantScheme("modelopt", "nvfp4", True, (), "ModelOpt NVFP4 (assumed: no quantization config)")
+
+
+#: ModelOpt FP4 quant_algo values -> W4A4 (activations FP4 under a static input_scale)
+MODELOPT_FP4 = {"NVFP4": True, "W4A16_NVFP4": False}
+
+
+def _mixed(q: dict, exclude: tuple[str, ...], src: str) -> QuantScheme:
+    """ModelOpt MIXED_PRECISION: one quant_algo per layer (`quantized_layers`); the FP4 layers are
+    served, every other one (FP8, …) is neither planned nor served as FP4."""
+    ql = q.get("quantized_layers")
+    if not isinstance(ql, dict) or not ql:
+        raise _refuse(src, "found ModelOpt quant_algo 'MIXED_PRECISION' without a quantized_layers map")
+    layers = []
+    for name, v in ql.items():
+        algo = v.get("quant_algo") if isinstance(v, dict) else v
+        if not isinstance(name, str) or not isinstance(algo, str):
+            raise _refuse(src, f"quantized_layers entry {str(name)[:80]!r} has no quant_algo string")
+        layers.append((name, algo.upper()))
+    fp4 = {a for _, a in layers if a in MODELOPT_FP4}
+    if not fp4:
+        found = sorted({a for _, a in layers})
+        raise _refuse(src, f"found ModelOpt MIXED_PRECISION with no FP4 layer ({', '.join(found[:4])})")
+    return QuantScheme("modelopt", "nvfp4", "NVFP4" in fp4, exclude, src, tuple(sorted(layers)))
 
 
 def _refuse(src: str, what: str) -> CheckpointError:
@@ -106,8 +158,10 @@ def detect_quant(config: Optional[dict], hf_quant: Optional[dict] = None, src: s
     algo = str(q.get("quant_algo") or "").upper()
     exclude = _strs(q, "exclude_modules") + _strs(q, "ignore") + _strs(q, "modules_to_not_convert")
     if method == "modelopt" or (algo and method in ("", "modelopt")):
-        if algo == "NVFP4":
-            return QuantScheme("modelopt", "nvfp4", True, exclude, src)
+        if algo in MODELOPT_FP4:         # NVFP4 (W4A4) or W4A16_NVFP4 (weight-only)
+            return QuantScheme("modelopt", "nvfp4", MODELOPT_FP4[algo], exclude, src)
+        if algo == "MIXED_PRECISION":
+            return _mixed(q, exclude, src)
         raise _refuse(src, f"found ModelOpt quant_algo {algo or None!r}")
     if method == "compressed-tensors":
         groups = q.get("config_groups") or {}

@@ -1,8 +1,32 @@
-"""Plain records that flow from the search into the cache and back (no ORM types here)."""
+"""Plain records that flow from the search into the cache and back (no ORM types here).
+
+Each field of `Trial`, `Winner` and `Miss` is a column of the cache (autotune.cache.columns derives
+the one column list from these classes). A field added after the first schema is declared with
+`added(since, default)`: the schema (and export form) that brought it. A cache or export of an older
+form lacks it and loads it as its default; a writer leaves it out of an export while it holds the
+default, so such a row's payload (and checksum) is the one it had before the field. `params_json`
+is stored in the tactics table, joined on tactic_id (`joined()`).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: the schema (and export form) every field not declared with `added` belongs to
+FIRST_FORM = 1
+
+
+def added(since: int, default: Any) -> Any:
+    """A field added by schema `since` (> FIRST_FORM): older caches and exports load it as `default`."""
+    if since <= FIRST_FORM:
+        raise ValueError(f"a field added by schema {since} is no later than the first ({FIRST_FORM})")
+    return field(default=default, metadata={"since": since})
+
+
+def joined() -> Any:
+    """A field kept in another table (the tactic's parameters, by tactic_id), not a column of this one."""
+    return field(metadata={"joined": True})
+
 
 Status = Literal["ok", "rejected", "failed", "dropped"]   # dropped: cut by successive halving
 
@@ -15,7 +39,7 @@ class Trial:
     bucket: int
     tactic_id: str
     family: str
-    params_json: str        # Tactic.to_json(), so the tactic can be rebuilt from the cache alone
+    params_json: str = joined()  # Tactic.to_json(), so the tactic can be rebuilt from the cache alone
     device_key: str         # GPU identity hash (name, cc, SM count)
     lib_key: str            # hash of the versions the tactic's family depends on
     status: Status
@@ -27,7 +51,7 @@ class Trial:
     smem_model: int | None = None     # verdict's figure
     smem_compiled: int | None = None  # the compiler's figure, where it compiled for the live GPU
     exit_signal: int | None = None    # set when an isolated worker died (its signal says why)
-    code_key: str = ""                # lib_key joined with the member's sources (core.codekey); "" before them
+    code_key: str = added(3, "")      # lib_key joined with the member's sources (core.codekey); "" before them
 
 
 @dataclass(frozen=True)
@@ -39,15 +63,15 @@ class Winner:
     device_key: str
     tactic_id: str
     family: str
-    params_json: str
+    params_json: str = joined()
     lib_key: str
     median_us: float
     default_tactic_id: str
     default_median_us: float | None
     speedup: float | None     # default_median / median (1.0 when the default won)
-    code_key: str = ""        # the winning trial's code key (core.codekey); "" before code keys
-    predicted: bool = False   # the rank model's first choice, checked against float64, never timed
-    #                           (`--strategy predict`; median_us is its one checked call's host time)
+    code_key: str = added(3, "")  # the winning trial's code key (core.codekey); "" before code keys
+    predicted: bool = added(4, False)  # the rank model's first choice, checked against float64, never timed
+    #                                    (`--strategy predict`; median_us is its one checked call's host time)
 
 
 @dataclass(frozen=True)

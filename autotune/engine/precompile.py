@@ -32,6 +32,7 @@ from typing import Hashable, Iterable
 from autotune.core.arch import get_arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
+from autotune.engine import deadline
 from autotune.engine.executor import WorkerStartError, exit_now
 from autotune.tactics import registry
 
@@ -79,7 +80,7 @@ class _Worker:
         self.ready = False
         self.dead = False
         self.started = time.monotonic()
-        self.item: tuple[Hashable, float] | None = None    # (key, deadline) of the request in flight
+        self.item: tuple[Hashable, deadline.Deadline] | None = None    # (key, deadline) of the request in flight
 
     def _send(self, msg: dict) -> None:
         try:
@@ -90,7 +91,7 @@ class _Worker:
 
     def request(self, key: Hashable, problem_key: str, tactic_json: str, arch_name: str, timeout_s: float) -> None:
         self._send({"problem": problem_key, "tactic": tactic_json, "arch": arch_name})
-        self.item = (key, time.monotonic() + timeout_s)
+        self.item = (key, deadline.make(timeout_s, tactic_json))
 
     def died(self, what: str) -> Result:
         self.dead = True
@@ -306,10 +307,10 @@ class Pool:
                         return
                     self._feed()
                     now = time.monotonic()
-                    deadlines = [w.item[1] for w in self._workers if w.item] + \
-                                [w.started + START_TIMEOUT_S for w in self._workers if not w.ready]
+                    waits = [w.item[1].remaining() for w in self._workers if w.item] + \
+                            [max(0.0, w.started + START_TIMEOUT_S - now) for w in self._workers if not w.ready]
                     workers = list(self._workers)
-                timeout = max(0.0, min(deadlines) - now) if deadlines else None
+                timeout = min(waits) if waits else None
                 sel = selectors.DefaultSelector()
                 sel.register(self._wake_r, selectors.EVENT_READ, None)
                 for w in workers:
@@ -353,7 +354,7 @@ class Pool:
         for w in self._workers:
             if not w.ready and not w.dead and now >= w.started + START_TIMEOUT_S:
                 raise WorkerStartError(f"a compile worker did not start within {START_TIMEOUT_S:g} s" + self._tail())
-            if w.item is not None and now >= w.item[1]:
+            if w.item is not None and w.item[1].expired():
                 what = self._what(w.item[0])
                 w.kill()
                 self._settle(w, (f"timed out after {self.timeout_s:g} s while {what}; compile worker killed",

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from autotune.engine import precompile, strategies, timing
+from autotune.engine import deadline, precompile, strategies, timing
 from autotune.engine.precompile import signal_name as _signal_name
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost, WorkerStartError
 from autotune.engine.strategies.base import HalvingStrategy
@@ -127,10 +127,13 @@ class ProcessExecutor:
         except (BrokenPipeError, OSError):
             pass   # the death shows up in _recv with its exit status
 
-    def _recv(self, timeout: float, what: str) -> dict:
+    def _recv(self, timeout: float, what: str, tactic_json: str | None = None) -> dict:
         sel = selectors.DefaultSelector()
         sel.register(self._p.stdout, selectors.EVENT_READ)
-        ready = sel.select(timeout)
+        d = deadline.make(timeout, tactic_json)
+        ready = sel.select(d.remaining())
+        while not ready and not d.expired():
+            ready = sel.select(d.remaining())
         sel.close()
         if not ready:
             self._kill()
@@ -166,7 +169,7 @@ class ProcessExecutor:
             self._start()
         what = msg["op"] + (f" {Tactic.from_json(msg['tactic'])}" if "tactic" in msg else "")
         self._send(msg)
-        reply = self._recv(timeout, what)
+        reply = self._recv(timeout, what, msg.get("tactic"))
         if reply.get("poisoned"):
             self._p.wait(timeout=30)
             self._p = None

@@ -101,6 +101,12 @@ class QuantRule:
     #: the checkpoint carries static activation scales (W4A4 in the engines); whether a search
     #: tunes the W4A4 problems is the caller's choice (autotune.runtime.activations)
     w4a4: bool = False
+    #: MIXED_PRECISION: modules (and what lies under them) FP4 weight-only although `w4a4`
+    weight_only: tuple[str, ...] = ()
+
+    def layer_w4a4(self, modules: tuple[str, ...]) -> bool:
+        """The checkpoint carries static activation scales for these modules."""
+        return self.w4a4 and not any(m == n or m.startswith(n + ".") for m in modules for n in self.weight_only)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_rx", _compile(self.exclude, self.source))

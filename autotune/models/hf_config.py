@@ -2,13 +2,16 @@
 
 Supported (model_type, else architectures[0]): deepseek_v3 / kimi_k2 / deepseek_v32
 (DeepseekV3ForCausalLM, DeepseekV32ForCausalLM), glm_moe_dsa (GlmMoeDsaForCausalLM), qwen3_moe
-(Qwen3MoeForCausalLM), llama (LlamaForCausalLM), gpt_oss (GptOssForCausalLM). A wrapper config
+(Qwen3MoeForCausalLM), llama (LlamaForCausalLM), gpt_oss (GptOssForCausalLM), glm4_moe
+(Glm4MoeForCausalLM: GLM-4.5, GLM-4.5-Air). A wrapper config
 whose model_type is unknown but whose `text_config` is supported (e.g. Kimi-K2.5) is unwrapped.
 
 Quantization: `quantization_config` in config.json, else (for a directory) `hf_quant_config.json`
-(ModelOpt; keys may sit under "quantization"). FP4 format from quant_algo / quant_method /
-compressed-tensors format (NVFP4 or MXFP4); excluded modules from `exclude_modules`, `ignore`
-and `modules_to_not_convert` (globs or `re:` regexes). With no quantization config, or one that
+(ModelOpt; keys may sit under "quantization"), read by the loaders' own parser
+(autotune.core.quant_config.detect_quant): NVFP4 / W4A16_NVFP4 / MIXED_PRECISION (ModelOpt),
+compressed-tensors NVFP4 / MXFP4, gpt-oss MXFP4; excluded modules from `exclude_modules`, `ignore`
+and `modules_to_not_convert` (globs or `re:` regexes), and under MIXED_PRECISION every layer that
+`quantized_layers` does not name FP4. With no quantization config, or one that
 is not FP4 (e.g. the FP8 of deepseek-ai/DeepSeek-V3), the checkpoint is treated as NVFP4 with the
 default rule of its model_type (presets.DEFAULT_RULES); a non-FP4 one also warns.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -32,11 +36,21 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "LlamaForCausalLM": "llama",
     "GptOssForCausalLM": "gpt_oss",
+    "Glm4MoeForCausalLM": "glm4_moe",
 }
-MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa", "qwen3_moe", "llama", "gpt_oss")
+MODEL_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa", "qwen3_moe", "llama", "gpt_oss", "glm4_moe")
 _MISSING = object()
 #: no model dimension reaches this; beyond it a problem's N or K would overflow int32 indexing
 MAX_FIELD = 2**31 - 1
+#: counts the parser builds lists from (one entry per layer; experts per MoE problem), bounded
+#: before anything is built: the largest released models have ~100 layers and 512 experts
+MAX_LAYERS = 4096
+MAX_EXPERTS = 65536
+COUNT_LIMITS = {"num_hidden_layers": MAX_LAYERS, "first_k_dense_replace": MAX_LAYERS, "moe_layer_freq": MAX_LAYERS,
+                "decoder_sparse_step": MAX_LAYERS, "num_nextn_predict_layers": MAX_LAYERS,
+                "n_routed_experts": MAX_EXPERTS, "num_experts": MAX_EXPERTS, "num_local_experts": MAX_EXPERTS,
+                "num_experts_per_tok": MAX_EXPERTS, "experts_per_token": MAX_EXPERTS,
+                "n_shared_experts": MAX_EXPERTS}
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -90,6 +104,9 @@ class _Fields:
                             + f" integer, got {_shown(v)}")
         if v > MAX_FIELD:
             raise self._err(field, "field {f} = " + f"{v} is larger than {MAX_FIELD}, the largest size supported")
+        limit = COUNT_LIMITS.get(field)
+        if limit is not None and v > limit:
+            raise self._err(field, "field {f} = " + f"{v} is more than {limit}, the most supported")
         return v
 
     def int_list(self, field: str) -> tuple[int, ...]:
@@ -181,6 +198,20 @@ def _arch(mt: str, f: _Fields, name: str) -> ArchConfig:
             intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
             moe_layers=moe, experts=experts, top_k=f.int("num_experts_per_tok") if moe else 0,
             moe_intermediate=f.int("moe_intermediate_size") if moe else 0)
+    if mt == "glm4_moe":
+        # GLM-4.5 / 4.5-Air (transformers Glm4MoeConfig): GQA attention (with biases), the first
+        # first_k_dense_replace layers dense, then routed + shared experts; MTP layers recorded only
+        experts = f.int("n_routed_experts", zero=True)
+        first = f.int("first_k_dense_replace", zero=True)
+        moe = tuple(range(first, layers)) if experts else ()
+        return ArchConfig(
+            name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+            head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
+            intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
+            moe_layers=moe, experts=experts, top_k=f.int("num_experts_per_tok") if moe else 0,
+            moe_intermediate=f.int("moe_intermediate_size") if moe else 0,
+            shared_experts=f.int("n_shared_experts", null=0, zero=True, default=0) if moe else 0,
+            mtp_layers=f.int("num_nextn_predict_layers", default=0, zero=True))
     # gpt_oss: every layer MoE, expert intermediate = intermediate_size
     experts = f.int("num_local_experts")
     top_k = f.int("num_experts_per_tok") if "num_experts_per_tok" in f.d else f.int("experts_per_token")
@@ -199,50 +230,41 @@ def _strings(q: dict, key: str, src: str) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _fp4_format(q: dict) -> Optional[str]:
-    algo = str(q.get("quant_algo") or "").upper()
-    method = str(q.get("quant_method") or "").lower()
-    fmts = [str(q.get("format") or "").lower()]
-    groups = q.get("config_groups")
-    if isinstance(groups, dict):
-        fmts += [str(g.get("format") or "").lower() for g in groups.values() if isinstance(g, dict)]
-    if "NVFP4" in algo or method == "nvfp4" or any("nvfp4" in x for x in fmts):
-        return "nvfp4"
-    if "MXFP4" in algo or method == "mxfp4" or any("mxfp4" in x for x in fmts):
-        return "mxfp4"
-    return None
-
-
 def _rule(mt: str, qc: Any, src: str) -> QuantRule:
+    """The planning rule from the one parser the loaders use (autotune.core.quant_config), so a
+    layer is planned FP4 exactly where it is served FP4."""
+    from autotune.core.quant_config import CheckpointError, detect_quant
     default = DEFAULT_RULES[mt]
     if qc is None:
         return default
     if not isinstance(qc, dict):
         raise ModelError(f"{src}: field 'quantization_config' must be an object, got {type(qc).__name__}")
-    q = dict(qc)
-    if isinstance(qc.get("quantization"), dict):    # ModelOpt hf_quant_config.json layout
-        q.update(qc["quantization"])
-    fmt = _fp4_format(q)
-    if fmt is None:
-        warnings.warn(f"{src}: quantization_config ({q.get('quant_method') or q.get('quant_algo')!r}) is not "
-                      f"NVFP4/MXFP4; using the default {default.fmt} rule ({default.source})", stacklevel=4)
-        return default
-    exclude = _strings(q, "exclude_modules", src) + _strings(q, "ignore", src) \
-        + _strings(q, "modules_to_not_convert", src)
-    if mt == "gpt_oss" and fmt == "mxfp4":
-        return GPT_OSS_RULE   # the HF/vLLM MXFP4 path converts only the expert tensors
-    return QuantRule(fmt, None, exclude, source=src, w4a4=_static_activations(qc, src))
-
-
-def _static_activations(qc: dict, src: str) -> bool:
-    """The checkpoint quantizes activations too (W4A4: ModelOpt NVFP4, compressed-tensors NVFP4 with
-    input_activations), as the checkpoint reader (autotune.core.checkpoint) decides it."""
-    from autotune.core.quant_config import CheckpointError, detect_quant
+    for key in ("exclude_modules", "ignore", "modules_to_not_convert"):     # typed here: one line naming the field
+        for q in (qc, qc.get("quantization") if isinstance(qc.get("quantization"), dict) else {}):
+            _strings(q, key, src)
     hq = qc if isinstance(qc.get("quantization"), dict) or "producer" in qc else None
     try:
-        return detect_quant(None if hq is not None else {"quantization_config": qc}, hq, src).w4a4
-    except CheckpointError:
-        return False
+        scheme = detect_quant(None if hq is not None else {"quantization_config": qc}, hq, src)
+    except CheckpointError as e:
+        q = {**qc, **(qc["quantization"] if isinstance(qc.get("quantization"), dict) else {})}
+        warnings.warn(f"{src}: quantization_config ({q.get('quant_method') or q.get('quant_algo')!r}) is not "
+                      f"NVFP4/MXFP4 as the loaders read it ({str(e).split(': ', 1)[-1][:160]}); using the default "
+                      f"{default.fmt} rule ({default.source})", stacklevel=4)
+        return default
+    if mt == "gpt_oss" and scheme.fmt == "mxfp4":
+        return GPT_OSS_RULE   # the HF/vLLM MXFP4 path converts only the expert tensors
+    exclude = scheme.exclude
+    if scheme.layers:       # MIXED_PRECISION: only the layers quantized_layers names FP4 are FP4
+        fp4 = [re.escape(n) for n, a in scheme.layers if scheme.fp4_layer(n)]
+        exclude += (f"re:(?!(?:{'|'.join(fp4)})(?:\\..*)?$)",)
+        other = scheme.not_fp4()
+        if other:
+            algos = sorted({a for n, a in scheme.layers if n in set(other)})
+            warnings.warn(f"{src}: {len(other)} layer(s) are {', '.join(algos)} in quantized_layers "
+                          f"(ModelOpt MIXED_PRECISION; e.g. {other[0]}): neither planned nor served as FP4",
+                          stacklevel=4)
+    weight_only = tuple(n for n, a in scheme.layers if scheme.fp4_layer(n) and not scheme.layer_w4a4(n))
+    return QuantRule(scheme.fmt, None, exclude, source=src, w4a4=scheme.w4a4, weight_only=weight_only)
 
 
 def load(path: str | os.PathLike) -> tuple[ArchConfig, QuantRule]:

@@ -91,8 +91,34 @@ def _div(a: ArchConfig, layer: str, what: str, value: int, by: str, d: int) -> i
     return value // d
 
 
-def _shape(a: ArchConfig, lin: _Linear, tp: int, ep: int, fmt: str) -> Problem:
-    """The per-GPU Problem of one linear layer (raises ModelError naming the layer)."""
+def _mx_inters(a: ArchConfig, lin: _Linear, moe_tp: int) -> list[int]:
+    """Each rank's routed-expert intermediate when it is split in whole MX blocks (vLLM's gpt-oss
+    loader: cdiv(I/32, tp) blocks per rank, the last rank shorter), distinct, first rank first."""
+    blk = BLOCK["mxfp4"]
+    blocks = _div(a, lin.name, "moe_intermediate_size", a.moe_intermediate, "MX block", blk)
+    per = -(-blocks // moe_tp)
+    out: list[int] = []
+    for r in range(moe_tp):
+        n = min(per, blocks - r * per) * blk
+        if n <= 0:
+            raise ModelError(f"{a.name} {lin.name}: {blocks} MX blocks of moe_intermediate_size leave rank {r} of "
+                             f"tp/ep={moe_tp} no block (vLLM's whole-block split)")
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def _shapes(a: ArchConfig, lin: _Linear, tp: int, ep: int, fmt: str) -> list[Problem]:
+    """The per-GPU Problems of one linear layer over every rank: one, except where ranks get
+    different shapes (an uneven whole-MX-block split of the routed experts)."""
+    if a.mx_block_shard and lin.role in (EXPERTS_W13, EXPERTS_W2):
+        return [_shape(a, lin, tp, ep, fmt, inter) for inter in _mx_inters(a, lin, tp // ep)]
+    return [_shape(a, lin, tp, ep, fmt)]
+
+
+def _shape(a: ArchConfig, lin: _Linear, tp: int, ep: int, fmt: str, mx_inter: int | None = None) -> Problem:
+    """The per-GPU Problem of one linear layer (raises ModelError naming the layer); mx_inter: one
+    rank's routed-expert intermediate under a whole-MX-block split (_mx_inters)."""
     h, nm = a.hidden, lin.name
     heads = lambda: _div(a, nm, "num_attention_heads", a.num_heads, "tp", tp)  # noqa: E731
     r = lin.role
@@ -133,9 +159,7 @@ def _shape(a: ArchConfig, lin: _Linear, tp: int, ep: int, fmt: str) -> Problem:
         e_local = _div(a, nm, "routed experts", a.experts, "ep", ep)
         moe_tp = tp // ep
         if a.mx_block_shard:
-            blk = BLOCK["mxfp4"]
-            blocks = _div(a, nm, "moe_intermediate_size", a.moe_intermediate, "MX block", blk)
-            inter = -(-blocks // moe_tp) * blk
+            inter = mx_inter if mx_inter is not None else _mx_inters(a, lin, moe_tp)[0]
         else:
             inter = _div(a, nm, "moe_intermediate_size", a.moe_intermediate, "tp/ep", moe_tp)
         k, n = (h, 2 * inter) if r == EXPERTS_W13 else (inter, h)
@@ -200,29 +224,43 @@ def build_problems(a: ArchConfig, rule: QuantRule, tp: int = 1, ep: int = 1,
             use = list(lin.layers)
         if not use:
             continue
-        p = _shape(a, lin, tp, ep, rule.fmt)
-        if act is not None and rule.w4a4 and quantized:     # a BF16-kept layer has no activation scale
-            p = act(p)
-        groups.setdefault(p, {}).setdefault(lin.name, []).extend(use)
-        if lin.role in (SHARED_GATE_UP, SHARED_DOWN):
-            shared[lin.role] = (p, set(use))
-        if fused_mlp and lin.role in (MLP_GATE_UP, SHARED_GATE_UP) and p.a_fmt == "bf16":
-            groups.setdefault(p.variant("swiglu"), {}).setdefault(f"{lin.name}+swiglu", []).extend(use)
-        if lin.role not in (EXPERTS_W13, EXPERTS_W2):
-            continue
-        epi = "swiglu" if lin.role == EXPERTS_W13 else "reduce"
-        if fused_moe:
-            groups.setdefault(p.variant(epi), {}).setdefault(f"{lin.name}+{epi}", []).extend(use)
-        sp, s_use = shared.get(SHARED_GATE_UP if lin.role == EXPERTS_W13 else SHARED_DOWN, (None, set()))
-        both = [i for i in use if i in s_use]
-        if fold_shared and sp is not None and (sp.n, sp.k) == (p.n, p.k) and both:
-            f = replace(p, experts=p.experts + 1, top_k=p.top_k + 1)
-            groups.setdefault(f, {}).setdefault(f"{lin.name}+shared", []).extend(both)
-            if fused_moe:
-                groups.setdefault(f.variant(epi), {}).setdefault(f"{lin.name}+shared+{epi}", []).extend(both)
+        for p in _shapes(a, lin, tp, ep, rule.fmt):      # every rank's shape (uneven splits: more than one)
+            w4a4 = quantized and rule.layer_w4a4(tuple(f"model.layers.{use[0]}.{q}" for q in lin.parts))
+            _add(groups, shared, a, lin, p, use, w4a4, act, fused_moe, fold_shared, fused_mlp)
     out = []
     for p in sorted(groups):
         names = groups[p]
         out.append(ProblemUse(p, tuple(f"{n}{_ranges(ix)}" for n, ix in names.items()),
                               sum(len(set(ix)) for ix in names.values())))
     return out
+
+
+def _add(groups: dict, shared: dict, a: ArchConfig, lin: _Linear, p: Problem, use: list[int], w4a4: bool,
+         act, fused_moe: bool, fold_shared: bool, fused_mlp: bool) -> None:
+    """Record one per-GPU problem of `lin` (and the forms the runtime serves it in) in `groups`;
+    w4a4: the checkpoint carries this layer's static activation scales (a BF16-kept or weight-only
+    layer has none)."""
+    if act is not None and w4a4:
+        p = act(p)
+    groups.setdefault(p, {}).setdefault(lin.name, []).extend(use)
+    if lin.role in (SHARED_GATE_UP, SHARED_DOWN):
+        shared[lin.role] = (p, set(use), w4a4)
+    if fused_mlp and lin.role in (MLP_GATE_UP, SHARED_GATE_UP) and p.a_fmt == "bf16":
+        groups.setdefault(p.variant("swiglu"), {}).setdefault(f"{lin.name}+swiglu", []).extend(use)
+    if lin.role not in (EXPERTS_W13, EXPERTS_W2):
+        return
+    epi = "swiglu" if lin.role == EXPERTS_W13 else "reduce"
+    # gpt-oss's clamped SwiGLU (with biases) has no fused epilogue: FP4MoE runs it unfused, so its
+    # fused forms are never served and never planned
+    fusable = a.family != "gpt_oss"
+    if fused_moe and fusable:
+        groups.setdefault(p.variant(epi), {}).setdefault(f"{lin.name}+{epi}", []).extend(use)
+    sp, s_use, s_w4a4 = shared.get(SHARED_GATE_UP if lin.role == EXPERTS_W13 else SHARED_DOWN, (None, set(), False))
+    both = [i for i in use if i in s_use]
+    # folded only where the shared expert has the routed experts' shape and the checkpoint gives
+    # both the same activation format (FP4MoE runs a shared expert of another format apart)
+    if fold_shared and sp is not None and (sp.n, sp.k, s_w4a4) == (p.n, p.k, w4a4) and both:
+        f = replace(p, experts=p.experts + 1, top_k=p.top_k + 1)
+        groups.setdefault(f, {}).setdefault(f"{lin.name}+shared", []).extend(both)
+        if fused_moe and fusable:
+            groups.setdefault(f.variant(epi), {}).setdefault(f"{lin.name}+shared+{epi}", []).extend(both)

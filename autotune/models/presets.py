@@ -31,7 +31,13 @@ GPT_OSS_RULE = QuantRule("mxfp4", EXPERT_ROLES, source="gpt-oss default (openai/
 LLAMA_RULE = QuantRule("nvfp4", MLP_ROLES | {ATTN_QKV, ATTN_O}, source="llama default (assumed: all but lm_head)")
 
 #: default rule per HF model_type (used for a config.json without an FP4 quantization_config)
+#: GLM-4.5 / GLM-4.5-Air (glm4_moe): no NVIDIA NVFP4 export read; a config without an FP4
+#: quantization_config is planned with its MLPs, shared and routed experts NVFP4, attention BF16
+GLM4_MOE_RULE = QuantRule("nvfp4", MLP_ROLES | SHARED_ROLES | EXPERT_ROLES,
+                          source="glm4_moe default (dense MLP + shared + routed experts)")
+
 DEFAULT_RULES: dict[str, QuantRule] = {
+    "glm4_moe": GLM4_MOE_RULE,
     "glm_moe_dsa": GLM5_RULE,
     "deepseek_v3": DEEPSEEK_V3_RULE,
     "deepseek_v32": DEEPSEEK_V32_RULE,

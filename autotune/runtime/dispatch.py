@@ -39,6 +39,7 @@ from autotune.runtime import loader
 from autotune.runtime.bound import BoundTable
 from autotune.runtime.builder import TableBuilder
 from autotune.runtime.misses import MissRecorder, counted, flush_at_exit
+from autotune.runtime.pins import check_star_pin
 from autotune.runtime.policy import ServingPolicy, invariant_pick
 from autotune.runtime.table import RUNGS, Table
 from autotune.tactics import registry
@@ -96,6 +97,10 @@ class Dispatcher:
         self._by_id: dict[int, tuple[Problem, Table]] = {}    # id(problem) -> table, no hashing per call
         # N -> K -> the table's bound __call__ (bf16 x nvfp4 -> bf16): the (M, N, K) form's fast path
         self._dense: dict[int, dict[int, Callable]] = {}
+        star = self.policy.pins.get("*")
+        if star is not None:      # a `*` pin that can pin nothing is refused, never dropped silently
+            check_star_pin(star, [*self._winners, *self.policy.explicit()],
+                           lambda p, t: registry.usable(p, t, self.arch, self.env.device))
         for p, items in self._winners.items():
             self._install(p, items)
         for p in self.policy.explicit():

@@ -210,7 +210,9 @@ class FP4MLP(nn.Module):
     expert runs. gate_up [2I, H] holds vLLM's [gate; up] rows and is served by the dense `swiglu`
     problem (its winners write silu(gate)·up from their fp32 sums: no elementwise kernel between
     the GEMMs), down [H, I] by the plain dense problem; each an FP4Linear (`.gate_up`, `.down`),
-    bound once. W4A16 (bf16 activations).
+    bound once. W4A16 (bf16 activations); a_fmt="nvfp4" (a W4A4 checkpoint: static activation
+    scales) runs gate_up as the plain W4A4 problem, SiLU·up in fp32 between (up's own global scale
+    restored there, so down quantizes the true activations under its input_scale), then down W4A4.
 
     ModelOpt quantizes gate_proj and up_proj each with its own global scale: gate_up carries the
     gate's on both halves, so its up half comes out × gate/up; that factor passes linearly through
@@ -218,8 +220,12 @@ class FP4MLP(nn.Module):
     FP4MoE does per expert)."""
 
     def __init__(self, gate_up: FP4Weight, down: FP4Weight, *, up_scale: Tensor | None = None,
-                 dispatcher: Dispatcher | None = None, one_copy: bool = False):
+                 dispatcher: Dispatcher | None = None, one_copy: bool = False, a_fmt: str = "bf16"):
         super().__init__()
+        if a_fmt not in ("bf16", "nvfp4"):
+            raise ValueError(f"FP4MLP a_fmt must be 'bf16' or 'nvfp4', got {a_fmt!r}")
+        if a_fmt == "nvfp4" and (gate_up.fmt != "nvfp4" or gate_up.input_scale is None or down.input_scale is None):
+            raise ValueError("FP4MLP(a_fmt='nvfp4'): W4A4 needs NVFP4 gate_up and down with static input_scales")
         for name, w in (("gate_up", gate_up), ("down", down)):
             if not isinstance(w, FP4Weight) or w.num_experts is not None or w.packed.ndim != 2:
                 raise ValueError(f"FP4MLP takes 2-D FP4 weights gate_up [2I, H] and down [H, I]; {name} is "
@@ -231,11 +237,19 @@ class FP4MLP(nn.Module):
         if up_scale is not None and (not isinstance(up_scale, Tensor) or up_scale.numel() != 1
                                      or gate_up.global_scale.numel() != 1):
             raise ValueError("FP4MLP up_scale is the up half's one global scale (gate_up carrying one, the gate's)")
+        self.hidden, self.intermediate, self.a_fmt = h, two_i // 2, a_fmt
+        if a_fmt == "nvfp4":
+            # up's rows came out x gate/up: up/gate restores them before SiLU·up (fp32), so down
+            # sees the activations its static input_scale was calibrated on
+            fix = None if up_scale is None else (up_scale.float().reshape(()) / gate_up.global_scale.float().reshape(()))
+            self.register_buffer("up_fix", None if fix is None else fix.to(gate_up.packed.device), persistent=False)
+            self.gate_up = FP4Linear(gate_up, dispatcher=dispatcher, one_copy=one_copy, a_fmt="nvfp4")
+            self.down = FP4Linear(down, dispatcher=dispatcher, one_copy=one_copy, a_fmt="nvfp4")
+            return
         if up_scale is not None:
             g2 = _fold_up(gate_up.global_scale, down.global_scale, up_scale, None).reshape(down.global_scale.shape)
             down = FP4Weight(down.packed, down.scales, g2.to(down.global_scale.device), down.fmt)
         strip = lambda w: FP4Weight(w.packed, w.scales, w.global_scale, w.fmt)  # noqa: E731  (W4A16)
-        self.hidden, self.intermediate = h, two_i // 2
         self.gate_up = FP4Linear(strip(gate_up), dispatcher=dispatcher, one_copy=one_copy, epilogue="swiglu")
         self.down = FP4Linear(strip(down), dispatcher=dispatcher, one_copy=one_copy)
 
@@ -267,15 +281,34 @@ class FP4MLP(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, module: str, *, tp_rank: int = 0, tp_size: int = 1, device: str = "cpu",
-                        dispatcher: Dispatcher | None = None, one_copy: bool = False) -> "FP4MLP":
+                        activations: str | None = None, arch=None, dispatcher: Dispatcher | None = None,
+                        one_copy: bool = False) -> "FP4MLP":
         """One quantized MLP of a checkpoint (a dense layer's `model.layers.0.mlp`, or a shared
         expert's `model.layers.3.mlp.shared_experts`; a directory, .safetensors or index.json), this
-        rank's slice: gate/up column-parallel (I / tp), down row-parallel (whole scale blocks); W4A16."""
+        rank's slice: gate/up column-parallel (I / tp), down row-parallel (whole scale blocks).
+        activations / arch as FP4Linear.from_pretrained: a W4A4 checkpoint runs W4A4 where `arch` has
+        a W4A4 tactic (or activations="w4a4"), else W4A16 with a warning."""
         from autotune.runtime.pretrained import load_mlp
-        gate_up, down, up_scale = load_mlp(path, module, tp_rank=tp_rank, tp_size=tp_size, device=device)
-        return cls(gate_up, down, up_scale=up_scale, dispatcher=dispatcher, one_copy=one_copy)
+        gate_up, down, up_scale, a_fmt = load_mlp(path, module, tp_rank=tp_rank, tp_size=tp_size, device=device,
+                                                  activations=activations, arch=arch)
+        return cls(gate_up, down, up_scale=up_scale, dispatcher=dispatcher, one_copy=one_copy, a_fmt=a_fmt)
+
+    def _w4a4(self, xb: Tensor) -> Tensor:
+        gu = self.gate_up(xb).float()
+        g, u = gu[:, :self.intermediate], gu[:, self.intermediate:]
+        if self.up_fix is not None:
+            u = u * self.up_fix
+        return self.down((torch.nn.functional.silu(g) * u).to(torch.bfloat16))
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.a_fmt == "nvfp4":
+            check_layer_x(self.gate_up.problem.key, x)
+            if x.ndim == 0 or x.shape[-1] != self.hidden:
+                raise OperandError(f"{self.gate_up.problem.key}: x is {'x'.join(map(str, x.shape))}, expected "
+                                   f"... x {self.hidden}")
+            xb = x.reshape(-1, self.hidden)
+            y = self._w4a4(xb if xb.dtype == torch.bfloat16 else xb.to(torch.bfloat16)).reshape(*x.shape[:-1], self.hidden)
+            return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
         if x.ndim == 2 and x.dtype is torch.bfloat16 and x.shape[1] == self.hidden and not torch.compiler.is_compiling():
             # the engines' eager case: the two bound launchers, nothing between them
             m = x.shape[0]

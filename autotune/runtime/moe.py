@@ -39,6 +39,7 @@ Shared expert (`shared=(w13_s, w2_s[, up_scale_s])`, 2-D [2I_s, H] and [H, I_s])
 from __future__ import annotations
 
 import itertools
+import warnings
 import weakref
 from typing import Mapping, Sequence
 
@@ -71,7 +72,8 @@ class FP4MoE(nn.Module):
                  expert_map: Tensor | None = None, fused: bool = True, dispatcher: Dispatcher | None = None,
                  shared: tuple | None = None, a_fmt: str = "bf16", activation: str = "silu",
                  bias13: Tensor | None = None, bias2: Tensor | None = None, swiglu_alpha: float = 1.702,
-                 swiglu_limit: float = 7.0, fold_shared: bool | None = None, prefetch_w2: bool | None = None):
+                 swiglu_limit: float = 7.0, fold_shared: bool | None = None, prefetch_w2: bool | None = None,
+                 shared_a_fmt: str | None = None):
         """shared: the shared expert, folded in as expert E or apart (an FP4MLP, fold_shared=False);
         fold_shared=None folds where the shared expert fits the routed stack (I_s = I, one format:
         the faster form at decode sizes, module docstring) and always for W4A4 activations.
@@ -96,9 +98,15 @@ class FP4MoE(nn.Module):
         self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = e, top_k, h, two_i // 2, fused
         if fold_shared is None:             # measured: folded is faster at M <= 16 (module docstring)
             fold_shared = a_fmt != "bf16" or (shared is not None and _foldable(shared, w13))
-        if shared is not None and not fold_shared and a_fmt != "bf16":
-            raise ValueError("FP4MoE: a shared expert with W4A4 activations runs folded in (fold_shared=True); "
-                             "apart it is an FP4MLP, which is W4A16")
+        # apart, the shared expert is an FP4MLP of its own activation format (shared_a_fmt; default:
+        # the routed experts', W4A16 where its weights carry no input scale, with a warning)
+        s_fmt = shared_a_fmt
+        if shared is not None and not fold_shared and s_fmt is None:
+            has_is = all(getattr(w, "input_scale", None) is not None for w in shared[:2])
+            s_fmt = a_fmt if a_fmt == "bf16" or has_is else "bf16"
+            if s_fmt != a_fmt:
+                warnings.warn(f"FP4MoE: the routed experts are W4A4 but the shared expert has no static input "
+                              f"scales: it runs apart, W4A16", stacklevel=2)
         self.routed_experts, self.has_shared = e, shared is not None
         self.shared_folded = shared is not None and bool(fold_shared)
         apart = shared if shared is not None and not fold_shared else None
@@ -156,7 +164,7 @@ class FP4MoE(nn.Module):
                              "the same at every M: batch-invariant mode needs fused=True")
         self.bound13 = d.bind(self.problem13, self.w13, bad_word=self._word)
         self.bound2 = d.bind(self.problem2, self.w2, bad_word=self._word)
-        self.shared_mlp = None if apart is None else _shared_mlp(apart, w13, d)
+        self.shared_mlp = None if apart is None else _shared_mlp(apart, w13, d, s_fmt or "bf16")
         # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
         self.register_load_state_dict_post_hook(lambda mod, _keys: mod._rebind())
         # a one-copy binding may hold the cuda grouped layout in the buffers' own bytes: neither saved
@@ -415,6 +423,13 @@ class FP4MoE(nn.Module):
         from autotune.runtime.pretrained import load_moe
         kw = load_moe(path, block, top_k=top_k, tp_rank=tp_rank, tp_size=tp_size, experts=experts, ep_rank=ep_rank,
                       ep_size=ep_size, shared_experts=shared_experts, activations=activations, arch=arch, device=device)
+        apart = kw.pop("shared_apart", None)      # routed and shared experts differ in activation format
+        if apart is not None:
+            if fold_shared:
+                raise ValueError(f"{block}: fold_shared=True, but {apart}")
+            fold_shared = False
+            warnings.warn(f"{block}: {apart}; the shared expert runs apart (an FP4MLP, "
+                          f"{'W4A4' if kw.get('shared_a_fmt') == 'nvfp4' else 'W4A16'})", stacklevel=2)
         return cls(kw.pop("w13"), kw.pop("w2"), kw.pop("top_k"), fused=fused, dispatcher=dispatcher,
                    fold_shared=fold_shared, **kw)
 

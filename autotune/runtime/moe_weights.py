@@ -17,8 +17,9 @@ def _shared_parts(shared) -> tuple:
     return (*shared, None)[:3]
 
 
-def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher) -> nn.Module:
-    """The shared expert apart: an FP4MLP on (w13_s [2I_s, H], w2_s [H, I_s][, up_scale_s])."""
+def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher, a_fmt: str = "bf16") -> nn.Module:
+    """The shared expert apart: an FP4MLP on (w13_s [2I_s, H], w2_s [H, I_s][, up_scale_s]), W4A4
+    (a_fmt="nvfp4", its own static input scales) or W4A16."""
     s13, s2, s_up = _shared_parts(shared)
     h = w13.shape[2]
     for name, w in (("w13", s13), ("w2", s2)):
@@ -27,7 +28,7 @@ def _shared_mlp(shared: tuple, w13: FP4Weight, dispatcher: Dispatcher) -> nn.Mod
                              f"{getattr(w, 'shape', type(w).__name__)} ({getattr(w, 'fmt', '?')})")
     if s13.packed.ndim != 2 or s13.shape[1] != h:
         raise ValueError(f"shared w13 must be [2I, {h}] (the routed experts' hidden size), got {s13.shape}")
-    return FP4MLP(s13, s2, up_scale=s_up, dispatcher=dispatcher)
+    return FP4MLP(s13, s2, up_scale=s_up, dispatcher=dispatcher, a_fmt=a_fmt)
 
 
 def _input_scales(w13: FP4Weight, w2: FP4Weight, up_scale: Tensor | None, shared: tuple | None, e: int,

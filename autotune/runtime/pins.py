@@ -46,3 +46,22 @@ def parse_pins(text: str) -> dict[str, Tactic]:
     return out
 
 
+
+
+def check_star_pin(pin: Tactic, problems: Iterable[Problem], usable) -> None:
+    """The `*` pin is refused (ValueError) when it could pin nothing: its family is unknown or its
+    parameters invalid for the family, or it fits none of `problems` (the problems the dispatcher
+    serves at start) although there are some. `usable(problem, tactic)` -> why not, or None.
+    A `*` pin that fits some problems but not others is skipped for those (counted)."""
+    from autotune.tactics import registry
+    why = registry.validate(pin.family, pin.params)
+    if why:
+        raise ValueError(f"${PIN_ENV} / pins: cannot pin * to {pin}: {why}")
+    problems = list(problems)
+    if not problems:
+        return
+    whys = {p.key: usable(p, pin) for p in problems}
+    if all(whys.values()):
+        key, first = next(iter(whys.items()))
+        raise ValueError(f"${PIN_ENV} / pins: * pin {pin} fits none of the {len(problems)} problem(s) served "
+                         f"(e.g. {key}: {first})")

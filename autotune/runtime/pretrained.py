@@ -139,11 +139,21 @@ def load_moe(source, block: str, *, top_k: Optional[int] = None, tp_rank: int = 
                  checkpoint_w4a4=ck.scheme.w4a4 and (w13.fmt != "nvfp4" or w13.input_scale is not None),
                  arch=_arch(arch, device), activations=activations, what=what)
     kw["a_fmt"] = p13.a_fmt
+    s_fmt = p13.a_fmt
+    if "shared" in kw:      # the shared expert's own activation format (a checkpoint may differ per layer)
+        s13, s2, su = kw["shared"]
+        s_w4a4 = ck.scheme.w4a4 and all(w.fmt != "nvfp4" or w.input_scale is not None for w in (s13, s2))
+        r_w4a4 = ck.scheme.w4a4 and (w13.fmt != "nvfp4" or w13.input_scale is not None)
+        if s_w4a4 != r_w4a4:
+            s_fmt = choose(Problem.dense(s13.n, s13.k, w_fmt=s13.fmt), checkpoint_w4a4=s_w4a4,
+                           arch=_arch(arch, device), activations=None if s_w4a4 else "w4a16", what=mod).a_fmt
+            kw["shared_apart"] = (f"the checkpoint's routed experts are {'W4A4' if r_w4a4 else 'W4A16'} and its "
+                                  f"shared expert {'W4A4' if s_w4a4 else 'W4A16'}")
+            kw["shared_a_fmt"] = s_fmt
+        if s_fmt == "bf16":
+            kw["shared"] = (_drop_input(s13), _drop_input(s2), su)
     if p13.a_fmt == "bf16":
         w13, w2 = _drop_input(w13), _drop_input(w2)
-        if "shared" in kw:
-            s13, s2, su = kw["shared"]
-            kw["shared"] = (_drop_input(s13), _drop_input(s2), su)
     mv = lambda t: None if t is None else t.to(device)  # noqa: E731
     for k in ("up_scale", "bias13", "bias2", "expert_map"):
         if k in kw:
@@ -163,20 +173,28 @@ def one_linear(source, module: str, device: str = "cpu") -> FP4Weight:
 
 
 def load_mlp(source, module: str, *, tp_rank: int = 0, tp_size: int = 1, device: str = "cpu",
-             assume_modelopt: bool = False) -> tuple[FP4Weight, FP4Weight, Tensor | None]:
-    """FP4MLP's (gate_up [2I/tp, H], down [H, I/tp], up_scale) for one SwiGLU MLP of a checkpoint
-    (`{module}.gate_proj`, `.up_proj`, `.down_proj`: a dense layer's mlp or an MoE block's
-    shared_experts), this rank's slice: gate/up column-parallel, down row-parallel; W4A16 (the
-    activation scales dropped). up_scale: the up half's global scale when it differs from the
-    gate's (FP4MLP folds up/gate into down's), else None."""
+             assume_modelopt: bool = False, activations: Optional[str] = None,
+             arch=None) -> tuple[FP4Weight, FP4Weight, Tensor | None, str]:
+    """FP4MLP's (gate_up [2I/tp, H], down [H, I/tp], up_scale, a_fmt) for one SwiGLU MLP of a
+    checkpoint (`{module}.gate_proj`, `.up_proj`, `.down_proj`: a dense layer's mlp or an MoE
+    block's shared_experts), this rank's slice: gate/up column-parallel, down row-parallel.
+    a_fmt as FP4Linear chooses it (activations / arch; a W4A4 checkpoint on an arch without a W4A4
+    tactic runs W4A16 with a warning): "bf16" drops the activation scales; "nvfp4" keeps them, gate_up
+    under the larger of gate's and up's (as vLLM merges them). up_scale: the up half's global scale
+    when it differs from the gate's, else None."""
     ck = open_checkpoint(source, assume_modelopt)
     module = module.rstrip(".")
     col, row = ("column", "row") if tp_size > 1 else (None, None)
     g, u = (ck.linear(f"{module}.{p}", tp_rank=tp_rank, tp_size=tp_size, parallel=col) for p in ("gate_proj", "up_proj"))
     d = ck.linear(f"{module}.down_proj", tp_rank=tp_rank, tp_size=tp_size, parallel=row)
-    g, u, d = (_drop_input(w).to(device) for w in (g, u, d))
+    w4a4 = all(_w4a4(ck, w) for w in (g, u, d))
+    p = choose(Problem.dense(2 * g.n, g.k, w_fmt=g.fmt), checkpoint_w4a4=w4a4, arch=_arch(arch, device),
+               activations=activations, what=module)
     same = g.fmt != "nvfp4" or torch.equal(u.global_scale.float().reshape(-1), g.global_scale.float().reshape(-1))
-    return cat_rows(g, u), d, None if same else u.global_scale
+    gu = cat_rows(g, u)
+    if p.a_fmt == "bf16":
+        gu, d = _drop_input(gu), _drop_input(d)     # cat_rows keeps the larger input_scale otherwise
+    return gu.to(device), d.to(device), None if same else u.global_scale.to(device), p.a_fmt
 
 
 def clamped_swiglu(y: Tensor, alpha: float, limit: float) -> Tensor:

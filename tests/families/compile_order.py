@@ -16,9 +16,11 @@ import torch
 from autotune.core.tactic import Tactic, Verdict
 from autotune.tactics.base import FamilyBase, FunctionKernel
 from autotune.tactics.torch_ref import OUT
+from tests.families import say_hanging
 
 LOG = "AUTOTUNE_TEST_COMPILE_LOG"       # file: "compile-start|compile-end|build <n> <tactic id>" lines
 GO = "AUTOTUNE_TEST_COMPILE_GO"         # "<n>:<file>": the first build creates the file; `gated` waits for it at N = n
+GATED_HANGS = "AUTOTUNE_TEST_GATED_HANGS"  # "1": a `gated` left waiting says it hangs (a test where no build can come)
 HANG = "AUTOTUNE_TEST_COMPILE_HANG"     # "1": enumerate a member whose precompile never returns
 #: (mode, sleep_ms) of the members, fastest first; the default is the fastest (the winner: nothing beats it)
 MEMBERS = (("good", 0.0), ("gated", 150.0), ("good", 200.0), ("good", 250.0), ("nocompile", 300.0))
@@ -62,9 +64,12 @@ class CompileOrder(FamilyBase):
         if tactic["mode"] == "nocompile":
             raise RuntimeError("ptxas error: entry function uses too much shared data")
         if tactic["mode"] == "hang":
+            say_hanging(tactic)
             time.sleep(3600)
         n, _, go = os.environ.get(GO, "").partition(":")
         if tactic["mode"] == "gated" and go and problem.n == int(n):
+            if not os.path.exists(go) and os.environ.get(GATED_HANGS) == "1":
+                say_hanging(tactic)                       # a barrier: no build can come to let it go
             while not os.path.exists(go):                 # the search kills it past --timeout-s
                 time.sleep(0.02)
         log("compile-end", problem, tactic)

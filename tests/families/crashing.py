@@ -10,6 +10,7 @@ import time
 from autotune.core.tactic import Tactic, Verdict
 from autotune.tactics.base import FamilyBase
 from autotune.tactics.torch_ref import TorchFamily
+from tests.families import say_hanging
 
 BAD = ("segfault", "hang", "exit", "raise", "zeros", "nocompile")
 SLEEP_MS = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)   # good members, fastest first
@@ -59,6 +60,7 @@ class CrashingFamily(FamilyBase):
             if mode == "segfault":
                 ctypes.string_at(0)              # a real SIGSEGV, like an illegal address in a kernel
             elif mode == "hang":
+                say_hanging(tactic)
                 time.sleep(3600)
             elif mode == "exit":
                 os._exit(7)

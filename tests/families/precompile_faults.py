@@ -9,6 +9,7 @@ import time
 from autotune.core.tactic import Tactic, Verdict
 from autotune.tactics.base import FamilyBase
 from autotune.tactics.torch_ref import TorchFamily
+from tests.families import say_hanging
 
 MODES = ("good", "hang", "segfault")
 
@@ -35,6 +36,7 @@ class PrecompileFaults(FamilyBase):
 
     def precompile(self, problem, tactic, arch):
         if tactic["mode"] == "hang":
+            say_hanging(tactic)
             time.sleep(3600)             # a compiler that never returns
         elif tactic["mode"] == "segfault":
             ctypes.string_at(0)

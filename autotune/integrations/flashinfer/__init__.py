@@ -6,6 +6,12 @@ For each dense NVFP4 problem with cutlass winners on the chosen GPU, one entry p
 bucket (keys.m_bucket) holds the tactic we measured best at that bucket's M: the entry FlashInfer
 would have written after profiling that shape itself. Where our buckets and FlashInfer's split M
 differently the picks can differ inside a FlashInfer bucket; `differences` lists those M ranges.
+
+A tactic in the blocklist (FlashInfer applies it only to what it profiles, never to file hits) is
+never written, for any shape. A bucket whose winner is left out gets that bucket's best measured
+tactic that is neither blocklisted nor failed; failing that, no entry, so FlashInfer falls back to
+-1, after checking that -1 runs a kernel outside the blocklist in every supported release (else the
+export is refused). A neighbouring bucket's winner is never written in its place.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ from autotune.tactics.cutlass.family import CutlassFamily, kernel_arch_for
 
 SUPPORTED_VERSIONS: tuple[str, ...] = tuple(fim.VERSIONS)
 FAMILY = "cutlass"
+#: a bucket with no entry: FlashInfer's own fallback (-1) serves it
+FALLBACK = -1
 
 
 class ExportError(ValueError):
@@ -162,45 +170,67 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
         by_problem.setdefault(w.problem_key, {})[w.bucket] = w
 
     failures = _trial_failures(store, dev["device_key"], release.version)
-    failed_on = _failed_on(failures)
-    configs: dict[str, list] = {}
-    for pkey, per_bucket in sorted(by_problem.items()):
+    exportable: dict[str, Problem] = {}
+    for pkey in sorted(by_problem):
         problem = Problem.from_key(pkey)
         why = _exportable(problem)
         if why:
             rep.skipped.append(f"{pkey}: {why}")
-            continue
-        picks: dict[int, int] = {}
-        for b, w in sorted(per_bucket.items()):
+        else:
+            exportable[pkey] = problem
+    # the blocklist is per op and runner: a tactic in it is never written, for any shape
+    rep.blocked = _blocked(failures, arch, kernel_arch, release.version, list(exportable.values()))
+    measured = _measured(store, dev["device_key"], release.version, kernel_arch, set(exportable))
+    fallback = _fallback(kernel_arch, release.version, rep.blocked)
+    configs: dict[str, list] = {}
+    for pkey, problem in exportable.items():
+        picks: dict[int, int] = {}      # our bucket -> tactic written for it (FALLBACK: none written)
+        for b, w in sorted(by_problem[pkey].items()):
             kernel = Kernel.from_params(Tactic.from_json(w.params_json).params)
             idx = fim.to_index(kernel, release.version) if kernel.kernel_arch == kernel_arch else None
-            if idx is None:
-                rep.skipped.append(f"{pkey} bucket {b}: winner {w.tactic_id} is not in FlashInfer "
-                                   f"{release.version}'s {kernel_arch} list")
+            if idx is not None and idx not in rep.blocked:
+                picks[b] = idx
+                mw = _measured_with(store, w.lib_key)
+                rep.measured_with[mw] = rep.measured_with.get(mw, 0) + 1
                 continue
-            bad = failed_on.get(pkey, {}).get(idx)
-            if bad is not None:      # FlashInfer would serve it at every M of the bucket, its failed ones too
-                rep.skipped.append(f"{pkey} bucket {b}: winner tactic {idx} {bad}; not written")
+            why = (f"winner {w.tactic_id} is not in FlashInfer {release.version}'s {kernel_arch} list"
+                   if idx is None else f"winner tactic {idx} is blocklisted ({rep.blocked[idx]})")
+            alt = next((t for t in measured.get((pkey, b), ()) if t[0] not in rep.blocked), None)
+            if alt is not None:
+                picks[b] = alt[0]
+                rep.measured_with[alt[2]] = rep.measured_with.get(alt[2], 0) + 1
+                rep.skipped.append(f"{pkey} bucket {b}: {why}; written: tactic {alt[0]}, this bucket's best "
+                                   f"measured tactic ({alt[1]:.2f} us) that is neither blocklisted nor failed")
                 continue
-            picks[b] = idx
-            mw = _measured_with(store, w.lib_key)
-            rep.measured_with[mw] = rep.measured_with.get(mw, 0) + 1
+            if fallback is None:
+                fb = ", ".join(f"{v}: tactic {i}" for v, i in _fallback_indices(kernel_arch))
+                raise ExportError(f"{pkey} bucket {b}: {why}, no other measured tactic of that bucket is "
+                                  f"neither blocklisted nor failed, and FlashInfer's fallback -1 runs a "
+                                  f"blocklisted kernel ({fb}); nothing written")
+            picks[b] = FALLBACK
+            rep.skipped.append(f"{pkey} bucket {b}: {why}; not written: no other measured tactic of that bucket "
+                               f"is neither blocklisted nor failed, so FlashInfer falls back to -1 ({fallback})")
         if not picks:
             continue
         ours = Buckets(tuple(picks))
         top = max(picks)
+        written = 0
         for fb in sorted({K.m_bucket(m) for m in range(1, top + 1)}):
             tactic = picks[ours.bucket(min(fb, top))]
+            if tactic == FALLBACK:
+                continue
+            written += 1
             for alpha in K.ALPHA_SHAPES:
                 configs[K.file_key(K.nearest_profile(fb, problem.n, problem.k, alpha))] = [K.RUNNER, tactic, K.POLICY]
         rep.differences += _differences(pkey, picks, ours, top)
-        rep.problems.append(pkey)
-        rep.entries += len({K.m_bucket(m) for m in range(1, top + 1)})
+        if written:
+            rep.problems.append(pkey)
+            rep.entries += written
     if not configs:
         raise ExportError(f"no exportable cutlass winners for {dev['gpu_name']}: " + "; ".join(rep.skipped[:3]))
+    if {v[1] for v in configs.values()} & set(rep.blocked):      # never: picks skip every blocked tactic
+        raise ExportError("internal: a blocklisted tactic reached the FlashInfer file; nothing written")
 
-    rep.blocked = _blocked(failures, arch, kernel_arch, release.version,
-                           [Problem.from_key(p) for p in rep.problems])
     file_meta = {f: meta[f] for f in K.META_FIELDS}
     # extra fields are ignored by both loaders (they compare only the fields they collect)
     file_meta["fp4_autotune_device_key"] = dev["device_key"]
@@ -257,13 +287,41 @@ def _trial_failures(store, device_key: str, version: str) -> list[tuple[int, Tri
     return out
 
 
-def _failed_on(failures: list[tuple[int, Trial]]) -> dict[str, dict[int, str]]:
-    """problem key -> FlashInfer tactic -> why: the tactics a stored trial rejected or failed on
-    that problem (any bucket). An entry never serves one of them for that problem."""
-    out: dict[str, dict[int, str]] = {}
-    for idx, t in failures:
-        out.setdefault(t.problem_key, {}).setdefault(idx, f"{t.status} on this problem at bucket {t.bucket}")
+def _measured(store, device_key: str, version: str, kernel_arch: str,
+              problems: set[str]) -> dict[tuple[str, int], list[tuple[int, float, str]]]:
+    """(problem, bucket) -> (FlashInfer tactic, median us, flashinfer-python it was measured
+    with) of every stored `ok` cutlass trial of this GPU with a time, fastest first."""
+    out: dict[tuple[str, int], list[tuple[int, float, str]]] = {}
+    for t in store.trials(device_key):
+        if t.family != FAMILY or t.status != "ok" or t.median_us is None or t.problem_key not in problems:
+            continue
+        try:
+            k = Kernel.from_params(Tactic.from_json(t.params_json).params)
+        except (ValueError, TypeError, KeyError):
+            continue
+        idx = fim.to_index(k, version) if k.kernel_arch == kernel_arch else None
+        if idx is not None:
+            out.setdefault((t.problem_key, t.bucket), []).append((idx, float(t.median_us),
+                                                                  _measured_with(store, t.lib_key)))
+    for v in out.values():
+        v.sort(key=lambda e: (e[1], e[0]))
     return out
+
+
+def _fallback_indices(kernel_arch: str) -> list[tuple[str, int]]:
+    """(release, the integer tactic its -1 launches on kernel_arch) for every supported release."""
+    return [(v, K.fallback_index(kernel_arch, v)) for v in SUPPORTED_VERSIONS]
+
+
+def _fallback(kernel_arch: str, version: str, blocked: dict[int, str]) -> str | None:
+    """How FlashInfer's -1 resolves in each supported release when none of those kernels is
+    blocklisted (as a phrase for the report), else None. The lists are compared kernel for kernel,
+    so a release whose integers differed would still be checked by the kernel it runs."""
+    lst = fim.configs(kernel_arch, version)
+    for v, i in _fallback_indices(kernel_arch):
+        if lst.index(fim.configs(kernel_arch, v)[i]) in blocked:
+            return None
+    return "tactic " + ", ".join(f"{i} in {v}" for v, i in _fallback_indices(kernel_arch)) + ", not blocklisted"
 
 
 def _blocked(failures: list[tuple[int, Trial]], arch, kernel_arch: str, version: str,
@@ -317,13 +375,16 @@ def render(rep: FlashInferExport, max_lines: int = 20) -> list[str]:
     if any(v != rep.version for v in rep.measured_with):
         lines.append(f"note: exported for {rep.version}; the SM120 tactic lists match, the kernel launch "
                      f"code differs ({fim.release(rep.version).template_note})")
+    def name(t: int) -> str:
+        return f"{t}" if t != FALLBACK else "-1 (its fallback: no entry written)"
+
     for d in rep.differences[:max_lines]:
         if d.note:
             lines.append(f"extrapolated: {d.problem_key} M {d.m_lo}-{d.m_hi} (FlashInfer bucket {d.fi_bucket}) "
-                         f"gets tactic {d.flashinfer}, the winner of our largest bucket ({d.note})")
+                         f"gets tactic {name(d.flashinfer)}, the choice of our largest bucket ({d.note})")
         else:
             lines.append(f"differs: {d.problem_key} M {d.m_lo}-{d.m_hi} (FlashInfer bucket {d.fi_bucket}): "
-                         f"our dispatch runs tactic {d.ours}, FlashInfer {d.flashinfer}")
+                         f"our dispatch runs tactic {name(d.ours)}, FlashInfer {name(d.flashinfer)}")
     if len(rep.differences) > max_lines:
         lines.append(f"... {len(rep.differences) - max_lines} more ranges differ")
     lines += [f"skipped: {s}" for s in rep.skipped[:max_lines]]

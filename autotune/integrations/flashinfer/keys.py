@@ -19,6 +19,7 @@ loader of both releases. The two supported releases agree on everything below.
 from __future__ import annotations
 
 import hashlib
+import re
 import json
 from typing import Any
 
@@ -123,3 +124,41 @@ def parse_metadata(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
             raise ValueError(f"unknown metadata field {key!r}; FlashInfer compares {', '.join(META_FIELDS)}")
         out[key] = value.strip()
     return out
+
+
+# ------------------------------------------------------------------------------ the -1 fallback
+
+#: what mm_fp4's CUTLASS runner launches for tactic -1 (FlashInfer's fallback: any shape its
+#: loaded file has no entry for, outside tuning), per kernel arch, in every supported release:
+#: SM120 (fp4_gemm_cutlass_sm120.cu fp4_bmm_impl) builds CutlassGemmConfig(CtaShape128x128x128B,
+#: AUTO, AUTO, 1x1x1, swap_ab false) with the DP scheduler; SM100 (fp4_gemm_cutlass.cu runGemm)
+#: sets tactic = 0. Values: (tile enum name, swap_ab, stream_k) for SM120, the list index for SM100.
+FALLBACK: dict[str, tuple[str, bool, bool] | int] = {"sm120": ("CtaShape128x128x128B", False, False), "sm100": 0}
+
+_SM120_FALLBACK = re.compile(r"\(tactic\s*>=\s*0\)\s*\?\s*getFp4GemmConfig\([^)]*\)\s*:\s*CutlassGemmConfig\("
+                             r"\s*CutlassTileConfigSM120::(\w+)\s*,[^;]*?(?:/\*\s*swap_ab\s*\*/\s*)?(true|false)\s*"
+                             r"(?:,\s*(true|false)\s*)?\)")
+_SM100_FALLBACK = re.compile(r"if\s*\(\s*tactic\s*==\s*-1\s*\)\s*\{\s*tactic\s*=\s*(\d+)\s*;")
+
+
+def fallback_from_source(text: str, kernel_arch: str) -> tuple[str, bool, bool] | int:
+    """FALLBACK's value for one arch, read from a release's runner source (the tests read each
+    installed wheel's csrc/fp4_gemm_cutlass_sm120.cu and csrc/fp4_gemm_cutlass.cu)."""
+    if kernel_arch == "sm120":
+        m = _SM120_FALLBACK.search(text)
+        if not m:
+            raise ValueError("no tactic -1 config found in the SM120 runner source")
+        return (m.group(1), m.group(2) == "true", m.group(3) == "true")
+    m = _SM100_FALLBACK.search(text)
+    if not m:
+        raise ValueError("no tactic -1 mapping found in the SM100 runner source")
+    return int(m.group(1))
+
+
+def fallback_index(kernel_arch: str, version: str) -> int:
+    """The integer tactic (of `version`'s list) that FlashInfer's -1 launches on `kernel_arch`."""
+    from autotune.tactics.cutlass import flashinfer_map as fim
+    fb = FALLBACK[kernel_arch]
+    if isinstance(fb, int):
+        return fb
+    return fim.sm120_names(version).index(fb)
