@@ -88,6 +88,9 @@ def test_export_leaves_predicted_winners_out_unless_asked(tmp_path):
     assert rep.written == 1 and rep.predicted_left == 1 and "1 predicted winners" in rep.line("a.json")
     rep = export_cache(store, tmp_path / "b.json", fmt="json", include_predicted=True)
     assert rep.written == 2 and rep.predicted_left == 0
+    import json
+    # the predicted marker raises the export's form: a reader of the older form refuses it, never drops it
+    assert [json.loads((tmp_path / f).read_text())["schema"] for f in ("a.json", "b.json")] == [3, 4]
     fresh = Store(tmp_path / "fresh.db")
     from autotune.integrations.portable import import_cache
     import_cache(fresh, tmp_path / "b.json")
