@@ -10,7 +10,6 @@ models`, `show` and the `cache` commands stay light.
 """
 from __future__ import annotations
 
-import bisect
 import os
 import warnings
 from dataclasses import dataclass, field, replace
@@ -404,56 +403,12 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
     return Shown(store.url, names, rows, s, notes=list(s.notes) if s else [])
 
 
-@dataclass(frozen=True)
-class Rung:
-    """`show --explain`: what dispatch on this machine answers for one problem at one tuned M, and why."""
-
-    problem: str
-    layers: tuple[str, ...]
-    m: int
-    rung: str            # pinned | exact | predicted | nearest | default (autotune.runtime.table.RUNGS)
-    tactic: str
-    why: str
-
-
-def explain(cache=None, *, model: str, tp: int = 1, ep: int = 1) -> list[Rung]:
-    """Per problem of `model` (the forms the runtime serves with its defaults) and per tuned M (the
-    buckets the cache holds winners for there, else the default search's), the rung a Dispatcher
-    built here over `cache` answers on, its tactic and why: a stored winner dispatch does not serve
-    (other libraries, other code, another arch, a build failure) is named with its reason."""
-    from autotune.runtime import loader
-    from autotune.runtime.dispatch import Dispatcher
-    store = open_store(cache, readonly=True)
+def explain(cache=None, *, model: str, tp: int = 1, ep: int = 1) -> list:
+    """`show --explain`: per problem of `model` (the forms the runtime serves with its defaults) and
+    per tuned M, the rung a Dispatcher built here answers on and why (autotune.report.explain.Rung)."""
+    from autotune.report.explain import rungs
     uses = model_problems(model, tp=tp, ep=ep, fused_moe=True, fold_shared=True, fused_mlp=True)
-    env = current()
-    d = Dispatcher(store, env=env, record_misses=False, warn=False)
-    keys = {u.problem.key for u in uses}
-    stored = {(w.problem_key, w.bucket): w for w in store.winners(env.device_key) if w.problem_key in keys}
-    ms = sorted({b for _, b in stored}) or list(parse_buckets(None, None)[0])
-    out = []
-    for u in uses:
-        p = u.problem
-        for m in ms:
-            rung, t = d.rung_for(p, m)
-            w, served = stored.get((p.key, m)), d.table(p)
-            skip = ""
-            if w is not None and m not in served.buckets:
-                why, _, _ = loader.vet(w, env, d.arch, d._kernel)
-                skip = f"; its stored winner is not served here ({why or 'unusable'})"
-            if rung == "pinned":
-                why = "pinned (Dispatcher.pin or $AUTOTUNE_PIN)"
-            elif rung == "exact":
-                why = (f"measured winner at M = {m}: {w.median_us:.3g} us"
-                       + (f", {w.speedup:.2f}x the default" if w.speedup else ""))
-            elif rung == "predicted":
-                why = "predicted winner: the rank model's first choice, checked against float64, not timed"
-            elif rung == "nearest":
-                j = min(served._near[bisect.bisect_left(served.buckets, m)], len(served.buckets) - 1)
-                why = f"no measured winner at M = {m}{skip}: bucket {served.buckets[j]}'s measured winner"
-            else:
-                why = f"no measured winner at or above M = {m}{skip}: the family default"
-            out.append(Rung(p.key, tuple(u.layers), m, rung, str(t), why))
-    return out
+    return rungs(open_store(cache, readonly=True), uses, current(), list(parse_buckets(None, None)[0]))
 
 
 def summary(store: Store, keys: set[str] | None = None, uses: list[ProblemUse] | None = None) -> Summary:

@@ -1,7 +1,7 @@
 """What `--batch-invariant` costs against per-bucket winners, from a stored full search (offline).
 
 For each problem of the cache: the one batch-invariant tactic the search would store for every M
-(autotune.engine.strategy.one_per_problem over the trials of tactics whose family says they are
+(autotune.engine.invariant.one_per_problem over the trials of tactics whose family says they are
 batch-invariant) against the stored per-bucket winner. Times are the cache's own medians: a tactic
 cut by halving in round 1 has a round-1 median (fewer reps) there, so the figures are estimates of
 what a `--batch-invariant` search on that machine would store, not a re-measurement.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from autotune.core.tactic import Tactic  # noqa: E402
 from autotune.tactics.triton_fp4.moe_decode import chunk_tokens  # noqa: E402
 from autotune.tactics.triton_fp4.splitk import chunk_rows  # noqa: E402
-from autotune.engine.strategy import invariant, one_per_problem  # noqa: E402
+from autotune.engine.invariant import invariant, one_per_problem  # noqa: E402
 from bench.common import existing  # noqa: E402
 from bench.rank_eval import open_store  # noqa: E402
 

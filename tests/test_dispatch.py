@@ -82,7 +82,7 @@ def test_ladder_exact_nearest_clamp_and_counters(tmp_path):
     assert t.counts == [0, 2, 0, 3, 0] and d.stats["exact"] == 2 and d.stats["nearest"] == 3
     assert d.stats["hit"] == 5 and d.stats["miss"] == 0
     assert t.rung_for(16) == ("exact", T_A) and t.rung_for(17) == ("nearest", T_A)
-    assert t.counts == [0, 2, 3, 0]                         # rung_for does not count
+    assert t.counts == [0, 2, 0, 3, 0]                      # rung_for does not count
     assert t.kernels[0] is t.kernels[2]                     # one kernel per (problem, tactic)
     for m in (1, 3, 40):
         assert rel_err(d((m, 256, 512)), P, m) < 1e-2
@@ -97,7 +97,7 @@ def test_default_rung_counts_misses_per_m_and_warns_once(tmp_path):
         assert rel_err(k1, Q, 5) < 1e-2
         rel_err(k1, Q, 7)
     assert sum("no tuned tactic" in str(c.message) for c in caught) == 1
-    assert d.table(Q).counts == [0, 0, 0, 3]
+    assert d.table(Q).counts == [0, 0, 0, 0, 3]
     assert d.misses == {(Q.key, 5): 2, (Q.key, 9): 1}
     assert d.rung_for(Q, 5) == ("default", d._default_tactic(Q))
     assert d.tactic_for(P, 4) == ("winner", T_A)
@@ -131,7 +131,7 @@ def test_every_stored_entry_is_checked_before_use(tmp_path):
         win(T_A, 16, device="1" * 16)])
     con = sqlite3.connect(path)      # a tampered row: params that no longer hash to the stored id
     con.execute("UPDATE tactics SET params_json = ? WHERE id = ?", (T_B.to_json(), T_A.id))
-    con.execute("INSERT INTO winners VALUES (?, 32, ?, ?, 'nope', ?, 1, ?, 1, 1, '2026-01-01', ?)",
+    con.execute("INSERT INTO winners VALUES (?, 32, ?, ?, 'nope', ?, 1, ?, 1, 1, '2026-01-01', ?, 0)",
                 (P.key, CPU.device_key, T_A.id, LIB, T_A.id, win(T_A, 32).code_key))   # family column lies
     con.commit()
     con.close()
