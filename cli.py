@@ -106,7 +106,8 @@ def search(as_json, **flags):
         if rep is not None and as_json:      # what was measured is stored; say what and where the time went
             click.echo(json.dumps({**text.search_json(rep, uses or []), "interrupted": True}, indent=2))
         elif rep is not None and rep.stages.data:
-            click.echo("time per stage (summed over workers): " + rep.stages.line(), err=True)
+            for line in text.stage_lines(rep.stages.data):
+                click.echo(line, err=True)
         click.echo(f"autotune search: stopped by {signal.Signals(sig).name}; its claims are released and the "
                    "trials stored so far are kept (run the same command to resume)", err=True)
         sys.exit(128 + sig)
@@ -148,8 +149,21 @@ def archs():
               help="the full text of each failure / rejection reason (the table cuts long ones to one line); "
                    "with --json: an object {winners, verdicts} with every reason group in full")
 @click.option("--stale", is_flag=True, help="list the winners measured with other kernel code than this install's (not served)")
-def show(model, tp, ep, cache, misses, as_json, verbose=False, stale=False):
+@click.option("--explain", is_flag=True,
+              help="with --model: per problem and tuned M, the dispatch rung that answers here (pinned, exact, "
+                   "predicted, nearest, default) and why")
+def show(model, tp, ep, cache, misses, as_json, verbose=False, stale=False, explain=False):
     """Show the winners stored in the cache."""
+    if explain:
+        if not model:
+            raise BadInput("--explain needs --model")
+        rows = _call(api.explain, cache, model=model, tp=tp, ep=ep)
+        if as_json:
+            click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
+            return
+        for line in text.explain_lines(rows):
+            click.echo(line)
+        return
     shown = _call(api.show, cache, model=model, tp=tp, ep=ep, misses=misses, stale=stale and not misses)
     if stale and not misses:
         if as_json:
@@ -263,11 +277,13 @@ def _format_option(f):
 @click.option("--cache", default=None, help=request.CACHE_HELP)
 @_exporter_options
 @click.option("--sign-key", default=None, help="sign with this key file (Ed25519 PEM private key, or an HMAC secret) [default: $AUTOTUNE_SIGNING_KEY_FILE, $AUTOTUNE_SIGNING_KEY, else unsigned]")
-def cache_export(output, gpu, model, tp, ep, fmt, cache, sign_key, **options):
+@click.option("--include-predicted", is_flag=True,
+              help="also export predicted winners (--strategy predict: checked, never timed)")
+def cache_export(output, gpu, model, tp, ep, fmt, cache, sign_key, include_predicted=False, **options):
     """Write a self-contained file with the winners (flashinfer: FlashInfer's autotuner cache + blocklist)."""
     from autotune.integrations import exporters
     req = exporters.Request(lambda: _open_store(cache, readonly=True), output, gpu,
-                            sorted(_keys(model, tp, ep)) if model else None, sign_key)
+                            sorted(_keys(model, tp, ep)) if model else None, sign_key, include_predicted)
     try:
         lines = exporters.export(fmt, req, options)
     except exporters.ExportRefused as e:

@@ -404,6 +404,14 @@ def show(cache=None, *, model: str | None = None, tp: int = 1, ep: int = 1, miss
     return Shown(store.url, names, rows, s, notes=list(s.notes) if s else [])
 
 
+def explain(cache=None, *, model: str, tp: int = 1, ep: int = 1) -> list:
+    """`show --explain`: per problem of `model` (the forms the runtime serves with its defaults) and
+    per tuned M, the rung a Dispatcher built here answers on and why (autotune.report.explain.Rung)."""
+    from autotune.report.explain import rungs
+    uses = model_problems(model, tp=tp, ep=ep, fused_moe=True, fold_shared=True, fused_mlp=True)
+    return rungs(open_store(cache, readonly=True), uses, current(), list(parse_buckets(None, None)[0]))
+
+
 def summary(store: Store, keys: set[str] | None = None, uses: list[ProblemUse] | None = None) -> Summary:
     try:
         return collect(store, keys, uses)

@@ -97,6 +97,10 @@ def row_name(w: Any) -> str:
 
 # ------------------------------------------------------------------------------------- payload
 
+#: the form of every export written before a later column (schema 3: code keys, carried when set)
+BASE_FORM = 3
+
+
 def _payload(winners: list[Winner], devices: dict[str, dict], libsets: dict[str, dict]) -> dict:
     tactics, problems = {}, {}
     for w in winners:
@@ -115,17 +119,22 @@ def _payload(winners: list[Winner], devices: dict[str, dict], libsets: dict[str,
     wl = [export_dict(w, WINNER) for w in winners]
     dev_keys = {w.device_key for w in winners}
     lib_keys = {w.lib_key for w in winners}
-    return {"format": FORMAT, "schema": SCHEMA_VERSION, "winners": wl,
+    # the form the payload needs: a later column set in some row raises it (a reader of an older
+    # form refuses the file instead of dropping the column); otherwise the form every export had
+    form = max([BASE_FORM, *(c.since for c in WINNER if c.since > BASE_FORM for d in wl if c.name in d)])
+    return {"format": FORMAT, "schema": form, "winners": wl,
             "tactics": [tactics[k] for k in sorted(tactics, key=str)],
             "problems": [problems[k] for k in sorted(problems)],
             "devices": [devices[k] for k in sorted(dev_keys, key=str) if k in devices],
             "libsets": [{"lib_key": k, "versions": libsets[k]} for k in sorted(lib_keys, key=str) if k in libsets]}
 
 
-def collect(store: Store, gpu: str | None = None, problem_keys: Iterable[str] | None = None) -> dict:
-    """The payload of `store`'s winners (optionally one GPU's / some problems'), every row as stored."""
+def collect(store: Store, gpu: str | None = None, problem_keys: Iterable[str] | None = None,
+            include_predicted: bool = False) -> dict:
+    """The payload of `store`'s winners (optionally one GPU's / some problems'), every row as stored;
+    predicted winners (never timed) only with `include_predicted`."""
     devices = store.device_records()
-    winners = store.winners()
+    winners = [w for w in store.winners() if include_predicted or not w.predicted]
     if gpu:
         keys = select_devices(devices.values(), gpu)
         winners = [w for w in winners if w.device_key in keys]

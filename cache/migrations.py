@@ -77,8 +77,13 @@ def _v4_replay_checked(c: Connection) -> None:
         c.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN replay_checked BOOLEAN DEFAULT false NOT NULL")
 
 
+def _v5_predicted(c: Connection) -> None:
+    """Schema 5: winners marked predicted (`--strategy predict`); every stored one was measured."""
+    c.exec_driver_sql("ALTER TABLE winners ADD COLUMN predicted BOOLEAN DEFAULT false NOT NULL")
+
+
 #: version -> the step that brings a cache from version-1 to version
-STEPS: dict[int, Step] = {2: _v2_claims, 3: _v3_code_keys, 4: _v4_replay_checked}
+STEPS: dict[int, Step] = {2: _v2_claims, 3: _v3_code_keys, 4: _v4_replay_checked, 5: _v5_predicted}
 
 #: schema version 1 as released (commit 942ee7f), SQLite dialect
 V1_DDL = """

@@ -115,6 +115,8 @@ def check_winner(w: Winner) -> str | None:
         return "bad code key"
     if not _hex16(w.default_tactic_id):
         return "bad default tactic id"
+    if not isinstance(getattr(w, "predicted", False), bool):
+        return "bad predicted"
     if not timing_ok(med):
         return "bad median_us"
     if dmed is not None and not timing_ok(dmed):

@@ -5,7 +5,8 @@ Keys follow anchors.md §2: a trial is keyed by (problem, bucket, tactic, device
 by (problem, bucket, device) and carries the lib_key it was measured under, so each entry can be
 validated on its own. Schema 3 adds the code key (autotune.core.codekey) to both: the library key
 joined with the digest of the member's sources, part of a trial's key. Schema 4 adds
-`replay_checked` to both: the trial passed the replay check (autotune.engine.replay).
+`replay_checked` to both: the trial passed the replay check (autotune.engine.replay). Schema 5 marks a winner
+predicted (the rank model's checked first choice, never timed: `--strategy predict`).
 
 The trials, winners and misses tables hold the columns of their records (autotune.cache.columns,
 derived from autotune.core.records) plus row bookkeeping; tests/test_cache_columns.py checks that
@@ -24,7 +25,7 @@ from autotune.cache.columns import TRIAL_KEY
 
 #: bump with every change to the tables below, and add the step to cache/migrations.py (STEPS);
 #: tests/test_migrations.py upgrades a cache built with the first released schema and compares
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def utcnow() -> datetime:
@@ -129,6 +130,8 @@ class WinnerRow(Base):
     code_key: Mapped[str] = mapped_column(String(32), default="", server_default="")
     #: schema 4: the winning trial passed the replay check (False before it)
     replay_checked: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: schema 5: a predicted winner (`--strategy predict`: checked, not timed); a measured one replaces it
+    predicted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class CompilerFigureRow(Base):

@@ -144,7 +144,7 @@ def test_batch_invariant_search_keeps_only_invariant_tactics_and_one_per_problem
 
 def test_one_per_problem_scores_by_the_geometric_mean_over_buckets():
     from autotune.core.records import Trial
-    from autotune.engine.strategy import one_per_problem
+    from autotune.engine.invariant import one_per_problem
 
     def tr(tid, b, us):
         return Trial("p", b, tid, "f", "{}", "d", "l", "ok", median_us=us)

@@ -79,10 +79,10 @@ def test_ladder_exact_nearest_clamp_and_counters(tmp_path):
     assert d((5, 256, 512)) is t.kernels[2]
     assert d((1000, 256, 512)) is t.kernels[2]              # clamped to the largest
     assert d(P, 1) is t.kernels[0]                          # the (problem, M) form
-    assert t.counts == [0, 2, 3, 0] and d.stats["exact"] == 2 and d.stats["nearest"] == 3
+    assert t.counts == [0, 2, 0, 3, 0] and d.stats["exact"] == 2 and d.stats["nearest"] == 3
     assert d.stats["hit"] == 5 and d.stats["miss"] == 0
     assert t.rung_for(16) == ("exact", T_A) and t.rung_for(17) == ("nearest", T_A)
-    assert t.counts == [0, 2, 3, 0]                         # rung_for does not count
+    assert t.counts == [0, 2, 0, 3, 0]                      # rung_for does not count
     assert t.kernels[0] is t.kernels[2]                     # one kernel per (problem, tactic)
     for m in (1, 3, 40):
         assert rel_err(d((m, 256, 512)), P, m) < 1e-2
@@ -97,7 +97,7 @@ def test_default_rung_counts_misses_per_m_and_warns_once(tmp_path):
         assert rel_err(k1, Q, 5) < 1e-2
         rel_err(k1, Q, 7)
     assert sum("no tuned tactic" in str(c.message) for c in caught) == 1
-    assert d.table(Q).counts == [0, 0, 0, 3]
+    assert d.table(Q).counts == [0, 0, 0, 0, 3]
     assert d.misses == {(Q.key, 5): 2, (Q.key, 9): 1}
     assert d.rung_for(Q, 5) == ("default", d._default_tactic(Q))
     assert d.tactic_for(P, 4) == ("winner", T_A)

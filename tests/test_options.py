@@ -61,7 +61,7 @@ def test_every_cli_flag_is_a_keyword_of_api_run():
     (lambda: Halving(budget_s=0), "budget_s must be a positive number of seconds", "--budget-s must"),
     (lambda: SearchOptions(margin=1.5), "margin must be in [0, 1), got 1.5", "--margin must"),
     (lambda: SearchOptions(max_tactics=0), "max_tactics must be >= 1, got 0", "--max-tactics must"),
-    (lambda: SearchOptions(strategy="nope"), "strategy must be one of ranked, halving, exhaustive, got 'nope'",
+    (lambda: SearchOptions(strategy="nope"), "strategy must be one of ranked, halving, exhaustive, predict, got 'nope'",
      "--strategy must"),
 ])
 def test_a_refusal_names_the_field_for_the_library_and_the_flag_for_the_cli(build, field, flag):

@@ -350,3 +350,35 @@ def test_store_union_later_cache_wins_and_misses_add_up(tmp_path):
     assert any("b.db replaced 1" in n for n in u.notes)
     assert [(m.m, m.count) for m in u.misses()] == [(7, 4)]
     assert u.tactic(t2.id).params == t2.params and u.url.count(" + ") == 1
+
+
+def test_show_at_80_columns_never_cuts_a_tactic_parameter(syn_summary):
+    """#48 item 4: `show` piped at 80 columns wraps a long winner between its parameters, never
+    inside a name or a value."""
+    from rich.console import Console
+    from autotune.report import print_summary
+    con = Console(record=True, width=80)
+    print_summary(syn_summary, con)
+    out = con.export_text()
+    assert max(len(ln) for ln in out.splitlines()) <= 80
+    params = {tok for v in syn_summary.devices[0].problems for p in v.points
+              for tok in p.winner.split("[", 1)[-1].rstrip("]").split(",")}
+    assert params
+    for tok in params:
+        assert tok in out, tok      # each parameter on one line, whole
+
+
+def test_the_step_plot_switches_to_seconds_and_keeps_its_labels_apart(syn_summary):
+    """#48 item 4: a CPU run's step (every part 10^6 x slower: minutes) is drawn in s, not in
+    hundreds of thousands of ms; no two text boxes overlap (plots.layout_problems)."""
+    import dataclasses
+    sv = syn_summary.devices[0].step
+    slow = dataclasses.replace(sv, measured=None, parts=[dataclasses.replace(p, us={m: u * 1e6 for m, u in p.us.items()})
+                                                         for p in sv.parts])
+    fig = plots.step_figure(slow, "CPU")
+    ax = fig.axes[0]
+    assert ax.get_xlabel().endswith("(s)") and max(ax.get_xlim()) < 1e6
+    assert any(t.get_text().endswith(" s") for t in ax.texts)
+    fast = plots.step_figure(dataclasses.replace(sv, measured=None), "H200")
+    assert fast.axes[0].get_xlabel().endswith("(ms)")
+    _check([("slow step", fig), ("fast step", fast)])

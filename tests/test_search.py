@@ -177,10 +177,39 @@ def test_plain_progress_prints_per_problem_and_every_few_seconds_of_an_injected_
     assert len(lines) == 1                              # the problem still has a bucket running
     p.advance(3)
     p.job_done(a2)
-    assert lines[-1] == f"progress: 9/12 trials, 2/3 (problem, bucket) jobs; {DENSE.key} done"
+    assert lines[-1] == f"progress: 9/12 trials, 2/3 (problem, bucket) jobs; {DENSE.key} done: no winner"
     p.advance(2)
     p.job_done(b1)
-    assert lines[-1] == f"progress: 11/12 trials, 3/3 (problem, bucket) jobs; {MOE.key} done" and len(lines) == 3
+    assert lines[-1] == f"progress: 11/12 trials, 3/3 (problem, bucket) jobs; {MOE.key} done: no winner" \
+        and len(lines) == 3
+
+
+def test_progress_says_the_time_left_from_each_problems_cost_per_trial_and_each_verdict_as_it_finishes():
+    """#48 item 4: the time left counts a problem's trials at that problem's measured cost (a dense
+    trial 1 s, a MoE trial 10 s here), the mean for a problem not started; a problem's line names
+    its winners as it finishes."""
+    from autotune.core.records import Winner
+    from autotune.engine.progress import Progress
+    now, lines = [0.0], []
+    p = Progress(lines.append, every_s=1e9, clock=lambda: now[0])
+    d1, d2, m1 = _Job(DENSE.key, 2), _Job(DENSE.key, 2), _Job(MOE.key, 3)
+    d1.bucket, d2.bucket, m1.bucket = 1, 8, 1
+    p.start([d1, d2, m1], resumed=0)
+    assert p.left_s() is None                           # nothing measured: no figure
+    for _ in range(2):
+        now[0] += 1.0
+        p.advance(1, d1)
+    w = Winner(DENSE.key, 1, "d", "t", "torch", '{"family": "torch", "params": {"chunk_n": 0}}', "l", 12.5, "t",
+               None, None)
+    p.job_done(d1, w)
+    assert p.left_s() == 2 * 1.0 + 3 * 1.0              # the MoE problem not started: the mean so far
+    now[0] += 10.0
+    p.advance(1, m1)
+    assert p.left_s() == 2 * 1.0 + 2 * 10.0
+    p.advance(2, d2)
+    p.job_done(d2, None)
+    assert lines[-1].startswith("progress: 5/7 trials, 2/3 (problem, bucket) jobs; about 0:00:") \
+        and lines[-1].endswith(f"; {DENSE.key} done: 1 bucket won — M=1 torch[chunk_n=0] 12.5 us")
 
 
 def test_search_options_and_keywords_are_the_same_search(tmp_path):
@@ -247,3 +276,15 @@ def test_a_tactic_its_family_calls_useless_at_a_bucket_is_not_timed_there(tmp_pa
     assert chunked and chunked & timed[1] and not chunked & timed[4]
     assert {w.bucket for w in store.winners()} == {1, 4}
     assert fam.default(wide, CPU_ARCH).id in timed[4]
+
+
+def test_the_stage_summary_is_a_table_with_parts_indented_and_not_added():
+    from autotune.report.text import stage_lines
+    data = {"time": [906, 133.2], "check": [300, 54.0], "check: call": [300, 50.0], "check: build": [300, 0.5],
+            "setup": [70, 12.0], "compile: overlapped": [3, 4.0]}
+    lines = list(stage_lines(data))
+    assert lines[0].startswith("time per stage") and lines[1].split() == ["stage", "seconds", "count", "ms", "each"]
+    assert [ln.split()[0] for ln in lines[2:]] == ["time", "check", "call", "build", "setup", "compile", "overlapped"]
+    assert lines[3].startswith("check ") and lines[4].startswith("  call ") and lines[5].startswith("  build ")
+    assert lines[8].startswith("  overlapped") and lines[7].strip() == "compile"     # its stage never timed alone
+    assert all(len(ln) <= 100 for ln in lines)

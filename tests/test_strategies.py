@@ -49,7 +49,7 @@ def test_a_strategy_from_one_file_and_one_registry_line_runs_a_cpu_search(tmp_pa
 def test_an_unregistered_name_is_refused_in_one_line(first):
     assert SearchOptions(strategy="first").strategy == "first"
     strategies.unregister("first")
-    with pytest.raises(OptionError, match="strategy must be one of ranked, halving, exhaustive, got 'first'"):
+    with pytest.raises(OptionError, match="strategy must be one of ranked, halving, exhaustive, predict, got 'first'"):
         SearchOptions(strategy="first")
 
 

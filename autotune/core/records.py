@@ -72,6 +72,8 @@ class Winner:
     speedup: float | None     # default_median / median (1.0 when the default won)
     code_key: str = added(3, "")  # the winning trial's code key (core.codekey); "" before code keys
     replay_checked: bool = added(4, False)  # the winning trial passed the replay check (engine.replay)
+    predicted: bool = added(5, False)  # the rank model's first choice, checked against float64, never timed
+    #                                    (`--strategy predict`; median_us is its one checked call's host time)
 
 
 @dataclass(frozen=True)

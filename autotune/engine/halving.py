@@ -12,6 +12,12 @@ interleaved final round.
    as failed, "wrong under graph replay", and never wins. The others are stored `replay_checked`.
 
 `exhaustive` skips 2 and 3 and times every survivor with the full timer (the reference the halving is checked against).
+
+On a count-bound host (`measure_host`: the CPU, where one call of the torch reference takes 0.1-8 s and
+outlasts the job's whole budget, so halving's minimum reps — a check and >= 3 interleaved cycles per
+tactic — set the cost, not its budget) the check's call, timed on the host by the same clock as a
+timing rep, is each tactic's first sample: a tactic slower than the fastest check by more than
+`host_window` is dropped on it, and the near-ties (with the default) are timed once more, interleaved.
 Trials are handed to `emit` as soon as they are decided, so each commits on its own.
 """
 from __future__ import annotations
@@ -42,6 +48,8 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
         except WorkerLost as e:
             emit(Outcome(t, "failed", e.reason, exit_signal=e.exit_signal))
     alive = [t for t in tactics if t.id in checked]
+    if count_bound(ex, alive, checked, halving):
+        return measure_host(ex, alive, checked, default_id, timer, halving, emit)
     timings: dict[str, dict] = {}
 
     def timed(t: Tactic, cfg: TimerConfig) -> dict | None:
@@ -113,6 +121,69 @@ def _replay(ex: Executor, alive: list[Tactic], checked: dict, emit: Callable[[Ou
             emit(Outcome(t, "failed", "wrong under graph replay: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
                          rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
     return passed
+
+
+def check_call_us(c: dict) -> float | None:
+    """The host time of a check's one call (the worker's "parts"/"call"), in microseconds; None when
+    the executor does not say."""
+    v = (c.get("parts") or {}).get("call")
+    return v * 1e6 if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+
+
+def count_bound(ex: Executor, alive: Sequence[Tactic], checked: dict, h: Halving) -> bool:
+    """A host job whose calls cost more than its budget: timed on the host clock (not CUDA events),
+    every check's call time known, and the fastest call longer than the budget's share per tactic —
+    halving would spend its minimum reps (>= 4 calls a tactic) whatever the budget."""
+    if not h.host_window or h.exhaustive or getattr(ex, "device", "cuda") == "cuda" or not alive:
+        return False
+    calls = [check_call_us(checked[t.id]) for t in alive]
+    return all(c is not None for c in calls) and min(calls) * 1e-6 > h.budget_s / len(alive)
+
+
+def measure_host(ex: Executor, alive: list[Tactic], checked: dict, default_id: str, timer: TimerConfig,
+                 h: Halving, emit: Callable[[Outcome], None]) -> None:
+    """A count-bound host job (`count_bound`): the check call is each tactic's first sample; those
+    slower than the fastest by more than `h.host_window` are dropped on it, but the default, which
+    keeps its check's time (the winner rule compares against it). The near-ties (at most
+    `h.finalists`), when there are two or more, are timed once more, interleaved, one call each, and
+    keep the median of their two samples (reps 2); a leader with no near tie keeps its check's time.
+    A suspiciously fast leader is re-timed before it stands (`_confirm`)."""
+    first = {t.id: check_call_us(checked[t.id]) for t in alive}
+    ranked = sorted(alive, key=lambda t: (first[t.id], t.id))
+    lead = first[ranked[0].id]
+    near = [t for t in ranked if first[t.id] <= lead * (1 + h.host_window)][:h.finalists]
+    final = near + [t for t in ranked if t.id == default_id and t not in near]
+    for t in ranked:
+        if t not in final:
+            c = checked[t.id]
+            emit(Outcome(t, "dropped", f"count-bound host: dropped on its check call ({first[t.id]:.3g} us, "
+                                       f"best {lead:.3g} us)", first[t.id], 0.0, 1, c["rel_err"], c["smem_compiled"]))
+    one = _round_timer(timer, 1e-4, min_reps=1)
+    timings: dict[str, dict] = {}
+    alive[:] = final
+
+    def timed(t: Tactic, cfg: TimerConfig) -> dict | None:
+        try:
+            return ex.time(t, cfg)
+        except (TacticError, WorkerLost) as e:
+            alive.remove(t)
+            emit(Outcome(t, "failed", "while timing: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
+                         rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
+            return None
+    notes: dict[str, str] = {}
+    for t in list(alive):
+        if len(near) < 2 or t not in near:
+            timings[t.id] = {"median_us": first[t.id], "iqr_us": 0.0, "reps": 1}
+            notes[t.id] = "count-bound host: its check call's time" + ("" if t in near else " (the default)")
+        elif (tm := timed(t, one)) is not None:
+            s = (first[t.id], tm["median_us"])
+            timings[t.id] = {"median_us": statistics.median(s), "iqr_us": abs(s[1] - s[0]), "reps": 1 + tm["reps"]}
+    notes.update(_confirm(alive, timed, timings, one, h))
+    replayed = _replay(ex, alive, checked, emit)          # the ones that may still win: near-ties and the default
+    for t in alive:
+        tm, c = timings[t.id], checked[t.id]
+        emit(Outcome(t, "ok", notes.get(t.id, ""), tm["median_us"], tm["iqr_us"], tm["reps"], c["rel_err"],
+                     c["smem_compiled"], replay_checked=t.id in replayed))
 
 
 def _confirm(alive: list[Tactic], timed, timings: dict, cfg: TimerConfig, h: Halving) -> dict[str, str]:

@@ -216,9 +216,16 @@ class Halving:
         "--exhaustive", "time every kept tactic fully (no successive halving); same as --strategy exhaustive",
         switch=True))
     suspect: float = 0.5        # a best time under this share of the runner-up's is re-timed before it stands
+    # a count-bound host (the CPU, where one call outlasts the job's budget share: halving's minimum reps,
+    # not its budget, set the cost): the check call's host time is each tactic's first sample, those
+    # slower than the fastest check by more than this share are dropped on it, and the rest are timed
+    # once more (autotune.engine.halving.measure_host); 0 turns the rule off
+    host_window: float = 0.15
 
     def __post_init__(self):
         validate(self)
+        if not 0 <= self.host_window < math.inf:
+            raise ValueError(f"successive halving: host_window must be >= 0, got {self.host_window!r}")
         for name, low in (("eta", 2), ("finalists", 1), ("cycles", 1)):
             if getattr(self, name) < low:
                 raise ValueError(f"successive halving: {name} must be >= {low}, got {getattr(self, name)!r}")

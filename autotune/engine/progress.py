@@ -1,13 +1,22 @@
 """How a search reports progress: a rich bar on a terminal, plain lines elsewhere (CI logs, `| tee`).
 
-Plain lines come when a problem's last bucket finishes and otherwise at most every `every_s`
-seconds of the injected clock, so a long search shows signs of life without flooding a log.
+Plain lines come when a problem's last bucket finishes — with that problem's verdict: the winner of
+each bucket — and otherwise at most every `every_s` seconds of the injected clock, so a long search
+shows signs of life without flooding a log. Each line still short of the end carries a time-remaining
+figure from the cost per trial measured so far: per problem, since one problem's trials can cost
+100x another's (GLM-5's grouped MoE against its dense layers on a CPU); a problem with no finished
+trial yet is costed at the mean of those measured. Before any trial is measured it says nothing.
 """
 from __future__ import annotations
 
 import sys
 import time
 from typing import Any, Callable
+
+
+def clock_text(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 class Progress:
@@ -19,41 +28,84 @@ class Progress:
         self.every_s, self._clock = every_s, clock
         self.done = self.total = self.jobs_done = 0
         self._left: dict[str, int] = {}      # problem key -> buckets still running
-        self._last = 0.0
+        self._todo: dict[str, int] = {}      # problem key -> trials still to decide
+        self._cost: dict[str, list] = {}     # problem key -> [trials decided, seconds they took]
+        self._won: dict[str, list[str]] = {}  # problem key -> "M=b tactic time" of its finished buckets
+        self._last = self._mark = 0.0
 
     def start(self, jobs, resumed: int) -> None:
         self.total = sum(len(j.tactics) for j in jobs) + resumed
         self.done = resumed
         self._jobs = len(jobs)
         for j in jobs:
-            self._left[j.problem.key] = self._left.get(j.problem.key, 0) + 1
-        self._last = self._clock()
+            k = j.problem.key
+            self._left[k] = self._left.get(k, 0) + 1
+            self._todo[k] = self._todo.get(k, 0) + len(j.tactics)
+        self._last = self._mark = self._clock()
 
     def note(self, line: str) -> None:
         """A line of its own (what the search is about to measure), written at once."""
         self._write(line)
 
+    def left_s(self) -> float | None:
+        """Seconds still to go, from the measured cost per trial of each problem (None: nothing measured yet)."""
+        n = sum(c[0] for c in self._cost.values())
+        if not n:
+            return None
+        mean = sum(c[1] for c in self._cost.values()) / n
+        return sum(left * (self._cost[k][1] / self._cost[k][0] if self._cost.get(k, [0])[0] else mean)
+                   for k, left in self._todo.items() if left > 0)
+
+    def _eta(self) -> str:
+        s = self.left_s()
+        return "" if s is None or self.done >= self.total else f"; about {clock_text(s)} left"
+
     def _line(self, what: str) -> None:
         self._last = self._clock()
-        self._write(f"progress: {self.done}/{self.total} trials, {self.jobs_done}/{self._jobs} (problem, bucket) jobs{what}")
+        self._write(f"progress: {self.done}/{self.total} trials, {self.jobs_done}/{self._jobs} (problem, bucket) "
+                    f"jobs{self._eta()}{what}")
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, job: Any = None) -> None:
         self.done += n
-        if n and self._clock() - self._last >= self.every_s:
+        now = self._clock()
+        if job is not None and n:
+            k = job.problem.key
+            c = self._cost.setdefault(k, [0, 0.0])
+            c[0] += n
+            c[1] += now - self._mark
+            self._todo[k] = self._todo.get(k, 0) - n
+        self._mark = now
+        if n and now - self._last >= self.every_s:
             self._line("")
 
-    def job_done(self, job) -> None:
+    def job_done(self, job, winner: Any = None) -> None:
         self.jobs_done += 1
-        self._left[job.problem.key] -= 1
-        if not self._left[job.problem.key]:
-            self._line(f"; {job.problem.key} done")
+        k = job.problem.key
+        self._left[k] -= 1
+        if winner is not None:
+            how = " predicted" if getattr(winner, "predicted", False) else f" {winner.median_us:.4g} us"
+            self._won.setdefault(k, []).append((job.bucket, f"M={job.bucket} {_tactic_text(winner)}{how}"))
+        if not self._left[k]:
+            won = sorted(self._won.pop(k, []))
+            verdict = f": {len(won)} bucket{'s' * (len(won) != 1)} won — " + "; ".join(t for _, t in won) if won \
+                else ": no winner"
+            self._line(f"; {k} done{verdict}")
 
     def close(self) -> None:
         pass
 
 
+def _tactic_text(w: Any) -> str:
+    try:
+        from autotune.core.tactic import Tactic
+        return str(Tactic.from_json(w.params_json))
+    except (ValueError, TypeError, AttributeError):
+        return str(getattr(w, "tactic_id", "?"))
+
+
 class Bar(Progress):
-    """A transient rich progress bar (a terminal); nothing at all when `enabled` is False."""
+    """A transient rich progress bar (a terminal); nothing at all when `enabled` is False. Its
+    time-remaining figure is `Progress.left_s` (per problem), not rich's rate of the last few steps."""
 
     def __init__(self, enabled: bool):
         super().__init__(write=lambda s: None)
@@ -67,18 +119,23 @@ class Bar(Progress):
     def start(self, jobs, resumed: int) -> None:
         super().start(jobs, resumed)
         if self._enabled and self.total:
-            from rich.progress import Progress as RichProgress   # rich draws only on a terminal
-            self._p = RichProgress(transient=True)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn
+            self._p = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                   TextColumn("{task.fields[eta]}"), transient=True)
             self._p.start()
-            self._task = self._p.add_task("measuring", total=self.total, completed=self.done)
+            self._task = self._p.add_task("measuring", total=self.total, completed=self.done, eta="")
 
-    def advance(self, n: int) -> None:
-        self.done += n
+    def advance(self, n: int, job: Any = None) -> None:
+        Progress.advance(self, n, job)
         if self._p and n:
-            self._p.advance(self._task, n)
+            s = self.left_s()
+            self._p.update(self._task, advance=n, eta="" if s is None else f"about {clock_text(s)} left")
 
-    def job_done(self, job) -> None:
-        self.jobs_done += 1
+    def _line(self, what: str) -> None:
+        self._last = self._clock()
+
+    def job_done(self, job, winner: Any = None) -> None:
+        super().job_done(job, winner)
 
     def close(self) -> None:
         if self._p:

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 from autotune.core import codekey, measure, winner as winner_rule
-from autotune.engine import audit, claims as job_claims, pipeline, strategies, strategy, workers as workers_mod
+from autotune.engine import audit, claims as job_claims, invariant, pipeline, strategies, strategy, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
-from autotune.engine.strategies.base import HalvingStrategy
+from autotune.engine.strategies.base import PREDICTED, HalvingStrategy
 from autotune.engine.options import Runner, SearchOptions, TimerConfig  # noqa: F401  (re-exported)
 from autotune.engine.workers import Stages
 from autotune.core.buckets import Buckets
@@ -47,6 +47,7 @@ class SearchReport:
     plans: dict[str, list[FamilyPlan]] = field(default_factory=dict)   # problem key -> per family
     measured: int = 0          # trials timed (ok or dropped by successive halving)
     dropped: int = 0
+    predicted: int = 0         # --strategy predict: first choices checked and stored as predicted winners
     resumed: int = 0
     failed: int = 0
     job_failures: list[str] = field(default_factory=list)   # (problem, bucket) jobs not measured, with the reason
@@ -86,10 +87,10 @@ class _Work:
 class _Search:
     """One search's state; each method is one named step of `search`."""
 
-    ttl: float      # the claims' time to live; search() sets it from the runner's timeout
-
     def __init__(self, problems: Sequence[Problem], families: Sequence[Family], store, buckets: Buckets,
-                 o: SearchOptions):
+                 o: SearchOptions, ttl: float | None = None):
+        #: the claims' time to live (None: from the runner's timeout, when the jobs run)
+        self.ttl = ttl
         self.env = o.env or current()
         self.strategy, o = strategies.of(o)     # the registered strategy object (autotune/engine/strategies/)
         self.o = replace(o, runner=replace(o.runner, families={**registry.extra(), **o.runner.families}))
@@ -105,6 +106,7 @@ class _Search:
         self.pool = None                   # pipeline.prestart's compile pool, warming up while the search plans
         self.executors: list | None = None  # workers.prestart's measuring workers, importing meanwhile
         self._lock = threading.Lock()
+        self.predicted: dict[tuple[str, int], Outcome] = {}   # --strategy predict: the checked first choices
         self.lib_keys = {f.name: self.env.lib_key(f.depends_on) for f in families}
 
     # 1. plan: every tactic's static verdict
@@ -171,14 +173,14 @@ class _Search:
             runs = [r for r in rows if not r.verdict.rejected and r.tactic.family in names
                     and (self.o.measure_unknown or not r.verdict.unchecked)]
             if self.o.batch_invariant:
-                runs = [r for r in runs if strategy.invariant(p, r.tactic)]
+                runs = [r for r in runs if invariant.invariant(p, r.tactic)]
             unchecked = sum(r.verdict.unchecked for r in rows if r.tactic.family in names)
             if unchecked and not self.o.measure_unknown:
                 self.report.notes.append(f"{p.key}: {unchecked} tactics with an unchecked verdict (unknown) not "
                                          "measured; --measure-unknown measures them")
             kept = self._sampled(runs)
             if not any(r.tactic == default for r in kept) and (not self.o.batch_invariant
-                                                                or strategy.invariant(p, default)):
+                                                                or invariant.invariant(p, default)):
                 kept.insert(0, Planned(p, default, dfam.verdict(p, default, self.target)))
             self._count_unsampled(p, runs, kept)
             # a compile failure (bucket 0) is final for every bucket unless --retry-failed
@@ -256,7 +258,8 @@ class _Search:
         bar.start(jobs, report.resumed)
         # concurrent searches on this cache: claim each job as a worker takes it (autotune/engine/claims.py)
         claims = job_claims.JobClaims(store, env.device_key, self._claim_keys(),
-                                      lambda j: self.remaining(j.problem, j.bucket, j.tactics), self.ttl)
+                                      lambda j: self.remaining(j.problem, j.bucket, j.tactics),
+                                      self.ttl if self.ttl is not None else job_claims.ttl_s(self.o.runner.timeout_s))
         sink = _Results(self, bar, claims)
         try:
             todo = [j for j in jobs if j.tactics]
@@ -278,18 +281,25 @@ class _Search:
         report.notes += claims.notes()
 
     # 6. winners: recomputed from the stored trials, never from in-memory state
-    def winner(self, job: Job, lock: threading.Lock) -> None:
-        w = _update_winner(self.store, job.problem, job.bucket, self.env, job.default_id, self.lib_keys, self.o.margin)
+    def winner(self, job: Job, lock: threading.Lock) -> Winner | None:
+        with lock:
+            pred = self.predicted.pop((job.problem.key, job.bucket), None)
+        if pred is not None:
+            w = _predicted_winner(self.store, job, pred, self.env, self.lib_keys)
+        else:
+            w = _update_winner(self.store, job.problem, job.bucket, self.env, job.default_id, self.lib_keys,
+                               self.o.margin)
         if w:
             with lock:
                 self.report.winners.append(w)
+        return w
 
     # 7. --batch-invariant: one tactic per problem for every bucket
     def invariant_winners(self, work: list[_Work]) -> None:
         keys = {w.problem.key for w in work}
         self.report.winners = [w for w in self.report.winners if w.problem_key not in keys]
         for w in work:
-            ws, note = strategy.invariant_winners(self.store, w.problem, list(self.buckets), self.env, w.default.id,
+            ws, note = invariant.invariant_winners(self.store, w.problem, list(self.buckets), self.env, w.default.id,
                                                   self.lib_keys, self.o.margin)
             self.report.winners += ws
             self.report.notes.append(note)
@@ -328,6 +338,12 @@ class _Results:
 
     def outcome(self, job: Job, o: Outcome) -> None:
         s, report, t0 = self.s, self.s.report, time.perf_counter()
+        if o.status == PREDICTED:      # checked, not timed: the job's winner, never a trial
+            with self.lock:
+                s.predicted[(job.problem.key, job.bucket)] = o
+                report.predicted += 1
+            self.bar.advance(1, job)
+            return
         t, smem_model = o.tactic, job.smem_model.get(o.tactic.id)
         note = o.reason
         if o.status == "ok" and o.smem_compiled is not None and smem_model is not None and o.smem_compiled != smem_model:
@@ -345,7 +361,7 @@ class _Results:
             report.failed += o.status == "failed"
             if o.status == "failed":
                 s.o.log(f"{job.problem.key} m={job.bucket} {t}: failed: {o.reason}")
-        self.bar.advance(1)
+        self.bar.advance(1, job)
         report.stages.add("store", time.perf_counter() - t0)
 
     def finished(self, job: Job, failure: str | None = None, worker: str | None = None) -> None:
@@ -358,8 +374,8 @@ class _Results:
         if failure is not None:
             self.s.o.log(f"{job.problem.key} m={job.bucket}: not measured: {failure}")
         with _store_stage(f"storing the winner of {job.problem.key} m={job.bucket}"):
-            self.s.winner(job, self.lock)
-        self.bar.job_done(job)
+            w = self.s.winner(job, self.lock)
+        self.bar.job_done(job, w)
         self.claims.done(job)
 
     def heartbeat(self) -> None:
@@ -371,10 +387,13 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     """plan → store static rejections → rank → jobs → precompile overlapped with run → winners
     (the compile pool warming up from the start; a barrier with Ray or --no-isolate). `kw` are SearchOptions
     fields (margin=, timer=, halving=, runner=, …), for callers that prefer keywords."""
-    s = _Search(problems, families, store, buckets, replace(options or SearchOptions(), **kw))
+    o = replace(options or SearchOptions(), **kw)
+    o = replace(o, env=o.env or current())
+    plan_only = o.dry_run or (o.arch is not None and o.arch != (detect() if o.env.device == "cuda" else ARCHS["cpu"]))
+    # a bad AUTOTUNE_CLAIM_TTL_S stops a measuring search before any work
+    s = _Search(problems, families, store, buckets, o, None if plan_only else job_claims.ttl_s(o.runner.timeout_s))
     if s.o.dry_run or s.target != s.live:
         return s.plan_only(s.plan())
-    s.ttl = job_claims.ttl_s(s.o.runner.timeout_s)   # a bad AUTOTUNE_CLAIM_TTL_S stops the search before any work
     s.pool = pipeline.prestart(s.families, s.env.device, s.target, s.o.runner)   # compile workers import meanwhile
     if not s.o.runner.ray:
         s.executors = workers_mod.prestart(s.o.runner, s.env.device)              # so do the measuring workers
@@ -440,6 +459,16 @@ def _trial(p: Problem, bucket: int, t: Tactic, env: Env, lib_keys, status, reaso
     lib = lib_keys[t.family]
     return Trial(p.key, bucket, t.id, t.family, t.to_json(), env.device_key, lib, status, reason,
                  code_key=registry.code_key(t, lib), **kw)
+
+
+def _predicted_winner(store, job: Job, o: Outcome, env: Env, lib_keys) -> Winner | None:
+    """The checked first choice of `--strategy predict` as a predicted winner (median_us: its checked
+    call's host time); the store keeps a measured winner of the same bucket instead."""
+    t, lib = o.tactic, lib_keys[o.tactic.family]
+    w = Winner(job.problem.key, job.bucket, env.device_key, t.id, t.family, t.to_json(), lib, o.median_us,
+               job.default_id, None, None, registry.code_key(t, lib), predicted=True)
+    store.put_winner(w)
+    return w
 
 
 def _update_winner(store, p: Problem, b: int, env: Env, default_id: str, lib_keys, margin) -> Winner | None:

@@ -66,6 +66,7 @@ class ExportReport:
     written: int = 0
     signature: str = "unsigned"
     skips: Skips = field(default_factory=Skips)   # rows of the source that fail the row checks
+    predicted_left: int = 0                       # predicted winners left out (no --include-predicted)
 
     @property
     def skipped(self) -> dict[str, int]:
@@ -74,7 +75,9 @@ class ExportReport:
     def line(self, out: str | os.PathLike) -> str:
         sig = self.signature if self.signature != "unsigned" else \
             "unsigned: give --sign-key or set $AUTOTUNE_SIGNING_KEY_FILE / $AUTOTUNE_SIGNING_KEY to sign"
-        return f"exported {self.written} winners to {os.fspath(out)}{_skip_text(self.skips)} [{sig}]"
+        left = (f"; {self.predicted_left} predicted winners (never timed) left out: --include-predicted "
+                "exports them" if self.predicted_left else "")
+        return f"exported {self.written} winners to {os.fspath(out)}{_skip_text(self.skips)}{left} [{sig}]"
 
 
 def _family_checked(entries: list[exportfile.Entry], validate: Validate | None, skips: Skips) -> list:
@@ -122,10 +125,11 @@ def _one_per_key(entries: list[exportfile.Entry], skips: Skips) -> list[exportfi
 
 def export_cache(store: Store, out: str | os.PathLike, *, gpu: str | None = None,
                  problem_keys: Iterable[str] | None = None, fmt: str = "sqlite",
-                 key: SigningKey | None = None) -> ExportReport:
+                 key: SigningKey | None = None, include_predicted: bool = False) -> ExportReport:
     """Write the selected winners (and the rows they need) to a new file, signed with `key` if
     given. Rows that fail the structural checks are left out and counted, so the file holds only
-    rows an import accepts."""
+    rows an import accepts. Predicted winners (`--strategy predict`: checked, never timed) stay out
+    unless `include_predicted`."""
     if fmt not in ("sqlite", "json"):
         raise CacheError(f"export format must be 'sqlite' or 'json', got {fmt!r}")
     out = Path(os.path.abspath(os.path.expanduser(os.fspath(out))))
@@ -134,7 +138,11 @@ def export_cache(store: Store, out: str | os.PathLike, *, gpu: str | None = None
     if not out.parent.is_dir():
         raise CacheError(f"cannot export to {out}: {out.parent} is not a directory")
     rep = ExportReport()
-    good = exportfile.entries(exportfile.collect(store, gpu, problem_keys), rep.skips)
+    payload = exportfile.collect(store, gpu, problem_keys, include_predicted=include_predicted)
+    if not include_predicted:
+        rep.predicted_left = len(exportfile.collect(store, gpu, problem_keys, include_predicted=True)["winners"]) \
+            - len(payload["winners"])
+    good = exportfile.entries(payload, rep.skips)
     payload = exportfile.payload_of(good)
     signature = key.sign(exportfile.checksum(payload)) if key is not None else None
     rep.signature = f"signed ({key.describe()})" if key is not None else "unsigned"

@@ -414,17 +414,21 @@ def step_figure(sv: StepView, gpu: str) -> Figure:
         pal = _KIND_COLORS[part.kind]
         seg_color[part.key] = pal[n % len(pal)]
     floor_handle = None
+    # the axis unit follows the largest bar: ms, or s from 10 s up (a CPU run's step: 800 s, not 800,000 ms)
+    peak = max([sum(part.count * part.us[m] for part in sv.parts) / 1e3 for m in sv.buckets]
+               + ([v / 1e3 for v in ms.total_us.values()] if ms else []) + [0.0])
+    unit, div = ("s", 1e3) if peak >= 1e4 else ("ms", 1.0)
     for m in rows:
         if m in sv.buckets:
             left = 0.0
             for part in sv.parts:
-                w = part.count * part.us[m] / 1e3
+                w = part.count * part.us[m] / 1e3 / div
                 ax.barh(y, w, left=left, height=0.8, color=seg_color[part.key], edgecolor="white", lw=0.5)
                 left += w
             fl = sv.floor_us(m)
             if fl:
-                floor_handle = ax.plot([fl / 1e3] * 2, [y - 0.45, y + 0.45], color="black", lw=2)[0]
-            ends.append((left, y, f"{left:.2f} ms"))
+                floor_handle = ax.plot([fl / 1e3 / div] * 2, [y - 0.45, y + 0.45], color="black", lw=2)[0]
+            ends.append((left, y, f"{left:.2f} {unit}"))
             ypos.append(y)
             yl.append(f"M={m} estimate" if ms else f"M={m}")
             y += 1
@@ -432,17 +436,17 @@ def step_figure(sv: StepView, gpu: str) -> Figure:
             left = 0.0
             if ms.kinds.get(m):
                 for kind in KINDS:
-                    w = ms.kinds[m].get(kind, 0.0) / 1e3
+                    w = ms.kinds[m].get(kind, 0.0) / 1e3 / div
                     if w:
                         ax.barh(y, w, left=left, height=0.8, color=_KIND_COLORS[kind][0], alpha=0.55,
                                 hatch="///", edgecolor="white", lw=0.5)
                         left += w
             else:
-                left = ms.total_us[m] / 1e3
+                left = ms.total_us[m] / 1e3 / div
                 ax.barh(y, left, height=0.8, color="#999999", hatch="///", edgecolor="white", lw=0.5)
             if m in ms.floor_us:
-                ax.plot([ms.floor_us[m] / 1e3] * 2, [y - 0.45, y + 0.45], color="black", lw=2, ls=":")
-            ends.append((left, y, f"{left:.2f} ms"))
+                ax.plot([ms.floor_us[m] / 1e3 / div] * 2, [y - 0.45, y + 0.45], color="black", lw=2, ls=":")
+            ends.append((left, y, f"{left:.2f} {unit}"))
             ypos.append(y)
             yl.append(f"M={m} measured")
             y += 1
@@ -465,7 +469,7 @@ def step_figure(sv: StepView, gpu: str) -> Figure:
     ax.invert_yaxis()
     xmax = max([x for x, _, _ in ends] + [0.001])
     ax.set_xlim(0, xmax * 1.22)
-    ax.set_xlabel("time per forward pass, every MLP layer (ms)", fontsize=9)
+    ax.set_xlabel(f"time per forward pass, every MLP layer ({unit})", fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
     _header(fig, ax, f"{gpu}: MLP decode step per M — stored winners × layer counts", None)
     _legend_below(fig, handles, labels, base_h, width=80)

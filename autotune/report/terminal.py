@@ -13,6 +13,15 @@ def _f(v, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+_NUMBERS = ("µs", "dflt µs", "×dflt", "base µs", "TFLOP/s", "roof%")   # in the order a narrow table keeps them
+
+
+def _breakable(name: str) -> str:
+    """A tactic name whose parameters a narrow terminal (or a pipe at 80 columns) wraps between, never
+    inside one: `fam[a=1,b=2]` -> `fam[a=1, b=2]`."""
+    return name.replace(",", ", ")
+
+
 def print_summary(summary: Summary, console: Console | None = None, verbose: bool = False) -> None:
     """verbose: every reason group's full example text instead of its one-line form."""
     con = console or Console()
@@ -30,16 +39,33 @@ def print_summary(summary: Summary, console: Console | None = None, verbose: boo
         for v in dev.problems:
             t = Table(title=Text(f"{v.title}  {v.key}" if v.layers else v.key), title_justify="left", box=box.SIMPLE_HEAD,
                       pad_edge=False, collapse_padding=True)
-            t.add_column("M", justify="right", no_wrap=True)
-            t.add_column("winner", overflow="fold", min_width=20)
-            for col in ("µs", "dflt µs", "×dflt", "base µs", "TFLOP/s", "roof%"):
-                t.add_column(col, justify="right", no_wrap=True)
+            cells = {"M": [str(p.bucket) for p in v.points]}
             for p in v.points:
                 base = min(p.baselines.values()) if p.baselines else None
-                t.add_row(str(p.bucket), Text(p.winner if p.replay_checked else f"{p.winner} {NOT_REPLAYED}"), _f(p.winner_us), _f(p.default_us), _f(p.speedup, "{:.2f}"),
-                          _f(base), _f(p.tflops, "{:.3g}"),
-                          _f(p.roof_fraction and 100 * p.roof_fraction, "{:.1f}"))
+                for col, val in zip(_NUMBERS, (_f(p.winner_us), _f(p.default_us), _f(p.speedup, "{:.2f}"), _f(base),
+                                               _f(p.tflops, "{:.3g}"),
+                                               _f(p.roof_fraction and 100 * p.roof_fraction, "{:.1f}"))):
+                    cells.setdefault(col, []).append(val)
+            # the winner column holds its longest parameter whole; numeric columns a narrow terminal
+            # (a pipe: 80 columns) cannot hold beside it are left out, said under the table
+            names = [_breakable(p.winner if p.replay_checked else f"{p.winner} {NOT_REPLAYED}") for p in v.points]
+            wmin = max([20, *(len(tok) for n in names for tok in n.split(" "))])
+            room, shown = con.width - wmin - len(cells["M"][0] if cells["M"] else "M") - 4, []
+            for col in _NUMBERS:
+                w = max(len(col), *(len(x) for x in cells[col])) + 1
+                if w <= room:
+                    shown.append(col)
+                    room -= w
+            t.add_column("M", justify="right", no_wrap=True)
+            t.add_column("winner", overflow="fold", min_width=wmin)
+            for col in shown:
+                t.add_column(col, justify="right", no_wrap=True)
+            for i, n in enumerate(names):
+                t.add_row(cells["M"][i], Text(n), *(cells[col][i] for col in shown))
             con.print(t)
+            left = [c for c in _NUMBERS if c not in shown]
+            if left:
+                con.print(f"(narrow terminal: {', '.join(left)} left out; `show --json` has every figure)", markup=False)
         c = dev.ceilings
         if c:
             where = "stored in the cache" if c.get("stored") else "from hardware.md, not stored in the cache"

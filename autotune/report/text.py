@@ -6,6 +6,7 @@ only parses, makes one library call and prints what these functions return).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict
 from typing import Iterator
 
@@ -35,9 +36,11 @@ def search_lines(report, uses, listed: dict | None = None, cache_url: str | None
     if getattr(report, "audit", None) is not None:
         yield from report.audit.lines()
     if cache_url is not None:
-        yield (f"measured {report.measured} trials ({report.dropped} dropped by successive halving, "
+        yield (f"measured {report.measured} trials ({report.dropped} dropped before the final round, "
                f"{report.failed} failed), {report.resumed} already in the cache; "
-               f"{len(report.winners)} winners in {cache_url}")
+               f"{len(report.winners)} winners in {cache_url}"
+               + (f" ({report.predicted} predicted: the rank model's first choice, checked against float64, not "
+                  "timed; a measured search replaces them)" if getattr(report, "predicted", 0) else ""))
         failures = getattr(report, "job_failures", [])
         if failures:
             yield (f"{len(failures)} (problem, bucket) jobs not measured (their tactics stay unmeasured; "
@@ -46,9 +49,24 @@ def search_lines(report, uses, listed: dict | None = None, cache_url: str | None
         if len(report.shards) > 1:
             yield "jobs per worker: " + ", ".join(f"{k} {v}" for k, v in sorted(report.shards.items()))
         if report.stages.data:
-            yield "time per stage (summed over workers): " + report.stages.line()
+            yield from stage_lines(report.stages.data)
     for e in report.model_errors:
         yield f"MODEL ERROR {e}"
+    if cache_url is not None and report.device == "cpu":
+        yield from gpu_would_add(report)
+
+
+def gpu_would_add(report) -> Iterator[str]:
+    """The closing lines of a search on a machine without a GPU: what the same command adds on one."""
+    left: dict[str, int] = {}
+    for fps in report.plans.values():
+        for fp in fps:
+            if fp.skipped:
+                left[fp.family] = left.get(fp.family, 0) + fp.skipped
+    fams = ", ".join(f"{f} ({n:,} tactics that pass the CPU profile's verdicts)" for f, n in sorted(left.items()))
+    yield ("what a GPU run adds: the same command on a GPU times every tactic on the GPU that serves, with the "
+           "GPU families measured too" + (f" — here left out: {fams}" if fams else "")
+           + "; the winners above serve CPU dispatch only (each winner is keyed by its device)")
 
 
 def search_json(report, uses) -> dict:
@@ -113,3 +131,43 @@ def miss_lines(misses, gpu_names: dict, url: str) -> Iterator[str]:
         yield f"no misses in {url}"
     for m in misses:
         yield f"{m.problem_key}  m={m.m}  {m.count}×  {gpu_names.get(m.device_key) or m.device_key}"
+
+
+def explain_lines(rows) -> Iterator[str]:
+    """`show --explain`: per problem its layers, then per M the rung, the tactic and why (names are
+    never cut: a long line wraps on the terminal, a pipe gets it whole)."""
+    last = None
+    for r in rows:
+        if r.problem != last:
+            last = r.problem
+            yield f"{r.problem}  ({', '.join(r.layers)})" if r.layers else r.problem
+        yield f"  M={r.m:<5} {r.rung:9} {r.tactic}"
+        yield f"           {r.why}"
+    if rows:
+        n = Counter(r.rung for r in rows)
+        yield "rungs: " + ", ".join(f"{k} {n[k]}" for k in ("pinned", "exact", "predicted", "nearest", "default") if n[k])
+
+
+def stage_lines(data: dict) -> Iterator[str]:
+    """Where the time went, as a short table: each stage's seconds, count and cost each, largest
+    first; a part of a stage ("check: call") indented under it and not added to anything."""
+    top = {k: v for k, v in data.items() if ": " not in k}
+    parts: dict[str, list] = {}
+    for k, v in data.items():
+        if ": " in k:
+            parts.setdefault(k.split(": ", 1)[0], []).append((k.split(": ", 1)[1], v))
+    for parent in parts:                    # a part whose stage was never timed on its own still shows
+        top.setdefault(parent, None)
+    w = max([len("stage"), *(len(k) for k in top), *(2 + len(n) for ps in parts.values() for n, _ in ps)])
+
+    def row(name: str, v) -> str:
+        if v is None:
+            return f"{name:<{w}}"
+        n, sec = v
+        return f"{name:<{w}} {sec:9.1f} {n:7d} {1e3 * sec / max(n, 1):10.1f}"
+    yield "time per stage, summed over workers (an indented line is part of the stage above it, not added):"
+    yield f"{'stage':<{w}} {'seconds':>9} {'count':>7} {'ms each':>10}"
+    for k in sorted(top, key=lambda k: -(top[k] or (0, 0.0))[1]):
+        yield row(k, top[k])
+        for n, v in sorted(parts.get(k, []), key=lambda nv: -nv[1][1]):
+            yield row("  " + n, v)

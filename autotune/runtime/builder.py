@@ -33,12 +33,15 @@ class TableBuilder:
     def default_tactic(self, p: Problem) -> Tactic:
         return registry.designated_default(p, self.arch, self.env.device)
 
-    def table(self, p: Problem, items: list[tuple[int, Tactic]], old: Table | None = None) -> Table:
-        """The ladder over `items` (vetted (bucket, tactic) rows sorted by bucket) and the default."""
+    def table(self, p: Problem, items: list[tuple[int, Tactic]], old: Table | None = None,
+              predicted: frozenset[int] | set[int] = frozenset()) -> Table:
+        """The ladder over `items` (vetted (bucket, tactic) rows sorted by bucket; those of the
+        buckets in `predicted` predicted winners) and the default."""
         dt = self.default_tactic(p)
         t = Table(p, tuple(b for b, _ in items), tuple(self.kernel(p, x) for _, x in items),
                   tuple(x for _, x in items),
-                  LazyDefault(self.kernel, p, dt, self.env.gpu_name if self.warn else None), dt)
+                  LazyDefault(self.kernel, p, dt, self.env.gpu_name if self.warn else None), dt,
+                  tuple(b in predicted for b, _ in items))
         if old is not None:      # keep counts and pins across a re-install
             t.counts, t.misses = old.counts, old.misses
             if old.pinned is not None:

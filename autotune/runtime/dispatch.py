@@ -94,6 +94,7 @@ class Dispatcher:
             warnings.warn(f"fp4-autotune: {stale} cached winner(s) were measured with other kernel code and are "
                           f"not served; {registry.REFRESH}", stacklevel=2)
         self._winners = loaded.winners
+        self._predicted = loaded.predicted                    # problem -> buckets whose winner is predicted
         self.recorder = MissRecorder(self.env.device_key, record=record_misses, to=misses, cache=cache,
                                      cache_url=loaded.url, cache_writable=loaded.writable)
         self.invariant_notes: dict[str, str] = {}              # problem key -> what batch-invariant mode serves
@@ -134,7 +135,7 @@ class Dispatcher:
 
     # --- tables under the policy ---------------------------------------------------------------
     def _install(self, p: Problem, items: list[tuple[int, Tactic]]) -> Table:
-        t = self._tables[p] = self.builder.table(p, items, self._tables.get(p))
+        t = self._tables[p] = self.builder.table(p, items, self._tables.get(p), self._predicted.get(p, frozenset()))
         pin, explicit = self.policy.pin_for(p)
         if t.pinned is None and pin is not None:
             try:
@@ -260,20 +261,20 @@ class Dispatcher:
     def tactic_for(self, problem: Problem, m: int) -> tuple[str, Tactic]:
         """("winner" | "pinned" | "default", tactic) for debugging and `autotune show`."""
         rung, t = self.table(problem).rung_for(m)
-        return ("winner" if rung in ("exact", "nearest") else rung), t
+        return ("winner" if rung in ("exact", "predicted", "nearest") else rung), t
 
     def rung_for(self, problem: Problem, m: int) -> tuple[str, Tactic]:
         return self.table(problem).rung_for(m)
 
     @property
     def stats(self) -> Counter:
-        """Calls answered per rung, plus "hit" (exact + nearest) and "miss" (default)."""
+        """Calls answered per rung, plus "hit" (exact + predicted + nearest) and "miss" (default)."""
         c: Counter = Counter()
         for t in self._tables.values():
             for r, n in zip(RUNGS, t.counts):
                 if n:
                     c[r] += n
-        c["hit"] = c["exact"] + c["nearest"]
+        c["hit"] = c["exact"] + c["predicted"] + c["nearest"]
         c["miss"] = c["default"]
         return +c
 

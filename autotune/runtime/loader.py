@@ -37,6 +37,7 @@ class Loaded:
     """What a cache gives dispatch: per problem its (bucket, tactic) rows sorted by bucket."""
 
     winners: dict[Problem, list[tuple[int, Tactic]]] = field(default_factory=dict)
+    predicted: dict[Problem, set[int]] = field(default_factory=dict)   # buckets whose winner is predicted
     skipped: Counter = field(default_factory=Counter)      # why stored winners were not used
     url: str | None = None
     writable: bool = False                                  # misses may go back into it
@@ -99,6 +100,8 @@ def load(cache: Any, env: Env, arch: Arch, build: Build, *, immutable: bool) -> 
             log.debug("winner %s bucket %s skipped: %s", w.problem_key, w.bucket, why)
         else:
             out.winners.setdefault(p, []).append((w.bucket, t))
+            if getattr(w, "predicted", False):
+                out.predicted.setdefault(p, set()).add(w.bucket)
     for items in out.winners.values():
         items.sort(key=lambda r: r[0])
     return out

@@ -1,9 +1,11 @@
 """One problem's answers: the ladder that maps a runtime M to a tactic, counted per rung.
 
-  pinned   a tactic forced for the problem (`Dispatcher.pin`, or $AUTOTUNE_PIN)
-  exact    M is one of the tuned buckets
-  nearest  the smallest tuned bucket >= M (clamped to the largest)
-  default  the problem has no usable winner: the designated default, counted as a miss per M
+  pinned     a tactic forced for the problem (`Dispatcher.pin`, or $AUTOTUNE_PIN)
+  exact      M is one of the buckets with a measured winner
+  predicted  M is one of the buckets with a predicted winner (`--strategy predict`: the rank model's
+             checked first choice, never timed; a bucket holds one winner, measured or predicted)
+  nearest    the smallest bucket >= M with a measured winner (clamped to the largest)
+  default    no measured winner at or near M: the designated default, counted as a miss per M
 
 The hot paths (`Table.__call__` for the unbound `kernel(x, w)` form, `Table.index` for bound
 launchers) are one `bisect` over a tuple and a list increment: no SQL, no lock, no container or
@@ -18,8 +20,8 @@ from typing import Any, Callable
 from autotune.core.problem import Problem, check_m
 from autotune.core.tactic import Tactic
 
-RUNGS = ("pinned", "exact", "nearest", "default")
-PINNED, EXACT, NEAREST, DEFAULT = range(4)
+RUNGS = ("pinned", "exact", "predicted", "nearest", "default")
+PINNED, EXACT, PREDICTED, NEAREST, DEFAULT = range(5)
 #: what `Table.index` returns besides a bucket index
 PIN_SLOT, DEFAULT_SLOT = -2, -1
 
@@ -29,23 +31,30 @@ class Table:
     (or PIN_SLOT / DEFAULT_SLOT) so a layer can keep one bound launcher per bucket."""
 
     __slots__ = ("problem", "buckets", "kernels", "tactics", "counts", "misses", "pinned", "pinned_tactic",
-                 "default", "default_tactic", "version", "_n", "_last")
+                 "default", "default_tactic", "version", "predicted", "_n", "_last", "_exact", "_near")
 
     def __init__(self, problem: Problem, buckets: tuple[int, ...], kernels: tuple, tactics: tuple[Tactic, ...],
-                 default: "LazyDefault", default_tactic: Tactic):
+                 default: "LazyDefault", default_tactic: Tactic, predicted: tuple[bool, ...] = ()):
         self.problem = problem
         self.buckets = buckets
         self.kernels = kernels
         self.tactics = tactics
         self.default = default
         self.default_tactic = default_tactic
-        self.counts = [0, 0, 0, 0]          # per rung, see RUNGS
+        self.counts = [0, 0, 0, 0, 0]       # per rung, see RUNGS
         self.misses: dict[int, int] = {}    # M -> count (default rung only)
         self.pinned: Callable | None = None
         self.pinned_tactic: Tactic | None = None
         self.version = 0                    # bumped when a pin changes what the table answers
         self._n = len(buckets)
         self._last = self._n - 1
+        self.predicted = tuple(predicted) or (False,) * self._n    # per bucket: its winner is predicted
+        # per bucket index: the rung an exact M counts; per insertion point i (0..n): the index of the
+        # measured bucket a non-exact M takes (the first measured >= i, else the largest), -1: none
+        self._exact = tuple(PREDICTED if p else EXACT for p in self.predicted)
+        measured = [i for i, p in enumerate(self.predicted) if not p]
+        self._near = tuple(next((j for j in measured if j >= i), measured[-1] if measured else -1)
+                           for i in range(self._n + 1))
 
     # --- the hot paths -------------------------------------------------------------------------
     # __call__ and index() spell out the same ladder on purpose: sharing it would cost a call per
@@ -56,15 +65,13 @@ class Table:
             return self.pinned
         b = self.buckets
         i = bisect_left(b, m)
-        if i < self._n:
-            if b[i] == m:
-                self.counts[EXACT] += 1
-            else:
-                self.counts[NEAREST] += 1
+        if i < self._n and b[i] == m:
+            self.counts[self._exact[i]] += 1
             return self.kernels[i]
-        if self._n:
+        j = self._near[i]
+        if j >= 0:
             self.counts[NEAREST] += 1
-            return self.kernels[self._last]
+            return self.kernels[j]
         return self._miss(m)
 
     def index(self, m: int) -> int:
@@ -74,15 +81,13 @@ class Table:
             return PIN_SLOT
         b = self.buckets
         i = bisect_left(b, m)
-        if i < self._n:
-            if b[i] == m:
-                self.counts[EXACT] += 1
-            else:
-                self.counts[NEAREST] += 1
+        if i < self._n and b[i] == m:
+            self.counts[self._exact[i]] += 1
             return i
-        if self._n:
+        j = self._near[i]
+        if j >= 0:
             self.counts[NEAREST] += 1
-            return self._last
+            return j
         self._miss(m)
         return DEFAULT_SLOT
 
@@ -105,10 +110,11 @@ class Table:
         check_m(m)
         if self.pinned is not None:
             return "pinned", self.pinned_tactic
-        if not self._n:
-            return "default", self.default_tactic
-        i = min(bisect_left(self.buckets, m), self._last)
-        return ("exact" if self.buckets[i] == m else "nearest"), self.tactics[i]
+        i = bisect_left(self.buckets, m)
+        if i < self._n and self.buckets[i] == m:
+            return RUNGS[self._exact[i]], self.tactics[i]
+        j = self._near[i] if self._n else -1
+        return ("nearest", self.tactics[j]) if j >= 0 else ("default", self.default_tactic)
 
 
 class LazyDefault:

@@ -22,6 +22,12 @@ class Winners(Db):
         self._write(lambda s: self._put_winner(s, w))
 
     def _put_winner(self, s: Session, w: Winner) -> None:
+        if w.predicted:     # a prediction never replaces a measured winner (a measured one replaces it)
+            held = s.execute(select(WinnerRow.predicted).where(
+                WinnerRow.problem_key == w.problem_key, WinnerRow.bucket == w.bucket,
+                WinnerRow.device_key == w.device_key)).first()
+            if held is not None and not held[0]:
+                return
         upsert(s, TacticRow, tactic_row(w.params_json, w.tactic_id), ["id"], "ignore")
         put_problem_key(s, w.problem_key)
         row = to_row(w, WINNER)

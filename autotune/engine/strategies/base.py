@@ -15,6 +15,11 @@ from autotune.engine import halving
 from autotune.engine.options import SearchOptions
 
 
+#: an outcome's status for a checked, untimed choice (`--strategy predict`): the search keeps it as the job's
+#: predicted winner, never as a trial
+PREDICTED = "predicted"
+
+
 class SearchView(Protocol):
     """What a strategy reads of the search it serves (autotune.engine.search._Search)."""
 

@@ -44,7 +44,7 @@ class RankedStrategy(HalvingStrategy):
             return replace(job, strategy=self.name), True
         if self._won is None:
             self._won = {(x.problem_key, x.bucket) for x in s.store.winners(s.env.device_key)
-                         if registry.fresh(s.lib_keys, x)}
+                         if registry.fresh(s.lib_keys, x) and not x.predicted}
         keep = [i for i, t in enumerate(plan.order) if t.id in kept_ids]     # compile failures since planning are out
         plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
         todo = job.tactics

@@ -49,6 +49,7 @@ class Request:
     gpu: str | None
     problem_keys: list[str] | None
     sign_key: str | None
+    include_predicted: bool = False  # predicted winners (--strategy predict: never timed) too
 
 
 class Exporter(Protocol):

@@ -21,7 +21,7 @@ class Portable:
         try:
             key = load_key(req.sign_key)
             rep = export_cache(req.open_store(), req.output, gpu=req.gpu, problem_keys=req.problem_keys,
-                               fmt=self.name, key=key)
+                               fmt=self.name, key=key, include_predicted=req.include_predicted)
         except CacheError as e:
             raise ExportRefused(str(e)) from None
         return [rep.line(req.output)]

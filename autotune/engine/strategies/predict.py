@@ -1,0 +1,81 @@
+"""`--strategy predict`: nothing timed. Per (problem, bucket) the rank model's first choice among the
+tactics the search keeps there, built and checked once against the float64 reference (so its
+compile happens now, at predict time: cold compiler caches count), and stored as a *predicted*
+winner. Dispatch serves it on its own rung, below a measured winner of the same bucket
+(autotune/runtime/table.py); a later measured search replaces it, and a prediction never replaces a
+measured winner (autotune/cache/store.py). A (problem, bucket) whose measured winner is stored is
+left alone.
+
+Without a model for the live arch (or for its library versions) nothing is predicted: the notes say
+why in one line and name the family defaults every problem then serves."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Callable
+
+from autotune.engine import strategy
+from autotune.engine.executor import Outcome, TacticError, WorkerLost
+from autotune.engine.strategies.base import PREDICTED, HalvingStrategy, SearchView
+from autotune.tactics import registry
+
+
+class PredictStrategy(HalvingStrategy):
+    name = "predict"
+
+    def __init__(self) -> None:
+        self.ranking: strategy.Ranking | None = None
+        self._measured: set[tuple[str, int]] = set()
+
+    def prepare(self, s: SearchView, work: list) -> None:
+        model, note = strategy.load_model(s.o.rank_model, s.store, s.target, dict(s.env.libs))
+        if model is None:
+            named = Counter(str(w.default) for w in work)
+            s.report.notes.append(f"--strategy predict: {note}; nothing predicted, each problem serves its family "
+                                  "default (" + "; ".join(f"{t} for {n} problem{'s' * (n > 1)}"
+                                                          for t, n in named.items()) + ")")
+            return
+        s.report.notes.append(f"--strategy predict: {note}; each (problem, bucket) stores the model's first choice, "
+                              "checked against float64, not timed")
+        self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(s.buckets), s.target,
+                                                              s.env.sm_count or 0, s.store, s.env.device_key,
+                                                              s.o.ranked, s.lib_keys))
+        self._measured = {(w.problem_key, w.bucket) for w in s.store.winners(s.env.device_key)
+                          if not w.predicted and registry.fresh(s.lib_keys, w)}
+
+    def redo(self) -> frozenset[str]:
+        return frozenset({"ok", "dropped"})    # a timed trial does not stand for a check made now
+
+    def precompiled(self, items: list) -> list:
+        first = {(pk, t.id) for (pk, _), t in self._firsts().items()}
+        return [r for r in items if (r.problem.key, r.tactic.id) in first]
+
+    def _firsts(self) -> dict:
+        if self.ranking is None:
+            return {}
+        return {k: plan.order[0] for k, plan in self.ranking.plans.items() if plan.order}
+
+    def job(self, s: SearchView, job: Any, kept_ids: set[str]) -> tuple[Any, bool]:
+        key = (job.problem.key, job.bucket)
+        first = self._firsts().get(key)
+        if first is None or first.id not in kept_ids or key in self._measured:
+            return replace(job, tactics=(), strategy=self.name), False
+        return replace(job, tactics=(first,), strategy=self.name), False
+
+    @staticmethod
+    def measure(ex: Any, job: Any, timer: Any, h: Any, emit: Callable,
+                wait: Callable[[list], list] | None = None) -> None:
+        """Check the first choice (once its compile is done); passed: a predicted outcome whose time
+        is the checked call's host time (not a timing)."""
+        from autotune.engine.halving import check_call_us
+        for t in (wait(list(job.tactics)) if wait is not None else job.tactics):
+            try:
+                c = ex.check(t)
+            except TacticError as e:
+                emit(Outcome(t, "failed", str(e)))
+                continue
+            except WorkerLost as e:
+                emit(Outcome(t, "failed", e.reason, exit_signal=e.exit_signal))
+                continue
+            emit(Outcome(t, PREDICTED, "predicted: the rank model's first choice, checked, not timed",
+                         check_call_us(c) or 1.0, None, 0, c["rel_err"], c.get("smem_compiled")))
