@@ -1,5 +1,6 @@
 """The dense kernel's (w4a16_mma.cu) tiling rules, its split-K, SwiGLU and MXFP4 forms, and its grid
-ported to the CPU (`emulate`).
+ported to the CPU (`emulate`). Its member of the cuda family (`DenseMember`) lives beside its
+launcher in launch.py, which imports these rules (this module imports no launcher).
 
 * **Split-K** (`split_k` ∈ SPLIT_K, a tactic parameter present only when > 1, so the 32 tactics
   without it keep their ids): grid.z CTAs split K into equal contiguous ranges; each stores its fp32
@@ -27,9 +28,8 @@ from typing import Any
 
 import torch
 
-from autotune.core.arch import Arch
 from autotune.core.problem import Problem
-from autotune.core.tactic import Tactic, Verdict, check_params
+from autotune.core.tactic import Tactic
 from autotune.tactics.base import LauncherBase
 from autotune.tactics.scratch import PoolUser, stream_key
 
@@ -257,53 +257,3 @@ def config(tactic: Tactic, m_tiles: int, problem: Problem | None = None) -> B.Co
     return B.Config(m_tiles, int(tactic["warps_k"]), int(tactic["stages"]), int(tactic["tiles_n"]),
                     split_k(tactic), problem is not None and problem.epilogue == "swiglu",
                     problem.w_fmt if problem is not None else "nvfp4")
-
-
-class DenseMember:
-    """The dense kernel (w4a16_mma.cu) as a member of the cuda family (members.py): tactics name no
-    kernel; parameters `warps_k`, `stages`, `tiles_n` and, on split-K tactics only, `split_k`; every M
-    tile (B.M_TILES) is its own compiled variant, the largest the verdict's worst case."""
-
-    grouped = False
-
-    def __init__(self, member: Any):
-        self.member = member
-
-    def validate(self, tactic: Tactic) -> str | None:
-        return check_params(tactic, SPLIT_SCHEMA if "split_k" in tactic.params else SCHEMA, "cuda")
-
-    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
-        tiles = (2,) if problem.epilogue == "swiglu" else TILES_N      # SwiGLU pairs a gate and an up tile
-        plain = [Tactic("cuda", warps_k=w, stages=s, tiles_n=n) for w in WARPS_K for s in STAGES for n in tiles]
-        split = [Tactic("cuda", warps_k=w, stages=s, tiles_n=n, split_k=k) for k in SPLIT_K
-                 for w in SPLIT_WARPS_K for s in SPLIT_STAGES for n in tiles]
-        return plain + split
-
-    def default(self, problem: Problem, arch: Arch) -> Tactic:
-        return Tactic("cuda", warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4,
-                      tiles_n=2 if problem.epilogue == "swiglu" else 1)
-
-    def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
-        if arch.cc_int < 80:
-            return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
-        why = check_tiling(problem, tactic)
-        if why:
-            return Verdict.reject(why)
-        # the largest M tile is the worst case; every variant's figure is exact (the source's array)
-        smem = max(B.smem_bytes(c) for c in self.configs(problem, tactic))
-        limit = min(STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
-        if smem > limit:
-            return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
-        return Verdict.keep(smem, limit, int(tactic["stages"]))
-
-    def configs(self, problem: Problem, tactic: Tactic) -> list[B.Config]:
-        """Every compiled variant a call may launch (one per M tile)."""
-        return [config(tactic, t, problem) for t in B.M_TILES]
-
-    def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
-        """`run(x, packed, out=None)`: CuPy is imported here, after every check of build and bind."""
-        from .launch import Launch
-        return Launch(problem, tactic, device, config)
-
-    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
-        return {}

@@ -4,7 +4,8 @@ Pointers go in as integers, on PyTorch's current stream (so CUDA-graph capture r
 pdl.runner (programmatic dependent launch on sm_90+, else CuPy's launch); the
 global scale is read on the device (no host sync). Each M variant is compiled and checked
 (resources, see build.load) the first time that M tile is used on a device. Split-K tactics cut a
-large M into row chunks (dense.chunk_rows), each launched with the whole split.
+large M into row chunks (dense.chunk_rows), each launched with the whole split. `DenseMember`, the
+dense kernel as a member of the cuda family (schema, space, verdict, this launcher), is here too.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from autotune.core.arch import Arch
 from autotune.core.problem import Problem
-from autotune.core.tactic import Tactic
+from autotune.core.tactic import Tactic, Verdict, check_params
 from autotune.tactics.base import Caps, LauncherBase
 from autotune.tactics.scratch import stream_key
 
@@ -105,3 +107,52 @@ class Launch(D.DenseScratch, LauncherBase):
         args = A.W4A16_MMA.pack(wq=w.packed.data_ptr(), sq=w.scales.data_ptr(), x=x.data_ptr(), y=out.data_ptr(),
                                 gscale=w.global_scale.data_ptr(), ws=ws_ptr, locks=lock_ptr, **ints)
         run(grid, block, args, stream)
+
+
+class DenseMember:
+    """The dense kernel (w4a16_mma.cu) as a member of the cuda family (members.py): tactics name no
+    kernel; parameters `warps_k`, `stages`, `tiles_n` and, on split-K tactics only, `split_k`; every M
+    tile (B.M_TILES) is its own compiled variant, the largest the verdict's worst case."""
+
+    grouped = False
+
+    def __init__(self, member: Any):
+        self.member = member
+
+    def validate(self, tactic: Tactic) -> str | None:
+        return check_params(tactic, D.SPLIT_SCHEMA if "split_k" in tactic.params else D.SCHEMA, "cuda")
+
+    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
+        tiles = (2,) if problem.epilogue == "swiglu" else D.TILES_N      # SwiGLU pairs a gate and an up tile
+        plain = [Tactic("cuda", warps_k=w, stages=s, tiles_n=n) for w in D.WARPS_K for s in D.STAGES for n in tiles]
+        split = [Tactic("cuda", warps_k=w, stages=s, tiles_n=n, split_k=k) for k in D.SPLIT_K
+                 for w in D.SPLIT_WARPS_K for s in D.SPLIT_STAGES for n in tiles]
+        return plain + split
+
+    def default(self, problem: Problem, arch: Arch) -> Tactic:
+        return Tactic("cuda", warps_k=4 if problem.k % (L.KPAIR * 4) == 0 else 1, stages=4,
+                      tiles_n=2 if problem.epilogue == "swiglu" else 1)
+
+    def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+        if arch.cc_int < 80:
+            return Verdict.reject(f"mma.sync bf16 and cp.async need sm_80 or newer, not {arch.name}")
+        why = D.check_tiling(problem, tactic)
+        if why:
+            return Verdict.reject(why)
+        # the largest M tile is the worst case; every variant's figure is exact (the source's array)
+        smem = max(B.smem_bytes(c) for c in self.configs(problem, tactic))
+        limit = min(D.STATIC_SMEM_LIMIT, arch.smem_per_block_optin)
+        if smem > limit:
+            return Verdict.reject(f"static shared memory {smem} B > {limit} B", smem, limit, int(tactic["stages"]))
+        return Verdict.keep(smem, limit, int(tactic["stages"]))
+
+    def configs(self, problem: Problem, tactic: Tactic) -> list[B.Config]:
+        """Every compiled variant a call may launch (one per M tile)."""
+        return [D.config(tactic, t, problem) for t in B.M_TILES]
+
+    def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
+        """`run(x, packed, out=None)`: CuPy is imported here, after every check of build and bind."""
+        return Launch(problem, tactic, device, D.config)
+
+    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+        return {}

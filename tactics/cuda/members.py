@@ -2,7 +2,8 @@
 
 A member is its text (the shared kernel parts it includes, then its own `<kernel>.cu`), its parameters
 (args.py), its behaviour (schema, space, verdict, compiled variants, launcher, launch figures: a class
-in its launcher's module, named by `behaviour`), the Python that launches it and its GPU tests.
+in its launcher's module, moe_mma's in its search policy's (moe_search.py, which imports the launcher
+module moe.py and is imported by none of it), named by `behaviour`), the Python that launches it and its GPU tests.
 `REGISTRY` lists them; everything that used to name each kernel in its own place comes from it:
 build.SOURCES (the files each text joins), checked.LAUNCH (what its GPU-check record digests), its
 code key (`Member.code`: its own files and launch modules, as narrow as the GPU-check record), the
@@ -89,8 +90,8 @@ class Member:
 _IMPL: dict[str, Any] = {}
 
 REGISTRY: tuple[Member, ...] = (
-    Member("w4a16_mma", SHARED, (".launch", ".dense"), ".dense:DenseMember", ("test_cuda_gpu.py", "test_", True)),
-    Member("moe_mma", SHARED + ROUTING, (".moe", ".moe_checks", ".moe_plan"), ".moe:MoeMember",
+    Member("w4a16_mma", SHARED, (".launch", ".dense"), ".launch:DenseMember", ("test_cuda_gpu.py", "test_", True)),
+    Member("moe_mma", SHARED + ROUTING, (".moe", ".moe_checks", ".moe_plan"), ".moe_search:MoeMember",
            ("test_cuda_moe_gpu.py", "test_tok_", False), "moe_mma", GROUPED_USES),
     Member("moe_tok", SHARED + ROUTING + TOKEN, (".moe_tok", ".moe", ".moe_checks", ".moe_plan"), ".moe_tok:TokMember",
            ("test_cuda_moe_gpu.py", "test_tok_", True), "moe_tok", GROUPED_USES),

@@ -443,37 +443,3 @@ class MoeLaunch(Planned, MoeScratch):
         if remember:
             self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run, pf, so)
 
-
-class MoeMember:
-    """The grouped kernel (moe_mma.cu) as a member of the cuda family (members.py): tactics name
-    kernel="moe_mma"; parameters SCHEMA (WALK_SCHEMA with n_walk); one compiled variant per tactic."""
-
-    grouped = True
-
-    def __init__(self, member: Any):
-        self.member = member
-
-    def validate(self, tactic: Tactic) -> str | None:
-        return validate(tactic)
-
-    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
-        from .moe_search import mma_space
-        return mma_space(problem)
-
-    def default(self, problem: Problem, arch: Arch) -> Tactic:
-        from .moe_search import default
-        return default(problem, arch)
-
-    def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
-        return verdict(problem, tactic, arch)
-
-    def configs(self, problem: Problem, tactic: Tactic) -> list[B.MoeConfig]:
-        return [config(problem, tactic)]
-
-    def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
-        """`run(x, packed, topk_ids, topk_weights=None, out=None)`: CuPy is imported at its first launch."""
-        return MoeLaunch(problem, tactic, device)
-
-    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
-        from .moe_search import figures
-        return figures(problem, tactic, m, sms)

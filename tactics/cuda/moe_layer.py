@@ -31,6 +31,7 @@ from . import args as A
 from . import build as B
 from . import layout as L
 from . import moe as MOE
+from . import moe_search as MOE_SEARCH
 from . import moe_layer_protocol as PR
 
 KERNEL = "moe_layer"
@@ -225,7 +226,7 @@ class LayerLaunch:
         return out
 
 
-class LayerMember(MOE.MoeMember):
+class LayerMember(MOE_SEARCH.MoeMember):
     """The layer kernel as a member of the cuda family (members.py): tactics name kernel="moe_layer",
     parameters SCHEMA, run on the layer's w13 swiglu problem. Not in the default space (`space` is
     empty); enable it with an explicit tactic (`layer_space` lists the kept ones)."""

@@ -5,14 +5,20 @@ Kept apart from moe.py (the launchers, whose text the GPU-check record digests: 
 a change of search policy — a threshold, a figure, a new point of the space — does not make the
 kernels `unknown` until their GPU tests run again. What decides whether a tactic is *correct* to
 run (its parameters, tiling and shared memory: moe.validate / check_tiling / verdict) stays in moe.py.
+`MoeMember`, moe_mma's member of the cuda family, is here: it joins moe.py's checks and launcher
+to this policy (moe.py imports nothing of this module).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from autotune.core.arch import Arch
 from autotune.core.problem import Problem
-from autotune.core.tactic import Tactic
+from autotune.core.tactic import Tactic, Verdict
 
+from . import build as B
 from . import layout as L
+from . import moe as M
 from .moe import (KERNEL, M_TILES, MAX_PAIRS, N_WALK, SPLIT_K, STAGES, TILES_N, TOK_KERNEL, TOK_STAGES, WARPS_K,
                   check_tok, is_tok, n_walk)
 
@@ -89,3 +95,36 @@ def figures(problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, flo
     pairs = min(m * problem.top_k, MAX_PAIRS)
     ctas = pairs * problem.n // (L.ROWS * int(tactic["tiles_n"]) * n_walk(tactic)) * int(tactic["split_k"])
     return {"ctas": float(ctas), "threads": float(32 * int(tactic["warps_k"]))}
+
+
+class MoeMember:
+    """The grouped kernel (moe_mma.cu) as a member of the cuda family (members.py): tactics name
+    kernel="moe_mma"; parameters SCHEMA (WALK_SCHEMA with n_walk); one compiled variant per tactic. Its
+    parameters, verdict and launcher are moe.py's; its space, default and figures are this module's."""
+
+    grouped = True
+
+    def __init__(self, member: Any):
+        self.member = member
+
+    def validate(self, tactic: Tactic) -> str | None:
+        return M.validate(tactic)
+
+    def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
+        return mma_space(problem)
+
+    def default(self, problem: Problem, arch: Arch) -> Tactic:
+        return default(problem, arch)
+
+    def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
+        return M.verdict(problem, tactic, arch)
+
+    def configs(self, problem: Problem, tactic: Tactic) -> list[B.MoeConfig]:
+        return [M.config(problem, tactic)]
+
+    def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
+        """`run(x, packed, topk_ids, topk_weights=None, out=None)`: CuPy is imported at its first launch."""
+        return M.MoeLaunch(problem, tactic, device)
+
+    def figures(self, problem: Problem, tactic: Tactic, m: int, sms: int) -> dict[str, float]:
+        return figures(problem, tactic, m, sms)

@@ -20,6 +20,7 @@ from autotune.tactics.scratch import stream_key
 from . import args as A
 from . import layout as L
 from . import moe as MOE
+from . import moe_search as MOE_SEARCH
 from .moe_plan import plannable
 
 
@@ -89,7 +90,7 @@ class TokLaunch(MOE.MoeLaunch):
             self._remember(x, w, ids, tw, shared_slot, out, grid, block, args, stream, run)
 
 
-class TokMember(MOE.MoeMember):
+class TokMember(MOE_SEARCH.MoeMember):
     """The token-major grouped kernel (moe_tok.cu) as a member of the cuda family (members.py):
     tactics name kernel="moe_tok"; parameters TOK_SCHEMA; the reduce variant only."""
 
