@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from autotune.core.env import Env
 from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.tactic import Tactic
-from autotune.integrations.flashinfer import ExportError, export_flashinfer, keys as K
+from autotune.integrations.flashinfer import ExportError, export_flashinfer, keys as K, render
 from autotune.cache import Store
 from autotune.tactics.cutlass import flashinfer_map as fim
 from tests.helpers import run_cli
@@ -382,3 +383,55 @@ def test_choose_one_serves_no_blocklisted_tactic(bl_db, tmp_path, version):
     by_key = {p.key: p for p in BL_WINNERS}
     assert got["chosen"] == [_bl_expected(by_key[Problem.dense(n, k).key], m) for m, n, k, _ in BL_QUERIES]
     assert got["profiled"] == [i for i in range(len(fim.configs("sm120", version))) if i not in rep.blocked]
+
+
+# ------------------------------------------------------------------- predicted winners
+
+@pytest.fixture(scope="module")
+def predicted_db(tmp_path_factory) -> str:
+    """Measured winners at buckets 1, 8, 16 and a predicted one (never timed) at 64."""
+    path = str(tmp_path_factory.mktemp("fi_pred") / "cache.db")
+    with Store(path) as s:
+        s.put_environment(SM120, DEPS)
+        for b in (1, 8, 16):
+            s.put_winner(_winner(SM120, DENSE, b, _tactic(PICKS[b])))
+        s.put_winner(replace(_winner(SM120, DENSE, 64, _tactic(PICKS[64])), predicted=True))
+    return path
+
+
+def _entry(path: Path, m: int) -> list | None:
+    doc = json.loads(path.read_text())
+    return doc.get(K.file_key(K.nearest_profile(m, 256, 512, K.ALPHA_SHAPES[0])))
+
+
+def test_predicted_winners_are_left_out_unless_asked(predicted_db, tmp_path):
+    rep = _export(predicted_db, tmp_path / "out.json", "0.7.4")
+    assert rep.predicted_left == 1 and rep.measured_with == {"0.7.4": 3}
+    assert _entry(tmp_path / "out.json", 64) != [K.RUNNER, PICKS[64], K.POLICY]
+    assert any("1 predicted winners (never timed) left out" in line for line in render(rep))
+    left_out = rep.entries
+    rep = _export(predicted_db, tmp_path / "all.json", "0.7.4", include_predicted=True)
+    assert rep.predicted_left == 0 and rep.measured_with == {"0.7.4": 4} and rep.entries > left_out
+    assert _entry(tmp_path / "all.json", 64) == [K.RUNNER, PICKS[64], K.POLICY]
+    assert not any("left out" in line for line in render(rep))
+
+
+def test_only_predicted_winners_refuse_and_name_the_flag(tmp_path):
+    path = str(tmp_path / "c.db")
+    with Store(path) as s:
+        s.put_environment(SM120, DEPS)
+        s.put_winner(replace(_winner(SM120, DENSE, 16, _tactic(PICKS[16])), predicted=True))
+    with pytest.raises(ExportError, match="1 predicted, never timed, left out: --include-predicted"):
+        _export(path, tmp_path / "x.json", "0.7.4")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_says_how_many_predicted_were_left_out(predicted_db, tmp_path):
+    meta = [a for f in K.META_FIELDS if f not in K.NO_WILDCARD for a in ("--meta", f"{f}=*")]
+    args = ("--cache", predicted_db, "--gpu", "5090", "--flashinfer-version", "0.7.4", *meta)
+    r = _cli("-o", str(tmp_path / "o.json"), *args)
+    assert r.returncode == 0, r.stderr
+    assert "1 predicted winners (never timed) left out: --include-predicted exports them" in r.stdout
+    r = _cli("-o", str(tmp_path / "p.json"), *args, "--include-predicted")
+    assert r.returncode == 0, r.stderr
+    assert "left out" not in r.stdout and _entry(tmp_path / "p.json", 64) == [K.RUNNER, PICKS[64], K.POLICY]

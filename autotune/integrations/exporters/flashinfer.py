@@ -33,7 +33,7 @@ class FlashInfer:
         try:
             rep = export_flashinfer(req.open_store(), req.output, gpu=req.gpu, version=flashinfer_version,
                                     metadata=given, from_env=metadata_from_env, problem_keys=req.problem_keys,
-                                    blocklist=blocklist)
+                                    blocklist=blocklist, include_predicted=req.include_predicted)
         except ExportError as e:
             raise ExportRefused(str(e)) from None
         return list(render(rep))

@@ -69,6 +69,7 @@ class FlashInferExport:
     differences: list[Difference] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     measured_with: dict[str, int] = field(default_factory=dict)   # flashinfer release -> winners
+    predicted_left: int = 0          # predicted winners (never timed) left out: no include_predicted
 
 
 # ------------------------------------------------------------------------------------ selection
@@ -120,13 +121,15 @@ def _measured_with(store, lib_key: str) -> str:
 def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str | None = None,
                       metadata: dict[str, str] | None = None, from_env: bool = False,
                       problem_keys: Iterable[str] | None = None,
-                      blocklist: str | os.PathLike | None = None) -> FlashInferExport:
+                      blocklist: str | os.PathLike | None = None,
+                      include_predicted: bool = False) -> FlashInferExport:
     """Write FlashInfer's cache file to `out` and its tactic blocklist beside it (or to `blocklist`).
 
     version: the flashinfer-python release the file is for (with from_env: the installed one,
     which `version` must then equal). metadata: the fields FlashInfer's loader compares
     (keys.META_FIELDS; flashinfer_version and gpu default to the release and the winners' GPU),
-    unless from_env. problem_keys: only these problems (a model's).
+    unless from_env. problem_keys: only these problems (a model's). Predicted winners (`--strategy
+    predict`: checked, never timed) are left out, and counted, unless `include_predicted`.
     """
     if from_env and metadata:
         raise ExportError("give either metadata fields or --metadata-from-env, not both")
@@ -143,11 +146,14 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
         raise ExportError(str(e)) from None
     dev = _device(store, gpu)
     wanted = set(problem_keys) if problem_keys is not None else None
-    winners = [w for w in store.winners(dev["device_key"]) if w.family == FAMILY
-               and (wanted is None or w.problem_key in wanted)]
+    every = [w for w in store.winners(dev["device_key"]) if w.family == FAMILY
+             and (wanted is None or w.problem_key in wanted)]
+    winners = [w for w in every if include_predicted or not w.predicted]
+    left = len(every) - len(winners)
     if not winners:
         scope = " for that model" if wanted is not None else ""
-        raise ExportError(f"no cutlass winners for {dev['gpu_name']} ({dev['device_key']}){scope} in {store!r}")
+        why = f" ({left} predicted, never timed, left out: --include-predicted exports them)" if left else ""
+        raise ExportError(f"no cutlass winners for {dev['gpu_name']} ({dev['device_key']}){scope} in {store!r}{why}")
     if not from_env:   # the two fields the release and the GPU fix; a given value is still checked
         meta.setdefault("flashinfer_version", release.version)
         meta.setdefault("gpu", dev["gpu_name"])
@@ -164,7 +170,7 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
         if not p.parent.is_dir():
             raise ExportError(f"cannot write {p}: {p.parent} is not a directory")
 
-    rep = FlashInferExport(out, bl, release.version, dev["gpu_name"], dev["device_key"])
+    rep = FlashInferExport(out, bl, release.version, dev["gpu_name"], dev["device_key"], predicted_left=left)
     by_problem: dict[str, dict[int, Winner]] = {}
     for w in winners:
         by_problem.setdefault(w.problem_key, {})[w.bucket] = w
@@ -372,6 +378,8 @@ def render(rep: FlashInferExport, max_lines: int = 20) -> list[str]:
              f"(FLASHINFER_TACTICS_BLOCKLIST={rep.blocklist_path})",
              "winners measured with flashinfer-python " +
              ", ".join(f"{v} ({n})" for v, n in sorted(rep.measured_with.items()))]
+    if rep.predicted_left:
+        lines.append(f"{rep.predicted_left} predicted winners (never timed) left out: --include-predicted exports them")
     if any(v != rep.version for v in rep.measured_with):
         lines.append(f"note: exported for {rep.version}; the SM120 tactic lists match, the kernel launch "
                      f"code differs ({fim.release(rep.version).template_note})")
