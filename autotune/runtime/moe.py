@@ -101,7 +101,7 @@ class FP4MoE(nn.Module):
         biases, routing weights and the top_k sum in torch). prefetch_w2 (default $AUTOTUNE_PREFETCH_W2,
         off): where w13's kernel takes it (cuda moe_mma) and both kernels' bytes for the experts an M can
         touch fit in half the L2, w13 puts w2's slices of the routed experts into L2 (`prefetch=`)
-        while it runs, so w2 reads L2 (docs/moe-decode.md part 15; a hint: the same bits either way)."""
+        while it runs, so w2 reads L2 (docs/decisions/0004-prefetch-w2-off.md; a hint: the same bits either way)."""
         super().__init__()
         if activation not in ("silu", "swigluoai"):
             raise ValueError(f"FP4MoE activation must be 'silu' or 'swigluoai', got {activation!r}")

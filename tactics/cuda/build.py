@@ -74,7 +74,7 @@ class MoeConfig:
     reduce: bool = False  # w2: routing-weighted top_k sum per token in the same launch
     token: bool = False   # moe_tok.cu: one CTA per (token, N tile), its slots summed in registers
                           # (reduce only; m_tiles 1, split_k 1)
-    n_walk: int = 1       # moe_mma: N tiles one CTA walks after its route (split_k 1; docs/moe-decode.md part 13)
+    n_walk: int = 1       # moe_mma: N tiles one CTA walks after its route (split_k 1; docs/decisions/0006-n-tile-walk-out-of-search.md)
 
     @property
     def threads(self) -> int:

@@ -2,7 +2,7 @@
 
 `pack_experts_inplace` gives the same bytes as `layout.pack_experts` (a test compares them), over the
 weight's packed/scales storage (same byte counts), so a one-copy MoE layer holds no second copy
-(GLM-5 TP8's 75 MoE layers in two copies ran an H100 out of memory: docs/moe-decode.md part 17).
+(GLM-5 TP8's 75 MoE layers in two copies ran an H100 out of memory: docs/fp4moe.md, "One copy of the weights").
 It lives apart from layout.py on purpose: layout.py's bit constants are part of what the kernels'
 GPU-check record digests (checked.py), and writing the same bytes elsewhere changes no kernel.
 """

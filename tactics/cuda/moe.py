@@ -63,7 +63,7 @@ SCHEMA: dict[str, tuple] = {"kernel": (KERNEL,), "warps_k": WARPS_K, "stages": S
 #: w2): a deeper ring keeps more bytes in flight per SM where a CTA has few warps
 TOK_STAGES = (2, 4, 8)
 #: moe_mma on w2:reduce: N tiles one CTA walks after its route, so the route (id read, rank scan,
-#: gather) and the CTA's start are paid once per walk (docs/moe-decode.md part 13); a tactic without
+#: gather) and the CTA's start are paid once per walk (docs/decisions/0006-n-tile-walk-out-of-search.md); a tactic without
 #: the parameter walks one tile, as before it existed (its id unchanged)
 N_WALK = (2, 4, 8)
 WALK_SCHEMA: dict[str, tuple] = {**SCHEMA, "n_walk": N_WALK}

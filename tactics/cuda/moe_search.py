@@ -46,7 +46,7 @@ def tok_space(problem: Problem) -> list[Tactic]:
             for w in WARPS_K for s in TOK_STAGES for n in TILES_N]
 
 
-#: the N-tile walk (n_walk) in the search space: off — on an H100 (2026-12-05, docs/moe-decode.md part 15,
+#: the N-tile walk (n_walk) in the search space: off — on an H100 (2026-12-05, docs/decisions/0006-n-tile-walk-out-of-search.md,
 #: docs/data/moe-walk-ab-h100.json) every walk was slower than the same tactic walking one tile where FP4MoE
 #: serves w2 (aligned M = 64: 158-205 against 137-142 µs; routed M = 16: 65-85 against 57-58; folded M = 16:
 #: 97-124 against 83; only the unserved direct route at M = 64 gained, 185 against 199 at n_walk 4). The kernel
@@ -56,7 +56,7 @@ WALKS = False
 
 def walk_spills(warps_k: int, stages: int, tiles_n: int) -> bool:
     """Walks ptxas 13.0 may spill: every one of the 72 walk configs compiled for nvfp4 and mxfp4, sm_90
-    and sm_120 (fifteenth session, final text: 26 of 288 builds spill, all inside this rule — tiles_n 1
+    and sm_120 (2026-12-05, the walk's final text: 26 of 288 builds spill, all inside this rule — tiles_n 1
     with 2+ warps on sm_90 at n_walk 2, and from 8 warps at any n_walk, 80 registers and 32-56 B; warps_k
     4 / stages 2 / tiles_n 2 on sm_120, 8-16 B). The rule covers a few that compile clean (safe: fewer
     tactics); the family refuses a spilling kernel at load (a failed trial). tests/test_cuda_moe.py
@@ -76,7 +76,7 @@ def default(problem: Problem, arch: Arch) -> Tactic:
 
 #: moe_tok re-reads an expert's weight for every token routed to it (moe_mma: once per group of up to
 #: 8·m_tiles pairs). L2 catches part of the re-reads: at 2.0 pairs per expert (GLM-5 TP8's routed w2,
-#: M = 64) it still beat moe_mma on the H200 (121.4 against 138.9 µs, docs/moe-decode.md parts 12-13),
+#: M = 64) it still beat moe_mma on the H200 (121.4 against 138.9 µs, docs/decisions/0011-moe-tok-up-to-3-pairs-per-expert.md),
 #: so the search times it up to 3 (the folded w2's 2.24 at M = 64 included), not past
 TOK_PAIRS_PER_EXPERT = 3
 
