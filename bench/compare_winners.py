@@ -76,7 +76,7 @@ def retime(a: str, b: str, max_bucket: int, within: float, device: str = "cuda")
     """A's and B's winners timed interleaved, per common (problem, bucket <= max_bucket)."""
     from autotune.core.problem import Problem
     from autotune.core.tactic import Tactic
-    from autotune.engine.halving import Halving
+    from autotune.engine.strategies.successive_halving import Halving
     from autotune.engine.search import Job
     from autotune.engine.timing import TimerConfig
     from autotune.engine.sink import Collect

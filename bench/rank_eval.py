@@ -1,7 +1,7 @@
 """Offline evaluation of `--strategy ranked` on a stored full search (the committed H200 data).
 
 For each fold a ranking model is fitted without the held-out data, then the ranked strategy
-(autotune/engine/ranked.py: Ranker, the same code the search runs) is replayed on every held-out
+(autotune/engine/strategies/ranked/batches.py: Ranker, the same code the search runs) is replayed on every held-out
 (problem, bucket) with each measurement replaced by the stored time:
 
 * leave-one-problem-out (lopo): train on the other problems; the buckets of the held-out problem
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import harness  # noqa: E402
 from bench.harness import existing  # noqa: E402
 
-from autotune.engine import rankdata, rankmodel, ranked, strategy  # noqa: E402
+from autotune.engine.strategies.ranked import rows as rankdata, model as rankmodel, batches as ranked, plans as strategy  # noqa: E402
 from autotune.cache.store import Store  # noqa: E402
 
 TARGET_SHARE, TARGET_GAP, TARGET_HITS = 0.10, 0.03, 0.95

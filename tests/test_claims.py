@@ -260,7 +260,7 @@ def test_every_worker_request_is_a_heartbeat_of_the_sink_apart_from_the_stages()
     """The claims are renewed through the result sink's heartbeat, one per executor request (setup,
     check, time, free), not by wrapping the stage recorder: the figures stay the recorder's own."""
     from autotune.engine import timing
-    from autotune.engine.halving import Halving
+    from autotune.engine.strategies.successive_halving import Halving
     from autotune.engine.sink import Collect
     from autotune.engine.workers import InlineExecutor, run_job
     got = Collect()

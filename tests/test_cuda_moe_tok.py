@@ -257,9 +257,9 @@ def test_the_launch_matches_the_kernels_signature():
 
 def test_the_search_does_not_time_it_where_it_re_reads_weights():
     """Family.useful: moe_tok up to TOK_PAIRS_PER_EXPERT pairs per expert (M·top_k <= 3·E), moe_mma everywhere; the
-    search's rows (engine.strategy.kept_at) and the ranked plans follow it."""
+    search's rows (engine.strategies.base.kept_at) and the ranked plans follow it."""
     from autotune.cache import Store
-    from autotune.engine import ranked, strategy
+    from autotune.engine.strategies.ranked import batches as ranked, plans as strategy
     from autotune.engine.search import _Work, plan
     from autotune.tactics.cuda.checked import awaiting_record
     mma = Tactic("cuda", kernel="moe_mma", warps_k=1, stages=2, tiles_n=1, m_tiles=1, split_k=1)
@@ -270,7 +270,7 @@ def test_the_search_does_not_time_it_where_it_re_reads_weights():
     w = _Work(W2R, [r for r in rows if r.verdict.ok or awaiting_record(r.verdict)], FAM.default(W2R, SM90))
     assert any(MOE.is_tok(r.tactic) for r in strategy.kept_at(w, 1))
     assert not any(MOE.is_tok(r.tactic) for r in strategy.kept_at(w, 128))
-    model = __import__("autotune.engine.rankmodel", fromlist=["load"]).load(strategy.shipped(SM90))
+    model = __import__("autotune.engine.strategies.ranked.model", fromlist=["load"]).load(strategy.shipped(SM90))
     plans = strategy.plans(model, [w], [1, 128], SM90, 132, Store("sqlite://"), "dev", ranked.Ranked())
     assert any(MOE.is_tok(t) for t in plans[(W2R.key, 1)].order)
     assert not any(MOE.is_tok(t) for t in plans[(W2R.key, 128)].order + plans[(W2R.key, 128)].extras)

@@ -1,10 +1,10 @@
-"""The count-bound host rule of successive halving (autotune.engine.halving.measure_host), with
+"""The count-bound host rule of successive halving (autotune.engine.strategies.successive_halving.measure_host), with
 scripted check and timing figures only (no wall clock): on the CPU, where one call outlasts the job's
 budget, the check's call is each tactic's first sample, slower tactics are dropped on it, and only the
 near-ties and the default are timed again, once."""
 from autotune.core.tactic import Tactic
 from autotune.engine import timing
-from autotune.engine.halving import Halving, count_bound, measure
+from autotune.engine.strategies.successive_halving import Halving, count_bound, measure
 
 TIMER = timing.TimerConfig(warmup=0, min_reps=3, max_reps=100, budget_s=0.25)
 

@@ -158,7 +158,7 @@ def test_jsonread_bounds_depth_size_and_huge_integers():
 
 def test_a_deep_rank_model_file_is_unusable_not_a_crash(tmp_path):
     from autotune.core.arch import ARCHS
-    from autotune.engine import strategy
+    from autotune.engine.strategies.ranked import plans as strategy
     path = tmp_path / "m.json"
     path.write_text(_deep())
     m, note = strategy.load_model(path, None, ARCHS["sm90"])

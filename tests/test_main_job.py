@@ -32,7 +32,7 @@ def glm5_cache(tmp_path_factory):
 
 def test_the_cpu_main_job_times_each_tactic_by_its_check_and_at_most_one_more_call(glm5_cache):
     """#48: on the CPU one torch call outlasts a job's budget: the count-bound host rule
-    (autotune.engine.halving.measure_host) drops the slower tactics on their check call's time and
+    (autotune.engine.strategies.successive_halving.measure_host) drops the slower tactics on their check call's time and
     times only near-ties once more (a suspicious leader once again)."""
     path, _, _ = glm5_cache
     trials = [t for t in Store(path, readonly=True).trials() if t.bucket > 0]

@@ -17,8 +17,9 @@ from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from autotune.engine import precompile, rankdata, rankmodel, ranked, timing
-from autotune.engine.halving import Halving
+from autotune.engine import precompile, timing
+from autotune.engine.strategies.ranked import rows as rankdata, model as rankmodel, batches as ranked
+from autotune.engine.strategies.successive_halving import Halving
 from autotune.engine.search import Runner, search
 from autotune.tactics import registry
 from tests.families import compile_order as co

@@ -16,7 +16,7 @@ import pytest
 from autotune.engine import timing
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
-from autotune.engine.halving import Halving
+from autotune.engine.strategies.successive_halving import Halving
 from autotune.core.problem import Problem
 from autotune.engine.search import Runner, search
 from autotune.cache import Store

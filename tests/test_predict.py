@@ -14,7 +14,8 @@ from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic
-from autotune.engine import rankdata, rankmodel, timing
+from autotune.engine import timing
+from autotune.engine.strategies.ranked import rows as rankdata, model as rankmodel
 from autotune.engine.search import search
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.table import LazyDefault, Table

@@ -10,9 +10,10 @@ from autotune.core.arch import ARCHS
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
-from autotune.engine import rankdata, rankmodel, ranked, strategy, timing
+from autotune.engine import timing
+from autotune.engine.strategies.ranked import rows as rankdata, model as rankmodel, batches as ranked, plans as strategy
 from autotune.engine.search import SearchOptions, _Work, plan, search
-from autotune.engine.halving import Halving
+from autotune.engine.strategies.successive_halving import Halving
 from autotune.engine.workers import Runner
 from autotune.cache import Store
 from autotune.tactics import registry
@@ -189,8 +190,9 @@ def test_bests_newest_source_first_final_times_first_at_most_two_none_for_what_w
 def test_setup_cfg_ships_every_rank_model_in_the_wheel():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    globs = [g.strip() for g in cfg["options.package_data"]["autotune.engine"].split(",") if g.strip()]
-    files = [p.relative_to(ROOT / "autotune" / "engine").as_posix() for p in strategy.SHIPPED.iterdir()]
+    globs = [g.strip() for g in cfg["options.package_data"]["autotune.engine.strategies.ranked"].split(",") if g.strip()]
+    files = [p.relative_to(ROOT / "autotune" / "engine" / "strategies" / "ranked").as_posix()
+             for p in strategy.SHIPPED.iterdir()]
     assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
     assert "autotune" in cfg["options.packages.find"]["include"].split()
 

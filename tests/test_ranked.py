@@ -15,7 +15,8 @@ from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from autotune.engine import rankdata, rankmodel, ranked, timing
+from autotune.engine import timing
+from autotune.engine.strategies.ranked import rows as rankdata, model as rankmodel, batches as ranked
 from autotune.engine.search import search
 from autotune.cache import Store
 from autotune.tactics import registry
@@ -176,7 +177,7 @@ def test_offline_evaluation_on_the_committed_h200_cache(tmp_path):
 def test_plans_warm_start_from_neighbours_and_measure_never_seen_members(tmp_path):
     from autotune.core.records import Winner
     from autotune.core.tactic import Verdict
-    from autotune.engine import strategy
+    from autotune.engine.strategies.ranked import plans as strategy
     from autotune.engine.search import Planned, _Work
     pytest.importorskip("lightgbm")
     p, arch = Problem.dense(2048, 512), ARCHS["cpu"]
@@ -217,7 +218,7 @@ def _jobs(store, path, cfg, **kw):
 
 def test_retry_failed_reopens_a_finished_ranked_job_with_a_failure_outside_its_first_batch(tmp_path):
     pytest.importorskip("lightgbm")
-    from autotune.engine import strategy
+    from autotune.engine.strategies.ranked import plans as strategy
     from autotune.engine.search import _trial
     first = Store(tmp_path / "halving.db")
     _search(first)
@@ -242,7 +243,7 @@ def test_with_neighbours_rereads_the_stored_times(tmp_path):
     the plan the job starts with (its stop rule counts them), under this search's library keys."""
     from autotune.core.records import Trial
     from autotune.core.tactic import Verdict
-    from autotune.engine import strategy
+    from autotune.engine.strategies.ranked import plans as strategy
     from autotune.engine.search import Planned, _Work
     pytest.importorskip("lightgbm")
     p, arch = Problem.dense(2048, 512), ARCHS["cpu"]
@@ -289,7 +290,7 @@ def test_every_kernel_gets_its_best_predicted_tactic_into_the_first_batch():
     """The trees rank configs of one kernel better than kernels against each other (without this rule
     the main job of 2026-12-05 on an H200 never measured moe_mma on w2:reduce from M = 32 up): a kernel with no tactic in the first
     batch adds its best-predicted one; one already there, or in the extras, adds nothing."""
-    from autotune.engine import strategy
+    from autotune.engine.strategies.ranked import plans as strategy
     a = [Tactic("cuda", kernel="moe_a", warps_k=w) for w in (1, 2, 4)]
     b = [Tactic("cuda", kernel="moe_b", warps_k=w) for w in (1, 2)]
     c = [Tactic("triton", block_m=m) for m in (16, 32)]
@@ -314,7 +315,7 @@ def test_the_torch_reference_gets_no_first_batch_slot_of_its_own_for_grouped_moe
     every_member leaves it out there, keeps it for dense (dequantize + cuBLAS, a prefill candidate),
     and a plan without its problem (older callers) is unchanged."""
     from autotune.core.problem import Problem
-    from autotune.engine import strategy
+    from autotune.engine.strategies.ranked import plans as strategy
     a = [Tactic("cuda", kernel="moe_a", warps_k=w) for w in (1, 2)]
     t = [Tactic("torch", dequant_dtype="bf16", chunk_n=c) for c in (0, 512)]
     order = (a[0], a[1], t[1], t[0])

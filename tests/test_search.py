@@ -260,7 +260,7 @@ def test_unchecked_verdicts_are_not_measured_unless_asked(tmp_path, register_fam
 def test_a_tactic_its_family_calls_useless_at_a_bucket_is_not_timed_there(tmp_path, register_family, strategy):
     """Family.useful (a decode-only kernel, e.g. cuda moe_tok past 2 pairs per expert): the search
     times the chunked tactics at M = 1 only, the unchunked ones and the default everywhere; winners
-    in every bucket. The ranked strategy plans from the same rows (engine.strategy.kept_at)."""
+    in every bucket. The ranked strategy plans from the same rows (engine.strategies.base.kept_at)."""
     register_family("decodeonly", "tests.families.decodeonly:DecodeOnlyFamily")
     fam = registry.get("decodeonly")
     store = Store(tmp_path / "c.db")

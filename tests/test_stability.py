@@ -7,7 +7,7 @@ from autotune.core import winner as winner_rule
 from autotune.core.records import Trial
 from autotune.core.tactic import Tactic
 from autotune.engine import timing
-from autotune.engine.halving import Halving, measure
+from autotune.engine.strategies.successive_halving import Halving, measure
 
 TIMER = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
 

@@ -25,7 +25,7 @@ from autotune.core.env import cpu
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.engine import timing
-from autotune.engine.halving import Halving
+from autotune.engine.strategies.successive_halving import Halving
 from autotune.engine.search import Runner, StoreFailed, search
 from autotune.cache import Store
 from autotune.tactics import registry

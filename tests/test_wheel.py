@@ -41,8 +41,8 @@ def test_wheel_holds_only_the_autotune_namespace(installed):
     for f in ("autotune/tactics/registry.py", "autotune/cache/store.py", "autotune/cli.py",
               "autotune/tactics/cutlass/smem_truth.json", "autotune/tactics/cuda/w4a16_mma.cu"):
         assert f in names, f
-    shipped = sorted(p.name for p in (ROOT / "autotune" / "engine" / "rank_models").iterdir())
-    assert shipped and all(f"autotune/engine/rank_models/{n}" in names for n in shipped)   # the rank models
+    shipped = sorted(p.name for p in (ROOT / "autotune" / "engine" / "strategies" / "ranked" / "rank_models").iterdir())
+    assert shipped and all(f"autotune/engine/strategies/ranked/rank_models/{n}" in names for n in shipped)   # the rank models
     # the links are followed: files, not links, in the wheel and once installed
     assert not (target / "autotune" / "tactics").is_symlink()
     assert "def main" in (target / "autotune" / "cli.py").read_text()

@@ -15,7 +15,7 @@ from autotune.core.env import current
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.engine import timing
-from autotune.engine.halving import Halving
+from autotune.engine.strategies.successive_halving import Halving
 from autotune.engine.search import Runner, search
 from autotune.engine.worker import Bench
 from autotune.cache import Store

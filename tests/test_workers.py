@@ -17,7 +17,7 @@ import pytest
 from autotune.engine import timing
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
-from autotune.engine.halving import Halving, _rounds, measure
+from autotune.engine.strategies.successive_halving import Halving, _rounds, measure
 from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.engine.search import Runner, search

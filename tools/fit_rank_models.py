@@ -1,6 +1,6 @@
 """Refit the rank model shipped inside the package from the committed caches (no GPU; needs LightGBM).
 
-    python3 -m tools.fit_rank_models            # writes autotune/engine/rank_models/sm90-<libs>.json
+    python3 -m tools.fit_rank_models            # writes autotune/engine/strategies/ranked/rank_models/sm90-<libs>.json
 
 The committed H200 caches are read from copies in a temporary folder (never opened in place): the
 full GLM-5 TP8 search (triton, torch; dense and grouped MoE), the cuda family's search (dense, M <= 64)
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.engine import rankdata, rankmodel, strategy  # noqa: E402
+from autotune.engine.strategies.ranked import rows as rankdata, model as rankmodel, plans as strategy  # noqa: E402
 from autotune.cache.store import Store  # noqa: E402
 
 #: (name in the model's info, committed cache)

@@ -188,7 +188,7 @@ def fit_rank(cache=None, *, output: str | os.PathLike | None = None, device: str
     """Fit the ranking model of `--strategy ranked` on a cache's trials, one per device (or the
     named device key / GPU name), saved as JSON next to the cache (`<cache>.rank-<arch>.json`) or
     at `output`. Returns (path, model) pairs. Needs LightGBM (`pip install 'fp4-autotune[rank]'`)."""
-    from autotune.engine import rankdata, rankmodel, strategy
+    from autotune.engine.strategies.ranked import rows as rankdata, model as rankmodel, plans as strategy
     store = open_store(cache, readonly=True)
     devs = [d for d in store.devices() if device in (None, d.get("device_key"), d.get("gpu_name"))]
     if not devs:

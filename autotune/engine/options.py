@@ -18,7 +18,7 @@ from autotune.core.arch import Arch
 from autotune.core.env import Env
 from autotune.engine import strategies
 from autotune.engine.progress import Progress
-from autotune.engine.ranked import Ranked
+from autotune.engine.strategies.ranked.batches import Ranked
 
 #: default limit for one check (build + compile + one call) or one timing request
 DEFAULT_TIMEOUT_S = 300.0
@@ -219,7 +219,7 @@ class Halving:
     # a count-bound host (the CPU, where one call outlasts the job's budget share: halving's minimum reps,
     # not its budget, set the cost): the check call's host time is each tactic's first sample, those
     # slower than the fastest check by more than this share are dropped on it, and the rest are timed
-    # once more (autotune.engine.halving.measure_host); 0 turns the rule off
+    # once more (autotune.engine.strategies.successive_halving.measure_host); 0 turns the rule off
     host_window: float = 0.15
 
     def __post_init__(self):

@@ -38,7 +38,8 @@ from typing import Callable, Hashable, Sequence
 
 from autotune.core.arch import Arch
 from autotune.core.tactic import Tactic
-from autotune.engine import audit, precompile, ranked
+from autotune.engine import audit, precompile
+from autotune.engine.strategies.ranked import batches
 from autotune.tactics import registry
 
 AHEAD, BACKGROUND = 1, 2      # priorities (smaller first); a job waiting on an item raises it above both
@@ -174,7 +175,7 @@ def start(work: Sequence, jobs: Sequence, precompiled: Callable[[list], list], t
         for j in jobs:
             if not j.tactics or j.rank is None:
                 continue
-            r = ranked.Ranker(j.rank)
+            r = batches.Ranker(j.rank)
             for pos in range(r.first, min(r.cap, len(j.rank.order))):
                 key = (j.problem.key, j.rank.order[pos].id)
                 if key in rows:

@@ -4,9 +4,10 @@ A rejected tactic is never built, compiled or launched; its verdict is stored on
 stands for every bucket). Kept tactics are compiled ahead of time in parallel (families that
 compile) while the jobs are measured (autotune.engine.pipeline: a job waits only for its own
 tactics' compiles), and each (problem, bucket) is a job for a worker process (autotune.engine.workers): checked
-against a float64 reference, then timed by successive halving (autotune.engine.halving) — with
-`--strategy ranked` only the candidates a ranking model puts first (autotune.engine.strategy,
-autotune.engine.ranked). A failure —
+against a float64 reference, then timed by successive halving (autotune.engine.strategies.successive_halving) — with
+`--strategy ranked` only the candidates a ranking model puts first (autotune.engine.strategies.ranked).
+The search asks its strategy only through the registry's interface (autotune.engine.strategies.base.Strategy).
+A failure —
 raised, wrong, crashed, hung — is stored with its reason. Every trial commits on its own, so an
 interrupted search resumes by measuring only what is missing. Winners are recomputed from the
 stored trials (autotune.core.winner), never from in-memory state.
@@ -17,10 +18,10 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from autotune.core import codekey, measure, winner as winner_rule
-from autotune.engine import audit, claims as job_claims, invariant, pipeline, strategies, strategy, workers as workers_mod
+from autotune.engine import audit, claims as job_claims, invariant, pipeline, strategies, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
@@ -29,7 +30,6 @@ from autotune.engine.options import Runner, SearchOptions, TimerConfig  # noqa: 
 from autotune.engine.workers import Stages
 from autotune.core.buckets import Buckets
 from autotune.core.env import Env, current
-from autotune.engine.ranked import RankPlan
 from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.arch import ARCHS, detect
@@ -70,7 +70,7 @@ class Job:
     tactics: tuple[Tactic, ...]
     default_id: str
     smem_model: dict = field(default_factory=dict, compare=False, hash=False)   # tactic id -> verdict's figure
-    rank: RankPlan | None = field(default=None, compare=False, hash=False)     # --strategy ranked: the plan
+    rank: Any = field(default=None, compare=False, hash=False)     # the strategy's plan (ranked: batches.RankPlan)
     gate: "pipeline.Gate | None" = field(default=None, compare=False, hash=False)  # compiles it waits for
     strategy: str = field(default=HalvingStrategy.name, compare=False)          # who measures it (strategies.get)
 
@@ -238,7 +238,7 @@ class _Search:
         out = []
         for w in work:
             for b in self.buckets:
-                kept = strategy.kept_at(w, b)          # a family may call a tactic useless at this M (Family.useful)
+                kept = self.strategy.kept_at(w, b)     # a family may call a tactic useless at this M (Family.useful)
                 todo = self.remaining(w.problem, b, [r.tactic for r in kept])
                 job, resumed = self.strategy.job(self, Job(w.problem, b, todo, w.default.id,
                                                            {r.tactic.id: r.verdict.smem_bytes for r in kept}),

@@ -40,7 +40,7 @@ def unregister(name: str) -> None:
     _LOADED.pop(name, None)
 
 
-register("ranked", "autotune.engine.strategies.ranked:RankedStrategy",
+register("ranked", "autotune.engine.strategies.ranked.strategy:RankedStrategy",
          "only the rank model's top candidates, its bests, neighbouring buckets' winners and the default, with an adaptive "
          "stop (no model for the arch: halving)")
 register("halving", "autotune.engine.strategies.halving:HalvingStrategy", "every kept tactic, successive halving")

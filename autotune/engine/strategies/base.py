@@ -11,13 +11,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, ClassVar, Protocol
 
-from autotune.engine import halving
+from autotune.engine.strategies import successive_halving
 from autotune.engine.options import SearchOptions
+from autotune.tactics import registry
 
 
 #: an outcome's status for a checked, untimed choice (`--strategy predict`): the search keeps it as the job's
 #: predicted winner, never as a trial
 PREDICTED = "predicted"
+
+
+def kept_at(w: Any, bucket: int) -> list:
+    """The job's kept rows the search times at `bucket`: those their family calls useful there
+    (Family.useful; the designated default always)."""
+    return [r for r in w.kept if r.tactic.id == w.default.id or registry.useful(w.problem, r.tactic, bucket)]
 
 
 class SearchView(Protocol):
@@ -36,6 +43,7 @@ class Strategy(Protocol):
     name: ClassVar[str]
 
     def configure(self, o: SearchOptions) -> SearchOptions: ...
+    def kept_at(self, w: Any, bucket: int) -> list: ...                 # of a problem's kept rows: those timed at bucket
     def prepare(self, s: SearchView, work: list) -> None: ...           # after the static steps, before compiling
     def redo(self) -> frozenset[str]: ...                               # stored statuses measured again
     def precompiled(self, items: list) -> list: ...                     # of the kept tactics: those compiled ahead
@@ -48,13 +56,17 @@ class Strategy(Protocol):
 
 
 class HalvingStrategy:
-    """Every kept tactic of every job, by successive halving (autotune.engine.halving)."""
+    """Every kept tactic of every job, by successive halving (autotune.engine.strategies.successive_halving)."""
 
     name: ClassVar[str] = "halving"
 
     def configure(self, o: SearchOptions) -> SearchOptions:
         """The search's options as this strategy runs them."""
         return o
+
+    def kept_at(self, w: Any, bucket: int) -> list:
+        """Of a problem's kept rows (`w.kept`), those the search times at `bucket` (`kept_at`)."""
+        return kept_at(w, bucket)
 
     def prepare(self, s: SearchView, work: list) -> None:
         """Plan before anything compiles (work: the problems with their kept tactics and default)."""
@@ -87,4 +99,4 @@ class HalvingStrategy:
         (the compile pipeline, autotune.engine.pipeline) takes a batch of tactics about to be
         measured and returns them once compiled, without those whose compile failed; a job's
         first tactics were waited for before this is called."""
-        halving.measure(ex, job.tactics, job.default_id, timer, h, emit)
+        successive_halving.measure(ex, job.tactics, job.default_id, timer, h, emit)

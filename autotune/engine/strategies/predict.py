@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable
 
-from autotune.engine import strategy
+from autotune.engine.strategies.ranked import plans
 from autotune.engine.executor import Outcome, TacticError, WorkerLost
 from autotune.engine.strategies.base import PREDICTED, HalvingStrategy, SearchView
 from autotune.tactics import registry
@@ -24,11 +24,11 @@ class PredictStrategy(HalvingStrategy):
     name = "predict"
 
     def __init__(self) -> None:
-        self.ranking: strategy.Ranking | None = None
+        self.ranking: plans.Ranking | None = None
         self._measured: set[tuple[str, int]] = set()
 
     def prepare(self, s: SearchView, work: list) -> None:
-        model, note = strategy.load_model(s.o.rank_model, s.store, s.target, dict(s.env.libs))
+        model, note = plans.load_model(s.o.rank_model, s.store, s.target, dict(s.env.libs))
         if model is None:
             named = Counter(str(w.default) for w in work)
             s.report.notes.append(f"--strategy predict: {note}; nothing predicted, each problem serves its family "
@@ -37,7 +37,7 @@ class PredictStrategy(HalvingStrategy):
             return
         s.report.notes.append(f"--strategy predict: {note}; each (problem, bucket) stores the model's first choice, "
                               "checked against float64, not timed")
-        self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(s.buckets), s.target,
+        self.ranking = plans.Ranking(model, plans.plans(model, work, list(s.buckets), s.target,
                                                               s.env.sm_count or 0, s.store, s.env.device_key,
                                                               s.o.ranked, s.lib_keys))
         self._measured = {(w.problem_key, w.bucket) for w in s.store.winners(s.env.device_key)
@@ -67,7 +67,7 @@ class PredictStrategy(HalvingStrategy):
                 wait: Callable[[list], list] | None = None) -> None:
         """Check the first choice (once its compile is done); passed: a predicted outcome whose time
         is the checked call's host time (not a timing)."""
-        from autotune.engine.halving import check_call_us
+        from autotune.engine.strategies.successive_halving import check_call_us
         for t in (wait(list(job.tactics)) if wait is not None else job.tactics):
             try:
                 c = ex.check(t)

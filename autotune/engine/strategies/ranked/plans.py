@@ -1,8 +1,8 @@
-"""The steps behind the ranked strategy (autotune/engine/strategies/ranked.py: the ranking model's
-top candidates, warm starts, adaptive stop: autotune.engine.ranked) — loading the model, the plans,
+"""The ranked strategy's plans (autotune/engine/strategies/ranked/strategy.py: the ranking model's
+top candidates, warm starts, adaptive stop: autotune.engine.strategies.ranked.batches) — loading the model, the plans,
 the first batches, the neighbours' warm start (`--batch-invariant`: autotune.engine.invariant).
 
-The strategies and the search (autotune.engine.search) call these steps; none of them names a family.
+The ranked and predict strategies call these steps; none of them names a family.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Iterable, Mapping, Sequence
 from autotune.core.arch import Arch
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
-from autotune.engine import rankdata, rankmodel, ranked
+from autotune.engine.strategies.base import kept_at
+from autotune.engine.strategies.ranked import batches, model as rankmodel, rows
 from autotune.tactics import registry
 
 @dataclass
@@ -21,7 +22,7 @@ class Ranking:
     """The loaded model and, per (problem key, bucket), its plan before the job starts."""
 
     model: rankmodel.Model
-    plans: dict[tuple[str, int], ranked.RankPlan]
+    plans: dict[tuple[str, int], batches.RankPlan]
 
 
 #: rank models shipped inside the package, `<arch>-<libs>.json.gz` (tools/fit_rank_models.py writes them)
@@ -117,14 +118,8 @@ def load_model(given, store, arch: Arch, libs: Mapping[str, str | None] | None =
     return (m, _said(m, str(path))) if m is not None else (None, bad)
 
 
-def kept_at(w, bucket: int) -> list:
-    """The job's kept rows the search times at `bucket`: those their family calls useful there
-    (Family.useful; the designated default always)."""
-    return [r for r in w.kept if r.tactic.id == w.default.id or registry.useful(w.problem, r.tactic, bucket)]
-
-
 def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: Arch, sms: int, store,
-          device_key: str, cfg: ranked.Ranked, lib_keys: dict | None = None) -> dict[tuple[str, int], ranked.RankPlan]:
+          device_key: str, cfg: batches.Ranked, lib_keys: dict | None = None) -> dict[tuple[str, int], batches.RankPlan]:
     """Per (problem, bucket): the kept tactics useful there (`kept_at`) in predicted order; as extras the default, the
     fastest tactics the model's own data timed there (Model.bests, then its siblings': Model.sibling_bests) and novel
     members; and the
@@ -133,16 +128,16 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
     prediction over every (problem, bucket, tactic) row: the tree walk costs per call, not per row."""
     out, names = {}, set(model.names)
     work = list(work)
-    rows = {(w.problem.key, b): kept_at(w, b) for w in work for b in buckets}
-    feats = {(w.problem.key, b): [rankdata.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes)
-                                  for r in rows[(w.problem.key, b)]] for w in work for b in buckets}
+    useful = {(w.problem.key, b): kept_at(w, b) for w in work for b in buckets}
+    feats = {(w.problem.key, b): [rows.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes)
+                                  for r in useful[(w.problem.key, b)]] for w in work for b in buckets}
     flat = model.predict([f for fs in feats.values() for f in fs])
     preds, i = {}, 0
     for k, fs in feats.items():
         preds[k], i = flat[i:i + len(fs)], i + len(fs)
     for w in work:
         for b in buckets:
-            kept = rows[(w.problem.key, b)]
+            kept = useful[(w.problem.key, b)]
             by_id = {r.tactic.id: r.tactic for r in kept}
             f, p = feats[(w.problem.key, b)], preds[(w.problem.key, b)]
             known = {t.tactic_id: t.median_us for t in store.get_trials(w.problem.key, b, device_key)
@@ -150,7 +145,7 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
                      and (lib_keys is None or registry.fresh(lib_keys, t))}
             best = [by_id[i] for i in dict.fromkeys((*model.bests(w.problem.key, b), *model.sibling_bests(w.problem, b)))
                     if i in by_id]
-            out[(w.problem.key, b)] = every_member(ranked.plan_for(
+            out[(w.problem.key, b)] = every_member(batches.plan_for(
                 [r.tactic for r in kept], p, [w.default, *best, *_novel(kept, f, p, names, cfg.min_first)], known, cfg),
                 w.problem)
     return out
@@ -161,7 +156,7 @@ def kernel_of(t: Tactic) -> tuple[str, str]:
     return t.family, str(t.params.get("kernel", ""))
 
 
-def every_member(plan: ranked.RankPlan, problem: Problem | None = None) -> ranked.RankPlan:
+def every_member(plan: batches.RankPlan, problem: Problem | None = None) -> batches.RankPlan:
     """Each kernel the job keeps tactics of gets its best-predicted one into the first batch. The
     trees rank configs of one kernel better than kernels against each other: without this rule the
     H200 main job of 2026-12-05 never measured moe_mma on w2:reduce from M = 32 up (its first batches
@@ -171,7 +166,7 @@ def every_member(plan: ranked.RankPlan, problem: Problem | None = None) -> ranke
     (Family.first_batch_member: the torch reference's grouped MoE)."""
     if not plan.cfg.every_kernel:
         return plan
-    first = ranked.Ranker(plan).first
+    first = batches.Ranker(plan).first
     have = {kernel_of(t) for t in (*plan.order[:first], *plan.extras)}
     tops: dict[tuple[str, str], Tactic] = {}
     member = {f: problem is None or registry.first_batch_member(problem, f) for f in {t.family for t in plan.order}}
@@ -190,12 +185,12 @@ def _novel(kept, feats, preds, names: set, n: int) -> list[Tactic]:
     return [t for _, _, t in sorted(new)[:n]]
 
 
-def first_ids(plan: ranked.RankPlan) -> list[str]:
+def first_ids(plan: batches.RankPlan) -> list[str]:
     """The tactic ids a job measures first whatever its neighbours did: the model's top and the
     static extras (the default, the model's bests, novel members). A (problem, bucket) whose winner is stored and
     whose first batch is in the cache is finished: a resumed search measures nothing there, even
     though its neighbours' winners (the warm starts) may have changed since it ran."""
-    return [t.id for t in (*plan.order[:ranked.Ranker(plan).first], *plan.extras)]
+    return [t.id for t in (*plan.order[:batches.Ranker(plan).first], *plan.extras)]
 
 
 def first_batches(ranking: Ranking) -> set[tuple[str, str]]:
@@ -203,8 +198,8 @@ def first_batches(ranking: Ranking) -> set[tuple[str, str]]:
     return {(pk, i) for (pk, _), plan in ranking.plans.items() for i in first_ids(plan)}
 
 
-def with_neighbours(plan: ranked.RankPlan, store, problem: Problem, bucket: int, buckets: Sequence[int],
-                    device_key: str, lib_keys: dict) -> ranked.RankPlan:
+def with_neighbours(plan: batches.RankPlan, store, problem: Problem, bucket: int, buckets: Sequence[int],
+                    device_key: str, lib_keys: dict) -> batches.RankPlan:
     """The plan warm-started by the winners stored for the neighbouring buckets (this search's,
     when they finished first, or an earlier search's), where they are candidates here; its stored
     times re-read as the job starts, so the stop rule counts what another search (whose claim this
@@ -219,4 +214,4 @@ def with_neighbours(plan: ranked.RankPlan, store, problem: Problem, bucket: int,
     ids = {w.tactic_id for w in store.winners(device_key) if w.problem_key == problem.key and w.bucket in near
            and registry.fresh(lib_keys, w)}
     extra = [t for t in plan.order if t.id in ids]
-    return ranked.RankPlan(plan.order, plan.pred, tuple(dict.fromkeys((*plan.extras, *extra))), known, plan.cfg)
+    return batches.RankPlan(plan.order, plan.pred, tuple(dict.fromkeys((*plan.extras, *extra))), known, plan.cfg)

@@ -19,7 +19,7 @@ from autotune.core.arch import ARCHS, Arch, arch_for_cc
 from autotune.core.problem import Problem
 from autotune.core.records import Trial
 from autotune.core.tactic import Tactic
-from autotune.engine import rankmodel
+from autotune.engine.strategies.ranked import model as rankmodel
 from autotune.tactics import registry
 
 ALL_BUCKETS = 0

@@ -1,14 +1,15 @@
 """`--strategy ranked` (the default): per (problem, bucket) only what the ranking model puts first,
 its bests (the fastest its training data timed there), the neighbouring buckets' winners and the
-default, with the adaptive stop (autotune.engine.ranked's
-batches, autotune.engine.strategy's model loading and plans). Without a model covering the arch it
+default, with the adaptive stop (the batches: autotune.engine.strategies.ranked.batches; the model
+loading and plans: autotune.engine.strategies.ranked.plans). Without a model covering the arch it
 measures as halving does, and the notes say so."""
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any, Callable
 
-from autotune.engine import halving, ranked, strategy
+from autotune.engine.strategies import successive_halving
+from autotune.engine.strategies.ranked import batches, plans
 from autotune.engine.strategies.base import HalvingStrategy, SearchView
 from autotune.tactics import registry
 
@@ -17,17 +18,17 @@ class RankedStrategy(HalvingStrategy):
     name = "ranked"
 
     def __init__(self) -> None:
-        self.ranking: strategy.Ranking | None = None
+        self.ranking: plans.Ranking | None = None
         self._won: set[tuple[str, int]] | None = None
 
     def prepare(self, s: SearchView, work: list) -> None:
         """The model's plan per (problem, bucket), or none (halving) when no model covers the arch."""
-        model, note = strategy.load_model(s.o.rank_model, s.store, s.target, dict(s.env.libs))
+        model, note = plans.load_model(s.o.rank_model, s.store, s.target, dict(s.env.libs))
         if model is None:
             s.report.notes.append(f"--strategy ranked: {note}; measuring by successive halving")
             return
         s.report.notes.append(f"--strategy ranked: {note}")
-        self.ranking = strategy.Ranking(model, strategy.plans(model, work, list(s.buckets), s.target,
+        self.ranking = plans.Ranking(model, plans.plans(model, work, list(s.buckets), s.target,
                                                               s.env.sm_count or 0, s.store, s.env.device_key,
                                                               s.o.ranked, s.lib_keys))
 
@@ -35,7 +36,7 @@ class RankedStrategy(HalvingStrategy):
         """What the first batches measure; the rest compile just in time at launch."""
         if self.ranking is None:
             return items
-        first = strategy.first_batches(self.ranking)
+        first = plans.first_batches(self.ranking)
         return [r for r in items if (r.problem.key, r.tactic.id) in first]
 
     def job(self, s: SearchView, job: Any, kept_ids: set[str]) -> tuple[Any, bool]:
@@ -49,7 +50,7 @@ class RankedStrategy(HalvingStrategy):
         plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
         todo = job.tactics
         if ((job.problem.key, job.bucket) in self._won and not s.o.retry_failed
-                and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
+                and not set(plans.first_ids(plan)) & {t.id for t in todo}):
             todo = ()       # finished before: its winner is stored and its first batch measured
             # (--retry-failed reopens it: a failure past the first batch is in todo)
         return replace(job, tactics=todo, rank=plan, strategy=self.name), False
@@ -58,7 +59,7 @@ class RankedStrategy(HalvingStrategy):
         """Warm-started by the neighbouring buckets' winners, as they stand when the job starts."""
         if job.rank is None:
             return job
-        return replace(job, rank=strategy.with_neighbours(job.rank, s.store, job.problem, job.bucket,
+        return replace(job, rank=plans.with_neighbours(job.rank, s.store, job.problem, job.bucket,
                                                           list(s.buckets), s.env.device_key, s.lib_keys))
 
     def without(self, s: SearchView, job: Any, bad: set[str]) -> Any:
@@ -68,7 +69,7 @@ class RankedStrategy(HalvingStrategy):
             keep = [i for i, t in enumerate(plan.order) if t.id not in bad]
             plan = replace(plan, order=tuple(plan.order[i] for i in keep), pred=tuple(plan.pred[i] for i in keep))
             if ((job.problem.key, job.bucket) in (self._won or set()) and not s.o.retry_failed
-                    and not set(strategy.first_ids(plan)) & {t.id for t in todo}):
+                    and not set(plans.first_ids(plan)) & {t.id for t in todo}):
                 todo = ()
         return replace(job, tactics=todo, rank=plan)
 
@@ -83,5 +84,5 @@ class RankedStrategy(HalvingStrategy):
 
         def run_batch(batch, e):
             batch = [t for t in batch if t.id in todo]
-            halving.measure(ex, wait(batch) if wait is not None else batch, job.default_id, timer, h, e)
-        ranked.measure(run_batch, job.rank, emit)
+            successive_halving.measure(ex, wait(batch) if wait is not None else batch, job.default_id, timer, h, e)
+        batches.measure(run_batch, job.rank, emit)

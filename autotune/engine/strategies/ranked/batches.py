@@ -3,7 +3,7 @@
 Per job the candidates are the kept tactics in the model's predicted order. The first batch is the
 top `first` (at least `min_first`, else `first_share` of the kept ones) plus the extras: the
 designated default and the winners of the neighbouring buckets (warm start). Each batch is measured
-by successive halving (autotune.engine.halving). Then the next `step` candidates are measured only
+by successive halving (autotune.engine.strategies.successive_halving). Then the next `step` candidates are measured only
 if the model predicts the first of them within `stop_margin` of the best measured tactic (its
 prediction relative to the best's own prediction): the adaptive stop. `max_share` caps what one job may measure.
 
