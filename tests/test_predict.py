@@ -91,7 +91,7 @@ def test_export_leaves_predicted_winners_out_unless_asked(tmp_path):
     assert rep.written == 2 and rep.predicted_left == 0
     import json
     # the predicted marker raises the export's form: a reader of the older form refuses it, never drops it
-    assert [json.loads((tmp_path / f).read_text())["schema"] for f in ("a.json", "b.json")] == [3, 4]
+    assert [json.loads((tmp_path / f).read_text())["schema"] for f in ("a.json", "b.json")] == [3, 5]
     fresh = Store(tmp_path / "fresh.db")
     from autotune.integrations.portable import import_cache
     import_cache(fresh, tmp_path / "b.json")

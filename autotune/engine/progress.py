@@ -30,7 +30,7 @@ class Progress:
         self._left: dict[str, int] = {}      # problem key -> buckets still running
         self._todo: dict[str, int] = {}      # problem key -> trials still to decide
         self._cost: dict[str, list] = {}     # problem key -> [trials decided, seconds they took]
-        self._won: dict[str, list[str]] = {}  # problem key -> "M=b tactic time" of its finished buckets
+        self._won: dict[str, list[tuple[int, str]]] = {}  # problem key -> (M, "M=b tactic time") of its finished buckets
         self._last = self._mark = 0.0
 
     def start(self, jobs, resumed: int) -> None:

@@ -23,7 +23,7 @@ from autotune.engine.executor import exit_now
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
-from autotune.tactics.base import PLAIN_LAYOUT, as_launcher
+from autotune.tactics.base import PLAIN_LAYOUT, Launcher, as_launcher
 from autotune.tactics.scratch import ScratchPool
 
 EXIT_POISONED = 3     # the CUDA context is unusable after a tactic's error
@@ -140,7 +140,7 @@ class Bench:
         self.problem: Problem | None = None
         self.bucket = 0
         self.seed = 0
-        self._kernels: dict[str, object] = {}   # tactic id -> kernel, this job
+        self._kernels: dict[str, Launcher] = {}   # tactic id -> kernel, this job
         self._weights: list = []                # the problem's random weights, kept across its buckets
         self._graphs: dict[str, dict] = {}      # tactic id -> time_calls memo (its captured graph), this job
         self._packs: dict[tuple[str, int], object] = {}  # (layout, set) -> the set's weight packed, this problem

@@ -237,7 +237,7 @@ class LayerMember(MOE_SEARCH.MoeMember):
     def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
         return []
 
-    def default(self, problem: Problem, arch: Arch) -> None:
+    def default(self, problem: Problem, arch: Arch) -> Tactic | None:
         return None
 
     def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:

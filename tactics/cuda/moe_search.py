@@ -113,13 +113,13 @@ class MoeMember:
     def space(self, problem: Problem, arch: Arch) -> list[Tactic]:
         return mma_space(problem)
 
-    def default(self, problem: Problem, arch: Arch) -> Tactic:
+    def default(self, problem: Problem, arch: Arch) -> Tactic | None:
         return default(problem, arch)
 
     def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         return M.verdict(problem, tactic, arch)
 
-    def configs(self, problem: Problem, tactic: Tactic) -> list[B.MoeConfig]:
+    def configs(self, problem: Problem, tactic: Tactic) -> list:
         return [M.config(problem, tactic)]
 
     def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:

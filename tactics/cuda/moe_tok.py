@@ -98,7 +98,7 @@ class TokMember(MOE_SEARCH.MoeMember):
         from .moe_search import tok_space
         return tok_space(problem)
 
-    def default(self, problem: Problem, arch: Arch) -> None:
+    def default(self, problem: Problem, arch: Arch) -> Tactic | None:
         return None                                 # the family's grouped default is moe_mma's
 
     def runner(self, problem: Problem, tactic: Tactic, device: str) -> Any:
