@@ -131,7 +131,9 @@ def test_every_stored_entry_is_checked_before_use(tmp_path):
         win(T_A, 16, device="1" * 16)])
     con = sqlite3.connect(path)      # a tampered row: params that no longer hash to the stored id
     con.execute("UPDATE tactics SET params_json = ? WHERE id = ?", (T_B.to_json(), T_A.id))
-    con.execute("INSERT INTO winners VALUES (?, 32, ?, ?, 'nope', ?, 1, ?, 1, 1, '2026-01-01', ?, 0)",
+    con.execute("INSERT INTO winners (problem_key, bucket, device_key, tactic_id, family, lib_key, median_us, "
+                "default_tactic_id, default_median_us, speedup, updated_at, code_key) "
+                "VALUES (?, 32, ?, ?, 'nope', ?, 1, ?, 1, 1, '2026-01-01', ?)",
                 (P.key, CPU.device_key, T_A.id, LIB, T_A.id, win(T_A, 32).code_key))   # family column lies
     con.commit()
     con.close()
