@@ -27,6 +27,7 @@ REVIEWED = [
     ('test_batch_invariant.py', GUARD, 'capture_output=True, text=True, timeout=600)'),
     ('test_batch_invariant.py', GUARD, 'capture_output=True, text=True, timeout=900)'),
     ('test_bench_driver.py', GUARD, 'r = subprocess.run(["bash", str(DRIVER)], cwd=ROOT, env=e, capture_output=True, text=True, timeout=6000)'),
+    ('test_bench_driver.py', GUARD, 'text=True, check=True, timeout=300).stdout.split()'),
     ('test_bench_smoke.py', GUARD, 'text=True, timeout=600)'),
     ('test_bench_smoke.py', GUARD, 'env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)'),
     ('test_bench_smoke.py', GUARD, 'timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), "AUTOTUNE_CACHE": str(never)})'),
