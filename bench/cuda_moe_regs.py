@@ -111,15 +111,23 @@ def space_verdict(now: dict, old: dict | None) -> tuple[list[str], str]:
 
 
 def at_rev(rev: str, d: Path) -> tuple[Path, ...]:
+    """moe_mma's text files (build.SOURCES: the shared parts, then its own file) as they were at `rev`,
+    written under `d`. A shared part the revision lacks is left out (it predates that part); a revision
+    before the package layout keeps them under tactics/cuda/."""
+    from autotune.tactics.cuda import build as B
+    *shared, own = B.SOURCES[B.MOE_KERNEL]
     paths = []
-    for name in ("mma_common.cuh", "moe_common.cuh", "moe_mma.cu"):
-        r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:tactics/cuda/{name}"], capture_output=True)
-        if r.returncode and name == "moe_common.cuh":     # before the routing helpers moved out of moe_mma.cu
+    for f in (*shared, own):
+        for rel in (f.relative_to(ROOT).as_posix(), f"tactics/cuda/{f.name}"):
+            r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{rel}"], capture_output=True)
+            if not r.returncode:
+                break
+        if r.returncode and f is not own:
             continue
         if r.returncode:
-            raise SystemExit(f"{rev}: no tactics/cuda/{name}")
-        (d / name).write_bytes(r.stdout)
-        paths.append(d / name)
+            raise SystemExit(f"{rev}: no {f.relative_to(ROOT).as_posix()}")
+        (d / f.name).write_bytes(r.stdout)
+        paths.append(d / f.name)
     return tuple(paths)
 
 

@@ -40,6 +40,7 @@ def triton_bound(p, w):
     """The Triton family's bound W4A16 launcher with its direct route forced on and the launch
     itself (Triton's compiled C launcher) replaced by a no-op: its Python part on this CPU."""
     from autotune.tactics import registry
+    from autotune.tactics.triton_fp4.bound_dense import _Plan
     from autotune.tactics.triton_fp4.w4a16 import tactic
     fam = registry.get("triton")
     t = tactic(16, 64, 256, 1, 4, 3, 2)
@@ -47,7 +48,8 @@ def triton_bound(p, w):
     b.direct, b._stream = True, lambda idx: 0
 
     def plan(x, out, stream, _noop=lambda *args: None):
-        pl = (-1, None, _noop, 96, 2, 0, None, b.w_ptrs, (0, 0), (p.n, p.k) + (0,) * 9)
+        pl = _Plan(stream=-1, epoch=b.scratch.epoch, run=_noop, tiles=96, split=2, function=0, metadata=None,
+                   w_ptrs=b.w_ptrs, scratch_ptrs=(0, 0), tail=(p.n, p.k) + (0,) * 9)
         b.plans[x.shape[0]] = pl
         return pl
     b._plan = plan

@@ -189,7 +189,9 @@ class CudaFamily(FamilyBase):
         if self.supports(problem):
             return []
         grouped = problem.kind == "grouped_moe"
-        return [t for m in M.REGISTRY if m.impl().grouped == grouped for t in m.impl().space(problem, arch)]
+        # the members name the family "cuda": the tactics carry this family's name (a subclass's, too)
+        return [Tactic(self.name, **t.params) for m in M.REGISTRY if m.impl().grouped == grouped
+                for t in m.impl().space(problem, arch)]
 
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         m = member_of(tactic)
