@@ -36,6 +36,21 @@ def _round_timer(base: TimerConfig, budget_s: float, min_reps: int) -> TimerConf
     return replace(base, budget_s=max(budget_s, 1e-4), min_reps=min_reps, max_reps=max(min_reps, base.max_reps))
 
 
+def _timer_of(ex: Executor, alive: list[Tactic], checked: dict,
+              emit: Callable[[Outcome], None]) -> Callable[[Tactic, TimerConfig], dict | None]:
+    """`timed(t, cfg)`: the executor's timing of `t`, or None after storing it as failed and
+    taking it out of `alive` (a tactic that breaks while timed never wins)."""
+    def timed(t: Tactic, cfg: TimerConfig) -> dict | None:
+        try:
+            return ex.time(t, cfg)
+        except (TacticError, WorkerLost) as e:
+            alive.remove(t)
+            emit(Outcome(t, "failed", "while timing: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
+                         rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
+            return None
+    return timed
+
+
 def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: TimerConfig,
             halving: Halving, emit: Callable[[Outcome], None]) -> None:
     """Run one (problem, bucket) whose setup the executor already has."""
@@ -52,14 +67,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
         return measure_host(ex, alive, checked, default_id, timer, halving, emit)
     timings: dict[str, dict] = {}
 
-    def timed(t: Tactic, cfg: TimerConfig) -> dict | None:
-        try:
-            return ex.time(t, cfg)
-        except (TacticError, WorkerLost) as e:
-            alive.remove(t)
-            emit(Outcome(t, "failed", "while timing: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
-                         rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
-            return None
+    timed = _timer_of(ex, alive, checked, emit)
 
     replayed: set[str] = set()
 
@@ -162,14 +170,7 @@ def measure_host(ex: Executor, alive: list[Tactic], checked: dict, default_id: s
     timings: dict[str, dict] = {}
     alive[:] = final
 
-    def timed(t: Tactic, cfg: TimerConfig) -> dict | None:
-        try:
-            return ex.time(t, cfg)
-        except (TacticError, WorkerLost) as e:
-            alive.remove(t)
-            emit(Outcome(t, "failed", "while timing: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
-                         rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
-            return None
+    timed = _timer_of(ex, alive, checked, emit)
     notes: dict[str, str] = {}
     for t in list(alive):
         if len(near) < 2 or t not in near:
