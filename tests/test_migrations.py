@@ -200,7 +200,7 @@ def test_v3_rows_upgrade_to_replay_checked_false_and_new_rows_keep_it(tmp_path):
     with Store(tmp_path / "v3.db", readonly=True) as ro:
         assert ro.schema_version == 3 and [t.replay_checked for t in ro.trials()] == [False]
     with Store(tmp_path / "v3.db") as s:
-        assert s.schema_version == SCHEMA_VERSION == 4
+        assert s.schema_version == SCHEMA_VERSION == 5
         assert [t.replay_checked for t in s.trials()] == [False]
         new = keyed(Trial(P.key, 8, T.id, "torch", T.to_json(), ENV.device_key, lib, "ok", median_us=1.0,
                           replay_checked=True))

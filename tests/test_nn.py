@@ -22,6 +22,7 @@ from autotune.cache import Store
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
 from autotune.tactics.torch_ref import TorchFamily
+from autotune.runtime.table import DEFAULT, EXACT, NEAREST
 
 CPU = cpu()
 LIB = CPU.lib_key(("torch",))
@@ -60,7 +61,7 @@ def test_linear_matches_reference_any_leading_dims_and_dtype(tmp_path):
     assert close(y, ref_linear(x.bfloat16().float(), f.weight, f.bias.float()))
     yb = f(x.bfloat16())
     assert yb.dtype == torch.bfloat16
-    assert f.table.counts[1:3] == [0, 2]        # M=6 twice: nearest to bucket 4 (clamped)
+    assert [f.table.counts[EXACT], f.table.counts[NEAREST]] == [0, 2]        # M=6 twice: nearest to bucket 4 (clamped)
     with pytest.raises(ValueError, match="2-D weight"):
         FP4Linear(quantize(torch.randn(2, 16, 32)), dispatcher=d)
 
@@ -76,7 +77,7 @@ def test_linear_from_modelopt_safetensors(tmp_path):
     assert torch.equal(f.packed, w.packed) and torch.equal(f.scales.view(torch.uint8), w.scales.view(torch.uint8))
     x = torch.randn(5, 128, dtype=torch.bfloat16)
     assert close(f(x), ref_linear(x, w))
-    assert f.table.counts[3] == 1               # no winners: default rung, counted
+    assert f.table.counts[DEFAULT] == 1               # no winners: default rung, counted
     with pytest.raises(KeyError, match="missing"):
         FP4Linear.from_modelopt(str(tmp_path / "m.safetensors"), "nope", dispatcher=disp(tmp_path))
 
@@ -92,7 +93,7 @@ def test_compile_fullgraph_no_graph_break_dynamic_m(tmp_path):
         x = torch.randn(m, 256, dtype=torch.bfloat16)
         assert torch.equal(cf(x), f(x))
     # every compiled call went through the table at run time (not frozen at trace time)
-    assert f.table.counts[1] == 2 * 2 and f.table.counts[2] == 2 * 2
+    assert f.table.counts[EXACT] == 2 * 2 and f.table.counts[NEAREST] == 2 * 2
     exp = torch._dynamo.explain(f)(torch.randn(4, 256, dtype=torch.bfloat16))
     assert exp.graph_break_count == 0 and exp.graph_count == 1
 
@@ -106,7 +107,7 @@ def test_eager_calls_skip_the_custom_op_and_compiled_calls_use_it(tmp_path, monk
     f = FP4Linear.from_linear(nn.Linear(256, 128, bias=False), dispatcher=disp(tmp_path, [(p, 1, T_A)]))
     x = torch.randn(3, 256, dtype=torch.bfloat16)
     y = f(x)
-    assert op_calls == [] and f.table.counts[2] == 1          # eager: straight to the bound launcher
+    assert op_calls == [] and f.table.counts[NEAREST] == 1          # eager: straight to the bound launcher
     torch._dynamo.reset()
     assert torch.equal(torch.compile(f, fullgraph=True)(x), y)
     assert f.layer_id in op_calls                             # compiled: through fp4_autotune::linear
@@ -132,7 +133,7 @@ def test_moe_matches_reference_and_compiles(tmp_path):
     torch._dynamo.reset()
     cf = torch.compile(f, fullgraph=True)
     assert torch.equal(cf(x, ids, wts), y)
-    assert f.table.counts[2] == 2
+    assert f.table.counts[NEAREST] == 2
 
 
 def test_moe_from_modelopt(tmp_path):
@@ -260,7 +261,7 @@ def test_cuda_graph_capture_replays_the_bucket_kernel(tmp_path):
             torch.cuda.synchronize()
             assert torch.equal(y, f(x)), m                 # replay == eager with the same kernel
             assert close(y, ref_linear(x, f.weight))
-    assert f.table.counts[1] - counts[1] == 2 * 3 and f.table.counts[2] - counts[2] == 2 * 3
+    assert f.table.counts[EXACT] - counts[EXACT] == 2 * 3 and f.table.counts[NEAREST] - counts[NEAREST] == 2 * 3
 
 
 @pytest.mark.gpu
