@@ -75,8 +75,11 @@ def test_a_job_measures_while_a_later_problem_still_compiles(tmp_path, corder, m
         assert _at0(store, p)[bad].status == "failed" and _at0(store, p)[bad].reason.startswith(
             "precompile failed: RuntimeError: ptxas error")
         at4 = {t.tactic_id: t for t in store.get_trials(p.key, 4, CPU.device_key)}
-        assert bad not in at4 and at4[_id("good", 0.0)].status == "ok"
-    assert at4[gated].status == "ok"
+        # measured (timed, or dropped on a timed call by the count-bound host rule: which, depends on
+        # the machine's speed, so either counts), never failed
+        measured = ("ok", "dropped")
+        assert bad not in at4 and at4[_id("good", 0.0)].status in measured
+    assert at4[gated].status in measured and at4[gated].median_us is not None
     assert rep.compiled == 2 * len(co.MEMBERS) and rep.failed == 2
     assert {(w.problem_key, w.tactic_id) for w in rep.winners} == {(p.key, _id("good", 0.0)) for p in (P1, P2)}
     assert "compile overlapped" in rep.stages.data and rep.stages.data["compile overlapped"][0] == rep.compiled
