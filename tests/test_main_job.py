@@ -31,13 +31,14 @@ def glm5_cache(tmp_path_factory):
 
 
 def test_the_cpu_main_job_times_each_tactic_by_its_check_and_at_most_one_more_call(glm5_cache):
-    """#48: on the CPU one torch call outlasts a job's budget: the count-bound host rule
+    """On the CPU one torch call outlasts a job's budget: the count-bound host rule
     (autotune.engine.strategies.successive_halving.measure_host) drops the slower tactics on their check call's time and
     times only near-ties once more (a suspicious leader once again)."""
     path, _, _ = glm5_cache
     trials = [t for t in Store(path, readonly=True).trials() if t.bucket > 0]
     assert trials and all(t.status in ("ok", "dropped") for t in trials)
-    assert all(t.reps <= 2 for t in trials), max(t.reps for t in trials)
+    # the check call, at most one more call, and a suspicious leader confirmed once
+    assert all(t.reps <= 3 for t in trials), max(t.reps for t in trials)
     assert any(t.status == "dropped" and t.reason.startswith("count-bound host") for t in trials)
 
 
