@@ -107,7 +107,10 @@ def test_a_search_never_stores_a_replay_only_failure_as_winner(tmp_path, stale, 
         assert trials[STALE.id].status == "failed" and "wrong under graph replay" in trials[STALE.id].reason
         assert trials[STALE.id].rel_err is not None and trials[STALE.id].rel_err < 1e-2   # its eager check passed
         assert trials[FRESH.id].status == "ok" and trials[FRESH.id].replay_checked
-    assert {(w.bucket, w.tactic_id, w.replay_checked) for w in store.winners()} == {(1, FRESH.id, True), (4, FRESH.id, True)}
+    # which passing tactic is fastest depends on the machine; none that failed under replay wins
+    winners = store.winners()
+    assert {w.bucket for w in winners} == {1, 4}
+    assert all(w.replay_checked and w.tactic_id != STALE.id for w in winners)
     finalists = [t for t in store.trials() if t.status == "ok" or "wrong under graph replay" in t.reason]
     assert rep.stages.data["replay check"][0] == len(finalists) >= 4    # its own stage: each finalist once
 

@@ -10,9 +10,9 @@ and compares the SASS with the function name and the header lines stripped (no l
 emitted). Prints the configs whose SASS differs (none is the goal: a refactor of the texts that
 changes no instruction needs no new GPU run) and exits non-zero if any does.
 
-NVRTC: the library CuPy would load (`libnvrtc.so*` on the loader path, $AUTOTUNE_NVRTC_LIB, or the
+NVRTC: the library CuPy would load (`libnvrtc.so*` on the loader path, $CUDA_SASS_NVRTC_LIB, or the
 `nvidia-cuda-nvrtc` wheel's); without one, nvcc with the same -D options (-O3, the NVRTC default).
-Compiled results are cached in $AUTOTUNE_SASS_CACHE (default: a directory under the temp dir), keyed
+Compiled results are cached in $CUDA_SASS_CACHE (default: a directory under the temp dir), keyed
 by the text, the options, the arch and the compiler, so a rerun compiles only what changed.
 `--table` writes the current text's registers / stack / spill figures per config (markdown).
 """
@@ -51,7 +51,7 @@ def base_text(kernel: str) -> str:
 
 # --------------------------------------------------------------------------- compilers
 def _nvrtc_path() -> str | None:
-    env = os.environ.get("AUTOTUNE_NVRTC_LIB")
+    env = os.environ.get("CUDA_SASS_NVRTC_LIB")
     if env:
         return env
     found = ctypes.util.find_library("nvrtc")
@@ -149,7 +149,7 @@ def resources(res: str) -> dict[str, int]:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("AUTOTUNE_SASS_CACHE") or Path(tempfile.gettempdir()) / "autotune-sass-cache")
+    return Path(os.environ.get("CUDA_SASS_CACHE") or Path(tempfile.gettempdir()) / "autotune-sass-cache")
 
 
 def sass_of(text: str, name: str, c, arch: str) -> dict:
