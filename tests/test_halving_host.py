@@ -4,6 +4,7 @@ budget, the check's call is each tactic's first sample, slower tactics are dropp
 near-ties and the default are timed again, once."""
 from autotune.core.tactic import Tactic
 from autotune.engine import timing
+from autotune.engine.executor import TacticError
 from autotune.engine.strategies.successive_halving import Halving, count_bound, measure
 
 TIMER = timing.TimerConfig(warmup=0, min_reps=3, max_reps=100, budget_s=0.25)
@@ -72,3 +73,39 @@ def test_count_bound_needs_every_check_call():
     checked[ts[1].id] = {"parts": {"call": 0.4}}
     assert count_bound(Host({}, {}), ts, checked, h)
     assert not count_bound(Host({}, {}), ts, checked, Halving(exhaustive=True))
+
+
+class Replaying(Host):
+    """`Host` with the replay check: the names in `wrong` fail it; every replay is recorded."""
+
+    def __init__(self, *a, wrong=(), **kw):
+        super().__init__(*a, **kw)
+        self.wrong, self.replayed = set(wrong), []
+
+    def replay(self, t):
+        self.replayed.append(t["name"])
+        if t["name"] in self.wrong:
+            raise TacticError("largest row relative error 1 (row 0)")
+
+
+def _replayed(wrong=()):
+    # a and b tie within 1 %; c is a near-tie (inside host_window) but 5 % behind; d is the default
+    ex, out = Replaying({"a": 0.100, "b": 0.101, "c": 0.105, "d": 0.2},
+                        {"a": 1.0e5, "b": 1.005e5, "c": 1.05e5}, wrong=wrong), []
+    ts = [Tactic("f", name=k) for k in "abcd"]
+    measure(ex, ts, Tactic("f", name="d").id, TIMER, Halving(), out.append)
+    return ex, {o.tactic["name"]: o for o in out}
+
+
+def test_only_the_tactics_that_can_win_are_replayed():
+    ex, out = _replayed()
+    assert sorted(ex.replayed) == ["a", "b", "d"]        # the tied fastest and the default, once each
+    assert [k for k, o in out.items() if o.replay_checked] == sorted(ex.replayed)
+    assert out["c"].status == "ok" and not out["c"].replay_checked
+
+
+def test_a_replay_failure_draws_the_contenders_again():
+    ex, out = _replayed(wrong={"a", "b"})
+    assert ex.replayed[:3] == ["a", "b", "d"] and ex.replayed[3:] == ["c"]   # c leads once a and b are out
+    assert {k: o.status for k, o in out.items()} == {"a": "failed", "b": "failed", "c": "ok", "d": "ok"}
+    assert "wrong under graph replay" in out["a"].reason and out["c"].replay_checked

@@ -106,13 +106,13 @@ def test_a_search_never_stores_a_replay_only_failure_as_winner(tmp_path, stale, 
         trials = {t.tactic_id: t for t in store.get_trials(DENSE.key, b, CPU.device_key)}
         assert trials[STALE.id].status == "failed" and "wrong under graph replay" in trials[STALE.id].reason
         assert trials[STALE.id].rel_err is not None and trials[STALE.id].rel_err < 1e-2   # its eager check passed
-        assert trials[FRESH.id].status == "ok" and trials[FRESH.id].replay_checked
+        assert trials[FRESH.id].status == "ok"      # 2 ms slower than the default: not a contender, not replayed
     # which passing tactic is fastest depends on the machine; none that failed under replay wins
     winners = store.winners()
     assert {w.bucket for w in winners} == {1, 4}
     assert all(w.replay_checked and w.tactic_id != STALE.id for w in winners)
-    finalists = [t for t in store.trials() if t.status == "ok" or "wrong under graph replay" in t.reason]
-    assert rep.stages.data["replay check"][0] == len(finalists) >= 4    # its own stage: each finalist once
+    replayed = [t for t in store.trials() if t.replay_checked or "wrong under graph replay" in t.reason]
+    assert rep.stages.data["replay check"][0] == len(replayed) >= 4    # its own stage: each contender once
 
 
 @pytest.mark.gpu

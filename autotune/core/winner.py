@@ -21,19 +21,35 @@ TIE_TOLERANCE = 0.01
 NOISE_CAP = 0.03
 
 
+def tied(trials: Iterable, tie_tol: float = TIE_TOLERANCE) -> list:
+    """The timed trials (anything with `median_us`, `iqr_us`, `tactic_id`) within noise of the
+    fastest: the ones the rule breaks ties among."""
+    ok = [t for t in trials if t.median_us is not None]
+    if not ok:
+        return []
+    first = min(ok, key=lambda t: (t.median_us, t.tactic_id))
+    best = first.median_us
+
+    def band(t) -> float:
+        spread = ((first.iqr_us or 0.0) + (t.iqr_us or 0.0)) / (2 * best) if best > 0 else 0.0
+        return max(tie_tol, min(spread, NOISE_CAP))
+    return [t for t in ok if t.median_us <= best * (1 + band(t))]
+
+
+def contenders(trials: Iterable, default_id: str, tie_tol: float = TIE_TOLERANCE) -> list:
+    """Every trial `choose` can return under any margin: the tied fastest and the default. The
+    search proves these (and only these) under graph replay before the rule picks."""
+    trials = [t for t in trials if t.median_us is not None]
+    band = tied(trials, tie_tol)
+    return band + [t for t in trials if t.tactic_id == default_id and t not in band]
+
+
 def choose(trials: Iterable[Trial], default_id: str, margin: float = DEFAULT_MARGIN,
            tie_tol: float = TIE_TOLERANCE) -> Trial | None:
     ok = [t for t in trials if t.status == "ok" and t.median_us is not None]
     if not ok:
         return None
-    first = min(ok, key=lambda t: (t.median_us, t.tactic_id))
-    best = first.median_us
-
-    def band(t: Trial) -> float:
-        spread = ((first.iqr_us or 0.0) + (t.iqr_us or 0.0)) / (2 * best) if best > 0 else 0.0
-        return max(tie_tol, min(spread, NOISE_CAP))
-    tied = [t for t in ok if t.median_us <= best * (1 + band(t))]
-    pick = min(tied, key=lambda t: (t.smem_model or 0, t.tactic_id))
+    pick = min(tied(ok, tie_tol), key=lambda t: (t.smem_model or 0, t.tactic_id))
     default = next((t for t in ok if t.tactic_id == default_id), None)
     if default is not None and pick.tactic_id != default_id and pick.median_us > default.median_us * (1 - margin):
         return default

@@ -7,9 +7,11 @@ interleaved final round.
    `dropped` with the time that dropped them.
 3. final: the last few are re-timed interleaved (A B C A B C …) so drift (clocks, heat, other
    load) hits all of them alike; each one's median over the cycles is its stored time.
-4. replay check: each finalist (so the winner too) is run as an engine serves it, under graph
-   replay with inputs refreshed in place (autotune.engine.replay); one that fails there is stored
-   as failed, "wrong under graph replay", and never wins. The others are stored `replay_checked`.
+4. replay check: each finalist that can still win (the winner rule's contenders: the tied fastest
+   and the default) is run as an engine serves it, under graph replay with inputs refreshed in
+   place (autotune.engine.replay); one that fails there is stored as failed, "wrong under graph
+   replay", and the contenders are drawn again, so the winner has always passed. Those that passed
+   are stored `replay_checked`; the other finalists, which cannot win, are not replayed.
 
 `exhaustive` skips 2 and 3 and times every survivor with the full timer (the reference the halving is checked against).
 
@@ -25,8 +27,9 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
+from autotune.core import winner as winner_rule
 from autotune.engine.options import Halving, TimerConfig  # declared with every other knob
 from autotune.engine.executor import Executor, Outcome, TacticError, WorkerLost
 from autotune.core.tactic import Tactic
@@ -77,7 +80,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
                        replay_checked=t.id in replayed)
 
     def replay_all() -> None:
-        replayed.update(_replay(ex, alive, checked, emit))
+        replayed.update(_replay(ex, alive, timings, default_id, checked, emit))
 
     if halving.exhaustive or len(alive) <= 1:
         for t in list(alive):
@@ -112,23 +115,37 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
         emit(done(t, "ok", notes.get(t.id, "")))
 
 
-def _replay(ex: Executor, alive: list[Tactic], checked: dict, emit: Callable[[Outcome], None]) -> set[str]:
-    """The replay check of every finalist (autotune.engine.replay); one that fails leaves `alive`,
-    stored as failed. Returns the ids that passed. An executor without the check (a test's stand-in)
-    checks none: their trials are stored not replay-checked."""
+class _Timed(NamedTuple):
+    tactic_id: str
+    median_us: float
+    iqr_us: float
+
+
+def _replay(ex: Executor, alive: list[Tactic], timings: dict, default_id: str, checked: dict,
+            emit: Callable[[Outcome], None]) -> set[str]:
+    """The replay check (autotune.engine.replay) of the finalists that can still win: the winner
+    rule's contenders (`core.winner.contenders`: the tied fastest and the default). One that fails
+    leaves `alive`, stored as failed, and the contenders are drawn again from the rest, so whatever
+    the rule picks has passed. Returns the ids that passed. An executor without the check (a
+    test's stand-in) checks none: their trials are stored not replay-checked."""
     run = getattr(ex, "replay", None)
     passed: set[str] = set()
     if run is None:
         return passed
-    for t in list(alive):
-        try:
-            run(t)
-            passed.add(t.id)
-        except (TacticError, WorkerLost) as e:
-            alive.remove(t)
-            emit(Outcome(t, "failed", "wrong under graph replay: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
-                         rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
-    return passed
+    while True:
+        rows = [_Timed(t.id, timings[t.id]["median_us"], timings[t.id]["iqr_us"]) for t in alive]
+        ids = {r.tactic_id for r in winner_rule.contenders(rows, default_id)}
+        todo = [t for t in alive if t.id in ids and t.id not in passed]
+        if not todo:
+            return passed
+        for t in todo:
+            try:
+                run(t)
+                passed.add(t.id)
+            except (TacticError, WorkerLost) as e:
+                alive.remove(t)
+                emit(Outcome(t, "failed", "wrong under graph replay: " + (e.reason if isinstance(e, WorkerLost) else str(e)),
+                             rel_err=checked[t.id]["rel_err"], exit_signal=getattr(e, "exit_signal", None)))
 
 
 def check_call_us(c: dict) -> float | None:
@@ -180,7 +197,7 @@ def measure_host(ex: Executor, alive: list[Tactic], checked: dict, default_id: s
             s = (first[t.id], tm["median_us"])
             timings[t.id] = {"median_us": statistics.median(s), "iqr_us": abs(s[1] - s[0]), "reps": 1 + tm["reps"]}
     notes.update(_confirm(alive, timed, timings, one, h))
-    replayed = _replay(ex, alive, checked, emit)          # the ones that may still win: near-ties and the default
+    replayed = _replay(ex, alive, timings, default_id, checked, emit)   # the ones that can still win
     for t in alive:
         tm, c = timings[t.id], checked[t.id]
         emit(Outcome(t, "ok", notes.get(t.id, ""), tm["median_us"], tm["iqr_us"], tm["reps"], c["rel_err"],
