@@ -87,8 +87,8 @@ def test_grouped_kernels_give_the_base_texts_bits(name, fmt, monkeypatch):
         ids, tw = inputs.routing(m, E, TOP_K, torch.Generator().manual_seed(m), skew=1.2)
         if m > 1:
             ids[m // 2, 3] = -1
-        rows = m * TOP_K if epi == "reduce" else m
-        x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
+        lead = (m, TOP_K) if epi == "reduce" else (m,)      # w2 reads one row per (token, slot)
+        x = torch.randn(*lead, k, device="cuda").to(torch.bfloat16)
         calls.append((m, (x, packed, ids.cuda(), tw.cuda() if epi == "reduce" else None)))
     fails = _differing(prob, tactics, calls, monkeypatch)
     assert not fails, "\n".join(fails)

@@ -2,7 +2,9 @@
 files each text joins, the launch Python each GPU-check record digests, the code keys, the GPU tests
 that record a kernel and the ones the device driver runs — is derived from the one registry, so a
 new member is its files plus one registry line; each member's code key is its own."""
+import importlib
 import importlib.util
+import inspect
 import re
 from pathlib import Path
 
@@ -78,3 +80,20 @@ def test_the_device_driver_runs_the_members_gpu_tests():
     for f in M.gpu_tests():
         assert (ROOT / f).exists(), f
         assert Path(f).name not in re.sub(r"\$\(python3 -m autotune.tactics.cuda.members --gpu-tests\)", "", sh)
+
+
+def test_every_launcher_of_every_member_makes_its_output_when_given_none():
+    """`kernel(x, w, ...)` without `out=` is the kernel interface (autotune.tactics.base: an engine's
+    layers call with out=None): each launch module's callable classes take `out` defaulting to None."""
+    seen = []
+    for m in M.REGISTRY:
+        for rel in m.launch:
+            mod = importlib.import_module(rel, "autotune.tactics.cuda")
+            for cls in vars(mod).values():
+                if not (inspect.isclass(cls) and cls.__module__ == mod.__name__ and "__call__" in vars(cls)):
+                    continue
+                out = inspect.signature(cls.__call__).parameters.get("out")
+                if out is not None and out.kind != inspect.Parameter.VAR_KEYWORD:
+                    seen.append(cls.__name__)
+                    assert out.default is None, f"{mod.__name__}.{cls.__name__}.__call__: out has no default None"
+    assert {"Launch", "MoeLaunch", "TokLaunch"} <= set(seen), seen

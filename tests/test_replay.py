@@ -131,8 +131,11 @@ def test_a_real_cuda_graph_fails_the_stale_member_and_passes_the_fresh(stale):
 def test_a_search_on_the_gpu_never_stores_the_stale_member(tmp_path, stale):
     store = Store(tmp_path / "c.db")
     search([DENSE], families=[stale], store=store, buckets=Buckets.of((4,)), timer=FAST)
-    assert {w.tactic_id for w in store.winners()} == {FRESH.id}
-    assert all(w.replay_checked for w in store.winners())
+    trials = {t.tactic_id: t for t in store.trials()}
+    # the fastest in every eager timing, so a contender: replayed under a real graph and failed there
+    assert trials[STALE.id].status == "failed" and "wrong under graph replay" in trials[STALE.id].reason
+    winners = store.winners()      # FRESH (2 ms slower) or the GPU's designated default
+    assert winners and all(w.replay_checked and w.tactic_id != STALE.id for w in winners)
 
 
 @pytest.mark.parametrize("kw,epilogue", [({}, "none"), ({"split_k": 2, "tiles_n": 2}, "reduce")],

@@ -160,19 +160,30 @@ def moe_reference(problem: Problem, x: torch.Tensor, w, topk_ids: torch.Tensor,
     """float64 grouped MoE of x ([M, K], or [M, top_k, K] per pair) with the problem's epilogue."""
     x = x.double()
     m, top_k = topk_ids.shape
-    y = torch.zeros(m, top_k, problem.n, dtype=torch.float64, device=x.device)
+    reduce = problem.epilogue == "reduce"
+    # reduce: each expert's rows are summed into [M, N] as they come (no [M, top_k, N] float64, top_k
+    # times the output's memory: 3.2 GB for GLM-5's w2 at M = 8192)
+    y = torch.zeros(m, *(() if reduce else (top_k,)), problem.n, dtype=torch.float64, device=x.device)
     for e in torch.unique(topk_ids).tolist():
         if e < 0:
             continue                          # -1: not on this rank, contributes nothing
         rows, slots = torch.nonzero(topk_ids == e, as_tuple=True)
         xe = x[rows, slots] if x.ndim == 3 else x[rows]
-        y[rows, slots] = xe @ w.expert(e).dequantize(torch.float64).T
+        ye = xe @ w.expert(e).dequantize(torch.float64).T
+        if not reduce:
+            y[rows, slots] = ye
+        elif topk_weights is not None:
+            y.index_add_(0, rows, ye * topk_weights[rows, slots].double()[:, None])
+        else:
+            y.index_add_(0, rows, ye)
+    if reduce:
+        return y
     if problem.epilogue == "swiglu":
         h = problem.n // 2
         y = y[..., :h] * torch.sigmoid(y[..., :h]) * y[..., h:]
     if topk_weights is not None:
         y = y * topk_weights.double()[..., None]
-    return y.sum(1) if problem.epilogue == "reduce" else y
+    return y
 
 
 def check(problem: Problem, kernel: Callable, s: InputSet, ref: torch.Tensor) -> float:

@@ -72,7 +72,7 @@ class Launch(D.DenseScratch, LauncherBase):
                 err = err or e
         raise err if err else RuntimeError("no M tile")
 
-    def __call__(self, x: torch.Tensor, w: L.CudaPacked, out: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w: L.CudaPacked, out: torch.Tensor | None = None) -> torch.Tensor:
         m, out = check_call(self.problem, x, w, out)
         if m == 0:
             return out
