@@ -9,10 +9,13 @@ whose replays see new activations and routes written *in place* under the captur
 State that lives across calls (split-K arrival counters reset by the last CTA, per-token reduce
 counters, the sticky bad-id word, plans cached by pointer) is wrong only there.
 
-`check` does exactly that for one tactic: two eager calls, one capture, then `REPLAYS` checked
-replays. Before each, x, topk_ids (other experts, one -1 slot, at another token each time) and
-topk_weights are overwritten in place from one of two seeds (alternating), and the captured output
-is poisoned with NaN; the weight stays. Each replay's output is compared per row — the largest
+`check` does exactly that for one tactic: eager calls, one capture, then checked replays — under
+a CUDA graph two eager calls (the graph's warm-up) and `REPLAYS`; under a recorded-call capture one
+eager call (the capture's call is the repeat path's) and `RECORDED_REPLAYS`, one per seed: there
+every replay is a Python call, which on a count-bound host (the CPU: 0.1-8 s a call) sets the
+check's cost. Before each replay, x, topk_ids (other experts, one -1 slot, at another token each
+time) and topk_weights are overwritten in place from one of two seeds (alternating, the seed the
+capture did not see first), and the captured output is poisoned with NaN; the weight stays. Each replay's output is compared per row — the largest
 row's relative error against the float64 reference of that seed's inputs (`Refs`, drawn once per
 (problem, bucket)) — and after the rounds every arrival counter of the attached pool (its
 `*.locks` and `*.cnt` buffers) is back at zero and the bad-id word is clear (every id was valid).
@@ -36,8 +39,10 @@ from autotune.core.inputs import make_inputs     # the replay's own draw, apart 
 from autotune.core.problem import Problem
 from autotune.tactics.scratch import ScratchPool
 
-#: checked replays after the capture (two seeds, alternating)
+#: checked replays after a CUDA graph's capture (two seeds, alternating)
 REPLAYS = 4
+#: checked replays after a recorded-call capture: each seed once (its cost is one Python call each)
+RECORDED_REPLAYS = 2
 #: a row may be off by this many times the eager check's Frobenius tolerance (inputs.TOLERANCE):
 #: one row's rounding spreads wider than the whole output's; a stale or unwritten row is off by ~1
 ROW_SLACK = 2.0
@@ -167,7 +172,8 @@ class Result:
 
 
 def check(problem: Problem, launcher: Any, refs: Refs, device: str, pool: ScratchPool, word: Any) -> Result:
-    """Two eager calls, a capture, `REPLAYS` checked replays with inputs refreshed in place; raises
+    """Eager calls, a capture, checked replays with inputs refreshed in place (the module says how
+    many of each for a CUDA graph and for a recorded capture); raises
     ReplayFailed naming the replay and the row error, a counter not at rest or the bad-id word set.
     `launcher` is bound with `pool` and `word` attached; `refs` from `draw` for its problem."""
     a, b = refs.sets
@@ -185,9 +191,9 @@ def check(problem: Problem, launcher: Any, refs: Refs, device: str, pool: Scratc
             call()
             call()
         torch.cuda.current_stream().wait_stream(side)
-    else:
+    else:                                     # the first call plans; the capture's call is the repeat path
         call()
-        call()
+    replays = REPLAYS if real else RECORDED_REPLAYS
     worst = 0.0
     try:
         try:
@@ -196,8 +202,8 @@ def check(problem: Problem, launcher: Any, refs: Refs, device: str, pool: Scratc
             raise ReplayFailed(f"capture failed ({cap.mode}): {type(e).__name__}: {str(e)[:200]}") from e
         if not torch.is_tensor(out):
             raise ReplayFailed(f"the served call returned {type(out).__name__}, not a tensor")
-        for r in range(REPLAYS):
-            j = r % 2
+        for r in range(replays):
+            j = (r + 1) % 2                   # set b first: values the capture did not see
             src = refs.sets[j]
             live.x.copy_(src.x)
             if live.topk_ids is not None:
@@ -223,4 +229,4 @@ def check(problem: Problem, launcher: Any, refs: Refs, device: str, pool: Scratc
             raise ReplayFailed("the bad-id word is set though every expert id was valid")
     finally:
         cap.release()
-    return Result(worst, cap.mode, REPLAYS)
+    return Result(worst, cap.mode, replays)
