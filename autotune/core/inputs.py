@@ -158,32 +158,51 @@ def dense_reference(problem: Problem, x: torch.Tensor, w) -> torch.Tensor:
 def moe_reference(problem: Problem, x: torch.Tensor, w, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor | None) -> torch.Tensor:
     """float64 grouped MoE of x ([M, K], or [M, top_k, K] per pair) with the problem's epilogue."""
-    x = x.double()
-    m, top_k = topk_ids.shape
+    return moe_references(problem, [(x, topk_ids, topk_weights)], w)[0]
+
+
+def moe_references(problem: Problem, calls: Sequence[tuple], w) -> list[torch.Tensor]:
+    """`moe_reference` of each (x, topk_ids, topk_weights) on one weight, each expert's float64
+    dequantization made once for all of them (it, not the few rows' product, is the cost: 3.1 M
+    values an expert for GLM-5's w13)."""
     reduce = problem.epilogue == "reduce"
+    xs = [x.double() for x, _, _ in calls]
     # reduce: each expert's rows are summed into [M, N] as they come (no [M, top_k, N] float64, top_k
     # times the output's memory: 3.2 GB for GLM-5's w2 at M = 8192)
-    y = torch.zeros(m, *(() if reduce else (top_k,)), problem.n, dtype=torch.float64, device=x.device)
-    for e in torch.unique(topk_ids).tolist():
+    ys = [torch.zeros(ids.shape[0], *(() if reduce else (ids.shape[1],)), problem.n, dtype=torch.float64,
+                      device=x.device) for x, (_, ids, _) in zip(xs, calls)]
+    for e in torch.unique(torch.cat([ids.reshape(-1) for _, ids, _ in calls])).tolist():
         if e < 0:
             continue                          # -1: not on this rank, contributes nothing
-        rows, slots = torch.nonzero(topk_ids == e, as_tuple=True)
-        xe = x[rows, slots] if x.ndim == 3 else x[rows]
-        ye = xe @ w.expert(e).dequantize(torch.float64).T
-        if not reduce:
-            y[rows, slots] = ye
-        elif topk_weights is not None:
-            y.index_add_(0, rows, ye * topk_weights[rows, slots].double()[:, None])
-        else:
-            y.index_add_(0, rows, ye)
-    if reduce:
-        return y
+        wt = w.expert(e).dequantize(torch.float64).T
+        for x, y, (_, ids, tw) in zip(xs, ys, calls):
+            rows, slots = torch.nonzero(ids == e, as_tuple=True)
+            if not rows.numel():
+                continue
+            ye = (x[rows, slots] if x.ndim == 3 else x[rows]) @ wt
+            if not reduce:
+                y[rows, slots] = ye
+            else:
+                y.index_add_(0, rows, ye if tw is None else ye * tw[rows, slots].double()[:, None])
+    return [y if reduce else _moe_epilogue(problem, y, tw) for y, (_, _, tw) in zip(ys, calls)]
+
+
+def _moe_epilogue(problem: Problem, y: torch.Tensor, topk_weights: torch.Tensor | None) -> torch.Tensor:
     if problem.epilogue == "swiglu":
         h = problem.n // 2
         y = y[..., :h] * torch.sigmoid(y[..., :h]) * y[..., h:]
     if topk_weights is not None:
         y = y * topk_weights.double()[..., None]
     return y
+
+
+def references(problem: Problem, sets: Sequence[InputSet]) -> list[torch.Tensor]:
+    """`reference` of each set; grouped-MoE sets that share one weight (the replay check's two
+    seeds) dequantize each expert once for all of them."""
+    if problem.kind != "grouped_moe" or any(s.w is not sets[0].w for s in sets):
+        return [reference(problem, s) for s in sets]
+    return moe_references(problem, [(activations(problem, s), s.topk_ids, s.topk_weights) for s in sets],
+                          sets[0].w)
 
 
 def check(problem: Problem, kernel: Callable, s: InputSet, ref: torch.Tensor) -> float:

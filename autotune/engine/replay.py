@@ -75,7 +75,7 @@ def draw(problem: Problem, bucket: int, device: str, seed: int, weight: Any) -> 
             row = 0 if j == 0 else st.topk_ids.shape[0] - 1
             st.topk_ids[row, -1] = -1       # not on this rank: contributes nothing
         sets.append(st)
-    return Refs(sets, [inputs.reference(problem, st) for st in sets])
+    return Refs(sets, inputs.references(problem, sets))
 
 
 class Recorded:
