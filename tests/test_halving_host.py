@@ -42,6 +42,7 @@ def test_slow_checks_drop_their_tactics_and_the_near_ties_are_timed_once():
     assert {k: o.status for k, o in out.items()} == {"a": "ok", "b": "ok", "c": "dropped", "d": "ok"}
     # the stored time is the median of the check's call and the timed call
     assert out["b"].median_us == (1.1e5 + 1.0e5) / 2 and out["b"].reps == 2 and out["b"].iqr_us == 1e4
+    assert out["b"].reason == "count-bound host: the median of its check call and one more"
     # the default, far behind, keeps its check's time (the winner rule compares against it)
     assert out["d"].median_us == 2e5 and out["d"].reps == 1 and "the default" in out["d"].reason
 

@@ -37,9 +37,18 @@ def test_the_cpu_main_job_times_each_tactic_by_its_check_and_at_most_one_more_ca
     path, _, _ = glm5_cache
     trials = [t for t in Store(path, readonly=True).trials() if t.bucket > 0]
     assert trials and all(t.status in ("ok", "dropped") for t in trials)
-    # the check call and at most one more call (a suspicious leader's confirmation replaces both)
-    assert all(t.reps <= 2 for t in trials), max(t.reps for t in trials)
     assert any(t.status == "dropped" and t.reason.startswith("count-bound host") for t in trials)
+    # which jobs are count-bound depends on the machine's speed (a fast one halves the small
+    # problems as a GPU does); every trial of one that is says so, and took at most two calls: its
+    # check call and one more (a suspicious leader's confirmation replaces both)
+    jobs = defaultdict(list)
+    for t in trials:
+        jobs[(t.problem_key, t.bucket)].append(t)
+    bound = [ts for ts in jobs.values() if any(t.reason.startswith("count-bound host") for t in ts)]
+    assert bound
+    for ts in bound:
+        assert all(t.reps <= 2 for t in ts), [(t.tactic_id, t.reps) for t in ts]
+        assert all(t.reason.startswith(("count-bound host", "re-timed")) for t in ts), [t.reason for t in ts]
 
 
 def test_main_job_fills_a_winner_for_every_problem_and_bucket(glm5_cache):

@@ -196,6 +196,7 @@ def measure_host(ex: Executor, alive: list[Tactic], checked: dict, default_id: s
         elif (tm := timed(t, one)) is not None:
             s = (first[t.id], tm["median_us"])
             timings[t.id] = {"median_us": statistics.median(s), "iqr_us": abs(s[1] - s[0]), "reps": 1 + tm["reps"]}
+            notes[t.id] = "count-bound host: the median of its check call and one more"
     notes.update(_confirm(alive, timed, timings, one, h))
     replayed = _replay(ex, alive, timings, default_id, checked, emit)   # the ones that can still win
     for t in alive:
