@@ -1,12 +1,13 @@
 """Problem, buckets, arch table, Tactic ids and the winner rule."""
 import json
+import random
 
 import pytest
 
 from autotune.core.buckets import Buckets, hybrid, vllm_cudagraph_sizes
 from autotune.core.problem import Problem
 from autotune.core.records import Trial
-from autotune.core.winner import choose
+from autotune.core.winner import choose, contenders
 from autotune.core.arch import ARCHS, get_arch
 from autotune.core.tactic import Tactic, Verdict
 
@@ -95,6 +96,21 @@ def test_winner_ties_are_deterministic():
     trials = [_t("def", 100.0), _t("b", 50.2, smem=4096), _t("a", 50.0, smem=8192), _t("c", 50.1, smem=4096)]
     for order in (trials, trials[::-1], trials[1:] + trials[:1]):
         assert choose(order, "def").tactic_id == "b"   # within 1%: smaller smem, then smaller id
+
+
+def test_whatever_the_rule_picks_is_a_contender():
+    """core.winner.contenders (what the search replays) holds choose's pick for any smem tie-break
+    and margin it is asked for, and leaves out a default every tied tactic beats by the margin."""
+    rng = random.Random(7)
+    for _ in range(400):
+        trials = [_t(f"t{i}", rng.choice([100.0, 100.5, 101.0, 102.0, 104.0, 110.0]) * rng.uniform(0.99, 1.01),
+                     smem=rng.choice([None, 4096, 8192])) for i in range(rng.randint(1, 6))]
+        for margin in (0.0, 0.03, 0.2):
+            ids = {t.tactic_id for t in contenders(trials, "t0", margin)}
+            assert choose(trials, "t0", margin).tactic_id in ids
+    far = [_t("def", 100.0), _t("a", 90.0), _t("b", 90.5)]
+    assert {t.tactic_id for t in contenders(far, "def")} == {"a", "b"}
+    assert {t.tactic_id for t in contenders(far, "def", margin=0.2)} == {"a", "b", "def"}
 
 
 def test_verdict_helpers():

@@ -36,12 +36,16 @@ def tied(trials: Iterable, tie_tol: float = TIE_TOLERANCE) -> list:
     return [t for t in ok if t.median_us <= best * (1 + band(t))]
 
 
-def contenders(trials: Iterable, default_id: str, tie_tol: float = TIE_TOLERANCE) -> list:
-    """Every trial `choose` can return under any margin: the tied fastest and the default. The
-    search proves these (and only these) under graph replay before the rule picks."""
+def contenders(trials: Iterable, default_id: str, margin: float = DEFAULT_MARGIN,
+               tie_tol: float = TIE_TOLERANCE) -> list:
+    """Every trial `choose(trials, default_id, margin)` can return, whichever way its smem and id
+    tie-break goes: the tied fastest, and the default unless every tied one beats it by `margin`.
+    The search proves these (and only these) under graph replay before the rule picks."""
     trials = [t for t in trials if t.median_us is not None]
     band = tied(trials, tie_tol)
-    return band + [t for t in trials if t.tactic_id == default_id and t not in band]
+    default = [t for t in trials if t.tactic_id == default_id and t not in band]
+    keeps = default and any(t.median_us > default[0].median_us * (1 - margin) for t in band)
+    return band + (default if keeps else [])
 
 
 def choose(trials: Iterable[Trial], default_id: str, margin: float = DEFAULT_MARGIN,

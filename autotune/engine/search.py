@@ -73,6 +73,7 @@ class Job:
     rank: Any = field(default=None, compare=False, hash=False)     # the strategy's plan (ranked: batches.RankPlan)
     gate: "pipeline.Gate | None" = field(default=None, compare=False, hash=False)  # compiles it waits for
     strategy: str = field(default=HalvingStrategy.name, compare=False)          # who measures it (strategies.get)
+    margin: float = field(default=winner_rule.DEFAULT_MARGIN, compare=False)  # the winner rule's, for the replay check's contenders
 
 
 @dataclass
@@ -241,7 +242,8 @@ class _Search:
                 kept = self.strategy.kept_at(w, b)     # a family may call a tactic useless at this M (Family.useful)
                 todo = self.remaining(w.problem, b, [r.tactic for r in kept])
                 job, resumed = self.strategy.job(self, Job(w.problem, b, todo, w.default.id,
-                                                           {r.tactic.id: r.verdict.smem_bytes for r in kept}),
+                                                           {r.tactic.id: r.verdict.smem_bytes for r in kept},
+                                                           margin=self.o.margin),
                                                  {r.tactic.id for r in kept})
                 self.report.resumed += (len(kept) - len(todo)) if resumed else 0
                 out.append(job)

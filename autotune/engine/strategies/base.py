@@ -99,4 +99,4 @@ class HalvingStrategy:
         (the compile pipeline, autotune.engine.pipeline) takes a batch of tactics about to be
         measured and returns them once compiled, without those whose compile failed; a job's
         first tactics were waited for before this is called."""
-        successive_halving.measure(ex, job.tactics, job.default_id, timer, h, emit)
+        successive_halving.measure(ex, job.tactics, job.default_id, timer, h, emit, margin=job.margin)

@@ -55,8 +55,9 @@ def _timer_of(ex: Executor, alive: list[Tactic], checked: dict,
 
 
 def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: TimerConfig,
-            halving: Halving, emit: Callable[[Outcome], None]) -> None:
-    """Run one (problem, bucket) whose setup the executor already has."""
+            halving: Halving, emit: Callable[[Outcome], None], margin: float = winner_rule.DEFAULT_MARGIN) -> None:
+    """Run one (problem, bucket) whose setup the executor already has; `margin` is the winner
+    rule's (which finalists the replay check must prove)."""
     checked: dict[str, dict] = {}
     for t in tactics:
         try:
@@ -67,7 +68,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
             emit(Outcome(t, "failed", e.reason, exit_signal=e.exit_signal))
     alive = [t for t in tactics if t.id in checked]
     if count_bound(ex, alive, checked, halving):
-        return measure_host(ex, alive, checked, default_id, timer, halving, emit)
+        return measure_host(ex, alive, checked, default_id, timer, halving, emit, margin)
     timings: dict[str, dict] = {}
 
     timed = _timer_of(ex, alive, checked, emit)
@@ -80,7 +81,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
                        replay_checked=t.id in replayed)
 
     def replay_all() -> None:
-        replayed.update(_replay(ex, alive, timings, default_id, checked, emit))
+        replayed.update(_replay(ex, alive, timings, default_id, checked, emit, margin))
 
     if halving.exhaustive or len(alive) <= 1:
         for t in list(alive):
@@ -122,9 +123,10 @@ class _Timed(NamedTuple):
 
 
 def _replay(ex: Executor, alive: list[Tactic], timings: dict, default_id: str, checked: dict,
-            emit: Callable[[Outcome], None]) -> set[str]:
+            emit: Callable[[Outcome], None], margin: float) -> set[str]:
     """The replay check (autotune.engine.replay) of the finalists that can still win: the winner
-    rule's contenders (`core.winner.contenders`: the tied fastest and the default). One that fails
+    rule's contenders (`core.winner.contenders`: the tied fastest, and the default where the rule
+    under `margin` could keep it). One that fails
     leaves `alive`, stored as failed, and the contenders are drawn again from the rest, so whatever
     the rule picks has passed. Returns the ids that passed. An executor without the check (a
     test's stand-in) checks none: their trials are stored not replay-checked."""
@@ -134,7 +136,7 @@ def _replay(ex: Executor, alive: list[Tactic], timings: dict, default_id: str, c
         return passed
     while True:
         rows = [_Timed(t.id, timings[t.id]["median_us"], timings[t.id]["iqr_us"]) for t in alive]
-        ids = {r.tactic_id for r in winner_rule.contenders(rows, default_id)}
+        ids = {r.tactic_id for r in winner_rule.contenders(rows, default_id, margin)}
         todo = [t for t in alive if t.id in ids and t.id not in passed]
         if not todo:
             return passed
@@ -166,7 +168,7 @@ def count_bound(ex: Executor, alive: Sequence[Tactic], checked: dict, h: Halving
 
 
 def measure_host(ex: Executor, alive: list[Tactic], checked: dict, default_id: str, timer: TimerConfig,
-                 h: Halving, emit: Callable[[Outcome], None]) -> None:
+                 h: Halving, emit: Callable[[Outcome], None], margin: float = winner_rule.DEFAULT_MARGIN) -> None:
     """A count-bound host job (`count_bound`): the check call is each tactic's first sample; those
     slower than the fastest by more than `h.host_window` are dropped on it, but the default, which
     keeps its check's time (the winner rule compares against it). The near-ties (at most
@@ -198,7 +200,7 @@ def measure_host(ex: Executor, alive: list[Tactic], checked: dict, default_id: s
             timings[t.id] = {"median_us": statistics.median(s), "iqr_us": abs(s[1] - s[0]), "reps": 1 + tm["reps"]}
             notes[t.id] = "count-bound host: the median of its check call and one more"
     notes.update(_confirm(alive, timed, timings, one, h))
-    replayed = _replay(ex, alive, timings, default_id, checked, emit)   # the ones that can still win
+    replayed = _replay(ex, alive, timings, default_id, checked, emit, margin)   # the ones that can still win
     for t in alive:
         tm, c = timings[t.id], checked[t.id]
         emit(Outcome(t, "ok", notes.get(t.id, ""), tm["median_us"], tm["iqr_us"], tm["reps"], c["rel_err"],

@@ -84,5 +84,6 @@ class RankedStrategy(HalvingStrategy):
 
         def run_batch(batch, e):
             batch = [t for t in batch if t.id in todo]
-            successive_halving.measure(ex, wait(batch) if wait is not None else batch, job.default_id, timer, h, e)
+            successive_halving.measure(ex, wait(batch) if wait is not None else batch, job.default_id, timer, h, e,
+                                       margin=job.margin)
         batches.measure(run_batch, job.rank, emit)
