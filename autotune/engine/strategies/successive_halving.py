@@ -7,11 +7,11 @@ interleaved final round.
    `dropped` with the time that dropped them.
 3. final: the last few are re-timed interleaved (A B C A B C …) so drift (clocks, heat, other
    load) hits all of them alike; each one's median over the cycles is its stored time.
-4. replay check: each finalist that can still win (the winner rule's contenders: the tied fastest
-   and the default) is run as an engine serves it, under graph replay with inputs refreshed in
-   place (autotune.engine.replay); one that fails there is stored as failed, "wrong under graph
-   replay", and the contenders are drawn again, so the winner has always passed. Those that passed
-   are stored `replay_checked`; the other finalists, which cannot win, are not replayed.
+4. replay check: each finalist is run as an engine serves it, under graph replay with inputs
+   refreshed in place (autotune.engine.replay); one that fails there is stored as failed, "wrong
+   under graph replay", and never wins. Those that passed are stored `replay_checked`. On a
+   count-bound host (below) only the finalists that can still win are replayed (the winner rule's
+   contenders), drawn again after a failure, so the winner has always passed.
 
 `exhaustive` skips 2 and 3 and times every survivor with the full timer (the reference the halving is checked against).
 
@@ -57,7 +57,7 @@ def _timer_of(ex: Executor, alive: list[Tactic], checked: dict,
 def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: TimerConfig,
             halving: Halving, emit: Callable[[Outcome], None], margin: float = winner_rule.DEFAULT_MARGIN) -> None:
     """Run one (problem, bucket) whose setup the executor already has; `margin` is the winner
-    rule's (which finalists the replay check must prove)."""
+    rule's (on a count-bound host: which finalists the replay check must prove)."""
     checked: dict[str, dict] = {}
     for t in tactics:
         try:
@@ -81,7 +81,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
                        replay_checked=t.id in replayed)
 
     def replay_all() -> None:
-        replayed.update(_replay(ex, alive, timings, default_id, checked, emit, margin))
+        replayed.update(_replay(ex, alive, timings, default_id, checked, emit, None))   # every finalist
 
     if halving.exhaustive or len(alive) <= 1:
         for t in list(alive):
@@ -123,20 +123,24 @@ class _Timed(NamedTuple):
 
 
 def _replay(ex: Executor, alive: list[Tactic], timings: dict, default_id: str, checked: dict,
-            emit: Callable[[Outcome], None], margin: float) -> set[str]:
-    """The replay check (autotune.engine.replay) of the finalists that can still win: the winner
-    rule's contenders (`core.winner.contenders`: the tied fastest, and the default where the rule
-    under `margin` could keep it). One that fails
-    leaves `alive`, stored as failed, and the contenders are drawn again from the rest, so whatever
-    the rule picks has passed. Returns the ids that passed. An executor without the check (a
-    test's stand-in) checks none: their trials are stored not replay-checked."""
+            emit: Callable[[Outcome], None], margin: float | None) -> set[str]:
+    """The replay check (autotune.engine.replay) of the finalists: every one (`margin` None), or on a
+    count-bound host, where each replay costs seconds, only those that can still win — the winner
+    rule's contenders under `margin` (`core.winner.contenders`: the tied fastest, and the default
+    where the rule could keep it), drawn again from the rest after each failure, so whatever the
+    rule picks has passed. One that fails leaves `alive`, stored as failed. Returns the ids that
+    passed. An executor without the check (a test's stand-in) checks none: their trials are stored
+    not replay-checked."""
     run = getattr(ex, "replay", None)
     passed: set[str] = set()
     if run is None:
         return passed
     while True:
-        rows = [_Timed(t.id, timings[t.id]["median_us"], timings[t.id]["iqr_us"]) for t in alive]
-        ids = {r.tactic_id for r in winner_rule.contenders(rows, default_id, margin)}
+        if margin is None:
+            ids = {t.id for t in alive}
+        else:
+            rows = [_Timed(t.id, timings[t.id]["median_us"], timings[t.id]["iqr_us"]) for t in alive]
+            ids = {r.tactic_id for r in winner_rule.contenders(rows, default_id, margin)}
         todo = [t for t in alive if t.id in ids and t.id not in passed]
         if not todo:
             return passed
