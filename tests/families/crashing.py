@@ -8,40 +8,29 @@ import os
 import time
 
 from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import FamilyBase
-from autotune.tactics.torch_ref import TorchFamily
 from tests.families import say_hanging
+from tests.families.base import ModeFamily, torch_kernel
 
 BAD = ("segfault", "hang", "exit", "raise", "zeros", "nocompile")
 SLEEP_MS = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)   # good members, fastest first
 BUILD_LOG = "AUTOTUNE_TEST_BUILD_LOG"                    # file that build() appends tactic ids to
 
 
-class CrashingFamily(FamilyBase):
+class CrashingFamily(ModeFamily):
     compiles = True    # its precompile() runs in the engine's compile pool
     name = "crashing"
-    depends_on = ("torch",)
+    MODES = BAD + ("good", "oversized")
+    DEFAULT = {"mode": "good", "sleep_ms": SLEEP_MS[-1]}
 
-    def available(self, device):
-        return True, ""
-
-    def enumerate(self, problem, arch):
-        if problem.kind != "dense":
-            return []
+    def members(self):
         return ([Tactic(self.name, mode=m, sleep_ms=0.0) for m in BAD]
                 + [Tactic(self.name, mode="good", sleep_ms=s) for s in SLEEP_MS]
                 + [Tactic(self.name, mode="oversized", sleep_ms=0.0)])
 
-    def validate(self, tactic):
-        return None if tactic.params.get("mode") in BAD + ("good", "oversized") else "bad mode"
-
-    def verdict(self, problem, tactic, arch):
+    def verdict_checked(self, problem, tactic, arch):
         if tactic["mode"] == "oversized":   # stands for a config over the smem limit
             return Verdict.reject("smem 300000 > limit 101376", 300000, 101376)
         return Verdict.keep()
-
-    def default(self, problem, arch):
-        return Tactic(self.name, mode="good", sleep_ms=SLEEP_MS[-1])
 
     def precompile(self, problem, tactic, arch):
         """Stands for a compiler that rejects one member (a compile failure is a trial too)."""
@@ -53,7 +42,7 @@ class CrashingFamily(FamilyBase):
         if os.environ.get(BUILD_LOG):
             with open(os.environ[BUILD_LOG], "a") as f:
                 f.write(tactic.id + "\n")
-        good = TorchFamily().build(problem, Tactic("torch", dequant_dtype="fp32", chunk_n=0), device)
+        good = torch_kernel(problem, device)
         mode, pause = tactic["mode"], tactic["sleep_ms"] / 1e3
 
         def kernel(x, w, out=None):
@@ -85,5 +74,5 @@ class SleepyFamily(CrashingFamily):
     compiles = False
     name = "sleepy"
 
-    def enumerate(self, problem, arch):
-        return [Tactic(self.name, mode="good", sleep_ms=s) for s in SLEEP_MS] if problem.kind == "dense" else []
+    def members(self):
+        return [Tactic(self.name, mode="good", sleep_ms=s) for s in SLEEP_MS]

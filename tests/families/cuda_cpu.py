@@ -18,12 +18,16 @@ def _mm(x: torch.Tensor, p: L.CudaPacked, out=None) -> torch.Tensor:
     return y if out is None else out.copy_(y)
 
 
-class CudaCpu(CudaFamily):
-    name = "cudacpu"
+class OnCpu(CudaFamily):
+    """The cuda family available on the CPU (its runners replaced by a subclass), needing only torch."""
     depends_on = ("torch",)
 
     def available(self, device: str) -> tuple[bool, str]:
         return True, ""
+
+
+class CudaCpu(OnCpu):
+    name = "cudacpu"
 
     def _runner(self, problem, tactic, device):
         return _mm
@@ -34,15 +38,11 @@ class CudaCpu(CudaFamily):
         return launch
 
 
-class CudaDenseCpu(CudaFamily):
+class CudaDenseCpu(OnCpu):
     """The cuda family whose dense runner is `autotune.tactics.cuda.dense.emulate` (the kernel's grid
     ported to the CPU: row chunks, split-K partials and counters, SwiGLU's gate/up tile pairs) behind
     the launcher's own argument check; everything else is the real family."""
     name = "cudadensecpu"
-    depends_on = ("torch",)
-
-    def available(self, device: str) -> tuple[bool, str]:
-        return True, ""
 
     def _runner(self, problem, tactic, device):
         from autotune.tactics.cuda import dense as D

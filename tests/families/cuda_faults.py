@@ -3,9 +3,7 @@
 report the failure, exit, and the next member must run in a fresh worker."""
 from __future__ import annotations
 
-from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import FamilyBase
-from autotune.tactics.torch_ref import TorchFamily
+from tests.families.base import ModeFamily, torch_kernel
 
 
 def _poison():
@@ -22,27 +20,16 @@ def _poison():
     torch.cuda.synchronize()
 
 
-class CudaFaultFamily(FamilyBase):
+class CudaFaultFamily(ModeFamily):
     name = "cuda_faults"
-    depends_on = ("torch",)
+    MODES = ("good_a", "illegal_address", "good_b")
+    DEFAULT = {"mode": "good_a"}
 
     def available(self, device):
         return (device == "cuda", "needs a GPU")
 
-    def enumerate(self, problem, arch):
-        return [Tactic(self.name, mode=m) for m in ("good_a", "illegal_address", "good_b")] if problem.kind == "dense" else []
-
-    def validate(self, tactic):
-        return None
-
-    def verdict(self, problem, tactic, arch):
-        return Verdict.keep()
-
-    def default(self, problem, arch):
-        return Tactic(self.name, mode="good_a")
-
     def build(self, problem, tactic, device):
-        good = TorchFamily().build(problem, Tactic("torch", dequant_dtype="bf16", chunk_n=0), device)
+        good = torch_kernel(problem, device, dequant_dtype="bf16")
         mode = tactic["mode"]
 
         def kernel(x, w, out=None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from autotune.tactics.base import Caps
 from autotune.tactics.cuda import moe as MOE
 from autotune.tactics.cuda import moe_emulate as EMU
-from autotune.tactics.cuda.family import CudaFamily
+from tests.families.cuda_cpu import OnCpu
 
 
 class _CpuMoeRun(MOE.MoeScratch):
@@ -75,12 +75,8 @@ def cpu_alignment(ids, experts: int, block_m: int):
                        torch.zeros(1, dtype=torch.int32), pairs, block_m, mb, 0)
 
 
-class CudaMoeCpu(CudaFamily):
+class CudaMoeCpu(OnCpu):
     name = "cudamoecpu"
-    depends_on = ("torch",)
-
-    def available(self, device: str) -> tuple[bool, str]:
-        return True, ""
 
     def _moe_runner(self, problem, tactic, device):
         return _CpuMoeRun(problem, tactic)

@@ -2,36 +2,18 @@
 exception. The search must record each as failed with its reason and never pick it."""
 from __future__ import annotations
 
-import torch
-
-from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import FamilyBase
-from autotune.tactics.torch_ref import TorchFamily
+from tests.families.base import ModeFamily, torch_kernel
 
 MODES = ("zeros", "skip_half", "raise", "scaled", "good")
 
 
-class FaultyFamily(FamilyBase):
+class FaultyFamily(ModeFamily):
     name = "faulty"
-    depends_on = ("torch",)
-
-    def available(self, device):
-        return True, ""
-
-    def enumerate(self, problem, arch):
-        return [Tactic(self.name, mode=m) for m in MODES] if problem.kind == "dense" else []
-
-    def validate(self, tactic):
-        return None if tactic.params.get("mode") in MODES else "bad mode"
-
-    def verdict(self, problem, tactic, arch):
-        return Verdict.keep()
-
-    def default(self, problem, arch):
-        return Tactic(self.name, mode="good")
+    MODES = MODES
+    DEFAULT = {"mode": "good"}
 
     def build(self, problem, tactic, device):
-        good = TorchFamily().build(problem, Tactic("torch", dequant_dtype="fp32", chunk_n=0), device)
+        good = torch_kernel(problem, device)
         mode = tactic["mode"]
 
         def kernel(x, w, out=None):

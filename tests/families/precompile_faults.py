@@ -6,33 +6,17 @@ from __future__ import annotations
 import ctypes
 import time
 
-from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import FamilyBase
-from autotune.tactics.torch_ref import TorchFamily
 from tests.families import say_hanging
+from tests.families.base import ModeFamily, torch_kernel
 
 MODES = ("good", "hang", "segfault")
 
 
-class PrecompileFaults(FamilyBase):
+class PrecompileFaults(ModeFamily):
     compiles = True
     name = "pcfaults"
-    depends_on = ("torch",)
-
-    def available(self, device):
-        return True, ""
-
-    def enumerate(self, problem, arch):
-        return [Tactic(self.name, mode=m) for m in MODES] if problem.kind == "dense" else []
-
-    def validate(self, tactic):
-        return None if tactic.params.get("mode") in MODES else "bad mode"
-
-    def verdict(self, problem, tactic, arch):
-        return Verdict.keep()
-
-    def default(self, problem, arch):
-        return Tactic(self.name, mode="good")
+    MODES = MODES
+    DEFAULT = {"mode": "good"}
 
     def precompile(self, problem, tactic, arch):
         if tactic["mode"] == "hang":
@@ -43,4 +27,4 @@ class PrecompileFaults(FamilyBase):
         return None
 
     def build(self, problem, tactic, device):
-        return TorchFamily().build(problem, Tactic("torch", dequant_dtype="fp32", chunk_n=0), device)
+        return torch_kernel(problem, device)

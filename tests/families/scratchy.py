@@ -9,11 +9,11 @@ import weakref
 
 import torch
 
-from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import FamilyBase
-from autotune.tactics.torch_ref import TorchFamily
+from autotune.core.tactic import Tactic
+from tests.families.base import ModeFamily, torch_kernel
 
 MODES = ("keep", "crowded", "oom")
+KBS = (64, 128, 256)               # scratch KiB per row
 #: id(scratch) -> (tactic id, M, bytes) of every scratch tensor still alive
 LIVE: dict[int, tuple[str, int, int]] = {}
 
@@ -28,29 +28,19 @@ def _track(t: torch.Tensor, tactic_id: str, m: int) -> None:
     weakref.finalize(t, LIVE.pop, key, None)
 
 
-class ScratchyFamily(FamilyBase):
+class ScratchyFamily(ModeFamily):
     name = "scratchy"
-    depends_on = ("torch",)
+    MODES = MODES
+    DEFAULT = {"mode": "keep", "kb": 64}
 
-    def available(self, device):
-        return True, ""
-
-    def enumerate(self, problem, arch):
-        if problem.kind != "dense":
-            return []
-        return [Tactic(self.name, mode=m, kb=kb) for m in MODES for kb in (64, 128, 256)]
+    def members(self):
+        return [Tactic(self.name, mode=m, kb=kb) for m in MODES for kb in KBS]
 
     def validate(self, tactic):
-        return None if tactic.params.get("mode") in MODES and tactic.params.get("kb") in (64, 128, 256) else "bad"
-
-    def verdict(self, problem, tactic, arch):
-        return Verdict.keep()
-
-    def default(self, problem, arch):
-        return Tactic(self.name, mode="keep", kb=64)
+        return super().validate(tactic) or (None if tactic.params.get("kb") in KBS else "bad kb")
 
     def build(self, problem, tactic, device):
-        good = TorchFamily().build(problem, Tactic("torch", dequant_dtype="fp32", chunk_n=0), device)
+        good = torch_kernel(problem, device)
         mode, kb, tid = tactic["mode"], tactic["kb"], tactic.id
 
         class Kernel:

@@ -10,36 +10,22 @@ import time
 
 import torch
 
-from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import FamilyBase, FunctionKernel
+from autotune.tactics.base import FunctionKernel
 from autotune.tactics.torch_ref import OUT
+from tests.families.base import ModeFamily
 
 MODES = ("stale", "fresh")
 FRESH_SLEEP_S = 0.002
 
 
-class StaleCacheFamily(FamilyBase):
+class StaleCacheFamily(ModeFamily):
     name = "stalecache"
-    depends_on = ("torch",)
     default_rank = None
-
-    def available(self, device):
-        return True, ""
+    MODES = MODES
+    DEFAULT = {"mode": "fresh"}
 
     def supports(self, problem):
         return None if problem.kind == "dense" and problem.a_fmt == "bf16" else "stalecache: dense bf16 problems only"
-
-    def enumerate(self, problem, arch):
-        return [Tactic(self.name, mode=m) for m in MODES] if problem.kind == "dense" else []
-
-    def validate(self, tactic):
-        return None if tactic.params.get("mode") in MODES else "bad mode"
-
-    def verdict_checked(self, problem, tactic, arch):
-        return Verdict.keep()
-
-    def default(self, problem, arch):
-        return Tactic(self.name, mode="fresh")
 
     def build(self, problem, tactic, device):
         odt, stale = OUT[problem.out_dtype], tactic["mode"] == "stale"
