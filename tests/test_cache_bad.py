@@ -35,13 +35,19 @@ def _w(t: Tactic, bucket: int) -> Winner:
                   TRI.id, 6.0, 1.2)
 
 
-@pytest.fixture
-def src(tmp_path):
-    s = Store(tmp_path / "src.db")
+def winners_store(path: Path) -> Store:
+    """A real store at `path` with four winners (buckets 1, 2, 4, 8; triton and torch, median 5 µs)."""
+    s = Store(path)
     for fam in ("triton", "torch"):
         s.put_environment(ENV, registry.get(fam).depends_on)
     for i, b in enumerate((1, 2, 4, 8)):
         s.put_winner(_w(TRI if i % 2 else TOR, b))
+    return s
+
+
+@pytest.fixture
+def src(tmp_path):
+    s = winners_store(tmp_path / "src.db")
     yield s
     s.close()
 

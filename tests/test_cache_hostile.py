@@ -22,7 +22,7 @@ from autotune.cache import CacheError, Store, check_trial, check_winner, verify_
 from autotune.cache.rows import MAX_US
 from autotune.cache.signing import KEY_ENV, KEY_FILE_ENV, load_key
 from autotune.tactics import registry
-from tests.test_cache_bad import ENV, P, TOR, TRI, _w, cli, one_line_error, resign
+from tests.test_cache_bad import ENV, P, TOR, TRI, _w, cli, one_line_error, resign, winners_store
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "0123456789abcdef-a-shared-secret"
@@ -37,11 +37,7 @@ def no_configured_key(monkeypatch):
 @pytest.fixture
 def src(tmp_path):
     """Four real winners (buckets 1, 2, 4, 8, median 5 µs) and one ok trial."""
-    s = Store(tmp_path / "src.db")
-    for fam in ("triton", "torch"):
-        s.put_environment(ENV, registry.get(fam).depends_on)
-    for i, b in enumerate((1, 2, 4, 8)):
-        s.put_winner(_w(TRI if i % 2 else TOR, b))
+    s = winners_store(tmp_path / "src.db")
     w = _w(TOR, 1)
     s.put_trial(Trial(P.key, 1, TOR.id, "torch", TOR.to_json(), ENV.device_key, w.lib_key, "ok", median_us=5.0))
     yield s
