@@ -4,7 +4,6 @@ search writing to it. Skips only where no PostgreSQL server binaries are install
 from __future__ import annotations
 
 import glob
-import multiprocessing as mp
 import os
 import pwd
 import shutil
@@ -21,7 +20,7 @@ from autotune.core.problem import Problem
 from autotune.engine.search import Runner, search
 from autotune.cache import Store
 from autotune.tactics import registry
-from tests.test_workers import _writer
+from tests.test_workers import write_concurrently
 
 BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 
@@ -54,14 +53,7 @@ def pg_url():
 
 
 def test_eight_concurrent_writers_on_postgres(pg_url):
-    Store(pg_url).close()
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(pg_url, w, 25)) for w in range(8)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * 8
+    write_concurrently(pg_url, 25)
     s = Store(pg_url)
     assert len(s.winners("dev")) == 200
     assert sum(len(s.get_trials(Problem.dense(256, 512).key, b, "dev")) for b in (1, 2, 3, 4)) == 200

@@ -217,16 +217,22 @@ def _writer(url: str, w: int, n: int) -> None:
                                 1.0, t.id, 1.0, 1.0))
 
 
-def test_eight_concurrent_writers_lose_nothing(tmp_path):
-    url = str(tmp_path / "shared.db")
+def write_concurrently(url: str, n: int, writers: int = 8) -> None:
+    """Create the store at `url`, then `writers` spawned processes each write `n` trials and `n`
+    winners at once; every one must exit cleanly (no lock error escaped any writer)."""
     Store(url).close()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(url, w, 40)) for w in range(8)]
+    procs = [ctx.Process(target=_writer, args=(url, w, n)) for w in range(writers)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
-    assert [p.exitcode for p in procs] == [0] * 8          # no lock error escaped any writer
+    assert [p.exitcode for p in procs] == [0] * writers
+
+
+def test_eight_concurrent_writers_lose_nothing(tmp_path):
+    url = str(tmp_path / "shared.db")
+    write_concurrently(url, 40)
     con = sqlite3.connect(url)
     assert con.execute("select count(*) from trials").fetchone() == (320,)
     assert con.execute("select count(*) from winners").fetchone() == (320,)
