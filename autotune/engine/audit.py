@@ -41,16 +41,23 @@ class Audit:
         return out
 
 
+def _compile_timed(rows: list, target: Arch, runner: Runner, report, stage: str) -> list[tuple]:
+    """Compile Planned `rows` for `target` in the runner's compile pool (its workers, timeout and
+    isolation), the wall time added to report stage `stage`: (error, smem, signal) per row, in order."""
+    t0 = time.perf_counter()
+    results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in rows], target.name,
+                                      runner.compile_workers, runner.families, timeout_s=runner.timeout_s,
+                                      isolate=runner.isolate)
+    report.stages.add(stage, time.perf_counter() - t0, len(rows))
+    return results
+
+
 def compile_kept(items: list, target: Arch, runner: Runner, report) -> list[tuple]:
     """Compile kept tactics (Planned rows) for `target` in `runner.compile_workers` processes, each
     under `runner.timeout_s` (killed past it); note every disagreement between the compiler's
     shared memory and the verdict's, and with an audit every kept tactic over the limit. Returns
     (error or None, exit signal or None) per item, in order."""
-    t0 = time.perf_counter()
-    results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in items], target.name,
-                                      runner.compile_workers, runner.families, timeout_s=runner.timeout_s,
-                                      isolate=runner.isolate)
-    report.stages.add("compile", time.perf_counter() - t0, len(items))
+    results = _compile_timed(items, target, runner, report, "compile")
     for r, (err, smem, _sig) in zip(items, results):
         note_compiled(r, err, smem, target, report)
     return [(err, sig) for err, _smem, sig in results]
@@ -93,11 +100,7 @@ def compile_rejected(rows: list, target: Arch, runner: Runner, n: int, report, l
     step = max(1, 4 * runner.compile_workers)         # in slices, so a long audit says how far it got
     for i in range(0, len(sample), step):
         part = sample[i:i + step]
-        t0 = time.perf_counter()
-        results = workers_mod.compile_all([(r.problem.key, r.tactic.to_json()) for r in part], target.name,
-                                          runner.compile_workers, runner.families, timeout_s=runner.timeout_s,
-                                          isolate=runner.isolate)
-        report.stages.add("audit compile", time.perf_counter() - t0, len(part))
+        results = _compile_timed(part, target, runner, report, "audit compile")
         for r, (err, smem, _sig) in zip(part, results):
             if err is not None or smem is None:
                 audit.failures.append(f"{r.problem.key} {r.tactic}: {err or 'no figure'}")
