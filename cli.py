@@ -138,10 +138,17 @@ def archs():
                    f"{a.max_threads_per_sm:>10} {a.max_blocks_per_sm:>9}  {a.fp4}{mark}")
 
 
+def _model_filter(f):
+    """--model (only that model's problems) with its --tp and --ep, in this order."""
+    for o in reversed((click.option("--model", default=None, help="only this model's problems"),
+                       click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)"),
+                       click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)"))):
+        f = o(f)
+    return f
+
+
 @main.command()
-@click.option("--model", default=None, help="only this model's problems")
-@click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")
-@click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
+@_model_filter
 @click.option("--cache", default=None, help=request.CACHE_HELP)
 @click.option("--misses", is_flag=True, help="list recorded dispatch misses instead of winners")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output: one object per winner (or miss)")
@@ -219,9 +226,7 @@ def verify(model, tp, ep, cache, one_copy, one_copy_upto, ms):
 
 @main.command()
 @click.option("-o", "--output", required=True, help="directory to write index.html, its PNGs and summary.json into")
-@click.option("--model", default=None, help="only this model's problems")
-@click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")
-@click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
+@_model_filter
 @click.option("--cache", multiple=True,
               help=request.CACHE_HELP + "; repeat it to read several caches as one, a later one winning on the "
                    "same row")
@@ -270,9 +275,7 @@ def _format_option(f):
 @cache_group.command("export")
 @click.option("-o", "--output", required=True, help="file to write (must not exist)")
 @click.option("--gpu", default=None, help="only winners for this GPU name")
-@click.option("--model", default=None, help="only this model's problems")
-@click.option("--tp", default=1, show_default=True, help="tensor-parallel size (with --model)")
-@click.option("--ep", default=1, show_default=True, help="expert-parallel size (with --model)")
+@_model_filter
 @_format_option
 @click.option("--cache", default=None, help=request.CACHE_HELP)
 @_exporter_options
