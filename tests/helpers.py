@@ -181,3 +181,54 @@ def wait_for(cond, what: str, proc: subprocess.Popen | None = None, guard_s: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"hang guard: no {what} in {guard_s:g} s")
         time.sleep(0.02)
+
+
+def assert_ptxas_smem_exact(cfg, arch: str, tmp_path: Path) -> None:
+    """Compile the cuda family's variant `cfg` (a build config) for `arch` with nvcc: ptxas' shared
+    memory and the cubin's resource table (`cuobjdump -res-usage`, which adds the 1 KiB that sm_80+
+    reserves per CTA, where cuobjdump is installed) both equal `smem_bytes(cfg)`, and nothing spills."""
+    from autotune.tactics.cuda import build as B
+    from tools.cuda_sass import cuobjdump
+    cubin = tmp_path / "k.cubin"
+    res = B.parse_ptxas(B.nvcc_compile(cfg, arch, cubin))
+    assert res.smem == B.smem_bytes(cfg)
+    assert not res.spills, f"{cfg} on {arch} spills: {res}"
+    tool = cuobjdump()
+    if tool is not None:
+        table = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+        assert f"SHARED:{B.smem_bytes(cfg) + 1024} " in table and "LOCAL:0 " in table, table
+
+
+def assert_checked_covers_largest(kept_smem: list[int], configs) -> None:
+    """The ptxas sample `configs` holds the biggest static shared memory the verdict keeps (bytes per
+    kept variant in `kept_smem`), so no kept variant is judged by a term the compiler never saw."""
+    from autotune.tactics.cuda import build as B
+    best = max(kept_smem)
+    assert best <= 48 * 1024 and best in {B.smem_bytes(c) for c in configs}
+
+
+def assert_ptxas_refuses_rejected(family, problem, tactic, cfg) -> None:
+    """A tactic the cuda family's verdict rejects on sm90 is one ptxas refuses (its variant `cfg`)."""
+    import pytest
+
+    from autotune.core.arch import ARCHS
+    from autotune.tactics.cuda import build as B
+    assert family.verdict(problem, tactic, ARCHS["sm90"]).rejected
+    with pytest.raises(RuntimeError, match="too much shared data"):
+        B.nvcc_resources(cfg, "sm_90")
+
+
+def assert_build_and_bind_refuse_rejected(family, problem, tactic, packed) -> None:
+    """A tactic the family's verdict rejects on sm90: `build` and `bind` (to the weight `packed`) each
+    refuse it with the verdict's reason, before anything runs."""
+    import re
+
+    import pytest
+
+    from autotune.core.arch import ARCHS
+    v = family.verdict(problem, tactic, ARCHS["sm90"])
+    assert v.rejected
+    with pytest.raises(ValueError, match=re.escape(v.reason)):
+        family.build(problem, tactic, "cuda")
+    with pytest.raises(ValueError, match=re.escape(v.reason)):
+        family.bind(problem, tactic, packed, "cuda")

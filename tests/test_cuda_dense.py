@@ -22,6 +22,8 @@ from autotune.tactics.cuda import dense as D
 from autotune.tactics.cuda import layout as L
 from autotune.tactics.cuda.family import DENSE_UNRUN, CudaFamily, config, dense_gpu_checked
 from tests.families.cuda_cpu import CudaDenseCpu
+from tests.helpers import (assert_build_and_bind_refuse_rejected, assert_checked_covers_largest,
+                           assert_ptxas_refuses_rejected, assert_ptxas_smem_exact)
 
 FAM, CPU = CudaFamily(), CudaDenseCpu()
 SM90 = get_arch("sm90")
@@ -186,31 +188,20 @@ def test_ptxas_agrees_with_the_verdict(arch, cfg, tmp_path):
     + the 1 KiB sm_80+ reserves per CTA) both equal `smem_bytes` (split-K and SwiGLU add none);
     these variants do not spill (the 64-row tile with two row tiles does, as without a split: the
     launcher then takes the 32-row tile, build.load refuses the spilling variant with its numbers)."""
-    import subprocess
-    from tools.cuda_sass import cuobjdump
-    cubin = tmp_path / "k.cubin"
-    res = B.parse_ptxas(B.nvcc_compile(cfg, arch, cubin))
-    assert res.smem == B.smem_bytes(cfg)
-    assert not res.spills, f"{cfg} on {arch} spills: {res}"
-    tool = cuobjdump()
-    if tool is not None:
-        table = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
-        assert f"SHARED:{B.smem_bytes(cfg) + 1024} " in table and "LOCAL:0 " in table, table
+    assert_ptxas_smem_exact(cfg, arch, tmp_path)
 
 
 def test_largest_kept_split_smem_is_among_the_checked():
-    best = max(max(B.smem_bytes(config(t, mt, p)) for mt in B.M_TILES)
-               for p in (SHARED_GU, SHARED_GU_SW) for t in FAM.enumerate(p, SM90)
-               if _fits(p, t) and (t.params.get("split_k", 1) > 1 or p.epilogue == "swiglu"))
-    assert best <= 48 * 1024 and best in {B.smem_bytes(c) for c in _CONFIGS}
+    assert_checked_covers_largest([B.smem_bytes(config(t, mt, p)) for mt in B.M_TILES
+                                   for p in (SHARED_GU, SHARED_GU_SW) for t in FAM.enumerate(p, SM90)
+                                   if _fits(p, t) and (t.params.get("split_k", 1) > 1 or p.epilogue == "swiglu")],
+                                  _CONFIGS)
 
 
 @NO_NVCC
 def test_ptxas_refuses_what_the_verdict_rejects():
     t = _t(warps_k=8, stages=4, tiles_n=2, split_k=2)
-    assert FAM.verdict(SHARED_GU_SW, t, SM90).rejected
-    with pytest.raises(RuntimeError, match="too much shared data"):
-        B.nvcc_resources(config(t, 1, SHARED_GU_SW), "sm_90")
+    assert_ptxas_refuses_rejected(FAM, SHARED_GU_SW, t, config(t, 1, SHARED_GU_SW))
 
 
 # ---- host side ------------------------------------------------------------------------------------
@@ -238,12 +229,7 @@ def test_launch_argument_checks():
 def test_build_and_bind_refuse_what_the_verdict_refuses():
     from autotune.core.formats import quantize
     bad = _t(warps_k=4, split_k=2)                          # 4 k-pairs over 8
-    v = FAM.verdict(SMALL, bad, SM90)
-    assert v.rejected
-    with pytest.raises(ValueError, match=re.escape(v.reason)):
-        FAM.build(SMALL, bad, "cuda")
-    with pytest.raises(ValueError, match=re.escape(v.reason)):
-        FAM.bind(SMALL, bad, L.pack(quantize(torch.randn(64, 512))), "cuda")
+    assert_build_and_bind_refuse_rejected(FAM, SMALL, bad, L.pack(quantize(torch.randn(64, 512))))
     with pytest.raises(ValueError, match="tiles_n must be even"):
         FAM.build(SMALL_SW, _t(), "cuda")
 

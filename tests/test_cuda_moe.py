@@ -5,7 +5,6 @@ emulate through tests/families/cuda_moe_cpu.py) against the float64 reference: -
 groups larger than a CTA's capacity, split-K, SwiGLU, routing weights, token chunks, and the
 aligned route (large M: moe_align's blocks, the direct route's groups)."""
 import dataclasses
-import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,8 @@ from autotune.tactics.cuda import moe_search as MOE_SEARCH
 from autotune.tactics.cuda import moe_emulate as EMU
 from autotune.tactics.cuda.family import CudaFamily
 from tests.families.cuda_moe_cpu import CudaMoeCpu
+from tests.helpers import (assert_build_and_bind_refuse_rejected, assert_checked_covers_largest,
+                           assert_ptxas_refuses_rejected, assert_ptxas_smem_exact)
 
 FAM, CPU = CudaFamily(), CudaMoeCpu()
 SM90 = get_arch("sm90")
@@ -189,31 +190,20 @@ def test_ptxas_agrees_with_the_verdict(arch, cfg, tmp_path):
     known from a compile (build.load refuses a spilling variant at its first launch, with its
     numbers; e.g. m_tiles 2, 8 warps, 2 tiles, split 2 spills 8 bytes on sm_120 under nvcc 13.0):
     these do not."""
-    import subprocess
-    from tools.cuda_sass import cuobjdump
-    cubin = tmp_path / "k.cubin"
-    res = B.parse_ptxas(B.nvcc_compile(cfg, arch, cubin))
-    assert res.smem == B.smem_bytes(cfg)
-    assert not res.spills, f"{cfg} on {arch} spills: {res}"
-    tool = cuobjdump()
-    if tool is not None:
-        table = subprocess.run([tool, "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
-        assert f"SHARED:{B.smem_bytes(cfg) + 1024} " in table and "LOCAL:0 " in table, table
+    assert_ptxas_smem_exact(cfg, arch, tmp_path)
 
 
 def test_largest_kept_smem_is_among_the_checked():
     """The ptxas sample covers the biggest static array the verdict keeps (so no kept config is
     judged by a term the compiler was never compared with)."""
-    best = max(B.smem_bytes(MOE.config(W13, t)) for t in FAM.enumerate(W13, SM90) if _fits(W13, t, SM90))
-    assert best <= 48 * 1024 and best in {B.smem_bytes(c) for c in _CONFIGS}
+    assert_checked_covers_largest([B.smem_bytes(MOE.config(W13, t)) for t in FAM.enumerate(W13, SM90)
+                                   if _fits(W13, t, SM90)], _CONFIGS)
 
 
 @NO_NVCC
 def test_ptxas_refuses_what_the_verdict_rejects():
     t = _t(warps_k=8, stages=4, tiles_n=2, m_tiles=1)
-    assert FAM.verdict(W13, t, SM90).rejected
-    with pytest.raises(RuntimeError, match="too much shared data"):
-        B.nvcc_resources(MOE.config(W13, t), "sm_90")
+    assert_ptxas_refuses_rejected(FAM, W13, t, MOE.config(W13, t))
 
 
 def test_options_name_the_format():
@@ -231,13 +221,7 @@ SMALL = Problem.moe(64, 256, 6, 2)
 
 def test_build_and_bind_refuse_what_the_verdict_refuses():
     bad = _t(warps_k=2, split_k=2)                      # 2 k-pairs over 4
-    v = FAM.verdict(SMALL, bad, SM90)
-    assert v.rejected
-    with pytest.raises(ValueError, match=re.escape(v.reason)):
-        FAM.build(SMALL, bad, "cuda")
-    packed = L.pack_experts(_weights(SMALL, 2))
-    with pytest.raises(ValueError, match=re.escape(v.reason)):
-        FAM.bind(SMALL, bad, packed, "cuda")
+    assert_build_and_bind_refuse_rejected(FAM, SMALL, bad, L.pack_experts(_weights(SMALL, 2)))
     with pytest.raises(ValueError, match="dense cuda tactic"):
         FAM.build(SMALL, Tactic("cuda", warps_k=1, stages=2, tiles_n=1), "cuda")
 
