@@ -118,6 +118,18 @@ def keyed(record):
     return dataclasses.replace(record, code_key=key)
 
 
+def make_cache(path, winners):
+    """A real SQLite cache at `path` holding `winners`, with this machine's CPU environment for the
+    torch family (what a CPU search of these winners would have stored); returns `path`."""
+    from autotune.cache import Store
+    from autotune.core.env import cpu
+    with Store(path) as s:
+        s.put_environment(cpu(), ("torch",))
+        for w in winners:
+            s.put_winner(w)
+    return path
+
+
 def quiet_dispatcher(path, **kw):
     """A Dispatcher on `path` that records no misses and warns nothing (its warnings silenced too):
     for tests of the kernels and layers it serves, not of its messages."""

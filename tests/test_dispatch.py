@@ -28,7 +28,7 @@ from autotune.core.records import Miss, Winner
 from autotune.integrations.portable import export_cache
 from autotune.cache import Store
 from autotune.core.tactic import Tactic
-from tests.helpers import as_nobody
+from tests.helpers import as_nobody, make_cache
 
 CPU = cpu()
 P = Problem.dense(256, 512)
@@ -45,14 +45,6 @@ def win(t: Tactic, bucket: int, p: Problem = P, *, lib: str = LIB, device: str |
         params_json: str | None = None, tactic_id: str | None = None) -> Winner:
     return keyed(Winner(p.key, bucket, device or CPU.device_key, tactic_id or t.id, t.family,
                         params_json or t.to_json(), lib, 10.0, T_A.id, 11.0, 1.1))
-
-
-def make_cache(path: Path, winners) -> Path:
-    with Store(path) as s:
-        s.put_environment(CPU, ("torch",))
-        for w in winners:
-            s.put_winner(w)
-    return path
 
 
 def quiet(**kw) -> Dispatcher:

@@ -25,7 +25,7 @@ from autotune.runtime.builder import TableBuilder
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.misses import MissRecorder, counted
 from autotune.runtime.policy import ServingPolicy, invariant_pick
-from tests.helpers import keyed
+from tests.helpers import keyed, make_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU, ARCH = cpu(), ARCHS["cpu"]
@@ -41,14 +41,6 @@ def win(t: Tactic, bucket: int, p: Problem = P, lib: str = LIB) -> Winner:
     return keyed(Winner(p.key, bucket, CPU.device_key, t.id, t.family, t.to_json(), lib, 10.0, T_A.id, 11.0, 1.1))
 
 
-def cache(path: Path, winners) -> Path:
-    with Store(path) as s:
-        s.put_environment(CPU, ("torch",))
-        for w in winners:
-            s.put_winner(w)
-    return path
-
-
 def builder() -> TableBuilder:
     return TableBuilder(CPU, ARCH, warn=False)
 
@@ -56,7 +48,7 @@ def builder() -> TableBuilder:
 # ------------------------------------------------------------------------------------ loader
 
 def test_loader_vets_rows_into_winners_sorted_by_bucket(tmp_path):
-    path = cache(tmp_path / "c.db", [win(T_A, 16), win(T_B, 1), win(T_C, 4, Q), win(T_A, 8, lib="0" * 16)])
+    path = make_cache(tmp_path / "c.db", [win(T_A, 16), win(T_B, 1), win(T_C, 4, Q), win(T_A, 8, lib="0" * 16)])
     got = loader.load(path, CPU, ARCH, builder().kernel, immutable=False)
     assert got.error is None and got.url and got.writable
     assert got.winners == {P: [(1, T_B), (16, T_A)]}
@@ -142,7 +134,7 @@ def test_counted_reads_the_default_rungs_misses():
 def test_no_dispatcher_is_kept_alive_and_a_collected_one_writes_its_misses(tmp_path):
     out = tmp_path / "m.db"
     Store(out).close()
-    d = Dispatcher(cache(tmp_path / "c.db", []), env=CPU, misses=str(out), warn=False)
+    d = Dispatcher(make_cache(tmp_path / "c.db", []), env=CPU, misses=str(out), warn=False)
     d((3, Q.n, Q.k))
     ref = weakref.ref(d)
     del d
@@ -154,7 +146,7 @@ def test_no_dispatcher_is_kept_alive_and_a_collected_one_writes_its_misses(tmp_p
 def test_misses_are_written_at_exit(tmp_path):
     out = tmp_path / "m.db"
     Store(out).close()
-    c = cache(tmp_path / "c.db", [])
+    c = make_cache(tmp_path / "c.db", [])
     code = textwrap.dedent(f"""
         from autotune.runtime.dispatch import Dispatcher
         d = Dispatcher({str(c)!r}, misses={str(out)!r}, warn=False)
