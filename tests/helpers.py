@@ -104,6 +104,26 @@ def as_nobody(fn) -> None:
     assert os.waitstatus_to_exitcode(status) == 0, "checks failed in the unprivileged child"
 
 
+def unprivileged_base(tmp_path: Path) -> Path:
+    """A directory for a permission test that 'nobody' can reach: `tmp_path`, or as root a fresh one
+    under /tmp (run_unprivileged removes it)."""
+    return Path(tempfile.mkdtemp(dir="/tmp")) if os.geteuid() == 0 else tmp_path
+
+
+def run_unprivileged(body, base: Path, read_only: Path) -> None:
+    """Run the checks `body` where file permissions hold: as root (which ignores them) in a child that
+    dropped root, else here. Then `read_only` (a directory the test made read-only) is made writable
+    again, and as root `base` (the test's directory under /tmp, reachable by 'nobody') is removed."""
+    import shutil
+    root = os.geteuid() == 0
+    try:
+        as_nobody(body) if root else body()
+    finally:
+        os.chmod(read_only, 0o755)
+        if root:
+            shutil.rmtree(base)
+
+
 def keyed(record):
     """A hand-made Trial or Winner with the code key a search of this code would store (what
     dispatch and the search require: a row without it counts as measured by other code)."""

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
-import tempfile
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +18,7 @@ from autotune.integrations.portable import export_cache, import_cache
 from autotune.cache import CacheError, Store, default_url
 from autotune.cache.schema import SCHEMA_VERSION
 from autotune.core.tactic import Tactic
-from tests.helpers import as_nobody
+from tests.helpers import run_unprivileged, unprivileged_base
 
 DEPS = ("triton",)
 ENV_A = Env("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "12.0", 188, "cuda", "575.51", "12.9", "12090",
@@ -194,8 +192,7 @@ def test_readonly_reads_and_refuses_writes(store):
 
 
 def test_readonly_on_readonly_file_and_dir(tmp_path):
-    root = os.geteuid() == 0
-    base = Path(tempfile.mkdtemp(dir="/tmp")) if root else tmp_path   # reachable by 'nobody'
+    base = unprivileged_base(tmp_path)
     d = base / "ro"
     with Store(d / "c.db") as s:
         s.put_winner(winner())
@@ -215,12 +212,7 @@ def test_readonly_on_readonly_file_and_dir(tmp_path):
         with pytest.raises(CacheError):
             Store(d / "c.db")
         assert listing(d) == before
-    try:
-        as_nobody(body) if root else body()
-    finally:
-        os.chmod(d, 0o755)
-        if root:
-            shutil.rmtree(base)
+    run_unprivileged(body, base, d)
 
 
 def test_readonly_missing_file(tmp_path):

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from autotune.core.records import Miss, Winner
 from autotune.integrations.portable import export_cache
 from autotune.cache import Store
 from autotune.core.tactic import Tactic
-from tests.helpers import as_nobody, make_cache
+from tests.helpers import make_cache, run_unprivileged, unprivileged_base
 
 CPU = cpu()
 P = Problem.dense(256, 512)
@@ -297,8 +295,7 @@ def test_export_file_opens_immutable_and_leaves_no_files(tmp_path):
 def test_readonly_filesystem_image(tmp_path):
     """A cache in a read-only directory, read by an unprivileged process: loads, serves, writes
     nothing beside the cache, keeps misses in memory or sends them to $AUTOTUNE_MISSES."""
-    root = os.geteuid() == 0
-    base = Path(tempfile.mkdtemp(dir="/tmp")) if root else tmp_path
+    base = unprivileged_base(tmp_path)
     img, var = base / "img", base / "var"
     img.mkdir()
     var.mkdir()
@@ -327,12 +324,7 @@ def test_readonly_filesystem_image(tmp_path):
         assert _listing(img) == before
         assert {(m.problem_key, m.m, m.count) for m in Store(var / "misses.db", readonly=True).misses()} == \
             {(Q.key, 5, 2)}
-    try:
-        as_nobody(body) if root else body()
-    finally:
-        os.chmod(img, 0o755)
-        if root:
-            shutil.rmtree(base)
+    run_unprivileged(body, base, img)
 
 
 
