@@ -82,7 +82,7 @@ REVIEWED = [
     ('test_pipeline.py', GUARD, 'pool = precompile.Pool("cpu", 1, fams, timeout_s=GUARD_S)'),
     ('test_postgres.py', GUARD, 'subprocess.run(pre + list(cmd), check=True, capture_output=True, timeout=120)'),
     ('test_rename.py', GUARD, 'timeout=120)'),
-    ('test_replay.py', GUARD, 'runner=Runner(isolate=isolate, timeout_s=60))'),
+    ('test_replay.py', GUARD, 'runner=Runner(isolate=isolate, timeout_s=60), halving=Halving(host_window=0))'),
     ('test_replay.py', GUARD, 'capture_output=True, text=True, timeout=900)'),
     ('test_report.py', GUARD, 'return subprocess.run(cmd, capture_output=True, text=True, timeout=60)'),
     ('test_stage_timeouts.py', GUARD, 'GUARD_S = 240'),
