@@ -22,6 +22,34 @@ def test_set_bytes_is_what_make_inputs_makes(p, m):
     assert inputs.set_bytes(p, m) == inputs.make_inputs(p, m, "cpu", seed=1)[0].nbytes()
 
 
+@pytest.mark.parametrize("epilogue", ["none", "swiglu", "reduce"])
+def test_the_grouped_reference_is_each_pairs_product_summed_as_the_epilogue_says(epilogue):
+    """`inputs.references` (experts sorted once, each dequantized once for both sets) against the
+    plain definition: every (token, slot) pair's x · W_e^T in float64, -1 pairs contributing nothing."""
+    p = Problem.moe(64, 96, experts=6, top_k=3, epilogue=epilogue)
+    w = inputs.seeded_weight(p, "cpu", 3)
+    sets = [inputs.make_inputs(p, m, "cpu", seed=9 + m, weights=[w])[0] for m in (5, 7)]
+    sets[1].topk_ids[2, 1] = -1
+    sets[1].topk_ids[4, :] = -1
+    got = inputs.references(p, sets)
+    deq = [w.expert(e).dequantize(torch.float64) for e in range(p.experts)]
+    for s, g in zip(sets, got):
+        m = s.topk_ids.shape[0]
+        pairs = torch.zeros(m, p.top_k, p.n, dtype=torch.float64)
+        for t in range(m):
+            for j in range(p.top_k):
+                e = int(s.topk_ids[t, j])
+                if e >= 0:
+                    pairs[t, j] = (s.x[t, j] if s.x.ndim == 3 else s.x[t]).double() @ deq[e].T
+        if epilogue == "swiglu":
+            h = p.n // 2
+            pairs = pairs[..., :h] * torch.sigmoid(pairs[..., :h]) * pairs[..., h:]
+        want = pairs * s.topk_weights.double()[..., None]
+        if epilogue == "reduce":
+            want = want.sum(1)
+        assert g.shape == want.shape and torch.allclose(g, want, rtol=1e-12, atol=1e-12)
+
+
 def test_bench_draws_weights_once_per_problem_and_replays_the_same_inputs():
     a = Bench("cpu")
     a.setup(DENSE.key, 1, 0)

@@ -81,10 +81,14 @@ class Replaying(Host):
 
     def __init__(self, *a, wrong=(), **kw):
         super().__init__(*a, **kw)
-        self.wrong, self.replayed = set(wrong), []
+        self.wrong, self.replayed, self.events = set(wrong), [], []
+
+    def forget(self, t):
+        self.events.append(("forget", t["name"]))
 
     def replay(self, t):
         self.replayed.append(t["name"])
+        self.events.append(("replay", t["name"]))
         if t["name"] in self.wrong:
             raise TacticError("largest row relative error 1 (row 0)")
 
@@ -106,6 +110,13 @@ def test_only_the_tactics_that_can_win_are_replayed():
     # a default within the margin (3 %) of the fastest can still win: it is replayed too
     ex, out = _replayed(d_s=0.1015, d_us=1.02e5)
     assert sorted(ex.replayed) == ["a", "b", "d"] and out["d"].replay_checked
+
+
+def test_every_finalist_is_forgotten_before_the_first_replay():
+    # the timed kernels' scratch is gone before a replay binds its own launcher
+    ex, out = _replayed()
+    first = ex.events.index(("replay", "a"))
+    assert {n for kind, n in ex.events[:first] if kind == "forget"} == {"a", "b", "c", "d"}
 
 
 def test_a_replay_failure_draws_the_contenders_again():

@@ -164,27 +164,44 @@ def moe_reference(problem: Problem, x: torch.Tensor, w, topk_ids: torch.Tensor,
 def moe_references(problem: Problem, calls: Sequence[tuple], w) -> list[torch.Tensor]:
     """`moe_reference` of each (x, topk_ids, topk_weights) on one weight, each expert's float64
     dequantization made once for all of them (it, not the few rows' product, is the cost: 3.1 M
-    values an expert for GLM-5's w13)."""
+    values an expert for GLM-5's w13). Each call's (token, slot) pairs are sorted by expert once
+    (`_by_expert`: one device sync per call), so an expert's rows are a slice, not a search."""
     reduce = problem.epilogue == "reduce"
     xs = [x.double() for x, _, _ in calls]
     # reduce: each expert's rows are summed into [M, N] as they come (no [M, top_k, N] float64, top_k
     # times the output's memory: 3.2 GB for GLM-5's w2 at M = 8192)
     ys = [torch.zeros(ids.shape[0], *(() if reduce else (ids.shape[1],)), problem.n, dtype=torch.float64,
                       device=x.device) for x, (_, ids, _) in zip(xs, calls)]
-    for e in torch.unique(torch.cat([ids.reshape(-1) for _, ids, _ in calls])).tolist():
-        if e < 0:
-            continue                          # -1: not on this rank, contributes nothing
+    groups = [_by_expert(ids, problem.experts) for _, ids, _ in calls]
+    for e in sorted(set().union(*(g[2] for g in groups))):
         wt = w.expert(e).dequantize(torch.float64).T
-        for x, y, (_, ids, tw) in zip(xs, ys, calls):
-            rows, slots = torch.nonzero(ids == e, as_tuple=True)
-            if not rows.numel():
+        for x, y, (_, _, tw), (rows_all, slots_all, spans) in zip(xs, ys, calls, groups):
+            if e not in spans:
                 continue
+            a, b = spans[e]
+            rows, slots = rows_all[a:b], slots_all[a:b]
             ye = (x[rows, slots] if x.ndim == 3 else x[rows]) @ wt
             if not reduce:
                 y[rows, slots] = ye
             else:
                 y.index_add_(0, rows, ye if tw is None else ye * tw[rows, slots].double()[:, None])
     return [y if reduce else _moe_epilogue(problem, y, tw) for y, (_, _, tw) in zip(ys, calls)]
+
+
+def _by_expert(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, dict[int, tuple[int, int]]]:
+    """ids' (token, slot) pairs sorted by expert, stably (each expert's pairs in row-major order):
+    (rows, slots, {expert: (start, end)}) for every expert with a pair; -1 (not on this rank) is left
+    out."""
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    top_k = max(1, ids.shape[1]) if ids.ndim == 2 else 1
+    counts = torch.bincount(flat + 1, minlength=experts + 1).tolist()     # [-1, 0, 1, ...]: the one sync
+    spans, start = {}, counts[0]
+    for e, c in enumerate(counts[1:]):
+        if c:
+            spans[e] = (start, start + c)
+            start += c
+    return order // top_k, order % top_k, spans
 
 
 def _moe_epilogue(problem: Problem, y: torch.Tensor, topk_weights: torch.Tensor | None) -> torch.Tensor:

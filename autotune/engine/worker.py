@@ -347,13 +347,19 @@ class Bench:
         return self._retry_oom(tactic, run)
 
     def time(self, tactic: Tactic, timer: timing.TimerConfig) -> dict:
+        """Time one tactic; its parts: "first" (the tactic's first timing in the job: warm-up and
+        capture included) or "again" (a later halving round: the captured graph replayed)."""
         def run() -> dict:
+            t0 = time.perf_counter()
             kernel = self._kernel(tactic)
             sets, outs = self._sets, self._outs
             memo = self._graphs.setdefault(tactic.id, {})   # later halving rounds replay the graph captured at the start
-            args = [self._args(tactic, i) for i in range(len(sets))]   # packed before any timing or capture
+            first = not memo
+            # packed before any timing or capture; a captured graph holds its arguments already
+            args = [self._args(tactic, i) for i in range(len(sets))] if "graph" not in memo else []
             t = timing.time_calls(lambda i: kernel(*args[i], out=outs[i]), len(sets), self.device, timer, memo)
-            return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps}
+            return {"median_us": t.median_us, "iqr_us": t.iqr_us, "reps": t.reps,
+                    "parts": {"first" if first else "again": time.perf_counter() - t0}}
         return self._retry_oom(tactic, run)
 
 

@@ -130,11 +130,15 @@ def _replay(ex: Executor, alive: list[Tactic], timings: dict, default_id: str, c
     where the rule could keep it), drawn again from the rest after each failure, so whatever the
     rule picks has passed. One that fails leaves `alive`, stored as failed. Returns the ids that
     passed. An executor without the check (a test's stand-in) checks none: their trials are stored
-    not replay-checked."""
+    not replay-checked. The check is the job's last stage: every finalist's timed kernel and graph
+    is dropped first (`Executor.forget`), so the launcher bound for the replay is the only scratch
+    alive beside the inputs (GLM-5's w2-reduce at M = 8192 holds 1.6 GB of fp32 rows per launcher)."""
     run = getattr(ex, "replay", None)
     passed: set[str] = set()
     if run is None:
         return passed
+    for t in alive:
+        ex.forget(t)
     while True:
         if margin is None:
             ids = {t.id for t in alive}
