@@ -45,6 +45,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "floor_table.py": ("run", "{main_db} --json {out}/ft.json"),    # a committed main-job cache
     "main_job_summary.py": ("run", "{db} --model {model} --tp 1 --max-tokens 4 --device cpu -o {out}/s.json"),
     "rank_eval.py": ("elsewhere", "tests/test_ranked.py runs main() on the committed full search"),
+    "stop_rule_eval.py": ("run", "{main_db} --draws 3 --precision 0.0025 --json {out}/sr.json"),
     "verdict_audit.py": ("help", "--help only: each arch cross-compiles hundreds of rejected tactics (minutes)"),
     "device_run.sh": ("elsewhere", "tests/test_bench_driver.py runs it with DRY=1"),
 }

@@ -1,7 +1,8 @@
-"""The GPU timer's sizing of a graph-replay run (autotune.engine.timing.samples_for), on the CPU:
-as many samples as fit the budget at the first batch's time per replay (the spin kernel that keeps
-the host's launch latency out of each sample counted), never fewer than min_reps nor more than
-max_reps. The timer itself runs in tests/test_gpu.py."""
+"""The GPU timer's sizing of a graph-replay run, on the CPU: as many samples as fit the budget at
+the first batch's time per replay (`samples_for`: the spin kernel that keeps the host's launch
+latency out of each sample counted), never fewer than min_reps nor more than max_reps; with the
+precision stop, as many as make the median's standard error that share of it (`precise_for`).
+The timer itself runs in tests/test_gpu.py."""
 import pytest
 
 from autotune.engine import timing
@@ -23,3 +24,15 @@ def test_without_a_spin_the_replay_alone_sizes_the_run():
     cfg = TimerConfig(budget_s=0.001, min_reps=1, max_reps=1000, lead_us=0.0)
     assert timing.samples_for(10.0, cfg) == 100
     assert timing.samples_for(-5.0, cfg) == 1000       # a nonsense estimate cannot divide by <= 0
+
+
+def test_the_precision_stop_asks_for_samples_by_the_spread():
+    steady = [10.0, 10.01, 9.99, 10.0, 10.02]
+    noisy = [10.0, 10.4, 9.6, 10.2, 9.8]
+    assert timing.precise_for(steady, 0.0025) <= timing.FIRST_SAMPLES     # already precise: stop now
+    n = timing.precise_for(noisy, 0.0025)
+    rel_iqr = (10.3 - 9.7) / 10.0          # statistics.quantiles' IQR of `noisy`
+    assert n == pytest.approx((timing.SE_PER_IQR * rel_iqr / 0.0025) ** 2, rel=0.02) and n > 100
+    assert timing.precise_for(noisy, 0.01) < n                          # a looser target, fewer samples
+    assert timing.precise_for(noisy, 0) == len(noisy) == timing.precise_for([0.0] * 5, 0.0025)
+

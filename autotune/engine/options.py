@@ -196,6 +196,10 @@ class TimerConfig:
     graph_below_us: float = math.inf
     max_graph_calls: int = 256  # a graph holds one call per input set (the whole cold-L2 rotation), at most this many
     lead_us: float = 20.0       # CUDA: a spin kernel queued before each timed sample hides the host's launch latency
+    # CUDA graphs: a request stops once its median's standard error is about this share of the median
+    # (judged from its first samples), not when its budget is spent; 0 spends the budget. Chosen on the
+    # stored main jobs by bench/stop_rule_eval.py (docs/search.md#timing)
+    precision: float = 0.0025
 
 
 @dataclass(frozen=True)

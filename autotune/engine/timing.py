@@ -195,13 +195,20 @@ def _replay(captured: tuple, cfg: TimerConfig) -> Timing:
     the next replay while the GPU spins, so its launch latency stays outside every sample), and
     read after one synchronize per batch — a synchronize per sample would double a decode-size
     sample's cost (the GPU idles while the host wakes and queues). The first batch is
-    cfg.min_reps samples; their median sizes the rest (`samples_for`)."""
+    cfg.min_reps samples; their median sizes what the budget allows (`samples_for`). With
+    cfg.precision, a second batch brings the samples to `FIRST_SAMPLES` (within the budget) and
+    their spread says how many make the median that precise (`precise_for`): the run stops there,
+    not when the budget is spent."""
     g, calls = captured
     g.replay()
     torch.cuda.synchronize()
-    first = _queued(g, calls, max(1, cfg.min_reps), cfg)
-    rest = _queued(g, calls, samples_for(statistics.median(first) * calls, cfg) - len(first), cfg)
-    return _summary(first + rest)
+    got = _queued(g, calls, max(1, cfg.min_reps), cfg)
+    n = samples_for(statistics.median(got) * calls, cfg)
+    if cfg.precision > 0:
+        got += _queued(g, calls, min(n, FIRST_SAMPLES) - len(got), cfg)
+        n = min(n, max(len(got), cfg.min_reps, precise_for(got, cfg.precision)))
+    got += _queued(g, calls, n - len(got), cfg)
+    return _summary(got)
 
 
 def _queued(g: "torch.cuda.CUDAGraph", calls: int, n: int, cfg: TimerConfig) -> list[float]:
@@ -224,3 +231,18 @@ def samples_for(est_us: float, cfg: TimerConfig) -> int:
     `_lead` added to each), within [cfg.min_reps, cfg.max_reps]."""
     per_us = max(est_us, 1e-3) + max(cfg.lead_us, 0.0)
     return int(min(cfg.max_reps, max(cfg.min_reps, math.ceil(cfg.budget_s * 1e6 / per_us))))
+
+
+#: samples a precision-stopped run takes before it judges its spread (within the budget)
+FIRST_SAMPLES = 5
+#: the standard error of the median of n normal samples is SE_PER_IQR * IQR / sqrt(n)
+SE_PER_IQR = 1.2533 / 1.349
+
+
+def precise_for(samples_us: Sequence[float], precision: float) -> int:
+    """How many samples make the median's standard error `precision` of the median, judged from
+    these samples' spread (their IQR, or their range under four samples, as a normal one's)."""
+    t = _summary(samples_us)
+    if t.median_us <= 0 or precision <= 0:
+        return len(samples_us)
+    return math.ceil((SE_PER_IQR * t.iqr_us / (precision * t.median_us)) ** 2)
