@@ -198,8 +198,10 @@ class TimerConfig:
     lead_us: float = 20.0       # CUDA: a spin kernel queued before each timed sample hides the host's launch latency
     # CUDA graphs: a request stops once its median's standard error is about this share of the median
     # (judged from its first samples), not when its budget is spent; 0 spends the budget. Chosen on the
-    # stored main jobs by bench/stop_rule_eval.py (docs/search.md#timing)
-    precision: float = 0.0025
+    # stored main jobs by bench/stop_rule_eval.py (docs/decisions/0012-precision-stop.md)
+    precision: float = knob(0.0025, Opt(
+        "--precision", "CUDA graph timing: stop a request once its median's standard error is this share of "
+        "the median (0: spend the whole budget)", show_default=True, check=fraction))
 
 
 @dataclass(frozen=True)
