@@ -25,10 +25,10 @@
 #                FOLD=1 first tunes the folded shared-expert problems into the same cache; STEP_PDL="1 0"
 #                runs each with programmatic dependent launch on, then off; STEP_PF=0,1 the w2 prefetch
 set -uo pipefail
-# the GPU tests GPU_TESTS=1 runs (and DRY=1 collects): the worker-memory test, the launchers' and the cuda family's
+# the GPU tests GPU_TESTS=1 runs (and DRY=1 collects): the timer's and the worker-memory test, the launchers' and the cuda family's
 # the cuda members' own GPU tests come from their registry (tactics/cuda/members.py); the replay check's and
 # verify's GPU tests prove the served path under a real CUDA graph
-GPU_TEST_FILES="tests/test_workers_gpu.py tests/test_launcher.py tests/test_bound.py tests/test_moe_block.py $(python3 -m autotune.tactics.cuda.members --gpu-tests) tests/test_nosync_gpu.py tests/test_replay.py tests/test_verify.py"
+GPU_TEST_FILES="tests/test_gpu.py tests/test_workers_gpu.py tests/test_launcher.py tests/test_bound.py tests/test_moe_block.py $(python3 -m autotune.tactics.cuda.members --gpu-tests) tests/test_nosync_gpu.py tests/test_replay.py tests/test_verify.py"
 
 DRY=${DRY:-0}
 MODEL=${MODEL:-glm5} TP=${TP:-8} KEEP_DIR=${KEEP_DIR:-/root/keep}

@@ -60,10 +60,32 @@ def test_stale_member_passes_every_eager_use_and_fails_only_under_replay(stale):
     assert r.mode == "recorded" and r.replays == replay.RECORDED_REPLAYS == 2 and r.max_row_err < 1e-2
 
 
+def test_a_known_set_stands_as_the_first_seed_and_the_stale_member_still_fails(stale):
+    """The search's draw: the job's set 0 and the reference its eager check used are the first
+    seed as they are (no second float64 reference of them); the drawn seed is new, with a -1 slot
+    for a grouped problem; a known set on another weight is refused."""
+    s0 = inputs.make_inputs(DENSE, 8, "cpu", seed=3)[0]
+    ref0 = inputs.reference(DENSE, s0)
+    got = replay.draw(DENSE, 8, "cpu", 11, s0.w, known=(s0, ref0))
+    assert got.sets[0] is s0 and got.refs[0] is ref0
+    assert not torch.equal(got.sets[1].x, s0.x)
+    assert torch.equal(got.refs[1], inputs.reference(DENSE, got.sets[1]))
+    launcher, pool, word = _bound(stale, DENSE, STALE, "cpu", s0.w)
+    with pytest.raises(replay.ReplayFailed, match="replay 1 .*largest row relative error"):
+        replay.check(DENSE, launcher, got, "cpu", pool, word)
+    m0 = inputs.make_inputs(MOE, 4, "cpu", seed=5)[0]
+    moe = replay.draw(MOE, 4, "cpu", 11, m0.w, known=(m0, inputs.reference(MOE, m0)))
+    assert int(moe.sets[1].topk_ids[-1, -1]) == -1 and bool((m0.topk_ids >= 0).all())
+    other = inputs.make_inputs(DENSE, 8, "cpu", seed=4)[0]
+    with pytest.raises(ValueError, match="another weight"):
+        replay.draw(DENSE, 8, "cpu", 11, other.w, known=(s0, ref0))
+
+
 @pytest.mark.parametrize("problem", [DENSE, MOE, Problem.moe(128, 256, experts=8, top_k=2, epilogue="reduce")], ids=["dense", "moe", "moe-reduce"])
 def test_the_served_torch_launchers_pass_with_a_minus_one_slot(problem):
     """The torch family's bound launchers (out=None, routing as FP4MoE passes it), refreshed in place
-    with other experts and one -1 slot per set, pass; the bad-id word stays clear."""
+    with the job's set 0 and a drawn set of other experts with one -1 slot, pass; the bad-id word
+    stays clear."""
     b = Bench("cpu")
     b.setup(problem.key, 4, 0)
     fam = registry.get("torch")
@@ -73,7 +95,7 @@ def test_the_served_torch_launchers_pass_with_a_minus_one_slot(problem):
     refs = b._replay_refs
     if problem.kind == "grouped_moe":
         a, c = refs.sets
-        assert int((a.topk_ids == -1).sum()) == 1 == int((c.topk_ids == -1).sum())
+        assert a is b._sets[0] and int((c.topk_ids == -1).sum()) == 1
         assert not torch.equal(a.topk_ids, c.topk_ids)          # other experts in each set
 
 

@@ -13,9 +13,11 @@ counters, the sticky bad-id word, plans cached by pointer) is wrong only there.
 a CUDA graph two eager calls (the graph's warm-up) and `REPLAYS`; under a recorded-call capture one
 eager call (the capture's call is the repeat path's) and `RECORDED_REPLAYS`, one per seed: there
 every replay is a Python call, which on a count-bound host (the CPU: 0.1-8 s a call) sets the
-check's cost. Before each replay, x, topk_ids (other experts, one -1 slot, at another token each
-time) and topk_weights are overwritten in place from one of two seeds (alternating, the seed the
-capture did not see first), and the captured output is poisoned with NaN; the weight stays. Each replay's output is compared per row — the largest
+check's cost. Before each replay, x, topk_ids (other experts, a -1 slot in the drawn seed) and
+topk_weights are overwritten in place from one of two seeds (alternating, the seed the capture did
+not see first), and the captured output is poisoned with NaN; the weight stays. In a search the
+first seed is the job's own set 0, whose float64 reference its eager check already made, so a
+replay check makes one reference, not two. Each replay's output is compared per row — the largest
 row's relative error against the float64 reference of that seed's inputs (`Refs`, drawn once per
 (problem, bucket)) — and after the rounds every arrival counter of the attached pool (its
 `*.locks` and `*.cnt` buffers) is back at zero and the bad-id word is clear (every id was valid).
@@ -63,11 +65,17 @@ class Refs:
     refs: list[torch.Tensor]
 
 
-def draw(problem: Problem, bucket: int, device: str, seed: int, weight: Any) -> Refs:
+def draw(problem: Problem, bucket: int, device: str, seed: int, weight: Any,
+         known: tuple[inputs.InputSet, torch.Tensor] | None = None) -> Refs:
     """Two input sets from two seeds with `weight` (the bound one), each grouped-MoE set with one
-    -1 slot (token 0 in the first, the last token in the second), and their references."""
-    sets = []
-    for j in range(2):
+    -1 slot (token 0 in the first, the last token in the second), and their references. `known`, a
+    set on `weight` with its float64 reference already made (the job's set 0, which the eager check
+    compared against), stands as the first set as it is: only the second seed's reference is made
+    (the capture sees the first set's values; the first replay the second's, with its -1 slot)."""
+    if known is not None and known[0].w is not weight:
+        raise ValueError("replay draw: the known set is on another weight than the bound one")
+    sets = [] if known is None else [known[0]]
+    for j in range(len(sets), 2):
         s = zlib.crc32(f"replay:{seed}:{problem.key}:{bucket}:{j}".encode())
         st = make_inputs(problem, bucket, device, s, 1, weights=[weight])[0]
         st.w = weight                       # W4A4: the bound weight's input scale, not one from this x
@@ -75,7 +83,9 @@ def draw(problem: Problem, bucket: int, device: str, seed: int, weight: Any) -> 
             row = 0 if j == 0 else st.topk_ids.shape[0] - 1
             st.topk_ids[row, -1] = -1       # not on this rank: contributes nothing
         sets.append(st)
-    return Refs(sets, inputs.references(problem, sets))
+    if known is None:
+        return Refs(sets, inputs.references(problem, sets))
+    return Refs(sets, [known[1], *inputs.references(problem, sets[1:])])
 
 
 class Recorded:

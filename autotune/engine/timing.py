@@ -3,7 +3,9 @@
 Both share one interface (`time_calls`). On CUDA, events around each call, or around the replay
 of a CUDA graph when a call is short (on an H200 one launch timed alone carries 15–20 µs of host
 latency, which would hide every kernel difference at decode sizes), with a spin kernel queued
-ahead of each sample so the host's launch latency stays outside it; on the CPU, perf_counter.
+ahead of each sample so the host's launch latency stays outside it (a graph's samples are queued
+back to back and read after one synchronize per batch, as many as fit the budget at the first
+batch's time); on the CPU, perf_counter.
 Both rotate through input sets (autotune.core.inputs) that together exceed twice the L2 — a graph
 holds one call per set, so every replay reads the whole rotation — so weights come from DRAM as
 they do in serving; both warm up first and keep the median and IQR.
@@ -188,22 +190,37 @@ def abandon(g: "torch.cuda.CUDAGraph", pool: tuple) -> str:
 
 
 def _replay(captured: tuple, cfg: TimerConfig) -> Timing:
-    """Time replays of a captured graph, per call; one untimed replay first."""
+    """Time replays of a captured graph, per call; one untimed replay first (a new graph's upload).
+    The samples are queued back to back, each behind the spin kernel of `_lead` (the host queues
+    the next replay while the GPU spins, so its launch latency stays outside every sample), and
+    read after one synchronize per batch — a synchronize per sample would double a decode-size
+    sample's cost (the GPU idles while the host wakes and queues). The first batch is
+    cfg.min_reps samples; their median sizes the rest (`samples_for`)."""
     g, calls = captured
     g.replay()
     torch.cuda.synchronize()
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < cfg.max_reps:
+    first = _queued(g, calls, max(1, cfg.min_reps), cfg)
+    rest = _queued(g, calls, samples_for(statistics.median(first) * calls, cfg) - len(first), cfg)
+    return _summary(first + rest)
+
+
+def _queued(g: "torch.cuda.CUDAGraph", calls: int, n: int, cfg: TimerConfig) -> list[float]:
+    """n replays of g queued back to back, each behind `_lead`; their times per call, in µs."""
+    events = []
+    for _ in range(n):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         _lead(cfg)
         a.record()
         g.replay()
         b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / calls)
-        if len(samples) >= cfg.min_reps and time.perf_counter() - start > cfg.budget_s:
-            break
-    return _summary(samples)
+        events.append((a, b))
+    if events:
+        events[-1][1].synchronize()
+    return [a.elapsed_time(b) * 1e3 / calls for a, b in events]
 
 
+def samples_for(est_us: float, cfg: TimerConfig) -> int:
+    """How many graph-replay samples fit cfg.budget_s at `est_us` a replay (the spin kernel of
+    `_lead` added to each), within [cfg.min_reps, cfg.max_reps]."""
+    per_us = max(est_us, 1e-3) + max(cfg.lead_us, 0.0)
+    return int(min(cfg.max_reps, max(cfg.min_reps, math.ceil(cfg.budget_s * 1e6 / per_us))))

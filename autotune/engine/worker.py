@@ -324,13 +324,14 @@ class Bench:
         weight, packed as the search packed it; a scratch pool and bad-id word attached), called as
         an engine calls it, captured, and replayed with inputs refreshed in place. Raises
         ReplayFailed when it is wrong there. The refreshed inputs and their float64 references are
-        drawn once per (problem, bucket)."""
+        drawn once per (problem, bucket): the job's set 0 with the reference its eager check used,
+        and one more seed."""
         def run() -> dict:
             t0 = time.perf_counter()
             packed = self._args(tactic, 0)[1]
             if self._replay_refs is None:
                 self._replay_refs = replay_check.draw(self.problem, self.bucket, self.device, self.seed,
-                                                      self._sets[0].w)
+                                                      self._sets[0].w, known=(self._sets[0], self._ref))
             t1 = time.perf_counter()
             pool = ScratchPool()
             word = pool.word(self.device, tactic.id)
