@@ -17,7 +17,7 @@ from autotune.core.problem import Problem
 from autotune.core.records import Trial, Winner
 from autotune.core.tactic import Tactic
 from autotune.models import ProblemUse, problems_for
-from autotune.report import collect, plots, write_html
+from autotune.report import collect, figure_text, plots, write_html
 from autotune.report.model import reason_class, short_reason
 from autotune.report.sources import StoreUnion
 from autotune.report.step import StepJsonError, attach_measured, load_measured
@@ -57,7 +57,7 @@ def _figures(dev, times: bool = True):
 def _check(figs) -> None:
     bad = []
     for name, fig in figs:
-        bad += [f"{name}: {p}" for p in plots.layout_problems(fig)]
+        bad += [f"{name}: {p}" for p in figure_text.layout_problems(fig)]
         plots.plt.close(fig)
     assert bad == [], "\n".join(bad)
 
@@ -370,7 +370,7 @@ def test_show_at_80_columns_never_cuts_a_tactic_parameter(syn_summary):
 
 def test_the_step_plot_switches_to_seconds_and_keeps_its_labels_apart(syn_summary):
     """#48 item 4: a CPU run's step (every part 10^6 x slower: minutes) is drawn in s, not in
-    hundreds of thousands of ms; no two text boxes overlap (plots.layout_problems)."""
+    hundreds of thousands of ms; no two text boxes overlap (figure_text.layout_problems)."""
     import dataclasses
     sv = syn_summary.devices[0].step
     slow = dataclasses.replace(sv, measured=None, parts=[dataclasses.replace(p, us={m: u * 1e6 for m, u in p.us.items()})

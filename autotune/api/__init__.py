@@ -62,8 +62,34 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, **kw) -> Sea
         top["strategy"] = strategies.default(bool(top.get("batch_invariant")))
     from autotune.engine.search import plan, search as engine_search   # torch: see above
 
-    notes: list[str] = []
     target = target_arch(inp.arch)
+    uses, b, notes = _uses_and_buckets(inp, target)
+    fams = parse_families(inp.families)
+    env = top.get("env") or current()
+    live = detect() if env.device == "cuda" else ARCHS["cpu"]
+    measuring = not bool(top.get("dry_run")) and target == live
+    o = _search_options(top, nested, target, env, measuring, len(uses) * len(b.values), notes)
+    if measuring:
+        _check_search_fits(uses, b, env)
+    store = _search_store(inp.cache) if measuring else None
+    try:
+        report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b, options=o)
+    except KeyboardInterrupt as e:
+        setattr(e, "uses", uses)       # the CLI prints the partial report
+        raise
+    report.notes[:0] = notes
+    listed = {}
+    if inp.list_tactics:
+        names = {n.strip() for n in inp.list_tactics.split(",")}
+        shown = [f for f in fams if f.name in names]
+        listed = {p.key: rows for p, rows in plan([u.problem for u in uses], shown, target).items()}
+    return SearchResult(report, uses, listed, store.url if store is not None else None, notes)
+
+
+def _uses_and_buckets(inp, target) -> tuple[list[ProblemUse], Buckets, list[str]]:
+    """What a search measures: the problems (of recorded misses, of the model, or the Problems
+    given), its buckets (the misses' own, or --buckets / --max-tokens) and a note on the buckets."""
+    notes: list[str] = []
     model, cache = inp.model, inp.cache
     if inp.misses:
         keys = {u.problem.key for u in model_problems(model, tp=inp.tp, ep=inp.ep, include_attention=inp.include_attention,
@@ -87,11 +113,14 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, **kw) -> Sea
         else:
             b, note = parse_buckets(buckets, inp.max_tokens)
             notes += [note] if note else []
-    fams = parse_families(inp.families)
-    env = top.get("env") or current()
-    live = detect() if env.device == "cuda" else ARCHS["cpu"]
+    return uses, b, notes
+
+
+def _search_options(top: dict, nested: dict, target, env, measuring: bool, jobs: int, notes: list[str]):
+    """The search's options from its flags, the runner checked and fitted to this machine: CPU
+    workers capped at the jobs ((problem, bucket) pairs) and cores (noted in `notes` and warned),
+    one worker per GPU when a measuring search on CUDA asks for none."""
     dry_run = bool(top.get("dry_run"))
-    measuring = not dry_run and target == live
     own_runner = "runner" not in top       # a caller's own Runner keeps its fields but for the flags given
     if own_runner and nested.get("compile_workers") is None:
         nested["compile_workers"] = os.cpu_count() or 1
@@ -104,33 +133,19 @@ def run(model: str | os.PathLike | Sequence[Problem] | None = None, **kw) -> Sea
         raise BadInput("--ray and --no-isolate exclude each other")
     if r.gpus and not dry_run and env.device != "cuda":
         raise BadInput(f"--gpus {','.join(map(str, r.gpus))}: this machine has no CUDA GPU")
-    cores, jobs = os.cpu_count() or 1, len(uses) * len(b.values)
+    cores = os.cpu_count() or 1
     cap = max(1, min(jobs, cores))
     if not r.gpus and r.workers > cap:     # more CPU workers than jobs or cores only costs memory
         msg = (f"--workers {r.workers} capped at {cap}: {jobs} job(s) ((problem, bucket) pairs) on {cores} CPU "
                f"core(s)")
-        warnings.warn(msg, stacklevel=2)
+        warnings.warn(msg, stacklevel=3)     # at run's caller
         notes.append(msg)
         o = replace(o, runner=replace(r, workers=cap))
         r = o.runner
     if measuring and own_runner and not r.gpus and not r.ray and r.isolate and r.workers == 1 and env.device == "cuda":
         import torch
         o = replace(o, runner=replace(r, gpus=tuple(range(torch.cuda.device_count()))))   # one worker per GPU
-    if measuring:
-        _check_search_fits(uses, b, env)
-    store = _search_store(cache) if measuring else None
-    try:
-        report = engine_search([u.problem for u in uses], families=fams, store=store, buckets=b, options=o)
-    except KeyboardInterrupt as e:
-        setattr(e, "uses", uses)       # the CLI prints the partial report
-        raise
-    report.notes[:0] = notes
-    listed = {}
-    if inp.list_tactics:
-        names = {n.strip() for n in inp.list_tactics.split(",")}
-        shown = [f for f in fams if f.name in names]
-        listed = {p.key: rows for p, rows in plan([u.problem for u in uses], shown, target).items()}
-    return SearchResult(report, uses, listed, store.url if store is not None else None, notes)
+    return o
 
 
 def _search_store(cache) -> Store:

@@ -43,11 +43,6 @@ def verify(model: str | os.PathLike, cache=None, *, tp: int = 1, ep: int = 1, on
     eagerly, then captured (a CUDA graph on the GPU, a recorded-call capture elsewhere) and replayed
     with x, routes and weights refreshed in place (autotune.engine.replay). Each output row is
     compared against float64; a bad-id word set by valid ids fails too. One `Verified` per problem."""
-    import zlib
-
-    from autotune.core import inputs
-    from autotune.core.formats import FP4Weight
-    from autotune.engine import replay
     from autotune.runtime.dispatch import Dispatcher
     env = current()
     for m in ms or ():
@@ -59,52 +54,69 @@ def verify(model: str | os.PathLike, cache=None, *, tp: int = 1, ep: int = 1, on
     try:
         won = {(w.problem_key, w.bucket): w for w in store.winners(env.device_key) if check_winner(w) is None}
         d = Dispatcher(store, env=env, record_misses=False, one_copy=one_copy, one_copy_upto=one_copy_upto)
-        out = []
-        for p in dict.fromkeys(u.problem for u in uses):
-            s = zlib.crc32(f"verify:{seed}:{p.key}".encode())
-            w = inputs.make_inputs(p, 1, env.device, s, 1, weights=[inputs.seeded_weight(p, env.device, s)])[0].w
-            clone = FP4Weight(w.packed.clone(), w.scales.clone(), w.global_scale.clone(), w.fmt, w.input_scale)
-            try:
-                bt = d.bind(p, clone)
-            except (ValueError, TypeError) as e:
-                out.append(Verified(p.key, (), 0, "-", "-", math.inf, 0, 0, False, f"bind: {e}"))
-                continue
-            subs = {b: u for b, _, u in bt.substituted}
-            table = d.table(p)
-            todo = tuple(ms) if ms else (tuple(table.buckets) or (1,))
-            worst, first_bad, rc, nw = (0.0, todo[0], "-", "-"), None, 0, 0
-            for m in todo:
-                rung, t = d.rung_for(p, m)
-                if m in subs:
-                    rung, t = "one copy: substituted", subs[m]
-                stored = won.get((p.key, m))
-                if stored is not None and rung == "exact" and m not in subs:
-                    nw += 1
-                    rc += bool(stored.replay_checked)
-                launcher = bt.launcher(m)
-                refs = replay.draw(p, m, env.device, s, w)
-                try:
-                    eager = replay.row_error(p, replay.served_call(p, launcher, refs.sets[0])(), refs.refs[0],
-                                             refs.sets[0].topk_ids)
-                    tol = replay.ROW_SLACK * inputs.TOLERANCE[p.out_dtype]
-                    if not eager <= tol:
-                        raise replay.ReplayFailed(f"eager: largest row relative error {eager:.3g} > {tol:g}")
-                    err = max(eager, replay.check(p, launcher, refs, env.device, d.scratch, None).max_row_err)
-                    bad = d.routing_errors()
-                    if bad:
-                        raise replay.ReplayFailed(f"the bad-id word of {bad[0]} is set though every id was valid")
-                except Exception as e:       # a launcher's own error is this M's failure, not verify's
-                    if first_bad is None:
-                        text = str(e).splitlines()[0][:200] if str(e) else ""
-                        first_bad = (m, str(t), rung, f"M={m}: {type(e).__name__}" + (f": {text}" if text else ""))
-                    continue
-                if err >= worst[0]:
-                    worst = (err, m, str(t), rung)
-            if first_bad is not None:
-                m, t, rung, why = first_bad
-                out.append(Verified(p.key, todo, m, t, rung, math.inf, rc, nw, False, why))
-            else:
-                out.append(Verified(p.key, todo, worst[1], worst[2], worst[3], worst[0], rc, nw, True))
-        return out
+        return [_verify_problem(d, p, won, ms, seed, env) for p in dict.fromkeys(u.problem for u in uses)]
     finally:
         store.close()
+
+
+def _verify_problem(d, p, won: dict, ms: Sequence[int] | None, seed: int, env) -> Verified:
+    """One problem: its seeded random weight bound once (a clone), then served and checked at every
+    M; the first M that fails, else the M with the largest row error. `won`: (problem key, bucket)
+    -> the stored winner that passes the row checks."""
+    import zlib
+
+    from autotune.core import inputs
+    from autotune.core.formats import FP4Weight
+    from autotune.engine import replay
+    s = zlib.crc32(f"verify:{seed}:{p.key}".encode())
+    w = inputs.make_inputs(p, 1, env.device, s, 1, weights=[inputs.seeded_weight(p, env.device, s)])[0].w
+    clone = FP4Weight(w.packed.clone(), w.scales.clone(), w.global_scale.clone(), w.fmt, w.input_scale)
+    try:
+        bt = d.bind(p, clone)
+    except (ValueError, TypeError) as e:
+        return Verified(p.key, (), 0, "-", "-", math.inf, 0, 0, False, f"bind: {e}")
+    subs = {b: u for b, _, u in bt.substituted}
+    table = d.table(p)
+    todo = tuple(ms) if ms else (tuple(table.buckets) or (1,))
+    worst, first_bad, rc, nw = (0.0, todo[0], "-", "-"), None, 0, 0
+    for m in todo:
+        rung, t = d.rung_for(p, m)
+        if m in subs:
+            rung, t = "one copy: substituted", subs[m]
+        stored = won.get((p.key, m))
+        if stored is not None and rung == "exact" and m not in subs:
+            nw += 1
+            rc += bool(stored.replay_checked)
+        launcher = bt.launcher(m)
+        refs = replay.draw(p, m, env.device, s, w)
+        try:
+            err = _row_error(d, p, launcher, refs, env.device)
+        except Exception as e:       # a launcher's own error is this M's failure, not verify's
+            if first_bad is None:
+                text = str(e).splitlines()[0][:200] if str(e) else ""
+                first_bad = (m, str(t), rung, f"M={m}: {type(e).__name__}" + (f": {text}" if text else ""))
+            continue
+        if err >= worst[0]:
+            worst = (err, m, str(t), rung)
+    if first_bad is not None:
+        m, t, rung, why = first_bad
+        return Verified(p.key, todo, m, t, rung, math.inf, rc, nw, False, why)
+    return Verified(p.key, todo, worst[1], worst[2], worst[3], worst[0], rc, nw, True)
+
+
+def _row_error(d, p, launcher, refs, device: str) -> float:
+    """The largest output row's relative error of `launcher` on refs' inputs, called eagerly and then
+    captured and replayed; ReplayFailed when the eager error passes the tolerance or a bad-id word is
+    set though every id was valid."""
+    from autotune.core import inputs
+    from autotune.engine import replay
+    eager = replay.row_error(p, replay.served_call(p, launcher, refs.sets[0])(), refs.refs[0],
+                             refs.sets[0].topk_ids)
+    tol = replay.ROW_SLACK * inputs.TOLERANCE[p.out_dtype]
+    if not eager <= tol:
+        raise replay.ReplayFailed(f"eager: largest row relative error {eager:.3g} > {tol:g}")
+    err = max(eager, replay.check(p, launcher, refs, device, d.scratch, None).max_row_err)
+    bad = d.routing_errors()
+    if bad:
+        raise replay.ReplayFailed(f"the bad-id word of {bad[0]} is set though every id was valid")
+    return err

@@ -146,6 +146,15 @@ def export_cache(store: Store, out: str | os.PathLike, *, gpu: str | None = None
     payload = exportfile.payload_of(good)
     signature = key.sign(exportfile.checksum(payload)) if key is not None else None
     rep.signature = f"signed ({key.describe()})" if key is not None else "unsigned"
+    _write_export(out, fmt, payload, signature)
+    rep.written = len(good)
+    return rep
+
+
+def _write_export(out: Path, fmt: str, payload: dict, signature: dict | None) -> None:
+    """Write the export file through a temporary file beside it, linked into place once complete:
+    a write error (a full disk, ENOSPC) leaves nothing, and a file that appeared at `out`
+    meanwhile is never overwritten."""
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     except OSError as e:
@@ -178,8 +187,6 @@ def export_cache(store: Store, out: str | os.PathLike, *, gpu: str | None = None
                 p.unlink()
             except FileNotFoundError:
                 pass
-    rep.written = len(good)
-    return rep
 
 
 def import_cache(store: Store | Callable[[], Store], path: str | os.PathLike, *, validate: Validate | None = None,

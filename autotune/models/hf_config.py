@@ -160,59 +160,82 @@ def parse_config(d: Any, src: str, name: str, extra_quant: Optional[dict] = None
 
 
 def _arch(mt: str, f: _Fields, name: str) -> ArchConfig:
+    """The ArchConfig of model type `mt`: the sizes every type has, then its family's own fields."""
     hidden, layers, heads = f.int("hidden_size"), f.int("num_hidden_layers"), f.int("num_attention_heads")
     if mt in ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa"):
-        experts = f.int("n_routed_experts", null=0, zero=True)
-        first = f.int("first_k_dense_replace", zero=True)
-        freq = f.int("moe_layer_freq", default=1)
-        moe = tuple(i for i in range(first, layers) if i % freq == 0) if experts else ()
-        dsa = mt in ("glm_moe_dsa", "deepseek_v32")
-        return ArchConfig(
-            name=name, family="mla", hidden=hidden, num_layers=layers, num_heads=heads,
-            intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
-            moe_layers=moe, experts=experts,
-            top_k=f.int("num_experts_per_tok") if moe else 0,
-            moe_intermediate=f.int("moe_intermediate_size") if moe else 0,
-            shared_experts=f.int("n_shared_experts", null=0, zero=True) if moe else 0,
-            q_lora_rank=f.int("q_lora_rank", null=None), kv_lora_rank=f.int("kv_lora_rank"),
-            qk_nope_head_dim=f.int("qk_nope_head_dim"), qk_rope_head_dim=f.int("qk_rope_head_dim"),
-            v_head_dim=f.int("v_head_dim"),
-            # DSA indexer: 32 heads × 128 when the config omits them (GLM-5 / V3.2 values)
-            index_heads=f.int("index_n_heads", default=32) if dsa else 0,
-            index_head_dim=f.int("index_head_dim", default=128) if dsa else 0,
-            mtp_layers=f.int("num_nextn_predict_layers", default=0, zero=True))
+        return _mla_arch(mt, f, name, hidden, layers, heads)
     kv = f.int("num_key_value_heads", default=heads)
-    if mt == "llama":
-        return ArchConfig(name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads,
-                          num_kv_heads=kv, head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
-                          intermediate=f.int("intermediate_size"))
-    if mt == "qwen3_moe":
-        # transformers 5.x writes the expert count as num_local_experts (4.x: num_experts)
-        experts = f.int("num_experts", zero=True) if "num_experts" in f.d else f.int("num_local_experts", zero=True)
-        step = f.int("decoder_sparse_step", default=1)
-        only = set(f.int_list("mlp_only_layers"))
-        moe = tuple(i for i in range(layers) if experts and i not in only and (i + 1) % step == 0)
-        return ArchConfig(
-            name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
-            head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
-            intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
-            moe_layers=moe, experts=experts, top_k=f.int("num_experts_per_tok") if moe else 0,
-            moe_intermediate=f.int("moe_intermediate_size") if moe else 0)
-    if mt == "glm4_moe":
-        # GLM-4.5 / 4.5-Air (transformers Glm4MoeConfig): GQA attention (with biases), the first
-        # first_k_dense_replace layers dense, then routed + shared experts; MTP layers recorded only
-        experts = f.int("n_routed_experts", zero=True)
-        first = f.int("first_k_dense_replace", zero=True)
-        moe = tuple(range(first, layers)) if experts else ()
-        return ArchConfig(
-            name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
-            head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
-            intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
-            moe_layers=moe, experts=experts, top_k=f.int("num_experts_per_tok") if moe else 0,
-            moe_intermediate=f.int("moe_intermediate_size") if moe else 0,
-            shared_experts=f.int("n_shared_experts", null=0, zero=True, default=0) if moe else 0,
-            mtp_layers=f.int("num_nextn_predict_layers", default=0, zero=True))
-    # gpt_oss: every layer MoE, expert intermediate = intermediate_size
+    build = {"llama": _llama_arch, "qwen3_moe": _qwen3_moe_arch, "glm4_moe": _glm4_moe_arch}.get(mt, _gpt_oss_arch)
+    return build(f, name, hidden, layers, heads, kv)
+
+
+def _mla_arch(mt: str, f: _Fields, name: str, hidden: int, layers: int, heads: int) -> ArchConfig:
+    """DeepSeek-V3 / Kimi-K2 / V3.2 / GLM-5: MLA attention; routed + shared experts in the layers from
+    first_k_dense_replace on whose index is a multiple of moe_layer_freq, the others dense; V3.2 and
+    GLM-5 with the DSA indexer."""
+    experts = f.int("n_routed_experts", null=0, zero=True)
+    first = f.int("first_k_dense_replace", zero=True)
+    freq = f.int("moe_layer_freq", default=1)
+    moe = tuple(i for i in range(first, layers) if i % freq == 0) if experts else ()
+    dsa = mt in ("glm_moe_dsa", "deepseek_v32")
+    return ArchConfig(
+        name=name, family="mla", hidden=hidden, num_layers=layers, num_heads=heads,
+        intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
+        moe_layers=moe, experts=experts,
+        top_k=f.int("num_experts_per_tok") if moe else 0,
+        moe_intermediate=f.int("moe_intermediate_size") if moe else 0,
+        shared_experts=f.int("n_shared_experts", null=0, zero=True) if moe else 0,
+        q_lora_rank=f.int("q_lora_rank", null=None), kv_lora_rank=f.int("kv_lora_rank"),
+        qk_nope_head_dim=f.int("qk_nope_head_dim"), qk_rope_head_dim=f.int("qk_rope_head_dim"),
+        v_head_dim=f.int("v_head_dim"),
+        # DSA indexer: 32 heads × 128 when the config omits them (GLM-5 / V3.2 values)
+        index_heads=f.int("index_n_heads", default=32) if dsa else 0,
+        index_head_dim=f.int("index_head_dim", default=128) if dsa else 0,
+        mtp_layers=f.int("num_nextn_predict_layers", default=0, zero=True))
+
+
+def _llama_arch(f: _Fields, name: str, hidden: int, layers: int, heads: int, kv: int) -> ArchConfig:
+    """Llama: GQA attention, every layer a dense MLP."""
+    return ArchConfig(name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads,
+                      num_kv_heads=kv, head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
+                      intermediate=f.int("intermediate_size"))
+
+
+def _qwen3_moe_arch(f: _Fields, name: str, hidden: int, layers: int, heads: int, kv: int) -> ArchConfig:
+    """Qwen3-MoE: GQA attention, routed experts every decoder_sparse_step-th layer but those of
+    mlp_only_layers (dense)."""
+    # transformers 5.x writes the expert count as num_local_experts (4.x: num_experts)
+    experts = f.int("num_experts", zero=True) if "num_experts" in f.d else f.int("num_local_experts", zero=True)
+    step = f.int("decoder_sparse_step", default=1)
+    only = set(f.int_list("mlp_only_layers"))
+    moe = tuple(i for i in range(layers) if experts and i not in only and (i + 1) % step == 0)
+    return ArchConfig(
+        name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+        head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
+        intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
+        moe_layers=moe, experts=experts, top_k=f.int("num_experts_per_tok") if moe else 0,
+        moe_intermediate=f.int("moe_intermediate_size") if moe else 0)
+
+
+def _glm4_moe_arch(f: _Fields, name: str, hidden: int, layers: int, heads: int, kv: int) -> ArchConfig:
+    """GLM-4.5 / 4.5-Air (transformers Glm4MoeConfig): GQA attention (with biases), the first
+    first_k_dense_replace layers dense, then routed + shared experts; MTP layers recorded only."""
+    experts = f.int("n_routed_experts", zero=True)
+    first = f.int("first_k_dense_replace", zero=True)
+    moe = tuple(range(first, layers)) if experts else ()
+    return ArchConfig(
+        name=name, family="gqa", hidden=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+        head_dim=f.int("head_dim", default=hidden // heads, null=hidden // heads),
+        intermediate=f.int("intermediate_size") if len(moe) < layers else f.int("intermediate_size", default=0),
+        moe_layers=moe, experts=experts, top_k=f.int("num_experts_per_tok") if moe else 0,
+        moe_intermediate=f.int("moe_intermediate_size") if moe else 0,
+        shared_experts=f.int("n_shared_experts", null=0, zero=True, default=0) if moe else 0,
+        mtp_layers=f.int("num_nextn_predict_layers", default=0, zero=True))
+
+
+def _gpt_oss_arch(f: _Fields, name: str, hidden: int, layers: int, heads: int, kv: int) -> ArchConfig:
+    """gpt-oss: every layer MoE, expert intermediate = intermediate_size, sharded in whole 32-element
+    MX blocks (vLLM's MXFP4 loader)."""
     experts = f.int("num_local_experts")
     top_k = f.int("num_experts_per_tok") if "num_experts_per_tok" in f.d else f.int("experts_per_token")
     return ArchConfig(

@@ -119,59 +119,77 @@ def _shapes(a: ArchConfig, lin: _Linear, tp: int, ep: int, fmt: str) -> list[Pro
 def _shape(a: ArchConfig, lin: _Linear, tp: int, ep: int, fmt: str, mx_inter: int | None = None) -> Problem:
     """The per-GPU Problem of one linear layer (raises ModelError naming the layer); mx_inter: one
     rank's routed-expert intermediate under a whole-MX-block split (_mx_inters)."""
-    h, nm = a.hidden, lin.name
-    heads = lambda: _div(a, nm, "num_attention_heads", a.num_heads, "tp", tp)  # noqa: E731
-    r = lin.role
     moe = None
-    if r == ATTN_QKV_A:
-        k, n = h, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim
-    elif r == ATTN_Q:
-        k, n = h, heads() * (a.qk_nope_head_dim + a.qk_rope_head_dim)
-    elif r == ATTN_KV_A:
-        k, n = h, a.kv_lora_rank + a.qk_rope_head_dim
-    elif r == ATTN_Q_B:
-        k, n = a.q_lora_rank, heads() * (a.qk_nope_head_dim + a.qk_rope_head_dim)
-    elif r == ATTN_KV_B:
-        k, n = a.kv_lora_rank, heads() * (a.qk_nope_head_dim + a.v_head_dim)
-    elif r == INDEXER_WQ_B:
-        k, n = a.q_lora_rank, a.index_heads * a.index_head_dim
-    elif r == INDEXER_WK:
-        k, n = h, a.index_head_dim + a.index_heads
-    elif r == ATTN_QKV:
-        if a.num_kv_heads >= tp:
-            kv = _div(a, nm, "num_key_value_heads", a.num_kv_heads, "tp", tp)
-        else:   # each rank keeps one replicated kv head; vLLM needs tp % kv == 0
-            _div(a, nm, "tp", tp, "num_key_value_heads", a.num_kv_heads)
-            kv = 1
-        k, n = h, (heads() + 2 * kv) * a.head_dim
-    elif r == ATTN_O:
-        v = a.v_head_dim if a.family == "mla" else a.head_dim
-        k, n = heads() * v, h
-    elif r == MLP_GATE_UP:
-        k, n = h, 2 * _div(a, nm, "intermediate_size", a.intermediate, "tp", tp)
-    elif r == MLP_DOWN:
-        k, n = _div(a, nm, "intermediate_size", a.intermediate, "tp", tp), h
-    elif r == SHARED_GATE_UP:
-        k, n = h, 2 * _div(a, nm, "shared intermediate", a.shared_experts * a.moe_intermediate, "tp", tp)
-    elif r == SHARED_DOWN:
-        k, n = _div(a, nm, "shared intermediate", a.shared_experts * a.moe_intermediate, "tp", tp), h
-    elif r in (EXPERTS_W13, EXPERTS_W2):
-        e_local = _div(a, nm, "routed experts", a.experts, "ep", ep)
-        moe_tp = tp // ep
-        if a.mx_block_shard:
-            inter = mx_inter if mx_inter is not None else _mx_inters(a, lin, moe_tp)[0]
-        else:
-            inter = _div(a, nm, "moe_intermediate_size", a.moe_intermediate, "tp/ep", moe_tp)
-        k, n = (h, 2 * inter) if r == EXPERTS_W13 else (inter, h)
-        moe = (e_local, a.top_k)
-    else:  # pragma: no cover
-        raise AssertionError(r)
+    if lin.role in (EXPERTS_W13, EXPERTS_W2):
+        k, n, moe = _experts_kn(a, lin, tp, ep, mx_inter)
+    elif lin.role in (MLP_GATE_UP, MLP_DOWN, SHARED_GATE_UP, SHARED_DOWN):
+        k, n = _mlp_kn(a, lin, tp)
+    else:
+        k, n = _attention_kn(a, lin, tp)
     try:
         if moe:
             return Problem.moe(n, k, experts=moe[0], top_k=moe[1], w_fmt=fmt)
         return Problem.dense(n, k, w_fmt=fmt)
     except ValueError as e:
-        raise ModelError(f"{a.name} {nm}: {e}") from None
+        raise ModelError(f"{a.name} {lin.name}: {e}") from None
+
+
+def _attention_kn(a: ArchConfig, lin: _Linear, tp: int) -> tuple[int, int]:
+    """(K, N) per GPU of an attention or DSA indexer projection (MLA or GQA), heads split over tp."""
+    h, nm = a.hidden, lin.name
+    heads = lambda: _div(a, nm, "num_attention_heads", a.num_heads, "tp", tp)  # noqa: E731
+    r = lin.role
+    if r == ATTN_QKV_A:
+        return h, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim
+    if r == ATTN_Q:
+        return h, heads() * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+    if r == ATTN_KV_A:
+        return h, a.kv_lora_rank + a.qk_rope_head_dim
+    if r == ATTN_Q_B:
+        return a.q_lora_rank, heads() * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+    if r == ATTN_KV_B:
+        return a.kv_lora_rank, heads() * (a.qk_nope_head_dim + a.v_head_dim)
+    if r == INDEXER_WQ_B:
+        return a.q_lora_rank, a.index_heads * a.index_head_dim
+    if r == INDEXER_WK:
+        return h, a.index_head_dim + a.index_heads
+    if r == ATTN_QKV:
+        if a.num_kv_heads >= tp:
+            kv = _div(a, nm, "num_key_value_heads", a.num_kv_heads, "tp", tp)
+        else:   # each rank keeps one replicated kv head; vLLM needs tp % kv == 0
+            _div(a, nm, "tp", tp, "num_key_value_heads", a.num_kv_heads)
+            kv = 1
+        return h, (heads() + 2 * kv) * a.head_dim
+    if r == ATTN_O:
+        v = a.v_head_dim if a.family == "mla" else a.head_dim
+        return heads() * v, h
+    raise AssertionError(r)  # pragma: no cover
+
+
+def _mlp_kn(a: ArchConfig, lin: _Linear, tp: int) -> tuple[int, int]:
+    """(K, N) per GPU of a dense MLP or shared-expert projection, the intermediate split over tp."""
+    h, nm, r = a.hidden, lin.name, lin.role
+    if r == MLP_GATE_UP:
+        return h, 2 * _div(a, nm, "intermediate_size", a.intermediate, "tp", tp)
+    if r == MLP_DOWN:
+        return _div(a, nm, "intermediate_size", a.intermediate, "tp", tp), h
+    if r == SHARED_GATE_UP:
+        return h, 2 * _div(a, nm, "shared intermediate", a.shared_experts * a.moe_intermediate, "tp", tp)
+    return _div(a, nm, "shared intermediate", a.shared_experts * a.moe_intermediate, "tp", tp), h   # SHARED_DOWN
+
+
+def _experts_kn(a: ArchConfig, lin: _Linear, tp: int, ep: int,
+                mx_inter: int | None) -> tuple[int, int, tuple[int, int]]:
+    """(K, N, (local experts, top_k)) per GPU of the routed experts' w13 or w2: experts split over
+    ep, the intermediate over tp/ep (in whole MX blocks where the model shards so)."""
+    e_local = _div(a, lin.name, "routed experts", a.experts, "ep", ep)
+    moe_tp = tp // ep
+    if a.mx_block_shard:
+        inter = mx_inter if mx_inter is not None else _mx_inters(a, lin, moe_tp)[0]
+    else:
+        inter = _div(a, lin.name, "moe_intermediate_size", a.moe_intermediate, "tp/ep", moe_tp)
+    k, n = (a.hidden, 2 * inter) if lin.role == EXPERTS_W13 else (inter, a.hidden)
+    return k, n, (e_local, a.top_k)
 
 
 def _ranges(idx: list[int]) -> str:

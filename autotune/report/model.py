@@ -306,7 +306,6 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
     report.sources.StoreUnion reads several caches as one). Rows that fail autotune.cache.rows' checks are
     left out and counted (Summary.skipped, and a note each). `uses` (autotune.models.ProblemUse of
     the model asked for) names each problem's layers and runs per forward."""
-    by_key = {u.problem.key: u for u in uses or ()}
     meta = store.meta()
     try:
         skew = measure.skew_of(meta)    # the routing draw the grouped times were measured under
@@ -325,55 +324,8 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
     for t in trials:
         by_dev_t[t.device_key].append(t)
     dev_keys = sorted(set(by_dev_w) | set(by_dev_t), key=lambda k: (devices.get(k, {}).get("gpu_name", ""), k))
-
-    views = []
-    for dk in dev_keys:
-        rec = devices.get(dk) or {"device_key": dk, "gpu_name": f"unknown device {dk}", "cc": "?"}
-        arch = _arch_name(rec)
-        fp4_native = ARCHS.get(arch) is not None and ARCHS[arch].fp4 == "native"
-        ceil = ceil_mod.for_device(meta, dk, rec.get("gpu_name", ""))
-        dtrials = [t for t in by_dev_t.get(dk, []) if problem_keys is None or t.problem_key in problem_keys
-                   or _is_baseline_of(t.problem_key, problem_keys)]
-        best = _best(dtrials)
-        wins = [w for w in by_dev_w.get(dk, []) if problem_keys is None or w.problem_key in problem_keys]
-        win_keys = {w.problem_key for w in wins}
-        # baselines: same shape, non-FP4 weights, measured on this device
-        shapes: dict[tuple, list[str]] = defaultdict(list)
-        for key in {k for k, _ in best} | {w.problem_key for w in by_dev_w.get(dk, [])}:
-            q = _problem(key)
-            if q is not None and q.w_fmt not in BLOCK:
-                shapes[_shape(q)].append(key)
-        folded: set[str] = set()
-        pviews = []
-        for key in sorted(win_keys):
-            p = Problem.from_key(key)                 # parses: check_winner passed
-            bkeys = sorted(shapes.get(_shape(p), [])) if p.w_fmt in BLOCK else []
-            folded.update(bkeys)
-            pts = []
-            for w in sorted((w for w in wins if w.problem_key == key), key=lambda w: w.bucket):
-                dflt = _tactic(store, w.default_tactic_id)
-                base = {}
-                for bk in bkeys:
-                    q = _problem(bk)
-                    for fam, (us, _) in best.get((bk, w.bucket), {}).items():
-                        base[f"{q.a_fmt}×{q.w_fmt} {fam}"] = us
-                pts.append(_point(p, w, tactic_label(dflt.to_json()) if dflt else w.default_tactic_id,
-                                  best.get((key, w.bucket), {}), base, ceil, fp4_native, skew))
-            u = by_key.get(key)
-            pviews.append(ProblemView(key, pts, bkeys, tuple(u.layers) if u else (), u.per_forward if u else None,
-                                      arch, {w.bucket: w.params_json for w in wins if w.problem_key == key}))
-        # baseline problems with no FP4 counterpart here are problems of their own
-        pviews = [v for v in pviews if v.key not in folded]
-        libs = {}
-        for t in dtrials:
-            if t.lib_key not in libs:
-                libs[t.lib_key] = _libset(store, t.lib_key)
-        dmiss = [{"problem": m.problem_key, "m": m.m, "count": m.count} for m in misses
-                 if m.device_key == dk and (problem_keys is None or m.problem_key in problem_keys)]
-        sv = step_view(pviews, uses, skew) if uses else None
-        views.append(DeviceView(dk, rec, arch, rec.get("cc") == "cpu", ceil.to_dict() if ceil else None,
-                                pviews, _verdicts(dtrials), dmiss, libs,
-                                with_ceilings(sv, ceil.to_dict() if ceil else None) if sv else None))
+    views = [_device_view(store, meta, dk, devices.get(dk), by_dev_w.get(dk, []), by_dev_t.get(dk, []), misses,
+                          problem_keys, uses, skew) for dk in dev_keys]
     unchecked = sum(not w.replay_checked for w in winners if problem_keys is None or w.problem_key in problem_keys)
     if unchecked:
         notes.append(f"{unchecked} winner(s) not replay-checked (stored before the replay check, or by a search "
@@ -384,6 +336,70 @@ def collect(store, problem_keys: set[str] | None = None, uses: list | None = Non
     schema = meta.get("schema")
     return Summary(store.url, datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
                    int(schema) if schema and schema.isdigit() else None, meta, views, notes, skipped=skipped)
+
+
+def _device_view(store, meta: dict, dk: str, rec: dict | None, dev_winners: list[Winner], dev_trials: list[Trial],
+                 misses: list, problem_keys: set[str] | None, uses: list | None, skew) -> DeviceView:
+    """One device's part of the report (of the selected problems and their baselines): a view per
+    FP4 problem with the non-FP4 problems of its shape folded in as baselines (a baseline with no
+    FP4 counterpart here is a problem of its own), verdicts, misses, library versions, decode step."""
+    rec = rec or {"device_key": dk, "gpu_name": f"unknown device {dk}", "cc": "?"}
+    arch = _arch_name(rec)
+    fp4_native = ARCHS.get(arch) is not None and ARCHS[arch].fp4 == "native"
+    ceil = ceil_mod.for_device(meta, dk, rec.get("gpu_name", ""))
+    dtrials = [t for t in dev_trials if problem_keys is None or t.problem_key in problem_keys
+               or _is_baseline_of(t.problem_key, problem_keys)]
+    best = _best(dtrials)
+    wins = [w for w in dev_winners if problem_keys is None or w.problem_key in problem_keys]
+    shapes = _baseline_shapes(best, dev_winners)
+    by_key = {u.problem.key: u for u in uses or ()}
+    folded: set[str] = set()
+    pviews = []
+    for key in sorted({w.problem_key for w in wins}):
+        view = _problem_view(store, key, wins, shapes, best, ceil, fp4_native, skew, by_key.get(key), arch)
+        folded.update(view.baseline_keys)
+        pviews.append(view)
+    pviews = [v for v in pviews if v.key not in folded]
+    libs = {}
+    for t in dtrials:
+        if t.lib_key not in libs:
+            libs[t.lib_key] = _libset(store, t.lib_key)
+    dmiss = [{"problem": m.problem_key, "m": m.m, "count": m.count} for m in misses
+             if m.device_key == dk and (problem_keys is None or m.problem_key in problem_keys)]
+    sv = step_view(pviews, uses, skew) if uses else None
+    return DeviceView(dk, rec, arch, rec.get("cc") == "cpu", ceil.to_dict() if ceil else None,
+                      pviews, _verdicts(dtrials), dmiss, libs,
+                      with_ceilings(sv, ceil.to_dict() if ceil else None) if sv else None)
+
+
+def _baseline_shapes(best: dict, dev_winners: list[Winner]) -> dict[tuple, list[str]]:
+    """Shape -> the keys of the non-FP4 problems of that shape measured on this device (baselines)."""
+    shapes: dict[tuple, list[str]] = defaultdict(list)
+    for key in {k for k, _ in best} | {w.problem_key for w in dev_winners}:
+        q = _problem(key)
+        if q is not None and q.w_fmt not in BLOCK:
+            shapes[_shape(q)].append(key)
+    return shapes
+
+
+def _problem_view(store, key: str, wins: list[Winner], shapes: dict[tuple, list[str]], best: dict, ceil,
+                  fp4_native: bool, skew, use, arch: str) -> ProblemView:
+    """One problem's winners per bucket beside its family default, the best of each family and (for
+    an FP4 problem) the best of each baseline of its shape."""
+    p = Problem.from_key(key)                 # parses: check_winner passed
+    bkeys = sorted(shapes.get(_shape(p), [])) if p.w_fmt in BLOCK else []
+    pts = []
+    for w in sorted((w for w in wins if w.problem_key == key), key=lambda w: w.bucket):
+        dflt = _tactic(store, w.default_tactic_id)
+        base = {}
+        for bk in bkeys:
+            q = _problem(bk)
+            for fam, (us, _) in best.get((bk, w.bucket), {}).items():
+                base[f"{q.a_fmt}×{q.w_fmt} {fam}"] = us
+        pts.append(_point(p, w, tactic_label(dflt.to_json()) if dflt else w.default_tactic_id,
+                          best.get((key, w.bucket), {}), base, ceil, fp4_native, skew))
+    return ProblemView(key, pts, bkeys, tuple(use.layers) if use else (), use.per_forward if use else None,
+                       arch, {w.bucket: w.params_json for w in wins if w.problem_key == key})
 
 
 def _tactic(store, tactic_id: str):

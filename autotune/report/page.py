@@ -249,7 +249,24 @@ def write(summary: Summary, outdir: Path) -> Path:
     for pattern in ("speedup-*.png", "roofline-*.png", "time-*-*.png", "step-*.png"):  # an older report's figures
         for old in outdir.glob(pattern):
             old.unlink()
-    import matplotlib
+    body = _intro(summary)
+    for i, dev in enumerate(summary.devices):
+        body += _device_section(dev, outdir, i)
+    body += _closing(summary)
+    html = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            "<link rel=\"icon\" href=\"data:,\">"
+            f"<title>fp4-autotune report</title><style>{CSS}</style></head>\n<body>\n"
+            + "\n".join(body) + f"\n<script>{SCRIPT}</script>\n</body></html>\n")
+    index = outdir / "index.html"
+    index.write_text(html, encoding="utf-8")
+    (outdir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1, default=str) + "\n", encoding="utf-8")
+    return index
+
+
+def _intro(summary: Summary) -> list[str]:
+    """The page's head: title, cache and date, the image check's status line, a banner over a CPU
+    run, the summary's notes and a link to each device."""
     body = ["<h1>fp4-autotune report</h1>",
             f"<p>Cache <code>{escape(summary.cache)}</code>, report made {escape(summary.generated_at)}.</p>",
             '<p id="report-status">image check pending (needs JavaScript)</p>']
@@ -263,54 +280,64 @@ def write(summary: Summary, outdir: Path) -> Path:
     if summary.devices:
         body.append("<ul>" + "".join(f'<li><a href="#dev{i}">{escape(d.gpu_name)} ({escape(d.arch)})</a></li>'
                                      for i, d in enumerate(summary.devices)) + "</ul>")
-    for i, dev in enumerate(summary.devices):
-        body.append(f'<h2 id="dev{i}">{escape(dev.gpu_name)} — {escape(dev.arch)} '
-                    f'<span class=note>(device {escape(dev.device_key)})</span></h2>')
-        if dev.problems:
-            if dev.step is not None:
-                body.append("<h3>MLP decode step</h3>" + _step(dev, outdir, i))
-            body.append("<h3>Winners per bucket</h3>")
-            png = plots.speedup(dev, outdir / f"speedup-{i}.png").name
-            body.append(_figure(_img(png, f"Winner speedup over the family default against M (log2) for each "
-                                          f"problem on {dev.gpu_name}; numbers in the table below."),
-                                "Winner over the family default, per M (1× = the default won).", _winners_table(dev),
-                                fold=f"data: the {sum(len(v.points) for v in dev.problems)} winners"))
-            body.append("<h3>Roofline</h3>" + _ceilings(dev))
-            png = plots.roofline(dev, outdir / f"roofline-{i}.png").name
-            body.append(_figure(_img(png, f"Roofline of {dev.gpu_name}: achieved TFLOP/s of each winner against "
-                                          "its arithmetic intensity, log-log, with the memory and compute roofs; "
-                                          "numbers in the table below."),
-                                "Each point is one (problem, M) winner; labelled: the first and last M of each "
-                                "problem and its best and worst fraction of the roof (where the labels fit).",
-                                _roof_table(dev), fold=f"data: {sum(len(v.points) for v in dev.problems)} points"))
-            body.append("<h3>Time per problem</h3>")
-            if not any(p.baselines for v in dev.problems for p in v.points):
-                body.append("<p class=note>No baseline rows in this cache (a non-FP4 problem of the same shape, "
-                            "e.g. bf16×bf16 through cuBLAS): each plot shows the winner, the family default and "
-                            "the best tactic of every family that was timed.</p>")
-            for j, v in enumerate(dev.problems):
-                png = plots.time_vs_bucket(v, outdir / f"time-{i}-{j}.png").name
-                alt = (f"Median time per call against M, both log scale, for {v.title} ({v.key}) on {dev.gpu_name}: "
-                       "the winner (markers by tactic), the family default and the best tactic of each family; "
-                       "numbers in the table beside.")
-                body.append(_figure(_img(png, alt), _name(v), _time_table(v), beside=True))
-        else:
-            body.append("<p class=note>No winners for this device.</p>")
-        body.append(f"<h3>Verdicts on {escape(dev.arch)}</h3>" + _verdicts(dev))
-        body.append("<h3>Dispatch misses</h3>" + _misses(dev))
-        body.append("<h3>Environment fingerprint</h3>" + _fingerprint(dev))
-    for ap in summary.plans:
-        body.append(f"<h2>Static verdicts on {escape(ap.arch)} (not measured)</h2>" + _plan(ap))
+    return body
+
+
+def _device_section(dev: DeviceView, outdir: Path, i: int) -> list[str]:
+    """Device i's section: its figures (when it has winners), verdicts, misses and fingerprint."""
+    body = [f'<h2 id="dev{i}">{escape(dev.gpu_name)} — {escape(dev.arch)} '
+            f'<span class=note>(device {escape(dev.device_key)})</span></h2>']
+    if dev.problems:
+        body += _device_figures(dev, outdir, i)
+    else:
+        body.append("<p class=note>No winners for this device.</p>")
+    body.append(f"<h3>Verdicts on {escape(dev.arch)}</h3>" + _verdicts(dev))
+    body.append("<h3>Dispatch misses</h3>" + _misses(dev))
+    body.append("<h3>Environment fingerprint</h3>" + _fingerprint(dev))
+    return body
+
+
+def _device_figures(dev: DeviceView, outdir: Path, i: int) -> list[str]:
+    """Device i's figures, each written beside the page with its table: the decode step, the
+    winners' speedup, the roofline and the time per problem."""
+    body = []
+    if dev.step is not None:
+        body.append("<h3>MLP decode step</h3>" + _step(dev, outdir, i))
+    body.append("<h3>Winners per bucket</h3>")
+    png = plots.speedup(dev, outdir / f"speedup-{i}.png").name
+    body.append(_figure(_img(png, f"Winner speedup over the family default against M (log2) for each "
+                                  f"problem on {dev.gpu_name}; numbers in the table below."),
+                        "Winner over the family default, per M (1× = the default won).", _winners_table(dev),
+                        fold=f"data: the {sum(len(v.points) for v in dev.problems)} winners"))
+    body.append("<h3>Roofline</h3>" + _ceilings(dev))
+    png = plots.roofline(dev, outdir / f"roofline-{i}.png").name
+    body.append(_figure(_img(png, f"Roofline of {dev.gpu_name}: achieved TFLOP/s of each winner against "
+                                  "its arithmetic intensity, log-log, with the memory and compute roofs; "
+                                  "numbers in the table below."),
+                        "Each point is one (problem, M) winner; labelled: the first and last M of each "
+                        "problem and its best and worst fraction of the roof (where the labels fit).",
+                        _roof_table(dev), fold=f"data: {sum(len(v.points) for v in dev.problems)} points"))
+    body.append("<h3>Time per problem</h3>")
+    if not any(p.baselines for v in dev.problems for p in v.points):
+        body.append("<p class=note>No baseline rows in this cache (a non-FP4 problem of the same shape, "
+                    "e.g. bf16×bf16 through cuBLAS): each plot shows the winner, the family default and "
+                    "the best tactic of every family that was timed.</p>")
+    for j, v in enumerate(dev.problems):
+        png = plots.time_vs_bucket(v, outdir / f"time-{i}-{j}.png").name
+        alt = (f"Median time per call against M, both log scale, for {v.title} ({v.key}) on {dev.gpu_name}: "
+               "the winner (markers by tactic), the family default and the best tactic of each family; "
+               "numbers in the table beside.")
+        body.append(_figure(_img(png, alt), _name(v), _time_table(v), beside=True))
+    return body
+
+
+def _closing(summary: Summary) -> list[str]:
+    """The page's end: static verdicts per arch (when asked), the cache's metadata and the versions
+    that made the report."""
+    import matplotlib
+    body = [f"<h2>Static verdicts on {escape(ap.arch)} (not measured)</h2>" + _plan(ap) for ap in summary.plans]
     gen = {"python": platform.python_version(), "matplotlib": matplotlib.__version__}
     meta = {k: v for k, v in summary.meta.items()}
     body.append("<h2>Cache metadata</h2>" + (_kv_table(meta) if meta else "<p class=note>none</p>"))
     body.append("<h2>Report generator</h2>" + _kv_table(gen))
-    html = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            "<link rel=\"icon\" href=\"data:,\">"
-            f"<title>fp4-autotune report</title><style>{CSS}</style></head>\n<body>\n"
-            + "\n".join(body) + f"\n<script>{SCRIPT}</script>\n</body></html>\n")
-    index = outdir / "index.html"
-    index.write_text(html, encoding="utf-8")
-    (outdir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=1, default=str) + "\n", encoding="utf-8")
-    return index
+    return body

@@ -1,17 +1,16 @@
 """The report's PNG figures (matplotlib, Agg backend: no display needed).
 
 Each figure is built by a `*_figure` function and saved by its namesake; the builders are what
-the tests render to check the layout (`layout_problems`: no two text boxes overlap, none leaves
-the figure). Rules that keep text apart: legends sit below the axes (outside them) and the figure
-grows to hold them; long titles and legend entries wrap; M is a log2 axis with only powers of two
-labelled (the other buckets are minor ticks); point labels are placed one at a time where they
-collide with no text already placed, and left out (they are in the table under the figure) where
-no place is free.
+the tests render to check the layout (`figure_text.layout_problems`: no two text boxes overlap,
+none leaves the figure). Rules that keep text apart (text placement itself is figure_text's):
+legends sit below the axes (outside them) and the figure grows to hold them; long titles and
+legend entries wrap; M is a log2 axis with only powers of two labelled (the other buckets are minor
+ticks); point labels are placed one at a time where they collide with no text already placed, and
+left out (they are in the table under the figure) where no place is free.
 """
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import matplotlib
@@ -23,143 +22,14 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator  # noqa: E402
 
+from autotune.report.figure_text import DPI, header, legend_below, overlap, place_labels, text_boxes  # noqa: E402
 from autotune.report.model import DeviceView, ProblemView  # noqa: E402
 from autotune.report.step import KINDS, StepView  # noqa: E402
 
-DPI = 100
 WIDTH_IN = 8.0
 _PNG_META = {"Software": None}  # no matplotlib version stamp: same data, same bytes
-_KEY_GREY = "#555555"
 _KIND_COLORS = {"dense MLP": ("#1f4e9c", "#6f9ae0"), "shared expert": ("#2e7d32", "#81c784"),
                 "routed experts": ("#c25400", "#ffb74d")}
-
-
-# ------------------------------------------------------------------------------------ text layout
-
-def _texts(fig: Figure) -> list:
-    """Every text the figure draws (tick labels of drawn ticks only)."""
-    out = list(fig.texts)
-    if getattr(fig, "_suptitle", None) is not None:
-        out.append(fig._suptitle)
-    for lg in fig.legends:
-        out += list(lg.get_texts()) + [lg.get_title()]
-    for ax in fig.axes:
-        out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label,
-                ax.xaxis.get_offset_text(), ax.yaxis.get_offset_text(), *ax.texts]
-        if ax.get_legend() is not None:
-            out += list(ax.get_legend().get_texts())
-        for axis in (ax.xaxis, ax.yaxis):
-            for tick in axis._update_ticks():          # the ticks inside the view, as drawn
-                out += [tick.label1, tick.label2]
-    return [t for t in out if t.get_visible() and t.get_text().strip()]
-
-
-def text_boxes(fig: Figure) -> list[tuple[str, object]]:
-    """(text, window-extent bbox) of every drawn text, after a draw with the Agg renderer."""
-    fig.canvas.draw()
-    r = fig.canvas.get_renderer()
-    return [(t.get_text(), t.get_window_extent(r)) for t in _texts(fig)]
-
-
-def layout_problems(fig: Figure, tol: float = 0.5) -> list[str]:
-    """What a reader would trip over: text boxes that overlap, text that leaves the figure."""
-    boxes = text_boxes(fig)
-    w, h = fig.bbox.width, fig.bbox.height
-    out = [f"{t!r} leaves the figure ({b.x0:.0f},{b.y0:.0f})-({b.x1:.0f},{b.y1:.0f}) of {w:.0f}x{h:.0f}"
-           for t, b in boxes if b.x0 < -tol or b.y0 < -tol or b.x1 > w + tol or b.y1 > h + tol]
-    for i, (ta, a) in enumerate(boxes):
-        for tb, b in boxes[i + 1:]:
-            if _overlap(a, b, tol):
-                out.append(f"{ta!r} overlaps {tb!r}")
-    return out
-
-
-def _overlap(a, b, tol: float = 0.5) -> bool:
-    return a.x0 < b.x1 - tol and b.x0 < a.x1 - tol and a.y0 < b.y1 - tol and b.y0 < a.y1 - tol
-
-
-def wrap(text: str, width: int) -> str:
-    """Lines of at most `width` characters, broken at spaces or after ':' ',' ']' (keys and tactic
-    names have no spaces); a token longer than `width` is cut."""
-    tokens = re.findall(r"[^ :,\]]*[:,\]]?| ", text)
-    lines, cur = [], ""
-    for tok in tokens:
-        if not tok:
-            continue
-        if len(cur) + len(tok) > width and cur.strip():
-            lines.append(cur.rstrip())
-            cur = tok.lstrip()
-        else:
-            cur += tok
-        while len(cur) > width:
-            lines.append(cur[:width])
-            cur = cur[width:]
-    if cur.strip():
-        lines.append(cur.rstrip())
-    return "\n".join(lines)
-
-
-def _chars(width_px: float, fontsize: float) -> int:
-    return max(12, int(width_px / (fontsize * DPI / 72 * 0.62)))
-
-
-def _header(fig: Figure, ax, title: str, key: str | None) -> None:
-    """The title, and the problem key in small grey type under it (when the title is not the key)."""
-    w = fig.get_figwidth() * DPI
-    sub = f"\n{wrap(key, _chars(w, 7.5))}" if key and key != title else ""
-    ax.set_title(wrap(title, _chars(w, 10)), fontsize=10, loc="left", pad=18 if sub else 6)
-    if sub:
-        ax.annotate(sub.strip(), xy=(0, 1), xycoords="axes fraction", xytext=(0, 4), textcoords="offset points",
-                    fontsize=7.5, color=_KEY_GREY, va="bottom", ha="left", annotation_clip=False)
-
-
-def _legend_below(fig: Figure, handles, labels, base_h: float, fontsize: float = 7.5, width: int = 56):
-    """A legend under the axes, in as many columns as fit the figure's width; the figure grows by
-    the legend's height so the axes keep `base_h` inches."""
-    labels = [wrap(lb, width) for lb in labels]
-    fig_w = fig.get_figwidth() * DPI
-    lines = sum(lb.count("\n") + 1 for lb in labels)      # room first, so the axes never collapse
-    fig.set_size_inches(fig.get_figwidth(), base_h + 0.16 * lines + 0.4)
-    r = fig.canvas.get_renderer()                       # a legend's size needs no draw, only text metrics
-    for ncols in range(min(3, len(labels)), 0, -1):
-        lg = fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=fontsize,
-                        frameon=False, handlelength=2.2, columnspacing=1.4)
-        if lg.get_window_extent(r).width <= fig_w - 8 or ncols == 1:
-            break
-        lg.remove()
-    hl = lg.get_window_extent(r).height / DPI
-    fig.set_size_inches(fig.get_figwidth(), base_h + hl + 0.15)
-    return lg
-
-
-def _place_labels(fig: Figure, ax, items, points=(), fontsize: float = 7.0, marker_px: float = 3.5) -> int:
-    """Label points one at a time, each at the first offset where it overlaps no text already in the
-    figure and no marker of `points` (data coordinates), and stays inside the axes; a label with no
-    free place is left out. Freezes the layout. items: (x, y, text, color). Returns how many were placed."""
-    from matplotlib.transforms import Bbox
-    fig.canvas.draw()
-    fig.set_layout_engine("none")
-    r = fig.canvas.get_renderer()
-    taken = [b for _, b in text_boxes(fig)]
-    marks = [Bbox.from_extents(px - marker_px, py - marker_px, px + marker_px, py + marker_px)
-             for px, py in (ax.transData.transform(pt) for pt in points)]
-    box = ax.get_window_extent(r)
-    offsets = [(4, 4), (4, -10), (-6, 4), (-6, -10), (8, -3), (-10, -3), (0, 9), (0, -14),
-               (10, 10), (10, -16), (-14, 10), (-14, -16)]
-    placed = 0
-    for x, y, text, color in items:
-        for dx, dy in offsets:
-            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
-                              color=color, ha="right" if dx < 0 else "left", annotation_clip=True)
-            ann.set_in_layout(False)
-            b = ann.get_window_extent(r)
-            inside = b.x0 >= box.x0 and b.x1 <= box.x1 and b.y0 >= box.y0 and b.y1 <= box.y1
-            if inside and not any(_overlap(b, t) for t in taken) and not any(_overlap(b, mk) for mk in marks):
-                taken.append(b)
-                placed += 1
-                break
-            ann.remove()
-    return placed
 
 
 # ------------------------------------------------------------------------------------ axes
@@ -241,8 +111,26 @@ def time_figure(view: ProblemView) -> Figure:
     base_h = 3.6
     fig, ax = _new(base_h)
     xs = view.buckets
-    handles, labels = [], []
     (line,) = ax.plot(xs, [p.winner_us for p in view.points], "-", lw=2.2, color="#333333", zorder=4)
+    handles, labels = _winner_markers(ax, view)
+    ref_handles, ref_labels = _reference_lines(ax, view)
+    handles = [line, *handles, *ref_handles]
+    labels = ["winner (fastest timed)", *labels, *ref_labels]
+    ys = [p.winner_us for p in view.points] + [p.default_us for p in view.points if p.default_us] + \
+         [u for p in view.points for u in list(p.best_by_family.values()) + list(p.baselines.values())]
+    _bucket_axis(ax, xs)
+    _log_axis(ax, "y", ys, "median time per call (µs, log scale)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.grid(True, which="minor", axis="x", alpha=0.12)
+    header(fig, ax, view.title, view.key)
+    legend_below(fig, handles, labels, base_h)
+    return fig
+
+
+def _winner_markers(ax, view: ProblemView) -> tuple[list, list[str]]:
+    """The winner's markers, one colour and shape for each of the most frequent winning tactics and
+    white for the others; their legend handles and labels."""
+    handles, labels = [], []
     counts: dict[str, int] = {}
     for p in view.points:
         counts[view.winner_json(p)] = counts.get(view.winner_json(p), 0) + 1
@@ -253,11 +141,18 @@ def time_figure(view: ProblemView) -> Figure:
         h = ax.scatter(*zip(*pts), s=34, color=f"C{i}", marker=markers[i % len(markers)], zorder=6,
                        edgecolors="black", linewidths=0.4)
         handles.append(h)
-        labels.append(f"winner {view.short(tj)} ({counts[tj]} of {len(xs)} M)")
+        labels.append(f"winner {view.short(tj)} ({counts[tj]} of {len(view.buckets)} M)")
     rest = [(p.bucket, p.winner_us) for p in view.points if view.winner_json(p) not in named]
     if rest:
         handles.append(ax.scatter(*zip(*rest), s=22, color="white", edgecolors="black", zorder=6))
         labels.append(f"other winners ({len(rest)} M)")
+    return handles, labels
+
+
+def _reference_lines(ax, view: ProblemView) -> tuple[list, list[str]]:
+    """The lines the winner is compared with: the family default, the best tactic of each family
+    and each baseline; their legend handles and labels."""
+    handles, labels = [], []
     dpts = [(p.bucket, p.default_us) for p in view.points if p.default_us]
     if dpts:
         (h,) = ax.plot(*zip(*dpts), "--", lw=1.4, color="#c62828", zorder=3)
@@ -277,17 +172,7 @@ def time_figure(view: ProblemView) -> Figure:
         (h,) = ax.plot(*zip(*pts), "-.", marker="^", ms=4, lw=1.2, color=f"C{(i + 8) % 10}", zorder=2)
         handles.append(h)
         labels.append(f"baseline {lab}")
-    handles.insert(0, line)
-    labels.insert(0, "winner (fastest timed)")
-    ys = [p.winner_us for p in view.points] + [y for _, y in dpts] + \
-         [u for p in view.points for u in list(p.best_by_family.values()) + list(p.baselines.values())]
-    _bucket_axis(ax, xs)
-    _log_axis(ax, "y", ys, "median time per call (µs, log scale)")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.grid(True, which="minor", axis="x", alpha=0.12)
-    _header(fig, ax, view.title, view.key)
-    _legend_below(fig, handles, labels, base_h)
-    return fig
+    return handles, labels
 
 
 def time_vs_bucket(view: ProblemView, path: Path) -> Path:
@@ -315,9 +200,9 @@ def speedup_figure(dev: DeviceView) -> Figure:
     ax.set_ylim(min(0.9, lo - 0.05 * (hi - lo)), hi + 0.08 * (hi - lo) + 0.05)
     ax.set_ylabel("winner speedup over the family default (×)", fontsize=9)
     ax.grid(True, alpha=0.3)
-    _header(fig, ax, f"{dev.gpu_name}: winner vs the family default, per M", None)
+    header(fig, ax, f"{dev.gpu_name}: winner vs the family default, per M", None)
     if handles:
-        _legend_below(fig, handles, labels, base_h)
+        legend_below(fig, handles, labels, base_h)
     return fig
 
 
@@ -381,11 +266,11 @@ def roofline_figure(dev: DeviceView) -> Figure:
     _log_axis(ax, "x", [lo * 1.4, hi / 1.4], "arithmetic intensity (FLOP / byte of minimum traffic, log)")
     _log_axis(ax, "y", ys, "achieved TFLOP/s of the winner (log)")
     ax.grid(True, which="major", alpha=0.3)
-    _header(fig, ax, title, None)
-    _legend_below(fig, handles, labels, base_h)
+    header(fig, ax, title, None)
+    legend_below(fig, handles, labels, base_h)
     items = [(p.intensity, p.tflops, f"{p.bucket}", f"C{i % 10}")
              for i, v in enumerate(dev.problems) for p in roofline_labels(v)]
-    _place_labels(fig, ax, items, [(p.intensity, p.tflops) for v in dev.problems for p in v.points])
+    place_labels(fig, ax, items, [(p.intensity, p.tflops) for v in dev.problems for p in v.points])
     return fig
 
 
@@ -402,10 +287,24 @@ def step_figure(sv: StepView, gpu: str) -> Figure:
     per = 2 if ms else 1
     base_h = 1.1 + 0.34 * per * len(rows)
     fig, ax = _new(base_h)
-    handles, labels = [], []
-    ypos, yl = [], []
-    y = 0.0
-    ends = []                                    # (x, y, text) for the totals
+    seg_color = _segment_colors(sv)
+    unit, div = _step_unit(sv)
+    ypos, yl, ends, floor_drawn = _step_bars(ax, sv, rows, seg_color, unit, div)
+    handles, labels = _step_legend(sv, seg_color, floor_drawn)
+    ax.set_yticks(ypos, yl)
+    ax.invert_yaxis()
+    xmax = max([x for x, _, _ in ends] + [0.001])
+    ax.set_xlim(0, xmax * 1.22)
+    ax.set_xlabel(f"time per forward pass, every MLP layer ({unit})", fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
+    header(fig, ax, f"{gpu}: MLP decode step per M — stored winners × layer counts", None)
+    legend_below(fig, handles, labels, base_h, width=80)
+    _label_totals(fig, ax, ends)
+    return fig
+
+
+def _segment_colors(sv: StepView) -> dict[str, str]:
+    """Each layer's segment colour: its kind's palette, shade after shade in the order of the parts."""
     shades: dict[str, int] = {}
     seg_color = {}
     for part in sv.parts:
@@ -413,48 +312,86 @@ def step_figure(sv: StepView, gpu: str) -> Figure:
         shades[part.kind] = n + 1
         pal = _KIND_COLORS[part.kind]
         seg_color[part.key] = pal[n % len(pal)]
-    floor_handle = None
-    # the axis unit follows the largest bar: ms, or s from 10 s up (a CPU run's step: 800 s, not 800,000 ms)
+    return seg_color
+
+
+def _step_unit(sv: StepView) -> tuple[str, float]:
+    """The time axis' unit and its divisor from ms: the unit follows the largest bar, ms, or s from
+    10 s up (a CPU run's step: 800 s, not 800,000 ms)."""
+    ms = sv.measured
     peak = max([sum(part.count * part.us[m] for part in sv.parts) / 1e3 for m in sv.buckets]
                + ([v / 1e3 for v in ms.total_us.values()] if ms else []) + [0.0])
-    unit, div = ("s", 1e3) if peak >= 1e4 else ("ms", 1.0)
+    return ("s", 1e3) if peak >= 1e4 else ("ms", 1.0)
+
+
+def _step_bars(ax, sv: StepView, rows: list[int], seg_color: dict[str, str], unit: str,
+               div: float) -> tuple[list[float], list[str], list[tuple[float, float, str]], bool]:
+    """Per M, the estimate's bar and (when measured) the measured one; returns the bars' y positions,
+    their y labels, (end x, y, total) for each and whether a byte floor tick was drawn."""
+    ms = sv.measured
+    ypos, yl, ends = [], [], []
+    y = 0.0
+    floor_drawn = False
     for m in rows:
         if m in sv.buckets:
-            left = 0.0
-            for part in sv.parts:
-                w = part.count * part.us[m] / 1e3 / div
-                ax.barh(y, w, left=left, height=0.8, color=seg_color[part.key], edgecolor="white", lw=0.5)
-                left += w
-            fl = sv.floor_us(m)
-            if fl:
-                floor_handle = ax.plot([fl / 1e3 / div] * 2, [y - 0.45, y + 0.45], color="black", lw=2)[0]
+            left, floor = _estimate_bar(ax, sv, m, y, seg_color, div)
+            floor_drawn = floor_drawn or floor
             ends.append((left, y, f"{left:.2f} {unit}"))
             ypos.append(y)
             yl.append(f"M={m} estimate" if ms else f"M={m}")
             y += 1
         if ms and m in ms.total_us:
-            left = 0.0
-            if ms.kinds.get(m):
-                for kind in KINDS:
-                    w = ms.kinds[m].get(kind, 0.0) / 1e3 / div
-                    if w:
-                        ax.barh(y, w, left=left, height=0.8, color=_KIND_COLORS[kind][0], alpha=0.55,
-                                hatch="///", edgecolor="white", lw=0.5)
-                        left += w
-            else:
-                left = ms.total_us[m] / 1e3 / div
-                ax.barh(y, left, height=0.8, color="#999999", hatch="///", edgecolor="white", lw=0.5)
-            if m in ms.floor_us:
-                ax.plot([ms.floor_us[m] / 1e3 / div] * 2, [y - 0.45, y + 0.45], color="black", lw=2, ls=":")
+            left = _measured_bar(ax, ms, m, y, div)
             ends.append((left, y, f"{left:.2f} {unit}"))
             ypos.append(y)
             yl.append(f"M={m} measured")
             y += 1
         y += 0.4
+    return ypos, yl, ends, floor_drawn
+
+
+def _estimate_bar(ax, sv: StepView, m: int, y: float, seg_color: dict[str, str], div: float) -> tuple[float, bool]:
+    """The estimate at M as one segment per layer, and its byte floor tick when known; returns the
+    bar's length and whether the tick was drawn."""
+    left = 0.0
+    for part in sv.parts:
+        w = part.count * part.us[m] / 1e3 / div
+        ax.barh(y, w, left=left, height=0.8, color=seg_color[part.key], edgecolor="white", lw=0.5)
+        left += w
+    fl = sv.floor_us(m)
+    if fl:
+        ax.plot([fl / 1e3 / div] * 2, [y - 0.45, y + 0.45], color="black", lw=2)
+    return left, bool(fl)
+
+
+def _measured_bar(ax, ms, m: int, y: float, div: float) -> float:
+    """The measured step at M, hatched: one segment per layer kind, or one grey bar when only its
+    total is known, and its own byte floor as a dotted tick; returns the bar's length."""
+    left = 0.0
+    if ms.kinds.get(m):
+        for kind in KINDS:
+            w = ms.kinds[m].get(kind, 0.0) / 1e3 / div
+            if w:
+                ax.barh(y, w, left=left, height=0.8, color=_KIND_COLORS[kind][0], alpha=0.55,
+                        hatch="///", edgecolor="white", lw=0.5)
+                left += w
+    else:
+        left = ms.total_us[m] / 1e3 / div
+        ax.barh(y, left, height=0.8, color="#999999", hatch="///", edgecolor="white", lw=0.5)
+    if m in ms.floor_us:
+        ax.plot([ms.floor_us[m] / 1e3 / div] * 2, [y - 0.45, y + 0.45], color="black", lw=2, ls=":")
+    return left
+
+
+def _step_legend(sv: StepView, seg_color: dict[str, str], floor_drawn: bool) -> tuple[list, list[str]]:
+    """Legend handles and labels: each layer's segment, the byte floor (when drawn) and the measured
+    step with its floor."""
+    ms = sv.measured
+    handles, labels = [], []
     for part in sv.parts:
         handles.append(Patch(color=seg_color[part.key]))
         labels.append(f"{part.kind}: {part.label}")
-    if floor_handle is not None:
+    if floor_drawn:
         where = "stored in the cache" if sv.ceiling_stored else "from hardware.md"
         handles.append(Line2D([], [], color="black", lw=2))
         labels.append(f"byte floor at {sv.bandwidth_gbs:,.0f} GB/s ({where})")
@@ -465,14 +402,12 @@ def step_figure(sv: StepView, gpu: str) -> Figure:
         if ms.floor_us:
             handles.append(Line2D([], [], color="black", lw=2, ls=":"))
             labels.append("measured run's byte floor (its own copy rate)")
-    ax.set_yticks(ypos, yl)
-    ax.invert_yaxis()
-    xmax = max([x for x, _, _ in ends] + [0.001])
-    ax.set_xlim(0, xmax * 1.22)
-    ax.set_xlabel(f"time per forward pass, every MLP layer ({unit})", fontsize=9)
-    ax.grid(True, axis="x", alpha=0.3)
-    _header(fig, ax, f"{gpu}: MLP decode step per M — stored winners × layer counts", None)
-    _legend_below(fig, handles, labels, base_h, width=80)
+    return handles, labels
+
+
+def _label_totals(fig: Figure, ax, ends: list[tuple[float, float, str]]) -> None:
+    """Each bar's total at its end, left out where it would overlap other text or leave the axes.
+    Freezes the layout."""
     fig.canvas.draw()
     fig.set_layout_engine("none")
     r = fig.canvas.get_renderer()
@@ -480,11 +415,10 @@ def step_figure(sv: StepView, gpu: str) -> Figure:
     for x, yy, text in ends:
         t = ax.annotate(text, (x, yy), textcoords="offset points", xytext=(3, 0), va="center", fontsize=7.5)
         b = t.get_window_extent(r)
-        if any(_overlap(b, o) for o in taken) or b.x1 > ax.get_window_extent(r).x1:
+        if any(overlap(b, o) for o in taken) or b.x1 > ax.get_window_extent(r).x1:
             t.remove()
         else:
             taken.append(b)
-    return fig
 
 
 def step(sv: StepView, gpu: str, path: Path) -> Path:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autotune.report.model import NOT_REPLAYED, Summary
+from autotune.report.model import NOT_REPLAYED, DeviceView, ProblemView, Summary
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
@@ -29,62 +29,7 @@ def print_summary(summary: Summary, console: Console | None = None, verbose: boo
     for n in summary.notes:
         con.print(n, markup=False)
     for dev in summary.devices:
-        r = dev.record
-        title = f"{dev.gpu_name} ({dev.arch}, device {dev.device_key})"
-        if dev.is_cpu:
-            title += " — CPU run"
-        con.print(Text(title, style="bold"))
-        if not dev.problems:
-            con.print("no winners")
-        for v in dev.problems:
-            t = Table(title=Text(f"{v.title}  {v.key}" if v.layers else v.key), title_justify="left", box=box.SIMPLE_HEAD,
-                      pad_edge=False, collapse_padding=True)
-            cells = {"M": [str(p.bucket) for p in v.points]}
-            for p in v.points:
-                base = min(p.baselines.values()) if p.baselines else None
-                for col, val in zip(_NUMBERS, (_f(p.winner_us), _f(p.default_us), _f(p.speedup, "{:.2f}"), _f(base),
-                                               _f(p.tflops, "{:.3g}"),
-                                               _f(p.roof_fraction and 100 * p.roof_fraction, "{:.1f}"))):
-                    cells.setdefault(col, []).append(val)
-            # the winner column holds its longest parameter whole; numeric columns a narrow terminal
-            # (a pipe: 80 columns) cannot hold beside it are left out, said under the table
-            names = [_breakable(p.winner if p.replay_checked else f"{p.winner} {NOT_REPLAYED}") for p in v.points]
-            wmin = max([20, *(len(tok) for n in names for tok in n.split(" "))])
-            room, shown = con.width - wmin - len(cells["M"][0] if cells["M"] else "M") - 4, []
-            for col in _NUMBERS:
-                w = max(len(col), *(len(x) for x in cells[col])) + 1
-                if w <= room:
-                    shown.append(col)
-                    room -= w
-            t.add_column("M", justify="right", no_wrap=True)
-            t.add_column("winner", overflow="fold", min_width=wmin)
-            for col in shown:
-                t.add_column(col, justify="right", no_wrap=True)
-            for i, n in enumerate(names):
-                t.add_row(cells["M"][i], Text(n), *(cells[col][i] for col in shown))
-            con.print(t)
-            left = [c for c in _NUMBERS if c not in shown]
-            if left:
-                con.print(f"(narrow terminal: {', '.join(left)} left out; `show --json` has every figure)", markup=False)
-        c = dev.ceilings
-        if c:
-            where = "stored in the cache" if c.get("stored") else "from hardware.md, not stored in the cache"
-            peaks = ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in sorted((c.get("tflops") or {}).items()))
-            con.print(f"roofline ceilings ({where}): {c['bandwidth_gbs']:,.0f} GB/s; {peaks}", markup=False)
-        else:
-            con.print("roofline ceilings: none known for this device")
-        vt = Table("family", "kept", "rejected", "ok", "dropped", "failed", "reasons (count × example)",
-                   title=f"verdicts on {dev.arch}", title_justify="left")
-        for fv in dev.verdicts:
-            reasons = "\n".join(f"{g.status}: {g.count}× {why(g)}" for g in fv.reasons) or "-"
-            vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.ok), str(fv.dropped), str(fv.failed), Text(reasons, overflow="fold" if verbose else None))
-        con.print(vt)
-        env = ", ".join(f"{k}={r.get(k)}" for k in ("cc", "sm_count", "driver", "cuda_runtime", "cublas", "package")
-                        if r.get(k) is not None)
-        libs = ", ".join(f"{k} {v}" for k, v in (r.get("libs") or {}).items() if v)
-        con.print(f"environment: {env}; {libs}", markup=False)
-        if dev.misses:
-            con.print(f"dispatch misses: {sum(m['count'] for m in dev.misses)} over {len(dev.misses)} (problem, M) pairs", markup=False)
+        _print_device(con, dev, why, verbose)
     for ap in summary.plans:
         vt = Table("family", "kept", "rejected", "unknown", "reasons (count × example)",
                    title=f"static verdicts on {ap.arch} ({ap.problems} problems, not measured)", title_justify="left")
@@ -92,3 +37,68 @@ def print_summary(summary: Summary, console: Console | None = None, verbose: boo
             reasons = "\n".join(f"{g.count}× {why(g)}" for g in fv.reasons) or "-"
             vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.unknown), Text(reasons, overflow="fold" if verbose else None))
         con.print(vt)
+
+
+def _print_device(con: Console, dev: DeviceView, why, verbose: bool) -> None:
+    """One device: a table per problem, its roofline ceilings, verdicts, environment and misses."""
+    r = dev.record
+    title = f"{dev.gpu_name} ({dev.arch}, device {dev.device_key})"
+    if dev.is_cpu:
+        title += " — CPU run"
+    con.print(Text(title, style="bold"))
+    if not dev.problems:
+        con.print("no winners")
+    for v in dev.problems:
+        _print_problem(con, v)
+    c = dev.ceilings
+    if c:
+        where = "stored in the cache" if c.get("stored") else "from hardware.md, not stored in the cache"
+        peaks = ", ".join(f"{k} {v:,.1f} TFLOP/s" for k, v in sorted((c.get("tflops") or {}).items()))
+        con.print(f"roofline ceilings ({where}): {c['bandwidth_gbs']:,.0f} GB/s; {peaks}", markup=False)
+    else:
+        con.print("roofline ceilings: none known for this device")
+    vt = Table("family", "kept", "rejected", "ok", "dropped", "failed", "reasons (count × example)",
+               title=f"verdicts on {dev.arch}", title_justify="left")
+    for fv in dev.verdicts:
+        reasons = "\n".join(f"{g.status}: {g.count}× {why(g)}" for g in fv.reasons) or "-"
+        vt.add_row(Text(fv.family), str(fv.kept), str(fv.rejected), str(fv.ok), str(fv.dropped), str(fv.failed), Text(reasons, overflow="fold" if verbose else None))
+    con.print(vt)
+    env = ", ".join(f"{k}={r.get(k)}" for k in ("cc", "sm_count", "driver", "cuda_runtime", "cublas", "package")
+                    if r.get(k) is not None)
+    libs = ", ".join(f"{k} {v}" for k, v in (r.get("libs") or {}).items() if v)
+    con.print(f"environment: {env}; {libs}", markup=False)
+    if dev.misses:
+        con.print(f"dispatch misses: {sum(m['count'] for m in dev.misses)} over {len(dev.misses)} (problem, M) pairs", markup=False)
+
+
+def _print_problem(con: Console, v: ProblemView) -> None:
+    """One problem's winners per M with the numeric columns the console's width holds beside them."""
+    t = Table(title=Text(f"{v.title}  {v.key}" if v.layers else v.key), title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False, collapse_padding=True)
+    cells = {"M": [str(p.bucket) for p in v.points]}
+    for p in v.points:
+        base = min(p.baselines.values()) if p.baselines else None
+        for col, val in zip(_NUMBERS, (_f(p.winner_us), _f(p.default_us), _f(p.speedup, "{:.2f}"), _f(base),
+                                       _f(p.tflops, "{:.3g}"),
+                                       _f(p.roof_fraction and 100 * p.roof_fraction, "{:.1f}"))):
+            cells.setdefault(col, []).append(val)
+    # the winner column holds its longest parameter whole; numeric columns a narrow terminal
+    # (a pipe: 80 columns) cannot hold beside it are left out, said under the table
+    names = [_breakable(p.winner if p.replay_checked else f"{p.winner} {NOT_REPLAYED}") for p in v.points]
+    wmin = max([20, *(len(tok) for n in names for tok in n.split(" "))])
+    room, shown = con.width - wmin - len(cells["M"][0] if cells["M"] else "M") - 4, []
+    for col in _NUMBERS:
+        w = max(len(col), *(len(x) for x in cells[col])) + 1
+        if w <= room:
+            shown.append(col)
+            room -= w
+    t.add_column("M", justify="right", no_wrap=True)
+    t.add_column("winner", overflow="fold", min_width=wmin)
+    for col in shown:
+        t.add_column(col, justify="right", no_wrap=True)
+    for i, n in enumerate(names):
+        t.add_row(cells["M"][i], Text(n), *(cells[col][i] for col in shown))
+    con.print(t)
+    left = [c for c in _NUMBERS if c not in shown]
+    if left:
+        con.print(f"(narrow terminal: {', '.join(left)} left out; `show --json` has every figure)", markup=False)

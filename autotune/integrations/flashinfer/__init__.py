@@ -131,20 +131,43 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
     unless from_env. problem_keys: only these problems (a model's). Predicted winners (`--strategy
     predict`: checked, never timed) are left out, and counted, unless `include_predicted`.
     """
+    meta = _given_metadata(metadata, from_env)
+    release = _release(version or meta.get("flashinfer_version"))
+    dev = _device(store, gpu)
+    winners, left = _winners(store, dev, problem_keys, include_predicted)
+    _complete_metadata(meta, release.version, dev["gpu_name"], from_env)
+    kernel_arch, arch = _kernel_arch(dev)
+    out, bl = _out_paths(out, blocklist)
+    rep = FlashInferExport(out, bl, release.version, dev["gpu_name"], dev["device_key"], predicted_left=left)
+    configs = _file_entries(store, rep, winners, arch, kernel_arch)
+    _write_files(rep, meta, configs)
+    return rep
+
+
+def _given_metadata(metadata: dict[str, str] | None, from_env: bool) -> dict[str, str]:
+    """A copy of the metadata fields given, or with from_env this environment's."""
     if from_env and metadata:
         raise ExportError("give either metadata fields or --metadata-from-env, not both")
     try:
-        meta = K.metadata_from_env() if from_env else dict(metadata or {})
+        return K.metadata_from_env() if from_env else dict(metadata or {})
     except ValueError as e:
         raise ExportError(str(e)) from None
-    version = version or meta.get("flashinfer_version")
+
+
+def _release(version: str | None) -> fim.FlashInferRelease:
+    """The supported FlashInfer release `version` names."""
     if not version:
         raise ExportError(f"name the FlashInfer release ({', '.join(SUPPORTED_VERSIONS)})")
     try:
-        release = fim.release(version)
+        return fim.release(version)
     except ValueError as e:
         raise ExportError(str(e)) from None
-    dev = _device(store, gpu)
+
+
+def _winners(store, dev: dict, problem_keys: Iterable[str] | None,
+             include_predicted: bool) -> tuple[list[Winner], int]:
+    """This GPU's cutlass winners to export (of `problem_keys` only, when given) and how many
+    predicted ones (never timed) are left out; none to export is an ExportError."""
     wanted = set(problem_keys) if problem_keys is not None else None
     every = [w for w in store.winners(dev["device_key"]) if w.family == FAMILY
              and (wanted is None or w.problem_key in wanted)]
@@ -154,13 +177,23 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
         scope = " for that model" if wanted is not None else ""
         why = f" ({left} predicted, never timed, left out: --include-predicted exports them)" if left else ""
         raise ExportError(f"no cutlass winners for {dev['gpu_name']} ({dev['device_key']}){scope} in {store!r}{why}")
-    if not from_env:   # the two fields the release and the GPU fix; a given value is still checked
-        meta.setdefault("flashinfer_version", release.version)
-        meta.setdefault("gpu", dev["gpu_name"])
-    why = K.check_metadata(meta, release.version, dev["gpu_name"])
+    return winners, left
+
+
+def _complete_metadata(meta: dict[str, str], version: str, gpu_name: str, from_env: bool) -> None:
+    """Fill in (unless from_env) the two fields the release and the GPU fix, then check every field
+    FlashInfer's loader compares; a given value is still checked."""
+    if not from_env:
+        meta.setdefault("flashinfer_version", version)
+        meta.setdefault("gpu", gpu_name)
+    why = K.check_metadata(meta, version, gpu_name)
     if why:
         raise ExportError(why + (" (this environment)" if from_env else ""))
-    kernel_arch, arch = _kernel_arch(dev)
+
+
+def _out_paths(out: str | os.PathLike, blocklist: str | os.PathLike | None) -> tuple[Path, Path]:
+    """The absolute paths of the cache file and its blocklist (default: beside it), refused if
+    either exists or its directory does not."""
     out = Path(os.path.abspath(os.path.expanduser(os.fspath(out))))
     bl = Path(os.path.abspath(os.path.expanduser(os.fspath(blocklist)))) if blocklist else \
         out.with_name(out.stem + ".blocklist.json")
@@ -169,13 +202,45 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
             raise ExportError(f"refusing to overwrite {p}")
         if not p.parent.is_dir():
             raise ExportError(f"cannot write {p}: {p.parent} is not a directory")
+    return out, bl
 
-    rep = FlashInferExport(out, bl, release.version, dev["gpu_name"], dev["device_key"], predicted_left=left)
+
+def _file_entries(store, rep: FlashInferExport, winners: list[Winner], arch,
+                  kernel_arch: str) -> dict[str, list]:
+    """The cache file's entries (file key -> [runner, tactic, policy]) for the exportable problems
+    among `winners`; fills rep's blocked, skipped, measured_with, differences, problems and entries."""
     by_problem: dict[str, dict[int, Winner]] = {}
     for w in winners:
         by_problem.setdefault(w.problem_key, {})[w.bucket] = w
+    failures = _trial_failures(store, rep.device_key, rep.version)
+    exportable = _exportable_problems(by_problem, rep)
+    # the blocklist is per op and runner: a tactic in it is never written, for any shape
+    rep.blocked = _blocked(failures, arch, kernel_arch, rep.version, list(exportable.values()))
+    measured = _measured(store, rep.device_key, rep.version, kernel_arch, set(exportable))
+    fallback = _fallback(kernel_arch, rep.version, rep.blocked)
+    configs: dict[str, list] = {}
+    for pkey, problem in exportable.items():
+        picks = _picks(store, rep, pkey, by_problem[pkey], measured, fallback, kernel_arch)
+        if not picks:
+            continue
+        ours = Buckets(tuple(picks))
+        top = max(picks)
+        entries, written = _problem_entries(problem, picks, ours, top)
+        configs.update(entries)
+        rep.differences += _differences(pkey, picks, ours, top)
+        if written:
+            rep.problems.append(pkey)
+            rep.entries += written
+    if not configs:
+        raise ExportError(f"no exportable cutlass winners for {rep.gpu_name}: " + "; ".join(rep.skipped[:3]))
+    if {v[1] for v in configs.values()} & set(rep.blocked):      # never: picks skip every blocked tactic
+        raise ExportError("internal: a blocklisted tactic reached the FlashInfer file; nothing written")
+    return configs
 
-    failures = _trial_failures(store, dev["device_key"], release.version)
+
+def _exportable_problems(by_problem: dict[str, dict[int, Winner]], rep: FlashInferExport) -> dict[str, Problem]:
+    """The problems (by key, sorted) FlashInfer's mm_fp4 runner serves; each other one is noted in
+    rep.skipped."""
     exportable: dict[str, Problem] = {}
     for pkey in sorted(by_problem):
         problem = Problem.from_key(pkey)
@@ -184,62 +249,66 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
             rep.skipped.append(f"{pkey}: {why}")
         else:
             exportable[pkey] = problem
-    # the blocklist is per op and runner: a tactic in it is never written, for any shape
-    rep.blocked = _blocked(failures, arch, kernel_arch, release.version, list(exportable.values()))
-    measured = _measured(store, dev["device_key"], release.version, kernel_arch, set(exportable))
-    fallback = _fallback(kernel_arch, release.version, rep.blocked)
-    configs: dict[str, list] = {}
-    for pkey, problem in exportable.items():
-        picks: dict[int, int] = {}      # our bucket -> tactic written for it (FALLBACK: none written)
-        for b, w in sorted(by_problem[pkey].items()):
-            kernel = Kernel.from_params(Tactic.from_json(w.params_json).params)
-            idx = fim.to_index(kernel, release.version) if kernel.kernel_arch == kernel_arch else None
-            if idx is not None and idx not in rep.blocked:
-                picks[b] = idx
-                mw = _measured_with(store, w.lib_key)
-                rep.measured_with[mw] = rep.measured_with.get(mw, 0) + 1
-                continue
-            why = (f"winner {w.tactic_id} is not in FlashInfer {release.version}'s {kernel_arch} list"
-                   if idx is None else f"winner tactic {idx} is blocklisted ({rep.blocked[idx]})")
-            alt = next((t for t in measured.get((pkey, b), ()) if t[0] not in rep.blocked), None)
-            if alt is not None:
-                picks[b] = alt[0]
-                rep.measured_with[alt[2]] = rep.measured_with.get(alt[2], 0) + 1
-                rep.skipped.append(f"{pkey} bucket {b}: {why}; written: tactic {alt[0]}, this bucket's best "
-                                   f"measured tactic ({alt[1]:.2f} us) that is neither blocklisted nor failed")
-                continue
-            if fallback is None:
-                fb = ", ".join(f"{v}: tactic {i}" for v, i in _fallback_indices(kernel_arch))
-                raise ExportError(f"{pkey} bucket {b}: {why}, no other measured tactic of that bucket is "
-                                  f"neither blocklisted nor failed, and FlashInfer's fallback -1 runs a "
-                                  f"blocklisted kernel ({fb}); nothing written")
-            picks[b] = FALLBACK
-            rep.skipped.append(f"{pkey} bucket {b}: {why}; not written: no other measured tactic of that bucket "
-                               f"is neither blocklisted nor failed, so FlashInfer falls back to -1 ({fallback})")
-        if not picks:
-            continue
-        ours = Buckets(tuple(picks))
-        top = max(picks)
-        written = 0
-        for fb in sorted({K.m_bucket(m) for m in range(1, top + 1)}):
-            tactic = picks[ours.bucket(min(fb, top))]
-            if tactic == FALLBACK:
-                continue
-            written += 1
-            for alpha in K.ALPHA_SHAPES:
-                configs[K.file_key(K.nearest_profile(fb, problem.n, problem.k, alpha))] = [K.RUNNER, tactic, K.POLICY]
-        rep.differences += _differences(pkey, picks, ours, top)
-        if written:
-            rep.problems.append(pkey)
-            rep.entries += written
-    if not configs:
-        raise ExportError(f"no exportable cutlass winners for {dev['gpu_name']}: " + "; ".join(rep.skipped[:3]))
-    if {v[1] for v in configs.values()} & set(rep.blocked):      # never: picks skip every blocked tactic
-        raise ExportError("internal: a blocklisted tactic reached the FlashInfer file; nothing written")
+    return exportable
 
+
+def _picks(store, rep: FlashInferExport, pkey: str, winners: dict[int, Winner],
+           measured: dict[tuple[str, int], list[tuple[int, float, str]]], fallback: str | None,
+           kernel_arch: str) -> dict[int, int]:
+    """Our bucket -> the tactic written for it (FALLBACK: none written): the winner's, else the
+    bucket's best measured tactic that is neither blocklisted nor failed, else FlashInfer's -1 when
+    that runs no blocklisted kernel (else an ExportError). Counts measured_with, notes skipped."""
+    picks: dict[int, int] = {}
+    for b, w in sorted(winners.items()):
+        kernel = Kernel.from_params(Tactic.from_json(w.params_json).params)
+        idx = fim.to_index(kernel, rep.version) if kernel.kernel_arch == kernel_arch else None
+        if idx is not None and idx not in rep.blocked:
+            picks[b] = idx
+            mw = _measured_with(store, w.lib_key)
+            rep.measured_with[mw] = rep.measured_with.get(mw, 0) + 1
+            continue
+        why = (f"winner {w.tactic_id} is not in FlashInfer {rep.version}'s {kernel_arch} list"
+               if idx is None else f"winner tactic {idx} is blocklisted ({rep.blocked[idx]})")
+        alt = next((t for t in measured.get((pkey, b), ()) if t[0] not in rep.blocked), None)
+        if alt is not None:
+            picks[b] = alt[0]
+            rep.measured_with[alt[2]] = rep.measured_with.get(alt[2], 0) + 1
+            rep.skipped.append(f"{pkey} bucket {b}: {why}; written: tactic {alt[0]}, this bucket's best "
+                               f"measured tactic ({alt[1]:.2f} us) that is neither blocklisted nor failed")
+            continue
+        if fallback is None:
+            fb = ", ".join(f"{v}: tactic {i}" for v, i in _fallback_indices(kernel_arch))
+            raise ExportError(f"{pkey} bucket {b}: {why}, no other measured tactic of that bucket is "
+                              f"neither blocklisted nor failed, and FlashInfer's fallback -1 runs a "
+                              f"blocklisted kernel ({fb}); nothing written")
+        picks[b] = FALLBACK
+        rep.skipped.append(f"{pkey} bucket {b}: {why}; not written: no other measured tactic of that bucket "
+                           f"is neither blocklisted nor failed, so FlashInfer falls back to -1 ({fallback})")
+    return picks
+
+
+def _problem_entries(problem: Problem, picks: dict[int, int], ours: Buckets,
+                     top: int) -> tuple[dict[str, list], int]:
+    """One problem's file entries, each FlashInfer M bucket (up to the one holding our largest)
+    with the tactic our bucket of its M picks, at every alpha shape, and how many buckets got one."""
+    entries: dict[str, list] = {}
+    written = 0
+    for fb in sorted({K.m_bucket(m) for m in range(1, top + 1)}):
+        tactic = picks[ours.bucket(min(fb, top))]
+        if tactic == FALLBACK:
+            continue
+        written += 1
+        for alpha in K.ALPHA_SHAPES:
+            entries[K.file_key(K.nearest_profile(fb, problem.n, problem.k, alpha))] = [K.RUNNER, tactic, K.POLICY]
+    return entries, written
+
+
+def _write_files(rep: FlashInferExport, meta: dict[str, str], configs: dict[str, list]) -> None:
+    """Write the cache file (metadata, entries by key, generation) and then the blocklist; a failed
+    blocklist write removes the cache file again."""
     file_meta = {f: meta[f] for f in K.META_FIELDS}
     # extra fields are ignored by both loaders (they compare only the fields they collect)
-    file_meta["fp4_autotune_device_key"] = dev["device_key"]
+    file_meta["fp4_autotune_device_key"] = rep.device_key
     file_meta["fp4_autotune_measured_with_flashinfer"] = ", ".join(sorted(rep.measured_with))
     ordered: dict = {K.META_KEY: file_meta}
     for k in sorted(configs):
@@ -248,13 +317,12 @@ def export_flashinfer(store, out: str | os.PathLike, *, gpu: str, version: str |
     bl_doc = {K.META_KEY: {**file_meta, "generated_at": datetime.now(timezone.utc).isoformat(),
                            "generator_version": "1.0"},
               "invalid_tactics": {K.BLOCKLIST_KEY: sorted(rep.blocked)}}
-    _write_json(out, ordered)
+    _write_json(rep.cache_path, ordered)
     try:
-        _write_json(bl, bl_doc)
+        _write_json(rep.blocklist_path, bl_doc)
     except BaseException:
-        out.unlink(missing_ok=True)
+        rep.cache_path.unlink(missing_ok=True)
         raise
-    return rep
 
 
 def _differences(pkey: str, picks: dict[int, int], ours: Buckets, top: int) -> list[Difference]:
