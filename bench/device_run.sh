@@ -15,7 +15,8 @@
 #                (tactics/cuda/checked.py), so a changed tree cannot inherit it. KEEP=1 also leaves
 #                each cache in $KEEP_DIR for the next call (RESUME_DB=$KEEP_DIR/main-job.db.xz)
 #   HOST=1       bench/moe_host.py: the host's part of an eager FP4MoE forward, with its profile
-#   WHOLE=1      `autotune search --model $MODEL --tp $TP` on a fresh cache (fresh Triton and cubin
+#   WHOLE=1      (the default, unless STEP_DB or COMPARE_DB is set: then 0)
+#                `autotune search --model $MODEL --tp $TP` on a fresh cache (fresh Triton and cubin
 #                caches: compile time counts), cut with SIGINT at SEARCH_S; then `autotune show` and
 #                bench/main_job_summary.py → $OUT/main-job.json (RESUME_DB: continue a cut run's cache)
 #   MAX64=1      the same with --max-tokens 64 → $OUT/main-job-64.json
@@ -107,7 +108,8 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
   if [ "${KEEP:-0}" = 1 ]; then mkdir -p "$KEEP_DIR" && cp "$OUT/$name.db.xz" "$KEEP_DIR/"; fi
 }
 
-if [ "${WHOLE:-1}" = 1 ]; then     # WHOLE=0: only the later stages (a short device call)
+# WHOLE defaults on, but off where STEP_DB or COMPARE_DB names an earlier call's cache (a call for the later stages)
+if [ "${WHOLE:-$([ -n "${STEP_DB:-}${COMPARE_DB:-}" ] && echo 0 || echo 1)}" = 1 ]; then
   MAXT=${MAXT_WHOLE:-8192} run main-job "${SEARCH_S:-540}" ${EXTRA:-}
 fi
 if [ "${MAX64:-0}" = 1 ]; then

@@ -90,3 +90,10 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     assert step["gpu"] == "cpu" and step["forms"] and all(f["rows"] for f in step["forms"])
     host = json.loads((out / "moe-host.json").read_text())
     assert host["rows"] and host["machine"]["card"] == "cpu"
+
+
+def test_a_call_for_an_earlier_calls_cache_runs_no_main_job(tiny):
+    """STEP_DB (or COMPARE_DB) names an earlier call's cache: the whole main job stays off unless
+    WHOLE=1 asks for it (a step-only call once spent four device minutes re-running the job)."""
+    out, log = _dry(tiny, "later", MODEL=str(tiny / "model"), TP="1", STEP_DB=str(tiny / "none.db"))
+    assert "main-job:" not in log and not (out / "main-job.json").exists()
