@@ -4,8 +4,9 @@ Both share one interface (`time_calls`). On CUDA, events around each call, or ar
 of a CUDA graph when a call is short (on an H200 one launch timed alone carries 15–20 µs of host
 latency, which would hide every kernel difference at decode sizes), with a spin kernel queued
 ahead of each sample so the host's launch latency stays outside it (a graph's samples are queued
-back to back and read after one synchronize per batch, as many as fit the budget at the first
-batch's time); on the CPU, perf_counter.
+back to back and read after one synchronize per batch: as many as make the median precise to
+`TimerConfig.precision`, judged from the first samples' spread, never more than fit the budget);
+on the CPU, perf_counter.
 Both rotate through input sets (autotune.core.inputs) that together exceed twice the L2 — a graph
 holds one call per set, so every replay reads the whole rotation — so weights come from DRAM as
 they do in serving; both warm up first and keep the median and IQR.
