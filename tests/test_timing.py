@@ -36,3 +36,9 @@ def test_the_precision_stop_asks_for_samples_by_the_spread():
     assert timing.precise_for(noisy, 0.01) < n                          # a looser target, fewer samples
     assert timing.precise_for(noisy, 0) == len(noisy) == timing.precise_for([0.0] * 5, 0.0025)
 
+
+
+def test_a_count_bound_timer_takes_max_reps():
+    """The bench harness's timer (budget_s = inf, min_reps = max_reps): the count, not an overflow."""
+    cfg = TimerConfig(budget_s=float("inf"), min_reps=20, max_reps=20)
+    assert timing.samples_for(80.0, cfg) == 20 == timing.samples_for(0.0, cfg)

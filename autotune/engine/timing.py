@@ -229,9 +229,11 @@ def _queued(g: "torch.cuda.CUDAGraph", calls: int, n: int, cfg: TimerConfig) -> 
 
 def samples_for(est_us: float, cfg: TimerConfig) -> int:
     """How many graph-replay samples fit cfg.budget_s at `est_us` a replay (the spin kernel of
-    `_lead` added to each), within [cfg.min_reps, cfg.max_reps]."""
+    `_lead` added to each), within [cfg.min_reps, cfg.max_reps]; an unbounded budget (a count-bound
+    timer: min_reps = max_reps) gives cfg.max_reps."""
     per_us = max(est_us, 1e-3) + max(cfg.lead_us, 0.0)
-    return int(min(cfg.max_reps, max(cfg.min_reps, math.ceil(cfg.budget_s * 1e6 / per_us))))
+    fit = cfg.budget_s * 1e6 / per_us
+    return int(min(cfg.max_reps, max(cfg.min_reps, math.ceil(fit) if math.isfinite(fit) else cfg.max_reps)))
 
 
 #: samples a precision-stopped run takes before it judges its spread (within the budget)
