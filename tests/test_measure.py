@@ -98,3 +98,19 @@ def test_a_cache_whose_draw_row_is_not_a_number_is_refused_in_one_line(tmp_path)
     r = run_cli("show", cache=str(db))
     assert r.returncode == 2 and "routing_skew='uniform' is not a number" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_cpu_weight_draw_is_seeded_uniform_and_never_zero_scaled():
+    """inputs.random_weight on the CPU draws codes as 64-bit words and scales through a table: the
+    same seed gives the same weight, another seed another; every byte value comes up about equally
+    often; scales lie in [1/4, 4] (four octaves around 1, never zero) and spread over them."""
+    p = Problem.from_key("grouped_moe:bf16*nvfp4->bf16:n256:k512:e4:top2")
+    a, b, c = (inputs.seeded_weight(p, "cpu", s) for s in (5, 5, 6))
+    assert a.packed.shape == (4, 256, 256) and a.scales.shape == (4, 256, 32)
+    assert torch.equal(a.packed, b.packed) and torch.equal(a.scales.view(torch.uint8), b.scales.view(torch.uint8))
+    assert not torch.equal(a.packed, c.packed)
+    counts = torch.bincount(a.packed.flatten().long(), minlength=256).double()   # 1,024 of each expected
+    assert counts.min() > 800 and counts.max() < 1250
+    sc = a.scales.float()
+    assert sc.min() >= 0.25 and sc.max() <= 4.0 and abs(float(sc.log2().mean())) < 0.1
+    assert len(sc.unique()) >= 30           # every e4m3 value of the four octaves, not a few

@@ -295,3 +295,22 @@ def test_a_worker_that_cannot_start_aborts_without_failing_tactics(tmp_path, mon
         search([DENSE], families=[registry.get("torch")], store=store, buckets=Buckets.of((1,)), timer=FAST,
                env=CPU, runner=Runner(timeout_s=30))
     assert not [t for t in store.get_trials(DENSE.key, 1, CPU.device_key)]
+
+
+def test_a_worker_takes_the_jobs_of_the_problem_it_holds_first():
+    """run_local's pick (workers._next): a worker keeps to its problem's buckets (its weights are
+    drawn once), a free one starts the first problem no other worker holds, and a worker whose
+    problems are all held by others helps with the first queued job."""
+    from types import SimpleNamespace
+    from autotune.engine.workers import _next
+    q = [SimpleNamespace(problem=SimpleNamespace(key=k), bucket=b) for k, b in
+         (("a", 1), ("a", 2), ("b", 1), ("b", 2), ("c", 1))]
+    held = {"w0": None, "w1": None}
+    assert _next(q, held, "w0") == 0
+    held["w0"] = "a"
+    assert _next(q, held, "w1") == 2                  # not a's second bucket: w0 holds a
+    held["w1"] = "b"
+    q.pop(0)
+    assert _next(q, held, "w0") == 0 and _next(q, held, "w1") == 1
+    q[:] = [j for j in q if j.problem.key == "a"]
+    assert _next(q, held, "w1") == 0                  # only w0's problem is left: w1 helps

@@ -242,18 +242,23 @@ class Bench:
         self.problem, self.bucket, self.seed = p, bucket, seed
         try:
             # seeds from crc32: stable across processes, unlike hash()
+            t0 = time.perf_counter()
             n_sets = timing.sets_for_cold_l2(inputs.set_bytes(p, bucket), self.device)
             for i in range(len(self._weights), n_sets):
                 self._weights.append(inputs.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
+            t1 = time.perf_counter()
             s0 = zlib.crc32(f"{seed}:{p.key}:{bucket}".encode())
             self._sets = inputs.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
+            t2 = time.perf_counter()
             self._ref = inputs.reference(p, self._sets[0])
             self._outs = [inputs.torch_empty_out(p, bucket, s) for s in self._sets]
         except BaseException:
             self.clear()      # the caller retries with the same seeds: give it the whole device back first
             raise
         self._base = self._allocated()
-        return {"sets": len(self._sets)}
+        # weights: drawn once a problem (0 s for its later buckets in this worker)
+        return {"sets": len(self._sets), "parts": {"weights": t1 - t0, "inputs": t2 - t1,
+                                                   "reference": time.perf_counter() - t2}}
 
     def _kernel(self, tactic: Tactic):
         k = self._kernels.get(tactic.id)

@@ -376,7 +376,8 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, sink: Sink,
         for _, ex in executors:
             ex.close()
         return
-    queue = list(reversed(jobs))   # pop() from the end keeps the planned order
+    queue = list(jobs)
+    held: dict[str, str | None] = {label: None for label, _ in executors}   # the problem each worker holds
     lock = threading.Lock()
     errors: list[BaseException] = []
 
@@ -386,7 +387,8 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, sink: Sink,
                 with lock:
                     if not queue or errors:
                         return
-                    job = queue.pop()
+                    job = queue.pop(_next(queue, held, label))
+                    held[label] = job.problem.key
                 if (job := sink.start(job)) is None:
                     continue
                 failure = run_job(ex, job, timer, halving, seed, sink) if job.tactics else None
@@ -412,6 +414,17 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, sink: Sink,
             ex.close()
     if errors:
         raise errors[0]
+
+
+def _next(queue: list, held: dict, label: str) -> int:
+    """Which queued job worker `label` takes: the first of the problem it holds (its weights are
+    drawn once a worker and problem: GLM-5's routed experts are 404 MB, seconds to draw on a CPU),
+    else the first of a problem no other worker holds, else the first (planned order within each)."""
+    keys = [j.problem.key for j in queue]
+    if held[label] in keys:
+        return keys.index(held[label])
+    others = {k for w, k in held.items() if w != label}
+    return next((i for i, k in enumerate(keys) if k not in others), 0)
 
 
 # -- Ray: the same jobs over a cluster, one task per job, each on one GPU ----------------------
