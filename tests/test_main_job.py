@@ -26,7 +26,9 @@ def glm5_cache(tmp_path_factory):
     # a bound on a stuck run, not a speed check: the CPU machine is shared and often busy
     r = autotune("search", "--model", "glm5", "--tp", "8", "--max-tokens", "16", cache=path, timeout=2400)
     assert r.returncode == 0, r.stdout + r.stderr
-    print("\n".join(r.stdout.strip().splitlines()[-16:]))     # where the time went (shown with pytest -s)
+    lines = r.stdout.strip().splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("time per stage")), max(0, len(lines) - 16))
+    print("\n".join(lines[at:]))              # where the time went, the whole table (shown with pytest -s)
     return path, r.stdout, r.stderr
 
 

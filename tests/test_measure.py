@@ -100,17 +100,23 @@ def test_a_cache_whose_draw_row_is_not_a_number_is_refused_in_one_line(tmp_path)
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+
 def test_the_cpu_weight_draw_is_seeded_uniform_and_never_zero_scaled():
-    """inputs.random_weight on the CPU draws codes as 64-bit words and scales through a table: the
-    same seed gives the same weight, another seed another; every byte value comes up about equally
-    often; scales lie in [1/4, 4] (four octaves around 1, never zero) and spread over them."""
+    """The search's weight on the CPU (engine.worker.seeded_weight: codes as 64-bit words, scales
+    through a table): the same seed gives the same weight, another seed another; every byte value
+    comes up about equally often; scales lie in [1/4, 4] (four octaves around 1, never zero) and
+    spread over them, as inputs.seeded_weight's; one global scale 1/64 an expert."""
+    from autotune.engine.worker import seeded_weight
     p = Problem.from_key("grouped_moe:bf16*nvfp4->bf16:n256:k512:e4:top2")
-    a, b, c = (inputs.seeded_weight(p, "cpu", s) for s in (5, 5, 6))
-    assert a.packed.shape == (4, 256, 256) and a.scales.shape == (4, 256, 32)
+    a, b, c = (seeded_weight(p, "cpu", s) for s in (5, 5, 6))
+    ref = inputs.seeded_weight(p, "cpu", 5)
+    assert (a.packed.shape, a.scales.shape, a.scales.dtype) == (ref.packed.shape, ref.scales.shape, ref.scales.dtype)
+    assert torch.equal(a.global_scale, ref.global_scale)
     assert torch.equal(a.packed, b.packed) and torch.equal(a.scales.view(torch.uint8), b.scales.view(torch.uint8))
     assert not torch.equal(a.packed, c.packed)
     counts = torch.bincount(a.packed.flatten().long(), minlength=256).double()   # 1,024 of each expected
     assert counts.min() > 800 and counts.max() < 1250
-    sc = a.scales.float()
-    assert sc.min() >= 0.25 and sc.max() <= 4.0 and abs(float(sc.log2().mean())) < 0.1
-    assert len(sc.unique()) >= 30           # every e4m3 value of the four octaves, not a few
+    for w in (a, ref):
+        sc = w.scales.float()
+        assert sc.min() >= 0.25 and sc.max() <= 4.0 and abs(float(sc.log2().mean())) < 0.1
+        assert len(sc.unique()) >= 30       # every e4m3 value of the four octaves, not a few

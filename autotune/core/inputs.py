@@ -51,42 +51,14 @@ def _generator(device: str, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _random_bytes(shape: tuple, gen: torch.Generator) -> torch.Tensor:
-    """Uniform random uint8 of `shape`. On the CPU drawn as 64-bit words viewed as bytes: torch's CPU
-    randint draws one number per element, 11x slower (GLM-5's 404 MB of expert codes: 40.8 s against
-    3.6 s on a loaded 2-core machine, 2026-12-07). On a GPU as before (a device draw is fast)."""
-    if gen.device.type != "cpu":
-        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen, device=gen.device)
-    n = math.prod(shape)
-    words = torch.empty((n + 7) // 8, dtype=torch.int64).random_(-2 ** 63, None, generator=gen)  # all 64 bits
-    return words.view(torch.uint8)[:n].reshape(shape)
-
-
-_OCTAVES: dict[str, torch.Tensor] = {}
-
-
-def _nvfp4_scales(shape: tuple, gen: torch.Generator) -> torch.Tensor:
-    """float8_e4m3fn block scales 2^(4u - 2), u uniform in [0, 1): spread over four octaves, never
-    zero. On the CPU u is drawn as 16-bit integers and mapped through a 65,536-entry table (the same
-    values at 2^-16 resolution; drawing and converting one float per scale cost 9.1 s for GLM-5's
-    experts on a loaded 2-core machine); on a GPU one float per scale as before."""
-    if gen.device.type != "cpu":
-        return (2.0 ** (torch.rand(shape, generator=gen, device=gen.device) * 4 - 2)).to(torch.float8_e4m3fn)
-    lut = _OCTAVES.get("cpu")
-    if lut is None:
-        u = (torch.arange(1 << 16, dtype=torch.float64) + 0.5) / (1 << 16)
-        lut = _OCTAVES["cpu"] = (2.0 ** (u * 4 - 2)).to(torch.float8_e4m3fn).view(torch.uint8)
-    idx = _random_bytes((math.prod(shape) * 2,), gen).view(torch.int16).int() & 0xFFFF
-    return lut.index_select(0, idx).view(torch.float8_e4m3fn).reshape(shape)
-
-
 def random_weight(problem: Problem, device: str, gen: torch.Generator):
     """A random FP4 weight: uniform codes, scales spread over a few octaves, never zeros."""
     lead = (problem.experts,) if problem.kind == "grouped_moe" else ()
-    packed = _random_bytes(lead + (problem.n, problem.k // 2), gen)
+    packed = torch.randint(0, 256, lead + (problem.n, problem.k // 2), dtype=torch.uint8, generator=gen,
+                           device=gen.device)
     sshape = lead + (problem.n, problem.k // problem.block)
     if problem.w_fmt == "nvfp4":
-        scales = _nvfp4_scales(sshape, gen)
+        scales = (2.0 ** (torch.rand(sshape, generator=gen, device=gen.device) * 4 - 2)).to(torch.float8_e4m3fn)
         # stacked experts carry one scale each, as a ModelOpt checkpoint does (and as the MoE
         # kernels are compiled ahead for)
         gscale = torch.full(lead, 1.0 / 64, dtype=torch.float32)
