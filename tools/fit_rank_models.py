@@ -262,7 +262,7 @@ def main(argv=None) -> int:
         print(table(res))
         if a.json:
             res["caches"] = dict(caches)
-            a.json.write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+            a.json.write_text(json.dumps(res, sort_keys=True, separators=(",", ":")) + "\n")
         return 0
     path, dropped = fit(caches, out_dir=a.out_dir, rounds=a.rounds)
     m = rankmodel.load(path)
