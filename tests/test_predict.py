@@ -100,6 +100,29 @@ def test_predict_never_stores_a_first_choice_wrong_only_under_replay(tmp_path, r
         assert t.rel_err is not None and t.rel_err < 1e-2                 # its eager check passed
 
 
+def test_predict_plans_the_first_choice_a_ranked_plan_orders_first(tmp_path):
+    """plans.firsts (predict's plan: one prediction, no stored times, no extras) gives each (problem,
+    bucket) the tactic `plans.plans` orders first; the model's matrix and its feature-major tree walk
+    give what its row vectors and the row-major walk give."""
+    import numpy as np
+    from autotune.engine.planning import Planned
+    from autotune.engine.search import _Work
+    from autotune.engine.strategies.ranked import batches, plans
+    best = next(t for t in _kept() if t != TORCH.default(P, ARCHS["cpu"]))
+    model = _model(best)
+    dflt = TORCH.default(P, ARCHS["cpu"])
+    work = [_Work(P, [Planned(P, t, TORCH.verdict(P, t, ARCHS["cpu"])) for t in _kept()], dflt)]
+    got = plans.firsts(model, work, BUCKETS, ARCHS["cpu"], 2)
+    full = plans.plans(model, work, BUCKETS, ARCHS["cpu"], 2, Store(tmp_path / "c.db"), CPU.device_key,
+                       batches.Ranked())
+    assert got == {k: plan.order[0] for k, plan in full.items()} and set(got.values()) == {best}
+    rows = [rankdata.row(P, t, m, ARCHS["cpu"], 2, None) for t in _kept()[:20] for m in (1, 64)]
+    X = np.array([model.vector(r) for r in rows])
+    assert np.array_equal(model.matrix(rows), X)
+    X0 = np.ascontiguousarray(np.where(np.isnan(X), 0.0, X))
+    assert model.predict(rows) == sum(t.values(X, X0) for t in model._trees).tolist()
+
+
 def test_export_leaves_predicted_winners_out_unless_asked(tmp_path):
     from autotune.integrations.portable import export_cache
     store = Store(tmp_path / "c.db")

@@ -25,7 +25,7 @@ class PredictStrategy(HalvingStrategy):
     name = "predict"
 
     def __init__(self) -> None:
-        self.ranking: plans.Ranking | None = None
+        self._first: dict = {}                  # (problem key, bucket) -> the model's first choice
         self._measured: set[tuple[str, int]] = set()
 
     def prepare(self, s: SearchView, work: list) -> None:
@@ -38,27 +38,25 @@ class PredictStrategy(HalvingStrategy):
             return
         s.report.notes.append(f"--strategy predict: {note}; each (problem, bucket) stores the model's first choice, "
                               "checked against float64 and under graph replay, not timed")
-        self.ranking = plans.Ranking(model, plans.plans(model, work, list(s.buckets), s.target,
-                                                              s.env.sm_count or 0, s.store, s.env.device_key,
-                                                              s.o.ranked, s.lib_keys))
+        self._first = plans.firsts(model, work, list(s.buckets), s.target, s.env.sm_count or 0)
         self._measured = {(w.problem_key, w.bucket) for w in s.store.winners(s.env.device_key)
                           if not w.predicted and registry.fresh(s.lib_keys, w)}
+
+    def kept_at(self, w: Any, bucket: int) -> list:
+        """The first choice's row alone (what the job checks), or none."""
+        first = self._first.get((w.problem.key, bucket))
+        return [r for r in w.kept if r.tactic == first] if first is not None else []
 
     def redo(self) -> frozenset[str]:
         return frozenset({"ok", "dropped"})    # a timed trial does not stand for a check made now
 
     def precompiled(self, items: list) -> list:
-        first = {(pk, t.id) for (pk, _), t in self._firsts().items()}
-        return [r for r in items if (r.problem.key, r.tactic.id) in first]
-
-    def _firsts(self) -> dict:
-        if self.ranking is None:
-            return {}
-        return {k: plan.order[0] for k, plan in self.ranking.plans.items() if plan.order}
+        first = {(pk, t) for (pk, _), t in self._first.items()}
+        return [r for r in items if (r.problem.key, r.tactic) in first]
 
     def job(self, s: SearchView, job: Any, kept_ids: set[str]) -> tuple[Any, bool]:
         key = (job.problem.key, job.bucket)
-        first = self._firsts().get(key)
+        first = self._first.get(key)
         if first is None or first.id not in kept_ids or key in self._measured:
             return replace(job, tactics=(), strategy=self.name), False
         return replace(job, tactics=(first,), strategy=self.name), False
