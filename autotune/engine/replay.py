@@ -16,13 +16,15 @@ every replay is a Python call, which on a count-bound host (the CPU: 0.1-8 s a c
 check's cost. Before each replay, x, topk_ids (other experts, a -1 slot in the drawn seed) and
 topk_weights are overwritten in place from one of two seeds (alternating, the seed the capture did
 not see first), and the captured output is poisoned with NaN; the weight stays. In a search the
-first seed is the job's own set 0, whose float64 reference its eager check already made, so a
-replay check makes one reference, not two. Each replay's output is compared per row — the largest
-row's relative error against the float64 reference of that seed's inputs (`Refs`, drawn once per
-(problem, bucket)) — and after the rounds every arrival counter of the attached pool (its
-`*.locks` and `*.cnt` buffers) is back at zero and the bad-id word is clear (every id was valid).
+first seed is the job's own set 0, and the job's setup makes its float64 reference (the eager
+check's) and the second seed's in one pass (`draw`). Each replay's output is compared per row — the
+largest row's relative error against the float64 reference of that seed's inputs (`Refs`, drawn
+once per (problem, bucket), with the rows as the compare reads them: `RowRef`) — and after the
+rounds every arrival counter of the attached pool (its `*.locks` and `*.cnt` buffers) is back at
+zero and the bad-id word is clear (every id was valid). The row errors stay on the device until the
+last replay: the host waits once per check, for them, the counters and the word together.
 
-The capture: on CUDA a real `torch.cuda.graph` for a launcher that declares itself capture-safe;
+The capture: on CUDA a real CUDA graph (`Graph`) for a launcher that declares itself capture-safe;
 elsewhere (the CPU, or a launcher an engine runs eagerly) a recorded-call capture: the calls made
 while "capturing" are recorded with their tensor arguments and replayed with the same tensors, so
 a launcher that caches anything by pointer is held to it exactly as a graph holds it.
