@@ -35,7 +35,7 @@ LIB = CPU.lib_key(("torch",))
 P = Problem.dense(256, 512)
 T = Tactic("torch", dequant_dtype="bf16", chunk_n=0)
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
-BUILTIN = ("torch", "triton", "cutlass", "cublaslt", "cuda")
+BUILTIN = ("torch", "triton", "cutlass", "cublaslt", "cuda", "layer")
 
 
 def _other_python() -> str | None:
