@@ -7,7 +7,8 @@ import torch
 
 from autotune.core import inputs
 from autotune.core.arch import get_arch
-from autotune.core.layer import LayerProblem, check, make_inputs, parse_key, reference
+from autotune.core.layer import LayerProblem, parse_key
+from autotune.core.layer_inputs import check, make_inputs, reference
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.tactics import registry
