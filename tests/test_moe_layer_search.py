@@ -100,3 +100,18 @@ def test_moe_layers_is_an_opt_in_on_the_model_problem_set():
     for p in added:
         assert p.kind == KIND and p.w13.key in keys and p.w2.key in keys
     assert len({p.key for p in added}) == len(added)
+
+
+def test_a_search_without_layer_problems_leaves_the_layer_family_out(tmp_path, capsys):
+    """Every registered family by default: the layer family runs layers only, so a search of other
+    problems plans, announces and reports what it did before the family existed."""
+    from autotune.api.args import parse_families
+    from autotune.core.problem import Problem
+    fams = parse_families(None)
+    assert "layer" in {f.name for f in fams}
+    rep = search([Problem.dense(256, 512)], families=fams, store=Store(tmp_path / "c.db"), buckets=Buckets.of((1,)),
+                 timer=FAST, env=CPU, runner=Runner(isolate=False), progress=True)
+    err = capsys.readouterr().err
+    assert "families measured on cpu: torch;" in err and "layer" not in err
+    assert all(fp.family != "layer" for fps in rep.plans.values() for fp in fps)
+    assert rep.winners and all(w.family == "torch" for w in rep.winners)

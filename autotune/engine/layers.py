@@ -46,10 +46,11 @@ def pair_competitor(store, problem, bucket: int, device_key: str, lib_keys: dict
 
 def for_layers(problems: Sequence, options, families: Sequence):
     """A search of layer problems only: by halving, with the layer family alone (the other families
-    take the pair problems; none runs a layer yet). Anything else: as given."""
+    take the pair problems; none runs a layer yet). Anything else: as given, less the layer family
+    (it runs layers only: a search without them plans, lists and reports as before it existed)."""
     if problems and all(p.kind == KIND for p in problems):
         return replace(options, strategy=STRATEGY), [registry.get(registry.LAYER)]
-    return options, families
+    return options, [f for f in families if f.name != registry.LAYER]
 
 
 def in_order(run: Callable, problems: Sequence, options):
