@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from autotune.core import jsonread
+from autotune.core.layer import parse_key
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
@@ -58,7 +59,7 @@ def tactic_row(params_json: str, expect_id: str | None = None) -> dict:
 def put_problem_key(s: Session, key: str) -> None:
     """The problem row of a stored key (a key that is not a Problem's: nothing, the row is still stored)."""
     try:
-        p = Problem.from_key(key)
+        p = parse_key(key)
     except ValueError:
         return
     upsert(s, ProblemRow, problem_row(p), ["key"], "ignore")
