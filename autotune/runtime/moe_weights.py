@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from autotune.core.formats import FP4Weight
+from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.layers import FP4MLP, _fold_up, _per_expert
 
@@ -192,6 +193,16 @@ class MoEWeights:
                    None if bias13 is None else bias13.float().contiguous(),
                    None if bias2 is None else bias2.float().contiguous(),
                    e, h, two_i // 2, folded, shared if shared is not None and not folded else None, s_fmt or "bf16")
+
+    def problems(self, top_k: int, a_fmt: str, fused: bool) -> tuple[Problem, Problem]:
+        """The two grouped problems these weights serve at `top_k` routed slots (one more for the
+        folded shared expert): w13 with the SwiGLU epilogue and w2 with the routing weights and the
+        top_k sum (`fused`), or both plain."""
+        slots, i = top_k + self.shared_folded, self.intermediate
+        epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
+        fmt = self.w13.fmt
+        return (Problem.moe(2 * i, self.hidden, self.experts, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi13),
+                Problem.moe(self.hidden, i, self.experts, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2))
 
     @property
     def layout(self) -> BufferLayout:
