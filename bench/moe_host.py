@@ -232,7 +232,7 @@ def main() -> None:
     ids = torch.randint(0, e, (1, TOP_K)).to(dev)
     tw = torch.rand(1, TOP_K).to(dev)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    syncs, ops, calls, cpu = {}, {}, {}, {}
+    syncs, ops, calls, host_cpu = {}, {}, {}, {}
     rows = {}
     profile = ""
     for form in ("routed only", "shared apart", "shared folded", "shared folded, w2 moe_tok"):
@@ -251,7 +251,7 @@ def main() -> None:
         sync()
         ops[form] = aten_ops(fwd)
         calls[form] = python_calls(fwd)
-        cpu[form] = cpu_us(fwd, a.reps, a.batch)
+        host_cpu[form] = cpu_us(fwd, a.reps, a.batch)
         sync()
         if dev == "cuda":
             with warnings.catch_warnings(record=True) as caught:
@@ -277,7 +277,7 @@ def main() -> None:
     print("| form | µs / forward p50 | p90 | thread CPU µs, least | Python calls / forward | aten ops / forward "
           "| syncs / forward |\n|---|---:|---:|---:|---:|---:|---:|")
     for form, r in rows.items():
-        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} | {cpu[form]:.1f} | {calls[form]} | {ops[form]} "
+        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} | {host_cpu[form]:.1f} | {calls[form]} | {ops[form]} "
               f"| {syncs.get(form, '-')} |")
     pieces = parts(dev)
     print("| piece of a forward | µs per call |\n|---|---:|")
@@ -286,7 +286,7 @@ def main() -> None:
     if profile:
         print(profile[profile.find("   ncalls"):])
     if a.json:
-        harness.write(a, {"rows": rows, "syncs": syncs, "aten_ops": ops, "python_calls": calls, "cpu_us": cpu,
+        harness.write(a, {"rows": rows, "syncs": syncs, "aten_ops": ops, "python_calls": calls, "cpu_us": host_cpu,
                           "parts": pieces, "device": dev, "experts": e, "torch": torch.__version__})
 
 
