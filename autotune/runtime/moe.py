@@ -50,7 +50,7 @@ from autotune.core.operands import OperandError, check_layer_x, routing_checker
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 from autotune.runtime import prefetch as PF
-from autotune.runtime.moe_weights import MoEWeights, _shared_mlp, _stack13
+from autotune.runtime.moe_weights import MoEWeights, _shared_mlp, _stack13, check_expert_map
 
 _BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
@@ -148,7 +148,7 @@ class FP4MoE(nn.Module):
         range, the device id table (`_extended_map`) and the per-call check of ids and weights."""
         self.global_experts = self.routed_experts if expert_map is None else int(expert_map.numel())
         if expert_map is not None:
-            self._check_map(expert_map, self.routed_experts)
+            check_expert_map(expert_map, self.routed_experts)
             self.register_buffer("expert_map", expert_map.to(torch.int32).contiguous())
         else:
             self.expert_map = None
@@ -177,17 +177,6 @@ class FP4MoE(nn.Module):
         self._register_state_dict_hook(lambda mod, *_: mod._check_checkpoint("state_dict"))
         self._register_load_state_dict_pre_hook(lambda *_: self._check_checkpoint("load_state_dict"))
 
-    @staticmethod
-    def _check_map(expert_map: Tensor, local: int) -> None:
-        if expert_map.ndim != 1 or expert_map.dtype.is_floating_point or expert_map.dtype == torch.bool:
-            raise ValueError(f"expert_map must be a 1-D integer tensor [E_global], got {expert_map.dtype} "
-                             f"{tuple(expert_map.shape)}")
-        m = expert_map.cpu()
-        live = m[m >= 0]
-        if int((m < -1).sum()) or live.numel() != local or not torch.equal(live.sort().values, torch.arange(local)):
-            raise ValueError(f"expert_map must map each of this rank's {local} experts from exactly one global "
-                             "id and every other id to -1")
-
     def _weight(self, name: str) -> FP4Weight:
         return self._layout.weight(self, name)
 
@@ -215,7 +204,7 @@ class FP4MoE(nn.Module):
         """After `.to()` or `load_state_dict` (bytes copied in place, an expert_map included):
         check the map again and bind again, so nothing keeps the old numbers."""
         if self.expert_map is not None:
-            self._check_map(self.expert_map, self.routed_experts)
+            check_expert_map(self.expert_map, self.routed_experts)
         self._map_ext = self._extended_map()
         self.bound13.rebind(self.w13)
         self.bound2.rebind(self.w2)
