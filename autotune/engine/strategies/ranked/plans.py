@@ -62,6 +62,11 @@ def shipped(arch: Arch, libs: Mapping[str, str | None] | None = None) -> Path | 
     return max(paths, key=lambda p: (matches(p), p.name))
 
 
+def shipped_archs() -> list[str]:
+    """The archs the package ships a model for (from the file names, `<arch>-<libs>.json.gz`)."""
+    return sorted({p.name.split("-")[0].removesuffix(".json.gz") for p in SHIPPED.glob("*.json.gz")})
+
+
 def _usable(path: Path, arch: Arch) -> tuple[rankmodel.Model | None, str]:
     try:
         m = rankmodel.load(path)
@@ -95,8 +100,10 @@ def default_model(store, arch: Arch, libs: Mapping[str, str | None] | None = Non
         if m is not None:
             return m, "; ".join([*why, _said(m, f"shipped for {arch.name} ({ship.name})")])
         why.append(bad)
-    why.append(f"no rank model for {arch.name} (none shipped, none next to the cache"
-               f"{f' at {own}' if own else ''}; `autotune cache rank-fit` makes one)")
+    have = shipped_archs()
+    why.append(f"no rank model for {arch.name} ("
+               + (f"the package ships one for {', '.join(have)} only, which does not apply here" if have else "none shipped")
+               + f", none next to the cache{f' at {own}' if own else ''}; `autotune cache rank-fit` makes one)")
     return None, "; ".join(why)
 
 
@@ -148,6 +155,25 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
             out[(w.problem.key, b)] = every_member(batches.plan_for(
                 [r.tactic for r in kept], p, [w.default, *best, *_novel(kept, f, p, names, cfg.min_first)], known, cfg),
                 w.problem)
+    return out
+
+
+def firsts(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: Arch,
+           sms: int) -> dict[tuple[str, int], Tactic]:
+    """Per (problem, bucket): the model's first choice among the kept tactics useful there (`kept_at`),
+    ties to the smaller tactic id — `plans(...)[key].order[0]`, without what only a timed search reads
+    (stored times, the model's bests, extras, the whole order): `--strategy predict`'s plan. One
+    prediction over every row."""
+    work = list(work)
+    useful = {(w.problem.key, b): kept_at(w, b) for w in work for b in buckets}
+    preds = iter(model.predict([rows.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes)
+                                for w in work for b in buckets for r in useful[(w.problem.key, b)]]))
+    out = {}
+    for key, kept in useful.items():
+        p = [next(preds) for _ in kept]
+        if kept:
+            low = min(p)
+            out[key] = min((r.tactic for r, v in zip(kept, p) if v == low), key=lambda t: t.id)
     return out
 
 
