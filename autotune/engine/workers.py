@@ -376,8 +376,7 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, sink: Sink,
         for _, ex in executors:
             ex.close()
         return
-    queue = list(jobs)
-    held: dict[str, str | None] = {label: None for label, _ in executors}   # the problem each worker holds
+    queue, held = list(jobs), {label: None for label, _ in executors}   # held: the problem each worker holds
     lock = threading.Lock()
     errors: list[BaseException] = []
 
@@ -417,14 +416,10 @@ def run_local(jobs, runner, device: str, timer, halving, seed: int, sink: Sink,
 
 
 def _next(queue: list, held: dict, label: str) -> int:
-    """Which queued job worker `label` takes: the first of the problem it holds (its weights are
-    drawn once a worker and problem: GLM-5's routed experts are 404 MB, seconds to draw on a CPU),
-    else the first of a problem no other worker holds, else the first (planned order within each)."""
-    keys = [j.problem.key for j in queue]
-    if held[label] in keys:
-        return keys.index(held[label])
-    others = {k for w, k in held.items() if w != label}
-    return next((i for i, k in enumerate(keys) if k not in others), 0)
+    """The queued job worker `label` takes: the first of the problem it holds (weights drawn once a
+    problem: GLM-5's experts are 404 MB), else of one no other worker holds, else the first."""
+    keys, others = [j.problem.key for j in queue], {k for w, k in held.items() if w != label}
+    return keys.index(held[label]) if held[label] in keys else next((i for i, k in enumerate(keys) if k not in others), 0)
 
 
 # -- Ray: the same jobs over a cluster, one task per job, each on one GPU ----------------------
