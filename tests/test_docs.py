@@ -214,6 +214,18 @@ def test_figures_check_fails_only_on_a_span_that_differs(tmp_path, monkeypatch):
     assert figures.main(["--write"]) == 1
 
 
+def test_a_bare_key_reads_the_day_s_latest_entry_by_time_not_by_commit_hash():
+    """Two entries of one day: the one with the later `time:` wins, whatever its id; an entry without
+    a time counts as the day's start."""
+    def entry(eid, value, time=None):
+        return {"date": "2026-01-02", "numbers": {"wall": {"value": value, "unit": "s"}},
+                **({"time": time} if time else {})}
+    es = {"2026-01-02-cpu-fff0000-x": entry("f", 1.0), "2026-01-02-cpu-0000000-x": entry("0", 2.0, "09:30")}
+    assert figures.lookup("wall", es) == "2.0 s"
+    es["2026-01-02-cpu-aaa0000-x"] = entry("a", 3.0, "17:05")
+    assert figures.lookup("wall", es) == "3.0 s"
+
+
 @pytest.mark.parametrize("heading, anchor", [
     ("How FP4MoE serves a layer", "how-fp4moe-serves-a-layer"),
     ("`--batch-invariant`", "--batch-invariant"),

@@ -106,8 +106,9 @@ def test_queued_replay_samples_time_the_graph_not_the_host():
     t = timing._replay((g, 1), timing.TimerConfig(budget_s=1.0, min_reps=3, max_reps=50, precision=0))
     ref = sorted(alone)[len(alone) // 2]
     assert t.reps == 50 and abs(t.median_us - ref) < 0.25 * ref, (t, ref)
-    # the precision stop: a steady spin's median is precise after the first batch, long before 50
-    p = timing._replay((g, 1), timing.TimerConfig(budget_s=1.0, min_reps=3, max_reps=50, precision=0.0025))
+    # the precision stop: a spin's ~1.5 % spread (H100, 2026-12-07) makes its median 1 % precise after
+    # a few samples, long before 50 (at 0.25 % it needs ~25, too near 50 to be a fair bound)
+    p = timing._replay((g, 1), timing.TimerConfig(budget_s=1.0, min_reps=3, max_reps=50, precision=0.01))
     assert timing.FIRST_SAMPLES <= p.reps < 50 and abs(p.median_us - ref) < 0.25 * ref, (p, ref)
 
 

@@ -2,7 +2,8 @@
 
 A figure is a marked span, `<!-- fig:NAME -->246.6 s<!-- /fig -->`; NAME is a number's key in the
 front matter of a measurement entry (docs/measurements/YYYY-MM-DD-<card>-<commit>-<what>.md). A bare
-key takes the newest entry (by date, then id) that records it; `ENTRY-ID#key` names one entry.
+key takes the newest entry that records it (by date, then the entry's optional `time:` in UTC — an
+entry without one counts as the day's start — then id); `ENTRY-ID#key` names one entry.
 
     python3 tools/figures.py --check   # exit 1 and list every span whose text differs from its entry
     python3 tools/figures.py --write   # rewrite those spans from the entries
@@ -55,10 +56,11 @@ def lookup(name: str, es: dict[str, dict]) -> str:
     if "#" in name:
         eid, key = name.split("#", 1)
         return render(es[eid]["numbers"][key])
-    have = [(str(e["date"]), eid) for eid, e in es.items() if name in (e.get("numbers") or {})]
+    have = [(str(e["date"]), str(e.get("time", "00:00")), eid) for eid, e in es.items()
+            if name in (e.get("numbers") or {})]
     if not have:
         raise KeyError(name)
-    return render(es[max(have)[1]]["numbers"][name])
+    return render(es[max(have)[2]]["numbers"][name])
 
 
 def documents() -> list[Path]:
