@@ -41,6 +41,7 @@ from bench import harness  # noqa: E402
 from bench.harness import existing, is_sync_warning, profile_kernels  # noqa: E402
 
 from autotune.core.problem import Problem  # noqa: E402
+from autotune.runtime import onecopy  # noqa: E402
 
 SMOKE = os.environ.get("MLP_GRAPH_SMOKE") == "1"
 DEV = "cpu" if SMOKE else "cuda"
@@ -323,6 +324,9 @@ def main() -> int:
                     help="serve every M of a weight from one layout (Dispatcher one_copy): 1 on, 0 off, auto on "
                     "where the GPU holds less than ONE_COPY_BELOW_GIB (an H100: the 78 layers with a copy per "
                     "layout the winners read did not fit 80 GB)")
+    ap.add_argument("--one-copy-upto", default="step", help="with one copy, the largest M whose rungs choose the "
+                    "layout: step (the largest --ms), runtime (the Dispatcher's default, onecopy.DECODE_UPTO: the "
+                    "documented engine recipe `Dispatcher(cache, one_copy=True)`), or a number")
     ap.add_argument("--model", default="glm5")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--render", type=existing, help="print the markdown tables of a result JSON and exit")
@@ -346,14 +350,18 @@ def main() -> int:
            "problems": {k: [p.key, n] for k, (p, n) in kinds.items()}, "rows_per_m": ROUNDS, "forms": []}
     one_copy = a.one_copy == "1" or (a.one_copy == "auto" and DEV == "cuda"
                                       and torch.cuda.get_device_properties(0).total_memory < ONE_COPY_BELOW_GIB * 2**30)
+    if a.one_copy_upto not in ("step", "runtime") and not a.one_copy_upto.isdigit():
+        ap.error(f"--one-copy-upto takes step, runtime or a number, got {a.one_copy_upto!r}")
+    upto = {"step": max(ms), "runtime": None}.get(a.one_copy_upto, None if not a.one_copy_upto.isdigit()
+                                                   else int(a.one_copy_upto))
     res["one_copy"] = one_copy
-    res["one_copy_upto"] = max(ms) if one_copy else None
+    res["one_copy_upto"] = (upto if upto is not None else onecopy.DECODE_UPTO) if one_copy else None
     bad = 0
     t0 = time.time()
     for form, mlp in ((f, m) for f in a.forms.split(",") for m in a.mlp.split(",")):
-        # one copy: the layout chosen by the rungs the step serves (M <= max(ms)), not by every rung
+        # one copy: the layout chosen by the rungs up to --one-copy-upto (the step's M by default), not by every rung
         d = Dispatcher(family_cache(a.cache, form, tmp) or os.path.join(tmp, "none.db"), record_misses=False,
-                       warn=False, one_copy=one_copy, one_copy_upto=max(ms) if one_copy else None)
+                       warn=False, one_copy=one_copy, one_copy_upto=upto if one_copy else None)
         step = Step(kinds, d, max(ms), seed=1, mlp=mlp)
         pfs = [bool(int(v)) for v in a.prefetch.split(",")]
         for routing in a.routing.split(","):

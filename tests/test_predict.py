@@ -52,6 +52,8 @@ def test_predict_stores_checked_first_choices_served_on_their_rung_until_a_measu
     assert rep.measured == 0 and rep.predicted == len(BUCKETS)
     ws = store.winners(CPU.device_key)
     assert [(w.bucket, w.tactic_id, w.predicted) for w in ws] == [(b, best.id, True) for b in BUCKETS]
+    assert all(w.replay_checked for w in ws)       # checked under (recorded-call) replay as served
+    assert rep.stages.data["replay check"][0] == len(BUCKETS)
     assert not any(store.get_trials(P.key, b, CPU.device_key) for b in BUCKETS)     # nothing timed, nothing failed
     d = Dispatcher(store, env=CPU, record_misses=False, warn=False)
     assert d.rung_for(P, 8) == ("predicted", best)
@@ -74,6 +76,51 @@ def test_predict_stores_checked_first_choices_served_on_their_rung_until_a_measu
     store.put_winner(Winner(w.problem_key, w.bucket, w.device_key, best.id, "torch", best.to_json(), w.lib_key, 1.0,
                             w.default_tactic_id, None, None, w.code_key, predicted=True))
     assert store.winners(CPU.device_key) == before     # a prediction never replaces a measured winner
+
+
+def test_predict_never_stores_a_first_choice_wrong_only_under_replay(tmp_path, register_family):
+    """A model that puts the stalecache family's `stale` member first (its eager check passes; it is
+    wrong only when inputs change in place under fixed pointers): predict replay-checks it, stores it
+    as a failed trial, "wrong under graph replay", and predicts nothing there."""
+    pytest.importorskip("lightgbm")
+    fam = register_family("stalecache", "tests.families.stalecache:StaleCacheFamily")
+    p = Problem.dense(256, 512)
+    stale, fresh = Tactic("stalecache", mode="stale"), Tactic("stalecache", mode="fresh")
+    ts = (stale, fresh, TORCH.default(p, ARCHS["cpu"]))        # the designated default joins the plan
+    rows = [rankdata.row(p, t, m, ARCHS["cpu"], 2, None) for t in ts for m in (1, 4, 16)] * 20
+    model = rankmodel.fit(rows, [0.0 if t == stale else 1.0 for t in ts for _ in (1, 4, 16)] * 20,
+                          {"arch": "cpu"}, rounds=10)
+    store = Store(tmp_path / "c.db")
+    rep = search([p], families=[fam], store=store, buckets=Buckets.of((1, 4)), timer=FAST, env=CPU,
+                 strategy="predict", rank_model=model)
+    assert rep.predicted == 0 and not store.winners()
+    for b in (1, 4):
+        [t] = store.get_trials(p.key, b, CPU.device_key)
+        assert t.tactic_id == stale.id and t.status == "failed" and "wrong under graph replay" in t.reason
+        assert t.rel_err is not None and t.rel_err < 1e-2                 # its eager check passed
+
+
+def test_predict_plans_the_first_choice_a_ranked_plan_orders_first(tmp_path):
+    """plans.firsts (predict's plan: one prediction, no stored times, no extras) gives each (problem,
+    bucket) the tactic `plans.plans` orders first; the model's matrix and its feature-major tree walk
+    give what its row vectors and the row-major walk give."""
+    import numpy as np
+    from autotune.engine.planning import Planned
+    from autotune.engine.search import _Work
+    from autotune.engine.strategies.ranked import batches, plans
+    best = next(t for t in _kept() if t != TORCH.default(P, ARCHS["cpu"]))
+    model = _model(best)
+    dflt = TORCH.default(P, ARCHS["cpu"])
+    work = [_Work(P, [Planned(P, t, TORCH.verdict(P, t, ARCHS["cpu"])) for t in _kept()], dflt)]
+    got = plans.firsts(model, work, BUCKETS, ARCHS["cpu"], 2)
+    full = plans.plans(model, work, BUCKETS, ARCHS["cpu"], 2, Store(tmp_path / "c.db"), CPU.device_key,
+                       batches.Ranked())
+    assert got == {k: plan.order[0] for k, plan in full.items()} and set(got.values()) == {best}
+    rows = [rankdata.row(P, t, m, ARCHS["cpu"], 2, None) for t in _kept()[:20] for m in (1, 64)]
+    X = np.array([model.vector(r) for r in rows])
+    assert np.array_equal(model.matrix(rows), X)
+    X0 = np.ascontiguousarray(np.where(np.isnan(X), 0.0, X))
+    assert model.predict(rows) == sum(t.values(X, X0) for t in model._trees).tolist()
 
 
 def test_export_leaves_predicted_winners_out_unless_asked(tmp_path):

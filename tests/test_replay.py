@@ -3,6 +3,8 @@ replay with inputs refreshed in place, before it may win. Its proof is the `stal
 (tests/families/stalecache.py), wrong only when inputs change in place under fixed pointers."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -99,6 +101,61 @@ def test_the_served_torch_launchers_pass_with_a_minus_one_slot(problem):
         assert not torch.equal(a.topk_ids, c.topk_ids)          # other experts in each set
 
 
+@pytest.mark.parametrize("problem", [DENSE, MOE], ids=["dense", "moe"])
+def test_setup_draws_the_replay_seed_with_set_0_in_one_pass(problem):
+    """The job's setup makes set 0's reference (the eager check's) and the replay seed's in one pass
+    (a grouped problem's experts dequantized once for both): each equals its reference made alone;
+    every finalist's replay check then reads them, and their row references, without drawing."""
+    b = Bench("cpu")
+    b.setup(problem.key, 4, 0)
+    refs = b._replay_refs
+    assert refs.sets[0] is b._sets[0] and b._ref is refs.refs[0]
+    for s, ref in zip(refs.sets, refs.refs):
+        assert torch.equal(ref, inputs.reference(problem, s))
+    if problem.kind == "grouped_moe":
+        assert int((refs.sets[1].topk_ids == -1).sum()) == 1
+    fam = registry.get("torch")
+    for t in [fam.default(problem, ARCHS["cpu"]), *fam.enumerate(problem, ARCHS["cpu"])][:3]:
+        assert b.replay(t)["max_row_err"] < 1e-2
+        assert b._replay_refs is refs                       # drawn once for the (problem, bucket)
+
+
+def test_the_shared_row_reference_judges_as_the_reference_does():
+    """row_error against a RowRef (made once per (problem, bucket)) equals row_error against the
+    float64 reference it was made from; a per-pair output's -1 row is left out, NaN or not."""
+    ref = torch.randn(4, 2, 32, dtype=torch.float64)
+    ids = torch.tensor([[0, 1], [2, -1], [1, 0], [3, 2]], dtype=torch.int32)
+    out = ref.to(torch.bfloat16)
+    out[2, 1] += 0.5
+    rr = replay.row_ref(ref, ids)
+    assert rr.rows.shape == (7, 32) and rr.keep.tolist() == [0, 1, 2, 4, 5, 6, 7]
+    assert replay.row_error(MOE, out, rr) == replay.row_error(MOE, out, ref, ids) > 1e-2
+    out[1, 1] = float("nan")                                # the -1 pair: nothing reads it
+    assert math.isfinite(replay.row_error(MOE, out, rr))
+    out[0, 0] = float("inf")
+    assert replay.row_error(MOE, out, rr) == math.inf
+
+
+def test_a_later_replay_that_fails_is_named():
+    """Every replay's row error is read after the last one (one host wait): a launcher right on the
+    first refreshed seed and wrong on the second replay fails naming replay 2."""
+    s = inputs.make_inputs(DENSE, 4, "cpu", seed=5)[0]
+    refs = replay.draw(DENSE, 4, "cpu", 1, s.w)
+    fam = registry.get("torch")
+    t = fam.default(DENSE, ARCHS["cpu"])
+    launcher, pool, word = _bound(fam, DENSE, t, "cpu", s.w)
+    calls = []
+
+    def wrong_on_fourth(x, *a, **kw):
+        calls.append(1)
+        y = launcher(x, *a, **kw)
+        return y * 2 if len(calls) == 4 else y           # plan, capture, replay 1, replay 2
+
+    wrong_on_fourth.caps = launcher.caps
+    with pytest.raises(replay.ReplayFailed, match="replay 2 .*largest row relative error"):
+        replay.check(DENSE, wrong_on_fourth, refs, "cpu", pool, word)
+
+
 def test_a_wrong_row_fails_and_names_the_row_error():
     """row_error: the largest row's relative error; one wrong row among many fails."""
     ref = torch.randn(16, 64, dtype=torch.float64)
@@ -141,7 +198,10 @@ def test_a_search_never_stores_a_replay_only_failure_as_winner(tmp_path, stale, 
 
 
 @pytest.mark.gpu
-def test_a_real_cuda_graph_fails_the_stale_member_and_passes_the_fresh(stale):
+@pytest.mark.parametrize("room", [replay.ROOM_BYTES, 1 << 60], ids=["keeps-cache", "empties-cache"])
+def test_a_real_cuda_graph_fails_the_stale_member_and_passes_the_fresh(stale, monkeypatch, room):
+    """Both captures: begun directly (the allocator's cache kept) and, without room, torch.cuda.graph."""
+    monkeypatch.setattr(replay, "ROOM_BYTES", room)
     s = inputs.make_inputs(DENSE, 8, "cuda", seed=3)[0]
     got = replay.draw(DENSE, 8, "cuda", 11, s.w)
     launcher, pool, word = _bound(stale, DENSE, STALE, "cuda", s.w)

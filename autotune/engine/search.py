@@ -468,7 +468,7 @@ def _predicted_winner(store, job: Job, o: Outcome, env: Env, lib_keys) -> Winner
     call's host time); the store keeps a measured winner of the same bucket instead."""
     t, lib = o.tactic, lib_keys[o.tactic.family]
     w = Winner(job.problem.key, job.bucket, env.device_key, t.id, t.family, t.to_json(), lib, o.median_us,
-               job.default_id, None, None, registry.code_key(t, lib), predicted=True)
+               job.default_id, None, None, registry.code_key(t, lib), o.replay_checked, predicted=True)
     store.put_winner(w)
     return w
 

@@ -247,7 +247,11 @@ class Bench:
                 self._weights.append(inputs.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
             s0 = zlib.crc32(f"{seed}:{p.key}:{bucket}".encode())
             self._sets = inputs.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
-            self._ref = inputs.reference(p, self._sets[0])
+            # set 0's reference (the eager check's) and the replay check's second seed with its
+            # reference, made in one pass: a grouped problem's experts dequantized once for both
+            self._replay_refs = replay_check.draw(p, bucket, self.device, seed, self._sets[0].w,
+                                                  known=(self._sets[0], None))
+            self._ref = self._replay_refs.refs[0]
             self._outs = [inputs.torch_empty_out(p, bucket, s) for s in self._sets]
         except BaseException:
             self.clear()      # the caller retries with the same seeds: give it the whole device back first
@@ -324,8 +328,8 @@ class Bench:
         weight, packed as the search packed it; a scratch pool and bad-id word attached), called as
         an engine calls it, captured, and replayed with inputs refreshed in place. Raises
         ReplayFailed when it is wrong there. The refreshed inputs and their float64 references are
-        drawn once per (problem, bucket): the job's set 0 with the reference its eager check used,
-        and one more seed."""
+        drawn once per (problem, bucket), with the job's inputs (`setup`): the job's set 0 with the
+        reference its eager check uses, and one more seed; every finalist's check shares them."""
         def run() -> dict:
             t0 = time.perf_counter()
             packed = self._args(tactic, 0)[1]

@@ -46,8 +46,8 @@ register("ranked", "autotune.engine.strategies.ranked.strategy:RankedStrategy",
 register("halving", "autotune.engine.strategies.halving:HalvingStrategy", "every kept tactic, successive halving")
 register("exhaustive", "autotune.engine.strategies.exhaustive:ExhaustiveStrategy", "every kept tactic fully timed")
 register("predict", "autotune.engine.strategies.predict:PredictStrategy",
-         "nothing timed: the rank model's first choice per (problem, bucket), checked against float64 and stored as "
-         "predicted (no model for the arch: the family defaults)")
+         "nothing timed: the rank model's first choice per (problem, bucket), checked against float64 and under "
+         "graph replay and stored as predicted (no model for the arch: the family defaults)")
 
 #: the strategy a search uses unless told (with --batch-invariant every candidate needs a time in every bucket)
 DEFAULT, INVARIANT_DEFAULT = "ranked", "halving"

@@ -24,7 +24,7 @@ PREDICTED = "predicted"
 def kept_at(w: Any, bucket: int) -> list:
     """The job's kept rows the search times at `bucket`: those their family calls useful there
     (Family.useful; the designated default always)."""
-    return [r for r in w.kept if r.tactic.id == w.default.id or registry.useful(w.problem, r.tactic, bucket)]
+    return [r for r in w.kept if r.tactic == w.default or registry.useful(w.problem, r.tactic, bucket)]
 
 
 class SearchView(Protocol):

@@ -94,11 +94,13 @@ class _Tree:
     _arrays: tuple | None = field(default=None, repr=False, compare=False)
 
     def values(self, X, X0=None):
-        """Leaf values for every row of X (numpy [rows, features]); X0 is X with NaN read as 0.
-        LightGBM's rule: a NaN is 0 unless missing values are NaN-typed; the missing-type bits
-        (2-3 of decision_type: 1 zero, 2 NaN) send such values to the default side (bit 1).
-        A tree without missing-typed splits (what our fits give: no feature is ever NaN) walks all
-        rows for its depth with leaves pointing at themselves: three array operations a level."""
+        """Leaf values for every row of X (numpy [rows, features]); X0 is X with NaN read as 0,
+        stored feature-major (`np.asfortranarray`: a level's rows that split on one feature read one
+        column) or row-major. LightGBM's rule: a NaN is 0 unless missing values are NaN-typed; the
+        missing-type bits (2-3 of decision_type: 1 zero, 2 NaN) send such values to the default
+        side (bit 1). A tree without missing-typed splits (what our fits give: no feature is ever
+        NaN) walks all rows for its depth with leaves pointing at themselves: three array
+        operations a level."""
         import numpy as np
         if not self.feature:
             return np.full(X.shape[0], self.leaf[0])
@@ -106,11 +108,16 @@ class _Tree:
             self._arrays = _walk_arrays(self)
         feat, thr, dt, left, right, leaf, plain = self._arrays
         if plain:
-            X0 = np.ascontiguousarray(np.where(np.isnan(X), 0.0, X)) if X0 is None else X0
-            n, flat = len(dt), X0.ravel()
-            base, node = np.arange(X.shape[0]) * X.shape[1], np.zeros(X.shape[0], dtype=np.int64)
+            X0 = np.asfortranarray(np.where(np.isnan(X), 0.0, X)) if X0 is None else X0
+            n, rows = len(dt), X.shape[0]
+            if X0.flags.f_contiguous:   # feature f of row i at f * rows + i
+                flat, base, stride = X0.ravel(order="F"), np.arange(rows), rows
+            else:
+                flat, base, stride = np.ascontiguousarray(X0).ravel(), np.arange(rows) * X.shape[1], 1
+            node = np.zeros(rows, dtype=np.int64)
+            col = feat * stride         # per node: where its feature's values start
             for _ in range(plain):
-                node = np.where(flat.take(base + feat.take(node)) <= thr.take(node), left.take(node), right.take(node))
+                node = np.where(flat.take(base + col.take(node)) <= thr.take(node), left.take(node), right.take(node))
             return leaf.take(node - n)
         node = np.zeros(X.shape[0], dtype=np.int64)
         live = np.ones(X.shape[0], dtype=bool)
@@ -188,6 +195,24 @@ class Model:
         """A row in the model's feature order: an absent one-hot feature is 0, an absent number MISSING."""
         return [float(f.get(n, d)) for n, d in zip(self.names, self._defaults())]
 
+    def matrix(self, rows: Iterable[Mapping[str, float]]):
+        """`vector` of every row as one numpy [rows, features] array: the defaults, then each row's
+        own features written where the model has them (a row names a few of the model's features)."""
+        import numpy as np
+        col = {n: j for j, n in enumerate(self.names)}
+        ri, ci, vs = [], [], []
+        i = -1
+        for i, f in enumerate(rows):
+            for k, v in f.items():
+                j = col.get(k)
+                if j is not None:
+                    ri.append(i)
+                    ci.append(j)
+                    vs.append(v)
+        X = np.tile(np.array(self._defaults(), dtype=np.float64), (i + 1, 1)).reshape(i + 1, len(self.names))
+        X[ri, ci] = np.array(vs, dtype=np.float64)
+        return X
+
     def _defaults(self) -> list[float]:
         if self._absent is None or len(self._absent) != len(self.names):
             self._absent = [0.0 if "=" in n else MISSING for n in self.names]
@@ -198,9 +223,9 @@ class Model:
         import numpy as np
         if self._trees is None:
             self._trees = _parse_trees(self.booster)
-        X = np.array([self.vector(r) for r in rows], dtype=np.float64).reshape(-1, len(self.names))
+        X = self.matrix(rows)
         out = np.zeros(X.shape[0])
-        X0 = np.ascontiguousarray(np.where(np.isnan(X), 0.0, X))
+        X0 = np.asfortranarray(np.where(np.isnan(X), 0.0, X))
         for t in self._trees:
             out += t.values(X, X0)
         return out.tolist()

@@ -151,6 +151,25 @@ def plans(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: 
     return out
 
 
+def firsts(model: rankmodel.Model, work: Iterable, buckets: Sequence[int], arch: Arch,
+           sms: int) -> dict[tuple[str, int], Tactic]:
+    """Per (problem, bucket): the model's first choice among the kept tactics useful there (`kept_at`),
+    ties to the smaller tactic id — `plans(...)[key].order[0]`, without what only a timed search reads
+    (stored times, the model's bests, extras, the whole order): `--strategy predict`'s plan. One
+    prediction over every row."""
+    work = list(work)
+    useful = {(w.problem.key, b): kept_at(w, b) for w in work for b in buckets}
+    preds = iter(model.predict([rows.row(w.problem, r.tactic, b, arch, sms, r.verdict.smem_bytes)
+                                for w in work for b in buckets for r in useful[(w.problem.key, b)]]))
+    out = {}
+    for key, kept in useful.items():
+        p = [next(preds) for _ in kept]
+        if kept:
+            low = min(p)
+            out[key] = min((r.tactic for r, v in zip(kept, p) if v == low), key=lambda t: t.id)
+    return out
+
+
 def kernel_of(t: Tactic) -> tuple[str, str]:
     """A tactic's kernel: its family and, where the family has several, its `kernel` parameter."""
     return t.family, str(t.params.get("kernel", ""))
