@@ -55,6 +55,9 @@ class SearchInput:
     fold_shared: bool = knob(True, Opt(
         "--fold-shared/--no-fold-shared", "also the routed experts' problems with the shared expert folded in as "
         "one more, always routed expert (E+1, top_k+1: what FP4MoE(shared=...) runs by default)", show_default=True))
+    moe_layers: bool = knob(False, Opt(
+        "--moe-layers", "also each routed MoE layer as one problem (both GEMMs, kind moe_layer), measured after its w13 "
+        "and w2 problems against the pair of their winners; off by default", switch=True))
     activations: str | None = knob(None, Opt(
         "--activations", "a W4A4 checkpoint (static activation scales): auto = the W4A4 problems where the arch has a "
         "W4A4 tactic, else W4A16 with a warning; the loaders (from_pretrained) read the same setting "

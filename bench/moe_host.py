@@ -9,13 +9,16 @@ expert's FP4MLP), pinned.
   the figure is host time per forward as long as the GPU keeps up (it does at M = 1: ~30 µs of
   kernels), and the device syncs one forward makes are counted (torch's sync debug mode).
 
-    python3 bench/moe_host.py [--device cpu|cuda] [--experts 16] [--reps 30] [--batch 200] [--profile 15] [--json out.json]
+    python3 bench/moe_host.py [--device cpu|cuda] [--experts 16] [--reps 30] [--batch 200] [--profile 15]
+                              [--profile-form "shared folded"] [--json out.json]
 
 GLM-5 TP8's MoE layer (H 6144, I 256 per rank, top 8, one shared expert) with `--experts` local
 experts (the host path does not depend on E), M = 1, forms: routed only, shared apart, shared folded
 (the default), and shared folded with w2 on moe_tok. Figures: µs per forward, p50 / p90 over
-batches, and the torch operators one forward dispatches; `--profile N` prints the N functions with
-the most own time (cProfile) for "shared folded".
+batches; this thread's CPU µs per forward, least over batches (time the thread spends off the CPU
+on a loaded machine left out); the Python and C function calls one forward makes (sys.setprofile:
+the host path's length, the same on any machine); and the torch operators one forward dispatches.
+`--profile N` prints the N functions with the most own time (cProfile) for `--profile-form`.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import io
 import platform
 import pstats
 import sys
+import time
 import types
 import warnings
 from pathlib import Path
@@ -105,6 +109,34 @@ def aten_ops(fwd) -> int:
     return Count.n
 
 
+def python_calls(fwd) -> int:
+    """The Python and C function calls one forward makes (sys.setprofile's call and c_call events)."""
+    n = 0
+
+    def count(frame, event, arg):
+        nonlocal n
+        n += event in ("call", "c_call")
+    fwd()
+    sys.setprofile(count)
+    try:
+        fwd()
+    finally:
+        sys.setprofile(None)
+    return n - 1                          # setprofile(None) itself
+
+
+def cpu_us(fwd, reps: int, batch: int) -> float:
+    """This thread's CPU µs per forward, the least over `reps` batches of `batch` forwards."""
+    fwd()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.thread_time_ns()
+        for _ in range(batch):
+            fwd()
+        best = min(best, (time.thread_time_ns() - t0) / batch / 1e3)
+    return best
+
+
 EMPTY = r"""extern "C" __global__ void empty_moe(const void* a0, const void* a1, const void* a2, void* a3,
     const void* a4, const void* a5, const void* a6, void* a7, int* a8, int* a9, float* a10, int* a11, int i0, int i1,
     int i2, int i3, int i4, int i5, int i6, int i7, int i8, int i9, int i10, const int* p0, const int* p1, int j0,
@@ -168,6 +200,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=200)
     ap.add_argument("--profile", type=int, default=15)
+    ap.add_argument("--profile-form", default="shared folded",
+                    choices=("routed only", "shared apart", "shared folded", "shared folded, w2 moe_tok"))
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.experts < TOP_K:
@@ -198,7 +232,7 @@ def main() -> None:
     ids = torch.randint(0, e, (1, TOP_K)).to(dev)
     tw = torch.rand(1, TOP_K).to(dev)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    syncs, ops = {}, {}
+    syncs, ops, calls, host_cpu = {}, {}, {}, {}
     rows = {}
     profile = ""
     for form in ("routed only", "shared apart", "shared folded", "shared folded, w2 moe_tok"):
@@ -216,6 +250,9 @@ def main() -> None:
         rows[form] = per_call(fwd, a.reps, a.batch)
         sync()
         ops[form] = aten_ops(fwd)
+        calls[form] = python_calls(fwd)
+        host_cpu[form] = cpu_us(fwd, a.reps, a.batch)
+        sync()
         if dev == "cuda":
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -225,7 +262,7 @@ def main() -> None:
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             syncs[form] = sum(is_sync_warning(w) for w in caught)
-        if form == "shared folded" and a.profile:
+        if form == a.profile_form and a.profile:
             pr = cProfile.Profile()
             pr.enable()
             for _ in range(a.batch):
@@ -237,9 +274,11 @@ def main() -> None:
     what = "host only (no-op CuPy launch)" if dev == "cpu" else f"real kernels on {torch.cuda.get_device_name()}"
     print(f"FP4MoE eager forward, {what}, M = 1, H {H}, I {I}, top {TOP_K}, "
           f"E {e}, {platform.processor() or platform.machine()}, torch {torch.__version__}")
-    print("| form | µs / forward p50 | p90 | aten ops / forward | syncs / forward |\n|---|---:|---:|---:|---:|")
+    print("| form | µs / forward p50 | p90 | thread CPU µs, least | Python calls / forward | aten ops / forward "
+          "| syncs / forward |\n|---|---:|---:|---:|---:|---:|---:|")
     for form, r in rows.items():
-        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} | {ops[form]} | {syncs.get(form, '-')} |")
+        print(f"| {form} | {r['p50']:.1f} | {r['p90']:.1f} | {host_cpu[form]:.1f} | {calls[form]} | {ops[form]} "
+              f"| {syncs.get(form, '-')} |")
     pieces = parts(dev)
     print("| piece of a forward | µs per call |\n|---|---:|")
     for k, v in pieces.items():
@@ -247,9 +286,8 @@ def main() -> None:
     if profile:
         print(profile[profile.find("   ncalls"):])
     if a.json:
-        harness.write(a, {"rows": rows, "syncs": syncs, "aten_ops": ops, "parts": pieces,
-                                            "device": dev, "experts": e,
-                                            "torch": torch.__version__})
+        harness.write(a, {"rows": rows, "syncs": syncs, "aten_ops": ops, "python_calls": calls, "cpu_us": host_cpu,
+                          "parts": pieces, "device": dev, "experts": e, "torch": torch.__version__})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from autotune.core import jsonread
+from autotune.core.layer import KIND as LAYER_KIND
 from autotune.core.problem import Problem
 from autotune.core.records import Winner
 from autotune.core.tactic import Tactic, canonical_json
@@ -134,7 +135,10 @@ def collect(store: Store, gpu: str | None = None, problem_keys: Iterable[str] | 
     """The payload of `store`'s winners (optionally one GPU's / some problems'), every row as stored;
     predicted winners (never timed) only with `include_predicted`."""
     devices = store.device_records()
-    winners = [w for w in store.winners() if include_predicted or not w.predicted]
+    # a whole MoE layer's winners (kind moe_layer) stay in the cache that measured them: no engine's
+    # format has the problem, and a pair tactic's key does not cover the code of the tactics it runs
+    winners = [w for w in store.winners() if (include_predicted or not w.predicted)
+               and not w.problem_key.startswith(LAYER_KIND + ":")]
     if gpu:
         keys = select_devices(devices.values(), gpu)
         winners = [w for w in winners if w.device_key in keys]

@@ -13,7 +13,7 @@ Reasons (stable strings, counted by the readers):
   malformed tactic                     its tactic parameters are not a tactic
   tactic does not match its id         id (or family column) differs from the parameters' hash
   bad bucket                           not an int in 1..MAX_BUCKET (0 only for a trial "rejected" on every bucket)
-  bad problem key                      does not parse as a Problem key
+  bad problem key                      does not parse as a Problem or LayerProblem key
   bad device key / bad lib key         not 16 lowercase hex digits (the hash length of core.env)
   bad default tactic id                not 16 lowercase hex digits
   bad median_us / bad default_median_us / bad iqr_us / bad rel_err ...   not finite, out of range
@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from autotune.core.env import Env
-from autotune.core.problem import Problem
+from autotune.core.layer import parse_key
 from autotune.core.records import Miss, Trial, Winner
 from autotune.core.tactic import Tactic
 
@@ -79,7 +79,7 @@ def _tactic(params_json: Any, tactic_id: Any, family: Any) -> str | None:
 
 def _problem_key(key: str) -> str | None:
     try:
-        Problem.from_key(key)
+        parse_key(key)
     except (ValueError, TypeError):
         return "bad problem key"
     return None

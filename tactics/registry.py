@@ -24,7 +24,11 @@ FAMILIES: dict[str, str] = {
     "cutlass": "autotune.tactics.cutlass.family:CutlassFamily",
     "cublaslt": "autotune.tactics.cublaslt:CublasLtFamily",
     "cuda": "autotune.tactics.cuda.family:CudaFamily",      # CuPy imported lazily: unavailable without it
+    "layer": "autotune.tactics.layer:LayerFamily",          # whole MoE layers (core.layer), and pairs of GEMM tactics
 }
+
+#: the family whose tactics run a whole MoE layer as one call, the pair of two GEMM tactics included
+LAYER = "layer"
 
 #: the entry-point group a third-party distribution declares its families in, one per name:
 #:     [options.entry_points]
@@ -80,6 +84,12 @@ def get(name: str) -> Family:
         return getattr(importlib.import_module(mod), cls)()
     except ImportError as e:
         raise ImportError(f"tactic family {name!r} cannot be imported: {e}") from e
+
+
+def pair_tactic(w13: Tactic, w2: Tactic) -> Tactic:
+    """One layer tactic running `w13`'s and `w2`'s tactics (any families') in sequence: the pair
+    competitor the engine makes from a layer's two stored pair winners without naming a family."""
+    return Tactic(LAYER, via="pair", w13=w13.to_json(), w2=w2.to_json())
 
 
 def parse(names_csv: str) -> list[Family]:

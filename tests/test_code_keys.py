@@ -35,7 +35,7 @@ LIB = CPU.lib_key(("torch",))
 P = Problem.dense(256, 512)
 T = Tactic("torch", dequant_dtype="bf16", chunk_n=0)
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
-BUILTIN = ("torch", "triton", "cutlass", "cublaslt", "cuda")
+BUILTIN = ("torch", "triton", "cutlass", "cublaslt", "cuda", "layer")
 
 
 def _other_python() -> str | None:
@@ -131,7 +131,8 @@ def declared(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     # one line of one kernel: only its member's key moves
     ("autotune.tactics.triton_fp4.w4a4_kernels", "tl.store(", "tl.store( ", set()),           # whitespace: no code change
     ("autotune.tactics.triton_fp4.moe_decode_kernel", "import triton\n", "import triton\nSCALE_BUG = 2\n", {"triton/moe_decode"}),
-    ("autotune.tactics.torch_ref", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"torch"}),
+    # the layer family's torch composition runs torch_ref's grouped calls
+    ("autotune.tactics.torch_ref", "import torch\n", "import torch\nSCALE_BUG = 2\n", {"torch", "layer"}),
     ("autotune.tactics.cuda:w4a16_mma.cu", "struct DenseRows", "#define SCALE_BUG 2\nstruct DenseRows", {"cuda/w4a16_mma"}),
     # a cuda member's key covers its own text and launch and the shared parts it includes, no other member's
     ("autotune.tactics.cuda:ring.cuh", "struct TileBase", "#define SCALE_BUG 2\nstruct TileBase",

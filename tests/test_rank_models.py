@@ -37,18 +37,21 @@ def test_the_shipped_sm90_model_loads_knows_the_cuda_family_moe_decode_and_the_f
     m = rankmodel.load(path)
     assert m.covers(SM90) and not m.covers(CPU_ARCH) and strategy.shipped(CPU_ARCH) is None
     assert path.name == strategy.shipped_name(m)                   # named by its key
-    assert {"family=cuda", "family=triton", "p.kernel=moe_decode", "p.kernel=moe_mma", "epilogue=swiglu",
-            "epilogue=reduce"} <= set(m.names)
-    assert set(FUSED) <= set(m.info["problems"]) and set(m.info["sources"]) == {
-        "h200x2-glm5-tp8-full", "cuda-search-h200", "moe-search-h200", "main-job-h200", "moe-latency-h200-ab"}
+    assert {"family=cuda", "family=triton", "family=torch", "p.kernel=moe_decode", "p.kernel=moe_mma",
+            "p.kernel=moe_tok", "epilogue=swiglu", "epilogue=reduce"} <= set(m.names)
+    folded = {k.replace("e256:top8", "e257:top9") for k in FUSED}
+    assert set(FUSED) | folded <= set(m.info["problems"])
+    # fitted on the main jobs of the final problem set (tools/fit_rank_models.py CACHES), H200 and H100
+    assert set(m.info["sources"]) == {"main-job-h200-7a8be9d", "main-job-h100-961f0e7"}
+    assert m.key["gpu"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"] and m.info["outside_space"] == 0
     assert {"torch", "triton", "cupy"} <= set(m.key["libs"])
 
 
 def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
     """Every categorical feature of every kept cuda/triton/torch tactic of a dense and both fused
-    GLM-5 TP8 problems is one the shipped model was fitted on, but moe_tok's (added after the fit): no
-    other tactic enters as a never-seen extra (the model of docs/data, fitted before cuda and the fused
-    problems, has them all as new)."""
+    GLM-5 TP8 problems is one the shipped model was fitted on (moe_tok's included): no tactic enters
+    as a never-seen extra. The extras are the default, the model's bests and its siblings' bests,
+    then each kernel's best-predicted tactic where its kernel is not in the first batch yet."""
     m = rankmodel.load(strategy.shipped(SM90))
     probs = [Problem.from_key("dense:bf16*nvfp4->bf16:n3072:k6144"), *map(Problem.from_key, FUSED)]
     fams = [registry.get(n) for n in ("cuda", "triton", "torch")]
@@ -64,23 +67,20 @@ def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
             p = plans[(w.problem.key, b)]
             bests = tuple(i for i in m.bests(w.problem.key, b) if i in ids)
             assert bests                                            # the committed data timed every one of these jobs
-            # the default, then the model's bests, then never-seen members: only moe_tok (added after the
-            # fit, kernel=moe_tok a category the trees never saw), only on the reduce problem it runs
-            seen = list(dict.fromkeys((w.default.id, *bests)))
+            sib = tuple(i for i in m.sibling_bests(w.problem, b) if i in ids)
+            assert bool(sib) == (w.problem.kind == "grouped_moe")   # the folded problem's data
+            seen = list(dict.fromkeys((w.default.id, *bests, *sib)))
             extras = [t.id for t in p.extras]
             assert extras[:len(seen)] == seen, (w.problem.key, b)
             # ... then each kernel's best-predicted tactic where its kernel is not in the first batch yet
-            # (strategy._every_member): never a second tactic of one kernel, never a kernel already there
+            # (strategy.every_member): never a second tactic of one kernel, never a kernel already there;
+            # nothing else (no never-seen member)
             first = ranked.Ranker(p).first
-            head = {strategy.kernel_of(t) for t in p.order[:first]}
+            head = {strategy.kernel_of(t) for t in (*p.order[:first], *(t for t in p.extras if t.id in seen))}
             rest = p.extras[len(seen):]
-            tops = [t for t in rest if strategy.kernel_of(t) not in head and t.params.get("kernel") != "moe_tok"]
-            assert len({strategy.kernel_of(t) for t in tops}) == len(tops), (w.problem.key, b)
-            assert all(t == next(o for o in p.order if strategy.kernel_of(o) == strategy.kernel_of(t)) for t in tops)
-            novel = [t for t in rest if t not in tops]
-            assert all(t.params.get("kernel") == "moe_tok" for t in novel), (w.problem.key, b)
-            assert any(t.params.get("kernel") == "moe_tok" for t in novel) == (w.problem.epilogue == "reduce"), \
-                (w.problem.key, b)
+            assert all(strategy.kernel_of(t) not in head for t in rest), (w.problem.key, b)
+            assert len({strategy.kernel_of(t) for t in rest}) == len(rest), (w.problem.key, b)
+            assert all(t == next(o for o in p.order if strategy.kernel_of(o) == strategy.kernel_of(t)) for t in rest)
             # every kernel is in the first batch, but the torch reference's grouped MoE (a host loop:
             # Family.first_batch_member) unless the trees put it there
             reference = {strategy.kernel_of(t) for t in p.order if not registry.first_batch_member(w.problem, t.family)}
@@ -88,6 +88,8 @@ def test_the_shipped_model_sees_nothing_new_in_the_glm5_problems_on_sm90():
             assert {strategy.kernel_of(t) for t in (*p.order[:first], *p.extras)} | reference == \
                 {strategy.kernel_of(t) for t in p.order}
             assert len(p.order) == len(w.kept) and all(abs(x) < 10 for x in p.pred)
+            if b == 1 and w.problem.kind == "dense":                # the cuda family wins M = 1 on both main jobs
+                assert p.order[0].family == "cuda"
 
 
 def _kept(v) -> bool:
@@ -97,52 +99,44 @@ def _kept(v) -> bool:
     return v.ok is True or awaiting_record(v)
 
 
-def test_a_ranked_search_measures_first_what_the_moe_mma_sweep_found_fastest():
-    """The 2026-12-03 sweep of moe_mma's new text (docs/data/2026-12-03-h200-moe-config-sweep.json) found configs the
-    trees, fitted mostly on the older text, rank 21st and 44th (bench/rank_bests.py at f4cc350): the model's bests put them in the
-    first batch, so the next main job on the H200 measures them."""
-    sweep = json.loads((ROOT / "docs/data/2026-12-03-h200-moe-config-sweep.json").read_text())["sweep"]
+def _fastest(db_xz: str) -> dict[tuple[str, int], str]:
+    """(problem key, bucket) -> the fastest tactic that reached a final round (status ok) in a
+    committed cache, ties by id: what rows.bests takes from each source."""
+    import lzma
+    import sqlite3
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "c.db"
+        db.write_bytes(lzma.decompress((ROOT / db_xz).read_bytes()))
+        con = sqlite3.connect(db)
+        rows = con.execute("SELECT problem_key, bucket, tactic_id, median_us FROM trials "
+                           "WHERE status = 'ok' AND bucket > 0 AND median_us > 0").fetchall()
+        con.close()
+    out: dict = {}
+    for pk, b, tid, us in sorted(rows, key=lambda r: (r[3], r[2])):
+        out.setdefault((pk, b), tid)
+    return out
+
+
+def test_a_ranked_search_measures_first_what_the_newest_main_jobs_found_fastest():
+    """The model's bests at a (problem, bucket) are the fastest tactics of its newest sources: the
+    H100 main job at 961f0e7 first, then the H200 one at 7a8be9d; a ranked search's first batch holds
+    them, on the routed problems and on the folded ones (the shared expert folded in) alike."""
+    h100 = _fastest("docs/data/2026-12-07-h100-961f0e7-main-job.db.xz")
+    h200 = _fastest("docs/data/2026-12-05-h200-7a8be9d-main-job.db.xz")
     m = rankmodel.load(strategy.shipped(SM90))
-    probs = [Problem.from_key(k) for k in FUSED]
+    probs = [Problem.from_key(k) for k in FUSED] + [Problem.from_key(k.replace("e256:top8", "e257:top9")) for k in FUSED]
     fam = registry.get("cuda")
     work = []
     for p, rows in plan(probs, [fam, registry.get("triton")], SM90).items():
-        kept = [r for r in rows if _kept(r.verdict)]
-        work.append(_Work(p, kept, fam.default(p, SM90)))
-    plans = strategy.plans(m, work, [1, 4], SM90, 132, Store("sqlite://"), "dev", ranked.Ranked())
-    for w in work:
-        for b in (1, 4):
-            timed = [r for r in sweep if r["problem"] == w.problem.key and r["m"] == b and "us" in r]
-            fastest = min(timed, key=lambda r: r["us"])["tactic"]
-            tid = next(r.tactic.id for r in w.kept if r.tactic.family == "cuda"
-                       and all(r.tactic.params.get(k) == v for k, v in fastest.items()))
-            p = plans[(w.problem.key, b)]
-            assert tid in strategy.first_ids(p), (w.problem.key, b, fastest)
-            assert tid in m.bests(w.problem.key, b)
-
-
-def test_the_folded_problems_start_from_their_siblings_sweep():
-    """GLM-5's shared expert folded in (e257:top9) is the same GEMM as the routed experts' (e256:top8)
-    over one more expert and slot; the shipped model's data never timed it at M = 1, where the trees
-    rank the sibling sweep's fastest 42nd (w13) and 15th (w2), past the first batch (bench/rank_bests.py at f4cc350).
-    Its siblings' bests (Model.sibling_bests) put them in the first batch."""
-    sweep = json.loads((ROOT / "docs/data/2026-12-03-h200-moe-config-sweep.json").read_text())["sweep"]
-    m = rankmodel.load(strategy.shipped(SM90))
-    fam = registry.get("cuda")
-    work = []
-    for p, rows in plan([Problem.from_key(k.replace("e256:top8", "e257:top9")) for k in FUSED],
-                        [fam, registry.get("triton")], SM90).items():
         work.append(_Work(p, [r for r in rows if _kept(r.verdict)], fam.default(p, SM90)))
-    plans = strategy.plans(m, work, [1, 4], SM90, 132, Store("sqlite://"), "dev", ranked.Ranked())
+    plans = strategy.plans(m, work, [1, 4, 64], SM90, 132, Store("sqlite://"), "dev", ranked.Ranked())
     for w in work:
-        sib = w.problem.key.replace("e257:top9", "e256:top8")
-        for b in (1, 4):
-            assert m.bests(w.problem.key, b) == ()                 # no data of its own
-            fastest = min((r for r in sweep if r["problem"] == sib and r["m"] == b and "us" in r),
-                          key=lambda r: r["us"])["tactic"]
-            tid = next(r.tactic.id for r in w.kept if r.tactic.family == "cuda"
-                       and all(r.tactic.params.get(k) == v for k, v in fastest.items()))
-            assert tid in m.sibling_bests(w.problem, b) and tid in strategy.first_ids(plans[(w.problem.key, b)])
+        for b in (1, 4, 64):
+            want = tuple(dict.fromkeys((h100[(w.problem.key, b)], h200[(w.problem.key, b)])))
+            assert m.bests(w.problem.key, b) == want, (w.problem.key, b)
+            first = strategy.first_ids(plans[(w.problem.key, b)])
+            assert all(i in first for i in want if i in {r.tactic.id for r in w.kept}), (w.problem.key, b)
 
 
 def test_sibling_bests_are_one_expert_and_slot_away_on_the_same_gemm():
@@ -217,7 +211,8 @@ def test_precedence_rank_model_flag_then_the_caches_own_then_shipped_then_halvin
     m, note = strategy.default_model(store, SM90)
     assert m is not None and "no data for sm90" in note and "shipped for sm90" in note
     m, note = strategy.default_model(store, CPU_ARCH)               # nothing for the arch: halving
-    assert m is None and "no rank model for cpu" in note
+    assert m is None and "no rank model for cpu" in note and "the package ships one for sm90 only" in note
+    assert strategy.shipped_archs() == ["sm90"]
     assert strategy.load_model(str(tmp_path / "none.json"), store, SM90)[0] is None
 
 
@@ -255,3 +250,56 @@ def test_the_default_strategy_is_ranked_and_a_cpu_search_halves_and_says_so(tmp_
     halved = search(probs, store=Store(tmp_path / "b.db"), strategy="halving", **kw)
     assert rep.measured == halved.measured > 0
     assert {(w.problem_key, w.bucket) for w in rep.winners} == {(p.key, b) for p in probs for b in (1, 8)}
+
+
+def test_rows_outside_the_current_space_are_left_out_of_training():
+    """A stored tactic whose parameters the installed code no longer enumerates (a member or a
+    parameter renamed, removed or narrowed) is left out of every group; a group left with no timed
+    tactic is dropped (tools/fit_rank_models.py fits only on what remains)."""
+    from autotune.core.tactic import Tactic
+    p = Problem.from_key("dense:bf16*nvfp4->bf16:n3072:k6144")
+    live = registry.get("triton").enumerate(p, SM90)[0]
+    gone = Tactic("triton", **{**dict(live.params), "block_n": 24})     # no block_n of 24 in the space
+    assert live.id in rankdata.space_ids(p, "triton", SM90) and gone.id not in rankdata.space_ids(p, "triton", SM90)
+    assert rankdata.space_ids(p, "no-such-family", SM90) == frozenset()
+
+    def group(bucket, timed, negative=()):
+        g = rankdata.Group(p, bucket, "dev", source="s")
+        for t, us in timed:
+            g.tactics[t.id], g.timed[t.id], g.smem[t.id] = t, us, None
+            g.ok.add(t.id)
+        for t in negative:
+            g.tactics[t.id], g.smem[t.id] = t, None
+            g.negative.add(t.id)
+            g.rejected.add(t.id)
+        return g
+    both = group(1, [(live, 2.0), (gone, 1.0)], negative=[])
+    only_gone = group(2, [(gone, 1.0)])
+    rejected_gone = group(4, [(live, 3.0)], negative=[gone])
+    memo: dict = {}
+    kept, dropped = rankdata.in_space([both, only_gone, rejected_gone], SM90, memo)
+    assert dropped == 3 and [g.bucket for g in kept] == [1, 4]
+    for g in kept:
+        assert set(g.tactics) == set(g.timed) == g.ok == {live.id} and not g.negative and not g.rejected
+        assert g.best_us == (2.0 if g.bucket == 1 else 3.0)        # the label's reference moved to what remains
+    assert both.timed == {live.id: 2.0, gone.id: 1.0}                # the input groups are not changed
+    assert (p.key, "triton", "sm90") in memo
+
+
+def test_the_holdout_scoring_counts_first_choices_and_winner_places():
+    """tools/fit_rank_models.py --holdout: which buckets are held out and how a held-out group's
+    first choice is counted (same, within 3 %, slower, never timed) with the winner's place."""
+    import sys
+    sys.path.insert(0, str(ROOT))
+    from tools import fit_rank_models as F
+    gs = [rankdata.Group(Problem.from_key("dense:bf16*nvfp4->bf16:n512:k6144"), b, "dev") for b in (1, 2, 4, 8, 16)]
+    assert F.held_buckets(gs, 2) == [1, 4, 16] and F.held_buckets(gs, 3) == [1, 8]
+    row = dict(source="s", problem="p", bucket=1, kept=9, timed=3, winner="w", first_family="cuda")
+    rows = [{**row, "first": "w", "gap": 0.0, "timed_first_gap": 0.0, "winner_place": 1},
+            {**row, "first": "a", "gap": 0.02, "timed_first_gap": 0.02, "winner_place": 4},
+            {**row, "first": "b", "gap": 0.2, "timed_first_gap": 0.0, "winner_place": 20},
+            {**row, "first": "c", "gap": None, "timed_first_gap": 0.5, "winner_place": None}]
+    s = F.summary(rows)
+    assert (s["groups"], s["same"], s["within"], s["slower"], s["untimed"]) == (4, 1, 2, 1, 1)
+    assert (s["top1"], s["top6"], s["top15"], s["timed_first_within"]) == (1, 2, 2, 3)
+    assert s["worst_known_gap"] == 0.2

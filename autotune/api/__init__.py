@@ -27,7 +27,7 @@ from autotune.cache import CacheError, Store
 # after `cache`: importing portable first would run cache/__init__, which imports portable half-made
 from autotune.integrations.prune import prune as prune_store, select_devices
 from autotune.api.args import (DEFAULT_MAX_TOKENS, MAX_DIM, BadInput, _only, from_misses,  # noqa: F401
-                               model_problems, open_store, parse_buckets, parse_families, target_arch)
+                               model_problems, open_store, with_layers, parse_buckets, parse_families, target_arch)
 from autotune.api.show import Shown, explain, measure_ceilings, show, summary, write_report  # noqa: F401
 from autotune.api.verify import Verified, verify  # noqa: F401
 
@@ -107,6 +107,8 @@ def _uses_and_buckets(inp, target) -> tuple[list[ProblemUse], Buckets, list[str]
                                   arch=target)
         else:
             uses = [ProblemUse(p, (), 1) for p in model]
+        if inp.moe_layers:
+            uses = with_layers(uses)
         buckets = inp.buckets
         if isinstance(buckets, Buckets) or (buckets is not None and not isinstance(buckets, str)):
             b = buckets if isinstance(buckets, Buckets) else _buckets_of(buckets)
@@ -165,7 +167,7 @@ def _search_store(cache) -> Store:
 def _check_search_fits(uses: Sequence[ProblemUse], b: Buckets, env) -> None:
     """Refuse up front a problem whose inputs at the largest bucket cannot fit in the measuring
     device's memory (every tactic would fail at setup and be stored failed)."""
-    from autotune.core.inputs import set_bytes
+    from autotune.core import inputs, layer_inputs
     from autotune.core.operands import out_shape
     avail = _device_bytes(env.device)
     if avail is None:
@@ -173,7 +175,8 @@ def _check_search_fits(uses: Sequence[ProblemUse], b: Buckets, env) -> None:
     m = max(b.values)
     for u in uses:
         p = u.problem
-        need = set_bytes(p, m) + 10 * _prod(out_shape(p, m))     # + the output and its float64 reference
+        io = layer_inputs if p.kind == layer_inputs.KIND else inputs
+        need = io.set_bytes(p, m) + 10 * _prod((io.out_shape if io is layer_inputs else out_shape)(p, m))  # + out, its float64 ref
         if need > avail:
             raise BadInput(f"{p.key}: its inputs at M={m} take {need / 2**30:,.1f} GiB, more than the "
                            f"{avail / 2**30:,.1f} GiB of {env.device} memory here: nothing could be measured")

@@ -62,6 +62,23 @@ def model_problems(model: str | os.PathLike, *, tp: int = 1, ep: int = 1, includ
     return _only(uses, only) if only else uses
 
 
+def with_layers(uses: list[ProblemUse]) -> list[ProblemUse]:
+    """`uses` and after them one whole-layer problem (autotune.core.layer, kind moe_layer) per routed
+    w13 (SwiGLU) problem whose w2 (reduce) is among them too, with the w13's layers: `--moe-layers`."""
+    from autotune.core.layer import KIND, LayerProblem
+    keys = {u.problem.key for u in uses}
+    out, seen = list(uses), set(keys)
+    for u in uses:
+        p = u.problem
+        if p.kind != "grouped_moe" or p.epilogue != "swiglu" or p.a_fmt != "bf16" or p.w_fmt not in ("nvfp4", "mxfp4"):
+            continue
+        layer = LayerProblem(KIND, p.a_fmt, p.w_fmt, p.out_dtype, p.n, p.k, p.experts, p.top_k)
+        if layer.w13 == p and layer.w2.key in keys and layer.key not in seen:
+            seen.add(layer.key)
+            out.append(ProblemUse(layer, u.layers, u.per_forward))
+    return out
+
+
 def _only(uses: list[ProblemUse], only: str) -> list[ProblemUse]:
     pats = [p.strip() for p in only.split(",") if p.strip()]
     kept = [u for u in uses if any(p in u.problem.key or any(p in layer for layer in u.layers) for p in pats)]

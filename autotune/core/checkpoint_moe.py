@@ -21,11 +21,20 @@ __all__ = ["ExpertWeights", "read_experts", "gate_up_split", "cat_rows"]
 class ExpertWeights:
     """Routed experts of one MoE block as the engines stack them (this rank's experts and slice).
 
-    w13 [E, 2I, H]: per-expert modules and ModelOpt's stacks give [gate; up] rows, gpt-oss's own
-    tensors interleaved rows (gate 2i, up 2i+1: `interleaved`); its global scale is the gate's and
-    `up_scale` the up half's (None when the checkpoint has one per tensor). input_scale (W4A4):
-    per expert, w13's the max of gate's and up's (vLLM), w2's down's. Biases [E, 2I] / [E, H]
-    (gpt-oss; w2's only on tp_rank 0, as a row-parallel bias is added once)."""
+    w13 [E, 2I, H] and w2 [E, H, I]; `experts` the global ids in local order, `num_global` the
+    block's expert count; `layout` the checkpoint's (`Checkpoint.expert_layout`), which decides the rows:
+
+    * 'per_expert' (`experts.{e}.{gate,up,down}_proj`): [gate; up] rows (interleaved=False); w13's
+      global scale is the gate's and `up_scale` [E] the up half's (NVFP4; None for MXFP4);
+      input_scale (W4A4) per expert, w13's the max of gate's and up's (vLLM), w2's down's.
+    * 'stacked_nvfp4' (ModelOpt's bmm experts) and 'gpt_oss_mxfp4' (`*_blocks` / `*_scales`), both
+      read as gpt-oss's: the stacked gate_up rows kept interleaved (gate 2i, up 2i+1;
+      interleaved=True); one global scale per expert over gate and up alike (NVFP4: the tensor's
+      weight_scale_2, per expert or one for all; MXFP4: 1), so `up_scale` is None; input_scale
+      (W4A4, NVFP4 only) the gate_up and down tensors' own.
+
+    Biases [E, 2I] (in w13's row order) / [E, H] where the stacked layouts carry `*_bias` (gpt-oss;
+    w2's zeros on tp_rank != 0, as a row-parallel bias is added once), else None."""
     w13: FP4Weight
     w2: FP4Weight
     experts: tuple[int, ...]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 from autotune.core import codekey, measure, winner as winner_rule
-from autotune.engine import audit, claims as job_claims, invariant, pipeline, strategies, workers as workers_mod
+from autotune.engine import audit, claims as job_claims, invariant, layers, pipeline, strategies, workers as workers_mod
 from autotune.engine.planning import FamilyPlan, Planned, plan, summarize  # noqa: F401  (re-exported)
 from autotune.engine.executor import Outcome, StoreFailed, store_stage as _store_stage  # noqa: F401
 from autotune.engine.progress import Bar, Progress
@@ -240,7 +240,8 @@ class _Search:
         for w in work:
             for b in self.buckets:
                 kept = self.strategy.kept_at(w, b)     # a family may call a tactic useless at this M (Family.useful)
-                todo = self.remaining(w.problem, b, [r.tactic for r in kept])
+                todo = self.remaining(w.problem, b, [r.tactic for r in kept] + layers.pair_competitor(
+                    self.store, w.problem, b, self.env.device_key, self.lib_keys))     # a layer's pair: its GEMMs' winners
                 job, resumed = self.strategy.job(self, Job(w.problem, b, todo, w.default.id,
                                                            {r.tactic.id: r.verdict.smem_bytes for r in kept},
                                                            margin=self.o.margin),
@@ -391,6 +392,10 @@ def search(problems: Sequence[Problem], *, families: Sequence[Family], store, bu
     fields (margin=, timer=, halving=, runner=, …), for callers that prefer keywords."""
     o = replace(options or SearchOptions(), **kw)
     o = replace(o, env=o.env or current())
+    if all(layers.split(problems)):        # layer problems after the others, by halving (engine/layers.py)
+        return layers.in_order(lambda ps, opt: search(ps, families=families, store=store, buckets=buckets, options=opt),
+                               problems, o)
+    o, families = layers.for_layers(problems, o, families)
     plan_only = o.dry_run or (o.arch is not None and o.arch != (detect() if o.env.device == "cuda" else ARCHS["cpu"]))
     # a bad AUTOTUNE_CLAIM_TTL_S stops a measuring search before any work
     s = _Search(problems, families, store, buckets, o, None if plan_only else job_claims.ttl_s(o.runner.timeout_s))

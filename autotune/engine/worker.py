@@ -17,8 +17,8 @@ import zlib
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
-from autotune.core import inputs
-from autotune.engine import replay as replay_check, timing
+from autotune.core import inputs, layer_inputs as layer_io
+from autotune.engine import layers, replay as replay_check, timing
 from autotune.engine.executor import exit_now
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
@@ -230,7 +230,8 @@ class Bench:
 
     # -- requests
     def setup(self, problem_key: str, bucket: int, seed: int) -> dict:
-        p = Problem.from_key(problem_key)
+        p = layer_io.parse_key(problem_key)
+        io = layer_io if p.kind == layer_io.KIND else inputs     # a whole MoE layer's inputs, or one GEMM's
         self._forget_all()                  # nothing of the last job outlives it, whatever the caller did
         if p != self.problem:
             if self.freeze:
@@ -242,17 +243,20 @@ class Bench:
         self.problem, self.bucket, self.seed = p, bucket, seed
         try:
             # seeds from crc32: stable across processes, unlike hash()
-            n_sets = timing.sets_for_cold_l2(inputs.set_bytes(p, bucket), self.device)
+            n_sets = timing.sets_for_cold_l2(io.set_bytes(p, bucket), self.device)
             for i in range(len(self._weights), n_sets):
-                self._weights.append(inputs.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
+                self._weights.append(io.seeded_weight(p, self.device, zlib.crc32(f"{seed}:{p.key}:w{i}".encode())))
             s0 = zlib.crc32(f"{seed}:{p.key}:{bucket}".encode())
-            self._sets = inputs.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
-            # set 0's reference (the eager check's) and the replay check's second seed with its
-            # reference, made in one pass: a grouped problem's experts dequantized once for both
-            self._replay_refs = replay_check.draw(p, bucket, self.device, seed, self._sets[0].w,
-                                                  known=(self._sets[0], None))
-            self._ref = self._replay_refs.refs[0]
-            self._outs = [inputs.torch_empty_out(p, bucket, s) for s in self._sets]
+            self._sets = io.make_inputs(p, bucket, self.device, s0, n_sets, weights=self._weights)
+            if io is inputs:
+                # set 0's reference (the eager check's) and the replay check's second seed with its
+                # reference, made in one pass: a grouped problem's experts dequantized once for both
+                self._replay_refs = replay_check.draw(p, bucket, self.device, seed, self._sets[0].w,
+                                                      known=(self._sets[0], None))
+                self._ref = self._replay_refs.refs[0]
+            else:          # a whole MoE layer: its replay check draws its own second seed (engine/layers.py)
+                self._ref = io.reference(p, self._sets[0])
+            self._outs = [io.torch_empty_out(p, bucket, s) for s in self._sets]
         except BaseException:
             self.clear()      # the caller retries with the same seeds: give it the whole device back first
             raise
@@ -330,6 +334,10 @@ class Bench:
         ReplayFailed when it is wrong there. The refreshed inputs and their float64 references are
         drawn once per (problem, bucket), with the job's inputs (`setup`): the job's set 0 with the
         reference its eager check uses, and one more seed; every finalist's check shares them."""
+        if self.problem.kind == layer_io.KIND:     # a whole MoE layer: built, not bound (engine/layers.py)
+            return self._retry_oom(tactic, lambda: layers.replay(self.problem, self._kernel(tactic), self.bucket,
+                                                                 self.device, self.seed, (self._sets[0], self._ref)))
+
         def run() -> dict:
             t0 = time.perf_counter()
             packed = self._args(tactic, 0)[1]

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from autotune.core.arch import Arch
 from autotune.core.env import Env
+from autotune.core.layer import parse_key
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 from autotune.cache import CacheError, Store, check_winner, verify_for_serving
@@ -56,7 +57,7 @@ def vet(w: Any, env: Env, arch: Arch, build: Build) -> tuple[str | None, Problem
     why = check_winner(w)
     if why:
         return why, None, None
-    t, p = Tactic.from_json(w.params_json), Problem.from_key(w.problem_key)
+    t, p = Tactic.from_json(w.params_json), parse_key(w.problem_key)
     try:
         fam = registry.get(t.family)
     except (ValueError, ImportError):
@@ -118,7 +119,7 @@ def vet_trial(r: Any, env: Env, arch: Arch, build: Build) -> Tactic | None:
     if r.status not in MEASURED or not r.median_us:
         return None
     try:
-        t, p = Tactic.from_json(r.params_json), Problem.from_key(r.problem_key)
+        t, p = Tactic.from_json(r.params_json), parse_key(r.problem_key)
         fam = registry.get(t.family)
     except (ValueError, TypeError, ImportError):
         return None

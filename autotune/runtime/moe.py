@@ -50,7 +50,7 @@ from autotune.core.operands import OperandError, check_layer_x, routing_checker
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 from autotune.runtime import prefetch as PF
-from autotune.runtime.moe_weights import MoEWeights, _shared_mlp, _stack13
+from autotune.runtime.moe_weights import MoEWeights, _shared_mlp, _stack13, check_expert_map
 
 _BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
@@ -82,6 +82,14 @@ class _Form(NamedTuple):
     slot_kw: dict
 
 
+def _fused(activation: str, fused: bool, bias13: Tensor | None, bias2: Tensor | None) -> bool:
+    """Whether the block runs the fused epilogues: they are silu·up without biases, so any other
+    activation or a bias runs unfused; an unknown activation is the one-line error."""
+    if activation not in ("silu", "swigluoai"):
+        raise ValueError(f"FP4MoE activation must be 'silu' or 'swigluoai', got {activation!r}")
+    return fused if activation == "silu" and bias13 is None and bias2 is None else False
+
+
 class FP4MoE(nn.Module):
     """forward(x [M, H], topk_ids [M, top_k], topk_weights [M, top_k]) → [M, H] in x's dtype.
     topk_ids are global expert ids (or -1); with an expert_map they are mapped to this rank's."""
@@ -103,47 +111,60 @@ class FP4MoE(nn.Module):
         touch fit in half the L2, w13 puts w2's slices of the routed experts into L2 (`prefetch=`)
         while it runs, so w2 reads L2 (docs/decisions/0004-prefetch-w2-off.md; a hint: the same bits either way)."""
         super().__init__()
-        if activation not in ("silu", "swigluoai"):
-            raise ValueError(f"FP4MoE activation must be 'silu' or 'swigluoai', got {activation!r}")
-        if activation != "silu" or bias13 is not None or bias2 is not None:
-            fused = False                   # the fused epilogues are silu·up without biases
+        fused = _fused(activation, fused, bias13, bias2)
         mw = MoEWeights.of(w13, w2, up_scale=up_scale, shared=shared, fold_shared=fold_shared, a_fmt=a_fmt,
                            bias13=bias13, bias2=bias2, shared_a_fmt=shared_a_fmt)
-        self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = mw.experts, top_k, mw.hidden, \
-            mw.intermediate, fused
-        self.routed_experts, self.has_shared, self.shared_folded = mw.routed, shared is not None, mw.shared_folded
-        self._layout = mw.layout
-        self.w13_fmt = mw.w13.fmt
-        for name, t in mw.buffers().items():
-            self.register_buffer(name, t)
+        self._hold(mw, top_k, fused, a_fmt, shared is not None)
         self.activation, self.swiglu_alpha, self.swiglu_limit = activation, float(swiglu_alpha), float(swiglu_limit)
-        self.a_fmt = a_fmt
-        self.global_experts = self.routed_experts if expert_map is None else int(expert_map.numel())
-        if expert_map is not None:
-            self._check_map(expert_map, self.routed_experts)
-            self.register_buffer("expert_map", expert_map.to(torch.int32).contiguous())
-        else:
-            self.expert_map = None
-        self._map_ext = self._extended_map()
+        self._hold_routing(expert_map)
         self._words: dict[str, Tensor] = {}
         #: $AUTOTUNE_CHECK_IDS at construction: read the bad-id word after every eager forward and raise
         self.check_ids = settings.check_ids()
-        fmt, e, h, i, slots = self.w13_fmt, mw.experts, mw.hidden, mw.intermediate, top_k + mw.shared_folded
-        epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
-        self.problem13 = Problem.moe(2 * i, h, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi13)
-        self.problem2 = Problem.moe(h, i, e, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2)
-        self._routing = Problem.moe(2 * i, h, self.global_experts, top_k, w_fmt=fmt)    # the ids' own range
-        self._check_routing = routing_checker(self._routing)
+        self.problem13, self.problem2 = mw.problems(top_k, a_fmt, fused)
         #: per M: the forward's `_Form`
         self._forms: dict[int, _Form] = {}
         #: w13 prefetches w2's routed slices into L2 where it can and it pays (`prefetch_w2` above)
         self.prefetch_w2 = settings.prefetch_w2() if prefetch_w2 is None else bool(prefetch_w2)
         #: the L2 bytes the prefetch rule budgets against (None: the device's, read once per device)
         self.l2_bytes: int | None = None
-        d = self._dispatcher = dispatcher or default_dispatcher()
+        self._bind(dispatcher or default_dispatcher(), mw)
+        self._aligners: dict[int, object] = {}
+        _BLOCKS[self.layer_id] = self
+
+    # ---- construction, by responsibility -------------------------------------------------------
+    def _hold(self, mw: MoEWeights, top_k: int, fused: bool, a_fmt: str, has_shared: bool) -> None:
+        """The block's sizes and formats from its weights, and the weights as its buffers (`BufferLayout`)."""
+        self.num_experts, self.top_k, self.hidden, self.intermediate, self.fused = mw.experts, top_k, mw.hidden, \
+            mw.intermediate, fused
+        self.routed_experts, self.has_shared, self.shared_folded = mw.routed, has_shared, mw.shared_folded
+        self._layout = mw.layout
+        self.w13_fmt = mw.w13.fmt
+        for name, t in mw.buffers().items():
+            self.register_buffer(name, t)
+        self.a_fmt = a_fmt
+
+    def _hold_routing(self, expert_map: Tensor | None) -> None:
+        """The routing the block takes: the checked expert_map as a buffer (or None), the global id
+        range, the device id table (`_extended_map`) and the per-call check of ids and weights."""
+        self.global_experts = self.routed_experts if expert_map is None else int(expert_map.numel())
+        if expert_map is not None:
+            check_expert_map(expert_map, self.routed_experts)
+            self.register_buffer("expert_map", expert_map.to(torch.int32).contiguous())
+        else:
+            self.expert_map = None
+        self._map_ext = self._extended_map()
+        self._routing = Problem.moe(2 * self.intermediate, self.hidden, self.global_experts, self.top_k,
+                                    w_fmt=self.w13_fmt)    # the ids' own range
+        self._check_routing = routing_checker(self._routing)
+
+    def _bind(self, d: Dispatcher, mw: MoEWeights) -> None:
+        """Both grouped problems bound to their weights through dispatcher `d` (and the shared
+        expert's FP4MLP where it runs apart), under this layer's id; the hooks that keep the
+        bindings true to the bytes across `.to()`, `state_dict` and `load_state_dict`."""
+        self._dispatcher = d
         self.layer_id = next(_IDS)
         self.label = f"FP4MoE#{self.layer_id} {self.problem13.key}"
-        if not fused and d.batch_invariant:
+        if not self.fused and d.batch_invariant:
             raise ValueError("FP4MoE(fused=False) sums the top_k slots in torch, whose order is not guaranteed "
                              "the same at every M: batch-invariant mode needs fused=True")
         self.bound13 = d.bind(self.problem13, self.w13, bad_word=self._word)
@@ -155,19 +176,6 @@ class FP4MoE(nn.Module):
         # as checkpoint bytes nor loaded over (both would give wrong numbers, silently)
         self._register_state_dict_hook(lambda mod, *_: mod._check_checkpoint("state_dict"))
         self._register_load_state_dict_pre_hook(lambda *_: self._check_checkpoint("load_state_dict"))
-        self._aligners: dict[int, object] = {}
-        _BLOCKS[self.layer_id] = self
-
-    @staticmethod
-    def _check_map(expert_map: Tensor, local: int) -> None:
-        if expert_map.ndim != 1 or expert_map.dtype.is_floating_point or expert_map.dtype == torch.bool:
-            raise ValueError(f"expert_map must be a 1-D integer tensor [E_global], got {expert_map.dtype} "
-                             f"{tuple(expert_map.shape)}")
-        m = expert_map.cpu()
-        live = m[m >= 0]
-        if int((m < -1).sum()) or live.numel() != local or not torch.equal(live.sort().values, torch.arange(local)):
-            raise ValueError(f"expert_map must map each of this rank's {local} experts from exactly one global "
-                             "id and every other id to -1")
 
     def _weight(self, name: str) -> FP4Weight:
         return self._layout.weight(self, name)
@@ -196,7 +204,7 @@ class FP4MoE(nn.Module):
         """After `.to()` or `load_state_dict` (bytes copied in place, an expert_map included):
         check the map again and bind again, so nothing keeps the old numbers."""
         if self.expert_map is not None:
-            self._check_map(self.expert_map, self.routed_experts)
+            check_expert_map(self.expert_map, self.routed_experts)
         self._map_ext = self._extended_map()
         self.bound13.rebind(self.w13)
         self.bound2.rebind(self.w2)

@@ -1,7 +1,8 @@
 """FP4MoE's weights as its kernels take them (runtime/moe.py): `MoEWeights.of` checks them, folds
 the up/gate scale ratio into w2 and the shared expert in as one more stacked expert (or keeps it
 apart for an FP4MLP), gives the W4A4 input scales, and lays every tensor out as the module's
-buffers (`BufferLayout`); vLLM's [gate; up] w13 (`_stack13`)."""
+buffers (`BufferLayout`); the two grouped problems they serve; the expert_map's check; vLLM's
+[gate; up] w13 (`_stack13`)."""
 from __future__ import annotations
 
 import warnings
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from autotune.core.formats import FP4Weight
+from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher
 from autotune.runtime.layers import FP4MLP, _fold_up, _per_expert
 
@@ -98,6 +100,19 @@ def _fold_shared(w13: FP4Weight, w2: FP4Weight, g2: Tensor, shared: tuple) -> tu
                          torch.cat([_per_expert(g, e).to(sg.device), sg.float().reshape(1)]), w.fmt)
     w2s = stack(w2, s2, g2, sg2)
     return stack(w13, s13, w13.global_scale, s13.global_scale), w2s, w2s.global_scale
+
+
+def check_expert_map(expert_map: Tensor, local: int) -> None:
+    """An expert_map [E_global] (held beside the weights, checked again on every load): each of the
+    `local` experts from exactly one global id, every other id -1; else the one-line ValueError."""
+    if expert_map.ndim != 1 or expert_map.dtype.is_floating_point or expert_map.dtype == torch.bool:
+        raise ValueError(f"expert_map must be a 1-D integer tensor [E_global], got {expert_map.dtype} "
+                         f"{tuple(expert_map.shape)}")
+    m = expert_map.cpu()
+    live = m[m >= 0]
+    if int((m < -1).sum()) or live.numel() != local or not torch.equal(live.sort().values, torch.arange(local)):
+        raise ValueError(f"expert_map must map each of this rank's {local} experts from exactly one global "
+                         "id and every other id to -1")
 
 
 def _stack13(gate: FP4Weight, up: FP4Weight) -> FP4Weight:
@@ -192,6 +207,16 @@ class MoEWeights:
                    None if bias13 is None else bias13.float().contiguous(),
                    None if bias2 is None else bias2.float().contiguous(),
                    e, h, two_i // 2, folded, shared if shared is not None and not folded else None, s_fmt or "bf16")
+
+    def problems(self, top_k: int, a_fmt: str, fused: bool) -> tuple[Problem, Problem]:
+        """The two grouped problems these weights serve at `top_k` routed slots (one more for the
+        folded shared expert): w13 with the SwiGLU epilogue and w2 with the routing weights and the
+        top_k sum (`fused`), or both plain."""
+        slots, i = top_k + self.shared_folded, self.intermediate
+        epi13, epi2 = ("swiglu", "reduce") if fused else ("none", "none")
+        fmt = self.w13.fmt
+        return (Problem.moe(2 * i, self.hidden, self.experts, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi13),
+                Problem.moe(self.hidden, i, self.experts, slots, w_fmt=fmt, a_fmt=a_fmt, epilogue=epi2))
 
     @property
     def layout(self) -> BufferLayout:

@@ -108,59 +108,91 @@ def load_moe(source, block: str, *, top_k: Optional[int] = None, tp_rank: int = 
     ew = read_experts(ck, block, ids, tp_rank=tp_rank, tp_size=tp_size)
     kw: dict = {"top_k": _top_k(ck, top_k, block)}
     if len(ids) != total or ids != tuple(range(total)):
-        m = torch.full((total,), -1, dtype=torch.int32)
-        m[list(ids)] = torch.arange(len(ids), dtype=torch.int32)
-        kw["expert_map"] = m
+        kw["expert_map"] = _expert_map(total, ids)
     w13, w2 = ew.w13, ew.w2
-    if ew.layout != "per_expert":                    # gpt-oss: interleaved rows, biases, clamped SwiGLU
+    if ew.interleaved:                               # gpt-oss: interleaved rows, biases, clamped SwiGLU
         kw.update(activation="swigluoai", bias13=ew.bias13, bias2=ew.bias2)
     else:
         kw["up_scale"] = ew.up_scale
-    mod = None
-    if shared_experts is not False:
-        name = "shared_experts" if shared_experts in (None, True) else str(shared_experts)
-        mod = f"{block}.{name}"
-        if not ck.is_quantized(f"{mod}.gate_proj"):
-            if shared_experts is None:
-                if ck.has(f"{mod}.gate_proj.weight"):
-                    warnings.warn(f"{mod} is kept {ck.meta(mod + '.gate_proj.weight').dtype} in this checkpoint: "
-                                  "FP4MoE holds the routed experts only; run the shared expert as a bf16 MLP",
-                                  stacklevel=3)
-                mod = None
-            else:
-                ck.linear(f"{mod}.gate_proj")          # raises the one-line missing/not-quantized error
+    mod = _shared_module(ck, block, shared_experts)
     if mod is not None:
-        g = ck.linear(f"{mod}.gate_proj", tp_rank=tp_rank, tp_size=tp_size, parallel="column" if tp_size > 1 else None)
-        u = ck.linear(f"{mod}.up_proj", tp_rank=tp_rank, tp_size=tp_size, parallel="column" if tp_size > 1 else None)
-        d = ck.linear(f"{mod}.down_proj", tp_rank=tp_rank, tp_size=tp_size, parallel="row" if tp_size > 1 else None)
-        kw["shared"] = (cat_rows(g, u), d, u.global_scale)
-    what = f"{block}.experts"
+        kw["shared"] = _read_shared(ck, mod, tp_rank, tp_size)
+    on = _arch(arch, device)
+    r_w4a4 = ck.scheme.w4a4 and (w13.fmt != "nvfp4" or w13.input_scale is not None)
     p13 = choose(Problem.moe(w13.n, w13.k, w13.num_experts, min(kw["top_k"], w13.num_experts), w_fmt=w13.fmt),
-                 checkpoint_w4a4=ck.scheme.w4a4 and (w13.fmt != "nvfp4" or w13.input_scale is not None),
-                 arch=_arch(arch, device), activations=activations, what=what)
+                 checkpoint_w4a4=r_w4a4, arch=on, activations=activations, what=f"{block}.experts")
     kw["a_fmt"] = p13.a_fmt
-    s_fmt = p13.a_fmt
-    if "shared" in kw:      # the shared expert's own activation format (a checkpoint may differ per layer)
-        s13, s2, su = kw["shared"]
-        s_w4a4 = ck.scheme.w4a4 and all(w.fmt != "nvfp4" or w.input_scale is not None for w in (s13, s2))
-        r_w4a4 = ck.scheme.w4a4 and (w13.fmt != "nvfp4" or w13.input_scale is not None)
-        if s_w4a4 != r_w4a4:
-            s_fmt = choose(Problem.dense(s13.n, s13.k, w_fmt=s13.fmt), checkpoint_w4a4=s_w4a4,
-                           arch=_arch(arch, device), activations=None if s_w4a4 else "w4a16", what=mod).a_fmt
-            kw["shared_apart"] = (f"the checkpoint's routed experts are {'W4A4' if r_w4a4 else 'W4A16'} and its "
-                                  f"shared expert {'W4A4' if s_w4a4 else 'W4A16'}")
-            kw["shared_a_fmt"] = s_fmt
-        if s_fmt == "bf16":
-            kw["shared"] = (_drop_input(s13), _drop_input(s2), su)
+    if mod is not None:
+        kw.update(_shared_format(ck, mod, kw["shared"], r_w4a4, p13.a_fmt, on))
     if p13.a_fmt == "bf16":
         w13, w2 = _drop_input(w13), _drop_input(w2)
+    return {"w13": w13.to(device), "w2": w2.to(device), **_on_device(kw, device)}
+
+
+def _expert_map(total: int, ids: tuple[int, ...]) -> Tensor:
+    """[E_global] int32: each of this rank's global ids its local index, every other id -1."""
+    m = torch.full((total,), -1, dtype=torch.int32)
+    m[list(ids)] = torch.arange(len(ids), dtype=torch.int32)
+    return m
+
+
+def _shared_module(ck: Checkpoint, block: str, shared_experts: bool | str | None) -> str | None:
+    """The shared expert's module name to load as `shared=`, or None: load_moe's `shared_experts`
+    rule (auto takes a quantized one and warns on a BF16-kept one; True raises the one-line
+    missing/not-quantized error)."""
+    if shared_experts is False:
+        return None
+    name = "shared_experts" if shared_experts in (None, True) else str(shared_experts)
+    mod = f"{block}.{name}"
+    if ck.is_quantized(f"{mod}.gate_proj"):
+        return mod
+    if shared_experts is None:
+        if ck.has(f"{mod}.gate_proj.weight"):
+            warnings.warn(f"{mod} is kept {ck.meta(mod + '.gate_proj.weight').dtype} in this checkpoint: "
+                          "FP4MoE holds the routed experts only; run the shared expert as a bf16 MLP",
+                          stacklevel=4)
+        return None
+    ck.linear(f"{mod}.gate_proj")          # raises the one-line missing/not-quantized error
+    return mod
+
+
+def _read_shared(ck: Checkpoint, mod: str, tp_rank: int, tp_size: int) -> tuple:
+    """`shared=` (w13_s [gate; up], w2_s, up_scale_s): this rank's slice, gate/up column-parallel,
+    down row-parallel."""
+    col, row = ("column", "row") if tp_size > 1 else (None, None)
+    g = ck.linear(f"{mod}.gate_proj", tp_rank=tp_rank, tp_size=tp_size, parallel=col)
+    u = ck.linear(f"{mod}.up_proj", tp_rank=tp_rank, tp_size=tp_size, parallel=col)
+    d = ck.linear(f"{mod}.down_proj", tp_rank=tp_rank, tp_size=tp_size, parallel=row)
+    return cat_rows(g, u), d, u.global_scale
+
+
+def _shared_format(ck: Checkpoint, mod: str, shared: tuple, r_w4a4: bool, routed_a_fmt: str, arch: Arch) -> dict:
+    """The shared expert's own activation format (a checkpoint may differ per layer) as FP4MoE's
+    keywords: where it differs from the routed experts', `shared_apart` (why) and `shared_a_fmt`;
+    a W4A16 shared expert's weights without their input scales."""
+    s13, s2, su = shared
+    s_w4a4 = ck.scheme.w4a4 and all(w.fmt != "nvfp4" or w.input_scale is not None for w in (s13, s2))
+    s_fmt, out = routed_a_fmt, {}
+    if s_w4a4 != r_w4a4:
+        s_fmt = choose(Problem.dense(s13.n, s13.k, w_fmt=s13.fmt), checkpoint_w4a4=s_w4a4,
+                       arch=arch, activations=None if s_w4a4 else "w4a16", what=mod).a_fmt
+        out["shared_apart"] = (f"the checkpoint's routed experts are {'W4A4' if r_w4a4 else 'W4A16'} and its "
+                               f"shared expert {'W4A4' if s_w4a4 else 'W4A16'}")
+        out["shared_a_fmt"] = s_fmt
+    if s_fmt == "bf16":
+        out["shared"] = (_drop_input(s13), _drop_input(s2), su)
+    return out
+
+
+def _on_device(kw: dict, device: str) -> dict:
+    """load_moe's keywords with every tensor (up_scale, biases, expert_map, the shared expert's) on `device`."""
     mv = lambda t: None if t is None else t.to(device)  # noqa: E731
     for k in ("up_scale", "bias13", "bias2", "expert_map"):
         if k in kw:
             kw[k] = mv(kw[k])
     if "shared" in kw:
-        kw["shared"] = tuple(x.to(device) if x is not None else None for x in kw["shared"])
-    return {"w13": w13.to(device), "w2": w2.to(device), **kw}
+        kw["shared"] = tuple(mv(x) for x in kw["shared"])
+    return kw
 
 
 def _drop_input(w: FP4Weight) -> FP4Weight:

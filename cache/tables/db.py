@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from autotune.core import jsonread
+from autotune.core.layer import parse_key
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic
 
@@ -58,7 +59,7 @@ def tactic_row(params_json: str, expect_id: str | None = None) -> dict:
 def put_problem_key(s: Session, key: str) -> None:
     """The problem row of a stored key (a key that is not a Problem's: nothing, the row is still stored)."""
     try:
-        p = Problem.from_key(key)
+        p = parse_key(key)
     except ValueError:
         return
     upsert(s, ProblemRow, problem_row(p), ["key"], "ignore")
@@ -77,30 +78,7 @@ class Db:
         self._sqlite = is_sqlite(u)
         self.path: Path | None = sqlite_file(u) if self._sqlite else None
         self._where = str(self.path) if self.path else u.render_as_string(hide_password=True)
-        engine_url: URL | str = u
-        kw: dict = {}
-        if self._sqlite and self.path is None:
-            kw = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
-        elif self.path is not None:
-            p = self.path
-            if readonly:
-                if not p.is_file():
-                    raise CacheError(f"no cache at {p}" + (" (it is a directory)" if p.is_dir() else ""))
-                query = {"mode": "ro", "uri": "true"}
-                if immutable or (immutable is None and immutable_ok(p)):
-                    query["immutable"] = "1"
-                engine_url = URL.create("sqlite", database="file:" + quote(str(p)), query=query)
-            else:
-                if p.is_dir():
-                    raise CacheError(f"cache path {p} is a directory")
-                try:
-                    p.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as e:
-                    raise CacheError(f"cannot create cache directory {p.parent}: {e.strerror or e}") from None
-            if p.exists():
-                check_header(p)
-                if p.stat().st_size:     # a plain schema and bounded tables before any row is read
-                    check_plain(p, immutable=readonly and "immutable" in query)
+        engine_url, kw = self._engine_args(u, immutable)
         try:
             self.engine: Engine = create_engine(engine_url, **kw)
         except Exception as e:  # unknown dialect, missing driver ...
@@ -120,6 +98,38 @@ class Db:
             raise CacheError(f"cannot open cache {self._where}: {msg}") from None
 
     # -- setup
+    def _engine_args(self, u: URL, immutable: bool | None) -> tuple[URL | str, dict]:
+        """(the URL, create_engine's keywords) this open connects with: an in-memory SQLite one
+        shared pool; a SQLite file read-only through a `mode=ro` (and, where allowed, immutable=1)
+        URI, which must exist; a writable one's directory made; an existing file's header, schema
+        and table sizes checked before any row is read (CacheError, one line)."""
+        if self._sqlite and self.path is None:
+            return u, {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+        p = self.path
+        if p is None:
+            return u, {}
+        engine_url: URL | str = u
+        query: dict[str, str] = {}
+        if self.readonly:
+            if not p.is_file():
+                raise CacheError(f"no cache at {p}" + (" (it is a directory)" if p.is_dir() else ""))
+            query = {"mode": "ro", "uri": "true"}
+            if immutable or (immutable is None and immutable_ok(p)):
+                query["immutable"] = "1"
+            engine_url = URL.create("sqlite", database="file:" + quote(str(p)), query=query)
+        else:
+            if p.is_dir():
+                raise CacheError(f"cache path {p} is a directory")
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise CacheError(f"cannot create cache directory {p.parent}: {e.strerror or e}") from None
+        if p.exists():
+            check_header(p)
+            if p.stat().st_size:     # a plain schema and bounded tables before any row is read
+                check_plain(p, immutable="immutable" in query)
+        return engine_url, {}
+
     def _sqlite_pragmas(self, dbapi_conn, _record) -> None:
         cur = dbapi_conn.cursor()
         try:

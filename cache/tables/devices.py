@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from autotune.core.env import Env
+from autotune.core.layer import parse_key
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, canonical_json
 
@@ -68,7 +69,7 @@ class Devices(Db):
         out = []
         for key in rows:
             try:
-                out.append(Problem.from_key(key))
+                out.append(parse_key(key))
             except ValueError:
                 continue
         return out

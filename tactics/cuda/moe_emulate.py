@@ -73,14 +73,14 @@ def _groups(ids: list[int], experts: int, cap: int, aligned: bool) -> list[tuple
 
 def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace, ws=None, red_buf=None,
                     aligned: bool = False) -> None:
+    """One launch's grid over a token chunk: the invalid-id rows, then every lead CTA's N tiles
+    (`_cta_tile`), then (REDUCE) the per-token sum of the pairs' fp32 rows."""
     ids = topk_ids.reshape(-1).tolist()
     pairs = len(ids)
     n, k = problem.n, problem.k
     cap = 8 * cfg.m_tiles
     n_tiles = n // (L.ROWS * cfg.tiles_n)                # grid.y
     out_tile = L.ROWS * (cfg.tiles_n // 2 if cfg.swiglu else cfg.tiles_n)
-    kps = k // L.KPAIR // cfg.split_k                    # k-pairs per split (grid.z)
-    kpairs = kps // cfg.warps_k                          # per warp
     # REDUCE: the pairs' fp32 rows, summed per token in slot order at the end (the kernel's last
     # arrival does the same sum; the arrival order does not change it)
     red = None
@@ -90,45 +90,16 @@ def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace, ws=None, 
     part_ws = None if ws is None or cfg.split_k == 1 else ws[:cfg.split_k * pairs * n].view(cfg.split_k, pairs, n)
     yflat = red if cfg.reduce else out.reshape(pairs, problem.out_n)
     xflat = x.reshape(-1, k).float()
+    _unrouted_rows(ids, problem.experts, yflat, n_tiles, out_tile, bad)
     deq: dict[int, torch.Tensor] = {}
-    for q, eid in enumerate(ids):                        # rows of pairs routed nowhere (split 0, every N tile)
-        if eid < 0 or eid >= problem.experts:
-            for nt in range(n_tiles):
-                yflat[q, nt * out_tile:(nt + 1) * out_tile] = 0.0 if eid == -1 else float("nan")
-            if eid != -1 and bad is not None:
-                bad.fill_(1)
     for q, eid, group in _groups(ids, problem.experts, cap, aligned):     # the lead CTAs
         if trace is not None:
             trace.append((q, eid, tuple(group)))
         if eid not in deq:
             deq[eid] = L.emulate_dequantize_any(L.expert(w, eid))
-        wd = deq[eid]
         xr = xflat[[p if x.dim() == 3 else p // problem.top_k for p in group]]
         for nt in range(n_tiles):
-            if cfg.swiglu:
-                h = cfg.tiles_n // 2
-                gate = [nt * h + u for u in range(h)]
-                tiles = gate + [n // 32 + t for t in gate]
-            else:
-                tiles = [nt * cfg.tiles_n + u for u in range(cfg.tiles_n)]
-            rows_w = torch.cat([torch.arange(t * L.ROWS, (t + 1) * L.ROWS) for t in tiles])
-            total = torch.zeros(len(group), len(rows_w))
-            gidx = torch.tensor(group)
-            for kz in range(cfg.split_k):                # split order
-                part = torch.zeros(len(group), len(rows_w))
-                for wp in range(cfg.warps_k):            # warp order
-                    k0 = (kz * kps + wp * kpairs) * L.KPAIR
-                    part += xr[:, k0:k0 + kpairs * L.KPAIR] @ wd[rows_w, k0:k0 + kpairs * L.KPAIR].T
-                if part_ws is not None:                  # stored to the workspace, summed by the last split
-                    part_ws[kz][gidx[:, None], rows_w[None, :]] = part
-                else:
-                    total += part
-            if part_ws is not None:
-                for kz in range(cfg.split_k):
-                    total += part_ws[kz][gidx[:, None], rows_w[None, :]]
-            if cfg.swiglu:
-                half = total.shape[1] // 2
-                total = total[:, :half] * torch.sigmoid(total[:, :half]) * total[:, half:]
+            total = _cta_tile(cfg, n, k, nt, xr, deq[eid], group, part_ws)
             if tw is not None:
                 total = total * tw.reshape(-1)[group].float()[:, None]
             yflat[group, nt * out_tile:(nt + 1) * out_tile] = total if cfg.reduce else total.to(torch.bfloat16)
@@ -137,6 +108,52 @@ def _emulate_launch(problem, cfg, x, w, topk_ids, tw, out, bad, trace, ws=None, 
         for sl in range(problem.top_k):
             tot += red.reshape(-1, problem.top_k, n)[:, sl]
         out.copy_(tot.to(torch.bfloat16))
+
+
+def _unrouted_rows(ids: list[int], experts: int, yflat: torch.Tensor, n_tiles: int, out_tile: int,
+                   bad: torch.Tensor | None) -> None:
+    """Rows of pairs routed nowhere (split 0, every N tile): zero for -1, NaN and `bad` set for an
+    id outside [-1, E)."""
+    for q, eid in enumerate(ids):
+        if eid < 0 or eid >= experts:
+            for nt in range(n_tiles):
+                yflat[q, nt * out_tile:(nt + 1) * out_tile] = 0.0 if eid == -1 else float("nan")
+            if eid != -1 and bad is not None:
+                bad.fill_(1)
+
+
+def _cta_tile(cfg, n: int, k: int, nt: int, xr: torch.Tensor, wd: torch.Tensor, group: list[int],
+              part_ws: torch.Tensor | None) -> torch.Tensor:
+    """One lead CTA's N tile `nt` for the pairs `group` (x rows `xr`, the expert's dequantized
+    weight `wd`), fp32 [len(group), out tile]: warps inside a split summed in warp order, splits in
+    split order (through the workspace `part_ws` where given), SwiGLU on gate/up tile pairs."""
+    kps = k // L.KPAIR // cfg.split_k                    # k-pairs per split (grid.z)
+    kpairs = kps // cfg.warps_k                          # per warp
+    if cfg.swiglu:
+        h = cfg.tiles_n // 2
+        gate = [nt * h + u for u in range(h)]
+        tiles = gate + [n // 32 + t for t in gate]
+    else:
+        tiles = [nt * cfg.tiles_n + u for u in range(cfg.tiles_n)]
+    rows_w = torch.cat([torch.arange(t * L.ROWS, (t + 1) * L.ROWS) for t in tiles])
+    total = torch.zeros(len(group), len(rows_w))
+    gidx = torch.tensor(group)
+    for kz in range(cfg.split_k):                        # split order
+        part = torch.zeros(len(group), len(rows_w))
+        for wp in range(cfg.warps_k):                    # warp order
+            k0 = (kz * kps + wp * kpairs) * L.KPAIR
+            part += xr[:, k0:k0 + kpairs * L.KPAIR] @ wd[rows_w, k0:k0 + kpairs * L.KPAIR].T
+        if part_ws is not None:                          # stored to the workspace, summed by the last split
+            part_ws[kz][gidx[:, None], rows_w[None, :]] = part
+        else:
+            total += part
+    if part_ws is not None:
+        for kz in range(cfg.split_k):
+            total += part_ws[kz][gidx[:, None], rows_w[None, :]]
+    if cfg.swiglu:
+        half = total.shape[1] // 2
+        total = total[:, :half] * torch.sigmoid(total[:, :half]) * total[:, half:]
+    return total
 
 
 def _emulate_token(problem, cfg, x, w, topk_ids, tw, out, bad, trace) -> None:

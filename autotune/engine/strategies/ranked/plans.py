@@ -62,6 +62,11 @@ def shipped(arch: Arch, libs: Mapping[str, str | None] | None = None) -> Path | 
     return max(paths, key=lambda p: (matches(p), p.name))
 
 
+def shipped_archs() -> list[str]:
+    """The archs the package ships a model for (from the file names, `<arch>-<libs>.json.gz`)."""
+    return sorted({p.name.split("-")[0].removesuffix(".json.gz") for p in SHIPPED.glob("*.json.gz")})
+
+
 def _usable(path: Path, arch: Arch) -> tuple[rankmodel.Model | None, str]:
     try:
         m = rankmodel.load(path)
@@ -95,8 +100,10 @@ def default_model(store, arch: Arch, libs: Mapping[str, str | None] | None = Non
         if m is not None:
             return m, "; ".join([*why, _said(m, f"shipped for {arch.name} ({ship.name})")])
         why.append(bad)
-    why.append(f"no rank model for {arch.name} (none shipped, none next to the cache"
-               f"{f' at {own}' if own else ''}; `autotune cache rank-fit` makes one)")
+    have = shipped_archs()
+    why.append(f"no rank model for {arch.name} ("
+               + (f"the package ships one for {', '.join(have)} only, which does not apply here" if have else "none shipped")
+               + f", none next to the cache{f' at {own}' if own else ''}; `autotune cache rank-fit` makes one)")
     return None, "; ".join(why)
 
 

@@ -109,6 +109,43 @@ def _add(g: Group, t: Trial) -> None:
             g.rejected.add(t.tactic_id)
 
 
+def space_ids(problem: Problem, family: str, arch: Arch, memo: dict | None = None) -> frozenset[str]:
+    """The ids of `family`'s tactics for `problem` on `arch` as the installed code enumerates them
+    (the current space); empty where the family is unknown here or does not support the problem."""
+    key = (problem.key, family, arch.name)
+    if memo is not None and key in memo:
+        return memo[key]
+    try:
+        fam = registry.get(family)
+        ids = frozenset() if fam.supports(problem) else frozenset(t.id for t in fam.enumerate(problem, arch))
+    except (ValueError, ImportError):
+        ids = frozenset()
+    if memo is not None:
+        memo[key] = ids
+    return ids
+
+
+def in_space(gs: Sequence[Group], arch: Arch, memo: dict | None = None) -> tuple[list[Group], int]:
+    """The groups less every tactic whose parameters the current space no longer holds (a member or
+    a parameter renamed, removed or narrowed since the trials were stored), and how many (group,
+    tactic) rows that removed; a group left with no timed tactic is dropped. Stored trials of such a
+    tactic would teach the model about a tactic no search can run."""
+    memo = {} if memo is None else memo
+    out, dropped = [], 0
+    for g in gs:
+        gone = {i for i, t in g.tactics.items() if i not in space_ids(g.problem, t.family, arch, memo)}
+        if gone:
+            dropped += len(gone)
+            g = Group(g.problem, g.bucket, g.device_key,
+                      {i: v for i, v in g.timed.items() if i not in gone}, g.negative - gone,
+                      {i: v for i, v in g.tactics.items() if i not in gone},
+                      {i: v for i, v in g.smem.items() if i not in gone}, g.ok - gone, g.rejected - gone,
+                      g.source, set(g.lib_keys))
+        if g.timed:
+            out.append(g)
+    return out, dropped
+
+
 def row(problem: Problem, tactic: Tactic, m: int, arch: Arch, sms: int, smem: int | None) -> dict[str, float]:
     """The model's features for one tactic (figures from the tactic's own family, {} if unknown)."""
     try:
