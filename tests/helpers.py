@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -264,3 +265,16 @@ def assert_build_and_bind_refuse_rejected(family, problem, tactic, packed) -> No
         family.build(problem, tactic, "cuda")
     with pytest.raises(ValueError, match=re.escape(v.reason)):
         family.bind(problem, tactic, packed, "cuda")
+
+
+@contextlib.contextmanager
+def temp_caches(directory: Path, user_cache_home: Path):
+    """For a module-scoped fixture (set up before the per-test autouse fixture of tests/conftest.py
+    redirects the caches): while it runs, AUTOTUNE_CACHE is a file in `directory` and the user cache
+    directory is `user_cache_home` (conftest's `_user_cache_home`). Yields the MonkeyPatch, for the
+    fixture's own settings; all are undone on exit."""
+    import pytest
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOTUNE_CACHE", str(directory / "default-cache.db"))
+        mp.setenv("XDG_CACHE_HOME", str(user_cache_home))
+        yield mp

@@ -48,12 +48,12 @@ _ROWS = textwrap.dedent("""
     from autotune.core.tactic import Tactic
     from autotune.tactics.triton_fp4.family import TritonFamily
     from autotune.tactics.triton_fp4 import moe_decode, splitk
-    fam, out = TritonFamily(), []
-    cap = int(sys.argv[2]) if len(sys.argv) > 2 else splitk.MAX_WORKSPACE_BYTES
-    splitk.MAX_WORKSPACE_BYTES = moe_decode.MAX_WORKSPACE_BYTES = cap      # small: M=64 is cut into chunks
+    fam, out, default_cap = TritonFamily(), [], splitk.MAX_WORKSPACE_BYTES
     kinds = {"dense": Problem.dense(64, 256), "dense_k1024": Problem.dense(64, 1024), "moe": Problem.moe(64, 256, 4, 2),
              "moe_k1024": Problem.moe(64, 1024, 4, 2), "moe_k1024_reduce": Problem.moe(64, 1024, 4, 2, epilogue="reduce")}
-    for kind, params in json.loads(sys.argv[1]):
+    for kind, params, cap in json.loads(sys.argv[1]):     # cap: the workspace cap (None: the default)
+        cap = default_cap if cap is None else cap
+        splitk.MAX_WORKSPACE_BYTES = moe_decode.MAX_WORKSPACE_BYTES = cap      # small: M=64 is cut into chunks
         p = kinds[kind]
         t = Tactic("triton", params)
         s = inputs.make_inputs(p, 64, "cpu", seed=3)[0]
@@ -75,22 +75,48 @@ _ROWS = textwrap.dedent("""
 """)
 
 
-def test_invariant_triton_tactics_give_bit_identical_rows_at_batch_1_and_64():
-    cases = [["dense", dict(_w4a16(16, 32, 128, 1).params)], ["dense", dict(_w4a16(32, 64, 64, 1).params)],
-             ["moe", {"kernel": "moe_w4a16", "block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4,
-                      "num_stages": 2}]]
+#: the interpreter's cases of the tests below: (test, kind, params, workspace cap or None)
+_MOE_DECODE = {"kernel": "moe_decode", "route": "direct", "block_m": 16, "block_n": 32, "block_k": 128, "split_k": 4,
+               "num_warps": 4, "num_stages": 2}
+_CASES = [("invariant", "dense", dict(_w4a16(16, 32, 128, 1).params), None),
+          ("invariant", "dense", dict(_w4a16(32, 64, 64, 1).params), None),
+          ("invariant", "moe", {"kernel": "moe_w4a16", "block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4,
+                                "num_stages": 2}, None),
+          # 4 x 2 N-tiles x 16x32 fp32 = 16 KiB per M tile: 32 rows per chunk at 32 KiB, 16 at the least cap
+          ("split_k", "dense_k1024", dict(_w4a16(16, 32, 128, 4).params), 32768),
+          ("split_k", "dense_k1024", dict(_w4a16(16, 32, 128, 4).params), 1),
+          # split x top_k x N x 4 B per token: 16 tokens per chunk
+          *[("moe_decode", kind, params, 16 * 4 * 2 * 64 * 4) for kind, params in (
+              ("moe_k1024", _MOE_DECODE), ("moe_k1024", {**_MOE_DECODE, "route": "aligned"}),
+              ("moe_k1024_reduce", _MOE_DECODE))]]
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """test -> [(cap, params, says, same, err, rows)] for _CASES: every case run by _ROWS in one
+    process (TRITON_INTERPRET=1), each with its own workspace cap, so torch and Triton load once."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cases = [[kind, params, cap] for _, kind, params, cap in _CASES]
     r = subprocess.run([sys.executable, "-c", _ROWS, json.dumps(cases)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(rows) == len(_CASES)
+    out: dict[str, list] = {}
+    for (test, _, _, cap), row in zip(_CASES, rows):
+        out.setdefault(test, []).append((cap, *row))
+    return out
+
+
+def test_invariant_triton_tactics_give_bit_identical_rows_at_batch_1_and_64(interpreted):
+    rows = interpreted["invariant"]
     assert len(rows) == 3
-    for params, says, same, err, _ in rows:
+    for _, params, says, same, err, _ in rows:
         assert says and same and err < 1e-2, params       # same: rows 0, 17, 63 alone, and one launch
 
 
-def test_split_k_cut_into_row_chunks_gives_the_same_rows_at_every_m():
+def test_split_k_cut_into_row_chunks_gives_the_same_rows_at_every_m(interpreted):
     """A split-K tactic keeps its split at every M: where the workspace cap would be passed
     (made small here) the call is cut into row chunks, each with the whole split. Rows at batch 64
     (2 and 4 chunks) are bit-identical to batch 1 and to one launch with the whole split, and within
@@ -98,34 +124,22 @@ def test_split_k_cut_into_row_chunks_gives_the_same_rows_at_every_m():
     8 K-steps: a different split sums them in another order and is not bit-identical in the
     interpreter (checked: split 1 vs 4 differ by 1e-6), so a launcher that lowered the split for
     large M, as before 2026-12-01, fails here."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    for cap, want_rows in ((32768, 32), (1, 16)):      # 4 x 2 N-tiles x 16x32 fp32 = 16 KiB per M tile
-        cases = [["dense_k1024", dict(_w4a16(16, 32, 128, 4).params)]]
-        r = subprocess.run([sys.executable, "-c", _ROWS, json.dumps(cases), str(cap)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-        [(params, says, same, err, rows)] = json.loads(r.stdout.strip().splitlines()[-1])
-        assert rows == want_rows and says and same and err < 1e-2, (cap, rows, same, err)
+    rows = interpreted["split_k"]
+    assert [(cap, n) for cap, _, _, _, _, n in rows] == [(32768, 32), (1, 16)]      # 2 and 4 chunks
+    for cap, params, says, same, err, n in rows:
+        assert says and same and err < 1e-2, (cap, n, same, err)
 
 
-def test_moe_decode_split_k_cut_into_token_chunks_gives_the_same_rows_at_every_m():
+def test_moe_decode_split_k_cut_into_token_chunks_gives_the_same_rows_at_every_m(interpreted):
     """moe_decode keeps its split at every M too: a 64-token batch cut into 16-token chunks (each
     aligned on its own) gives rows bit-identical to the tokens alone, for the direct and the
     aligned route and the routing-reduce epilogue, and the whole batch bit-identical to one launch
     with the whole split. K = 1024 (8 K-steps, split 4): the old launcher lowered the split to 1
     here, and at this seed split 1 gives other bits than split 4 (checked), so it would fail."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    base = {"kernel": "moe_decode", "route": "direct", "block_m": 16, "block_n": 32, "block_k": 128, "split_k": 4,
-            "num_warps": 4, "num_stages": 2}
-    cases = [["moe_k1024", base], ["moe_k1024", {**base, "route": "aligned"}], ["moe_k1024_reduce", base]]
-    for cap, want in ((16 * 4 * 2 * 64 * 4, 16),):        # split x top_k x N x 4 B per token
-        r = subprocess.run([sys.executable, "-c", _ROWS, json.dumps(cases), str(cap)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr[-3000:]
-        for params, says, same, err, rows in json.loads(r.stdout.strip().splitlines()[-1]):
-            assert rows == want and says and same and err < 1e-2, (cap, params, rows, same, err)
+    rows = interpreted["moe_decode"]
+    assert len(rows) == 3
+    for cap, params, says, same, err, n in rows:
+        assert n == 16 and says and same and err < 1e-2, (cap, params, n, same, err)
 
 
 def test_batch_invariant_search_keeps_only_invariant_tactics_and_one_per_problem(tmp_path, register_family):

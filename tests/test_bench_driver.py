@@ -88,8 +88,11 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     assert cmp["machine"]["card"] == "cpu" and "pairs" in cmp
     step = json.loads((out / "step-winners-fp4mlp" / "mlp-step-graph.json").read_text())
     assert step["gpu"] == "cpu" and step["forms"] and all(f["rows"] for f in step["forms"])
+    # bench/moe_host.py's CPU smoke run (tests/test_bench_smoke.py's SMOKE sends it here): the
+    # driver's small arguments, its record read back
     host = json.loads((out / "moe-host.json").read_text())
     assert host["rows"] and host["machine"]["card"] == "cpu"
+    assert "--experts 8 --reps 2 --batch 4 --profile 3" in host["command"]
 
 
 def test_a_call_for_an_earlier_calls_cache_runs_no_main_job(tiny):

@@ -32,10 +32,11 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 
 #: script -> (how CI runs it, arguments with {db} {db2} {model} {out} {moe_db} {main_db} filled in)
 SMOKE: dict[str, tuple[str, str]] = {
-    "harness.py": ("run", "--smoke --json {out}/hs.json --table {out}/hs.md"),
+    "harness.py": ("elsewhere", "tests/test_bench_smoke.py test_harness_writes_the_record_and_the_table runs it"),
     "compare_winners.py": ("run", "{db} {db2} --json {out}/c.json"),
     "eager_cpu.py": ("run", "--reps 2 --batch 8 --json {out}/e.json"),
-    "moe_host.py": ("run", "--experts 8 --reps 2 --batch 4 --profile 3 --json {out}/h.json"),
+    # the driver's DRY=1 HOST=1 stage runs it with these very arguments (and reads its JSON)
+    "moe_host.py": ("elsewhere", "tests/test_bench_driver.py runs it: --experts 8 --reps 2 --batch 4 --profile 3"),
     "dispatch_latency.py": ("run", "--reps 2 --batch 4 --calls 16 --json {out}/d.json"),
     "triton_smem_table.py": ("run", "--jobs 1 --limit 1 --archs sm90"),
     "mlp_step_graph.py": ("env MLP_GRAPH_SMOKE=1", "--out {out} --cache {moe_db} --mlp linear,fold --prefetch 0,1"),

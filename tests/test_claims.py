@@ -28,7 +28,7 @@ from autotune.cache import CacheError, Store, migrations
 from autotune.cache.schema import SCHEMA_VERSION
 from autotune.cache.claims import CLAIMED, DONE, Claims, JobKey, owner_alive
 from tests.claims_race import race_claimers
-from tests.helpers import gated_search_argv, wait_for
+from tests.helpers import gated_search_argv, run_cli, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 P = Problem.dense(256, 512)
@@ -297,6 +297,12 @@ def _env(**kw) -> dict:
     return env
 
 
+def one_search(cfg: Path, cache: str, **env) -> subprocess.CompletedProcess:
+    """The search of cli() run alone (nothing beside it): a process of this tree through
+    tests.helpers.run_cli, which forks it from a process with torch imported where it can."""
+    return run_cli(*cli(cfg, cache)[3:], env=env, timeout=600)
+
+
 def start_searches(cfg: Path, cache: str, n: int, *, gate: Path | None = None, **env) -> list[subprocess.Popen]:
     """n searches on one cache; with `gate`, the first stops (alive, holding the job it measures)
     once it has stored a measured trial, and creates `gate` (tests.helpers.gated_search_argv)."""
@@ -320,8 +326,9 @@ def reports(procs: list[subprocess.Popen]) -> list[dict]:
 def check_shared(cfg: Path, cache: str, reps: list[dict], trials: int) -> None:
     """Every trial measured by exactly one search; a rerun measures nothing and has every winner."""
     assert sum(r["measured"] + r["failed"] for r in reps) == trials
-    again = json.loads(subprocess.run(cli(cfg, cache), cwd=ROOT, env=_env(), capture_output=True, text=True,
-                                      timeout=600, check=True).stdout)
+    r = one_search(cfg, cache)
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = json.loads(r.stdout)
     assert again["measured"] == 0 and again["resumed"] == trials
     assert len(again["winners"]) == len(again["problems"]) * len(BUCKETS)
     with Store(cache) as s:
@@ -380,8 +387,7 @@ def test_kill_9_of_one_of_four_searches(tmp_path, cfg):
     before = _trials(db)
     assert sum(r["measured"] + r["failed"] for r in reps) <= before
     # the rerun takes over what the killed search left (its process is gone) and finishes every job
-    out = subprocess.run(cli(cfg, str(db)), cwd=ROOT, env=_env(**{TTL_ENV: "60"}), capture_output=True, text=True,
-                         timeout=600)
+    out = one_search(cfg, str(db), **{TTL_ENV: "60"})
     assert out.returncode == 0, out.stderr[-2000:]
     rerun = json.loads(out.stdout)
     assert rerun["resumed"] == before and rerun["measured"] + rerun["failed"] == _trials(db) - before
@@ -406,7 +412,7 @@ def plant_and_search(cfg: Path, cache: str) -> tuple[dict, dict[int, tuple]]:
         for b, expires in ((BUCKETS[0], now + 86400), (BUCKETS[1], now - 3600)):
             c = Claims(s, f"far-away-host:{b}:feedbeef", lambda e=expires: e - 600)
             assert c.claim(JobKey.of(first, b, env.device_key, libs), 600).won
-    out = subprocess.run(cli(cfg, cache), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    out = one_search(cfg, cache)
     assert out.returncode == 0, out.stderr[-2000:]
     with Store(cache) as s:
         rows = {c.key.bucket: (c.owner, c.state) for c in Claims(s).all() if c.key.problem_key == first}
@@ -428,7 +434,6 @@ def check_planted(rep: dict, rows: dict) -> None:
 
 
 def test_a_bad_ttl_setting_is_a_one_line_error(tmp_path, cfg):
-    out = subprocess.run(cli(cfg, str(tmp_path / "c.db")), cwd=ROOT, env=_env(**{TTL_ENV: "soon"}),
-                         capture_output=True, text=True, timeout=600)
+    out = one_search(cfg, str(tmp_path / "c.db"), **{TTL_ENV: "soon"})
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert f"{TTL_ENV} must be a positive number of seconds, got 'soon'" in out.stderr

@@ -117,6 +117,16 @@ def _edit(root: Path, where: str, old: str, new: str) -> None:
     f.write_text(text.replace(old, new, 1))
 
 
+@pytest.fixture(scope="module")
+def declared(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The declared sources of every member copied once (_copy), and their digests, which equal
+    the installed tree's; each edit below is made to a copy of this copy."""
+    root = _copy(tmp_path_factory.mktemp("declared") / "src")
+    before = _digests(root)
+    assert before == {c.member: codekey.digest(c) for c, _ in _entries()}      # the copy keys as installed
+    return root, before
+
+
 @pytest.mark.parametrize("module, old, new, changed", [
     # one line of one kernel: only its member's key moves
     ("autotune.tactics.triton_fp4.w4a4_kernels", "tl.store(", "tl.store( ", set()),           # whitespace: no code change
@@ -137,10 +147,9 @@ def _edit(root: Path, where: str, old: str, new: str) -> None:
     ("autotune.tactics.torch_ref", "import torch\n", "import torch  # the reference\n", set()),
     ("autotune.tactics.triton_fp4.w4a4_kernels", '"""', '"""Edited prose. ', set()),
 ])
-def test_one_edit_changes_only_the_keys_of_the_members_that_run_it(tmp_path, module, old, new, changed):
-    root = _copy(tmp_path / "src")
-    before = _digests(root)
-    assert before == {c.member: codekey.digest(c) for c, _ in _entries()}      # the copy keys as installed
+def test_one_edit_changes_only_the_keys_of_the_members_that_run_it(tmp_path, module, old, new, changed, declared):
+    src, before = declared
+    root = Path(shutil.copytree(src, tmp_path / "src"))        # the same bytes: the same digests as `before`
     _edit(root, module, old, new)
     after = _digests(root)
     assert {m for m in before if before[m] != after[m]} == changed

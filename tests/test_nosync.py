@@ -178,41 +178,54 @@ _INTERP = textwrap.dedent("""
         def __exit__(self, *exc):
             return super(CountSyncs, self).__exit__(*exc)
 
-    d = Dispatcher(os.path.join(tempfile.mkdtemp(), "n.db"), env=cpu(), arch=ARCHS["cpu"], record_misses=False,
-                   warn=False)
-    torch.manual_seed(0)
-    e, h, i, k = 4, 512, 128, 2
-    blk = FP4MoE.from_float(torch.randn(e, i, h), torch.randn(e, i, h), torch.randn(e, h, i), k, dispatcher=d)
-    cfg = dict(kernel="moe_decode", route="direct", block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=2)
-    d.pin(blk.problem13, Tactic("triton", **cfg, split_k=2))
-    d.pin(blk.problem2, Tactic("triton", **cfg, split_k=1))
-    x, ids, tw = torch.randn(3, h).to(torch.bfloat16), torch.tensor([[0, 1], [2, -1], [3, 1]]), torch.rand(3, 2)
-    blk(x, ids, tw)
-    with AtenReads() as c:
+    def forward(check_ids):
+        # the setting as the process environment gives it, read when the block is made (FP4MoE)
+        os.environ["AUTOTUNE_CHECK_IDS"] = check_ids
+        d = Dispatcher(os.path.join(tempfile.mkdtemp(), "n.db"), env=cpu(), arch=ARCHS["cpu"], record_misses=False,
+                       warn=False)
+        torch.manual_seed(0)
+        e, h, i, k = 4, 512, 128, 2
+        blk = FP4MoE.from_float(torch.randn(e, i, h), torch.randn(e, i, h), torch.randn(e, h, i), k, dispatcher=d)
+        cfg = dict(kernel="moe_decode", route="direct", block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=2)
+        d.pin(blk.problem13, Tactic("triton", **cfg, split_k=2))
+        d.pin(blk.problem2, Tactic("triton", **cfg, split_k=1))
+        x, ids, tw = torch.randn(3, h).to(torch.bfloat16), torch.tensor([[0, 1], [2, -1], [3, 1]]), torch.rand(3, 2)
         blk(x, ids, tw)
-    bad = ids.clone()
-    if os.environ["AUTOTUNE_CHECK_IDS"] == "0":     # with the per-call raise on, the bad forward would raise
-        bad[2, 0] = 9
-    with AtenReads() as cb:
-        yb = blk(x, bad, tw)
-    print(json.dumps(dict(reads=c.syncs, bad_reads=cb.syncs, nan=torch.isnan(yb).any(1).tolist(),
-                          errors=blk.routing_errors() == [blk.label], kernels=[
-                              d.rung_for(p, 3)[1].params["kernel"] for p in (blk.problem13, blk.problem2)])))
+        with AtenReads() as c:
+            blk(x, ids, tw)
+        bad = ids.clone()
+        if check_ids == "0":     # with the per-call raise on, the bad forward would raise
+            bad[2, 0] = 9
+        with AtenReads() as cb:
+            yb = blk(x, bad, tw)
+        return dict(reads=c.syncs, bad_reads=cb.syncs, nan=torch.isnan(yb).any(1).tolist(),
+                    errors=blk.routing_errors() == [blk.label], kernels=[
+                        d.rung_for(p, 3)[1].params["kernel"] for p in (blk.problem13, blk.problem2)])
+
+    print(json.dumps({v: forward(v) for v in ("0", "1")}))
 """)
 
 
+@pytest.fixture(scope="module")
+def interpreted_forwards():
+    """check_ids -> what _INTERP saw of its forwards: both settings run in one process under
+    Triton's interpreter (each block made with its own setting and dispatcher), so torch and Triton
+    load once."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", _INTERP], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("check_ids", ["0", "1"])
-def test_moe_decode_launchers_read_nothing_in_the_interpreter(check_ids):
+def test_moe_decode_launchers_read_nothing_in_the_interpreter(check_ids, interpreted_forwards):
     """The real moe_decode launchers (split-K w13 + SwiGLU, w2 + reduce) through FP4MoE under
     Triton's interpreter: no aten-level read per forward (the bad-id word stays on the device);
     with AUTOTUNE_CHECK_IDS=1 each launcher reads it after the call."""
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1", "AUTOTUNE_CHECK_IDS": check_ids,
-           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    r = subprocess.run([sys.executable, "-c", _INTERP], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = interpreted_forwards[check_ids]
     assert out["kernels"] == ["moe_decode", "moe_decode"], out
     if check_ids == "0":
         assert out["reads"] == [] and out["bad_reads"] == [], out

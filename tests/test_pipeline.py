@@ -23,6 +23,7 @@ from autotune.engine.strategies.successive_halving import Halving
 from autotune.engine.search import Runner, search
 from autotune.tactics import registry
 from tests.families import compile_order as co
+from tests.helpers import temp_caches
 
 CPU = cpu()
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
@@ -58,13 +59,30 @@ def _at0(store, p):
     return {t.tactic_id: t for t in store.get_trials(p.key, 0, CPU.device_key) if t.family == "corder"}
 
 
-def test_a_job_measures_while_a_later_problem_still_compiles(tmp_path, corder, monkeypatch):
+@pytest.fixture(scope="module")
+def gated_halving(tmp_path_factory, _user_cache_home):
+    """The overlapped halving search of P1 and P2 with one compile worker, where P2's `gated`
+    member compiles only after some build ran: (store, report, event log). Run once per module:
+    the test below reads its order, the comparison with the barrier its outcome. Its processes see
+    temporary caches, as every test's do."""
+    d = tmp_path_factory.mktemp("gated-halving")
+    with temp_caches(d, _user_cache_home) as mp:
+        mp.setenv(co.LOG, str(d / "events.log"))
+        mp.setenv(co.GO, f"{P2.n}:{d / 'go'}")
+        mp.setitem(registry.FAMILIES, "corder", "tests.families.compile_order:CompileOrder")
+        registry.get.cache_clear()
+        try:
+            store = Store(d / "c.db")
+            rep = _search(store, registry.get("corder"), [P1, P2])
+        finally:
+            registry.get.cache_clear()
+    return store, rep, _events(d)
+
+
+def test_a_job_measures_while_a_later_problem_still_compiles(gated_halving):
     """P2's `gated` member compiles only after some build ran. One compile worker: P1's tactics
     (first in job order) compile first, P1's job measures, its first build lets P2's compile end."""
-    monkeypatch.setenv(co.GO, f"{P2.n}:{tmp_path / 'go'}")
-    store = Store(tmp_path / "c.db")
-    rep = _search(store, corder, [P1, P2])
-    ev = _events(tmp_path)
+    store, rep, ev = gated_halving
     gated, bad = _id("gated", 150.0), _id("nocompile", 300.0)
     first_build = next(i for i, e in enumerate(ev) if e[0] == "build")
     gated_end = ev.index(("compile-end", P2.n, gated))
@@ -143,37 +161,59 @@ def test_ranked_later_batches_are_compiled_by_the_pool_and_a_hang_fails_only_its
     assert [(w.bucket, w.tactic_id) for w in rep.winners] == [(1, _id("good", 0.0)), (4, _id("good", 0.0))]
 
 
-def test_ranked_background_compiles_go_problem_by_problem(tmp_path, corder):
+@pytest.fixture(scope="module")
+def ranked_overlapped(tmp_path_factory, _user_cache_home):
+    """The overlapped ranked search of P1 and P2 at buckets 1 and 4 with one compile worker, every
+    candidate measured: (store, report, event log). Run once per module: the test below reads its
+    compile order, the comparison with the barrier its outcome at bucket 4. Its processes see
+    temporary caches, as every test's do."""
+    d = tmp_path_factory.mktemp("ranked-overlapped")
+    with temp_caches(d, _user_cache_home) as mp:
+        mp.setenv(co.LOG, str(d / "events.log"))
+        mp.setitem(registry.FAMILIES, "corder", "tests.families.compile_order:CompileOrder")
+        registry.get.cache_clear()
+        try:
+            fam, store = registry.get("corder"), Store(d / "c.db")
+            rep = _search(store, fam, [P1, P2], buckets=(1, 4), compile_workers=1, strategy="ranked",
+                          rank_model=_model(fam), ranked=ONE_BY_ONE)
+        finally:
+            registry.get.cache_clear()
+    return store, rep, _events(d)
+
+
+def test_ranked_background_compiles_go_problem_by_problem(ranked_overlapped):
     """The background compiles one problem's later batches before the next problem's: the jobs run
     problem by problem, so that is the order they need them in (level by level over every problem,
     the first problems' jobs waited on compiles the last ones need much later). One compile worker:
     its compile-starts are the pool's order."""
-    store = Store(tmp_path / "c.db")
-    _search(store, corder, [P1, P2], buckets=(1, 4), compile_workers=1, strategy="ranked",
-            rank_model=_model(corder), ranked=ONE_BY_ONE)
     first = _id("good", 0.0)                     # the top prediction and the default: compiled ahead
-    starts = [(n, t) for e, n, t in _events(tmp_path) if e == "compile-start" and t != first]
+    starts = [(n, t) for e, n, t in ranked_overlapped[2] if e == "compile-start" and t != first]
     later = {_id(m, s) for m, s in co.MEMBERS if (m, s) != ("good", 0.0)}
     assert {t for _, t in starts} == later and len(starts) == 2 * len(later)     # every later batch, once each
     assert [n for n, _ in starts] == [P1.n] * len(later) + [P2.n] * len(later)
 
 
 @pytest.mark.parametrize("strategy", ["halving", "ranked"])
-def test_the_same_winners_and_trials_as_the_barrier(tmp_path, corder, strategy):
-    """Overlapped or not, the same tactics are measured with the same outcome and win; only where
-    a failed compile is recorded may differ (ranked: a later batch's compile failure is a bucket-0
-    failure overlapped, a failed check at its bucket with the barrier, whose worker JITs it)."""
+def test_the_same_winners_and_trials_as_the_barrier(tmp_path, corder, strategy, gated_halving, ranked_overlapped):
+    """Overlapped or not, the same tactics are measured with the same outcome and win (at bucket
+    4); only where a failed compile is recorded may differ (ranked: a later batch's compile failure
+    is a bucket-0 failure overlapped, a failed check at its bucket with the barrier, whose worker
+    JITs it). The overlapped side is the search of a test above (shared, not run again): halving's
+    gated one, ranked's at buckets 1 and 4."""
     kw = dict(rank_model=_model(corder), ranked=ONE_BY_ONE) if strategy == "ranked" else {}
     out = {}
     for overlap in (True, False):
-        store = Store(tmp_path / f"{overlap}.db")
-        rep = _search(store, corder, [P1, P2], compile_workers=2, overlap=overlap, strategy=strategy, **kw)
+        if overlap:
+            store, rep, _ = gated_halving if strategy == "halving" else ranked_overlapped
+        else:
+            store = Store(tmp_path / f"{overlap}.db")
+            rep = _search(store, corder, [P1, P2], compile_workers=2, overlap=overlap, strategy=strategy, **kw)
         bad = _id("nocompile", 300.0)
         # measured or not, and how it failed; which measured tactics halving dropped is left out: it
         # ranks members 50 ms apart by wall-clock time, which no test may depend on
         trials = {(t.problem_key, t.bucket, t.tactic_id, "measured" if t.status in ("ok", "dropped") else t.status)
                   for p in (P1, P2) for t in store.get_trials(p.key, 4, CPU.device_key) if t.tactic_id != bad}
-        out[overlap] = ({(w.problem_key, w.bucket, w.tactic_id) for w in rep.winners}, trials)
+        out[overlap] = ({(w.problem_key, w.bucket, w.tactic_id) for w in rep.winners if w.bucket == 4}, trials)
     assert out[True] == out[False]
     assert len(out[True][0]) == 2 and {w[2] for w in out[True][0]} == {_id("good", 0.0)}
     assert len(out[True][1]) == 2 * (len(co.MEMBERS) - 1)      # every member but `nocompile`, in each job

@@ -20,7 +20,7 @@ from autotune.core.problem import Problem
 from autotune.engine.search import Runner, search
 from autotune.cache import Store
 from autotune.tactics import registry
-from tests.test_workers import write_concurrently
+from tests.writers import write_concurrently
 
 BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 

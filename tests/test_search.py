@@ -15,6 +15,7 @@ from autotune.core.problem import Problem
 from autotune.engine.search import search
 from autotune.cache import Store
 from autotune.tactics import registry
+from tests.helpers import temp_caches
 
 CPU = cpu()   # these tests tune on the CPU even where a GPU is present
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
@@ -33,9 +34,27 @@ def _run(store, problems=(DENSE, MOE), families=("torch",), buckets=(1, 4), **kw
                   buckets=Buckets.of(buckets), timer=FAST, env=CPU, **kw)
 
 
-def test_search_stores_every_trial_and_a_winner_per_bucket(tmp_path):
-    store = Store(tmp_path / "c.db")
-    rep = _run(store)
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, _user_cache_home):
+    """(cache path, report) of one search of DENSE and MOE at buckets 1 and 4, run once per module;
+    a test that reads or adds to it works on its own copy (_copy). Its processes see temporary
+    caches, as every test's do."""
+    d = tmp_path_factory.mktemp("searched")
+    with temp_caches(d, _user_cache_home):
+        with Store(d / "c.db") as store:
+            return d / "c.db", _run(store)
+
+
+def _copy(searched, tmp_path) -> Store:
+    """A Store on a copy of the shared search's cache, in this test's directory."""
+    src, dst = sqlite3.connect(searched[0]), sqlite3.connect(tmp_path / "c.db")
+    src.backup(dst)
+    src.close(), dst.close()
+    return Store(tmp_path / "c.db")
+
+
+def test_search_stores_every_trial_and_a_winner_per_bucket(searched):
+    store, rep = Store(searched[0]), searched[1]
     assert rep.failed == 0 and rep.measured > 0
     assert {(w.problem_key, w.bucket) for w in store.winners()} == {(p.key, b) for p in (DENSE, MOE) for b in (1, 4)}
     # chunk_n 512 and 2048 are >= N=256: rejected statically, stored once for all buckets (bucket 0)
@@ -46,9 +65,8 @@ def test_search_stores_every_trial_and_a_winner_per_bucket(tmp_path):
     assert "no GPU" in " ".join(rep.notes)
 
 
-def test_rerun_resumes_without_measuring(tmp_path):
-    store = Store(tmp_path / "c.db")
-    first = _run(store)
+def test_rerun_resumes_without_measuring(tmp_path, searched):
+    store, first = _copy(searched, tmp_path), searched[1]
     again = _run(store)
     assert again.measured == 0 and again.resumed == first.measured
     assert [(w.problem_key, w.bucket, w.tactic_id) for w in again.winners] == \
@@ -83,9 +101,8 @@ def eval_mode(params_json):
     return json.loads(params_json)["params"]["mode"]
 
 
-def test_dispatch_serves_the_winners(tmp_path):
-    store = Store(tmp_path / "c.db")
-    _run(store, problems=(DENSE,), buckets=(1, 4))
+def test_dispatch_serves_the_winners(tmp_path, searched):
+    store = _copy(searched, tmp_path)          # DENSE (and MOE) searched at buckets 1 and 4
     d = Dispatcher(store, env=CPU, record_misses=False)
     w = inputs.make_inputs(DENSE, 3, "cpu", seed=7)[0]
     kernel = d((3, DENSE.n, DENSE.k))
@@ -115,10 +132,9 @@ def test_dispatch_miss_returns_default_warns_once_and_records(tmp_path):
     assert misses == {(p.key, 5): 2, (p.key, 9): 1}
 
 
-def test_winner_from_other_library_version_is_a_miss(tmp_path):
+def test_winner_from_other_library_version_is_a_miss(tmp_path, searched):
     import dataclasses
-    store = Store(tmp_path / "c.db")
-    _run(store, problems=(DENSE,), buckets=(4,))
+    store = _copy(searched, tmp_path)          # DENSE's winner at bucket 4 stored under this torch
     env = CPU
     other = dataclasses.replace(env, libs=tuple((k, "0.0-other" if k == "torch" else v) for k, v in env.libs))
     d = Dispatcher(store, env=other, record_misses=False)

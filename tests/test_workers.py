@@ -3,12 +3,10 @@ and resume after kill -9. Real worker processes, real SQLite, real torch kernels
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +17,6 @@ from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.engine.strategies.successive_halving import Halving, _rounds, measure
 from autotune.core.problem import Problem
-from autotune.core.records import Trial, Winner
 from autotune.engine.search import Runner, search
 from autotune.cache import Store
 from autotune.tactics import registry
@@ -27,7 +24,8 @@ from autotune.core.arch import ARCHS
 from autotune.core.tactic import Tactic
 from autotune.core import winner as winner_rule
 from tests.families.crashing import BUILD_LOG, SLEEP_MS
-from tests.helpers import gated_search_argv, wait_for
+from tests.helpers import gated_search_argv, run_cli, temp_caches, wait_for
+from tests.writers import write_concurrently
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = cpu()
@@ -147,11 +145,14 @@ def sleepy(register_family):
 
 def test_halving_then_exhaustive_in_a_search_counts(tmp_path, sleepy):
     """The search around halving: dropped trials are stored as such, --exhaustive re-times exactly
-    those. Counts only — which ones drop depends on real timings of real worker processes."""
+    those. Counts only — which ones drop depends on real timings of real worker processes. The
+    rounds, not the count-bound host rule: that one takes over where a check call costs more than
+    the budget's share per tactic (55 ms here), which a loaded machine's can (8 dropped, seen with
+    a load average of 10), so it is off (host_window=0) and the count does not depend on speed."""
     store = Store(tmp_path / "c.db")
     fams = [sleepy]
     search([DENSE], families=fams, store=store, buckets=Buckets.of((1,)), timer=FAST, env=CPU,
-           halving=Halving(budget_s=0.5), runner=Runner(timeout_s=30))
+           halving=Halving(budget_s=0.5, host_window=0.0), runner=Runner(timeout_s=30))
     got = {t: tr for t, tr in _by_tactic(store, DENSE, 1).items() if True}
     dropped = [t for t, tr in got.items() if tr.status == "dropped"]
     # 8 good + the torch default alive: _rounds(9) == [3], so 9 - 3 - (the default, if it ranked below) drop
@@ -175,13 +176,23 @@ def _keys(store):
     return out
 
 
+_SHARD_KW = dict(buckets=Buckets.of((1, 2, 4, 8)), timer=FAST, env=CPU, halving=Halving(budget_s=0.1, exhaustive=True))
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory, _user_cache_home):
+    """The search on one worker that each sharded search is compared with (run once per module;
+    its process sees the temporary cache directories, as every test does)."""
+    d = tmp_path_factory.mktemp("one-worker")
+    one = Store(d / "one.db")
+    with temp_caches(d, _user_cache_home):
+        return one, search([DENSE, MOE], store=one, families=[registry.get("torch")], **_SHARD_KW)
+
+
 @pytest.mark.parametrize("runner", [Runner(workers=2), Runner(gpus=(0, 1))], ids=["workers2", "gpus0,1"])
-def test_sharding_over_workers_measures_each_job_once(tmp_path, runner):
-    one, two = Store(tmp_path / "one.db"), Store(tmp_path / "two.db")
-    kw = dict(families=[registry.get("torch")], buckets=Buckets.of((1, 2, 4, 8)), timer=FAST, env=CPU,
-              halving=Halving(budget_s=0.1, exhaustive=True))
-    r1 = search([DENSE, MOE], store=one, **kw)
-    r2 = search([DENSE, MOE], store=two, runner=runner, **kw)
+def test_sharding_over_workers_measures_each_job_once(tmp_path, runner, one_worker):
+    (one, r1), two = one_worker, Store(tmp_path / "two.db")
+    r2 = search([DENSE, MOE], store=two, runner=runner, families=[registry.get("torch")], **_SHARD_KW)
     assert len(r2.shards) == 2 and sum(r2.shards.values()) == 8 and min(r2.shards.values()) >= 1
     assert r2.measured == r1.measured and r2.failed == 0
     assert _keys(one) == _keys(two)                     # the same trials, each stored once
@@ -206,29 +217,6 @@ def test_ray_local_cluster(tmp_path):
 
 
 # -- eight concurrent writers ------------------------------------------------------------------
-
-def _writer(url: str, w: int, n: int) -> None:
-    store = Store(url)
-    for i in range(n):
-        t = Tactic("torch", dequant_dtype="fp32", chunk_n=w * 1000 + i)
-        store.put_trial(Trial(DENSE.key, 1 + i % 4, t.id, t.family, t.to_json(), "dev", "lib", "ok", "",
-                              median_us=1.0 + i, reps=3, rel_err=0.0))
-        store.put_winner(Winner(DENSE.key, 1000 + w * n + i, "dev", t.id, t.family, t.to_json(), "lib",
-                                1.0, t.id, 1.0, 1.0))
-
-
-def write_concurrently(url: str, n: int, writers: int = 8) -> None:
-    """Create the store at `url`, then `writers` spawned processes each write `n` trials and `n`
-    winners at once; every one must exit cleanly (no lock error escaped any writer)."""
-    Store(url).close()
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(url, w, n)) for w in range(writers)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * writers
-
 
 def test_eight_concurrent_writers_lose_nothing(tmp_path):
     url = str(tmp_path / "shared.db")
@@ -275,8 +263,7 @@ def test_kill_9_leaves_a_sound_cache_and_rerun_measures_only_the_rest(tmp_path):
     assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     before = con.execute("select count(*) from trials where bucket > 0").fetchone()[0]
     con.close()
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", *_search_args(cfg, db)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    out = run_cli(*_search_args(cfg, db), timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rep = json.loads(out.stdout)
     total = sqlite3.connect(db).execute("select count(*) from trials where bucket > 0").fetchone()[0]

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.core.arch import Arch  # noqa: E402
+from autotune.core.tactic import Tactic  # noqa: E402
 from autotune.engine.strategies.ranked import rows as rankdata, model as rankmodel, plans as strategy  # noqa: E402
 from autotune.cache.store import Store  # noqa: E402
 from autotune.tactics import registry  # noqa: E402
@@ -134,7 +135,7 @@ def held_buckets(groups, every: int) -> list[int]:
     return sorted({g.bucket for g in groups})[::every]
 
 
-def candidates(o: Opened, g, default_id: str, families) -> list[tuple[str, object, int | None]]:
+def candidates(o: Opened, g, default_id: str, families) -> list[tuple[str, Tactic, int | None]]:
     """(id, tactic, smem bytes) of what a search keeps at g's (problem, bucket) under the current
     space: every tactic of the families the cache measured for the problem, less those the run's
     device rejected statically (stored as rejected) and those their family calls useless at this M

@@ -184,7 +184,7 @@ class Bench:
         self._sets: list = []
         self._outs: list = []
         self._ref = None
-        self._replay_refs = None                # the replay check's refreshed inputs and references, this job
+        self._replay_refs: replay_check.Refs | None = None   # the replay check's refreshed inputs and references, this job
         self._base = 0                          # bytes held once the job's inputs are drawn
         self._named_live = False                # a job left too much once: its live tensors were named
         self._abandoned = dict(timing.ABANDONED)   # at the last end_job
