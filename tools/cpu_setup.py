@@ -1,11 +1,11 @@
 """The measuring worker's setup on the CPU, one GLM-5 TP8 routed-expert problem over the main job's
 buckets: the weight draw (once a problem) and each bucket's inputs and float64 reference.
 
-    PYTHONPATH=<tree> python bench/cpu_setup.py [--problem KEY]
+    PYTHONPATH=<tree> python tools/cpu_setup.py [--problem KEY]
 
 Runs `Bench.setup` of whichever tree is first on PYTHONPATH, so two trees (a base exported with
 `git archive` and the working tree) compare in one sitting; the parts print where the tree's setup
-reports them. A bench figure for docs/measurements, not a test: the CPU is shared and its load
+reports them. A figure for docs/measurements, not a test: the CPU is shared and its load
 decides the seconds.
 """
 from __future__ import annotations
