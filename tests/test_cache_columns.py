@@ -31,6 +31,14 @@ GOLDEN = {
     "docs/data/2026-12-05-h200-7a8be9d-main-job.db.xz": (3, "c02acf22ac1a2e636c2d7e6a250789a9ac59a59b6fc52ab54df84896eb9e6648", "b434da685655a7b4", "97d0d2ac7c28e035", "548f1f18422e4f24"),
     "docs/data/2026-12-06-h100-2d14637-main-job.db.xz": (3, "ccdd97b8aba612097ea6064ef58d8d4ffb71ac6b9c33b6a365cdb95d5b738938", "401ee12b3ad6bfd9", "7166258af045dabd", "548f1f18422e4f24"),
 }
+#: caches of later export forms (their rows set `replay_checked`, 4, or `predicted`, 5), read at 7f1241e:
+#: name -> (schema, export form, trials, winners, replay-checked winners, predicted winners, export
+#: checksum with predicted winners included, trials digest)
+LATER = {
+    "docs/data/2026-12-07-h100-961f0e7-main-job.db.xz": (5, 4, 7213, 294, 294, 0, "1cca9633433e21ea40a8d9a2e29221300fcc77aa1fea1abaa3387f50bd8541b7", "4c2148572c42547a"),
+    "docs/data/2026-12-07-h100-961f0e7-main-job-64.db.xz": (5, 4, 3705, 90, 90, 0, "168a76c94856f6a8c5a4ed0a9b7f80fe31108b45901de95fee1abef3683fead6", "2deba69d5acdb6bc"),
+    "docs/data/2026-12-07-h100-961f0e7-predict.db.xz": (5, 5, 2033, 294, 0, 294, "36157942d7516026f9c38f0444b980d4f72ce4f49dbe45acc91506bbecc9bc1e", "90da3e34e0797a4b"),
+}
 #: round-tripped through a fresh cache and both export forms: one cache of each schema committed
 ROUND_TRIP = ("docs/data/2026-11-30-h200x2-full-search.db.xz", "docs/data/2026-12-02-h200-main-job.db.xz")
 
@@ -61,7 +69,7 @@ def test_every_committed_cache_is_listed():
     for p in ROOT.glob("docs/data/**/*.tgz"):
         with tarfile.open(p) as t:
             found |= {f"{p.relative_to(ROOT)}:{m}" for m in t.getnames() if m.endswith(".db")}
-    assert found == set(GOLDEN)
+    assert found == set(GOLDEN) | set(LATER)
 
 
 def _orm_columns(row) -> set[str]:
@@ -134,6 +142,21 @@ def test_committed_cache_reads_as_before(name, tmp_path):
         assert _digest([_as_of_golden(t) for t in s.trials()]) == trials
         assert _digest(s.devices()) == devices
         assert _digest(s.meta()) == meta
+
+
+@pytest.mark.parametrize("name", sorted(LATER))
+def test_later_committed_cache_reads_as_before(name, tmp_path):
+    schema, form, n_trials, n_winners, replayed, predicted, want_checksum, trials = LATER[name]
+    with Store(_open(name, tmp_path), readonly=True) as s:
+        assert s.schema_version == schema
+        winners = s.winners()
+        assert (len(winners), sum(w.replay_checked for w in winners), sum(w.predicted for w in winners)) == \
+            (n_winners, replayed, predicted)
+        payload = collect(s, include_predicted=True)
+        assert payload["schema"] == form and checksum(payload) == want_checksum
+        assert len(s.trials()) == n_trials and _digest([dataclasses.asdict(t) for t in s.trials()]) == trials
+        # an export without --include-predicted leaves every predicted winner out
+        assert len(collect(s)["winners"]) == n_winners - predicted
 
 
 @pytest.mark.parametrize("name", ROUND_TRIP)
