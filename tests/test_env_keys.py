@@ -16,7 +16,7 @@ from autotune.tactics import registry
 ROOT = Path(__file__).resolve().parents[1]
 #: the device record's libs of docs/data/2026-12-06-h100-2d14637-main-job.db.xz, and each built-in family's
 #: lib key over them as f4cc350 computed it (cutlass and cuBLASLt have no trials in a committed cache)
-NINETEENTH_LIBS = {"cupy": "14.2.0", "flashinfer-python": None, "nvidia-cutlass": None, "nvmath-python": "1.0.1",
+LIBS_AT_F4CC350 = {"cupy": "14.2.0", "flashinfer-python": None, "nvidia-cutlass": None, "nvmath-python": "1.0.1",
                    "torch": "2.11.0", "triton": "3.6.0"}
 KEYS_AT_F4CC350 = {"cublaslt": "02076f9ebfd09eda", "cuda": "41ead8348853d878", "cutlass": "4cfd870ac6fc549e",
                    "torch": "b11d1ca58baaa331", "triton": "a27ccc16db2c8ff9"}
@@ -48,8 +48,10 @@ def test_built_in_keys_recomputed_from_a_committed_caches_env_rows(name, tmp_pat
 
 
 def test_built_in_keys_unchanged_for_every_family():
-    e = Env("NVIDIA H100 80GB HBM3", "9.0", 132, "cuda", libs=tuple(sorted(NINETEENTH_LIBS.items())))
-    assert {f: e.lib_key(registry.get(f).depends_on) for f in registry.FAMILIES} == KEYS_AT_F4CC350
+    e = Env("NVIDIA H100 80GB HBM3", "9.0", 132, "cuda", libs=tuple(sorted(LIBS_AT_F4CC350.items())))
+    # the layer family (2026-12-07) composes the torch family's calls: torch's dependency, torch's key
+    assert {f: e.lib_key(registry.get(f).depends_on) for f in registry.FAMILIES} == \
+        {**KEYS_AT_F4CC350, "layer": KEYS_AT_F4CC350["torch"]}
 
 
 def _live_env(monkeypatch, versions: dict[str, str]) -> Env:
