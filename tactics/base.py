@@ -223,6 +223,8 @@ class Family(Protocol):
     default_rank: int | None
     #: True when `precompile` compiles ahead of timing (the engine then runs it in a pool)
     compiles: bool
+    #: the problem kinds it runs (Problem.kind: "dense", "grouped_moe"; a whole MoE layer's "moe_layer")
+    kinds: tuple[str, ...]
 
     def available(self, device: str) -> tuple[bool, str]: ...
     def supports(self, problem: Problem) -> str | None: ...
@@ -257,6 +259,9 @@ class FamilyBase:
     depends_on: ClassVar[tuple[str, ...]] = ()
     default_rank: ClassVar[int | None] = None
     compiles: ClassVar[bool] = False
+    #: the problem kinds it runs: `verdict` rejects any other before the family's own checks (a whole
+    #: MoE layer, kind "moe_layer", runs in the families that declare it)
+    kinds: ClassVar[tuple[str, ...]] = ("dense", "grouped_moe")
     #: the family's declared sources (autotune.core.codekey); None: its own module and this one
     CODE: ClassVar[Code | None] = None
     #: epilogues the family computes on dense problems (FP4MLP's `swiglu` gate_up): any other is
@@ -279,7 +284,9 @@ class FamilyBase:
     def verdict(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         if tactic.family != self.name:
             return Verdict.reject(f"tactic of family {tactic.family!r}, not {self.name!r}")
-        why = self.validate(tactic) or self.supports(problem)
+        why = self.validate(tactic) or (None if problem.kind in self.kinds else
+                                        f"the {self.name} family runs {', '.join(self.kinds)} problems, not {problem.kind}")
+        why = why or self.supports(problem)
         if not why and problem.kind == "dense" and problem.epilogue not in self.dense_epilogues:
             why = f"the {self.name} family has no {problem.epilogue} epilogue on dense problems"
         if why:

@@ -11,8 +11,10 @@ Two kinds of tactic, `via`:
   pair FP4MoE runs today. Weights in a layout other than the plain one are packed once per weight
   object at its first call (outside any capture: a pair launcher is not capture-safe).
 
-Not the designated default anywhere (`default_rank` None); it supports moe_layer problems only and
-every other family's space is unchanged by it.
+The designated default of a layer (its torch composition: `default_rank` 2, after the families that
+run no layer); it runs moe_layer problems only (`kinds`)
+and every other family's space is unchanged by it. Other families join a layer's search by declaring
+the kind (the cuda family's `moe_layer` member: one launch for both GEMMs).
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ class LayerFamily(FamilyBase):
                    "autotune.core.jsonread", "autotune.core.layer", "autotune.core.operands", "autotune.core.problem",
                    "autotune.core.tactic")
     depends_on = ("torch",)
-    default_rank = None
+    default_rank = 2      # the default of the layers it runs (the only kind it runs)
+    kinds = (KIND,)
 
     def available(self, device: str) -> tuple[bool, str]:
         return True, ""

@@ -126,7 +126,7 @@ def designated_default(problem: Problem, arch: Arch, device: str) -> Tactic:
         if fam.default_rank is not None:
             ranked.append((fam.default_rank, name, fam))
     for _, _, fam in sorted(ranked, key=lambda r: (r[0], r[1])):
-        if not fam.available(device)[0] or fam.supports(problem) is not None:
+        if problem.kind not in fam.kinds or not fam.available(device)[0] or fam.supports(problem) is not None:
             continue
         t = fam.default(problem, arch)
         if fam.verdict(problem, t, arch).ok is not False:

@@ -108,6 +108,7 @@ def test_bad_layer_tactics_are_refused(params, why):
 def test_the_layer_family_runs_layers_only_and_other_families_are_unchanged():
     fam = registry.get("layer")
     assert fam.supports(P.w13) and list(fam.enumerate(P.w2, CPU)) == []
-    assert fam.default_rank is None
     d = registry.designated_default(Problem.dense(256, 512), CPU, "cpu")
     assert d.family == "torch"
+    # the designated default of a layer is the layer family's (no family that runs no layers)
+    assert registry.designated_default(P, CPU, "cpu") == fam.default(P, CPU)

@@ -11,6 +11,7 @@ from autotune.api.args import model_problems, with_layers
 from autotune.cache import Store
 from autotune.cache.exportfile import collect
 from autotune.core.buckets import Buckets
+from autotune.core.arch import ARCHS
 from autotune.core.env import cpu
 from autotune.core.layer import KIND, LayerProblem
 from autotune.core.tactic import Tactic
@@ -23,6 +24,7 @@ from autotune.tactics import registry
 
 L = LayerProblem.of(128, 64, 8, 2)
 CPU = cpu()
+CPU_ARCH = ARCHS["cpu"]
 FAST = timing.TimerConfig(warmup=0, min_reps=2, max_reps=3, budget_s=0.01)
 BUCKETS = (1, 4)
 
@@ -115,3 +117,61 @@ def test_a_search_without_layer_problems_leaves_the_layer_family_out(tmp_path, c
     assert "families measured on cpu: torch;" in err and "layer" not in err
     assert all(fp.family != "layer" for fps in rep.plans.values() for fp in fps)
     assert rep.winners and all(w.family == "torch" for w in rep.winners)
+
+
+LK = LayerProblem.of(256, 128, 8, 2)          # the layer kernel's tiling needs H and I multiples of 128
+KBUCKETS = (1, 4, 160)                        # 160 · top_k 2 = 320 pairs: past the layer kernel's scope
+
+
+@pytest.fixture(scope="module")
+def with_kernel(tmp_path_factory):
+    """A layer search whose families include one that runs the kind (`Family.kinds`): the cuda layer
+    kernel (its CPU port, tests/families/cuda_layer_cpu.py) beside the layer family's tactics."""
+    from tests.families import cuda_layer_cpu
+    path = tmp_path_factory.mktemp("layerk") / "c.db"
+    store = Store(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOTUNE_CACHE", str(path.parent / "default.db"))
+        mp.setenv("XDG_CACHE_HOME", str(path.parent / "xdg"))
+        mp.setitem(registry.FAMILIES, "cudalayercpu", "tests.families.cuda_layer_cpu:CudaLayerCpu")
+        registry.get.cache_clear()
+        cuda_layer_cpu.CALLS.clear()
+        try:
+            fams = [registry.get("torch"), registry.get("cudalayercpu")]
+            rep = search([LK, LK.w13, LK.w2], families=fams, store=store, buckets=Buckets.of(KBUCKETS),
+                         timer=FAST, env=CPU, runner=Runner(isolate=False))
+            yield store, rep, list(cuda_layer_cpu.CALLS)
+        finally:
+            registry.get.cache_clear()
+
+
+def test_a_family_that_runs_layers_competes_in_the_layer_search(with_kernel):
+    """The layer kernel's kept tactics are measured (checked against float64, replay-checked) at the
+    buckets in its scope, beside the torch compositions and the pair; not past its scope; the pair
+    problems never see it."""
+    store, rep, calls = with_kernel
+    assert not rep.job_failures
+    kept = [t for t in registry.get("cudalayercpu").enumerate(LK, CPU_ARCH)]
+    assert kept and all(t["kernel"] == "moe_layer" for t in kept)
+    for b in KBUCKETS:
+        trials = store.get_trials(LK.key, b, CPU.device_key)
+        fams = {t.family for t in trials if t.status in ("ok", "dropped")}
+        assert ("cudalayercpu" in fams) == (b * LK.top_k <= 256), (b, fams)
+        assert "layer" in fams
+        for t in trials:
+            if t.family == "cudalayercpu" and t.status == "ok":
+                assert t.rel_err < 1e-2
+        assert _winner(store, LK.key, b).replay_checked
+    for p in LK.pair:
+        assert all(t.family != "cudalayercpu" or t.status == "rejected" for b in KBUCKETS
+                   for t in store.get_trials(p.key, b, CPU.device_key))
+    assert calls and max(calls) <= 256 // LK.top_k
+
+
+def test_other_families_refuse_layer_problems_by_kind():
+    """A family that does not declare the kind rejects a layer whatever its own `supports` says."""
+    for name in ("torch", "cutlass"):
+        fam = registry.get(name)
+        assert "moe_layer" not in fam.kinds
+        v = fam.verdict(LK, Tactic(name, dequant_dtype="bf16", chunk_n=0) if name == "torch" else fam.default(LK.w13, CPU_ARCH), CPU_ARCH)
+        assert v.rejected and "not moe_layer" in v.reason

@@ -44,13 +44,26 @@ def pair_competitor(store, problem, bucket: int, device_key: str, lib_keys: dict
     return [registry.pair_tactic(*parts)]
 
 
+def lib_keys(env) -> dict[str, str]:
+    """Every registered family's library key under `env` (those that import here)."""
+    out = {}
+    for name in registry.FAMILIES:
+        try:
+            out[name] = env.lib_key(registry.get(name).depends_on)
+        except ImportError:
+            continue
+    return out
+
+
 def for_layers(problems: Sequence, options, families: Sequence):
-    """A search of layer problems only: by halving, with the layer family alone (the other families
-    take the pair problems; none runs a layer yet). Anything else: as given, less the layer family
-    (it runs layers only: a search without them plans, lists and reports as before it existed)."""
+    """A search of layer problems only: by halving, with the layer family (its torch compositions and
+    the pair) and every given family that runs the kind (`Family.kinds`: the cuda layer kernel).
+    Anything else: as given, less the families that run layers only (a search without layer
+    problems plans, lists and reports as before they existed)."""
     if problems and all(p.kind == KIND for p in problems):
-        return replace(options, strategy=STRATEGY), [registry.get(registry.LAYER)]
-    return options, [f for f in families if f.name != registry.LAYER]
+        runs = [f for f in families if KIND in f.kinds and f.name != registry.LAYER]
+        return replace(options, strategy=STRATEGY), [registry.get(registry.LAYER), *runs]
+    return options, [f for f in families if set(f.kinds) - {KIND}]
 
 
 def in_order(run: Callable, problems: Sequence, options):
@@ -82,10 +95,11 @@ def merged(a, b):
 
 def replay(problem: LayerProblem, launcher, bucket: int, device: str, seed: int, known: tuple) -> dict:
     """The replay check (autotune.engine.replay's rule) of a layer tactic: no layer is bound by the
-    runtime yet, so the built launcher is called with `out=None` as an engine would, once eagerly,
-    then captured as a recorded call and replayed with x, ids (a -1 slot) and weights of a second
-    seed and of the job's set 0 overwritten in place, each replay's rows against its float64
-    reference. Raises replay.ReplayFailed."""
+    runtime yet, so the built launcher is called with `out=None` as an engine would, eagerly, then
+    captured — a CUDA graph where the launcher is capture-safe on a GPU (the layer kernel), else a
+    recorded call (the torch compositions, the pair) — and replayed with x, ids (a -1 slot) and
+    weights of a second seed and of the job's set 0 overwritten in place, each replay's rows against
+    its float64 reference. Raises replay.ReplayFailed."""
     first, first_ref = known
     s = zlib.crc32(f"replay:{seed}:{problem.key}:{bucket}:1".encode())
     second = layer_io.make_inputs(problem, bucket, device, s, weights=[(first.w13, first.w2)])[0]
@@ -94,11 +108,13 @@ def replay(problem: LayerProblem, launcher, bucket: int, device: str, seed: int,
     sets, refs = (first, second), (first_ref, layer_io.reference(problem, second))
     live = layer_io.LayerInputs(first.x.clone(), first.w13, first.w2, first.topk_ids.clone(), first.topk_weights.clone())
     call = partial(launcher, live.x, live.w13, live.w2, live.topk_ids, live.topk_weights)
-    call()
-    cap, worst, tol = RP.Recorded(), 0.0, RP.ROW_SLACK * TOLERANCE[problem.out_dtype]
+    real = device == "cuda" and launcher.caps.capture_safe
+    cap = RP.Graph() if real else RP.Recorded()
+    RP.warm(call, real)
+    replays, tol, worst = RP.REPLAYS if real else RP.RECORDED_REPLAYS, RP.ROW_SLACK * TOLERANCE[problem.out_dtype], 0.0
     try:
         cap.capture(call)
-        for r in range(RP.RECORDED_REPLAYS):
+        for r in range(replays):
             j = (r + 1) % 2                    # the second seed first: values the capture did not see
             live.x.copy_(sets[j].x)
             live.topk_ids.copy_(sets[j].topk_ids)
@@ -112,4 +128,4 @@ def replay(problem: LayerProblem, launcher, bucket: int, device: str, seed: int,
             worst = max(worst, err)
     finally:
         cap.release()
-    return {"max_row_err": worst, "mode": cap.mode, "replays": RP.RECORDED_REPLAYS}
+    return {"max_row_err": worst, "mode": cap.mode, "replays": replays}

@@ -260,7 +260,7 @@ def check(problem: Problem, launcher: Any, refs: Refs, device: str, pool: Scratc
     call = served_call(problem, launcher, live)
     real = device == "cuda" and launcher.caps.capture_safe
     cap: Recorded | Graph = Graph() if real else Recorded()
-    _warm(call, real)
+    warm(call, real)
     replays = REPLAYS if real else RECORDED_REPLAYS
     try:
         _capture(problem, cap, call, refs)
@@ -280,7 +280,7 @@ def _live(a: inputs.InputSet) -> inputs.InputSet:
                            None if a.topk_weights is None else a.topk_weights.clone())
 
 
-def _warm(call: Callable[[], Any], real: bool) -> None:
+def warm(call: Callable[[], Any], real: bool) -> None:
     """Under a CUDA graph the first call plans and the second takes the repeat path, both eager on a
     side stream (the graph's warm-up); under a recorded capture the first call plans and the
     capture's call is the repeat path."""

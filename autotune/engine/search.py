@@ -14,6 +14,8 @@ stored trials (autotune.core.winner), never from in-memory state.
 """
 from __future__ import annotations
 
+import functools
+
 import threading
 import time
 from collections import Counter, defaultdict
@@ -234,6 +236,12 @@ class _Search:
                 if registry.fresh(self.lib_keys, t)}
         return tuple(t for t in tactics if t.id not in done or done[t.id].status in redo)
 
+    @functools.cached_property
+    def pair_lib_keys(self) -> dict[str, str]:
+        """The library keys a layer's pair competitor is judged fresh under: every family's that imports
+        here (the pair problems' winners come from families a layer's search does not run)."""
+        return {**layers.lib_keys(self.env), **self.lib_keys}
+
     def jobs(self, work: list[_Work]) -> list[Job]:
         """Each (problem, bucket) as the strategy measures it (ranked: its plan; finished ones empty)."""
         out = []
@@ -241,7 +249,7 @@ class _Search:
             for b in self.buckets:
                 kept = self.strategy.kept_at(w, b)     # a family may call a tactic useless at this M (Family.useful)
                 todo = self.remaining(w.problem, b, [r.tactic for r in kept] + layers.pair_competitor(
-                    self.store, w.problem, b, self.env.device_key, self.lib_keys))     # a layer's pair: its GEMMs' winners
+                    self.store, w.problem, b, self.env.device_key, self.pair_lib_keys))     # a layer's pair: its GEMMs' winners
                 job, resumed = self.strategy.job(self, Job(w.problem, b, todo, w.default.id,
                                                            {r.tactic.id: r.verdict.smem_bytes for r in kept},
                                                            margin=self.o.margin),

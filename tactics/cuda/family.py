@@ -24,7 +24,7 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import FamilyBase, LauncherBase, as_launcher
+from autotune.tactics.base import PLAIN_LAYOUT, Caps, FamilyBase, LauncherBase, as_launcher
 
 from . import build as B
 from . import checked as CK
@@ -34,6 +34,7 @@ from . import layout as L
 from . import inplace as INPLACE
 from . import members as M
 from . import moe as MOE
+from . import moe_layer as LAYER
 from . import moe_search as MOE_SEARCH
 from .dense import STAGES, STATIC_SMEM_LIMIT, TILES_N, WARPS_K, config  # noqa: F401  (re-exported)
 _NO_CUPY = "CuPy is not installed (pip install fp4-autotune[cuda13] or [cuda12])"
@@ -130,6 +131,27 @@ class _Packing(LauncherBase):
         self.cache.clear()
 
 
+class _LayerPacking(LauncherBase):
+    """What `build` returns for a whole MoE layer (kind moe_layer): `kernel(x, w13, w2, topk_ids,
+    topk_weights, out=None)`, the layer kernel (moe_layer.LayerLaunch on the layer's w13 problem) on
+    both weights packed once each (`_PackCache`: plain FP4Weights or their packs). Capture-safe once
+    its first eager call has packed the weights and warmed the protocol words (the search checks it
+    eagerly, and calls it once per input set, before any timing)."""
+
+    __slots__ = ("run", "w13", "w2", "caps")
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.w13, self.w2 = run, _PackCache(), _PackCache()
+        self.caps = Caps(capture_safe=True)
+
+    def __call__(self, x: Any, w13: Any, w2: Any, topk_ids: Any, topk_weights: Any = None, out: Any = None) -> Any:
+        return self.run(x, self.w13(w13), self.w2(w2), topk_ids, topk_weights, out=out)
+
+    def release(self) -> None:
+        self.w13.clear()
+        self.w2.clear()
+
+
 def member_of(tactic: Tactic) -> M.Member | None:
     """The member running `tactic` (members.py: by its `kernel` parameter), None for none."""
     try:
@@ -147,6 +169,7 @@ class CudaFamily(FamilyBase):
     default_rank = None
     compiles = True
     dense_epilogues = ("none", "swiglu")
+    kinds = ("dense", "grouped_moe", "moe_layer")
 
     def code(self, tactic: Tactic) -> Code:
         m = member_of(tactic)
@@ -167,6 +190,8 @@ class CudaFamily(FamilyBase):
         return True, ""
 
     def supports(self, problem: Problem) -> str | None:
+        if problem.kind == "moe_layer":       # a whole MoE layer: its w13 (SwiGLU) and w2 as the layer kernel runs them
+            return MOE.supports(problem.w13) or MOE.supports(problem.w2)
         if problem.kind == "grouped_moe":
             return MOE.supports(problem)
         if problem.kind != "dense":
@@ -188,6 +213,9 @@ class CudaFamily(FamilyBase):
     def enumerate(self, problem: Problem, arch: Arch) -> list[Tactic]:
         if self.supports(problem):
             return []
+        if problem.kind == "moe_layer":       # the layer kernel's kept tactics (its member's space, for a
+            # grouped problem, is empty: it is measured where it competes with the pair, a layer's search)
+            return [Tactic(self.name, **t.params) for t in LAYER.layer_space(problem.w13, arch)]
         grouped = problem.kind == "grouped_moe"
         # the members name the family "cuda": the tactics carry this family's name (a subclass's, too)
         return [Tactic(self.name, **t.params) for m in M.REGISTRY if m.impl().grouped == grouped
@@ -195,6 +223,13 @@ class CudaFamily(FamilyBase):
 
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         m = member_of(tactic)
+        if (problem.kind == "moe_layer") != (m.kernel == LAYER.KERNEL):
+            return Verdict.reject(f"a {m.kernel} cuda tactic on a {problem.kind} problem" if m.tactic_kernel
+                                  else f"a dense cuda tactic on a {problem.kind} problem")
+        if problem.kind == "moe_layer":
+            v = m.impl().verdict(problem.w13, tactic, arch)
+            return Verdict(None, CK.unrun(m.kernel), v.smem_bytes, v.smem_limit, v.stages) \
+                if v.ok is True and not CK.checked(m.kernel) else v
         if m.impl().grouped != (problem.kind == "grouped_moe"):
             return Verdict.reject(f"a {m.kernel if m.impl().grouped else 'dense'} cuda tactic on a {problem.kind} problem")
         v = m.impl().verdict(problem, tactic, arch)
@@ -203,6 +238,11 @@ class CudaFamily(FamilyBase):
         return v
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
+        if problem.kind == "moe_layer":
+            kept = LAYER.layer_space(problem.w13, arch)
+            if not kept:
+                raise ValueError(f"cuda: no layer kernel tactic fits {problem.key} on {arch.name}")
+            return Tactic(self.name, **kept[0].params)
         grouped = problem.kind == "grouped_moe"
         for m in M.REGISTRY:
             if m.impl().grouped == grouped and (t := m.impl().default(problem, arch)) is not None:
@@ -213,14 +253,17 @@ class CudaFamily(FamilyBase):
         """NVRTC-compile every M variant into the cubin cache (no GPU needed); refuse spills."""
         from cupy.cuda import function  # noqa: F401  (import error = not available)
         smem = 0
-        for c in member_of(tactic).impl().configs(problem, tactic):
+        sub = problem.w13 if problem.kind == "moe_layer" else problem     # the layer kernel's own problem
+        for c in member_of(tactic).impl().configs(sub, tactic):
             B.nvrtc_cubin(c, arch_target(arch))
             smem = max(smem, B.smem_bytes(c))
         return smem
 
     # ---- layout ---------------------------------------------------------------------------------
     def layout(self, tactic: Tactic) -> str:
-        return L.LAYOUT
+        """The cuda pack; the layer kernel takes its two weights as given and packs each once itself
+        (`_LayerPacking`), so a search hands it the plain ones."""
+        return PLAIN_LAYOUT if tactic.params.get("kernel") == LAYER.KERNEL else L.LAYOUT
 
     def pack(self, layout: str, weight: FP4Weight) -> Any:
         if layout != L.LAYOUT:
@@ -251,6 +294,8 @@ class CudaFamily(FamilyBase):
         return member_of(tactic).impl().figures(problem, tactic, m, sms)
 
     def useful(self, problem: Problem, tactic: Tactic, m: int) -> bool:
+        if problem.kind == "moe_layer":       # the layer kernel's scope: M·top_k pairs <= its h rows
+            return m * problem.top_k <= LAYER.MAX_PAIRS
         return MOE_SEARCH.useful(problem, tactic, m)
 
     def batch_invariant(self, problem: Problem, tactic: Tactic) -> bool:
@@ -264,6 +309,11 @@ class CudaFamily(FamilyBase):
         test family replaces); CuPy is imported here, after every check of build and bind."""
         return member_of(tactic).impl().runner(problem, tactic, device)
 
+    def _layer_runner(self, problem: Problem, tactic: Tactic, device: str):
+        """`run(x, w13, w2, topk_ids, topk_weights=None, out=None)` on two checked stacked packs, for the
+        layer whose w13 problem is `problem` (what a test family replaces)."""
+        return member_of(tactic).impl().runner(problem, tactic, device)
+
     def _moe_checks(self, problem: Problem, tactic: Tactic) -> str | None:
         why = self.validate(tactic) or self.supports(problem)
         if not why and not member_of(tactic).impl().grouped:
@@ -271,6 +321,12 @@ class CudaFamily(FamilyBase):
         return why or MOE.check_tiling(problem, tactic)
 
     def build(self, problem: Problem, tactic: Tactic, device: str):
+        if problem.kind == "moe_layer":
+            why = self.validate(tactic) or self.supports(problem) or (
+                None if member_of(tactic).kernel == LAYER.KERNEL else f"a {tactic} tactic on a moe_layer problem")
+            if why:
+                raise ValueError(f"{problem.key} {tactic}: {why}")
+            return _LayerPacking(self._layer_runner(problem.w13, tactic, device))
         if problem.kind == "grouped_moe":
             why = self._moe_checks(problem, tactic)
             if why:

@@ -1,0 +1,44 @@
+"""A test-only copy of the `cuda` family whose layer runner is `autotune.tactics.cuda.moe_layer_emulate.emulate`
+(the layer kernel's two roles ported to the CPU) behind the launcher's own argument checks; the layer
+kernel's space and verdicts are taken for sm_90 (the CPU has no arch it runs on), and every other part
+(build's checks, both weights packed once each, the caps) is the real family's. It lets a layer search
+measure the one-launch layer kernel beside the torch compositions and the pair on the CPU."""
+from __future__ import annotations
+
+from autotune.core.arch import ARCHS
+from autotune.tactics.cuda import moe as MOE
+from autotune.tactics.cuda import moe_layer as LAYER
+from autotune.tactics.cuda import moe_layer_emulate as EMU
+from tests.families.cuda_cpu import OnCpu
+
+CALLS: list[int] = []          # M of every call the runner made
+
+
+class _CpuLayerRun:
+    def __init__(self, problem, tactic):
+        self.problem, self.tactic, self.p2 = problem, tactic, LAYER.w2_problem(problem)
+
+    def __call__(self, x, w13, w2, topk_ids, topk_weights=None, out=None, shared_slot=False):
+        p = self.problem
+        m, _ = MOE.check_call(p, x, w13, topk_ids, None, None, cuda=False, shared_slot=shared_slot, alloc=False)
+        y = EMU.emulate(p, self.tactic, x, w13, w2, topk_ids, topk_weights, shared_slot=shared_slot)
+        CALLS.append(m)
+        return y if out is None else out.copy_(y)
+
+
+class CudaLayerCpu(OnCpu):
+    name = "cudalayercpu"
+    compiles = False
+
+    @staticmethod
+    def _arch(problem, arch):
+        return ARCHS["sm90"] if problem.kind == "moe_layer" else arch
+
+    def enumerate(self, problem, arch):
+        return super().enumerate(problem, self._arch(problem, arch))
+
+    def verdict_checked(self, problem, tactic, arch):
+        return super().verdict_checked(problem, tactic, self._arch(problem, arch))
+
+    def _layer_runner(self, problem, tactic, device):
+        return _CpuLayerRun(problem, tactic)
