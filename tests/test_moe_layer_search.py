@@ -158,6 +158,7 @@ def test_a_family_that_runs_layers_competes_in_the_layer_search(with_kernel):
         fams = {t.family for t in trials if t.status in ("ok", "dropped")}
         assert ("cudalayercpu" in fams) == (b * LK.top_k <= 256), (b, fams)
         assert "layer" in fams
+        assert not [t.reason for t in trials if t.status == "failed"]
         for t in trials:
             if t.family == "cudalayercpu" and t.status == "ok":
                 assert t.rel_err < 1e-2

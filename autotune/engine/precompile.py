@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Hashable, Iterable
 
 from autotune.core.arch import get_arch
-from autotune.core.problem import Problem
+from autotune.core.layer import parse_key
 from autotune.core.tactic import Tactic
 from autotune.engine import deadline
 from autotune.engine.executor import WorkerStartError, exit_now
@@ -52,7 +52,7 @@ def compile_one(problem_key: str, tactic_json: str, arch_name: str, families: di
         registry.FAMILIES.setdefault(name, path)
     t = Tactic.from_json(tactic_json)
     try:
-        smem = registry.get(t.family).precompile(Problem.from_key(problem_key), t, get_arch(arch_name))
+        smem = registry.get(t.family).precompile(parse_key(problem_key), t, get_arch(arch_name))
         return None, smem
     except Exception as e:
         return error_text(e), None

@@ -1,7 +1,7 @@
 """A test-only copy of the `cuda` family whose layer runner is `autotune.tactics.cuda.moe_layer_emulate.emulate`
 (the layer kernel's two roles ported to the CPU) behind the launcher's own argument checks; the layer
 kernel's space and verdicts are taken for sm_90 (the CPU has no arch it runs on), and every other part
-(build's checks, both weights packed once each, the caps) is the real family's. It lets a layer search
+(precompile's walk, build's checks, both weights packed once each, the caps) is the real family's. It lets a layer search
 measure the one-launch layer kernel beside the torch compositions and the pair on the CPU."""
 from __future__ import annotations
 
@@ -28,7 +28,14 @@ class _CpuLayerRun:
 
 class CudaLayerCpu(OnCpu):
     name = "cudalayercpu"
-    compiles = False
+
+    def precompile(self, problem, tactic, arch):
+        """The real precompile's walk (the layer's w13 problem, its member's configs) with the text's
+        static shared memory in place of NVRTC's cubin (CuPy is not here)."""
+        from autotune.tactics.cuda import build as B
+        from autotune.tactics.cuda.family import member_of
+        sub = problem.w13 if problem.kind == "moe_layer" else problem
+        return max(B.smem_bytes(c) for c in member_of(tactic).impl().configs(sub, tactic))
 
     @staticmethod
     def _arch(problem, arch):
