@@ -93,20 +93,23 @@ def merged(a, b):
     return a
 
 
-def replay(problem: LayerProblem, launcher, bucket: int, device: str, seed: int, known: tuple) -> dict:
+def replay(problem: LayerProblem, launcher, bucket: int, device: str, seed: int, known: tuple,
+           weights: tuple | None = None) -> dict:
     """The replay check (autotune.engine.replay's rule) of a layer tactic: no layer is bound by the
     runtime yet, so the built launcher is called with `out=None` as an engine would, eagerly, then
     captured — a CUDA graph where the launcher is capture-safe on a GPU (the layer kernel), else a
     recorded call (the torch compositions, the pair) — and replayed with x, ids (a -1 slot) and
     weights of a second seed and of the job's set 0 overwritten in place, each replay's rows against
-    its float64 reference. Raises replay.ReplayFailed."""
+    its float64 reference. `weights`: (w13, w2) as the launcher takes them (the search's packs of
+    set 0's), default set 0's own. Raises replay.ReplayFailed."""
     first, first_ref = known
     s = zlib.crc32(f"replay:{seed}:{problem.key}:{bucket}:1".encode())
     second = layer_io.make_inputs(problem, bucket, device, s, weights=[(first.w13, first.w2)])[0]
     if second.topk_ids.numel():
         second.topk_ids[-1, -1] = -1
     sets, refs = (first, second), (first_ref, layer_io.reference(problem, second))
-    live = layer_io.LayerInputs(first.x.clone(), first.w13, first.w2, first.topk_ids.clone(), first.topk_weights.clone())
+    w13, w2 = weights or (first.w13, first.w2)
+    live = layer_io.LayerInputs(first.x.clone(), w13, w2, first.topk_ids.clone(), first.topk_weights.clone())
     call = partial(launcher, live.x, live.w13, live.w2, live.topk_ids, live.topk_weights)
     real = device == "cuda" and launcher.caps.capture_safe
     cap = RP.Graph() if real else RP.Recorded()

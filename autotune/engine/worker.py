@@ -180,7 +180,7 @@ class Bench:
         self._kernels: dict[str, Launcher] = {}   # tactic id -> kernel, this job
         self._weights: list = []                # the problem's random weights, kept across its buckets
         self._graphs: dict[str, dict] = {}      # tactic id -> time_calls memo (its captured graph), this job
-        self._packs: dict[tuple[str, int], object] = {}  # (layout, set) -> the set's weight packed, this problem
+        self._packs: dict[tuple[str, int, int], object] = {}  # (layout, set, argument) -> that weight packed, this problem
         self._sets: list = []
         self._outs: list = []
         self._ref = None
@@ -313,18 +313,23 @@ class Bench:
         return k
 
     def _args(self, tactic: Tactic, i: int) -> tuple:
-        """Set i's arguments with the weight in the tactic's layout, packed once per problem (set i
-        uses the problem's weight i in every bucket) as a bound layer packs it at load: a layout's
-        packing never runs inside a timed call (or a captured graph)."""
+        """Set i's arguments with the weights in the tactic's layout (one GEMM's weight; a whole MoE
+        layer's w13 and w2), packed once per problem (set i uses the problem's weights i in every
+        bucket) as a bound layer packs them at load: a layout's packing never runs inside a timed
+        call (or a captured graph)."""
         args = self._sets[i].args()
         fam = registry.get(tactic.family)
         lay = fam.layout(tactic)
         if lay == PLAIN_LAYOUT:
             return args
-        w = self._packs.get((lay, i))
-        if w is None:
-            w = self._packs[(lay, i)] = fam.pack(lay, args[1])
-        return (args[0], w, *args[2:])
+        at = (1, 2) if self.problem.kind == layer_io.KIND else (1,)
+        packed = list(args)
+        for j in at:
+            w = self._packs.get((lay, i, j))
+            if w is None:
+                w = self._packs[(lay, i, j)] = fam.pack(lay, args[j])
+            packed[j] = w
+        return tuple(packed)
 
     def _retry_oom(self, tactic: Tactic, fn: Callable[[], dict]) -> dict:
         """One request; out of device memory, every other tactic's kernel and graph is dropped and it
@@ -353,15 +358,15 @@ class Bench:
             t0 = time.perf_counter()
             kernel = self._kernel(tactic)
             t1 = time.perf_counter()
-            packed = self._args(tactic, 0)[1]
+            args = self._args(tactic, 0)          # set 0's, its weights packed
             t2 = time.perf_counter()
             call = [0.0]
 
-            def timed_call(x, w, *r, out=None):
+            def timed_call(*_given, out=None):
                 # the call's host time: a kernel compiled or loaded at its first launch shows here
                 c0 = time.perf_counter()
                 try:
-                    return kernel(x, packed, *r, out=out)
+                    return kernel(*args, out=out)
                 finally:
                     call[0] = time.perf_counter() - c0
             err = inputs.check(self.problem, timed_call, self._sets[0], self._ref)
@@ -379,7 +384,8 @@ class Bench:
         reference its eager check uses, and one more seed; every finalist's check shares them."""
         if self.problem.kind == layer_io.KIND:     # a whole MoE layer: built, not bound (engine/layers.py)
             return self._retry_oom(tactic, lambda: layers.replay(self.problem, self._kernel(tactic), self.bucket,
-                                                                 self.device, self.seed, (self._sets[0], self._ref)))
+                                                                 self.device, self.seed, (self._sets[0], self._ref),
+                                                                 self._args(tactic, 0)[1:3]))
 
         def run() -> dict:
             t0 = time.perf_counter()
