@@ -24,7 +24,7 @@ from autotune.core.formats import FP4Weight
 from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
-from autotune.tactics.base import PLAIN_LAYOUT, Caps, FamilyBase, LauncherBase, as_launcher
+from autotune.tactics.base import Caps, FamilyBase, LauncherBase, as_launcher
 
 from . import build as B
 from . import checked as CK
@@ -261,9 +261,8 @@ class CudaFamily(FamilyBase):
 
     # ---- layout ---------------------------------------------------------------------------------
     def layout(self, tactic: Tactic) -> str:
-        """The cuda pack; the layer kernel takes its two weights as given and packs each once itself
-        (`_LayerPacking`), so a search hands it the plain ones."""
-        return PLAIN_LAYOUT if tactic.params.get("kernel") == LAYER.KERNEL else L.LAYOUT
+        """The cuda pack (the layer kernel's two weights each in it)."""
+        return L.LAYOUT
 
     def pack(self, layout: str, weight: FP4Weight) -> Any:
         if layout != L.LAYOUT:
