@@ -50,6 +50,7 @@ from autotune.core.operands import OperandError, check_layer_x, routing_checker
 from autotune.core.problem import Problem
 from autotune.runtime.dispatch import Dispatcher, default_dispatcher
 from autotune.runtime import prefetch as PF
+from autotune.runtime.layer_route import LayerRoute
 from autotune.runtime.moe_weights import MoEWeights, _shared_mlp, _stack13, check_expert_map
 
 _BLOCKS: "weakref.WeakValueDictionary[int, FP4MoE]" = weakref.WeakValueDictionary()
@@ -80,6 +81,8 @@ class _Form(NamedTuple):
     prefetch_key: tuple
     #: w13's kwargs with the shared slot
     slot_kw: dict
+    #: the whole-layer route at this M (runtime/layer_route.py): (launcher, w13 pack, w2 pack), or None
+    layer: Any = None
 
 
 def _fused(activation: str, fused: bool, bias13: Tensor | None, bias2: Tensor | None) -> bool:
@@ -170,6 +173,7 @@ class FP4MoE(nn.Module):
         self.bound13 = d.bind(self.problem13, self.w13, bad_word=self._word)
         self.bound2 = d.bind(self.problem2, self.w2, bad_word=self._word)
         self.shared_mlp = None if mw.apart is None else _shared_mlp(mw.apart, mw.w13, d, mw.apart_a_fmt)
+        self.layer_route = LayerRoute(d, self.problem13, self.problem2, d.env.device) if self.fused else None
         # load_state_dict copies bytes in place: bind again so no packed copy keeps the old numbers
         self.register_load_state_dict_post_hook(lambda mod, _keys: mod._rebind())
         # a one-copy binding may hold the cuda grouped layout in the buffers' own bytes: neither saved
@@ -309,7 +313,7 @@ class FP4MoE(nn.Module):
         form = self._forms.get(m)
         if form is None or form.l13 is not l13 or form.l2 is not l2 or form.prefetch_key != (self.prefetch_w2, self.l2_bytes):
             form = self._form(m, l13, l2, x.device)
-        _, _, safe, checks_ids, need, slot, extra, _, slot_kw = form       # one unpack, named
+        _, _, safe, checks_ids, need, slot, extra, _, slot_kw, layer = form       # one unpack, named
         # asked only where it matters (a launcher that cannot be captured, the opt-in raise): ~1 µs on a GPU host
         capturing = ((not safe or self.check_ids) and x.is_cuda and torch.cuda.is_current_stream_capturing())
         if capturing and not safe:
@@ -330,7 +334,9 @@ class FP4MoE(nn.Module):
         else:
             k13, k2 = self._one_alignment(l13, l2, ids, need)
             k13 = {**k13, **extra}
-        if self.fused:
+        if layer is not None:                # both GEMMs in one launch (the folded shared expert its slot)
+            y = layer[0](x, layer[1], layer[2], ids, topk_weights, shared_slot=slot)
+        elif self.fused:
             h = l13(x, ids, None, routing_checked=True, **k13)
             y = l2(h, ids, topk_weights, routing_checked=True, **k2)
         else:
@@ -362,8 +368,12 @@ class FP4MoE(nn.Module):
         extra = {"prefetch": pf} if (pf := self._prefetch(l13, l2, m, device)) is not None else {}
         if self.fused and c13.scratch_out:
             extra["scratch_out"] = True
+        layer = self.layer_route.for_m(m, self.bound13, self.bound2) if self.layer_route is not None else None
+        if layer is not None:                # its caps stand for both launchers'; its bad-id word is read too
+            c13, c2, need, slot, extra = layer[0].caps, layer[0].caps, (None, None), self.shared_folded, {}
+            self._words[f"{device}:layer:{id(layer[0])}"] = layer[0].bad_word()
         form = _Form(l13, l2, c13.capture_safe and c2.capture_safe, c13.checks_ids and c2.checks_ids, need, slot,
-                     extra, (self.prefetch_w2, self.l2_bytes), {"shared_slot": True, **extra})
+                     extra, (self.prefetch_w2, self.l2_bytes), {"shared_slot": True, **extra}, layer)
         if len(self._forms) < 256:           # per M, for the launchers serving it now (a rebind replaces them)
             self._forms[m] = form
         return form

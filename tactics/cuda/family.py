@@ -133,19 +133,27 @@ class _Packing(LauncherBase):
 
 class _LayerPacking(LauncherBase):
     """What `build` returns for a whole MoE layer (kind moe_layer): `kernel(x, w13, w2, topk_ids,
-    topk_weights, out=None)`, the layer kernel (moe_layer.LayerLaunch on the layer's w13 problem) on
-    both weights packed once each (`_PackCache`: plain FP4Weights or their packs). Capture-safe once
-    its first eager call has packed the weights and warmed the protocol words (the search checks it
-    eagerly, and calls it once per input set, before any timing)."""
+    topk_weights, out=None, shared_slot=False)`, the layer kernel (moe_layer.LayerLaunch on the
+    layer's w13 problem) on both weights packed once each (`_PackCache`: plain FP4Weights or their
+    packs; FP4MoE hands it the packs its two bindings hold). Built on a GPU, its protocol words are
+    allocated and its kernel loaded at once (`LayerLaunch.warm`: refused under capture), so every
+    call after is capture-safe. Ids outside [-1, E) come out as NaN rows and set its bad-id word
+    (`bad_word`); the folded shared expert is added by the kernel (`shared_slot=True`)."""
 
-    __slots__ = ("run", "w13", "w2", "caps")
+    __slots__ = ("run", "w13", "w2", "caps", "dev")
 
-    def __init__(self, run: Any) -> None:
-        self.run, self.w13, self.w2 = run, _PackCache(), _PackCache()
-        self.caps = Caps(capture_safe=True)
+    def __init__(self, run: Any, device: str) -> None:
+        self.run, self.w13, self.w2, self.dev = run, _PackCache(), _PackCache(), device
+        self.caps = Caps(capture_safe=True, checks_ids=True, shared_slot=True)
+        if str(device).startswith("cuda"):
+            run.warm()
 
-    def __call__(self, x: Any, w13: Any, w2: Any, topk_ids: Any, topk_weights: Any = None, out: Any = None) -> Any:
-        return self.run(x, self.w13(w13), self.w2(w2), topk_ids, topk_weights, out=out)
+    def __call__(self, x: Any, w13: Any, w2: Any, topk_ids: Any, topk_weights: Any = None, out: Any = None,
+                 shared_slot: bool = False) -> Any:
+        return self.run(x, self.w13(w13), self.w2(w2), topk_ids, topk_weights, out=out, shared_slot=shared_slot)
+
+    def bad_word(self) -> Any:
+        return self.run.words()[3]
 
     def release(self) -> None:
         self.w13.clear()
@@ -325,7 +333,7 @@ class CudaFamily(FamilyBase):
                 None if member_of(tactic).kernel == LAYER.KERNEL else f"a {tactic} tactic on a moe_layer problem")
             if why:
                 raise ValueError(f"{problem.key} {tactic}: {why}")
-            return _LayerPacking(self._layer_runner(problem.w13, tactic, device))
+            return _LayerPacking(self._layer_runner(problem.w13, tactic, device), device)
         if problem.kind == "grouped_moe":
             why = self._moe_checks(problem, tactic)
             if why:

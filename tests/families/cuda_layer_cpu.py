@@ -16,12 +16,18 @@ CALLS: list[int] = []          # M of every call the runner made
 
 class _CpuLayerRun:
     def __init__(self, problem, tactic):
+        import torch
         self.problem, self.tactic, self.p2 = problem, tactic, LAYER.w2_problem(problem)
+        self.bad = torch.zeros(1, dtype=torch.int32)
+
+    def words(self, dev=None):
+        """LayerLaunch's (state, counters, h, bad): the port keeps only the bad-id word."""
+        return None, None, None, self.bad
 
     def __call__(self, x, w13, w2, topk_ids, topk_weights=None, out=None, shared_slot=False):
         p = self.problem
         m, _ = MOE.check_call(p, x, w13, topk_ids, None, None, cuda=False, shared_slot=shared_slot, alloc=False)
-        y = EMU.emulate(p, self.tactic, x, w13, w2, topk_ids, topk_weights, shared_slot=shared_slot)
+        y = EMU.emulate(p, self.tactic, x, w13, w2, topk_ids, topk_weights, bad=self.bad, shared_slot=shared_slot)
         CALLS.append(m)
         return y if out is None else out.copy_(y)
 
