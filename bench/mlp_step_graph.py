@@ -215,6 +215,11 @@ class Step:
                 used = subs.get(p, {}).get(b)
                 row[str(m)] = f"{rung} {t}" + (f" -> one copy runs {used}" if used is not None else "")
             out[p.key] = row
+        lr = moe.layer_route            # the whole-layer route: one launch where the layer problem's winner is one
+        if lr is not None and lr.problem is not None:
+            out[lr.problem.key] = {str(m): ("one launch" if lr.for_m(m, moe.bound13, moe.bound2) else "the pair")
+                                   + " ({} {})".format(*self.d.rung_for(lr.problem, m))
+                                   + (f"; {lr.skipped[m]}" if m in lr.skipped else "") for m in ms}
         return out
 
 
