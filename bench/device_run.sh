@@ -20,11 +20,19 @@
 #                caches: compile time counts), cut with SIGINT at SEARCH_S; then `autotune show` and
 #                bench/main_job_summary.py → $OUT/main-job.json (RESUME_DB: continue a cut run's cache)
 #   MAX64=1      the same with --max-tokens 64 → $OUT/main-job-64.json
+#   LAYERS=1     the whole-MoE-layer problems (`--moe-layers`, M <= LAYERS_TOKENS, default 16) searched into a
+#                copy of the main job's cache (its pair problems' winners stored: only the layer jobs run):
+#                the layer kernel against the pair → $OUT/layers-trials.txt, $OUT/layers.db.xz; the step
+#                then runs on that cache (FP4MoE's layer route serves where a one-launch winner is stored)
 #   COMPARE=1    bench/compare_winners.py --retime: the winners at M <= 64 against the committed full
 #                search, re-timed interleaved in one worker (COMPARE_DB: the whole run's cache of an earlier call)
 #   STEP=1       bench/mlp_step_graph.py per form (STEP_FORMS) and MLP (STEP_MLP) → $OUT/step-FORM-MLP/;
 #                FOLD=1 first tunes the folded shared-expert problems into the same cache; STEP_PDL="1 0"
-#                runs each with programmatic dependent launch on, then off; STEP_PF=0,1 the w2 prefetch
+#                runs each with programmatic dependent launch on, then off; STEP_PF=0,1 the w2 prefetch;
+#                STEP_UPTO="step runtime" each with one copy's layout chosen up to the step's largest M, then
+#                by the runtime's default (the documented engine recipe `Dispatcher(cache, one_copy=True)`);
+#                STEP_ROUTING=uniform the uniform routing only (default uniform,skewed)
+#   PACK=1       at the end, everything under $OUT but summary.txt into $OUT/out.tar.xz (one file back)
 set -uo pipefail
 # the GPU tests GPU_TESTS=1 runs (and DRY=1 collects): the timer's and the worker-memory test, the launchers' and the cuda family's
 # the cuda members' own GPU tests come from their registry (tactics/cuda/members.py); the replay check's and
@@ -115,6 +123,23 @@ fi
 if [ "${MAX64:-0}" = 1 ]; then
   MAXT=64 run main-job-64 "${SEARCH64_S:-120}" --max-tokens 64 ${EXTRA64:-}
 fi
+if [ "${LAYERS:-0}" = 1 ]; then    # the layer problems on a copy of the whole run's cache (pairs' winners stored)
+  src=$W/main-job.db; [ -e "$src" ] || src=$W/main-job-64.db
+  cp "$src" "$W/layers.db"
+  t0=$(date +%s.%N)
+  timeout -s INT -k 30 "$(cap "${LAYERS_S:-150}")" python3 -m autotune.cli search --model "$MODEL" --tp "$TP" --moe-layers \
+      --max-tokens "${LAYERS_TOKENS:-16}" ${EXTRA:-} --cache "$W/layers.db" > "$W/layers.out" 2> "$W/layers.err"
+  echo "layers: search exit $?, wall $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" | tee -a "$OUT/summary.txt"
+  grep -v '^progress:' "$W/layers.err" | tail -3 | cut -c1-600 | tee -a "$OUT/summary.txt"
+  python3 -c "
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+for r in c.execute(\"select t.problem_key, t.bucket, t.family, x.params_json, t.status, round(t.median_us, 2), t.replay_checked, \"
+                   \"substr(t.reason, 1, 120) from trials t join tactics x on x.id = t.tactic_id where t.problem_key like 'moe_layer%' \"
+                   \"and t.status != 'rejected' order by t.problem_key, t.bucket, t.median_us\"):
+    print(*r)" "$W/layers.db" > "$OUT/layers-trials.txt"
+  xz -T0 -c "$W/layers.db" > "$OUT/layers.db.xz"
+fi
 whole_db() {     # the whole run's cache (.db or .db.xz); without one, the --max-tokens 64 run's
   local src=${1:-$W/main-job.db}
   [ -e "$src" ] || src=$W/main-job-64.db
@@ -127,17 +152,24 @@ if [ "${COMPARE:-0}" = 1 ]; then
 fi
 if [ "${STEP:-0}" = 1 ]; then      # the 78-layer MLP step as one CUDA graph, served by these winners
   sdb=$(whole_db "${STEP_DB:-${COMPARE_DB:-}}")
+  if [ -z "${STEP_DB:-}${COMPARE_DB:-}" ] && [ -e "$W/layers.db" ]; then sdb=$W/layers.db; fi   # this call's layer search
   if [ "${FOLD:-0}" = 1 ]; then    # the folded shared-expert problems (e257:top9) tuned into the same cache first
     timeout "$(cap "${FOLD_S:-120}")" python3 -m autotune.cli search --model "$MODEL" --tp "$TP" --fold-shared --only e257 \
         --max-tokens 64 --cache "$sdb" $([ "$DRY" = 1 ] && echo --dry-run) 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
   fi
   # one form per process: each builds ~51 GB of layers
   for form in ${STEP_FORMS:-winners triton}; do for mlp in ${STEP_MLP:-fp4mlp linear}; do for pdl in ${STEP_PDL:-1}; do
-    sfx=$([ "${STEP_PDL:-1}" = 1 ] && echo "" || echo "-pdl$pdl")
+  for upto in ${STEP_UPTO:-step}; do
+    sfx=$([ "${STEP_PDL:-1}" = 1 ] && echo "" || echo "-pdl$pdl")$([ "${STEP_UPTO:-step}" = step ] && echo "" || echo "-$upto")
     if ! has_time 60; then echo "step $form $mlp$sfx: skipped, the call's time (CALL_S) is spent" | tee -a "$OUT/summary.txt"; continue; fi
     AUTOTUNE_PDL=$pdl timeout "$(cap "${STEP_S:-150}")" python3 bench/mlp_step_graph.py --cache "$sdb" \
-        --out "$OUT/step-$form-$mlp$sfx" --forms "$form" --mlp "$mlp" --prefetch "${STEP_PF:-0}" 2>&1 \
+        --out "$OUT/step-$form-$mlp$sfx" --forms "$form" --mlp "$mlp" --prefetch "${STEP_PF:-0}" --one-copy-upto "$upto" \
+        --routing "${STEP_ROUTING:-uniform,skewed}" 2>&1 \
         | grep -v -i warn | tail -14
-  done; done; done
+  done; done; done; done
+fi
+if [ "${PACK:-0}" = 1 ]; then      # the device tool returns a bounded number of files: one archive and the summary
+  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name out.tar.xz -print0 \
+      | xargs -0 tar -cJf out.tar.xz && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name out.tar.xz -exec rm -rf {} +)
 fi
 ls -la "$OUT"

@@ -74,7 +74,7 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     (keep / "gpu_checked.json").write_text(RECORD.read_text())        # an earlier call's record
     before = _digest(RECORD)
     out, log = _dry(tiny, "job", KEEP="1", MODEL=str(tiny / "model"), TP="1", EXTRA="--families torch --buckets 1,4",
-                    COMPARE="1", STEP="1", STEP_FORMS="winners", STEP_MLP="fp4mlp", FOLD="1", HOST="1")
+                    COMPARE="1", STEP="1", STEP_FORMS="winners", STEP_MLP="fp4mlp", FOLD="1", HOST="1", LAYERS="1")
     summary = (out / "summary.txt").read_text()
     assert "GPU-check record restored from an earlier call on this machine" in summary
     assert _digest(RECORD) == before                                   # restored into a copy, not the tree
@@ -86,6 +86,8 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     assert "main-job-show.txt" in os.listdir(out)
     cmp = json.loads((out / "compare.json").read_text())
     assert cmp["machine"]["card"] == "cpu" and "pairs" in cmp
+    assert "layers: search exit 0" in summary and (out / "layers.db.xz").stat().st_size > 0
+    assert (out / "layers-trials.txt").is_file()              # the model's layers, if it has any MoE
     step = json.loads((out / "step-winners-fp4mlp" / "mlp-step-graph.json").read_text())
     assert step["gpu"] == "cpu" and step["forms"] and all(f["rows"] for f in step["forms"])
     # bench/moe_host.py's CPU smoke run (tests/test_bench_smoke.py's SMOKE sends it here): the
