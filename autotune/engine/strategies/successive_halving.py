@@ -58,14 +58,7 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
             halving: Halving, emit: Callable[[Outcome], None], margin: float = winner_rule.DEFAULT_MARGIN) -> None:
     """Run one (problem, bucket) whose setup the executor already has; `margin` is the winner
     rule's (on a count-bound host: which finalists the replay check must prove)."""
-    checked: dict[str, dict] = {}
-    for t in tactics:
-        try:
-            checked[t.id] = ex.check(t)
-        except TacticError as e:
-            emit(Outcome(t, "failed", str(e)))
-        except WorkerLost as e:
-            emit(Outcome(t, "failed", e.reason, exit_signal=e.exit_signal))
+    checked = _check_all(ex, tactics, emit)
     alive = [t for t in tactics if t.id in checked]
     if count_bound(ex, alive, checked, halving):
         return measure_host(ex, alive, checked, default_id, timer, halving, emit, margin)
@@ -93,6 +86,32 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
             emit(done(t, "ok", notes.get(t.id, "")))
         return
 
+    _halve(alive, timed, timings, timer, halving, default_id, lambda t, why: emit(done(t, "dropped", why)))
+    _final(alive, timed, timings, timer, halving)
+    notes = _confirm(alive, timed, timings, _round_timer(timer, halving.final_share * halving.budget_s
+                                                        / max(1, halving.cycles), min_reps=2), halving)
+    replay_all()
+    for t in alive:
+        emit(done(t, "ok", notes.get(t.id, "")))
+
+
+def _check_all(ex: Executor, tactics: Sequence[Tactic], emit: Callable[[Outcome], None]) -> dict[str, dict]:
+    """Each tactic checked against float64 (tactic id -> its check's figures); a failure is emitted."""
+    checked: dict[str, dict] = {}
+    for t in tactics:
+        try:
+            checked[t.id] = ex.check(t)
+        except TacticError as e:
+            emit(Outcome(t, "failed", str(e)))
+        except WorkerLost as e:
+            emit(Outcome(t, "failed", e.reason, exit_signal=e.exit_signal))
+    return checked
+
+
+def _halve(alive: list[Tactic], timed: Callable, timings: dict, timer: TimerConfig, halving: Halving,
+           default_id: str, drop: Callable[[Tactic, str], None]) -> None:
+    """The halving rounds: each times the alive tactics on its share of the early budget and keeps
+    the fastest `keep` of them (and the default); `drop(tactic, why)` for the rest."""
     rounds = _rounds(len(alive), halving)
     early = (1 - halving.final_share) * halving.budget_s / max(1, len(rounds))
     for r, keep in enumerate(rounds, 1):
@@ -106,14 +125,8 @@ def measure(ex: Executor, tactics: Sequence[Tactic], default_id: str, timer: Tim
         for t in ranked:
             if t not in kept:
                 alive.remove(t)
-                emit(done(t, "dropped", f"successive halving: dropped after round {r} "
-                                        f"({timings[t.id]['median_us']:.3g} us, best {best:.3g} us)"))
-    _final(alive, timed, timings, timer, halving)
-    notes = _confirm(alive, timed, timings, _round_timer(timer, halving.final_share * halving.budget_s
-                                                        / max(1, halving.cycles), min_reps=2), halving)
-    replay_all()
-    for t in alive:
-        emit(done(t, "ok", notes.get(t.id, "")))
+                drop(t, f"successive halving: dropped after round {r} "
+                        f"({timings[t.id]['median_us']:.3g} us, best {best:.3g} us)")
 
 
 class _Timed(NamedTuple):
