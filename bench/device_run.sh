@@ -31,7 +31,7 @@
 #                runs each with programmatic dependent launch on, then off; STEP_PF=0,1 the w2 prefetch;
 #                STEP_UPTO="step runtime" each with one copy's layout chosen up to the step's largest M, then
 #                by the runtime's default (the documented engine recipe `Dispatcher(cache, one_copy=True)`);
-#                STEP_ROUTING=uniform the uniform routing only (default uniform,skewed)
+#                STEP_ROUTING=uniform the uniform routing only (default uniform,skewed); STEP_MS the Ms (1,4,16,64)
 #   PACK=1       at the end, everything under $OUT but summary.txt into $OUT/out.tar.xz (one file back)
 set -uo pipefail
 # the GPU tests GPU_TESTS=1 runs (and DRY=1 collects): the timer's and the worker-memory test, the launchers' and the cuda family's
@@ -164,7 +164,7 @@ if [ "${STEP:-0}" = 1 ]; then      # the 78-layer MLP step as one CUDA graph, se
     if ! has_time 60; then echo "step $form $mlp$sfx: skipped, the call's time (CALL_S) is spent" | tee -a "$OUT/summary.txt"; continue; fi
     AUTOTUNE_PDL=$pdl timeout "$(cap "${STEP_S:-150}")" python3 bench/mlp_step_graph.py --cache "$sdb" \
         --out "$OUT/step-$form-$mlp$sfx" --forms "$form" --mlp "$mlp" --prefetch "${STEP_PF:-0}" --one-copy-upto "$upto" \
-        --routing "${STEP_ROUTING:-uniform,skewed}" 2>&1 \
+        --routing "${STEP_ROUTING:-uniform,skewed}" --ms "${STEP_MS:-1,4,16,64}" 2>&1 \
         | grep -v -i warn | tail -14
   done; done; done; done
 fi
