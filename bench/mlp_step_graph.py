@@ -4,10 +4,9 @@
     python3 bench/mlp_step_graph.py --render DIR/mlp-step-graph.json      # the markdown tables
     MLP_GRAPH_SMOKE=1 python3 bench/mlp_step_graph.py --out DIR           # CPU smoke (tiny, no graph)
 
-The layers are what the runtime builds for `autotune search --model glm5 --tp 8`
-(autotune.models.problems_for: 3 dense MLPs, 75 MoE layers of shared expert + routed experts), each
-from the public API (FP4Linear / FP4MLP, FP4MoE) with its own random NVFP4 weights (≈ 51 GB in all,
-so nothing stays in L2 from one replay to the next) and its own routing buffers.
+The layers are what the runtime builds for `autotune search --model glm5 --tp 8` (3 dense MLPs, 75 MoE
+layers of shared expert + routed experts), each from the public API (FP4Linear / FP4MLP, FP4MoE) with its
+own random NVFP4 weights (≈ 51 GB: nothing stays in L2 from one replay to the next) and routing buffers.
 
 Forms (which members serve the routed problems), one at a time: `winners` (the cache's winners as
 stored) or a family name (the routed problems' winners re-chosen among that family's trials in a copy
@@ -44,10 +43,7 @@ from autotune.core.problem import Problem  # noqa: E402
 from autotune.runtime import onecopy  # noqa: E402
 
 SMOKE = os.environ.get("MLP_GRAPH_SMOKE") == "1"
-DEV = "cpu" if SMOKE else "cuda"
-ROUNDS = 20 if not SMOKE else 2
-PROFILE = 3 if not SMOKE else 0
-EAGER_CALLS = 30 if not SMOKE else 2
+DEV, ROUNDS, PROFILE, EAGER_CALLS = ("cpu", 2, 0, 2) if SMOKE else ("cuda", 20, 3, 30)
 SKEW = 1.2
 
 
@@ -217,9 +213,8 @@ class Step:
             out[p.key] = row
         lr = moe.layer_route            # the whole-layer route: one launch where the layer problem's winner is one
         if lr is not None and lr.problem is not None:
-            out[lr.problem.key] = {str(m): ("one launch" if lr.for_m(m, moe.bound13, moe.bound2) else "the pair")
-                                   + " ({} {})".format(*self.d.rung_for(lr.problem, m))
-                                   + (f"; {lr.skipped[m]}" if m in lr.skipped else "") for m in ms}
+            out[lr.problem.key] = {str(m): ("one launch" if lr.for_m(m, moe.bound13, moe.bound2) else "the pair") + " ({} {})"
+                                   .format(*self.d.rung_for(lr.problem, m)) + f"; {lr.skipped.get(m, '')}" for m in ms}
         return out
 
 

@@ -31,13 +31,16 @@ GOLDEN = {
     "docs/data/2026-12-05-h200-7a8be9d-main-job.db.xz": (3, "c02acf22ac1a2e636c2d7e6a250789a9ac59a59b6fc52ab54df84896eb9e6648", "b434da685655a7b4", "97d0d2ac7c28e035", "548f1f18422e4f24"),
     "docs/data/2026-12-06-h100-2d14637-main-job.db.xz": (3, "ccdd97b8aba612097ea6064ef58d8d4ffb71ac6b9c33b6a365cdb95d5b738938", "401ee12b3ad6bfd9", "7166258af045dabd", "548f1f18422e4f24"),
 }
-#: caches of later export forms (their rows set `replay_checked`, 4, or `predicted`, 5), read at 7f1241e:
+#: caches of later export forms (their rows set `replay_checked`, 4, or `predicted`, 5), read at 7f1241e (the
+#: 5d44fcb ones at c7f6bfa):
 #: name -> (schema, export form, trials, winners, replay-checked winners, predicted winners, export
 #: checksum with predicted winners included, trials digest)
 LATER = {
     "docs/data/2026-12-07-h100-961f0e7-main-job.db.xz": (5, 4, 7213, 294, 294, 0, "1cca9633433e21ea40a8d9a2e29221300fcc77aa1fea1abaa3387f50bd8541b7", "4c2148572c42547a"),
     "docs/data/2026-12-07-h100-961f0e7-main-job-64.db.xz": (5, 4, 3705, 90, 90, 0, "168a76c94856f6a8c5a4ed0a9b7f80fe31108b45901de95fee1abef3683fead6", "2deba69d5acdb6bc"),
     "docs/data/2026-12-07-h100-961f0e7-predict.db.xz": (5, 5, 2033, 294, 0, 294, "36157942d7516026f9c38f0444b980d4f72ce4f49dbe45acc91506bbecc9bc1e", "90da3e34e0797a4b"),
+    "docs/data/2026-12-07-h100-5d44fcb-main-job.db.xz": (5, 4, 5643, 294, 294, 0, "e3055f41142adc86eebc6b2ad7d8e915b4ff2029c5ebef9fe427cbb12329bd31", "abe8b2a8126010fa"),
+    "docs/data/2026-12-07-h100-5d44fcb-predict.db.xz": (5, 5, 2033, 294, 294, 294, "816de69b11dbacab0758e590862dcf20eb0cf1a5e0bb6b4ceeb1f5515e210f1b", "f3dbea6bd9025977"),
 }
 #: round-tripped through a fresh cache and both export forms: one cache of each schema committed
 ROUND_TRIP = ("docs/data/2026-11-30-h200x2-full-search.db.xz", "docs/data/2026-12-02-h200-main-job.db.xz")

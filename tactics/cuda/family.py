@@ -16,11 +16,12 @@ CuPy is imported only when a kernel is built: without it the family is unavailab
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, cast
 
 from autotune.core.codekey import Code
 from autotune.core.arch import Arch
 from autotune.core.formats import FP4Weight
+from autotune.core.layer import LayerProblem
 from autotune.core.operands import OperandError, check_weight
 from autotune.core.problem import Problem
 from autotune.core.tactic import Tactic, Verdict
@@ -160,6 +161,11 @@ class _LayerPacking(LauncherBase):
         self.w2.clear()
 
 
+def _layer(problem: Any) -> LayerProblem:
+    """A whole MoE layer (kind moe_layer): its pair problems are `.w13` and `.w2`."""
+    return cast(LayerProblem, problem)
+
+
 def member_of(tactic: Tactic) -> M.Member | None:
     """The member running `tactic` (members.py: by its `kernel` parameter), None for none."""
     try:
@@ -199,7 +205,7 @@ class CudaFamily(FamilyBase):
 
     def supports(self, problem: Problem) -> str | None:
         if problem.kind == "moe_layer":       # a whole MoE layer: its w13 (SwiGLU) and w2 as the layer kernel runs them
-            return MOE.supports(problem.w13) or MOE.supports(problem.w2)
+            return MOE.supports(_layer(problem).w13) or MOE.supports(_layer(problem).w2)
         if problem.kind == "grouped_moe":
             return MOE.supports(problem)
         if problem.kind != "dense":
@@ -223,7 +229,7 @@ class CudaFamily(FamilyBase):
             return []
         if problem.kind == "moe_layer":       # the layer kernel's kept tactics (its member's space, for a
             # grouped problem, is empty: it is measured where it competes with the pair, a layer's search)
-            return [Tactic(self.name, **t.params) for t in LAYER.layer_space(problem.w13, arch)]
+            return [Tactic(self.name, **t.params) for t in LAYER.layer_space(_layer(problem).w13, arch)]
         grouped = problem.kind == "grouped_moe"
         # the members name the family "cuda": the tactics carry this family's name (a subclass's, too)
         return [Tactic(self.name, **t.params) for m in M.REGISTRY if m.impl().grouped == grouped
@@ -235,7 +241,7 @@ class CudaFamily(FamilyBase):
             return Verdict.reject(f"a {m.kernel} cuda tactic on a {problem.kind} problem" if m.tactic_kernel
                                   else f"a dense cuda tactic on a {problem.kind} problem")
         if problem.kind == "moe_layer":
-            v = m.impl().verdict(problem.w13, tactic, arch)
+            v = m.impl().verdict(_layer(problem).w13, tactic, arch)
             return Verdict(None, CK.unrun(m.kernel), v.smem_bytes, v.smem_limit, v.stages) \
                 if v.ok is True and not CK.checked(m.kernel) else v
         if m.impl().grouped != (problem.kind == "grouped_moe"):
@@ -247,7 +253,7 @@ class CudaFamily(FamilyBase):
 
     def default(self, problem: Problem, arch: Arch) -> Tactic:
         if problem.kind == "moe_layer":
-            kept = LAYER.layer_space(problem.w13, arch)
+            kept = LAYER.layer_space(_layer(problem).w13, arch)
             if not kept:
                 raise ValueError(f"cuda: no layer kernel tactic fits {problem.key} on {arch.name}")
             return Tactic(self.name, **kept[0].params)
@@ -261,7 +267,7 @@ class CudaFamily(FamilyBase):
         """NVRTC-compile every M variant into the cubin cache (no GPU needed); refuse spills."""
         from cupy.cuda import function  # noqa: F401  (import error = not available)
         smem = 0
-        sub = problem.w13 if problem.kind == "moe_layer" else problem     # the layer kernel's own problem
+        sub = _layer(problem).w13 if problem.kind == "moe_layer" else problem     # the layer kernel's own problem
         for c in member_of(tactic).impl().configs(sub, tactic):
             B.nvrtc_cubin(c, arch_target(arch))
             smem = max(smem, B.smem_bytes(c))
@@ -333,7 +339,7 @@ class CudaFamily(FamilyBase):
                 None if member_of(tactic).kernel == LAYER.KERNEL else f"a {tactic} tactic on a moe_layer problem")
             if why:
                 raise ValueError(f"{problem.key} {tactic}: {why}")
-            return _LayerPacking(self._layer_runner(problem.w13, tactic, device), device)
+            return _LayerPacking(self._layer_runner(_layer(problem).w13, tactic, device), device)
         if problem.kind == "grouped_moe":
             why = self._moe_checks(problem, tactic)
             if why:
