@@ -52,7 +52,7 @@ def _reference(routed, shared, x, ids, tw):
     return ref
 
 
-def _block(tmp_path, register_family, fold: bool, bucket: int):
+def _block(tmp_path, register_family, fold: bool, bucket: int, **dispatcher_kw):
     """A block whose pairs are pinned to the grouped ports and whose layer problem has the layer
     port as its measured winner at `bucket` (a cache row, as a `--moe-layers` search stores it)."""
     register_family("cudamoecpu", "tests.families.cuda_moe_cpu:CudaMoeCpu")
@@ -68,11 +68,10 @@ def _block(tmp_path, register_family, fold: bool, bucket: int):
                                                      LAYER_T.to_json(), lib, 5.0, default.id, 9.0, 1.8))])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        d = Dispatcher(db, env=CPU, arch=SM90, record_misses=False, warn=False)
+        d = Dispatcher(db, env=CPU, arch=SM90, record_misses=False, warn=False,
+                       pins={probe.problem13.key: W13_T, probe.problem2.key: W2_T}, **dispatcher_kw)
     blk = FP4MoE.from_float(*routed, TOP_K, shared=FP4MoE.shared_from_float(*shared) if fold else None,
                             fold_shared=fold or None, dispatcher=d)
-    d.pin(blk.problem13, W13_T)
-    d.pin(blk.problem2, W2_T)
     return blk, routed, shared if fold else None, d, layer
 
 
@@ -116,5 +115,19 @@ def test_the_pair_serves_where_the_bindings_hold_another_layout(tmp_path, regist
     x, ids, tw = torch.randn(3, H).to(torch.bfloat16), torch.tensor([[0, 1], [2, 3], [3, -1]]), torch.rand(3, TOP_K)
     y = blk(x, ids, tw)
     assert cuda_layer_cpu.CALLS == [] and "reads the" in blk.layer_route.skipped[3]
+    ref = _reference(routed, shared, x, ids, tw)
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_a_batch_invariant_dispatcher_serves_the_pair_at_every_m(tmp_path, register_family):
+    """One tactic per problem for every M: the route never swaps the pair for the layer kernel at
+    one bucket (a row's bits would then depend on the batch)."""
+    from tests.families import cuda_layer_cpu
+    blk, routed, shared, d, layer = _block(tmp_path, register_family, True, bucket=3, batch_invariant=True)
+    assert blk.layer_route.problem is None
+    cuda_layer_cpu.CALLS.clear()
+    x, ids, tw = torch.randn(3, H).to(torch.bfloat16), torch.tensor([[0, 1], [2, 3], [3, -1]]), torch.rand(3, TOP_K)
+    y = blk(x, ids, tw)
+    assert cuda_layer_cpu.CALLS == []
     ref = _reference(routed, shared, x, ids, tw)
     assert float((y.double() - ref).norm() / ref.norm()) < 1e-2

@@ -9,7 +9,7 @@ winners (`engine/layers.py`) and the layer family's torch compositions. So an *e
 winner that is not the layer family's own (`via` pair or torch: the pair is what the block runs
 anyway) was faster than the pair at that bucket, and the route serves it there. Nearest and predicted
 rungs, and the default, leave the pair: a layer kernel's time at one bucket says nothing about
-another's. Where the winner's layout is not the one both bindings hold (one copy in another layout,
+another's. A batch-invariant dispatcher serves the pair at every M (one tactic per problem). Where the winner's layout is not the one both bindings hold (one copy in another layout,
 or pairs served by another family), the pair serves that M and `skipped` says why.
 
 Chosen once per M (FP4MoE keeps it in its per-M form): nothing here runs on the call path.
@@ -32,6 +32,8 @@ class LayerRoute:
             self.problem: LayerProblem | None = LayerProblem.from_pair(problem13, problem2)
         except ValueError:                   # not one bf16 SwiGLU + reduce layer: no layer problem to serve
             self.problem = None
+        if dispatcher.batch_invariant:       # one tactic per problem for every M: the pair's, never a per-M swap
+            self.problem = None
         self.dispatcher, self.device = dispatcher, device
         self._built: dict[tuple, Any] = {}
         #: M -> why the pair serves it although the layer problem has a one-launch winner there
@@ -40,7 +42,11 @@ class LayerRoute:
     def for_m(self, m: int, bound13: Any, bound2: Any) -> tuple[Any, Any, Any] | None:
         if self.problem is None:
             return None
-        rung, tactic = self.dispatcher.rung_for(self.problem, m)
+        try:
+            rung, tactic = self.dispatcher.rung_for(self.problem, m)
+        except ValueError as e:              # the layer's table refused (a pin that does not fit it)
+            self.skipped[m] = str(e)
+            return None
         if rung != "exact" or tactic.family == registry.LAYER:
             return None
         fam = registry.get(tactic.family)
