@@ -15,7 +15,6 @@ stored trials (autotune.core.winner), never from in-memory state.
 from __future__ import annotations
 
 import functools
-
 import threading
 import time
 from collections import Counter, defaultdict
@@ -239,7 +238,8 @@ class _Search:
     @functools.cached_property
     def pair_lib_keys(self) -> dict[str, str]:
         """The library keys a layer's pair competitor is judged fresh under: every family's that imports
-        here (the pair problems' winners come from families a layer's search does not run)."""
+        here (the pair problems' winners come from families a layer's search does not run); read only
+        by layer jobs, so a search without them imports no family it does not run."""
         return {**layers.lib_keys(self.env), **self.lib_keys}
 
     def jobs(self, work: list[_Work]) -> list[Job]:
@@ -248,8 +248,9 @@ class _Search:
         for w in work:
             for b in self.buckets:
                 kept = self.strategy.kept_at(w, b)     # a family may call a tactic useless at this M (Family.useful)
-                todo = self.remaining(w.problem, b, [r.tactic for r in kept] + layers.pair_competitor(
-                    self.store, w.problem, b, self.env.device_key, self.pair_lib_keys))     # a layer's pair: its GEMMs' winners
+                pair = layers.pair_competitor(self.store, w.problem, b, self.env.device_key, self.pair_lib_keys) \
+                    if w.problem.kind == layers.KIND else []          # a layer's pair: its GEMMs' winners
+                todo = self.remaining(w.problem, b, [r.tactic for r in kept] + pair)
                 job, resumed = self.strategy.job(self, Job(w.problem, b, todo, w.default.id,
                                                            {r.tactic.id: r.verdict.smem_bytes for r in kept},
                                                            margin=self.o.margin),

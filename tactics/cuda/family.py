@@ -141,10 +141,10 @@ class _LayerPacking(LauncherBase):
     call after is capture-safe. Ids outside [-1, E) come out as NaN rows and set its bad-id word
     (`bad_word`); the folded shared expert is added by the kernel (`shared_slot=True`)."""
 
-    __slots__ = ("run", "w13", "w2", "caps", "dev")
+    __slots__ = ("run", "w13", "w2", "caps")
 
     def __init__(self, run: Any, device: str) -> None:
-        self.run, self.w13, self.w2, self.dev = run, _PackCache(), _PackCache(), device
+        self.run, self.w13, self.w2 = run, _PackCache(), _PackCache()
         self.caps = Caps(capture_safe=True, checks_ids=True, shared_slot=True)
         if str(device).startswith("cuda"):
             run.warm()
@@ -164,6 +164,12 @@ class _LayerPacking(LauncherBase):
 def _layer(problem: Any) -> LayerProblem:
     """A whole MoE layer (kind moe_layer): its pair problems are `.w13` and `.w2`."""
     return cast(LayerProblem, problem)
+
+
+def _own(problem: Any) -> Problem:
+    """The problem a member's rules and configs take: a whole layer's is its w13 (the layer kernel's
+    convention), any other problem itself."""
+    return _layer(problem).w13 if problem.kind == "moe_layer" else problem
 
 
 def member_of(tactic: Tactic) -> M.Member | None:
@@ -237,16 +243,10 @@ class CudaFamily(FamilyBase):
 
     def verdict_checked(self, problem: Problem, tactic: Tactic, arch: Arch) -> Verdict:
         m = member_of(tactic)
-        if (problem.kind == "moe_layer") != (m.kernel == LAYER.KERNEL):
-            return Verdict.reject(f"a {m.kernel} cuda tactic on a {problem.kind} problem" if m.tactic_kernel
-                                  else f"a dense cuda tactic on a {problem.kind} problem")
-        if problem.kind == "moe_layer":
-            v = m.impl().verdict(_layer(problem).w13, tactic, arch)
-            return Verdict(None, CK.unrun(m.kernel), v.smem_bytes, v.smem_limit, v.stages) \
-                if v.ok is True and not CK.checked(m.kernel) else v
-        if m.impl().grouped != (problem.kind == "grouped_moe"):
-            return Verdict.reject(f"a {m.kernel if m.impl().grouped else 'dense'} cuda tactic on a {problem.kind} problem")
-        v = m.impl().verdict(problem, tactic, arch)
+        layer = problem.kind == "moe_layer"
+        if layer != (m.kernel == LAYER.KERNEL) or (not layer and m.impl().grouped != (problem.kind == "grouped_moe")):
+            return Verdict.reject(f"a {m.kernel if m.tactic_kernel else 'dense'} cuda tactic on a {problem.kind} problem")
+        v = m.impl().verdict(_own(problem), tactic, arch)
         if v.ok is True and not CK.checked(m.kernel):
             return Verdict(None, CK.unrun(m.kernel), v.smem_bytes, v.smem_limit, v.stages)
         return v
@@ -267,8 +267,7 @@ class CudaFamily(FamilyBase):
         """NVRTC-compile every M variant into the cubin cache (no GPU needed); refuse spills."""
         from cupy.cuda import function  # noqa: F401  (import error = not available)
         smem = 0
-        sub = _layer(problem).w13 if problem.kind == "moe_layer" else problem     # the layer kernel's own problem
-        for c in member_of(tactic).impl().configs(sub, tactic):
+        for c in member_of(tactic).impl().configs(_own(problem), tactic):
             B.nvrtc_cubin(c, arch_target(arch))
             smem = max(smem, B.smem_bytes(c))
         return smem
@@ -339,7 +338,7 @@ class CudaFamily(FamilyBase):
                 None if member_of(tactic).kernel == LAYER.KERNEL else f"a {tactic} tactic on a moe_layer problem")
             if why:
                 raise ValueError(f"{problem.key} {tactic}: {why}")
-            return _LayerPacking(self._layer_runner(_layer(problem).w13, tactic, device), device)
+            return _LayerPacking(self._layer_runner(_own(problem), tactic, device), device)
         if problem.kind == "grouped_moe":
             why = self._moe_checks(problem, tactic)
             if why:
