@@ -1,6 +1,6 @@
 """Every knob of a search, declared once: the options of one search (`SearchOptions`) and the
 groups it nests — how trials are timed (`TimerConfig`), successive halving's budget (`Halving`),
-where measurements run (`Runner`).
+which buckets a ranked search measures in full (`Cut`), where measurements run (`Runner`).
 
 A knob a user sets carries its flag on its field (`knob(default, Opt(...))`): the flag's spelling,
 help, value type, choices and check. The CLI's `search` options (cli.py), `api.run`'s keywords and
@@ -238,6 +238,25 @@ class Halving:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """Which buckets of a problem's ladder `--strategy ranked` measures in full; the others verify the
+    model's choice against their measured neighbours' winners in one round
+    (autotune/engine/strategies/ranked/cut.py; the defaults chosen by bench/bucket_cut_eval.py)."""
+
+    every: int = knob(3, Opt(
+        "--measure-every", "--strategy ranked: measure every Nth bucket in full (and both ends, each predicted "
+        "family crossover, the buckets the model is unsure of); the others verify their neighbours' winners and "
+        "the model's choice in one round (1: every bucket in full)", key="measure_every", show_default=True,
+        check=whole(1)))
+    unsure: float = 0.1         # a bucket whose model's first two choices are predicted this close (log2) is measured
+
+    def __post_init__(self):
+        validate(self)
+        if not 0 <= self.unsure < math.inf:
+            raise ValueError(f"cut: unsure must be >= 0, got {self.unsure!r}")
+
+
+@dataclass(frozen=True)
 class Runner:
     """How and where measurements run (see docs/search.md)."""
 
@@ -278,6 +297,7 @@ class SearchOptions:
         "--strategy", strategies.help_text, choices=strategies.names, unset=None,
         doc_default=f"{strategies.DEFAULT} ({strategies.INVARIANT_DEFAULT} with --batch-invariant)"))
     ranked: Ranked = Ranked()             # the ranked strategy's knobs
+    cut: Cut = Cut()                      # ... and which buckets it measures in full
     rank_model: object = knob(None, Opt(  # a rankmodel.Model or its path; None: strategy.default_model
         "--rank-model", "rank model file for --strategy ranked [default: <cache>.rank-<arch>.json, else the model "
         "shipped for the arch]", type=str, doc_default="`<cache>.rank-<arch>.json`, else the model shipped for the arch"))

@@ -257,7 +257,7 @@ class _Search:
                                                  {r.tactic.id for r in kept})
                 self.report.resumed += (len(kept) - len(todo)) if resumed else 0
                 out.append(job)
-        return out
+        return self.strategy.order(out)
 
     # 2b. the strategy plans (ranked: a model's plan per (problem, bucket), or halving when there is none)
     def prepare(self, work: list[_Work]) -> None:

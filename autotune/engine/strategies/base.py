@@ -48,6 +48,7 @@ class Strategy(Protocol):
     def redo(self) -> frozenset[str]: ...                               # stored statuses measured again
     def precompiled(self, items: list) -> list: ...                     # of the kept tactics: those compiled ahead
     def job(self, s: SearchView, job: Any, kept_ids: set[str]) -> tuple[Any, bool]: ...
+    def order(self, jobs: list) -> list: ...                            # the jobs in the order workers take them
     def start(self, s: SearchView, job: Any) -> Any: ...                # as a worker takes the job
     def without(self, s: SearchView, job: Any, bad: set[str]) -> Any: ...   # less tactics whose compile failed
     @staticmethod
@@ -83,6 +84,10 @@ class HalvingStrategy:
         """The job as this strategy measures it (`job.tactics`: what the cache lacks) and whether
         the tactics the cache held count as resumed."""
         return replace(job, strategy=self.name), True
+
+    def order(self, jobs: list) -> list:
+        """The jobs in the order workers take them (problem by problem, buckets ascending)."""
+        return jobs
 
     def start(self, s: SearchView, job: Any) -> Any:
         """The job as a worker takes it (after its claim)."""

@@ -224,6 +224,12 @@ def first_batches(ranking: Ranking) -> set[tuple[str, str]]:
     return {(pk, i) for (pk, _), plan in ranking.plans.items() for i in first_ids(plan)}
 
 
+def winners(store, problem: Problem, device_key: str, lib_keys: dict) -> dict[int, str]:
+    """Bucket -> the measured winner's tactic id stored for `problem` under these libraries and code."""
+    return {w.bucket: w.tactic_id for w in store.winners(device_key)
+            if w.problem_key == problem.key and not w.predicted and registry.fresh(lib_keys, w)}
+
+
 def with_neighbours(plan: batches.RankPlan, store, problem: Problem, bucket: int, buckets: Sequence[int],
                     device_key: str, lib_keys: dict) -> batches.RankPlan:
     """The plan warm-started by the winners stored for the neighbouring buckets (this search's,

@@ -1,15 +1,17 @@
 """`--strategy ranked` (the default): per (problem, bucket) only what the ranking model puts first,
 its bests (the fastest its training data timed there), the neighbouring buckets' winners and the
 default, with the adaptive stop (the batches: autotune.engine.strategies.ranked.batches; the model
-loading and plans: autotune.engine.strategies.ranked.plans). Without a model covering the arch it
-measures as halving does, and the notes say so."""
+loading and plans: autotune.engine.strategies.ranked.plans) — in full at the buckets the cut
+measures, in one verifying round at the others (autotune.engine.strategies.ranked.cut). Without a
+model covering the arch it measures as halving does, and the notes say so."""
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Any, Callable
 
 from autotune.engine.strategies import successive_halving
-from autotune.engine.strategies.ranked import batches, plans
+from autotune.engine.strategies.ranked import batches, cut, plans
 from autotune.engine.strategies.base import HalvingStrategy, SearchView
 from autotune.tactics import registry
 
@@ -20,6 +22,10 @@ class RankedStrategy(HalvingStrategy):
     def __init__(self) -> None:
         self.ranking: plans.Ranking | None = None
         self._won: set[tuple[str, int]] | None = None
+        self.full: dict[str, frozenset[int]] = {}       # problem key -> the buckets measured in full (the cut)
+        self.in_full: list[tuple[str, int]] = []        # verify buckets measured in full: a neighbour not stored
+        self._full_plans: dict[tuple[str, int], batches.RankPlan] = {}
+        self._lock = threading.Lock()
 
     def prepare(self, s: SearchView, work: list) -> None:
         """The model's plan per (problem, bucket), or none (halving) when no model covers the arch."""
@@ -31,6 +37,33 @@ class RankedStrategy(HalvingStrategy):
         self.ranking = plans.Ranking(model, plans.plans(model, work, list(s.buckets), s.target,
                                                               s.env.sm_count or 0, s.store, s.env.device_key,
                                                               s.o.ranked, s.lib_keys))
+        self._cut(s, work)
+
+    def _cut(self, s: SearchView, work: list) -> None:
+        """The buckets each problem measures in full; every other one's plan becomes its verifying round
+        (the model's first choice, the default, the model's best; the neighbours' winners at `start`)."""
+        assert self.ranking is not None
+        ladder, model, ps = sorted(s.buckets), self.ranking.model, self.ranking.plans
+        for w in work:
+            top = {b: cut.top_two(ps[(w.problem.key, b)]) for b in ladder if (w.problem.key, b) in ps}
+            self.full[w.problem.key] = cut.measured(ladder, {b: f for b, (f, _) in top.items()},
+                                                    {b: m for b, (_, m) in top.items()}, s.o.cut.every, s.o.cut.unsure)
+            for b in set(top) - self.full[w.problem.key]:
+                self._full_plans[(w.problem.key, b)] = plan = ps[(w.problem.key, b)]
+                best = [t for t in plan.order if t.id in set(model.bests(w.problem.key, b)[:1])]
+                ps[(w.problem.key, b)] = cut.verify(plan, [w.default, *best], ())
+        n = sum(len(v) for v in self.full.values())
+        if n < len(work) * len(ladder):
+            s.report.notes.append(f"--strategy ranked: {n} of {len(work) * len(ladder)} (problem, bucket) measured in "
+                                  f"full (--measure-every {s.o.cut.every}, both ends, predicted family crossovers, "
+                                  "buckets the model is unsure of); the others verify their neighbours' winners, the "
+                                  "model's choice, its best and the default in one round")
+
+    def order(self, jobs: list) -> list:
+        """Each problem's verifying buckets after its buckets measured in full (their winners are the
+        candidates), in job order otherwise."""
+        first = {k: i for i, k in reversed(list(enumerate(j.problem.key for j in jobs)))}
+        return sorted(jobs, key=lambda j: (first[j.problem.key], j.bucket not in self.full.get(j.problem.key, (j.bucket,))))
 
     def precompiled(self, items: list) -> list:
         """What the first batches measure; the rest compile just in time at launch."""
@@ -56,9 +89,22 @@ class RankedStrategy(HalvingStrategy):
         return replace(job, tactics=todo, rank=plan, strategy=self.name), False
 
     def start(self, s: SearchView, job: Any) -> Any:
-        """Warm-started by the neighbouring buckets' winners, as they stand when the job starts."""
+        """Warm-started by the neighbouring buckets' winners, as they stand when the job starts; a
+        verifying bucket by the winners of the nearest buckets below and above, or measured in full
+        where a measured neighbour's winner is not stored yet (another worker still measures it)."""
         if job.rank is None:
             return job
+        full = self.full.get(job.problem.key)
+        if full is not None and job.bucket not in full:
+            won = plans.winners(s.store, job.problem, s.env.device_key, s.lib_keys)
+            ends = [b for b in cut.nearest(job.bucket, sorted(full)) if b is not None]
+            if all(b in won for b in ends):
+                near = cut.nearest(job.bucket, sorted(won))
+                return replace(job, rank=cut.verify(job.rank, job.rank.extras,
+                                                    [won[b] for b in (*ends, *near) if b is not None]))
+            with self._lock:
+                self.in_full.append((job.problem.key, job.bucket))
+            job = replace(job, rank=self._full_plans[(job.problem.key, job.bucket)])
         return replace(job, rank=plans.with_neighbours(job.rank, s.store, job.problem, job.bucket,
                                                           list(s.buckets), s.env.device_key, s.lib_keys))
 
