@@ -24,8 +24,9 @@
 #                copy of the main job's cache (its pair problems' winners stored: only the layer jobs run):
 #                the layer kernel against the pair → $OUT/layers-trials.txt, $OUT/layers.db.xz; the step
 #                then runs on that cache (FP4MoE's layer route serves where a one-launch winner is stored)
-#   COMPARE=1    bench/compare_winners.py --retime: the winners at M <= 64 against the committed full
-#                search, re-timed interleaved in one worker (COMPARE_DB: the whole run's cache of an earlier call)
+#   COMPARE=1    bench/compare_winners.py --retime: the winners at M <= COMPARE_M (64) against COMPARE_REF's (a
+#                committed cache, .db.xz; default the H200 full search), re-timed interleaved in one worker
+#                (COMPARE_DB: the whole run's cache of an earlier call)
 #   STEP=1       bench/mlp_step_graph.py per form (STEP_FORMS) and MLP (STEP_MLP) → $OUT/step-FORM-MLP/;
 #                FOLD=1 first tunes the folded shared-expert problems into the same cache; STEP_PDL="1 0"
 #                runs each with programmatic dependent launch on, then off; STEP_PF=0,1 the w2 prefetch;
@@ -146,9 +147,9 @@ whole_db() {     # the whole run's cache (.db or .db.xz); without one, the --max
   case $src in *.xz) xz -dc "$src" > "$W/whole.db"; echo "$W/whole.db";; *) echo "$src";; esac
 }
 if [ "${COMPARE:-0}" = 1 ]; then
-  xz -dc docs/data/2026-11-30-h200x2-full-search.db.xz > "$W/full.db"
+  xz -dc "${COMPARE_REF:-docs/data/2026-11-30-h200x2-full-search.db.xz}" > "$W/full.db"
   timeout "$(cap "${COMPARE_S:-120}")" python3 bench/compare_winners.py "$(whole_db "${COMPARE_DB:-}")" "$W/full.db" --retime \
-      --device "$DEV" --max-bucket 64 --json "$OUT/compare.json" 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
+      --device "$DEV" --max-bucket "${COMPARE_M:-64}" --json "$OUT/compare.json" 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
 fi
 if [ "${STEP:-0}" = 1 ]; then      # the 78-layer MLP step as one CUDA graph, served by these winners
   sdb=$(whole_db "${STEP_DB:-${COMPARE_DB:-}}")

@@ -8,12 +8,14 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from helpers import keyed
 
 from autotune import api
 from autotune.cache import Store
 from autotune.core.buckets import Buckets
 from autotune.core.env import cpu
 from autotune.core.problem import Problem
+from autotune.core.records import Winner
 from autotune.core.tactic import Tactic
 from autotune.engine import timing
 from autotune.api.args import BadInput
@@ -105,8 +107,35 @@ def test_a_verifying_job_whose_measured_neighbour_has_no_winner_is_measured_in_f
     s.full = {P.key: frozenset({1, 8, 64})}
     s._full_plans[(P.key, 4)] = full
     view = SimpleNamespace(store=Store(tmp_path / "c.db"), env=CPU, lib_keys={"torch": CPU.lib_key(("torch",))},
-                           buckets=Buckets.of(LADDER))
+                           buckets=Buckets.of(LADDER), report=SimpleNamespace(notes=[]))
     job = Job(P, 4, tuple(ts), ts[7].id, {}, rank=cut.verify(full, [ts[7]], ()))
     got = s.start(view, job)
-    assert got.rank.order == full.order and got.rank.cfg == full.cfg and s.in_full == [(P.key, 4)]
+    assert got.rank.order == full.order and got.rank.cfg == full.cfg
+    assert s.in_full == [(P.key, 4, "a measured neighbour's winner is not stored")]
     assert ranked.Ranker(got.rank).first == 3                              # the full plan's first batch
+    assert 4 in s.full[P.key]                                              # measured from now on
+    assert view.report.notes == ["--strategy ranked: 1 verifying (problem, bucket) measured in full: "
+                                 "1× a measured neighbour's winner is not stored"]
+
+
+def _won(store, b, t):
+    lib = CPU.lib_key(("torch",))
+    store.put_winner(keyed(Winner(P.key, b, CPU.device_key, t.id, t.family, t.to_json(), lib, 1.0, t.id, None, None)))
+
+
+def test_a_verifying_job_between_winners_of_two_kernels_is_measured_in_full(tmp_path):
+    """A crossover the model did not predict: the measured neighbours' winners are of different
+    kernels (cut.split); of one kernel, the bucket verifies them in one round."""
+    ts = [Tactic("torch", kernel="a", i=i) for i in range(4)] + [Tactic("torch", kernel="b", i=i) for i in range(4)]
+    full = ranked.plan_for(ts, [0.1 * i for i in range(8)], [], cfg=ranked.Ranked(min_first=3))
+    store = Store(tmp_path / "c.db")
+    view = SimpleNamespace(store=store, env=CPU, lib_keys={"torch": CPU.lib_key(("torch",))},
+                           buckets=Buckets.of(LADDER), report=SimpleNamespace(notes=[]))
+    s = RankedStrategy()
+    s.full = {P.key: frozenset({1, 8, 64})}
+    s._full_plans[(P.key, 4)] = s._full_plans[(P.key, 32)] = full
+    _won(store, 1, ts[0]), _won(store, 8, ts[5]), _won(store, 64, ts[6])
+    got = s.start(view, Job(P, 4, tuple(ts), ts[7].id, {}, rank=cut.verify(full, [ts[7]], ())))
+    assert got.rank.cfg == full.cfg and s.in_full == [(P.key, 4, "its measured neighbours were won by different kernels")]
+    got = s.start(view, Job(P, 32, tuple(ts), ts[7].id, {}, rank=cut.verify(full, [ts[7]], ())))
+    assert ranked.Ranker(got.rank).cap == 1 and {t.id for t in got.rank.extras} == {ts[7].id, ts[5].id, ts[6].id}

@@ -243,12 +243,12 @@ class Cut:
     model's choice against their measured neighbours' winners in one round
     (autotune/engine/strategies/ranked/cut.py; the defaults chosen by bench/bucket_cut_eval.py)."""
 
-    every: int = knob(3, Opt(
+    every: int = knob(4, Opt(
         "--measure-every", "--strategy ranked: measure every Nth bucket in full (and both ends, each predicted "
-        "family crossover, the buckets the model is unsure of); the others verify their neighbours' winners and "
-        "the model's choice in one round (1: every bucket in full)", key="measure_every", show_default=True,
-        check=whole(1)))
-    unsure: float = 0.1         # a bucket whose model's first two choices are predicted this close (log2) is measured
+        "family crossover, the buckets the model is unsure of, those between neighbours won by different kernels); "
+        "the others verify their neighbours' winners and the model's choice in one round (1: every bucket in full)",
+        key="measure_every", show_default=True, check=whole(1)))
+    unsure: float = 0.05        # a bucket whose model's first two choices are predicted this close (log2) is measured
 
     def __post_init__(self):
         validate(self)

@@ -8,16 +8,19 @@ batches while the stop rule allows) only
 
 * both ends of the ladder and every `every`-th bucket between them,
 * each crossover the model predicts: two neighbouring buckets whose first choices are of
-  different families, both measured,
-* the buckets the model is unsure of: its first two choices predicted within `margin` (log2
-  units) of each other;
+  different families, both,
+* the buckets the model is unsure of: its first two choices predicted within `unsure` (log2
+  units) of each other,
+* each crossover the measured buckets show: a bucket whose nearest measured buckets below and
+  above were won by different kernels (`split`, decided as the bucket's job starts);
 
 and each other bucket in one round of successive halving over few candidates: the model's first
 choice there, the designated default, the model's own best (the fastest its data timed there),
-and the winners stored for the nearest buckets below and above (`verify`). A verify bucket runs
-after its problem's measured buckets (`order`); one that starts while a measured neighbour's
-winner is not stored (several workers) is measured in full instead, so the cut never verifies
-against nothing. The rule was chosen on stored searches, without a GPU (bench/bucket_cut_eval.py).
+and the winners stored for the nearest buckets below and above (`verify`). A verifying bucket runs
+after its problem's measured buckets (`Strategy.order`); one that starts while a measured
+neighbour's winner is not stored (several workers) is measured in full instead, so the cut never
+verifies against nothing. The rule and its defaults were chosen offline on stored searches
+(bench/bucket_cut_eval.py; docs/decisions/0013-bucket-cut.md).
 """
 from __future__ import annotations
 
@@ -52,6 +55,13 @@ def top_two(plan: RankPlan) -> tuple[Hashable, float]:
     if not plan.order:
         return None, math.inf
     return plan.order[0].family, (plan.pred[1] - plan.pred[0]) if len(plan.pred) > 1 else math.inf
+
+
+def split(low: Tactic, high: Tactic, kernel) -> bool:
+    """Whether the winners of a verifying bucket's nearest measured buckets below and above are of
+    different kernels (`kernel`: a tactic's kernel, plans.kernel_of): a crossover between them that
+    the model did not predict, which the bucket measures in full."""
+    return kernel(low) != kernel(high)
 
 
 def nearest(bucket: int, have: Sequence[int]) -> tuple[int | None, int | None]:

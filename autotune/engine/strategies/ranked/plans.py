@@ -224,9 +224,9 @@ def first_batches(ranking: Ranking) -> set[tuple[str, str]]:
     return {(pk, i) for (pk, _), plan in ranking.plans.items() for i in first_ids(plan)}
 
 
-def winners(store, problem: Problem, device_key: str, lib_keys: dict) -> dict[int, str]:
-    """Bucket -> the measured winner's tactic id stored for `problem` under these libraries and code."""
-    return {w.bucket: w.tactic_id for w in store.winners(device_key)
+def winners(store, problem: Problem, device_key: str, lib_keys: dict) -> dict[int, Tactic]:
+    """Bucket -> the measured winner stored for `problem` under these libraries and code."""
+    return {w.bucket: Tactic.from_json(w.params_json) for w in store.winners(device_key)
             if w.problem_key == problem.key and not w.predicted and registry.fresh(lib_keys, w)}
 
 

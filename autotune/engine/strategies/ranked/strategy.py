@@ -7,6 +7,7 @@ model covering the arch it measures as halving does, and the notes say so."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -23,9 +24,10 @@ class RankedStrategy(HalvingStrategy):
         self.ranking: plans.Ranking | None = None
         self._won: set[tuple[str, int]] | None = None
         self.full: dict[str, frozenset[int]] = {}       # problem key -> the buckets measured in full (the cut)
-        self.in_full: list[tuple[str, int]] = []        # verify buckets measured in full: a neighbour not stored
+        self.in_full: list[tuple[str, int, str]] = []   # verifying buckets measured in full, and why
         self._full_plans: dict[tuple[str, int], batches.RankPlan] = {}
         self._lock = threading.Lock()
+        self._note: int | None = None                   # the index of that note in the search's notes
 
     def prepare(self, s: SearchView, work: list) -> None:
         """The model's plan per (problem, bucket), or none (halving) when no model covers the arch."""
@@ -65,6 +67,21 @@ class RankedStrategy(HalvingStrategy):
         first = {k: i for i, k in reversed(list(enumerate(j.problem.key for j in jobs)))}
         return sorted(jobs, key=lambda j: (first[j.problem.key], j.bucket not in self.full.get(j.problem.key, (j.bucket,))))
 
+    def _in_full(self, s: SearchView, job: Any, why: str) -> None:
+        """A verifying bucket measured in full (a measured bucket for the ones verified after it), and
+        the search's note on them brought up to date."""
+        with self._lock:
+            self.in_full.append((job.problem.key, job.bucket, why))
+            self.full[job.problem.key] = self.full[job.problem.key] | {job.bucket}
+            whys = Counter(w for _, _, w in self.in_full)
+            line = (f"--strategy ranked: {len(self.in_full)} verifying (problem, bucket) measured in full: "
+                    + "; ".join(f"{n}× {w}" for w, n in whys.most_common()))
+            if self._note is None:
+                self._note = len(s.report.notes)
+                s.report.notes.append(line)
+            else:
+                s.report.notes[self._note] = line
+
     def precompiled(self, items: list) -> list:
         """What the first batches measure; the rest compile just in time at launch."""
         if self.ranking is None:
@@ -91,19 +108,22 @@ class RankedStrategy(HalvingStrategy):
     def start(self, s: SearchView, job: Any) -> Any:
         """Warm-started by the neighbouring buckets' winners, as they stand when the job starts; a
         verifying bucket by the winners of the nearest buckets below and above, or measured in full
-        where a measured neighbour's winner is not stored yet (another worker still measures it)."""
+        where a measured neighbour's winner is not stored yet (another worker still measures it) or
+        its measured neighbours were won by different kernels (`cut.split`)."""
         if job.rank is None:
             return job
         full = self.full.get(job.problem.key)
         if full is not None and job.bucket not in full:
             won = plans.winners(s.store, job.problem, s.env.device_key, s.lib_keys)
             ends = [b for b in cut.nearest(job.bucket, sorted(full)) if b is not None]
-            if all(b in won for b in ends):
+            why = ("a measured neighbour's winner is not stored" if not all(b in won for b in ends) else
+                   "its measured neighbours were won by different kernels"
+                   if len(ends) == 2 and cut.split(won[ends[0]], won[ends[1]], plans.kernel_of) else "")
+            if not why:
                 near = cut.nearest(job.bucket, sorted(won))
                 return replace(job, rank=cut.verify(job.rank, job.rank.extras,
-                                                    [won[b] for b in (*ends, *near) if b is not None]))
-            with self._lock:
-                self.in_full.append((job.problem.key, job.bucket))
+                                                    [won[b].id for b in (*ends, *near) if b is not None]))
+            self._in_full(s, job, why)
             job = replace(job, rank=self._full_plans[(job.problem.key, job.bucket)])
         return replace(job, rank=plans.with_neighbours(job.rank, s.store, job.problem, job.bucket,
                                                           list(s.buckets), s.env.device_key, s.lib_keys))
