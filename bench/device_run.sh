@@ -19,14 +19,16 @@
 #                `autotune search --model $MODEL --tp $TP` on a fresh cache (fresh Triton and cubin
 #                caches: compile time counts), cut with SIGINT at SEARCH_S; then `autotune show` and
 #                bench/main_job_summary.py → $OUT/main-job.json (RESUME_DB: continue a cut run's cache)
+#   REF=1        the same with --measure-every 1 (every bucket measured in full: the reference the bucket cut is
+#                judged against) → $OUT/main-job-ref.json; COMPARE then re-times against it
 #   MAX64=1      the same with --max-tokens 64 → $OUT/main-job-64.json
 #   LAYERS=1     the whole-MoE-layer problems (`--moe-layers`, M <= LAYERS_TOKENS, default 16) searched into a
 #                copy of the main job's cache (its pair problems' winners stored: only the layer jobs run):
 #                the layer kernel against the pair → $OUT/layers-trials.txt, $OUT/layers.db.xz; the step
 #                then runs on that cache (FP4MoE's layer route serves where a one-launch winner is stored)
-#   COMPARE=1    bench/compare_winners.py --retime: the winners at M <= COMPARE_M (64) against COMPARE_REF's (a
-#                committed cache, .db.xz; default the H200 full search), re-timed interleaved in one worker
-#                (COMPARE_DB: the whole run's cache of an earlier call)
+#   COMPARE=1    bench/compare_winners.py --retime: the winners at M <= COMPARE_M (64) against the reference's
+#                (REF=1's cache, else COMPARE_REF: a committed .db.xz, default the H200 full search), re-timed
+#                interleaved in one worker (COMPARE_DB: the whole run's cache of an earlier call)
 #   STEP=1       bench/mlp_step_graph.py per form (STEP_FORMS) and MLP (STEP_MLP) → $OUT/step-FORM-MLP/;
 #                FOLD=1 first tunes the folded shared-expert problems into the same cache; STEP_PDL="1 0"
 #                runs each with programmatic dependent launch on, then off; STEP_PF=0,1 the w2 prefetch;
@@ -121,6 +123,9 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
 if [ "${WHOLE:-$([ -n "${STEP_DB:-}${COMPARE_DB:-}" ] && echo 0 || echo 1)}" = 1 ]; then
   MAXT=${MAXT_WHOLE:-8192} run main-job "${SEARCH_S:-540}" ${EXTRA:-}
 fi
+if [ "${REF:-0}" = 1 ]; then
+  MAXT=${MAXT_WHOLE:-8192} run main-job-ref "${REF_S:-300}" --measure-every 1 ${EXTRA:-}
+fi
 if [ "${MAX64:-0}" = 1 ]; then
   MAXT=64 run main-job-64 "${SEARCH64_S:-120}" --max-tokens 64 ${EXTRA64:-}
 fi
@@ -147,7 +152,8 @@ whole_db() {     # the whole run's cache (.db or .db.xz); without one, the --max
   case $src in *.xz) xz -dc "$src" > "$W/whole.db"; echo "$W/whole.db";; *) echo "$src";; esac
 }
 if [ "${COMPARE:-0}" = 1 ]; then
-  xz -dc "${COMPARE_REF:-docs/data/2026-11-30-h200x2-full-search.db.xz}" > "$W/full.db"
+  if [ -e "$W/main-job-ref.db" ]; then cp "$W/main-job-ref.db" "$W/full.db"
+  else xz -dc "${COMPARE_REF:-docs/data/2026-11-30-h200x2-full-search.db.xz}" > "$W/full.db"; fi
   timeout "$(cap "${COMPARE_S:-120}")" python3 bench/compare_winners.py "$(whole_db "${COMPARE_DB:-}")" "$W/full.db" --retime \
       --device "$DEV" --max-bucket "${COMPARE_M:-64}" --json "$OUT/compare.json" 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
 fi

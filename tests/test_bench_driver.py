@@ -33,7 +33,7 @@ def _digest(p: Path) -> str:
 def _dry(tmp: Path, name: str, **env: str) -> tuple[Path, str]:
     out = tmp / name
     # each stage's own limit far above what it needs: a slow machine takes longer, never cuts a stage
-    limits = {k: "3000" for k in ("GPU_TESTS_S", "SEARCH_S", "HOST_S", "COMPARE_S", "FOLD_S", "STEP_S")}
+    limits = {k: "3000" for k in ("GPU_TESTS_S", "SEARCH_S", "REF_S", "HOST_S", "COMPARE_S", "FOLD_S", "STEP_S")}
     e = {**os.environ, **limits, "DRY": "1", "OUT": str(out), "KEEP_DIR": str(tmp / "keep"), **env}
     e.pop("PYTHONPATH", None)
     r = subprocess.run(["bash", str(DRIVER)], cwd=ROOT, env=e, capture_output=True, text=True, timeout=6000)
@@ -74,7 +74,8 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     (keep / "gpu_checked.json").write_text(RECORD.read_text())        # an earlier call's record
     before = _digest(RECORD)
     out, log = _dry(tiny, "job", KEEP="1", MODEL=str(tiny / "model"), TP="1", EXTRA="--families torch --buckets 1,4",
-                    COMPARE="1", STEP="1", STEP_FORMS="winners", STEP_MLP="fp4mlp", FOLD="1", HOST="1", LAYERS="1")
+                    COMPARE="1", STEP="1", STEP_FORMS="winners", STEP_MLP="fp4mlp", FOLD="1", HOST="1", LAYERS="1",
+                    REF="1")
     summary = (out / "summary.txt").read_text()
     assert "GPU-check record restored from an earlier call on this machine" in summary
     assert _digest(RECORD) == before                                   # restored into a copy, not the tree
@@ -84,6 +85,8 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     assert s["winners"] > 0 and s["command"].startswith(f"autotune search --model {tiny / 'model'} --tp 1")
     assert (out / "main-job.db.xz").stat().st_size > 0 and (keep / "main-job.db.xz").is_file()
     assert "main-job-show.txt" in os.listdir(out)
+    ref = json.loads((out / "main-job-ref.json").read_text())     # the reference: every bucket in full
+    assert "--measure-every 1" in ref["command"] and "main-job-ref: search exit" in summary
     cmp = json.loads((out / "compare.json").read_text())
     assert cmp["machine"]["card"] == "cpu" and "pairs" in cmp
     assert "layers: search exit 0" in summary and (out / "layers.db.xz").stat().st_size > 0
