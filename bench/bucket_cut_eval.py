@@ -1,37 +1,18 @@
-"""Offline evaluation of `--strategy ranked`'s bucket cut (autotune/engine/strategies/ranked/cut.py) on stored searches.
+"""`--strategy ranked`'s bucket cut (autotune/engine/strategies/ranked/cut.py) replayed offline.
 
-The folding is bench/rank_eval.py's leave-one-problem-out (lopo): per held-out problem a ranking
-model is fitted on the other problems (of every cache given), then each setting (every, unsure,
-split) of the grid is replayed on the held-out problem's M ladder with each measurement replaced by the
-stored time:
+Leave one problem out (bench/rank_eval.py's lopo): per held-out problem a rank model is fitted on
+the others, then each setting (every, unsure, split) is replayed on the problem's M ladder with each
+measurement replaced by the stored time: the buckets `cut.measured` picks by the ranked replay
+(ascending, warm-started by the nearest measured pick below); the others, ascending, by one round over
+the model's first choice, the default and the picks at the nearest decided buckets (`cut.verify`) —
+or in full where the picks at the nearest measured buckets differ in kernel / tactic (split). Per
+(problem, bucket) the gap is the pick's stored time over the committed winner's, less 1. every = 1
+is the no-cut baseline; the recommendation is the setting measuring the fewest tactics with >= 97 %
+within 3 % and a worst gap within --slack of the baseline's.
 
-1. per bucket the ranked plan, built as rank_eval.replay builds it (plan_for + every_member, the
-   default as extra), gives the model's first family and its top-two margin (`cut.top_two`);
-   `cut.measured(ladder, families, margins, every, unsure)` is the set of buckets measured in full;
-2. the measured buckets, ascending: the ranked replay (rank_eval.replay), warm-started by the pick
-   at the nearest measured bucket below (a one-worker search, as lopo does);
-3. the other buckets, ascending (after every measured one): one round over `cut.verify`'s
-   candidates: the model's first choice, the default, and the picks at the nearest decided
-   (measured or already verified) buckets below and above (`cut.nearest`); except, with split
-   "kernel" / "tactic", where the picks at the nearest measured buckets below and above differ in
-   kernel (plans.kernel_of) / in tactic id: that bucket is measured in full instead (the ranked
-   replay, warm-started as in 2), joins the measured buckets and counts as measured in full;
-4. per (problem, bucket): gap = stored time of the pick / stored time of the committed winner - 1
-   (None where either is not stored).
-
-every = 1 measures every bucket: the no-cut baseline (rank_eval's lopo rows). The table gives per
-setting the buckets measured in full, the tactics measured (share of the baseline's), how often
-the pick is the committed winner or within 3 % / 1 % of it, and the worst gap; the recommended
-setting measures the fewest tactics with >= 97 % within 3 % and a worst gap within --slack of
-the baseline's.
-
-Biases. The model never saw the held-out problem, so its bests (Model.bests: the fastest its data
-timed there) are empty and the verify round has no "model's best" candidate; sibling bests are not
-used either (as in rank_eval). A stored search that timed only some tactics per bucket (a ranked
-main job) leaves candidates without a stored time: they count as measured and failed (as
-batches.simulate does), so on such a cache a cut can only look better or worse by what the job
-happened to time; the exhaustive H200 search (every kept tactic timed at every bucket) is the one
-without this bias.
+Biases: the held-out problem has no bests (Model.bests), which the search's verifying round
+includes; a cache that timed some tactics per bucket (a ranked main job) leaves candidates untimed
+(counted as failed, as batches.simulate does); an exhaustive search (the H200 one) has no such gap.
 
     python3 bench/bucket_cut_eval.py docs/data/2026-11-30-h200x2-full-search.db.xz --json out.json
     python3 bench/bucket_cut_eval.py docs/data/2026-12-07-h100-5d44fcb-main-job.db.xz \\
@@ -58,15 +39,13 @@ EVERY, UNSURE, SPLIT = (1, 2, 3, 4, 5), (0.0, 0.05, 0.1, 0.2), ("none", "kernel"
 
 
 def settings(every=EVERY, unsure=UNSURE, split=SPLIT) -> list[tuple[int, float, str]]:
-    """The grid; every <= 1 ignores `unsure` and `split` (every bucket is measured): one baseline
-    (1, 0.0, "none"), first."""
+    """The grid, the baseline (every = 1: every bucket measured, `unsure` and `split` moot) first."""
     out = [(1, 0.0, "none")] + [(e, u, x) for e in every if e > 1 for u in unsure for x in split]
     return list(dict.fromkeys(out))
 
 
 class Ladder:
-    """One held-out (source, problem): per bucket its group, committed winner, kept tactics and the
-    model's predictions for them (predicted once per fold, whatever the settings)."""
+    """One held-out (source, problem): per bucket its group, winner, kept tactics and their predictions."""
 
     def __init__(self, groups, win, model, memo):
         self.g = {g.bucket: g for g in groups if (g.source, g.problem.key, g.bucket) in win}
@@ -106,20 +85,14 @@ def _key(lad: Ladder, b: int, pick, split: str):
 
 
 def splits(lad: Ladder, b: int, picks: dict, full: set[int], split: str) -> bool:
-    """Whether verify bucket b is measured in full instead: the picks at its nearest measured
-    buckets below and above differ in kernel (split="kernel") or in tactic (split="tactic")."""
-    if split == "none":
-        return False
+    """Whether verify bucket b is measured in full: its nearest measured picks differ (in kernel / tactic)."""
     lo, hi = cut.nearest(b, sorted(full))
-    if lo is None or hi is None:
-        return False
-    return _key(lad, lo, picks[lo], split) != _key(lad, hi, picks[hi], split)
+    return (split != "none" and None not in (lo, hi)
+            and _key(lad, lo, picks[lo], split) != _key(lad, hi, picks[hi], split))
 
 
 def run_cut(lad: Ladder, full: frozenset[int], cfg: ranked.Ranked, split: str = "none") -> list[dict]:
-    """One setting on one ladder: the buckets of `full` by the ranked replay (ascending, warm-started
-    by the pick at the nearest measured bucket below), then the others (ascending) by one verify
-    round, or by the ranked replay where `splits` says so (added to the measured set)."""
+    """One setting on one ladder: `full` by the ranked replay, then the rest by one verify round (or in full: split)."""
     picks: dict[int, str | None] = {}
     meas, out = set(), []
 
@@ -147,8 +120,7 @@ def run_cut(lad: Ladder, full: frozenset[int], cfg: ranked.Ranked, split: str = 
 
 def evaluate(stores, rounds: int, grid: list[tuple[int, float, str]], cfg: ranked.Ranked = ranked.Ranked(),
              names=None, limit: int | None = None) -> list[dict]:
-    """Per held-out problem (lopo, the first `limit` problems only when given) and setting: a row
-    per (source, bucket) with a committed winner (see `run_cut`), tagged with every, unsure and split."""
+    """Rows per (source, bucket) with a committed winner, per held-out problem (lopo; first `limit`) and setting."""
     if not isinstance(stores, (list, tuple)):
         stores = [stores]
     srcs = sources(stores, names)
@@ -215,8 +187,7 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def recommend(summary: dict, slack: float = SLACK) -> list[str]:
-    """The settings that keep >= TARGET_HITS within TARGET_GAP and a worst gap within `slack` of the
-    baseline's, fewest tactics measured first (the first is the recommendation)."""
+    """Settings with >= TARGET_HITS within TARGET_GAP, worst gap <= the baseline's + `slack`; cheapest first."""
     base = next(s for s in summary.values() if s["every"] <= 1)
     ok = [k for k, s in summary.items() if s["within3_share"] >= TARGET_HITS
           and s["worst_gap"] <= base["worst_gap"] + slack]
@@ -234,24 +205,16 @@ def table(summary: dict) -> str:
 
 
 def worst_lists(summary: dict, keys: list[str]) -> str:
-    out = []
-    for k in keys:
-        out.append(f"\nworst 5 at {k}:")
-        out += [f"  {p} @ M={b}: {g:+.1%}" + (f" ({src})" if len(summary[k].get("by_source", {})) > 1 else "")
-                for src, p, b, g in summary[k]["worst5"]]
-    return "\n".join(out)
+    return "\n".join(f"\nworst 5 at {k}:\n" + "\n".join(f"  {p} @ M={b}: {g:+.1%} ({src})" for src, p, b, g in
+                                                      summary[k]["worst5"]) for k in keys)
 
 
 def _args(argv):
     ap = harness.parser(__doc__)
-    ap.add_argument("db", nargs="+", type=existing,
-                    help="cache files of one arch (SQLite, or .xz of one) holding searches")
+    ap.add_argument("db", nargs="+", type=existing, help="caches of one arch (SQLite, or .xz of one)")
     ap.add_argument("--every", type=int, nargs="+", default=list(EVERY), help="measure every n-th bucket in full")
-    ap.add_argument("--unsure", type=float, nargs="+", default=list(UNSURE),
-                    help="also measure in full where the model's top two are within this (log2 units)")
-    ap.add_argument("--split", nargs="+", choices=SPLIT, default=list(SPLIT),
-                    help="measure a verify bucket in full where the picks at its nearest measured buckets "
-                         "below and above differ in kernel / in tactic (none: never)")
+    ap.add_argument("--unsure", type=float, nargs="+", default=list(UNSURE), help="top-two margin (log2)")
+    ap.add_argument("--split", nargs="+", choices=SPLIT, default=list(SPLIT), help="neighbours' picks differ in")
     ap.add_argument("--rounds", type=int, default=None, help="boosting rounds (default: the model's)")
     ap.add_argument("--limit", type=int, default=None, help="hold out the first n problems only (CI: fewer folds)")
     ap.add_argument("--slack", type=float, default=SLACK, help="worst gap allowed above the baseline's")
@@ -263,14 +226,11 @@ def main(argv=None) -> int:
     a = _args(argv)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        stores = []
+        for i in range(len(a.db)):
+            (Path(tmp) / str(i)).mkdir()
+        stores = [open_store(db, f"{tmp}/{i}") for i, db in enumerate(a.db)]
         try:
-            for i, db in enumerate(a.db):
-                d = Path(tmp) / str(i)
-                d.mkdir()
-                stores.append(open_store(db, str(d)))
-            grid = settings(a.every, a.unsure, a.split)
-            rows = evaluate(stores, a.rounds or rankmodel.ROUNDS, grid, ranked.Ranked(),
+            rows = evaluate(stores, a.rounds or rankmodel.ROUNDS, settings(a.every, a.unsure, a.split), ranked.Ranked(),
                             {i: Path(db).name for i, db in enumerate(a.db)}, a.limit)
         finally:
             for st in stores:

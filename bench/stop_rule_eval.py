@@ -1,22 +1,13 @@
-"""Offline evaluation of the timer's precision stop (TimerConfig.precision) on stored main jobs.
+"""The timer's precision stop (TimerConfig.precision) replayed offline on stored main jobs.
 
-A timing request now stops when its samples are enough, not when its budget is spent: after a
-first batch, it takes as many samples as make the median's standard error about `precision` of the
-median (never more than the budget allows, never fewer than the first batch). This replays that
-rule on a stored search without a GPU. Each stored trial carries its median, IQR and sample count;
-a sample of it is modelled as normal with sigma = IQR / 1.349, so the median of n samples has
-standard error 1.2533 * sigma / sqrt(n). Per (problem, bucket):
-
-* the finalists' estimates are drawn with the samples the rule would take (per request:
-  max(first, (1.2533 * sigma / (precision * median))^2), `cycles` requests, capped at the stored
-  count) and with the stored counts (the budget rule), many times; the pick is the fastest estimate;
-  its regret is its stored median over the fastest stored median, less 1;
-* the samples' GPU time, per rule: samples x (the stored median x the graph's calls + the spin).
-
-It prints, per precision: the share of jobs whose pick is more than 1 % and 3 % slower than the
-fastest (mean over draws), the worst mean regret, and the samples' GPU time against the budget
-rule's. The model leaves out the halving rounds' drops (a dropped trial's samples are counted, its
-decision is not replayed) and the winner rule's default margin.
+Each stored trial's samples are modelled as normal with sigma = IQR / 1.349 (a median of n has
+standard error 1.2533 sigma / sqrt(n)). Per (problem, bucket) the finalists' estimates are drawn
+many times with the samples the rule would take (per request max(first, (1.2533 sigma / (precision
+median))^2), `cycles` requests, capped at the stored count) and with the stored counts (the budget
+rule); the pick is the fastest estimate, its regret its stored median over the fastest's, less 1.
+Printed per precision: the share of jobs whose pick is > 1 % and > 3 % slower, the worst mean regret,
+and the samples' GPU time (samples x (median x the graph's calls + the spin)) against the budget
+rule's. Left out: the halving rounds' drops and the winner rule's default margin.
 
     python3 bench/stop_rule_eval.py docs/data/2026-12-06-h100-2d14637-main-job.db.xz
     python3 bench/stop_rule_eval.py A.db.xz B.db.xz --precision 0.005 0.0025 0.001 --json out.json
