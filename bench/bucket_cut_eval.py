@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import harness  # noqa: E402
 from bench.harness import existing  # noqa: E402
-from bench.rank_eval import open_store, sources  # noqa: E402
+from bench.rank_eval import loaded, open_store  # noqa: E402
 
 from autotune.engine.strategies.ranked import batches as ranked, cut, plans as strategy, rows as rankdata  # noqa: E402
 from autotune.engine.strategies.ranked import model as rankmodel  # noqa: E402
@@ -121,12 +121,7 @@ def run_cut(lad: Ladder, full: frozenset[int], cfg: ranked.Ranked, split: str = 
 def evaluate(stores, rounds: int, grid: list[tuple[int, float, str]], cfg: ranked.Ranked = ranked.Ranked(),
              names=None, limit: int | None = None) -> list[dict]:
     """Rows per (source, bucket) with a committed winner, per held-out problem (lopo; first `limit`) and setting."""
-    if not isinstance(stores, (list, tuple)):
-        stores = [stores]
-    srcs = sources(stores, names)
-    dev = {s.name: rankdata.device_arch(s.store, s.device_key)[:2] for s in srcs}
-    gs = rankdata.source_groups(srcs)
-    win = {(s.name, w.problem_key, w.bucket): w for s in srcs for w in s.store.winners(s.device_key)}
+    srcs, dev, gs, win = loaded(stores, names)
     rows, memo = [], {}
     for p in sorted({g.problem.key for g in gs})[:limit]:
         held = [g for g in gs if g.problem.key == p]

@@ -71,16 +71,19 @@ def sources(stores, names=None) -> list[rankdata.Source]:
             for i, st in enumerate(stores)]
 
 
+def loaded(stores, names=None) -> tuple:
+    """(sources, (arch, sms) per source, their groups, their committed winners by (source, problem, bucket))."""
+    srcs = sources(stores if isinstance(stores, (list, tuple)) else [stores], names)
+    gs = rankdata.source_groups(srcs)
+    win = {(s.name, w.problem_key, w.bucket): w for s in srcs for w in s.store.winners(s.device_key)}
+    return srcs, {s.name: rankdata.device_arch(s.store, s.device_key)[:2] for s in srcs}, gs, win
+
+
 def evaluate(stores, rounds: int, lobo_every: int, cfg: ranked.Ranked, folds=("lopo", "lobo"),
              names=None) -> list[dict]:
     """Per held-out group: kept, measured, the replay's and the committed winner, the gap. A group
     without a committed winner (a search cut mid-job) is trained on but not replayed."""
-    if not isinstance(stores, (list, tuple)):
-        stores = [stores]
-    srcs = sources(stores, names)
-    dev = {s.name: rankdata.device_arch(s.store, s.device_key)[:2] for s in srcs}
-    gs = rankdata.source_groups(srcs)
-    win = {(s.name, w.problem_key, w.bucket): w for s in srcs for w in s.store.winners(s.device_key)}
+    srcs, dev, gs, win = loaded(stores, names)
     rows, memo = [], {}
     problems = sorted({g.problem.key for g in gs})
     buckets = sorted({g.bucket for g in gs})
