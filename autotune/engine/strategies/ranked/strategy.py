@@ -58,14 +58,16 @@ class RankedStrategy(HalvingStrategy):
         if n < len(work) * len(ladder):
             s.report.notes.append(f"--strategy ranked: {n} of {len(work) * len(ladder)} (problem, bucket) measured in "
                                   f"full (--measure-every {s.o.cut.every}, both ends, predicted family crossovers, "
-                                  "buckets the model is unsure of); the others verify their neighbours' winners, the "
-                                  "model's choice, its best and the default in one round")
+                                  "buckets the model is unsure of; and any bucket between measured ones won by different "
+                                  "kernels); the others verify their neighbours' winners, the model's choice, its best "
+                                  "and the default in one round")
 
     def order(self, jobs: list) -> list:
         """Each problem's verifying buckets after its buckets measured in full (their winners are the
         candidates), in job order otherwise."""
         first = {k: i for i, k in reversed(list(enumerate(j.problem.key for j in jobs)))}
-        return sorted(jobs, key=lambda j: (first[j.problem.key], j.bucket not in self.full.get(j.problem.key, (j.bucket,))))
+        return sorted(jobs, key=lambda j: (first[j.problem.key],
+                                           j.bucket not in self.full.get(j.problem.key, (j.bucket,))))
 
     def _in_full(self, s: SearchView, job: Any, why: str) -> None:
         """A verifying bucket measured in full (a measured bucket for the ones verified after it), and
