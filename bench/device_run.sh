@@ -23,7 +23,8 @@
 #                judged against) → $OUT/main-job-ref.json; COMPARE then re-times against it
 #   MAX64=1      the same with --max-tokens 64 → $OUT/main-job-64.json
 #   LAYERS=1     the whole-MoE-layer problems (`--moe-layers`, M <= LAYERS_TOKENS, default 16) searched into a
-#                copy of the main job's cache (its pair problems' winners stored: only the layer jobs run):
+#                copy of the main job's cache (this call's, or LAYERS_DB: an earlier call's; its pair problems'
+#                winners stored: only the layer jobs run):
 #                the layer kernel against the pair → $OUT/layers-trials.txt, $OUT/layers.db.xz; the step
 #                then runs on that cache (FP4MoE's layer route serves where a one-launch winner is stored)
 #   COMPARE=1    bench/compare_winners.py --retime: the winners at M <= COMPARE_M (64) against the reference's
@@ -119,8 +120,8 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
   if [ "${KEEP:-0}" = 1 ]; then mkdir -p "$KEEP_DIR" && cp "$OUT/$name.db.xz" "$KEEP_DIR/"; fi
 }
 
-# WHOLE defaults on, but off where STEP_DB or COMPARE_DB names an earlier call's cache (a call for the later stages)
-if [ "${WHOLE:-$([ -n "${STEP_DB:-}${COMPARE_DB:-}" ] && echo 0 || echo 1)}" = 1 ]; then
+# WHOLE defaults on, but off where STEP_DB, COMPARE_DB or LAYERS_DB names an earlier call's cache (a later call)
+if [ "${WHOLE:-$([ -n "${STEP_DB:-}${COMPARE_DB:-}${LAYERS_DB:-}" ] && echo 0 || echo 1)}" = 1 ]; then
   MAXT=${MAXT_WHOLE:-8192} run main-job "${SEARCH_S:-540}" ${EXTRA:-}
 fi
 if [ "${REF:-0}" = 1 ]; then
@@ -129,9 +130,13 @@ fi
 if [ "${MAX64:-0}" = 1 ]; then
   MAXT=64 run main-job-64 "${SEARCH64_S:-120}" --max-tokens 64 ${EXTRA64:-}
 fi
+whole_db() {     # the whole run's cache (.db or .db.xz); without one, the --max-tokens 64 run's
+  local src=${1:-$W/main-job.db}
+  [ -e "$src" ] || src=$W/main-job-64.db
+  case $src in *.xz) xz -dc "$src" > "$W/whole.db"; echo "$W/whole.db";; *) echo "$src";; esac
+}
 if [ "${LAYERS:-0}" = 1 ]; then    # the layer problems on a copy of the whole run's cache (pairs' winners stored)
-  src=$W/main-job.db; [ -e "$src" ] || src=$W/main-job-64.db
-  cp "$src" "$W/layers.db"
+  cp "$(whole_db "${LAYERS_DB:-}")" "$W/layers.db"
   t0=$(date +%s.%N)
   timeout -s INT -k 30 "$(cap "${LAYERS_S:-150}")" python3 -m autotune.cli search --model "$MODEL" --tp "$TP" --moe-layers \
       --max-tokens "${LAYERS_TOKENS:-16}" ${EXTRA:-} --cache "$W/layers.db" > "$W/layers.out" 2> "$W/layers.err"
@@ -146,11 +151,6 @@ for r in c.execute(\"select t.problem_key, t.bucket, t.family, x.params_json, t.
     print(*r)" "$W/layers.db" > "$OUT/layers-trials.txt"
   xz -T0 -c "$W/layers.db" > "$OUT/layers.db.xz"
 fi
-whole_db() {     # the whole run's cache (.db or .db.xz); without one, the --max-tokens 64 run's
-  local src=${1:-$W/main-job.db}
-  [ -e "$src" ] || src=$W/main-job-64.db
-  case $src in *.xz) xz -dc "$src" > "$W/whole.db"; echo "$W/whole.db";; *) echo "$src";; esac
-}
 if [ "${COMPARE:-0}" = 1 ]; then
   if [ -e "$W/main-job-ref.db" ]; then cp "$W/main-job-ref.db" "$W/full.db"
   else xz -dc "${COMPARE_REF:-docs/data/2026-11-30-h200x2-full-search.db.xz}" > "$W/full.db"; fi

@@ -101,7 +101,9 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
 
 
 def test_a_call_for_an_earlier_calls_cache_runs_no_main_job(tiny):
-    """STEP_DB (or COMPARE_DB) names an earlier call's cache: the whole main job stays off unless
+    """STEP_DB (or COMPARE_DB, LAYERS_DB) names an earlier call's cache: the whole main job stays off unless
     WHOLE=1 asks for it (a step-only call once spent four device minutes re-running the job)."""
     out, log = _dry(tiny, "later", MODEL=str(tiny / "model"), TP="1", STEP_DB=str(tiny / "none.db"))
     assert "main-job:" not in log and not (out / "main-job.json").exists()
+    out, log = _dry(tiny, "layers", MODEL=str(tiny / "model"), TP="1", LAYERS="1", LAYERS_DB=str(tiny / "none.db"))
+    assert "main-job:" not in log and not (out / "main-job.json").exists() and "layers: search exit" in log
