@@ -78,17 +78,16 @@ class Ladder:
                 "measured": len(measured), "winner": pick, "committed": w.tactic_id, "gap": gap, **extra}
 
 
-def _key(lad: Ladder, b: int, pick, split: str):
-    """What `split` compares of the pick at bucket b: its kernel (plans.kernel_of) or its id."""
-    t = lad.g[b].tactics.get(pick)
-    return pick if t is None or split == "tactic" else strategy.kernel_of(t)
-
-
 def splits(lad: Ladder, b: int, picks: dict, full: set[int], split: str) -> bool:
-    """Whether verify bucket b is measured in full: its nearest measured picks differ (in kernel / tactic)."""
+    """Whether verify bucket b is measured in full: its nearest measured picks differ — in kernel by the
+    engine's rule (cut.split), or in tactic id; a missing pick against a pick differs."""
     lo, hi = cut.nearest(b, sorted(full))
-    return (split != "none" and None not in (lo, hi)
-            and _key(lad, lo, picks[lo], split) != _key(lad, hi, picks[hi], split))
+    if split == "none" or lo is None or hi is None:
+        return False
+    tl, th = lad.g[lo].tactics.get(picks[lo]), lad.g[hi].tactics.get(picks[hi])
+    if split == "tactic" or tl is None or th is None:
+        return picks[lo] != picks[hi]
+    return cut.split(tl, th, strategy.kernel_of)
 
 
 def run_cut(lad: Ladder, full: frozenset[int], cfg: ranked.Ranked, split: str = "none") -> list[dict]:

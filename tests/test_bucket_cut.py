@@ -134,7 +134,8 @@ def test_a_verifying_job_between_winners_of_two_kernels_is_measured_in_full(tmp_
     s = RankedStrategy()
     s.full = {P.key: frozenset({1, 8, 64})}
     s._full_plans[(P.key, 4)] = s._full_plans[(P.key, 32)] = full
-    _won(store, 1, ts[0]), _won(store, 8, ts[5]), _won(store, 64, ts[6])
+    for b, t in ((1, ts[0]), (8, ts[5]), (64, ts[6])):     # kernel a below 4; b at 8 and 64
+        _won(store, b, t)
     got = s.start(view, Job(P, 4, tuple(ts), ts[7].id, {}, rank=cut.verify(full, [ts[7]], ())))
     assert got.rank.cfg == full.cfg and s.in_full == [(P.key, 4, "its measured neighbours were won by different kernels")]
     got = s.start(view, Job(P, 32, tuple(ts), ts[7].id, {}, rank=cut.verify(full, [ts[7]], ())))
