@@ -294,6 +294,13 @@ def test_the_holdout_scoring_counts_first_choices_and_winner_places():
     from tools import fit_rank_models as F
     gs = [rankdata.Group(Problem.from_key("dense:bf16*nvfp4->bf16:n512:k6144"), b, "dev") for b in (1, 2, 4, 8, 16)]
     assert F.held_buckets(gs, 2) == [1, 4, 16] and F.held_buckets(gs, 3) == [1, 8]
+    # an unseen job (--unseen): every bucket of it scored, none fitted on; an evaluated cache's held-out
+    # buckets scored; a cache outside both only fitted on
+    src = {name: [rankdata.Group(gs[0].problem, b, "dev", source=name) for b in (1, 2, 4, 8, 16)]
+           for name in ("fit", "eval", "later")}
+    train, held = F.split([g for v in src.values() for g in v], [1, 8], ("eval",), {"later"})
+    assert sorted((g.source, g.bucket) for g in train) == [(n, b) for n in ("eval", "fit") for b in (2, 4, 16)]
+    assert sorted((g.source, g.bucket) for g in held) == [("eval", 1), ("eval", 8)] + [("later", b) for b in (1, 2, 4, 8, 16)]
     row = dict(source="s", problem="p", bucket=1, kept=9, timed=3, winner="w", first_family="cuda")
     rows = [{**row, "first": "w", "gap": 0.0, "timed_first_gap": 0.0, "winner_place": 1},
             {**row, "first": "a", "gap": 0.02, "timed_first_gap": 0.02, "winner_place": 4},

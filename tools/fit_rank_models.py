@@ -21,7 +21,9 @@ tactics the search keeps there — what `--strategy predict` serves — against 
 same tactic, within 3 % of its stored time, slower, or never timed by that run (unknown); the
 winner's place in the model's order (top-1, top-6, top-15 coverage); and the first choice among the
 tactics that run timed. `--compare MODEL` scores other model files on the same groups (a model
-fitted on data that includes them is not held out: say so when reading its figures).
+fitted on data that includes them is not held out: say so when reading its figures). `--unseen` adds
+`LATER`'s jobs, never fitted on, and scores all of their groups: the one comparison where the shipped
+model is held out too.
 docs/search.md has the numbers.
 """
 from __future__ import annotations
@@ -65,6 +67,12 @@ EARLIER = (("h200x2-glm5-tp8-full", "docs/data/2026-11-30-h200x2-full-search.db.
            ("moe-latency-h200-ab", "docs/data/2026-12-03-h200-moe-config-sweep.db.xz"))
 #: the caches whose held-out groups `--holdout` scores (main jobs of the final problem set)
 EVAL = ("main-job-h200-7a8be9d", "main-job-h100-961f0e7")
+#: later main jobs, never fitted on by default: `--unseen` scores every one of their groups (each bucket,
+#: not only the held-out ones) with a model that saw none of them, the shipped one included; `--fit-later`
+#: fits on them as on CACHES (their held-out buckets scored like EVAL's)
+LATER = (# the main job at 13d6647 on one H100 (2026-12-07, `--measure-every 1`: every bucket measured in full,
+         # the bucket cut's reference; 294 of 294 winners)
+         ("main-job-h100-13d6647", "docs/data/2026-12-07-h100-13d6647-main-job-ref.db.xz"),)
 #: winner's place in the model's order reported by `--holdout` (6: the ranked first batch's minimum)
 TOPS = (1, 6, 15)
 WITHIN = 0.03
@@ -191,15 +199,27 @@ def summary(rows: list[dict]) -> dict:
             "timed_first_within": sum(r["timed_first_gap"] <= WITHIN for r in rows)}
 
 
-def holdout(every: int, compare: dict, caches=CACHES, rounds: int = rankmodel.ROUNDS) -> dict:
-    """Fit without every `every`-th bucket and score the result and the `compare` models on the
-    held-out groups of `EVAL`'s caches: {"held_buckets", "summary": {model: {cache: figures}}, "rows"}."""
-    with Opened(caches) as o:
+def split(groups, buckets: list[int], evaluated: tuple, away: set) -> tuple[list, list]:
+    """(groups to fit on, groups to score): an unseen cache's (`away`) groups are all scored and none
+    fitted on; the others are fitted on outside the held-out `buckets`, scored inside them where
+    their cache is `evaluated`."""
+    train = [g for g in groups if g.bucket not in buckets and g.source not in away]
+    held = [g for g in groups if g.source in away or (g.bucket in buckets and g.source in evaluated)]
+    return train, held
+
+
+def holdout(every: int, compare: dict, caches=CACHES, rounds: int = rankmodel.ROUNDS,
+            unseen: tuple = (), evaluated: tuple = EVAL) -> dict:
+    """Fit without every `every`-th bucket (and without the `unseen` caches, (name, path) pairs) and
+    score the result and the `compare` models on the held-out groups of the `evaluated` caches and
+    every group of the unseen ones: {"held_buckets", "summary": {model: {cache: figures}}, "rows"}."""
+    away = {name for name, _ in unseen}
+    scored = (*evaluated, *(name for name, _ in unseen))
+    with Opened((*caches, *unseen)) as o:
         buckets = held_buckets(o.groups, every)
-        train = [g for g in o.groups if g.bucket not in buckets]
+        train, held = split(o.groups, buckets, evaluated, away)
         models = {"refit (held out)": rankdata.train_many(o.sources, train, rounds=rounds), **compare}
-        held = [g for g in o.groups if g.bucket in buckets and g.source in EVAL]
-        winners = {(s.name, w.problem_key, w.bucket): w for s in o.sources if s.name in EVAL
+        winners = {(s.name, w.problem_key, w.bucket): w for s in o.sources if s.name in scored
                    for w in s.store.winners(s.device_key) if not w.predicted}
         families: dict = {}
         for g in o.groups:
@@ -208,7 +228,7 @@ def holdout(every: int, compare: dict, caches=CACHES, rounds: int = rankmodel.RO
         out = {"held_buckets": buckets, "outside_space": o.dropped,
                "train_groups": len(train), "held_groups": len(held), "summary": {}, "rows": rows}
     for name, rs in rows.items():
-        out["summary"][name] = {src: summary([r for r in rs if r["source"] == src]) for src in EVAL}
+        out["summary"][name] = {src: summary([r for r in rs if r["source"] == src]) for src in scored}
         out["summary"][name]["all"] = summary(rs)
     return out
 
@@ -239,8 +259,15 @@ def main(argv=None) -> int:
                     help="no model written: fit without every N-th bucket and print the hold-out figures")
     ap.add_argument("--compare", type=Path, action="append", default=[], help="with --holdout: a model file to score too")
     ap.add_argument("--json", type=Path, help="with --holdout: write the figures and per-group rows here")
+    ap.add_argument("--unseen", action="store_true", help="with --holdout: score every group of LATER's jobs, fitted on by no model")
+    ap.add_argument("--fit-later", action="store_true", help="fit on LATER's jobs too (after CACHES)")
     a = ap.parse_args(argv)
+    if a.unseen and (a.fit_later or not a.holdout):
+        ap.error("--unseen needs --holdout N and excludes --fit-later")
     caches = (*EARLIER, *CACHES) if a.earlier else CACHES
+    evaluated = EVAL
+    if a.fit_later:
+        caches, evaluated = (*caches, *LATER), (*EVAL, *(n for n, _ in LATER))
     if a.only:
         names = a.only.split(",")
         known = (*EARLIER, *CACHES)
@@ -257,12 +284,14 @@ def main(argv=None) -> int:
                 compare[p.name] = rankmodel.load(p)
             except (OSError, ValueError, KeyError) as e:
                 ap.error(f"--compare {p}: {e}")
-        res = holdout(a.holdout, compare, caches, a.rounds)
-        print(f"held out buckets {res['held_buckets']}: {res['held_groups']} groups of {', '.join(EVAL)} scored; "
+        unseen = LATER if a.unseen else ()
+        res = holdout(a.holdout, compare, caches, a.rounds, unseen, evaluated)
+        print(f"held out buckets {res['held_buckets']}: {res['held_groups']} groups of "
+              f"{', '.join((*evaluated, *(n for n, _ in unseen)))} scored; "
               f"trained on {res['train_groups']} groups; {res['outside_space']} (group, tactic) rows outside the space")
         print(table(res))
         if a.json:
-            res["caches"] = dict(caches)
+            res["caches"], res["unseen"] = dict(caches), dict(unseen)
             a.json.write_text(json.dumps(res, sort_keys=True, separators=(",", ":")) + "\n")
         return 0
     path, dropped = fit(caches, out_dir=a.out_dir, rounds=a.rounds)
