@@ -43,8 +43,6 @@ LATER = {
     "docs/data/2026-12-07-h100-5d44fcb-predict.db.xz": (5, 5, 2033, 294, 294, 294, "816de69b11dbacab0758e590862dcf20eb0cf1a5e0bb6b4ceeb1f5515e210f1b", "f3dbea6bd9025977"),
     "docs/data/2026-12-07-h100-13d6647-main-job.db.xz": (5, 4, 4866, 294, 294, 0, "bfe02f12accecc021d5f34feaa2a23a8bbd35cae3a8e2a6e3b394b91a1a5e00b", "d579ade02b4b7839"),
     "docs/data/2026-12-07-h100-13d6647-main-job-ref.db.xz": (5, 4, 5651, 294, 294, 0, "6652c941c8e8d33a513024a30b95879becbc1b2fd40d972f960f646be4a9275a", "d8fde21c3bfcb093"),
-    "docs/data/2026-12-07-h100-13d6647-main-job-64.db.xz": (5, 4, 3222, 98, 98, 0, "db7a0dbff7f02ba6e94e1887bd5ea1e1bfdc3b55ceae4321e97e938b2d976555", "d71e92fb3557bcae"),
-    "docs/data/2026-12-07-h100-13d6647-layers.db.xz": (5, 4, 5014, 304, 304, 0, "bfe02f12accecc021d5f34feaa2a23a8bbd35cae3a8e2a6e3b394b91a1a5e00b", "88203955cb5a1a45"),
     "docs/data/2026-12-07-h100-13d6647-predict.db.xz": (5, 5, 2033, 294, 294, 294, "20db5d917a2d34cd66cfd822dd8683e176d34cc205252890c75914f04f31c268", "f3dbea6bd9025977"),
 }
 #: round-tripped through a fresh cache and both export forms: one cache of each schema committed
@@ -163,10 +161,8 @@ def test_later_committed_cache_reads_as_before(name, tmp_path):
         payload = collect(s, include_predicted=True)
         assert payload["schema"] == form and checksum(payload) == want_checksum
         assert len(s.trials()) == n_trials and _digest([dataclasses.asdict(t) for t in s.trials()]) == trials
-        # an export without --include-predicted leaves every predicted winner out; no export carries a
-        # whole MoE layer's winner (no engine's format has the problem)
-        layers = sum(w.problem_key.startswith("moe_layer:") for w in winners)
-        assert len(collect(s)["winners"]) == n_winners - predicted - layers
+        # an export without --include-predicted leaves every predicted winner out
+        assert len(collect(s)["winners"]) == n_winners - predicted
 
 
 @pytest.mark.parametrize("name", ROUND_TRIP)
