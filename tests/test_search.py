@@ -184,48 +184,62 @@ def test_plain_progress_prints_per_problem_and_every_few_seconds_of_an_injected_
     p = Progress(lines.append, every_s=10.0, clock=lambda: now[0])
     a1, a2, b1 = _Job(DENSE.key, 3), _Job(DENSE.key, 3), _Job(MOE.key, 2)
     p.start([a1, a2, b1], resumed=4)
-    p.advance(1)
+    p.advance(1, a1)
     assert lines == []                                  # under 10 s of the clock: nothing yet
     now[0] = 10.0
-    p.advance(1)
-    assert lines == ["progress: 6/12 trials, 0/3 (problem, bucket) jobs"]
+    p.advance(1, a1)
+    assert lines == ["progress: 6 trials, 0/3 (problem, bucket) jobs"]      # no job finished: no time left yet
     p.job_done(a1)
     assert len(lines) == 1                              # the problem still has a bucket running
-    p.advance(3)
+    p.advance(3, a2)
     p.job_done(a2)
-    assert lines[-1] == f"progress: 9/12 trials, 2/3 (problem, bucket) jobs; {DENSE.key} done: no winner"
-    p.advance(2)
+    assert lines[-1] == f"progress: 9 trials, 2/3 (problem, bucket) jobs; about 0:00:05 left; {DENSE.key} done: no winner"
+    p.advance(2, b1)
     p.job_done(b1)
-    assert lines[-1] == f"progress: 11/12 trials, 3/3 (problem, bucket) jobs; {MOE.key} done: no winner" \
+    assert lines[-1] == f"progress: 11 trials, 3/3 (problem, bucket) jobs; {MOE.key} done: no winner" \
         and len(lines) == 3
 
 
-def test_progress_says_the_time_left_from_each_problems_cost_per_trial_and_each_verdict_as_it_finishes():
-    """#48 item 4: the time left counts a problem's trials at that problem's measured cost (a dense
-    trial 1 s, a MoE trial 10 s here), the mean for a problem not started; a problem's line names
-    its winners as it finishes."""
+def test_progress_says_the_time_left_from_each_problems_cost_per_job_and_each_verdict_as_it_finishes():
+    """#48 item 4: the time left counts a problem's unfinished jobs at that problem's measured time per
+    finished job (a dense job 2 s, a MoE job 12 s here), the mean per job for a problem with none
+    finished, however many tactics a job keeps (a ranked job decides a few of them); nothing once every
+    job is done; a problem's line names its winners as it finishes."""
     from autotune.core.records import Winner
     from autotune.engine.progress import Progress
     now, lines = [0.0], []
     p = Progress(lines.append, every_s=1e9, clock=lambda: now[0])
-    d1, d2, m1 = _Job(DENSE.key, 2), _Job(DENSE.key, 2), _Job(MOE.key, 3)
-    d1.bucket, d2.bucket, m1.bucket = 1, 8, 1
-    p.start([d1, d2, m1], resumed=0)
-    assert p.left_s() is None                           # nothing measured: no figure
+    d1, d2, d3, m1, m2 = (_Job(DENSE.key, 200), _Job(DENSE.key, 200), _Job(DENSE.key, 200), _Job(MOE.key, 300),
+                          _Job(MOE.key, 300))
+    d1.bucket, d2.bucket, d3.bucket, m1.bucket, m2.bucket = 1, 8, 64, 1, 8
+    p.start([d1, d2, d3, m1, m2], resumed=0)
+    assert p.left_s() is None                           # no job finished: no figure
     for _ in range(2):
         now[0] += 1.0
         p.advance(1, d1)
+    assert p.left_s() is None
     w = Winner(DENSE.key, 1, "d", "t", "torch", '{"family": "torch", "params": {"chunk_n": 0}}', "l", 12.5, "t",
                None, None)
     p.job_done(d1, w)
-    assert p.left_s() == 2 * 1.0 + 3 * 1.0              # the MoE problem not started: the mean so far
-    now[0] += 10.0
-    p.advance(1, m1)
-    assert p.left_s() == 2 * 1.0 + 2 * 10.0
+    assert p.left_s() == 2 * 2.0 + 2 * 2.0              # the MoE problem has no finished job: the mean so far
+    now[0] += 12.0
+    p.advance(3, m1)
+    p.job_done(m1, None)
+    assert p.left_s() == 2 * 2.0 + 1 * 12.0
+    now[0] += 2.0
     p.advance(2, d2)
     p.job_done(d2, None)
-    assert lines[-1].startswith("progress: 5/7 trials, 2/3 (problem, bucket) jobs; about 0:00:") \
-        and lines[-1].endswith(f"; {DENSE.key} done: 1 bucket won — M=1 torch[chunk_n=0] 12.5 us")
+    assert p.left_s() == 1 * 2.0 + 1 * 12.0
+    assert lines == []                                  # no problem finished, the clock's interval not reached
+    now[0] += 2.0
+    p.advance(2, d3)
+    p.job_done(d3, None)
+    assert lines[-1] == ("progress: 9 trials, 4/5 (problem, bucket) jobs; about 0:00:12 left; "
+                         f"{DENSE.key} done: 1 bucket won — M=1 torch[chunk_n=0] 12.5 us")
+    now[0] += 12.0
+    p.advance(3, m2)
+    p.job_done(m2, None)
+    assert p.left_s() == 0 and lines[-1] == f"progress: 12 trials, 5/5 (problem, bucket) jobs; {MOE.key} done: no winner"
 
 
 def test_search_options_and_keywords_are_the_same_search(tmp_path):

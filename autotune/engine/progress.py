@@ -2,10 +2,14 @@
 
 Plain lines come when a problem's last bucket finishes — with that problem's verdict: the winner of
 each bucket — and otherwise at most every `every_s` seconds of the injected clock, so a long search
-shows signs of life without flooding a log. Each line still short of the end carries a time-remaining
-figure from the cost per trial measured so far: per problem, since one problem's trials can cost
-100x another's (GLM-5's grouped MoE against its dense layers on a CPU); a problem with no finished
-trial yet is costed at the mean of those measured. Before any trial is measured it says nothing.
+shows signs of life without flooding a log. Each line counts the trials decided so far and the
+(problem, bucket) jobs done of all; a job's kept tactics are no measure of the work left (a ranked
+job decides about a tenth of them, a verifying one a handful), so the line gives no trial total.
+Each line still short of the end carries a time-remaining figure from the time per finished job
+measured so far: per problem, since one problem's jobs can cost 100x another's (GLM-5's grouped MoE
+against its dense layers on a CPU); a problem with no finished job yet is costed at the mean of
+those measured. The wall time between two decided trials goes to the problem of the second, so with
+several workers the costs stay in wall time. Before any job finishes it says nothing.
 """
 from __future__ import annotations
 
@@ -26,21 +30,18 @@ class Progress:
                  clock: Callable[[], float] = time.monotonic):
         self._write = write or (lambda s: print(s, file=sys.stderr, flush=True))
         self.every_s, self._clock = every_s, clock
-        self.done = self.total = self.jobs_done = 0
+        self.done = self.jobs_done = self._jobs = 0
         self._left: dict[str, int] = {}      # problem key -> buckets still running
-        self._todo: dict[str, int] = {}      # problem key -> trials still to decide
-        self._cost: dict[str, list] = {}     # problem key -> [trials decided, seconds they took]
+        self._cost: dict[str, list] = {}     # problem key -> [jobs finished, wall seconds its trials took]
         self._won: dict[str, list[tuple[int, str]]] = {}  # problem key -> (M, "M=b tactic time") of its finished buckets
         self._last = self._mark = 0.0
 
     def start(self, jobs, resumed: int) -> None:
-        self.total = sum(len(j.tactics) for j in jobs) + resumed
         self.done = resumed
         self._jobs = len(jobs)
         for j in jobs:
             k = j.problem.key
             self._left[k] = self._left.get(k, 0) + 1
-            self._todo[k] = self._todo.get(k, 0) + len(j.tactics)
         self._last = self._mark = self._clock()
 
     def note(self, line: str) -> None:
@@ -48,32 +49,29 @@ class Progress:
         self._write(line)
 
     def left_s(self) -> float | None:
-        """Seconds still to go, from the measured cost per trial of each problem (None: nothing measured yet)."""
-        n = sum(c[0] for c in self._cost.values())
-        if not n:
+        """Seconds still to go, from the measured time per finished job of each problem (None: no job
+        finished yet)."""
+        finished = [c for c in self._cost.values() if c[0]]
+        if not finished:
             return None
-        mean = sum(c[1] for c in self._cost.values()) / n
-        return sum(left * (self._cost[k][1] / self._cost[k][0] if self._cost.get(k, [0])[0] else mean)
-                   for k, left in self._todo.items() if left > 0)
+        mean = sum(c[1] for c in finished) / sum(c[0] for c in finished)
+        per_job = {k: c[1] / c[0] for k, c in self._cost.items() if c[0]}
+        return sum(left * per_job.get(k, mean) for k, left in self._left.items() if left > 0)
 
     def _eta(self) -> str:
         s = self.left_s()
-        return "" if s is None or self.done >= self.total else f"; about {clock_text(s)} left"
+        return "" if s is None or self.jobs_done >= self._jobs else f"; about {clock_text(s)} left"
 
     def _line(self, what: str) -> None:
         self._last = self._clock()
-        self._write(f"progress: {self.done}/{self.total} trials, {self.jobs_done}/{self._jobs} (problem, bucket) "
+        self._write(f"progress: {self.done} trials, {self.jobs_done}/{self._jobs} (problem, bucket) "
                     f"jobs{self._eta()}{what}")
 
     def advance(self, n: int, job: Any = None) -> None:
         self.done += n
         now = self._clock()
         if job is not None and n:
-            k = job.problem.key
-            c = self._cost.setdefault(k, [0, 0.0])
-            c[0] += n
-            c[1] += now - self._mark
-            self._todo[k] = self._todo.get(k, 0) - n
+            self._cost.setdefault(job.problem.key, [0, 0.0])[1] += now - self._mark
         self._mark = now
         if n and now - self._last >= self.every_s:
             self._line("")
@@ -82,6 +80,7 @@ class Progress:
         self.jobs_done += 1
         k = job.problem.key
         self._left[k] -= 1
+        self._cost.setdefault(k, [0, 0.0])[0] += 1
         if winner is not None:
             how = " predicted" if getattr(winner, "predicted", False) else f" {winner.median_us:.4g} us"
             self._won.setdefault(k, []).append((job.bucket, f"M={job.bucket} {_tactic_text(winner)}{how}"))
@@ -104,8 +103,9 @@ def _tactic_text(w: Any) -> str:
 
 
 class Bar(Progress):
-    """A transient rich progress bar (a terminal); nothing at all when `enabled` is False. Its
-    time-remaining figure is `Progress.left_s` (per problem), not rich's rate of the last few steps."""
+    """A transient rich progress bar over the (problem, bucket) jobs (a terminal); nothing at all when
+    `enabled` is False. Its time-remaining figure is `Progress.left_s` (per problem), not rich's rate of
+    the last few steps."""
 
     def __init__(self, enabled: bool):
         super().__init__(write=lambda s: None)
@@ -118,24 +118,27 @@ class Bar(Progress):
 
     def start(self, jobs, resumed: int) -> None:
         super().start(jobs, resumed)
-        if self._enabled and self.total:
+        if self._enabled and self._jobs:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn
             self._p = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                   TextColumn("{task.fields[eta]}"), transient=True)
+                                   TextColumn("{task.fields[trials]} trials"), TextColumn("{task.fields[eta]}"),
+                                   transient=True)
             self._p.start()
-            self._task = self._p.add_task("measuring", total=self.total, completed=self.done, eta="")
+            self._task = self._p.add_task("jobs", total=self._jobs, trials=self.done, eta="")
 
     def advance(self, n: int, job: Any = None) -> None:
         Progress.advance(self, n, job)
         if self._p and n:
-            s = self.left_s()
-            self._p.update(self._task, advance=n, eta="" if s is None else f"about {clock_text(s)} left")
+            self._p.update(self._task, trials=self.done)
 
     def _line(self, what: str) -> None:
         self._last = self._clock()
 
     def job_done(self, job, winner: Any = None) -> None:
         super().job_done(job, winner)
+        if self._p:
+            s = self.left_s()
+            self._p.update(self._task, advance=1, eta="" if s is None else f"about {clock_text(s)} left")
 
     def close(self) -> None:
         if self._p:
