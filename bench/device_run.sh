@@ -17,7 +17,7 @@
 #   HOST=1       bench/moe_host.py: the host's part of an eager FP4MoE forward, with its profile
 #   WHOLE=1      (the default, unless STEP_DB or COMPARE_DB is set: then 0)
 #                `autotune search --model $MODEL --tp $TP` on a fresh cache (fresh Triton and cubin
-#                caches: compile time counts), cut with SIGINT at SEARCH_S; then `autotune show` and
+#                caches for each search, REF's and MAX64's too: compile time counts), cut with SIGINT at SEARCH_S; then `autotune show` and
 #                bench/main_job_summary.py → $OUT/main-job.json (RESUME_DB: continue a cut run's cache)
 #   REF=1        the same with --measure-every 1 (every bucket measured in full: the reference the bucket cut is
 #                judged against) → $OUT/main-job-ref.json; COMPARE then re-times against it
@@ -104,6 +104,9 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
   fi
   t0=$(date +%s.%N)
   secs=$(cap "$secs")
+  # each search compiles from empty Triton and cubin caches: an earlier stage's compiles (the GPU
+  # tests', the main job's before its reference) would otherwise make its compile wait and check faster
+  TRITON_CACHE_DIR=$(mktemp -d) AUTOTUNE_CUDA_CUBINS=$(mktemp -d) \
   timeout -s INT -k 30 "$secs" python3 -m autotune.cli search --model "$MODEL" --tp "$TP" "$@" --cache "$db" --json \
       > "$W/$name.json" 2> "$W/$name.err"
   rc=$?; t1=$(date +%s.%N)
