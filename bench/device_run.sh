@@ -22,6 +22,8 @@
 #   REF=1        the same with --measure-every 1 (every bucket measured in full: the reference the bucket cut is
 #                judged against) → $OUT/main-job-ref.json; COMPARE then re-times against it
 #   MAX64=1      the same with --max-tokens 64 → $OUT/main-job-64.json
+#   PREDICT=1    the same with --strategy predict (no timing: the rank model's checked, replay-checked
+#                first choices) → $OUT/predict.json
 #   LAYERS=1     the whole-MoE-layer problems (`--moe-layers`, M <= LAYERS_TOKENS, default 16) searched into a
 #                copy of the main job's cache (this call's, or LAYERS_DB: an earlier call's; its pair problems'
 #                winners stored: only the layer jobs run):
@@ -73,7 +75,7 @@ fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   # DRY: the list collected (every file and marker resolves), not run
   sel=$([ "$DRY" = 1 ] && echo --collect-only || echo -rA)
-  timeout "$(cap "${GPU_TESTS_S:-300}")" python3 -m pytest -q $sel -p no:cacheprovider -m "gpu or requires_sm90" \
+  timeout "$(cap "${GPU_TESTS_S:-480}")" python3 -m pytest -q $sel -p no:cacheprovider -m "gpu or requires_sm90" \
       $GPU_TEST_FILES 2>&1 | tee "$OUT/gpu-tests-full.txt" | tail -5 | tee "$OUT/gpu-tests.txt"
   # the hand-off: every test passed, none skipped, each kernel's own tests PASSED → the record names the
   # kernels' code; the log's name says date, card and commit (the tool may lend an H100 for an H200 call)
@@ -132,6 +134,9 @@ if [ "${REF:-0}" = 1 ]; then
 fi
 if [ "${MAX64:-0}" = 1 ]; then
   MAXT=64 run main-job-64 "${SEARCH64_S:-120}" --max-tokens 64 ${EXTRA64:-}
+fi
+if [ "${PREDICT:-0}" = 1 ]; then
+  MAXT=${MAXT_WHOLE:-8192} run predict "${PREDICT_S:-120}" --strategy predict ${EXTRA:-}
 fi
 whole_db() {     # the whole run's cache (.db or .db.xz); without one, the --max-tokens 64 run's
   local src=${1:-$W/main-job.db}

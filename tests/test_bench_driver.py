@@ -75,7 +75,7 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     before = _digest(RECORD)
     out, log = _dry(tiny, "job", KEEP="1", MODEL=str(tiny / "model"), TP="1", EXTRA="--families torch --buckets 1,4",
                     COMPARE="1", STEP="1", STEP_FORMS="winners", STEP_MLP="fp4mlp", FOLD="1", HOST="1", LAYERS="1",
-                    REF="1")
+                    REF="1", PREDICT="1")
     summary = (out / "summary.txt").read_text()
     assert "GPU-check record restored from an earlier call on this machine" in summary
     assert _digest(RECORD) == before                                   # restored into a copy, not the tree
@@ -87,6 +87,8 @@ def test_dry_main_job_summary_keep_compare_step_host(tiny):
     assert "main-job-show.txt" in os.listdir(out)
     ref = json.loads((out / "main-job-ref.json").read_text())     # the reference: every bucket in full
     assert "--measure-every 1" in ref["command"] and "main-job-ref: search exit" in summary
+    pred = json.loads((out / "predict.json").read_text())         # --strategy predict, its wall recorded
+    assert "--strategy predict" in pred["command"] and "predict: search exit" in summary and pred["wall_s"] > 0
     cmp = json.loads((out / "compare.json").read_text())
     assert cmp["machine"]["card"] == "cpu" and "pairs" in cmp
     assert "layers: search exit 0" in summary and (out / "layers.db.xz").stat().st_size > 0
