@@ -22,8 +22,7 @@
 #   REF=1        the same with --measure-every 1 (every bucket measured in full: the reference the bucket cut is
 #                judged against) → $OUT/main-job-ref.json; COMPARE then re-times against it
 #   MAX64=1      the same with --max-tokens 64 → $OUT/main-job-64.json
-#   PREDICT=1    the same with --strategy predict (no timing: the rank model's checked, replay-checked
-#                first choices) → $OUT/predict.json
+#   PREDICT=1    the same with --strategy predict (checked, replay-checked first choices) → $OUT/predict.json
 #   LAYERS=1     the whole-MoE-layer problems (`--moe-layers`, M <= LAYERS_TOKENS, default 16) searched into a
 #                copy of the main job's cache (this call's, or LAYERS_DB: an earlier call's; its pair problems'
 #                winners stored: only the layer jobs run):
@@ -106,10 +105,8 @@ run() {   # run NAME SECONDS [extra flags]: one search on a fresh cache, then sh
   fi
   t0=$(date +%s.%N)
   secs=$(cap "$secs")
-  # each search compiles from empty Triton and cubin caches: an earlier stage's compiles (the GPU
-  # tests', the main job's before its reference) would otherwise make its compile wait and check faster
-  TRITON_CACHE_DIR=$(mktemp -d) AUTOTUNE_CUDA_CUBINS=$(mktemp -d) \
-  timeout -s INT -k 30 "$secs" python3 -m autotune.cli search --model "$MODEL" --tp "$TP" "$@" --cache "$db" --json \
+  # empty Triton and cubin caches per search: an earlier stage's compiles would shorten its compile wait
+  TRITON_CACHE_DIR=$(mktemp -d) AUTOTUNE_CUDA_CUBINS=$(mktemp -d) timeout -s INT -k 30 "$secs" python3 -m autotune.cli search --model "$MODEL" --tp "$TP" "$@" --cache "$db" --json \
       > "$W/$name.json" 2> "$W/$name.err"
   rc=$?; t1=$(date +%s.%N)
   local wall; wall=$(python3 -c "print(round($t1 - $t0, 1))")
@@ -135,9 +132,7 @@ fi
 if [ "${MAX64:-0}" = 1 ]; then
   MAXT=64 run main-job-64 "${SEARCH64_S:-120}" --max-tokens 64 ${EXTRA64:-}
 fi
-if [ "${PREDICT:-0}" = 1 ]; then
-  MAXT=${MAXT_WHOLE:-8192} run predict "${PREDICT_S:-120}" --strategy predict ${EXTRA:-}
-fi
+[ "${PREDICT:-0}" = 1 ] && MAXT=${MAXT_WHOLE:-8192} run predict "${PREDICT_S:-120}" --strategy predict ${EXTRA:-}
 whole_db() {     # the whole run's cache (.db or .db.xz); without one, the --max-tokens 64 run's
   local src=${1:-$W/main-job.db}
   [ -e "$src" ] || src=$W/main-job-64.db
