@@ -16,8 +16,8 @@
 #                each cache in $KEEP_DIR for the next call (RESUME_DB=$KEEP_DIR/main-job.db.xz)
 #   HOST=1       bench/moe_host.py: the host's part of an eager FP4MoE forward, with its profile
 #   WHOLE=1      (the default, unless STEP_DB or COMPARE_DB is set: then 0)
-#                `autotune search --model $MODEL --tp $TP` on a fresh cache (fresh Triton and cubin
-#                caches for each search, REF's and MAX64's too: compile time counts), cut with SIGINT at SEARCH_S; then `autotune show` and
+#                `autotune search --model $MODEL --tp $TP` on a fresh cache (every search on fresh Triton
+#                and cubin caches: compile time counts), cut with SIGINT at SEARCH_S; then `autotune show` and
 #                bench/main_job_summary.py → $OUT/main-job.json (RESUME_DB: continue a cut run's cache)
 #   REF=1        the same with --measure-every 1 (every bucket measured in full: the reference the bucket cut is
 #                judged against) → $OUT/main-job-ref.json; COMPARE then re-times against it

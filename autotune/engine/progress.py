@@ -51,12 +51,12 @@ class Progress:
     def left_s(self) -> float | None:
         """Seconds still to go, from the measured time per finished job of each problem (None: no job
         finished yet)."""
-        finished = [c for c in self._cost.values() if c[0]]
-        if not finished:
+        done = {k: c for k, c in self._cost.items() if c[0]}
+        if not done:
             return None
-        mean = sum(c[1] for c in finished) / sum(c[0] for c in finished)
-        per_job = {k: c[1] / c[0] for k, c in self._cost.items() if c[0]}
-        return sum(left * per_job.get(k, mean) for k, left in self._left.items() if left > 0)
+        mean = sum(c[1] for c in done.values()) / sum(c[0] for c in done.values())
+        return sum(left * (done[k][1] / done[k][0] if k in done else mean)
+                   for k, left in self._left.items() if left > 0)
 
     def _eta(self) -> str:
         s = self.left_s()
